@@ -1,0 +1,66 @@
+/* Log lines: `2026-01-02T03:04:05.678Z INFO coordinator [job/3] message`. */
+#include "log.h"
+
+#include "error.h"
+
+#include <stdarg.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+
+static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+void gs_log(const gs_log_t *log, gs_log_level_t level, const char *job, long rank, const char *fmt,
+            ...)
+{
+  FILE *out = log && log->out ? log->out : stderr;
+  char line[2048], stamp[32];
+  struct timeval tv;
+  struct tm tm;
+  va_list ap;
+  int n;
+
+  if (log && level > log->level)
+    return;
+  gettimeofday(&tv, NULL);
+  gmtime_r(&tv.tv_sec, &tm);
+  strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+  n = snprintf(line, sizeof(line), "%s.%03ldZ %s %s ", stamp, (long)tv.tv_usec / 1000,
+               level_names[level], log && log->component ? log->component : "gradsync");
+  if (job && rank >= 0)
+    n += snprintf(line + n, sizeof(line) - n, "[%s/%ld] ", job, rank);
+  else if (job)
+    n += snprintf(line + n, sizeof(line) - n, "[%s] ", job);
+  else
+    n += snprintf(line + n, sizeof(line) - n, "[-] ");
+  va_start(ap, fmt);
+  if (n < (int)sizeof(line))
+    vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+  va_end(ap);
+  /* One fputs per line so lines from several threads never interleave. */
+  n = strlen(line);
+  if (n < (int)sizeof(line) - 1) {
+    line[n] = '\n';
+    line[n + 1] = '\0';
+  } else {
+    line[sizeof(line) - 2] = '\n';
+  }
+  fputs(line, out);
+  fflush(out);
+}
+
+int gs_log_level_parse(const char *s, gs_log_level_t *out)
+{
+  for (size_t i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++) {
+    if (strcasecmp(s, level_names[i]) == 0) {
+      *out = (gs_log_level_t)i;
+      return 0;
+    }
+  }
+  if (strcasecmp(s, "warning") == 0) {
+    *out = GS_LOG_WARN;
+    return 0;
+  }
+  return GS_EINVAL;
+}

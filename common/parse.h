@@ -1,0 +1,29 @@
+/* Parsers for command-line values: sizes, durations, addresses, integers.
+ * Pure functions of their input string; they return 0 or GS_EINVAL/GS_ERANGE
+ * and write the result only on success. */
+#ifndef GS_PARSE_H
+#define GS_PARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+/* "4096", "64KiB", "10MiB", "1GiB", "10MB" (powers of 1000 for kB/MB/GB,
+ * of 1024 for KiB/MiB/GiB, "B" or nothing for bytes). Whole numbers only;
+ * GS_ERANGE when the value does not fit in 64 bits. */
+int gs_parse_size(const char *s, uint64_t *bytes) GS_WARN_UNUSED;
+
+/* "250ms", "5s", "2m", "1h", "1.5s" into milliseconds. A unit is required
+ * (a bare "10" is GS_EINVAL: seconds or milliseconds would be a guess). */
+int gs_parse_duration_ms(const char *s, uint64_t *ms) GS_WARN_UNUSED;
+
+/* "host:port", ":port" (host becomes "0.0.0.0"), "[v6addr]:port".
+ * Port 0..65535 (0 means any free port). `host` gets a NUL-terminated copy;
+ * GS_EINVAL if it does not fit in host_len. */
+int gs_parse_addr(const char *s, char *host, size_t host_len, uint16_t *port) GS_WARN_UNUSED;
+
+/* A decimal integer in [min, max] with nothing after it. */
+int gs_parse_long(const char *s, long min, long max, long *out) GS_WARN_UNUSED;
+
+#endif

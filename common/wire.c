@@ -1,0 +1,127 @@
+#include "wire.h"
+
+#include <pb_decode.h>
+#include <pb_encode.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "frame.h"
+
+struct body_ref {
+  const pb_msgdesc_t *fields;
+  const void *msg;
+  const uint8_t *bytes; /* already encoded body, when fields is NULL */
+  size_t len;
+};
+
+/* A bytes field holding a message has the same encoding as a submessage. */
+static int encode_frame(gs_buf_t *out, const gradsync_Envelope *env, struct body_ref *ref,
+                        size_t max_payload);
+
+static bool encode_body(pb_ostream_t *stream, const pb_field_t *field, void *const *arg)
+{
+  const struct body_ref *ref = *arg;
+
+  if (ref->fields && ref->msg)
+    return pb_encode_tag_for_field(stream, field) &&
+           pb_encode_submessage(stream, ref->fields, ref->msg);
+  if (ref->bytes)
+    return pb_encode_tag_for_field(stream, field) && pb_encode_string(stream, ref->bytes, ref->len);
+  return true;
+}
+
+int gs_wire_encode_frame(gs_buf_t *out, const gradsync_Envelope *env,
+                         const pb_msgdesc_t *body_fields, const void *body, size_t max_payload)
+{
+  struct body_ref ref = {body_fields, body, NULL, 0};
+
+  return encode_frame(out, env, &ref, max_payload);
+}
+
+int gs_wire_encode_frame_bytes(gs_buf_t *out, const gradsync_Envelope *env, const uint8_t *body,
+                               size_t body_len, size_t max_payload)
+{
+  struct body_ref ref = {NULL, NULL, body, body_len};
+
+  return encode_frame(out, env, &ref, max_payload);
+}
+
+static int encode_frame(gs_buf_t *out, const gradsync_Envelope *env, struct body_ref *ref,
+                        size_t max_payload)
+{
+  gradsync_Envelope e = *env;
+  size_t size;
+  pb_ostream_t stream;
+  int err;
+
+  e.body.funcs.encode = encode_body;
+  e.body.arg = ref;
+  if (!pb_get_encoded_size(&size, gradsync_Envelope_fields, &e))
+    return GS_EPROTO;
+  if (size > max_payload || size > UINT32_MAX)
+    return GS_ETOOBIG;
+  err = gs_buf_reserve(out, GS_FRAME_HEADER_BYTES + size);
+  if (err)
+    return err;
+  gs_frame_put_header(out->data + out->len, (uint32_t)size);
+  stream = pb_ostream_from_buffer(out->data + out->len + GS_FRAME_HEADER_BYTES, size);
+  if (!pb_encode(&stream, gradsync_Envelope_fields, &e))
+    return GS_EPROTO;
+  out->len += GS_FRAME_HEADER_BYTES + size;
+  return 0;
+}
+
+static bool decode_body(pb_istream_t *stream, const pb_field_t *field, void **arg)
+{
+  gs_buf_t *body = *arg;
+  size_t n = stream->bytes_left;
+
+  (void)field;
+  body->len = 0;
+  if (gs_buf_reserve(body, n ? n : 1))
+    PB_RETURN_ERROR(stream, "out of memory");
+  if (!pb_read(stream, body->data, n))
+    return false;
+  body->len = n;
+  return true;
+}
+
+int gs_wire_decode_envelope(const uint8_t *payload, size_t len, gradsync_Envelope *env,
+                            gs_buf_t *body, char *why, size_t why_len)
+{
+  memset(env, 0, sizeof(*env));
+  body->len = 0;
+  env->body.funcs.decode = decode_body;
+  env->body.arg = body;
+  return gs_wire_decode(payload, len, gradsync_Envelope_fields, env, why, why_len);
+}
+
+int gs_wire_decode(const uint8_t *data, size_t len, const pb_msgdesc_t *fields, void *msg,
+                   char *why, size_t why_len)
+{
+  pb_istream_t stream = pb_istream_from_buffer(data, len);
+
+  if (pb_decode(&stream, fields, msg))
+    return 0;
+  if (why)
+    snprintf(why, why_len, "%s", PB_GET_ERROR(&stream));
+  return GS_EPROTO;
+}
+
+int gs_wire_encode(gs_buf_t *out, const pb_msgdesc_t *fields, const void *msg)
+{
+  size_t size;
+  pb_ostream_t stream;
+  int err;
+
+  if (!pb_get_encoded_size(&size, fields, msg))
+    return GS_EPROTO;
+  err = gs_buf_reserve(out, size);
+  if (err)
+    return err;
+  stream = pb_ostream_from_buffer(out->data + out->len, size);
+  if (!pb_encode(&stream, fields, msg))
+    return GS_EPROTO;
+  out->len += size;
+  return 0;
+}

@@ -1,0 +1,230 @@
+/* The HTTP API: /healthz, /status, /jobs/NAME, /metrics and
+ * POST /jobs/NAME/control. Handlers run on the loop and never block. */
+#include <cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "job.h"
+#include "status.h"
+
+#define JSON "application/json"
+
+static void respond(gs_http_response_t *res, int status, const char *type, char *body)
+{
+  res->status = status;
+  res->content_type = type;
+  res->body = body;
+  res->body_len = body ? strlen(body) : 0;
+}
+
+static void respond_json(gs_http_response_t *res, int status, cJSON *doc)
+{
+  char *text = doc ? cJSON_PrintUnformatted(doc) : NULL;
+
+  cJSON_Delete(doc);
+  if (!text) {
+    respond(res, 500, JSON, strdup("{\"error\":\"out of memory\"}"));
+    return;
+  }
+  respond(res, status, JSON, text);
+}
+
+static void respond_error(gs_http_response_t *res, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void respond_error(gs_http_response_t *res, int status, const char *fmt, ...)
+{
+  cJSON *doc = cJSON_CreateObject();
+  char msg[512];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  cJSON_AddStringToObject(doc, "error", msg);
+  respond_json(res, status, doc);
+}
+
+/* Splits "/jobs/NAME" or "/jobs/NAME/control"; false for other paths. */
+static bool job_path(const char *path, char *name, size_t len, bool *control)
+{
+  const char *p = path + strlen("/jobs/"), *slash;
+  size_t n;
+
+  if (strncmp(path, "/jobs/", 6) != 0)
+    return false;
+  slash = strchr(p, '/');
+  n = slash ? (size_t)(slash - p) : strlen(p);
+  if (n == 0 || n >= len)
+    return false;
+  if (slash && strcmp(slash, "/control") != 0)
+    return false;
+  memcpy(name, p, n);
+  name[n] = '\0';
+  *control = slash != NULL;
+  return true;
+}
+
+static bool bearer_ok(const struct gs_coord *c, const char *auth)
+{
+  static const char prefix[] = "Bearer ";
+
+  if (!c->cfg.token[0])
+    return true;
+  if (!auth || strncmp(auth, prefix, sizeof(prefix) - 1) != 0)
+    return false;
+  return gs__token_ok(c, auth + sizeof(prefix) - 1);
+}
+
+/* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}. */
+static void control(struct gs_coord *c, gs_job_t *job, const gs_http_request_t *req,
+                    gs_http_response_t *res)
+{
+  cJSON *doc = cJSON_ParseWithLength(req->body, req->body_len), *item, *out;
+  const cJSON *period = NULL, *action = NULL;
+
+  if (!cJSON_IsObject(doc)) {
+    cJSON_Delete(doc);
+    respond_error(res, 400, "the body must be a JSON object");
+    return;
+  }
+  cJSON_ArrayForEach(item, doc)
+  {
+    if (strcmp(item->string, "bcast_period") == 0)
+      period = item;
+    else if (strcmp(item->string, "action") == 0)
+      action = item;
+    else {
+      respond_error(res, 400, "unknown field '%s' (expected bcast_period or action)", item->string);
+      cJSON_Delete(doc);
+      return;
+    }
+  }
+  if (!period && !action) {
+    cJSON_Delete(doc);
+    respond_error(res, 400, "nothing to do: give bcast_period and/or action");
+    return;
+  }
+  if (period && (!cJSON_IsNumber(period) || period->valuedouble != floor(period->valuedouble) ||
+                 period->valuedouble < -1 || period->valuedouble > INT_MAX)) {
+    cJSON_Delete(doc);
+    respond_error(res, 400, "bcast_period must be an integer >= -1");
+    return;
+  }
+  if (action && (!cJSON_IsString(action) || (strcmp(action->valuestring, "broadcast") &&
+                                             strcmp(action->valuestring, "checkpoint") &&
+                                             strcmp(action->valuestring, "stop")))) {
+    cJSON_Delete(doc);
+    respond_error(res, 400, "action must be \"broadcast\", \"checkpoint\" or \"stop\"");
+    return;
+  }
+  if (period) {
+    job->bcast_period = (int32_t)period->valuedouble;
+    job->bcast_period_overridden = true;
+    gs_log(&c->cfg.log, GS_LOG_INFO, job->name, -1, "control: bcast_period set to %d",
+           job->bcast_period);
+  }
+  if (action) {
+    if (strcmp(action->valuestring, "broadcast") == 0)
+      job->broadcast_seq++;
+    else if (strcmp(action->valuestring, "checkpoint") == 0)
+      job->checkpoint_seq++;
+    else
+      job->stop = true;
+    gs_log(&c->cfg.log, GS_LOG_INFO, job->name, -1, "control: %s requested", action->valuestring);
+  }
+  cJSON_Delete(doc);
+  out = cJSON_CreateObject();
+  cJSON_AddStringToObject(out, "job", job->name);
+  cJSON_AddNumberToObject(out, "bcast_period", job->bcast_period);
+  cJSON_AddNumberToObject(out, "broadcast_seq", (double)job->broadcast_seq);
+  cJSON_AddNumberToObject(out, "checkpoint_seq", (double)job->checkpoint_seq);
+  cJSON_AddBoolToObject(out, "stop", job->stop);
+  respond_json(res, 200, out);
+}
+
+static void metrics(struct gs_coord *c, gs_http_response_t *res)
+{
+  gs_buf_t text = {0};
+
+  if (gs__metrics_text(c, &text) || gs_buf_append(&text, "", 1)) {
+    gs_buf_free(&text);
+    respond_error(res, 500, "out of memory");
+    return;
+  }
+  respond(res, 200, "text/plain; version=0.0.4", (char *)text.data);
+}
+
+/* GET /healthz, /status or /metrics. */
+static void service_route(struct gs_coord *c, const gs_http_request_t *req, gs_http_response_t *res)
+{
+  if (strcmp(req->method, "GET") != 0) {
+    res->allow = "GET";
+    respond_error(res, 405, "%s allows GET only", req->path);
+  } else if (strcmp(req->path, "/healthz") == 0) {
+    respond(res, 200, JSON, strdup("{\"status\":\"ok\"}"));
+  } else if (strcmp(req->path, "/status") == 0) {
+    respond_json(res, 200, gs__status_json(c));
+  } else {
+    metrics(c, res);
+  }
+}
+
+/* GET /jobs/NAME or POST /jobs/NAME/control. */
+static void job_route(struct gs_coord *c, const gs_http_request_t *req, gs_http_response_t *res,
+                      const char *name, bool is_control)
+{
+  gs_job_t *job;
+
+  if (strcmp(req->method, is_control ? "POST" : "GET") != 0) {
+    res->allow = is_control ? "POST" : "GET";
+    respond_error(res, 405, "%s allows %s only", req->path, res->allow);
+    return;
+  }
+  if (is_control && !bearer_ok(c, req->authorization)) {
+    gs_log(&c->cfg.log, GS_LOG_WARN, name, -1, "http: control request with a %s token",
+           req->authorization ? "wrong" : "missing");
+    respond_error(res, 401, "control needs 'Authorization: Bearer TOKEN'");
+    return;
+  }
+  job = gs__job_find(c, name);
+  if (!job)
+    respond_error(res, 404, "no job named %s", name);
+  else if (is_control)
+    control(c, job, req, res);
+  else
+    respond_json(res, 200, gs__job_json(job, uv_now(c->loop)));
+}
+
+static void route(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)
+{
+  struct gs_coord *c = ctx;
+  bool is_control;
+  char name[128];
+
+  if (!strcmp(req->path, "/healthz") || !strcmp(req->path, "/status") ||
+      !strcmp(req->path, "/metrics"))
+    service_route(c, req, res);
+  else if (job_path(req->path, name, sizeof(name), &is_control))
+    job_route(c, req, res, name, is_control);
+  else
+    respond_error(res, 404, "no such path: %s", req->path);
+}
+
+int gs__http_start(struct gs_coord *c)
+{
+  gs_http_limits_t limits = {
+      .max_header_bytes = 16 * 1024,
+      .max_body_bytes = 64 * 1024,
+      .idle_timeout_ms = c->cfg.idle_timeout_ms,
+  };
+
+  c->http = gs_http_server_new(c->loop, &c->cfg.log, &limits, route, c);
+  if (!c->http)
+    return GS_ENOMEM;
+  return gs_http_server_listen(c->http, c->cfg.http_host, c->cfg.http_port);
+}

@@ -1,0 +1,740 @@
+/* HTTP/1.1 server: one libuv listener, one struct per connection embedding
+ * its handles, and http-parser to cut requests out of the byte stream.
+ * Handlers are synchronous, so each request is answered from
+ * on_message_complete; uv_write keeps the replies to pipelined requests in
+ * order without a queue of our own. A connection that must end (an error
+ * reply, `Connection: close`, end of input) stops parsing, flushes its
+ * replies, shuts down its write side and lingers briefly for the peer's EOF,
+ * so that a reply is not lost to a reset caused by unread request bytes. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <http_parser.h>
+
+#include "http_server.h"
+
+#define READ_CHUNK (64 * 1024)
+#define LISTEN_BACKLOG 1024
+#define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
+#define LINGER_MS 2000              /* wait for the peer's EOF after our last reply */
+#define DEFAULT_TYPE "application/json"
+
+/* A growable string; `data` is NUL-terminated whenever it is non-NULL. */
+typedef struct strbuf {
+  char *data;
+  size_t len;
+  size_t cap;
+} strbuf_t;
+
+typedef struct http_conn http_conn_t;
+
+struct gs_http_server {
+  uv_loop_t *loop;
+  const gs_log_t *log;
+  gs_http_limits_t limits;
+  gs_http_handler_fn handler;
+  void *ctx;
+  uv_tcp_t listener;
+  http_conn_t *conns; /* every connection not yet freed */
+  size_t open;        /* connections not closing */
+  uint16_t port;
+  bool closing;
+  bool listener_closed;
+  /* Shared by all connections: the loop is single-threaded and every read
+   * is parsed (and what we keep copied out) before on_read returns. */
+  char rbuf[READ_CHUNK];
+};
+
+struct http_conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer; /* idle timeout, then the linger deadline */
+  uv_shutdown_t shutdown;
+  http_parser parser;
+  gs_http_server_t *srv;
+  http_conn_t *prev, *next;
+  /* The request being parsed. */
+  strbuf_t url, field, auth, body;
+  size_t header_bytes;
+  int refuse_status; /* set by a callback that refuses the request */
+  const char *refuse_why;
+  bool in_value; /* the last header callback was on_header_value */
+  bool is_auth;  /* the value arriving belongs to Authorization */
+  bool has_auth;
+  bool keep_alive;
+  /* The connection. */
+  unsigned handles; /* handles not yet closed */
+  unsigned writes;  /* uv_write requests in flight */
+  bool draining;    /* no more requests: flush, shut down, then close */
+  bool eof;         /* the peer has shut down its side */
+  bool closing;
+  char peer[64];
+};
+
+/* One queued response: the buffers must live until the write callback. */
+typedef struct http_write {
+  uv_write_t req;
+  char *body; /* the handler's malloc'd body; freed with the request */
+  char head[];
+} http_write_t;
+
+static int strbuf_append(strbuf_t *b, const char *p, size_t n)
+{
+  if (n >= b->cap - b->len) {
+    size_t cap = b->cap ? b->cap : 64;
+    char *data;
+
+    if (n > SIZE_MAX / 4 - b->len)
+      return GS_ENOMEM;
+    while (n >= cap - b->len)
+      cap *= 2;
+    data = realloc(b->data, cap);
+    if (!data)
+      return GS_ENOMEM;
+    b->data = data;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+  return 0;
+}
+
+static const char *strbuf_str(const strbuf_t *b)
+{
+  return b->data ? b->data : "";
+}
+
+static void strbuf_clear(strbuf_t *b)
+{
+  b->len = 0;
+  if (b->data)
+    b->data[0] = '\0';
+}
+
+static void strbuf_free(strbuf_t *b)
+{
+  free(b->data);
+  memset(b, 0, sizeof(*b));
+}
+
+/* Forgets the last request. The URL, header name and Authorization buffers
+ * keep their (header-limited) storage; a body may be large, so it goes. */
+static void request_reset(http_conn_t *conn)
+{
+  strbuf_clear(&conn->url);
+  strbuf_clear(&conn->field);
+  strbuf_clear(&conn->auth);
+  strbuf_free(&conn->body);
+  conn->header_bytes = 0;
+  conn->refuse_status = 0;
+  conn->refuse_why = NULL;
+  conn->in_value = conn->is_auth = conn->has_auth = false;
+}
+
+static void server_maybe_free(gs_http_server_t *srv)
+{
+  if (srv->closing && srv->listener_closed && !srv->conns)
+    free(srv);
+}
+
+static void conn_free(http_conn_t *conn)
+{
+  gs_http_server_t *srv = conn->srv;
+
+  if (conn->prev)
+    conn->prev->next = conn->next;
+  else
+    srv->conns = conn->next;
+  if (conn->next)
+    conn->next->prev = conn->prev;
+  strbuf_free(&conn->url);
+  strbuf_free(&conn->field);
+  strbuf_free(&conn->auth);
+  strbuf_free(&conn->body);
+  free(conn);
+  server_maybe_free(srv);
+}
+
+static void on_conn_handle_close(uv_handle_t *h)
+{
+  http_conn_t *conn = h->data;
+
+  if (--conn->handles == 0)
+    conn_free(conn);
+}
+
+/* Closes both handles; the memory goes in the last close callback, so the
+ * caller may still touch `conn` until it returns to the loop. Idempotent. */
+static void conn_close(http_conn_t *conn)
+{
+  if (conn->closing)
+    return;
+  conn->closing = true;
+  conn->srv->open--;
+  uv_close((uv_handle_t *)&conn->timer, on_conn_handle_close);
+  uv_close((uv_handle_t *)&conn->tcp, on_conn_handle_close);
+}
+
+static void on_timer(uv_timer_t *t)
+{
+  http_conn_t *conn = t->data;
+
+  if (!conn->draining)
+    gs_log(conn->srv->log, GS_LOG_INFO, NULL, -1, "http: %s idle for %llu ms; closing", conn->peer,
+           (unsigned long long)conn->srv->limits.idle_timeout_ms);
+  conn_close(conn);
+}
+
+static void timer_restart(http_conn_t *conn, uint64_t ms)
+{
+  if (ms && !conn->closing)
+    uv_timer_start(&conn->timer, on_timer, ms, 0);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+  http_conn_t *conn = req->handle->data;
+
+  if (status < 0)
+    conn_close(conn);
+}
+
+/* Every reply is flushed: send our FIN and give the peer a short while to
+ * send its own, unless it already has. */
+static void conn_linger(http_conn_t *conn)
+{
+  uint64_t idle = conn->srv->limits.idle_timeout_ms;
+
+  if (conn->eof || uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, on_shutdown)) {
+    conn_close(conn);
+    return;
+  }
+  timer_restart(conn, idle && idle < LINGER_MS ? idle : LINGER_MS);
+}
+
+/* Ends the connection once its queued replies are written. */
+static void conn_drain(http_conn_t *conn)
+{
+  if (conn->closing || conn->draining)
+    return;
+  conn->draining = true;
+  if (conn->writes == 0)
+    conn_linger(conn);
+}
+
+static void on_write(uv_write_t *req, int status)
+{
+  http_write_t *w = (http_write_t *)req;
+  http_conn_t *conn = req->handle->data;
+
+  conn->writes--;
+  free(w->body);
+  free(w);
+  if (status < 0) {
+    /* Later writes fail the same way, or are cancelled: log only the first. */
+    if (!conn->closing)
+      gs_log(conn->srv->log, GS_LOG_INFO, NULL, -1, "http: write to %s failed: %s", conn->peer,
+             uv_strerror(status));
+    conn_close(conn);
+  } else if (conn->draining && conn->writes == 0 && !conn->closing) {
+    conn_linger(conn);
+  }
+}
+
+/* Header values come from our own code, but a CR or LF in one would let a
+ * handler split the response; such a response is replaced by a 500. */
+static bool response_is_valid(const gs_http_response_t *res)
+{
+  if (res->status < 100 || res->status > 599 || (!res->body && res->body_len))
+    return false;
+  if (res->content_type && strpbrk(res->content_type, "\r\n"))
+    return false;
+  return !res->allow || !strpbrk(res->allow, "\r\n");
+}
+
+/* Formats the status line and headers into a new write request. */
+static http_write_t *response_head(const gs_http_response_t *res, bool close)
+{
+  static const char fmt[] = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                            "Connection: %s\r\n%s%s%s\r\n";
+  const char *type = res->content_type ? res->content_type : DEFAULT_TYPE;
+  const char *reason = http_status_str((enum http_status)res->status);
+  const char *conn_hdr = close ? "close" : "keep-alive";
+  const char *allow_name = res->allow ? "Allow: " : "";
+  const char *allow = res->allow ? res->allow : "";
+  const char *allow_end = res->allow ? "\r\n" : "";
+  http_write_t *w;
+  int n;
+
+  n = snprintf(NULL, 0, fmt, res->status, reason, type, res->body_len, conn_hdr, allow_name, allow,
+               allow_end);
+  if (n < 0)
+    return NULL;
+  w = malloc(sizeof(*w) + (size_t)n + 1);
+  if (!w)
+    return NULL;
+  snprintf(w->head, (size_t)n + 1, fmt, res->status, reason, type, res->body_len, conn_hdr,
+           allow_name, allow, allow_end);
+  return w;
+}
+
+/* Queues one response and takes ownership of res->body. `with_body` is
+ * false for HEAD, whose reply carries the headers of a GET but no body. */
+static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool with_body,
+                          bool close)
+{
+  uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
+  uv_buf_t bufs[2];
+  http_write_t *w;
+
+  if (conn->closing)
+    goto out_free_body;
+  if (uv_stream_get_write_queue_size(stream) > MAX_WRITE_QUEUE) {
+    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1, "http: %s is not reading its replies; closing",
+           conn->peer);
+    goto out_close;
+  }
+  w = response_head(res, close);
+  if (!w) {
+    gs_log(conn->srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory replying to %s",
+           conn->peer);
+    goto out_close;
+  }
+  w->body = res->body;
+  bufs[0] = uv_buf_init(w->head, (unsigned)strlen(w->head));
+  bufs[1].base = res->body;
+  bufs[1].len = res->body_len;
+  if (uv_write(&w->req, stream, bufs, with_body && res->body_len ? 2 : 1, on_write)) {
+    free(w);
+    goto out_close;
+  }
+  conn->writes++;
+  return;
+
+out_close:
+  conn_close(conn);
+out_free_body:
+  free(res->body);
+}
+
+/* Replies with a small JSON error and ends the connection. */
+static void send_error(http_conn_t *conn, int status, const char *why)
+{
+  gs_http_response_t res = {.status = status, .content_type = DEFAULT_TYPE};
+
+  if (asprintf(&res.body, "{\"error\":\"%s\"}", why) < 0)
+    res.body = NULL;
+  res.body_len = res.body ? strlen(res.body) : 0;
+  send_response(conn, &res, true, true);
+  conn_drain(conn);
+}
+
+/* Makes a parser callback fail; on_read replies with `status`. */
+static int refuse(http_conn_t *conn, int status, const char *why)
+{
+  conn->refuse_status = status;
+  conn->refuse_why = why;
+  return -1;
+}
+
+/* Counts the request line and headers against the limit as http-parser
+ * hands them over in pieces: the bytes of the URL, names and values, plus
+ * four per header for the separator and line end. */
+static int count_header_bytes(http_conn_t *conn, size_t n)
+{
+  conn->header_bytes += n;
+  if (conn->header_bytes > conn->srv->limits.max_header_bytes)
+    return refuse(conn, 431, "request headers too large");
+  return 0;
+}
+
+static int on_message_begin(http_parser *p)
+{
+  http_conn_t *conn = p->data;
+
+  /* Each request gets the whole timeout from its first byte, so a client
+   * that trickles bytes cannot hold the connection forever. */
+  request_reset(conn);
+  timer_restart(conn, conn->srv->limits.idle_timeout_ms);
+  return 0;
+}
+
+static int on_url(http_parser *p, const char *at, size_t n)
+{
+  http_conn_t *conn = p->data;
+
+  if (count_header_bytes(conn, n))
+    return -1;
+  return strbuf_append(&conn->url, at, n) ? refuse(conn, 500, "out of memory") : 0;
+}
+
+static int on_header_field(http_parser *p, const char *at, size_t n)
+{
+  http_conn_t *conn = p->data;
+  size_t extra = 0;
+
+  if (conn->in_value || conn->field.len == 0) {
+    strbuf_clear(&conn->field);
+    conn->in_value = false;
+    extra = 4;
+  }
+  if (count_header_bytes(conn, n + extra))
+    return -1;
+  return strbuf_append(&conn->field, at, n) ? refuse(conn, 500, "out of memory") : 0;
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t n)
+{
+  http_conn_t *conn = p->data;
+
+  if (!conn->in_value) {
+    conn->in_value = true;
+    conn->is_auth = !strcasecmp(strbuf_str(&conn->field), "authorization");
+    /* Two credentials are ambiguous: refuse rather than pick one. */
+    if (conn->is_auth && conn->has_auth)
+      return refuse(conn, 400, "duplicate Authorization header");
+    conn->has_auth |= conn->is_auth;
+  }
+  if (count_header_bytes(conn, n))
+    return -1;
+  if (conn->is_auth && strbuf_append(&conn->auth, at, n))
+    return refuse(conn, 500, "out of memory");
+  return 0;
+}
+
+static int on_headers_complete(http_parser *p)
+{
+  http_conn_t *conn = p->data;
+
+  /* We do not speak any upgraded protocol: answer and end. */
+  conn->keep_alive = http_should_keep_alive(p) && !p->upgrade;
+  /* Refuse a declared oversized body before any of it arrives. */
+  if ((p->flags & F_CONTENTLENGTH) && p->content_length > conn->srv->limits.max_body_bytes)
+    return refuse(conn, 413, "request body too large");
+  return 0;
+}
+
+static int on_body(http_parser *p, const char *at, size_t n)
+{
+  http_conn_t *conn = p->data;
+
+  if (n > conn->srv->limits.max_body_bytes - conn->body.len)
+    return refuse(conn, 413, "request body too large");
+  return strbuf_append(&conn->body, at, n) ? refuse(conn, 500, "out of memory") : 0;
+}
+
+/* Splits the URL (origin or absolute form) into path and query in place:
+ * the byte after each component is a delimiter or the end, so a NUL there
+ * harms no other component. */
+static int split_target(strbuf_t *url, gs_http_request_t *req)
+{
+  struct http_parser_url u;
+  const struct {
+    int field;
+    const char **out;
+  } parts[] = {{UF_PATH, &req->path}, {UF_QUERY, &req->query}};
+
+  req->path = "/";
+  req->query = "";
+  if (!url->data)
+    return GS_EPROTO;
+  http_parser_url_init(&u);
+  if (http_parser_parse_url(url->data, url->len, 0, &u))
+    return GS_EPROTO;
+  for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+    if (!(u.field_set & (1 << parts[i].field)))
+      continue;
+    url->data[u.field_data[parts[i].field].off + u.field_data[parts[i].field].len] = '\0';
+    *parts[i].out = url->data + u.field_data[parts[i].field].off;
+  }
+  return 0;
+}
+
+static int on_message_complete(http_parser *p)
+{
+  http_conn_t *conn = p->data;
+  gs_http_server_t *srv = conn->srv;
+  gs_http_request_t req = {
+      .method = http_method_str((enum http_method)p->method),
+      .authorization = conn->has_auth ? strbuf_str(&conn->auth) : NULL,
+      .body = strbuf_str(&conn->body),
+      .body_len = conn->body.len,
+  };
+  gs_http_response_t res = {0};
+
+  if (split_target(&conn->url, &req))
+    return refuse(conn, 400, "malformed request target");
+  srv->handler(srv->ctx, &req, &res);
+  if (!response_is_valid(&res)) {
+    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: handler gave an invalid %d response to %s %s",
+           res.status, req.method, req.path);
+    free(res.body);
+    res = (gs_http_response_t){.status = 500, .body = strdup("{\"error\":\"internal error\"}")};
+    res.body_len = res.body ? strlen(res.body) : 0;
+  }
+  send_response(conn, &res, p->method != HTTP_HEAD, !conn->keep_alive);
+  request_reset(conn);
+  if (!conn->keep_alive)
+    conn_drain(conn);
+  /* Stop at this request if the connection is ending (the handler may
+   * even have closed the server); otherwise the idle clock starts again. */
+  if (conn->draining || conn->closing)
+    http_parser_pause(p, 1);
+  else
+    timer_restart(conn, srv->limits.idle_timeout_ms);
+  return 0;
+}
+
+static const http_parser_settings parser_settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+/* The parser stopped on an error: log one line, reply and end. */
+static void reject_request(http_conn_t *conn, enum http_errno err)
+{
+  const gs_http_limits_t *lim = &conn->srv->limits;
+  int status = conn->refuse_status;
+  const char *why = conn->refuse_why;
+
+  if (!status) {
+    status = err == HPE_HEADER_OVERFLOW ? 431 : 400;
+    why = err == HPE_HEADER_OVERFLOW ? "request headers too large" : "malformed request";
+  }
+  if (status == 413)
+    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1,
+           "http: %s sent a body over the %zu-byte limit; replying 413", conn->peer,
+           lim->max_body_bytes);
+  else if (status == 431)
+    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1,
+           "http: %s sent headers over the %zu-byte limit; replying 431", conn->peer,
+           lim->max_header_bytes);
+  else
+    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1, "http: %s sent a bad request (%s); replying %d",
+           conn->peer, conn->refuse_why ? conn->refuse_why : http_errno_description(err), status);
+  send_error(conn, status, why);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  http_conn_t *conn = h->data;
+
+  (void)suggested;
+  *buf = uv_buf_init(conn->srv->rbuf, sizeof(conn->srv->rbuf));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+  http_conn_t *conn = s->data;
+  enum http_errno err;
+
+  if (nread < 0) {
+    if (nread != UV_EOF) {
+      gs_log(conn->srv->log, GS_LOG_INFO, NULL, -1, "http: read from %s failed: %s", conn->peer,
+             uv_strerror((int)nread));
+      conn_close(conn);
+      return;
+    }
+    /* Replies to complete requests still go out before we close. */
+    conn->eof = true;
+    if (conn->draining && conn->writes == 0)
+      conn_close(conn);
+    else
+      conn_drain(conn);
+    return;
+  }
+  /* Bytes after the last request we answer are read only to be dropped. */
+  if (nread == 0 || conn->draining || conn->closing)
+    return;
+  http_parser_execute(&conn->parser, &parser_settings, buf->base, (size_t)nread);
+  if (conn->draining || conn->closing)
+    return;
+  err = HTTP_PARSER_ERRNO(&conn->parser);
+  if (err != HPE_OK)
+    reject_request(conn, err);
+}
+
+static void peer_name(http_conn_t *conn)
+{
+  struct sockaddr_storage ss;
+  char ip[INET6_ADDRSTRLEN] = "?";
+  int len = sizeof(ss);
+
+  snprintf(conn->peer, sizeof(conn->peer), "?");
+  if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &len))
+    return;
+  if (ss.ss_family == AF_INET6) {
+    uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
+    snprintf(conn->peer, sizeof(conn->peer), "[%s]:%u", ip,
+             ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+  } else {
+    uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
+    snprintf(conn->peer, sizeof(conn->peer), "%s:%u", ip,
+             ntohs(((struct sockaddr_in *)&ss)->sin_port));
+  }
+}
+
+/* Allocates a connection with its handles initialised and links it in. */
+static http_conn_t *conn_new(gs_http_server_t *srv)
+{
+  http_conn_t *conn = calloc(1, sizeof(*conn));
+
+  if (!conn)
+    return NULL;
+  if (uv_tcp_init(srv->loop, &conn->tcp)) {
+    free(conn);
+    return NULL;
+  }
+  uv_timer_init(srv->loop, &conn->timer);
+  conn->tcp.data = conn->timer.data = conn;
+  conn->handles = 2;
+  conn->srv = srv;
+  http_parser_init(&conn->parser, HTTP_REQUEST);
+  conn->parser.data = conn;
+  conn->next = srv->conns;
+  if (srv->conns)
+    srv->conns->prev = conn;
+  srv->conns = conn;
+  srv->open++;
+  return conn;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+  gs_http_server_t *srv = server->data;
+  http_conn_t *conn;
+  int err;
+
+  if (status < 0) {
+    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: accept failed: %s", uv_strerror(status));
+    return;
+  }
+  conn = conn_new(srv);
+  if (!conn) {
+    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory accepting a connection");
+    return;
+  }
+  err = uv_accept(server, (uv_stream_t *)&conn->tcp);
+  if (!err)
+    err = uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+  if (err) {
+    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: accept failed: %s", uv_strerror(err));
+    conn_close(conn);
+    return;
+  }
+  uv_tcp_nodelay(&conn->tcp, 1);
+  peer_name(conn);
+  timer_restart(conn, srv->limits.idle_timeout_ms);
+}
+
+gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
+                                     const gs_http_limits_t *limits, gs_http_handler_fn handler,
+                                     void *ctx)
+{
+  gs_http_server_t *srv;
+  int err;
+
+  if (!loop || !limits || !handler || !limits->max_header_bytes) {
+    gs_log(log, GS_LOG_ERROR, NULL, -1, "http: invalid server arguments");
+    return NULL;
+  }
+  srv = calloc(1, sizeof(*srv));
+  if (!srv) {
+    gs_log(log, GS_LOG_ERROR, NULL, -1, "http: out of memory creating the server");
+    return NULL;
+  }
+  err = uv_tcp_init(loop, &srv->listener);
+  if (err) {
+    gs_log(log, GS_LOG_ERROR, NULL, -1, "http: cannot create the listener: %s", uv_strerror(err));
+    free(srv);
+    return NULL;
+  }
+  srv->loop = loop;
+  srv->log = log;
+  srv->limits = *limits;
+  srv->handler = handler;
+  srv->ctx = ctx;
+  srv->listener.data = srv;
+  return srv;
+}
+
+/* Reads back the port the kernel chose for port 0. */
+static int read_port(gs_http_server_t *srv)
+{
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  int err = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &len);
+
+  if (err)
+    return err;
+  if (ss.ss_family == AF_INET6)
+    srv->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  else
+    srv->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  return 0;
+}
+
+int gs_http_server_listen(gs_http_server_t *srv, const char *host, uint16_t port)
+{
+  struct sockaddr_storage addr;
+  int err;
+
+  if (!srv || !host || srv->closing)
+    return GS_EINVAL;
+  if (strchr(host, ':'))
+    err = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+  else
+    err = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+  if (err) {
+    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: bad listen address %s: %s", host,
+           uv_strerror(err));
+    return GS_EINVAL;
+  }
+  err = uv_tcp_bind(&srv->listener, (struct sockaddr *)&addr, 0);
+  if (!err)
+    err = uv_listen((uv_stream_t *)&srv->listener, LISTEN_BACKLOG, on_connection);
+  if (!err)
+    err = read_port(srv);
+  if (err) {
+    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: cannot listen on %s:%u: %s", host, port,
+           uv_strerror(err));
+    return gs_err_from_uv(err);
+  }
+  return 0;
+}
+
+uint16_t gs_http_server_port(const gs_http_server_t *srv)
+{
+  return srv->port;
+}
+
+size_t gs_http_server_connections(const gs_http_server_t *srv)
+{
+  return srv->open;
+}
+
+static void on_listener_close(uv_handle_t *h)
+{
+  gs_http_server_t *srv = h->data;
+
+  srv->listener_closed = true;
+  server_maybe_free(srv);
+}
+
+void gs_http_server_close(gs_http_server_t *srv)
+{
+  if (!srv || srv->closing)
+    return;
+  srv->closing = true;
+  uv_close((uv_handle_t *)&srv->listener, on_listener_close);
+  for (http_conn_t *conn = srv->conns; conn; conn = conn->next)
+    conn_close(conn);
+}

@@ -1,0 +1,65 @@
+/* A small HTTP/1.1 server on a libuv loop we own. Parsing is done by
+ * http-parser (never by hand); routing is the caller's: every complete
+ * request goes to one handler function, which fills in a response.
+ * Keep-alive is supported; limits on header and body sizes are enforced
+ * with 431/413 replies, and malformed requests get 400 and a closed
+ * connection. */
+#ifndef GS_HTTP_SERVER_H
+#define GS_HTTP_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "error.h"
+#include "log.h"
+
+typedef struct gs_http_request {
+  const char *method;        /* "GET", "POST", ... */
+  const char *path;          /* URL path, without the query ("/jobs/a") */
+  const char *query;         /* after '?', or "" */
+  const char *authorization; /* value of the Authorization header, or NULL */
+  const char *body;          /* NUL-terminated; body_len bytes */
+  size_t body_len;
+} gs_http_request_t;
+
+typedef struct gs_http_response {
+  int status;               /* 200, 404, ... */
+  const char *content_type; /* static string, e.g. "application/json" */
+  char *body;               /* malloc'd by the handler; the server frees it */
+  size_t body_len;
+  const char *allow; /* for 405: the Allow header value, or NULL */
+} gs_http_response_t;
+
+/* Called once per complete request, on the loop thread. Must not block. */
+typedef void (*gs_http_handler_fn)(void *ctx, const gs_http_request_t *req,
+                                   gs_http_response_t *res);
+
+typedef struct gs_http_limits {
+  size_t max_header_bytes;  /* request line + headers; 431 beyond */
+  size_t max_body_bytes;    /* 413 beyond */
+  uint64_t idle_timeout_ms; /* a connection with no complete request for this long is closed */
+} gs_http_limits_t;
+
+typedef struct gs_http_server gs_http_server_t;
+
+/* Creates a server on `loop`. `log` and `ctx` must outlive it. Returns NULL
+ * (reason logged) on failure; free with gs_http_server_close. */
+gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
+                                     const gs_http_limits_t *limits, gs_http_handler_fn handler,
+                                     void *ctx);
+
+/* Binds and listens on host:port (port 0: any free port). */
+int gs_http_server_listen(gs_http_server_t *srv, const char *host, uint16_t port) GS_WARN_UNUSED;
+
+/* The bound port, after a successful listen. */
+uint16_t gs_http_server_port(const gs_http_server_t *srv);
+
+/* Number of open client connections (for metrics). */
+size_t gs_http_server_connections(const gs_http_server_t *srv);
+
+/* Closes the listener and every connection; the memory is freed in the
+ * last close callback, so run the loop until it has no active handles. */
+void gs_http_server_close(gs_http_server_t *srv);
+
+#endif

@@ -1,0 +1,23 @@
+# gradsync-coordinator image. Build from the repository root:
+#   docker build -f docker/coordinator.Dockerfile -t gradsync-coordinator .
+FROM debian:12 AS build
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      build-essential cmake pkg-config libuv1-dev libcjson-dev libhttp-parser-dev \
+      zlib1g-dev nanopb libnanopb-dev protobuf-compiler python3-protobuf check \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
+    && cmake --build /build -j"$(nproc)" --target gradsync-coordinator
+
+FROM debian:12-slim
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      libuv1 libcjson1 libhttp-parser2.9 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --no-create-home gradsync
+COPY --from=build /build/coordinator/gradsync-coordinator /usr/local/bin/
+USER gradsync
+EXPOSE 7070 8080
+# Set GRADSYNC_TOKEN in the environment to require a token.
+ENTRYPOINT ["gradsync-coordinator"]
+CMD ["--listen", ":7070", "--http", ":8080"]

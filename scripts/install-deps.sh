@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages gradsync needs to build and test.
+# Quiet when everything is already present; needs root (or sudo) otherwise.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libuv1-dev libcjson-dev libhttp-parser-dev zlib1g-dev
+  nanopb libnanopb-dev protobuf-compiler python3-protobuf
+  check
+  libopenblas-dev dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \
+    || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

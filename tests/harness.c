@@ -1,0 +1,286 @@
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+
+#ifndef GS_COORDINATOR_BIN
+#error "GS_COORDINATOR_BIN must name the coordinator binary"
+#endif
+
+void th_coord_start(th_coord_t *c, ...)
+{
+  const char *argv[64] = {GS_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"};
+  int argc = 5, fds[2];
+  char line[256];
+  FILE *out;
+  va_list ap;
+
+  va_start(ap, c);
+  for (const char *a; (a = va_arg(ap, const char *)) && argc < 62;)
+    argv[argc++] = a;
+  va_end(ap);
+  argv[argc] = NULL;
+  ck_assert_int_eq(pipe(fds), 0);
+  c->pid = fork();
+  ck_assert_int_ge(c->pid, 0);
+  if (c->pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(fds[1]);
+  out = fdopen(fds[0], "r");
+  ck_assert_ptr_nonnull(fgets(line, sizeof(line), out));
+  fclose(out);
+  ck_assert_int_eq(sscanf(line,
+                          "gradsync-coordinator listening rpc=127.0.0.1:%hu http=127.0.0.1:%hu",
+                          &c->rpc_port, &c->http_port),
+                   2);
+}
+
+int th_coord_stop(th_coord_t *c)
+{
+  int status;
+
+  kill(c->pid, SIGTERM);
+  for (int i = 0; i < 1000; i++) {
+    if (waitpid(c->pid, &status, WNOHANG) == c->pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    usleep(10000);
+  }
+  kill(c->pid, SIGKILL);
+  waitpid(c->pid, &status, 0);
+  return -1;
+}
+
+void th_coord_kill(th_coord_t *c)
+{
+  int status;
+
+  kill(c->pid, SIGKILL);
+  waitpid(c->pid, &status, 0);
+}
+
+static int connect_port(uint16_t port)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+void th_connect(th_client_t *cl, uint16_t port)
+{
+  memset(cl, 0, sizeof(*cl));
+  cl->fd = connect_port(port);
+  ck_assert_msg(cl->fd >= 0, "connect to 127.0.0.1:%u: %s", port, strerror(errno));
+  cl->next_id = 1;
+}
+
+void th_close(th_client_t *cl)
+{
+  if (cl->fd >= 0)
+    close(cl->fd);
+  cl->fd = -1;
+}
+
+void th_send_raw(th_client_t *cl, const void *data, size_t len)
+{
+  const char *p = data;
+
+  while (len) {
+    ssize_t n = send(cl->fd, p, len, MSG_NOSIGNAL);
+
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return; /* the peer may have closed on purpose; reading tells */
+    p += n;
+    len -= n;
+  }
+}
+
+uint64_t th_send(th_client_t *cl, const char *method, uint32_t timeout_ms,
+                 const pb_msgdesc_t *fields, const void *msg)
+{
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gs_buf_t frame = {0};
+
+  snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "%s", method);
+  env.request_id = cl->next_id++;
+  env.timeout_ms = timeout_ms;
+  if (cl->token)
+    snprintf(env.token, sizeof(env.token), "%s", cl->token);
+  ck_assert_int_eq(gs_wire_encode_frame(&frame, &env, fields, msg, SIZE_MAX), 0);
+  th_send_raw(cl, frame.data, frame.len);
+  gs_buf_free(&frame);
+  return env.request_id;
+}
+
+static long now_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Reads exactly len bytes before the deadline. */
+static int read_full(int fd, void *buf, size_t len, long deadline)
+{
+  char *p = buf;
+
+  while (len) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    long left = deadline - now_ms();
+    ssize_t n;
+
+    if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+      return -1;
+    n = recv(fd, p, len, 0);
+    if (n <= 0)
+      return -1;
+    p += n;
+    len -= n;
+  }
+  return 0;
+}
+
+int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fields, void *resp,
+            int timeout_ms)
+{
+  long deadline = now_ms() + timeout_ms;
+  uint8_t hdr[4], *payload;
+  gs_buf_t body = {0};
+  uint32_t len;
+  char why[128];
+  int rc = -1;
+
+  if (read_full(cl->fd, hdr, 4, deadline))
+    return -1;
+  len = (uint32_t)hdr[0] << 24 | hdr[1] << 16 | hdr[2] << 8 | hdr[3];
+  payload = malloc(len ? len : 1);
+  if (read_full(cl->fd, payload, len, deadline))
+    goto out;
+  ck_assert_int_eq(gs_wire_decode_envelope(payload, len, env, &body, why, sizeof(why)), 0);
+  if (env->status == 0 && resp_fields)
+    ck_assert_msg(gs_wire_decode(body.data, body.len, resp_fields, resp, why, sizeof(why)) == 0,
+                  "response body: %s", why);
+  rc = 0;
+out:
+  free(payload);
+  gs_buf_free(&body);
+  return rc;
+}
+
+bool th_closed_by_peer(th_client_t *cl, int timeout_ms)
+{
+  long deadline = now_ms() + timeout_ms;
+  char buf[4096];
+
+  for (;;) {
+    struct pollfd pfd = {.fd = cl->fd, .events = POLLIN};
+    long left = deadline - now_ms();
+    ssize_t n;
+
+    if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+      return false;
+    n = recv(cl->fd, buf, sizeof(buf), 0);
+    if (n <= 0)
+      return true;
+  }
+}
+
+int th_call(th_client_t *cl, const char *method, const pb_msgdesc_t *req_fields, const void *req,
+            const pb_msgdesc_t *resp_fields, void *resp, char *msg, size_t msg_len)
+{
+  gradsync_Envelope env;
+  uint64_t id = th_send(cl, method, 0, req_fields, req);
+
+  ck_assert_msg(th_recv(cl, &env, resp_fields, resp, 10000) == 0, "no reply to %s", method);
+  ck_assert_uint_eq(env.request_id, id);
+  if (msg)
+    snprintf(msg, msg_len, "%s", env.message);
+  return env.status;
+}
+
+gradsync_JoinRequest th_join_request(const char *job, uint32_t world, const char *node,
+                                     uint32_t local_rank)
+{
+  gradsync_JoinRequest r = gradsync_JoinRequest_init_zero;
+
+  snprintf(r.job, sizeof(r.job), "%s", job);
+  r.world_size = world;
+  snprintf(r.node, sizeof(r.node), "%s", node);
+  r.local_rank = local_rank;
+  snprintf(r.device, sizeof(r.device), "cpu");
+  snprintf(r.comm_addr, sizeof(r.comm_addr), "%s:%u", node, 9000 + local_rank);
+  r.has_model_signature = true;
+  r.model_signature.param_count = 6;
+  r.model_signature.total_elements = 235146;
+  r.model_signature.shapes_hash = 0x1234;
+  r.model_signature.dtypes_hash = 0x5678;
+  return r;
+}
+
+int th_http(uint16_t port, const char *method, const char *path, const char *headers,
+            const char *body, char **resp_body)
+{
+  int fd = connect_port(port), status = -1;
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap), *req, *p;
+  long deadline = now_ms() + 10000;
+  int n;
+
+  ck_assert_int_ge(fd, 0);
+  n = asprintf(
+      &req, "%s %s HTTP/1.1\r\nHost: test\r\nConnection: close\r\n%sContent-Length: %zu\r\n\r\n%s",
+      method, path, headers ? headers : "", body ? strlen(body) : 0, body ? body : "");
+  ck_assert_int_gt(n, 0);
+  th_send_raw(&(th_client_t){.fd = fd}, req, n);
+  free(req);
+  for (;;) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    ssize_t r;
+
+    if (deadline - now_ms() <= 0 || poll(&pfd, 1, (int)(deadline - now_ms())) <= 0)
+      break;
+    if (len + 4096 > cap)
+      buf = realloc(buf, cap *= 2);
+    r = recv(fd, buf + len, cap - len - 1, 0);
+    if (r <= 0)
+      break;
+    len += r;
+  }
+  close(fd);
+  buf[len] = '\0';
+  sscanf(buf, "HTTP/1.1 %d", &status);
+  p = strstr(buf, "\r\n\r\n");
+  *resp_body = strdup(p ? p + 4 : "");
+  free(buf);
+  return status;
+}

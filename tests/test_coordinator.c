@@ -1,0 +1,859 @@
+/* The coordinator through real sockets: the real binary runs as a child
+ * process on free ports; each test starts its own and checks that it
+ * exits cleanly (under ASan that includes no leaks). */
+#include <cJSON.h>
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define OK 0
+
+static th_coord_t coord;
+
+static void stop_and_check(void)
+{
+  ck_assert_int_eq(th_coord_stop(&coord), 0);
+}
+
+/* Joins n clients of `job` (agent i claims node k/4, local_rank k%4 with
+ * k = (7i+3) mod n, so arrival order differs from rank order) and returns
+ * each client's JoinResponse in resp[i], with its peers in arrs[i]. */
+static void join_all(th_client_t *cl, gradsync_JoinResponse *resp, bool with_peers,
+                     gs_pb_array_t *arrs, uint32_t n, const char *job)
+{
+  for (uint32_t i = 0; i < n; i++) {
+    char node[32];
+    /* Arrival order differs from rank order on purpose. */
+    uint32_t k = (i * 7 + 3) % n;
+    gradsync_JoinRequest req;
+
+    snprintf(node, sizeof(node), "node%02u", k / 4);
+    req = th_join_request(job, n, node, k % 4);
+    th_connect(&cl[i], coord.rpc_port);
+    th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    gradsync_Envelope env;
+
+    memset(&resp[i], 0, sizeof(resp[i]));
+    if (with_peers) {
+      gs_pb_array_init(&arrs[i], gradsync_Peer_fields, sizeof(gradsync_Peer), 64);
+      gs_pb_array_bind_decode(&resp[i].peers, &arrs[i]);
+    }
+    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], 10000), 0);
+    ck_assert_msg(env.status == OK, "join %u: %s", i, env.message);
+  }
+}
+
+START_TEST(rendezvous_assigns_sorted_ranks)
+{
+  uint32_t n = 64;
+  th_client_t cl[64];
+  gradsync_JoinResponse resp[64] = {0};
+  gs_pb_array_t arrs[64];
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, true, arrs, n, "big");
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t k = (i * 7 + 3) % n;
+    const gradsync_Peer *p = arrs[i].items;
+
+    /* node%02u/local_rank sorted: rank = node*4 + local_rank = k. */
+    ck_assert_uint_eq(resp[i].rank, k);
+    ck_assert_uint_eq(resp[i].world_size, n);
+    ck_assert_uint_eq(resp[i].generation, 1);
+    ck_assert_uint_eq(resp[i].heartbeat_interval_ms, 1000);
+    ck_assert_uint_eq(arrs[i].count, n);
+    for (uint32_t r = 0; r < n; r++) {
+      char addr[64];
+
+      ck_assert_uint_eq(p[r].rank, r);
+      ck_assert_uint_eq(p[r].local_rank, r % 4);
+      snprintf(addr, sizeof(addr), "node%02u:%u", r / 4, 9000 + r % 4);
+      ck_assert_str_eq(p[r].comm_addr, addr);
+    }
+    gs_pb_array_free(&arrs[i]);
+    th_close(&cl[i]);
+  }
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(ring_peers_list_neighbours_only)
+{
+  th_client_t cl[3];
+  gradsync_JoinRequest req;
+  gs_pb_array_t arr[3];
+
+  th_coord_start(&coord, NULL);
+  for (uint32_t i = 0; i < 3; i++) {
+    char node[8];
+
+    snprintf(node, sizeof(node), "n%u", i);
+    req = th_join_request("ring", 3, node, 0);
+    req.peers = gradsync_PeerSet_PEERS_RING;
+    th_connect(&cl[i], coord.rpc_port);
+    th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
+  }
+  for (uint32_t i = 0; i < 3; i++) {
+    gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+    gradsync_Envelope env;
+    const gradsync_Peer *p;
+
+    gs_pb_array_init(&arr[i], gradsync_Peer_fields, sizeof(gradsync_Peer), 8);
+    gs_pb_array_bind_decode(&resp.peers, &arr[i]);
+    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+    ck_assert_int_eq(env.status, OK);
+    p = arr[i].items;
+    ck_assert_uint_eq(arr[i].count, 2);
+    ck_assert_uint_eq(p[0].rank, (resp.rank + 2) % 3);
+    ck_assert_uint_eq(p[1].rank, (resp.rank + 1) % 3);
+    gs_pb_array_free(&arr[i]);
+    th_close(&cl[i]);
+  }
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(join_refusals_name_the_difference)
+{
+  th_client_t a, b, c, d;
+  gradsync_JoinRequest req;
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_Envelope env;
+  char msg[512];
+
+  th_coord_start(&coord, NULL);
+  th_connect(&a, coord.rpc_port);
+  th_connect(&b, coord.rpc_port);
+  req = th_join_request("j", 2, "n0", 0);
+  th_send(&a, "Join", 0, gradsync_JoinRequest_fields, &req);
+  /* World size disagreement: refused at once. */
+  req = th_join_request("j", 3, "n1", 0);
+  ck_assert_int_eq(
+      th_call(&b, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 3);
+  ck_assert_ptr_nonnull(strstr(msg, "world size 3 disagrees with 2"));
+  /* Bad input. */
+  req = th_join_request("bad name!", 2, "n1", 0);
+  ck_assert_int_eq(
+      th_call(&b, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 3);
+  ck_assert_ptr_nonnull(strstr(msg, "job name"));
+  req = th_join_request("j", 0, "n1", 0);
+  ck_assert_int_eq(
+      th_call(&b, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 3);
+  ck_assert_ptr_nonnull(strstr(msg, "world_size 0"));
+  /* A duplicate (node, local_rank) is refused when the world fills. */
+  req = th_join_request("j", 2, "n0", 0);
+  th_send(&b, "Join", 0, gradsync_JoinRequest_fields, &req);
+  ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 6);
+  ck_assert_ptr_nonnull(strstr(env.message, "local_rank 0 already joined"));
+  /* A different model fails the whole rendezvous, for every member. */
+  th_connect(&c, coord.rpc_port);
+  req = th_join_request("j", 2, "n1", 0);
+  req.model_signature.param_count = 8;
+  th_send(&c, "Join", 0, gradsync_JoinRequest_fields, &req);
+  ck_assert_int_eq(th_recv(&c, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 3);
+  ck_assert_ptr_nonnull(strstr(env.message, "param_count 8 vs 6"));
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 9);
+  ck_assert_ptr_nonnull(strstr(env.message, "unlike rank 0's"));
+  /* The job can rendezvous again afterwards, and refuses a join while running. */
+  req = th_join_request("j", 2, "n0", 0);
+  th_send(&a, "Join", 0, gradsync_JoinRequest_fields, &req);
+  req = th_join_request("j", 2, "n1", 0);
+  ck_assert_int_eq(th_call(&c, "Join", gradsync_JoinRequest_fields, &req,
+                           gradsync_JoinResponse_fields, &resp, NULL, 0),
+                   OK);
+  ck_assert_uint_eq(resp.rank, 1);
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, OK);
+  th_connect(&d, coord.rpc_port);
+  req = th_join_request("j", 2, "n2", 0);
+  ck_assert_int_eq(
+      th_call(&d, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 9);
+  ck_assert_ptr_nonnull(strstr(msg, "running generation 1"));
+  th_close(&a);
+  th_close(&b);
+  th_close(&c);
+  th_close(&d);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(token_is_required_when_set)
+{
+  th_client_t a;
+  gradsync_JoinRequest req = th_join_request("t", 1, "n0", 0);
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  char msg[256];
+
+  th_coord_start(&coord, "--token", "s3cret", NULL);
+  th_connect(&a, coord.rpc_port);
+  ck_assert_int_eq(
+      th_call(&a, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 16);
+  ck_assert_str_eq(msg, "missing token");
+  a.token = "s3cre";
+  ck_assert_int_eq(
+      th_call(&a, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 16);
+  ck_assert_str_eq(msg, "wrong token");
+  a.token = "s3cret";
+  ck_assert_int_eq(th_call(&a, "Join", gradsync_JoinRequest_fields, &req,
+                           gradsync_JoinResponse_fields, &resp, NULL, 0),
+                   OK);
+  th_close(&a);
+  stop_and_check();
+}
+END_TEST
+
+static void start_world(th_client_t *cl, uint32_t n, const char *job)
+{
+  gradsync_JoinResponse resp[8] = {0};
+
+  join_all(cl, resp, false, NULL, n, job);
+  for (uint32_t i = 0; i < n; i++)
+    ck_assert_uint_eq(resp[i].generation, 1);
+}
+
+START_TEST(fetch_waits_for_publish)
+{
+  th_client_t cl[2];
+  gradsync_PublishRequest pub = gradsync_PublishRequest_init_zero;
+  gradsync_FetchRequest fetch = gradsync_FetchRequest_init_zero;
+  gradsync_FetchResponse got = gradsync_FetchResponse_init_zero;
+  gradsync_Envelope env;
+  char msg[256];
+
+  th_coord_start(&coord, NULL);
+  start_world(cl, 2, "b");
+  snprintf(fetch.job, sizeof(fetch.job), "b");
+  fetch.generation = 1;
+  snprintf(fetch.key, sizeof(fetch.key), "nccl_id");
+  th_send(&cl[1], "Fetch", 5000, gradsync_FetchRequest_fields, &fetch);
+  /* Not answered before the publish. */
+  ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, 200), -1);
+  snprintf(pub.job, sizeof(pub.job), "b");
+  pub.generation = 1;
+  snprintf(pub.key, sizeof(pub.key), "nccl_id");
+  pub.value.size = 128;
+  memset(pub.value.bytes, 0xab, 128);
+  ck_assert_int_eq(
+      th_call(&cl[0], "Publish", gradsync_PublishRequest_fields, &pub, NULL, NULL, NULL, 0), OK);
+  ck_assert_int_eq(th_recv(&cl[1], &env, gradsync_FetchResponse_fields, &got, 5000), 0);
+  ck_assert_int_eq(env.status, OK);
+  ck_assert_uint_eq(got.value.size, 128);
+  ck_assert_uint_eq(got.value.bytes[127], 0xab);
+  /* Publishing a different value under the same key is refused. */
+  pub.value.bytes[0] = 1;
+  ck_assert_int_eq(th_call(&cl[0], "Publish", gradsync_PublishRequest_fields, &pub, NULL, NULL, msg,
+                           sizeof(msg)),
+                   6);
+  /* A fetch of a blob never published ends at its deadline. */
+  snprintf(fetch.key, sizeof(fetch.key), "never");
+  th_send(&cl[1], "Fetch", 300, gradsync_FetchRequest_fields, &fetch);
+  ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 4);
+  /* Wrong generation. */
+  fetch.generation = 7;
+  ck_assert_int_eq(
+      th_call(&cl[1], "Fetch", gradsync_FetchRequest_fields, &fetch, NULL, NULL, msg, sizeof(msg)),
+      9);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
+/* A pack list request for 3 params, in 2 packs. */
+typedef struct pl_fixture {
+  gradsync_PublishPackListRequest req;
+  gradsync_ParamInfo params[3];
+  uint32_t sizes[2], order[3];
+  gs_pb_array_t a_params, a_sizes, a_order;
+} pl_fixture_t;
+
+static void pl_init(pl_fixture_t *f, uint32_t rank)
+{
+  static const char *names[] = {"fc1.weight", "fc1.bias", "fc2.weight"};
+  static const uint64_t elems[] = {100, 10, 200};
+
+  memset(f, 0, sizeof(*f));
+  snprintf(f->req.job, sizeof(f->req.job), "p");
+  f->req.generation = 1;
+  f->req.rank = rank;
+  f->req.has_pack_list = true;
+  f->req.pack_list.threshold_bytes = 1000;
+  for (int i = 0; i < 3; i++) {
+    snprintf(f->params[i].name, sizeof(f->params[i].name), "%s", names[i]);
+    f->params[i].elements = elems[i];
+  }
+  f->sizes[0] = 1;
+  f->sizes[1] = 2;
+  f->order[0] = 2;
+  f->order[1] = 1;
+  f->order[2] = 0;
+  gs_pb_array_view(&f->a_params, gradsync_ParamInfo_fields, sizeof(gradsync_ParamInfo), f->params,
+                   3);
+  gs_pb_array_view(&f->a_sizes, NULL, sizeof(uint32_t), f->sizes, 2);
+  gs_pb_array_view(&f->a_order, NULL, sizeof(uint32_t), f->order, 3);
+  gs_pb_array_bind_encode(&f->req.pack_list.params, &f->a_params);
+  gs_pb_array_bind_encode(&f->req.pack_list.pack_sizes, &f->a_sizes);
+  gs_pb_array_bind_encode(&f->req.pack_list.pack_params, &f->a_order);
+}
+
+START_TEST(pack_list_published_by_rank0_reaches_all)
+{
+  th_client_t cl[2];
+  pl_fixture_t f;
+  gradsync_FetchPackListRequest fetch = gradsync_FetchPackListRequest_init_zero;
+  gradsync_FetchPackListResponse got = gradsync_FetchPackListResponse_init_zero;
+  gs_pb_array_t g_params, g_sizes, g_order;
+  gradsync_Envelope env;
+  char msg[512], *body;
+  cJSON *doc, *pl;
+
+  th_coord_start(&coord, NULL);
+  {
+    gradsync_JoinResponse resp[2] = {0};
+    /* The fixture's model has 3 params: join with that signature. */
+    for (uint32_t i = 0; i < 2; i++) {
+      gradsync_JoinRequest req = th_join_request("p", 2, i ? "b" : "a", 0);
+
+      req.model_signature.param_count = 3;
+      th_connect(&cl[i], coord.rpc_port);
+      th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
+    }
+    for (uint32_t i = 0; i < 2; i++) {
+      ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], 5000), 0);
+      ck_assert_int_eq(env.status, OK);
+      ck_assert_uint_eq(resp[i].rank, i);
+    }
+  }
+  snprintf(fetch.job, sizeof(fetch.job), "p");
+  fetch.generation = 1;
+  th_send(&cl[1], "FetchPackList", 5000, gradsync_FetchPackListRequest_fields, &fetch);
+  ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, 200), -1);
+  /* Only rank 0 may publish. */
+  pl_init(&f, 1);
+  ck_assert_int_eq(th_call(&cl[1], "PublishPackList", gradsync_PublishPackListRequest_fields,
+                           &f.req, NULL, NULL, msg, sizeof(msg)),
+                   7);
+  /* An invalid list is refused with the reason. */
+  pl_init(&f, 0);
+  f.order[2] = 1;
+  ck_assert_int_eq(th_call(&cl[0], "PublishPackList", gradsync_PublishPackListRequest_fields,
+                           &f.req, NULL, NULL, msg, sizeof(msg)),
+                   3);
+  ck_assert_ptr_nonnull(strstr(msg, "invalid pack list"));
+  pl_init(&f, 0);
+  f.req.pack_list.threshold_bytes = 100; /* pack 1 holds 2 params over it */
+  ck_assert_int_eq(th_call(&cl[0], "PublishPackList", gradsync_PublishPackListRequest_fields,
+                           &f.req, NULL, NULL, msg, sizeof(msg)),
+                   3);
+  pl_init(&f, 0);
+  ck_assert_int_eq(th_call(&cl[0], "PublishPackList", gradsync_PublishPackListRequest_fields,
+                           &f.req, NULL, NULL, msg, sizeof(msg)),
+                   OK);
+  gs_pb_array_init(&g_params, gradsync_ParamInfo_fields, sizeof(gradsync_ParamInfo), 16);
+  gs_pb_array_init(&g_sizes, NULL, sizeof(uint32_t), 16);
+  gs_pb_array_init(&g_order, NULL, sizeof(uint32_t), 16);
+  gs_pb_array_bind_decode(&got.pack_list.params, &g_params);
+  gs_pb_array_bind_decode(&got.pack_list.pack_sizes, &g_sizes);
+  gs_pb_array_bind_decode(&got.pack_list.pack_params, &g_order);
+  ck_assert_int_eq(th_recv(&cl[1], &env, gradsync_FetchPackListResponse_fields, &got, 5000), 0);
+  ck_assert_int_eq(env.status, OK);
+  ck_assert_uint_eq(got.pack_list.threshold_bytes, 1000);
+  ck_assert_uint_eq(g_params.count, 3);
+  ck_assert_str_eq(((gradsync_ParamInfo *)g_params.items)[2].name, "fc2.weight");
+  ck_assert_uint_eq(g_sizes.count, 2);
+  ck_assert_uint_eq(((uint32_t *)g_order.items)[0], 2);
+  gs_pb_array_free(&g_params);
+  gs_pb_array_free(&g_sizes);
+  gs_pb_array_free(&g_order);
+  /* Shown in status. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/p", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  pl = cJSON_GetObjectItem(doc, "pack_list");
+  ck_assert_int_eq(cJSON_GetObjectItem(pl, "packs")->valueint, 2);
+  ck_assert_int_eq(cJSON_GetObjectItem(pl, "params")->valueint, 3);
+  ck_assert_int_eq(cJSON_GetObjectItem(pl, "bytes")->valueint, 1240);
+  ck_assert_int_eq(cJSON_GetObjectItem(pl, "largest_pack_bytes")->valueint, 800);
+  cJSON_Delete(doc);
+  free(body);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
+static int heartbeat(th_client_t *cl, const char *job, uint64_t gen, uint32_t rank, uint64_t step,
+                     gradsync_HeartbeatResponse *resp)
+{
+  gradsync_HeartbeatRequest hb = gradsync_HeartbeatRequest_init_zero;
+
+  snprintf(hb.job, sizeof(hb.job), "%s", job);
+  hb.generation = gen;
+  hb.rank = rank;
+  hb.step = step;
+  hb.loss = 0.5f;
+  hb.samples_per_sec = 1000;
+  hb.compute_ms = 10 + rank;
+  hb.comm_wait_ms = 1;
+  memset(resp, 0, sizeof(*resp));
+  return th_call(cl, "Heartbeat", gradsync_HeartbeatRequest_fields, &hb,
+                 gradsync_HeartbeatResponse_fields, resp, NULL, 0);
+}
+
+START_TEST(silent_rank_aborts_generation_then_rejoin)
+{
+  th_client_t cl[3];
+  gradsync_JoinResponse resp[3] = {0};
+  gradsync_HeartbeatResponse hb;
+  uint32_t quiet = 2;
+
+  th_coord_start(&coord, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "400ms", NULL);
+  join_all(cl, resp, false, NULL, 3, "h");
+  /* Everyone but one rank keeps heartbeating. */
+  for (int t = 0; t < 12; t++) {
+    for (uint32_t i = 0; i < 3; i++) {
+      if (resp[i].rank == quiet)
+        continue;
+      ck_assert_int_eq(heartbeat(&cl[i], "h", 1, resp[i].rank, t, &hb), OK);
+      if (hb.abort)
+        goto aborted;
+    }
+    usleep(100000);
+  }
+  ck_abort_msg("the silent rank was never declared lost");
+aborted:
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "rank 2"));
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "no heartbeat"));
+  /* Every other rank hears it too. */
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_int_eq(heartbeat(&cl[i], "h", 1, resp[i].rank, 99, &hb), OK);
+    ck_assert(hb.abort);
+  }
+  /* A second rendezvous on the same connections starts generation 2. */
+  for (uint32_t i = 0; i < 3; i++) {
+    char node[32];
+    uint32_t k = (i * 7 + 3) % 3;
+    gradsync_JoinRequest req;
+
+    snprintf(node, sizeof(node), "node%02u", k / 4);
+    req = th_join_request("h", 3, node, k % 4);
+    th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
+  }
+  for (uint32_t i = 0; i < 3; i++) {
+    gradsync_Envelope env;
+
+    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], 5000), 0);
+    ck_assert_msg(env.status == OK, "%s", env.message);
+    ck_assert_uint_eq(resp[i].generation, 2);
+  }
+  ck_assert_int_eq(heartbeat(&cl[0], "h", 2, resp[0].rank, 1, &hb), OK);
+  ck_assert(!hb.abort);
+  /* The old generation is told it was superseded. */
+  ck_assert_int_eq(heartbeat(&cl[0], "h", 1, resp[0].rank, 1, &hb), OK);
+  ck_assert(hb.abort);
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "superseded"));
+  for (uint32_t i = 0; i < 3; i++)
+    th_close(&cl[i]);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(dropped_connection_aborts_generation)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "d");
+  th_close(&cl[1]);
+  usleep(100000);
+  ck_assert_int_eq(heartbeat(&cl[0], "d", 1, resp[0].rank, 1, &hb), OK);
+  ck_assert(hb.abort);
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "connection closed"));
+  th_close(&cl[0]);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(rendezvous_times_out)
+{
+  th_client_t a;
+  gradsync_JoinRequest req = th_join_request("r", 2, "n0", 0);
+  char msg[256];
+
+  th_coord_start(&coord, "--rendezvous-timeout", "300ms", NULL);
+  th_connect(&a, coord.rpc_port);
+  ck_assert_int_eq(
+      th_call(&a, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 4);
+  ck_assert_ptr_nonnull(strstr(msg, "1 of 2 agents joined"));
+  th_close(&a);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(status_json_field_by_field)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+  cJSON *doc, *jobs, *job, *ranks, *r1;
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "s");
+  for (uint32_t i = 0; i < 2; i++)
+    ck_assert_int_eq(heartbeat(&cl[i], "s", 1, resp[i].rank, 42, &hb), OK);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/status", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  ck_assert_ptr_nonnull(doc);
+  ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "coordinator"), "jobs")->valueint,
+                   1);
+  jobs = cJSON_GetObjectItem(doc, "jobs");
+  ck_assert_int_eq(cJSON_GetArraySize(jobs), 1);
+  job = cJSON_GetArrayItem(jobs, 0);
+  ck_assert_str_eq(cJSON_GetObjectItem(job, "name")->valuestring, "s");
+  ck_assert_str_eq(cJSON_GetObjectItem(job, "state")->valuestring, "running");
+  ck_assert_int_eq(cJSON_GetObjectItem(job, "generation")->valueint, 1);
+  ck_assert_int_eq(cJSON_GetObjectItem(job, "world_size")->valueint, 2);
+  ck_assert_int_eq(cJSON_GetObjectItem(job, "bcast_period")->valueint, 0);
+  ck_assert(cJSON_IsNull(cJSON_GetObjectItem(job, "pack_list")));
+  ck_assert_double_eq(cJSON_GetObjectItem(job, "samples_per_sec")->valuedouble, 2000);
+  ranks = cJSON_GetObjectItem(job, "ranks");
+  ck_assert_int_eq(cJSON_GetArraySize(ranks), 2);
+  r1 = cJSON_GetArrayItem(ranks, 1);
+  ck_assert_int_eq(cJSON_GetObjectItem(r1, "rank")->valueint, 1);
+  ck_assert_str_eq(cJSON_GetObjectItem(r1, "node")->valuestring, "node00");
+  ck_assert_int_eq(cJSON_GetObjectItem(r1, "local_rank")->valueint, 1);
+  ck_assert_str_eq(cJSON_GetObjectItem(r1, "device")->valuestring, "cpu");
+  ck_assert_int_eq(cJSON_GetObjectItem(r1, "step")->valueint, 42);
+  ck_assert_double_eq(cJSON_GetObjectItem(r1, "loss")->valuedouble, 0.5);
+  ck_assert_double_eq(cJSON_GetObjectItem(r1, "samples_per_sec")->valuedouble, 1000);
+  ck_assert_double_lt(cJSON_GetObjectItem(r1, "last_heartbeat_s")->valuedouble, 5);
+  ck_assert_str_eq(cJSON_GetObjectItem(r1, "state")->valuestring, "running");
+  cJSON_Delete(doc);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/nope", NULL, NULL, &body), 404);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/nothing", NULL, NULL, &body), 404);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "DELETE", "/status", NULL, NULL, &body), 405);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/healthz", NULL, NULL, &body), 200);
+  ck_assert_str_eq(body, "{\"status\":\"ok\"}");
+  free(body);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(metrics_text)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "m");
+  ck_assert_int_eq(heartbeat(&cl[0], "m", 1, resp[0].rank, 7, &hb), OK);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/metrics", NULL, NULL, &body), 200);
+  ck_assert_ptr_nonnull(strstr(body, "# TYPE gradsync_jobs gauge\ngradsync_jobs 1\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_rpc_requests_total{method=\"Join\"} 2\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_rpc_requests_total{method=\"Heartbeat\"} 1\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_job_world_size{job=\"m\"} 2\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_job_running{job=\"m\"} 1\n"));
+  {
+    char line[64];
+
+    snprintf(line, sizeof(line), "gradsync_rank_step{job=\"m\",rank=\"%u\"} 7\n", resp[0].rank);
+    ck_assert_ptr_nonnull(strstr(body, line));
+  }
+  free(body);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
+{
+  th_client_t cl[1];
+  gradsync_JoinResponse resp[1] = {0};
+  gradsync_HeartbeatResponse hb;
+  char *body;
+
+  th_coord_start(&coord, "--token", "tok", NULL);
+  th_connect(&cl[0], coord.rpc_port);
+  cl[0].token = "tok";
+  {
+    gradsync_JoinRequest req = th_join_request("c", 1, "n", 0);
+
+    ck_assert_int_eq(th_call(&cl[0], "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &resp[0], NULL, 0),
+                     OK);
+  }
+  ck_assert_int_eq(
+      th_http(coord.http_port, "POST", "/jobs/c/control", NULL, "{\"bcast_period\": 5}", &body),
+      401);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearer nope\r\n", "{\"bcast_period\": 5}", &body),
+                   401);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearer tok\r\n", "{\"bcast_period\": 5", &body),
+                   400);
+  ck_assert_ptr_nonnull(strstr(body, "\"error\""));
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearer tok\r\n", "{\"bcast_period\": -2}", &body),
+                   400);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearer tok\r\n", "{\"action\": \"dance\"}", &body),
+                   400);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/c/control", NULL, NULL, &body), 405);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/zz/control",
+                           "Authorization: Bearer tok\r\n", "{\"action\": \"stop\"}", &body),
+                   404);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearer tok\r\n",
+                           "{\"bcast_period\": 5, \"action\": \"checkpoint\"}", &body),
+                   200);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearer tok\r\n", "{\"action\": \"stop\"}", &body),
+                   200);
+  free(body);
+  ck_assert_int_eq(heartbeat(&cl[0], "c", 1, 0, 1, &hb), OK);
+  ck_assert_int_eq(hb.directives.bcast_period, 5);
+  ck_assert_uint_eq(hb.directives.checkpoint_seq, 1);
+  ck_assert_uint_eq(hb.directives.broadcast_seq, 0);
+  ck_assert(hb.directives.stop);
+  ck_assert_uint_ne(hb.coordinator_id, 0);
+  th_close(&cl[0]);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(bad_input_never_harms_the_service)
+{
+  th_client_t a, b, c, d, e;
+  gradsync_Envelope env;
+  gradsync_HeartbeatResponse hb;
+  static const uint8_t huge[] = {0x7f, 0xff, 0xff, 0xff};
+  static const char garbage[] = "GET / HTTP/1.1\r\n\r\n";
+  /* A frame holding an Envelope whose field 1 claims 100 bytes but has 2. */
+  static const uint8_t bad_env[] = {0, 0, 0, 4, 0x0a, 100, 'a', 'b'};
+  char msg[256];
+
+  th_coord_start(&coord, "--idle-timeout", "500ms", "--max-frame", "64KiB", NULL);
+  /* Oversized frame: an error reply, then the connection is closed. */
+  th_connect(&a, coord.rpc_port);
+  th_send_raw(&a, huge, sizeof(huge));
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 8);
+  ck_assert(th_closed_by_peer(&a, 5000));
+  th_close(&a);
+  /* HTTP sent to the RPC port reads as an oversized frame too. */
+  th_connect(&a, coord.rpc_port);
+  th_send_raw(&a, garbage, strlen(garbage));
+  ck_assert(th_closed_by_peer(&a, 5000));
+  th_close(&a);
+  /* An undecodable envelope. */
+  th_connect(&b, coord.rpc_port);
+  th_send_raw(&b, bad_env, sizeof(bad_env));
+  ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 3);
+  ck_assert(th_closed_by_peer(&b, 5000));
+  th_close(&b);
+  /* Unknown method and an undecodable body: error replies, connection kept. */
+  th_connect(&c, coord.rpc_port);
+  ck_assert_int_eq(th_call(&c, "Dance", NULL, NULL, NULL, NULL, msg, sizeof(msg)), 12);
+  ck_assert_ptr_nonnull(strstr(msg, "unknown method"));
+  {
+    gradsync_PublishRequest junk = gradsync_PublishRequest_init_zero;
+
+    /* A Publish body sent as a Heartbeat: field 4 is bytes there, a uint64 here. */
+    snprintf(junk.job, sizeof(junk.job), "x");
+    junk.value.size = 3;
+    ck_assert_int_eq(th_call(&c, "Heartbeat", gradsync_PublishRequest_fields, &junk, NULL, NULL,
+                             msg, sizeof(msg)),
+                     3);
+  }
+  /* Unknown job. */
+  ck_assert_int_eq(heartbeat(&c, "ghost", 1, 0, 1, &hb), 5);
+  /* A truncated frame followed by silence: closed by the idle timeout. */
+  th_connect(&d, coord.rpc_port);
+  th_send_raw(&d, bad_env, 5);
+  ck_assert(th_closed_by_peer(&d, 5000));
+  th_close(&d);
+  /* A client that connects and sends nothing. */
+  th_connect(&e, coord.rpc_port);
+  ck_assert(th_closed_by_peer(&e, 5000));
+  th_close(&e);
+  /* Many connections at once, then the service still answers. */
+  {
+    enum { N = 300 };
+    th_client_t many[N];
+
+    for (int i = 0; i < N; i++)
+      th_connect(&many[i], coord.rpc_port);
+    for (int i = 0; i < N; i++) {
+      ck_assert_int_eq(heartbeat(&many[i], "ghost", 1, 0, 1, &hb), 5);
+      th_close(&many[i]);
+    }
+  }
+  th_connect(&c, coord.rpc_port);
+  {
+    gradsync_JoinRequest req = th_join_request("after", 1, "n", 0);
+    gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+
+    ck_assert_int_eq(th_call(&c, "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &resp, NULL, 0),
+                     OK);
+  }
+  th_close(&c);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(agents_rebuild_state_after_restart)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+  uint64_t first_id;
+  char *body;
+  cJSON *doc, *job;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "re");
+  ck_assert_int_eq(heartbeat(&cl[0], "re", 1, resp[0].rank, 5, &hb), OK);
+  first_id = hb.coordinator_id;
+  th_coord_kill(&coord);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  th_coord_start(&coord, NULL);
+  /* A heartbeat to the new coordinator: the job is unknown. */
+  th_connect(&cl[0], coord.rpc_port);
+  ck_assert_int_eq(heartbeat(&cl[0], "re", 1, resp[0].rank, 6, &hb), 5);
+  for (uint32_t i = 0; i < 2; i++) {
+    gradsync_JoinRequest req = th_join_request("re", 2, "node00", (i * 7 + 3) % 2);
+    gradsync_JoinResponse again = gradsync_JoinResponse_init_zero;
+
+    req.rejoin_generation = 1;
+    req.rejoin_rank = resp[i].rank;
+    if (i)
+      th_connect(&cl[i], coord.rpc_port);
+    ck_assert_int_eq(th_call(&cl[i], "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &again, NULL, 0),
+                     OK);
+    ck_assert_uint_eq(again.rank, resp[i].rank);
+    ck_assert_uint_eq(again.generation, 1);
+  }
+  ck_assert_int_eq(heartbeat(&cl[1], "re", 1, resp[1].rank, 6, &hb), OK);
+  ck_assert(!hb.abort);
+  ck_assert_uint_ne(hb.coordinator_id, first_id);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/re", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  job = doc;
+  ck_assert_str_eq(cJSON_GetObjectItem(job, "state")->valuestring, "running");
+  ck_assert_int_eq(cJSON_GetObjectItem(job, "generation")->valueint, 1);
+  ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(job, "ranks")), 2);
+  cJSON_Delete(doc);
+  free(body);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
+START_TEST(leaving_ranks_finish_the_job)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+  char *body;
+  cJSON *doc;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "f");
+  snprintf(lv.job, sizeof(lv.job), "f");
+  lv.generation = 1;
+  lv.finished = true;
+  for (uint32_t i = 0; i < 2; i++) {
+    lv.rank = resp[i].rank;
+    ck_assert_int_eq(
+        th_call(&cl[i], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
+    th_close(&cl[i]);
+  }
+  usleep(100000);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  ck_assert_str_eq(cJSON_GetObjectItem(doc, "state")->valuestring, "finished");
+  ck_assert_str_eq(cJSON_GetObjectItem(doc, "abort_reason")->valuestring, "");
+  cJSON_Delete(doc);
+  free(body);
+  stop_and_check();
+}
+END_TEST
+
+static Suite *coordinator_suite(void)
+{
+  Suite *s = suite_create("coordinator");
+  struct {
+    const char *name;
+    const TTest *test;
+  } cases[] = {
+      {"rendezvous", rendezvous_assigns_sorted_ranks},
+      {"ring_peers", ring_peers_list_neighbours_only},
+      {"refusals", join_refusals_name_the_difference},
+      {"token", token_is_required_when_set},
+      {"blobs", fetch_waits_for_publish},
+      {"pack_list", pack_list_published_by_rank0_reaches_all},
+      {"heartbeat_timeout", silent_rank_aborts_generation_then_rejoin},
+      {"dropped_connection", dropped_connection_aborts_generation},
+      {"rendezvous_timeout", rendezvous_times_out},
+      {"status", status_json_field_by_field},
+      {"metrics", metrics_text},
+      {"control", control_endpoint_needs_token_and_reaches_heartbeats},
+      {"bad_input", bad_input_never_harms_the_service},
+      {"restart", agents_rebuild_state_after_restart},
+      {"leave", leaving_ranks_finish_the_job},
+  };
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    TCase *tc = tcase_create(cases[i].name);
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, cases[i].test);
+    suite_add_tcase(s, tc);
+  }
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(coordinator_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,95 @@
+/* The error table, and the logging line format. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "error.h"
+#include "log.h"
+
+START_TEST(table_names_messages_codes)
+{
+  ck_assert_str_eq(gs_err_name(GS_EINVAL), "GS_EINVAL");
+  ck_assert_str_eq(gs_strerror(GS_EINVAL), "invalid argument");
+  ck_assert_int_eq(gs_err_grpc_code(GS_EINVAL), 3);
+  ck_assert_int_eq(gs_err_grpc_code(GS_ETIMEDOUT), 4);
+  ck_assert_int_eq(gs_err_grpc_code(GS_EUNAUTH), 16);
+  ck_assert_int_eq(gs_err_grpc_code(GS_OK), 0);
+  ck_assert_str_eq(gs_strerror(GS_OK), "ok");
+  ck_assert_str_eq(gs_strerror(-1), "unknown error");
+  ck_assert_str_eq(gs_strerror(GS__ERRNO_LAST), "unknown error");
+  ck_assert_str_eq(gs_err_name(12345), "GS_EUNKNOWN");
+  ck_assert_str_eq(gs_grpc_code_name(16), "UNAUTHENTICATED");
+  ck_assert_str_eq(gs_grpc_code_name(99), "UNKNOWN");
+  /* Every entry has a distinct name and a message. */
+  for (int e = GS__ERRNO_FIRST + 1; e < GS__ERRNO_LAST; e++) {
+    ck_assert_str_ne(gs_strerror(e), "unknown error");
+    for (int f = e + 1; f < GS__ERRNO_LAST; f++)
+      ck_assert_str_ne(gs_err_name(e), gs_err_name(f));
+  }
+}
+END_TEST
+
+START_TEST(foreign_errors_convert)
+{
+  ck_assert_int_eq(gs_err_from_errno(ENOMEM), GS_ENOMEM);
+  ck_assert_int_eq(gs_err_from_errno(ECONNRESET), GS_ECLOSED);
+  ck_assert_int_eq(gs_err_from_errno(EIO), GS_EIO);
+  ck_assert_int_eq(gs_err_from_uv(UV_EOF), GS_ECLOSED);
+  ck_assert_int_eq(gs_err_from_uv(UV_ECONNREFUSED), GS_EUNAVAIL);
+  ck_assert_int_eq(gs_err_from_uv(0), GS_OK);
+}
+END_TEST
+
+START_TEST(log_line_format_and_level)
+{
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  gs_log_t log = {GS_LOG_INFO, f, "coordinator"};
+  gs_log_level_t lvl;
+  int y, mo, d, h, mi, s, ms;
+  char rest[256];
+
+  gs_log(&log, GS_LOG_INFO, "job1", 3, "hello %d", 42);
+  gs_log(&log, GS_LOG_DEBUG, NULL, -1, "hidden");
+  gs_log(&log, GS_LOG_WARN, NULL, -1, "plain");
+  gs_log(&log, GS_LOG_ERROR, "job2", -1, "jobonly");
+  fclose(f);
+  ck_assert_int_eq(
+      sscanf(text, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ %255[^\n]", &y, &mo, &d, &h, &mi, &s, &ms, rest),
+      8);
+  ck_assert_str_eq(rest, "INFO coordinator [job1/3] hello 42");
+  ck_assert_ptr_null(strstr(text, "hidden"));
+  ck_assert_ptr_nonnull(strstr(text, "Z WARN coordinator [-] plain\n"));
+  ck_assert_ptr_nonnull(strstr(text, "Z ERROR coordinator [job2] jobonly\n"));
+  free(text);
+  ck_assert_int_eq(gs_log_level_parse("debug", &lvl), 0);
+  ck_assert_int_eq(lvl, GS_LOG_DEBUG);
+  ck_assert_int_eq(gs_log_level_parse("WARNING", &lvl), 0);
+  ck_assert_int_eq(lvl, GS_LOG_WARN);
+  ck_assert_int_eq(gs_log_level_parse("loud", &lvl), GS_EINVAL);
+}
+END_TEST
+
+int main(void)
+{
+  Suite *s = suite_create("error");
+  TCase *tc = tcase_create("table");
+  SRunner *sr;
+  int failed;
+
+  tcase_add_test(tc, table_names_messages_codes);
+  tcase_add_test(tc, foreign_errors_convert);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("log");
+  tcase_add_test(tc, log_line_format_and_level);
+  suite_add_tcase(s, tc);
+  sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
