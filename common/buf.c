@@ -34,6 +34,23 @@ int gs_buf_append(gs_buf_t *b, const void *data, size_t n)
   return 0;
 }
 
+int gs_buf_append_str(gs_buf_t *b, const char *s, size_t n)
+{
+  int err = gs_buf_reserve(b, n + 1);
+
+  if (err)
+    return err;
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+  return 0;
+}
+
+const char *gs_buf_str(const gs_buf_t *b)
+{
+  return b->data ? (const char *)b->data : "";
+}
+
 void gs_buf_consume(gs_buf_t *b, size_t n)
 {
   if (n >= b->len) {

@@ -16,6 +16,11 @@ typedef struct gs_buf {
 /* Makes room for `extra` more bytes after len. GS_ENOMEM on failure. */
 int gs_buf_reserve(gs_buf_t *b, size_t extra) GS_WARN_UNUSED;
 int gs_buf_append(gs_buf_t *b, const void *data, size_t n) GS_WARN_UNUSED;
+/* Appends n bytes and keeps a NUL after them (not counted in len), so the
+ * contents read as a C string through gs_buf_str. */
+int gs_buf_append_str(gs_buf_t *b, const char *s, size_t n) GS_WARN_UNUSED;
+/* The contents of a buffer filled by gs_buf_append_str; "" when unused. */
+const char *gs_buf_str(const gs_buf_t *b);
 /* Drops the first n bytes. */
 void gs_buf_consume(gs_buf_t *b, size_t n);
 /* Frees the storage and zeroes the buffer. */

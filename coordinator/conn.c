@@ -9,6 +9,7 @@
 #include "coord.h"
 #include "frame.h"
 #include "job.h"
+#include "net.h"
 #include "wire.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -152,8 +153,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void on_connection(uv_stream_t *server, int status)
 {
   struct gs_coord *c = server->data;
-  struct sockaddr_storage ss;
-  int len = sizeof(ss);
   gs_conn_t *conn;
 
   if (status < 0) {
@@ -175,20 +174,7 @@ static void on_connection(uv_stream_t *server, int status)
     return;
   }
   uv_tcp_nodelay(&conn->tcp, 1);
-  snprintf(conn->peer, sizeof(conn->peer), "?");
-  if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &len) == 0) {
-    char ip[INET6_ADDRSTRLEN] = "?";
-
-    if (ss.ss_family == AF_INET6) {
-      uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
-      snprintf(conn->peer, sizeof(conn->peer), "[%s]:%u", ip,
-               ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
-    } else {
-      uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
-      snprintf(conn->peer, sizeof(conn->peer), "%s:%u", ip,
-               ntohs(((struct sockaddr_in *)&ss)->sin_port));
-    }
-  }
+  gs_tcp_peer_name(&conn->tcp, conn->peer, sizeof(conn->peer));
   c->stats.conns_accepted++;
   uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }

@@ -16,18 +16,14 @@
 
 #include "http_server.h"
 
+#include "buf.h"
+#include "net.h"
+
 #define READ_CHUNK (64 * 1024)
 #define LISTEN_BACKLOG 1024
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
 #define LINGER_MS 2000              /* wait for the peer's EOF after our last reply */
 #define DEFAULT_TYPE "application/json"
-
-/* A growable string; `data` is NUL-terminated whenever it is non-NULL. */
-typedef struct strbuf {
-  char *data;
-  size_t len;
-  size_t cap;
-} strbuf_t;
 
 typedef struct http_conn http_conn_t;
 
@@ -56,7 +52,7 @@ struct http_conn {
   gs_http_server_t *srv;
   http_conn_t *prev, *next;
   /* The request being parsed. */
-  strbuf_t url, field, auth, body;
+  gs_buf_t url, field, auth, body; /* NUL-terminated */
   size_t header_bytes;
   int refuse_status; /* set by a callback that refuses the request */
   const char *refuse_why;
@@ -80,44 +76,12 @@ typedef struct http_write {
   char head[];
 } http_write_t;
 
-static int strbuf_append(strbuf_t *b, const char *p, size_t n)
-{
-  if (n >= b->cap - b->len) {
-    size_t cap = b->cap ? b->cap : 64;
-    char *data;
-
-    if (n > SIZE_MAX / 4 - b->len)
-      return GS_ENOMEM;
-    while (n >= cap - b->len)
-      cap *= 2;
-    data = realloc(b->data, cap);
-    if (!data)
-      return GS_ENOMEM;
-    b->data = data;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, p, n);
-  b->len += n;
-  b->data[b->len] = '\0';
-  return 0;
-}
-
-static const char *strbuf_str(const strbuf_t *b)
-{
-  return b->data ? b->data : "";
-}
-
-static void strbuf_clear(strbuf_t *b)
+/* Empties a buffer filled with gs_buf_append_str, keeping its storage. */
+static void strbuf_clear(gs_buf_t *b)
 {
   b->len = 0;
   if (b->data)
     b->data[0] = '\0';
-}
-
-static void strbuf_free(strbuf_t *b)
-{
-  free(b->data);
-  memset(b, 0, sizeof(*b));
 }
 
 /* Forgets the last request. The URL, header name and Authorization buffers
@@ -127,7 +91,7 @@ static void request_reset(http_conn_t *conn)
   strbuf_clear(&conn->url);
   strbuf_clear(&conn->field);
   strbuf_clear(&conn->auth);
-  strbuf_free(&conn->body);
+  gs_buf_free(&conn->body);
   conn->header_bytes = 0;
   conn->refuse_status = 0;
   conn->refuse_why = NULL;
@@ -150,10 +114,10 @@ static void conn_free(http_conn_t *conn)
     srv->conns = conn->next;
   if (conn->next)
     conn->next->prev = conn->prev;
-  strbuf_free(&conn->url);
-  strbuf_free(&conn->field);
-  strbuf_free(&conn->auth);
-  strbuf_free(&conn->body);
+  gs_buf_free(&conn->url);
+  gs_buf_free(&conn->field);
+  gs_buf_free(&conn->auth);
+  gs_buf_free(&conn->body);
   free(conn);
   server_maybe_free(srv);
 }
@@ -368,7 +332,7 @@ static int on_url(http_parser *p, const char *at, size_t n)
 
   if (count_header_bytes(conn, n))
     return -1;
-  return strbuf_append(&conn->url, at, n) ? refuse(conn, 500, "out of memory") : 0;
+  return gs_buf_append_str(&conn->url, at, n) ? refuse(conn, 500, "out of memory") : 0;
 }
 
 static int on_header_field(http_parser *p, const char *at, size_t n)
@@ -383,7 +347,7 @@ static int on_header_field(http_parser *p, const char *at, size_t n)
   }
   if (count_header_bytes(conn, n + extra))
     return -1;
-  return strbuf_append(&conn->field, at, n) ? refuse(conn, 500, "out of memory") : 0;
+  return gs_buf_append_str(&conn->field, at, n) ? refuse(conn, 500, "out of memory") : 0;
 }
 
 static int on_header_value(http_parser *p, const char *at, size_t n)
@@ -392,7 +356,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
 
   if (!conn->in_value) {
     conn->in_value = true;
-    conn->is_auth = !strcasecmp(strbuf_str(&conn->field), "authorization");
+    conn->is_auth = !strcasecmp(gs_buf_str(&conn->field), "authorization");
     /* Two credentials are ambiguous: refuse rather than pick one. */
     if (conn->is_auth && conn->has_auth)
       return refuse(conn, 400, "duplicate Authorization header");
@@ -400,7 +364,7 @@ static int on_header_value(http_parser *p, const char *at, size_t n)
   }
   if (count_header_bytes(conn, n))
     return -1;
-  if (conn->is_auth && strbuf_append(&conn->auth, at, n))
+  if (conn->is_auth && gs_buf_append_str(&conn->auth, at, n))
     return refuse(conn, 500, "out of memory");
   return 0;
 }
@@ -423,13 +387,13 @@ static int on_body(http_parser *p, const char *at, size_t n)
 
   if (n > conn->srv->limits.max_body_bytes - conn->body.len)
     return refuse(conn, 413, "request body too large");
-  return strbuf_append(&conn->body, at, n) ? refuse(conn, 500, "out of memory") : 0;
+  return gs_buf_append_str(&conn->body, at, n) ? refuse(conn, 500, "out of memory") : 0;
 }
 
 /* Splits the URL (origin or absolute form) into path and query in place:
  * the byte after each component is a delimiter or the end, so a NUL there
  * harms no other component. */
-static int split_target(strbuf_t *url, gs_http_request_t *req)
+static int split_target(gs_buf_t *url, gs_http_request_t *req)
 {
   struct http_parser_url u;
   const struct {
@@ -442,13 +406,13 @@ static int split_target(strbuf_t *url, gs_http_request_t *req)
   if (!url->data)
     return GS_EPROTO;
   http_parser_url_init(&u);
-  if (http_parser_parse_url(url->data, url->len, 0, &u))
+  if (http_parser_parse_url((const char *)url->data, url->len, 0, &u))
     return GS_EPROTO;
   for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
     if (!(u.field_set & (1 << parts[i].field)))
       continue;
     url->data[u.field_data[parts[i].field].off + u.field_data[parts[i].field].len] = '\0';
-    *parts[i].out = url->data + u.field_data[parts[i].field].off;
+    *parts[i].out = (const char *)url->data + u.field_data[parts[i].field].off;
   }
   return 0;
 }
@@ -459,8 +423,8 @@ static int on_message_complete(http_parser *p)
   gs_http_server_t *srv = conn->srv;
   gs_http_request_t req = {
       .method = http_method_str((enum http_method)p->method),
-      .authorization = conn->has_auth ? strbuf_str(&conn->auth) : NULL,
-      .body = strbuf_str(&conn->body),
+      .authorization = conn->has_auth ? gs_buf_str(&conn->auth) : NULL,
+      .body = gs_buf_str(&conn->body),
       .body_len = conn->body.len,
   };
   gs_http_response_t res = {0};
@@ -562,26 +526,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     reject_request(conn, err);
 }
 
-static void peer_name(http_conn_t *conn)
-{
-  struct sockaddr_storage ss;
-  char ip[INET6_ADDRSTRLEN] = "?";
-  int len = sizeof(ss);
-
-  snprintf(conn->peer, sizeof(conn->peer), "?");
-  if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &len))
-    return;
-  if (ss.ss_family == AF_INET6) {
-    uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
-    snprintf(conn->peer, sizeof(conn->peer), "[%s]:%u", ip,
-             ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
-  } else {
-    uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
-    snprintf(conn->peer, sizeof(conn->peer), "%s:%u", ip,
-             ntohs(((struct sockaddr_in *)&ss)->sin_port));
-  }
-}
-
 /* Allocates a connection with its handles initialised and links it in. */
 static http_conn_t *conn_new(gs_http_server_t *srv)
 {
@@ -631,7 +575,7 @@ static void on_connection(uv_stream_t *server, int status)
     return;
   }
   uv_tcp_nodelay(&conn->tcp, 1);
-  peer_name(conn);
+  gs_tcp_peer_name(&conn->tcp, conn->peer, sizeof(conn->peer));
   timer_restart(conn, srv->limits.idle_timeout_ms);
 }
 
