@@ -181,27 +181,8 @@ static void on_connection(uv_stream_t *server, int status)
 
 int gs__conn_listen(struct gs_coord *c)
 {
-  struct sockaddr_storage addr;
-  int err;
-
-  if (strchr(c->cfg.rpc_host, ':'))
-    err = uv_ip6_addr(c->cfg.rpc_host, c->cfg.rpc_port, (struct sockaddr_in6 *)&addr);
-  else
-    err = uv_ip4_addr(c->cfg.rpc_host, c->cfg.rpc_port, (struct sockaddr_in *)&addr);
-  if (err) {
-    gs_log(&c->cfg.log, GS_LOG_ERROR, NULL, -1, "rpc: bad listen address %s: %s", c->cfg.rpc_host,
-           uv_strerror(err));
-    return GS_EINVAL;
-  }
-  err = uv_tcp_bind(&c->listener, (struct sockaddr *)&addr, 0);
-  if (!err)
-    err = uv_listen((uv_stream_t *)&c->listener, 1024, on_connection);
-  if (err) {
-    gs_log(&c->cfg.log, GS_LOG_ERROR, NULL, -1, "rpc: cannot listen on %s:%u: %s", c->cfg.rpc_host,
-           c->cfg.rpc_port, uv_strerror(err));
-    return gs_err_from_uv(err);
-  }
-  return 0;
+  return gs_tcp_listen(&c->listener, c->cfg.rpc_host, c->cfg.rpc_port, on_connection, &c->cfg.log,
+                       "rpc");
 }
 
 void gs__conn_close_all(struct gs_coord *c)

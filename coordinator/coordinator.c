@@ -8,6 +8,7 @@
 #include "coord.h"
 #include "frame.h"
 #include "job.h"
+#include "net.h"
 
 #define HOUSEKEEPING_MS 50
 
@@ -72,21 +73,9 @@ int gs_coord_start(gs_coord_t *c)
   return 0;
 }
 
-static uint16_t port_of(const uv_tcp_t *tcp)
-{
-  struct sockaddr_storage ss;
-  int len = sizeof(ss);
-
-  if (uv_tcp_getsockname(tcp, (struct sockaddr *)&ss, &len))
-    return 0;
-  if (ss.ss_family == AF_INET6)
-    return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-  return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-}
-
 uint16_t gs_coord_rpc_port(const gs_coord_t *c)
 {
-  return port_of(&c->listener);
+  return gs_tcp_local_port(&c->listener);
 }
 
 uint16_t gs_coord_http_port(const gs_coord_t *c)

@@ -20,7 +20,6 @@
 #include "net.h"
 
 #define READ_CHUNK (64 * 1024)
-#define LISTEN_BACKLOG 1024
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
 #define LINGER_MS 2000              /* wait for the peer's EOF after our last reply */
 #define DEFAULT_TYPE "application/json"
@@ -610,49 +609,16 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   return srv;
 }
 
-/* Reads back the port the kernel chose for port 0. */
-static int read_port(gs_http_server_t *srv)
-{
-  struct sockaddr_storage ss;
-  int len = sizeof(ss);
-  int err = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&ss, &len);
-
-  if (err)
-    return err;
-  if (ss.ss_family == AF_INET6)
-    srv->port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-  else
-    srv->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-  return 0;
-}
-
 int gs_http_server_listen(gs_http_server_t *srv, const char *host, uint16_t port)
 {
-  struct sockaddr_storage addr;
   int err;
 
   if (!srv || !host || srv->closing)
     return GS_EINVAL;
-  if (strchr(host, ':'))
-    err = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
-  else
-    err = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
-  if (err) {
-    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: bad listen address %s: %s", host,
-           uv_strerror(err));
-    return GS_EINVAL;
-  }
-  err = uv_tcp_bind(&srv->listener, (struct sockaddr *)&addr, 0);
+  err = gs_tcp_listen(&srv->listener, host, port, on_connection, srv->log, "http");
   if (!err)
-    err = uv_listen((uv_stream_t *)&srv->listener, LISTEN_BACKLOG, on_connection);
-  if (!err)
-    err = read_port(srv);
-  if (err) {
-    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: cannot listen on %s:%u: %s", host, port,
-           uv_strerror(err));
-    return gs_err_from_uv(err);
-  }
-  return 0;
+    srv->port = gs_tcp_local_port(&srv->listener);
+  return err;
 }
 
 uint16_t gs_http_server_port(const gs_http_server_t *srv)
