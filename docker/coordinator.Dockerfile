@@ -15,7 +15,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
       libuv1 libcjson1 libhttp-parser2.9 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --no-create-home gradsync
-COPY --from=build /build/coordinator/gradsync-coordinator /usr/local/bin/
+COPY --from=build /build/bin/gradsync-coordinator /usr/local/bin/
 USER gradsync
 EXPOSE 7070 8080
 # Set GRADSYNC_TOKEN in the environment to require a token.

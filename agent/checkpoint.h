@@ -1,0 +1,54 @@
+/* Checkpoint files (format: docs/checkpoint.md).
+ *
+ * A checkpoint is the training position (step, epoch, RNG state), the hash
+ * of the pack layout it was taken with, and a list of float32 buffers (the
+ * engine writes each pack's params, then each pack's momentum), all covered
+ * by a CRC-32. Saving writes DIR/.ckpt-STEP.tmp, fsyncs it, renames it to
+ * DIR/ckpt-STEP.gsck (STEP zero-padded to 12 digits) and fsyncs DIR, so a
+ * crash leaves either the old set of files or the new one, never a torn
+ * file under the final name. Loading takes the newest file that passes
+ * every check; torn or corrupt files are skipped with a warning. */
+#ifndef GS_CHECKPOINT_H
+#define GS_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "log.h"
+
+typedef struct gs_ckpt_buffer {
+  float *data;
+  uint64_t count; /* elements */
+} gs_ckpt_buffer_t;
+
+typedef struct gs_ckpt_state {
+  uint64_t step; /* steps completed */
+  uint64_t epoch;
+  uint64_t rng_state;
+  uint64_t layout_hash;
+  uint32_t nbuf;
+  gs_ckpt_buffer_t *bufs; /* nbuf buffers (owned by the caller) */
+} gs_ckpt_state_t;
+
+/* Writes a checkpoint of `st` into `dir` (created if missing), then removes
+ * all but the newest `keep` checkpoints (keep 0: remove none). `path` (may
+ * be NULL) gets the file written. Errors name the file and the failing call. */
+int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep, char *path,
+                       size_t path_len, char *why, size_t why_len) GS_WARN_UNUSED;
+
+/* Loads the newest valid checkpoint in `dir` into `st`, whose layout_hash,
+ * nbuf and buffer counts say what is expected (a file whose layout hash or
+ * buffer list differs is refused with a warning naming the difference, as
+ * is a torn or corrupt file; the next older one is tried). On success fills
+ * step, epoch and rng_state and the buffers; `path` gets the file.
+ * GS_ENOTFOUND when no valid checkpoint exists (`why` says how many were
+ * skipped). */
+int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log_t *log, char *path,
+                              size_t path_len, char *why, size_t why_len) GS_WARN_UNUSED;
+
+/* Loads exactly one file (the same checks). */
+int gs_checkpoint_load_file(const char *path, gs_ckpt_state_t *st, char *why,
+                            size_t why_len) GS_WARN_UNUSED;
+
+#endif

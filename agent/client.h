@@ -1,0 +1,103 @@
+/* The agent's coordinator client: blocking RPCs over one TCP connection,
+ * each with a deadline, framed and encoded as in proto/README.md.
+ *
+ * A lost connection is redialled with exponential backoff and jitter
+ * (100 ms doubling to 5 s, +-25%) until the call's deadline; a call that
+ * was in flight when the connection broke is sent again on the new one
+ * (every RPC of ours is safe to repeat). One gs_client_t per thread: the
+ * heartbeat thread has its own. */
+#ifndef GS_CLIENT_H
+#define GS_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "gradsync.pb.h"
+#include "log.h"
+#include "packlist.h"
+
+typedef struct gs_client_config {
+  char host[256]; /* coordinator address */
+  uint16_t port;
+  const char *token; /* shared secret or NULL; never logged */
+  const char *job;
+  const gs_log_t *log;
+} gs_client_config_t;
+
+typedef struct gs_client gs_client_t;
+
+/* Creates a client (does not connect yet: the first call does). The config
+ * strings are copied. NULL on allocation failure. */
+gs_client_t *gs_client_new(const gs_client_config_t *cfg);
+/* Closes the connection and frees the client (NULL is a no-op). */
+void gs_client_free(gs_client_t *cl);
+
+/* The last error text: the coordinator's message for a refused call, or
+ * what failed locally ("connect 127.0.0.1:7070: connection refused"). */
+const char *gs_client_error(const gs_client_t *cl);
+
+/* Sends one request and waits for its response until `timeout_ms` from
+ * now, reconnecting as needed. The response body is decoded into
+ * `resp` (type resp_fields; callback fields bound by the caller). Returns
+ * 0, GS_ETIMEDOUT, or the error the coordinator's gRPC status maps to
+ * (gs_client_error has its message). `wait_ms` > 0 is sent as the
+ * envelope's timeout_ms for RPCs that park (Join, Fetch, FetchPackList). */
+int gs_client_call(gs_client_t *cl, const char *method, const pb_msgdesc_t *req_fields,
+                   const void *req, const pb_msgdesc_t *resp_fields, void *resp, uint32_t wait_ms,
+                   uint64_t timeout_ms) GS_WARN_UNUSED;
+
+/* One peer as the rendezvous answered it. */
+typedef struct gs_peer {
+  uint32_t rank;
+  char node[256];
+  uint32_t local_rank;
+  char device[64];
+  char comm_addr[256];
+} gs_peer_t;
+
+typedef struct gs_join_result {
+  uint32_t rank;
+  uint32_t world_size;
+  uint64_t generation;
+  int32_t bcast_period;
+  uint32_t heartbeat_interval_ms;
+  uint32_t heartbeat_timeout_ms;
+  gs_peer_t *peers; /* world_size entries in rank order; free with gs_join_result_free */
+} gs_join_result_t;
+
+/* Join: waits for the rendezvous (req->job is overwritten with the
+ * client's job). */
+int gs_client_join(gs_client_t *cl, gradsync_JoinRequest *req, uint64_t timeout_ms,
+                   gs_join_result_t *out) GS_WARN_UNUSED;
+void gs_join_result_free(gs_join_result_t *r);
+
+/* Publish/Fetch of a per-generation blob (at most 16 KiB). Fetch waits
+ * until the blob exists; *len gets its size (value holds `cap` bytes). */
+int gs_client_publish(gs_client_t *cl, uint64_t generation, const char *key, const void *value,
+                      size_t len, uint64_t timeout_ms) GS_WARN_UNUSED;
+int gs_client_fetch(gs_client_t *cl, uint64_t generation, const char *key, void *value, size_t cap,
+                    size_t *len, uint64_t timeout_ms) GS_WARN_UNUSED;
+
+/* Publishes rank 0's pack list with the params it packs. */
+int gs_client_publish_packlist(gs_client_t *cl, uint64_t generation, uint32_t rank,
+                               const gs_packlist_t *list, const gs_param_desc_t *params, uint32_t n,
+                               uint64_t timeout_ms) GS_WARN_UNUSED;
+
+/* Fetches the published pack list (waits until rank 0 published it). On
+ * success `list` is filled (free with gs_packlist_free) and *params and *n get
+ * the params it names (names owned by the arrays; free with
+ * gs_client_params_free). */
+int gs_client_fetch_packlist(gs_client_t *cl, uint64_t generation, gs_packlist_t *list,
+                             gs_param_desc_t **params, uint32_t *n,
+                             uint64_t timeout_ms) GS_WARN_UNUSED;
+void gs_client_params_free(gs_param_desc_t *params, uint32_t n);
+
+int gs_client_heartbeat(gs_client_t *cl, const gradsync_HeartbeatRequest *req,
+                        gradsync_HeartbeatResponse *resp, uint64_t timeout_ms) GS_WARN_UNUSED;
+
+int gs_client_leave(gs_client_t *cl, uint64_t generation, uint32_t rank, bool finished,
+                    const char *reason, uint64_t timeout_ms) GS_WARN_UNUSED;
+
+#endif

@@ -1,0 +1,112 @@
+/* Collective backends: creation by name, the reduce op names, and the thin
+ * wrappers that dispatch through each backend's ops table. */
+#include "comm.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+typedef struct backend {
+  const char *name;
+  gs_comm_t *(*create)(const gs_log_t *log);
+} backend_t;
+
+static const backend_t backends[] = {
+    {"host", gs__comm_host_new},
+};
+
+#define BACKEND_COUNT (sizeof(backends) / sizeof(backends[0]))
+
+static const char *const op_names[] = {"sum", "mean"};
+
+int gs_reduce_op_parse(const char *s, gs_reduce_op_t *out)
+{
+  if (!s || !out)
+    return GS_EINVAL;
+  for (size_t i = 0; i < sizeof(op_names) / sizeof(op_names[0]); i++) {
+    if (strcasecmp(s, op_names[i]) == 0) {
+      *out = (gs_reduce_op_t)i;
+      return 0;
+    }
+  }
+  return GS_EINVAL;
+}
+
+const char *gs_reduce_op_name(gs_reduce_op_t op)
+{
+  if ((unsigned)op < sizeof(op_names) / sizeof(op_names[0]))
+    return op_names[op];
+  return "unknown";
+}
+
+/* Writes "a, b, c" (the known backend names) to out, for error messages. */
+static void list_backends(char *out, size_t len)
+{
+  size_t n = 0;
+
+  out[0] = '\0';
+  for (size_t i = 0; i < BACKEND_COUNT && n < len; i++)
+    n += snprintf(out + n, len - n, "%s%s", i ? ", " : "", backends[i].name);
+}
+
+gs_comm_t *gs_comm_new(const char *backend, const gs_log_t *log)
+{
+  char known[128];
+
+  for (size_t i = 0; backend && i < BACKEND_COUNT; i++)
+    if (strcmp(backend, backends[i].name) == 0)
+      return backends[i].create(log);
+  list_backends(known, sizeof(known));
+  GS_LOG_ERR(log, "unknown collective backend '%s' (known: %s)", backend ? backend : "(null)",
+             known);
+  return NULL;
+}
+
+int gs_comm_listen(gs_comm_t *comm, const char *host, char *addr, size_t addr_len)
+{
+  if (!comm || !addr || addr_len == 0)
+    return GS_EINVAL;
+  if (!comm->ops->listen) {
+    addr[0] = '\0';
+    return 0;
+  }
+  return comm->ops->listen(comm, host, addr, addr_len);
+}
+
+int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup)
+{
+  if (!comm || !setup)
+    return GS_EINVAL;
+  return comm->ops->init(comm, setup);
+}
+
+int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op)
+{
+  if (!comm)
+    return GS_EINVAL;
+  return comm->ops->allreduce(comm, buf, count, dtype, op);
+}
+
+int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root)
+{
+  if (!comm)
+    return GS_EINVAL;
+  return comm->ops->broadcast(comm, buf, bytes, root);
+}
+
+void gs_comm_abort(gs_comm_t *comm)
+{
+  if (comm)
+    comm->ops->abort(comm);
+}
+
+const char *gs_comm_name(const gs_comm_t *comm)
+{
+  return comm ? comm->ops->name : "none";
+}
+
+void gs_comm_destroy(gs_comm_t *comm)
+{
+  if (comm)
+    comm->ops->destroy(comm);
+}

@@ -1,0 +1,97 @@
+/* Collective backends: allreduce and broadcast among the ranks of one
+ * generation. One interface, several backends (DESIGN.md "Collective
+ * backends"): `host` (ring over TCP between agents, this file's sibling
+ * comm_host.c) and, with CUDA, `nccl`.
+ *
+ * Threading: one thread at a time calls init/allreduce/broadcast (the
+ * engine's comm thread); gs_comm_abort may be called from any other thread
+ * at any time and makes the operation in progress, and every later one,
+ * fail with GS_EABORTED promptly. */
+#ifndef GS_COMM_H
+#define GS_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "log.h"
+#include "packlist.h"
+
+typedef enum gs_reduce_op {
+  GS_REDUCE_SUM = 0,
+  GS_REDUCE_MEAN, /* the sum divided by the world size */
+} gs_reduce_op_t;
+
+/* Parses "sum" or "mean". */
+int gs_reduce_op_parse(const char *s, gs_reduce_op_t *out) GS_WARN_UNUSED;
+const char *gs_reduce_op_name(gs_reduce_op_t op);
+
+/* What a backend needs to connect the ranks of one generation. */
+typedef struct gs_comm_setup {
+  uint32_t rank;
+  uint32_t world_size;
+  uint64_t generation; /* connections of another generation are refused */
+  /* Every rank's comm address ("host:port"), in rank order; host backend. */
+  const char *const *peer_addrs;
+  /* No progress for this long inside one operation (or connecting) is
+   * GS_ETIMEDOUT: a silent peer is an error, never a hang. */
+  uint64_t timeout_ms;
+} gs_comm_setup_t;
+
+typedef struct gs_comm gs_comm_t;
+
+/* Creates a backend by name ("host"). NULL with the reason logged for an
+ * unknown name. `log` must outlive the comm. Free with gs_comm_destroy. */
+gs_comm_t *gs_comm_new(const char *backend, const gs_log_t *log);
+
+/* Host backend: binds a listening socket on `host` (port 0: any free port)
+ * before the rendezvous, and writes the address the other ranks should dial
+ * ("127.0.0.1:40123") to addr. Other backends: 0 with addr "". */
+int gs_comm_listen(gs_comm_t *comm, const char *host, char *addr, size_t addr_len) GS_WARN_UNUSED;
+
+/* Connects this rank to the others of setup->generation (host: to the next
+ * rank in the ring, and accepts the previous one). Blocks until connected,
+ * or fails after setup->timeout_ms. */
+int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup) GS_WARN_UNUSED;
+
+/* In place: every rank's `buf` of `count` elements becomes the elementwise
+ * sum (or mean) over all ranks. Every rank passes the same count, dtype and
+ * op. dtype GS_DTYPE_FLOAT32 or GS_DTYPE_FLOAT64 (else GS_EINVAL). count 0
+ * and world size 1 are valid (mean with one rank leaves buf unchanged). */
+int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
+                      gs_reduce_op_t op) GS_WARN_UNUSED;
+
+/* In place: every rank's `buf` of `bytes` bytes becomes root's. */
+int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root) GS_WARN_UNUSED;
+
+/* Thread-safe, idempotent, never blocks: unblocks and fails the operation in
+ * progress and every later one with GS_EABORTED. */
+void gs_comm_abort(gs_comm_t *comm);
+
+/* The backend's name ("host"). */
+const char *gs_comm_name(const gs_comm_t *comm);
+
+/* Closes every connection and frees the comm (NULL is a no-op). */
+void gs_comm_destroy(gs_comm_t *comm);
+
+/* The backend table (comm.c dispatches through it; one per backend file). */
+typedef struct gs_comm_ops {
+  const char *name;
+  int (*listen)(gs_comm_t *comm, const char *host, char *addr, size_t addr_len);
+  int (*init)(gs_comm_t *comm, const gs_comm_setup_t *setup);
+  int (*allreduce)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op);
+  int (*broadcast)(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root);
+  void (*abort)(gs_comm_t *comm);
+  void (*destroy)(gs_comm_t *comm); /* closes and frees the whole object */
+} gs_comm_ops_t;
+
+/* Every backend's state starts with this. */
+struct gs_comm {
+  const gs_comm_ops_t *ops;
+  const gs_log_t *log;
+};
+
+/* Backend constructors (comm.c calls them by name). */
+gs_comm_t *gs__comm_host_new(const gs_log_t *log);
+
+#endif

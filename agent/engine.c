@@ -1,0 +1,816 @@
+/* The sync engine: rendezvous, packs, overlapped allreduce on a comm thread,
+ * SGD per pack, the control vector, broadcast period and checkpoints. */
+#include "engine.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "checkpoint.h"
+#include "packs.h"
+
+/* The control vector: fixed slots, then one bit per rank for a non-finite
+ * loss, 16 ranks per float (sums of distinct powers of two below 2^24 are
+ * exact in float32, and the allreduce is always a sum). */
+enum {
+  CTL_STOP = 0,   /* rank 0: the coordinator asked to stop */
+  CTL_PERIOD,     /* rank 0: new broadcast period + 2 (0: no change) */
+  CTL_BROADCAST,  /* rank 0: broadcast params now */
+  CTL_CHECKPOINT, /* rank 0: checkpoint now */
+  CTL_TERM,       /* every rank: 1 if it got SIGTERM */
+  CTL_NONFINITE,  /* every rank: 1 if its loss is NaN or Inf */
+  CTL_FIXED,
+};
+#define CTL_RANKS_PER_SLOT 16
+#define CTL_PERIOD_MAX (1 << 23) /* keeps period + 2 exact in a float */
+
+typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE } job_state_t;
+typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST } job_op_t;
+
+/* One collective for the comm thread. */
+typedef struct comm_job {
+  job_op_t op;
+  void *buf;
+  size_t count; /* floats (allreduce) or bytes (broadcast) */
+  job_state_t state;
+  int err;
+} comm_job_t;
+
+struct gs_engine {
+  gs_engine_config_t cfg;
+  char error[768];
+  gs_packs_t packs;
+  gs_client_t *client;
+  gs_heartbeat_t *hb;
+  gs_comm_t *comm;
+  gs_join_result_t join;
+  bool joined;
+  int32_t period;
+  double grad_scale;
+
+  /* The comm thread and what it shares with the training thread. */
+  pthread_t thread;
+  bool thread_running;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  comm_job_t *jobs; /* one per pack, then the auxiliary one */
+  comm_job_t **queue;
+  uint32_t qhead, qtail, qcap;
+  bool quit;
+  bool aborted;
+  char abort_reason[300];
+
+  /* The step in progress (training thread only). */
+  bool in_step;
+  bool *ready;        /* per param */
+  uint32_t *launched; /* pack indices in launch order */
+  uint32_t nlaunched;
+  int64_t repeated_param; /* reported twice in this step, or -1 */
+  float *ctl;
+  size_t nctl;
+  gs_position_t after;
+  float loss;
+  uint64_t seen_broadcast_seq, seen_checkpoint_seq;
+};
+
+static void set_error(gs_engine_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(gs_engine_t *e, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(e->error, sizeof(e->error), fmt, ap);
+  va_end(ap);
+}
+
+static double now_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
+{
+  gs_engine_t *e = calloc(1, sizeof(*e));
+
+  if (!e)
+    return NULL;
+  e->cfg = *cfg;
+  e->repeated_param = -1;
+  gs_packs_init(&e->packs);
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  return e;
+}
+
+const char *gs_engine_error(const gs_engine_t *e)
+{
+  return e->error[0] ? e->error : "no error";
+}
+
+int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements, bool is_bias)
+{
+  int idx = gs_packs_register(&e->packs, name, elements, is_bias);
+
+  if (idx < 0)
+    set_error(e, "cannot register parameter '%s': %s", name ? name : "?", gs_strerror(idx));
+  return idx;
+}
+
+uint32_t gs_engine_rank(const gs_engine_t *e)
+{
+  return e->join.rank;
+}
+
+uint32_t gs_engine_world_size(const gs_engine_t *e)
+{
+  return e->join.world_size;
+}
+
+uint64_t gs_engine_generation(const gs_engine_t *e)
+{
+  return e->join.generation;
+}
+
+uint32_t gs_engine_pack_count(const gs_engine_t *e)
+{
+  return e->packs.list.pack_count;
+}
+
+int32_t gs_engine_bcast_period(const gs_engine_t *e)
+{
+  return e->period;
+}
+
+float *gs_engine_param(const gs_engine_t *e, uint32_t i)
+{
+  return gs_packs_param(&e->packs, i);
+}
+
+float *gs_engine_grad(const gs_engine_t *e, uint32_t i)
+{
+  return gs_packs_grad(&e->packs, i);
+}
+
+/* ---- the comm thread ---------------------------------------------------- */
+
+static void *comm_main(void *arg)
+{
+  gs_engine_t *e = arg;
+
+  pthread_mutex_lock(&e->mu);
+  while (!e->quit) {
+    comm_job_t *job;
+    int err;
+
+    if (e->qhead == e->qtail) {
+      pthread_cond_wait(&e->cv, &e->mu);
+      continue;
+    }
+    job = e->queue[e->qhead++ % e->qcap];
+    pthread_mutex_unlock(&e->mu);
+    if (job->op == OP_ALLREDUCE)
+      err = gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+    else
+      err = gs_comm_broadcast(e->comm, job->buf, job->count, 0);
+    pthread_mutex_lock(&e->mu);
+    job->err = err;
+    job->state = JOB_DONE;
+    pthread_cond_broadcast(&e->cv);
+  }
+  /* Whatever is still queued fails: the engine is shutting down. */
+  while (e->qhead != e->qtail) {
+    comm_job_t *job = e->queue[e->qhead++ % e->qcap];
+
+    job->err = GS_EABORTED;
+    job->state = JOB_DONE;
+  }
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+static void enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf, size_t count)
+{
+  pthread_mutex_lock(&e->mu);
+  job->op = op;
+  job->buf = buf;
+  job->count = count;
+  job->err = 0;
+  job->state = JOB_QUEUED;
+  e->queue[e->qtail++ % e->qcap] = job;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static int wait_job(gs_engine_t *e, comm_job_t *job)
+{
+  int err;
+
+  pthread_mutex_lock(&e->mu);
+  while (job->state == JOB_QUEUED)
+    pthread_cond_wait(&e->cv, &e->mu);
+  err = job->err;
+  job->state = JOB_IDLE;
+  pthread_mutex_unlock(&e->mu);
+  return err;
+}
+
+/* Explains a failed collective. The coordinator usually knows the cause (a
+ * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
+static int comm_failed(gs_engine_t *e, int err, const char *what)
+{
+  double until =
+      now_ms() + (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
+  char why[300] = "";
+
+  while (e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && now_ms() < until) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+
+    nanosleep(&ts, NULL);
+  }
+  if (why[0])
+    set_error(e, "%s failed: the coordinator aborted generation %" PRIu64 ": %s", what,
+              e->join.generation, why);
+  else
+    set_error(e, "%s failed: %s (a peer rank failed or is unreachable; see its log)", what,
+              gs_strerror(err));
+  return err;
+}
+
+/* Runs one collective on the comm thread and waits for it (outside a step). */
+static int run_aux(gs_engine_t *e, job_op_t op, void *buf, size_t count, const char *what)
+{
+  comm_job_t *job = &e->jobs[e->packs.list.pack_count];
+  int err;
+
+  enqueue(e, job, op, buf, count);
+  err = wait_job(e, job);
+  return err ? comm_failed(e, err, what) : 0;
+}
+
+static void on_abort(void *arg, const char *reason)
+{
+  gs_engine_t *e = arg;
+
+  pthread_mutex_lock(&e->mu);
+  e->aborted = true;
+  snprintf(e->abort_reason, sizeof(e->abort_reason), "%s", reason);
+  pthread_mutex_unlock(&e->mu);
+  gs_comm_abort(e->comm); /* the heartbeat thread has logged why */
+}
+
+/* ---- start -------------------------------------------------------------- */
+
+/* Rank 0 computes and publishes the pack list; the others fetch it. Either
+ * way the packs are then built from it. */
+static int agree_packlist(gs_engine_t *e)
+{
+  gs_packlist_t list;
+  gs_param_desc_t *params = e->packs.params;
+  uint32_t n = e->packs.nparams;
+  bool fetched = false;
+  char why[512];
+  int err;
+
+  if (e->join.rank == 0) {
+    err = gs_packlist_compute(params, n, e->cfg.pack_threshold, &list);
+    if (err) {
+      set_error(e, "cannot compute the pack list: %s", gs_strerror(err));
+      return err;
+    }
+    err = gs_client_publish_packlist(e->client, e->join.generation, 0, &list, params, n,
+                                     e->cfg.rpc_timeout_ms);
+    if (err) {
+      set_error(e, "cannot publish the pack list: %s", gs_client_error(e->client));
+      gs_packlist_free(&list);
+      return err;
+    }
+  } else {
+    err = gs_client_fetch_packlist(e->client, e->join.generation, &list, &params, &n,
+                                   e->cfg.join_timeout_ms);
+    if (err) {
+      set_error(e, "cannot fetch the pack list from the coordinator: %s",
+                gs_client_error(e->client));
+      return err;
+    }
+    fetched = true;
+  }
+  err = gs_packs_build(&e->packs, &list, params, n, e->nctl, &e->cfg.sgd, why, sizeof(why));
+  if (fetched)
+    gs_client_params_free(params, n);
+  if (err)
+    set_error(e, "rank 0's pack list does not fit this model: %s", why);
+  return err;
+}
+
+static int join(gs_engine_t *e, const char *comm_addr)
+{
+  gradsync_JoinRequest req = gradsync_JoinRequest_init_zero;
+  int err;
+
+  req.world_size = e->cfg.world_size;
+  snprintf(req.node, sizeof(req.node), "%s", e->cfg.node);
+  req.local_rank = e->cfg.local_rank;
+  snprintf(req.device, sizeof(req.device), "%s", e->cfg.device);
+  req.has_model_signature = true;
+  gs_packs_signature(&e->packs, &req.model_signature);
+  snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", comm_addr);
+  req.peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
+  req.bcast_period = e->cfg.bcast_period;
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
+         "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
+         e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
+  err = gs_client_join(e->client, &req, e->cfg.join_timeout_ms, &e->join);
+  if (err) {
+    set_error(e, "join failed: %s", gs_client_error(e->client));
+    return err;
+  }
+  e->joined = true;
+  e->period = e->join.bcast_period;
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d", e->join.generation,
+         e->join.rank, e->join.world_size, e->period);
+  return 0;
+}
+
+static int connect_ranks(gs_engine_t *e)
+{
+  uint32_t w = e->join.world_size;
+  const char **addrs = calloc(w, sizeof(*addrs));
+  gs_comm_setup_t setup = {
+      .rank = e->join.rank,
+      .world_size = w,
+      .generation = e->join.generation,
+      .timeout_ms = e->cfg.comm_timeout_ms,
+  };
+  int err;
+
+  if (!addrs)
+    return GS_ENOMEM;
+  for (uint32_t r = 0; r < w; r++)
+    addrs[r] = "";
+  for (uint32_t k = 0; k < w && e->join.peers; k++)
+    if (e->join.peers[k].rank < w && e->join.peers[k].comm_addr[0])
+      addrs[e->join.peers[k].rank] = e->join.peers[k].comm_addr;
+  setup.peer_addrs = addrs;
+  err = gs_comm_init(e->comm, &setup);
+  free(addrs);
+  if (err)
+    set_error(e, "cannot connect to the other ranks (%s backend): %s", gs_comm_name(e->comm),
+              gs_strerror(err));
+  return err;
+}
+
+static int alloc_step_state(gs_engine_t *e)
+{
+  uint32_t packs = e->packs.list.pack_count;
+
+  e->jobs = calloc(packs + 1, sizeof(*e->jobs));
+  e->qcap = packs + 2;
+  e->queue = calloc(e->qcap, sizeof(*e->queue));
+  e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
+  e->launched = calloc(packs + 1, sizeof(*e->launched));
+  if (!e->jobs || !e->queue || !e->ready || !e->launched) {
+    set_error(e, "out of memory");
+    return GS_ENOMEM;
+  }
+  return 0;
+}
+
+static int start_threads(gs_engine_t *e)
+{
+  gs_heartbeat_config_t hc = {
+      .client = e->cfg.coord,
+      .generation = e->join.generation,
+      .rank = e->join.rank,
+      .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
+      .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
+      .on_abort = on_abort,
+      .arg = e,
+  };
+
+  if (pthread_create(&e->thread, NULL, comm_main, e)) {
+    set_error(e, "cannot start the comm thread");
+    return GS_ENOMEM;
+  }
+  e->thread_running = true;
+  e->hb = gs_heartbeat_start(&hc);
+  if (!e->hb) {
+    set_error(e, "cannot start the heartbeat thread");
+    return GS_ENOMEM;
+  }
+  return 0;
+}
+
+int gs_engine_start(gs_engine_t *e)
+{
+  char comm_addr[256];
+  char why[512];
+  int err;
+
+  if (e->packs.nparams == 0) {
+    set_error(e, "no parameters registered");
+    return GS_EINVAL;
+  }
+  if (gs_sgd_config_check(&e->cfg.sgd, why, sizeof(why))) {
+    set_error(e, "%s", why);
+    return GS_EINVAL;
+  }
+  e->client = gs_client_new(&e->cfg.coord);
+  e->comm = gs_comm_new(e->cfg.backend, e->cfg.log);
+  if (!e->client || !e->comm) {
+    set_error(e, e->comm ? "out of memory" : "unknown backend '%s'", e->cfg.backend);
+    return GS_EINVAL;
+  }
+  err = gs_comm_listen(e->comm, e->cfg.comm_host, comm_addr, sizeof(comm_addr));
+  if (err) {
+    set_error(e, "cannot listen for peers on %s: %s", e->cfg.comm_host, gs_strerror(err));
+    return err;
+  }
+  err = join(e, comm_addr);
+  if (err)
+    return err;
+  e->nctl = CTL_FIXED + (e->join.world_size + CTL_RANKS_PER_SLOT - 1) / CTL_RANKS_PER_SLOT;
+  e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
+  err = agree_packlist(e);
+  if (err)
+    return err;
+  e->ctl = e->packs.packs[gs_packs_last(&e->packs)].grads +
+           e->packs.packs[gs_packs_last(&e->packs)].elements;
+  err = alloc_step_state(e);
+  if (err)
+    return err;
+  err = connect_ranks(e);
+  if (err)
+    return err;
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+         "%u params in %u packs (threshold %" PRIu64 " bytes), %s backend connected",
+         e->packs.nparams, e->packs.list.pack_count, e->cfg.pack_threshold, gs_comm_name(e->comm));
+  return start_threads(e);
+}
+
+/* ---- broadcast and checkpoints ------------------------------------------ */
+
+/* Broadcasts every pack's params (and momentum) from rank 0. */
+static int broadcast_packs(gs_engine_t *e, bool momentum)
+{
+  for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+    int err =
+        run_aux(e, OP_BROADCAST, pk->params, pk->elements * sizeof(float), "broadcast of params");
+
+    if (!err && momentum)
+      err = run_aux(e, OP_BROADCAST, pk->momentum, pk->elements * sizeof(float),
+                    "broadcast of momentum");
+    if (err)
+      return err;
+  }
+  return 0;
+}
+
+/* The checkpoint's view of the packs: params then momentum of each pack. */
+static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e)
+{
+  uint32_t packs = e->packs.list.pack_count;
+  gs_ckpt_buffer_t *b = calloc(2 * packs, sizeof(*b));
+
+  for (uint32_t k = 0; b && k < packs; k++) {
+    b[2 * k] = (gs_ckpt_buffer_t){e->packs.packs[k].params, e->packs.packs[k].elements};
+    b[2 * k + 1] = (gs_ckpt_buffer_t){e->packs.packs[k].momentum, e->packs.packs[k].elements};
+  }
+  return b;
+}
+
+int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
+{
+  gs_ckpt_state_t st = {pos->step,
+                        pos->epoch,
+                        pos->rng_state,
+                        gs_packs_layout_hash(&e->packs),
+                        2 * e->packs.list.pack_count,
+                        NULL};
+  char path[4096], why[512];
+  int err;
+
+  if (e->join.rank != 0 || !e->cfg.checkpoint_dir)
+    return 0;
+  st.bufs = ckpt_buffers(e);
+  if (!st.bufs)
+    return GS_ENOMEM;
+  err = gs_checkpoint_save(e->cfg.checkpoint_dir, &st, e->cfg.checkpoint_keep, path, sizeof(path),
+                           why, sizeof(why));
+  free(st.bufs);
+  if (err) {
+    set_error(e, "checkpoint at step %" PRIu64 " failed: %s", pos->step, why);
+    return err;
+  }
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "checkpoint: step %" PRIu64 " -> %s",
+         pos->step, path);
+  return 0;
+}
+
+/* Rank 0 loads the newest valid checkpoint; true when one was loaded. */
+static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
+{
+  gs_ckpt_state_t st = {0,   0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count,
+                        NULL};
+  char path[4096], why[512];
+  int err;
+
+  *found = false;
+  st.bufs = ckpt_buffers(e);
+  if (!st.bufs)
+    return GS_ENOMEM;
+  err = gs_checkpoint_load_latest(e->cfg.checkpoint_dir, &st, e->cfg.log, path, sizeof(path), why,
+                                  sizeof(why));
+  free(st.bufs);
+  if (err == GS_ENOTFOUND) {
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, 0, "--resume: %s; starting from scratch",
+           why);
+    return 0;
+  }
+  if (err) {
+    set_error(e, "cannot resume from %s: %s", e->cfg.checkpoint_dir, why);
+    return err;
+  }
+  *found = true;
+  *pos = (gs_position_t){st.step, st.epoch, st.rng_state};
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
+         st.step);
+  return 0;
+}
+
+int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
+{
+  uint64_t hdr[4] = {0, pos->step, pos->epoch, pos->rng_state};
+  bool found = false;
+  int err;
+
+  if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
+    err = load_checkpoint(e, pos, &found);
+    if (err)
+      return err;
+    if (found)
+      hdr[0] = 1, hdr[1] = pos->step, hdr[2] = pos->epoch, hdr[3] = pos->rng_state;
+  }
+  if (e->join.world_size == 1)
+    return 0;
+  err = run_aux(e, OP_BROADCAST, hdr, sizeof(hdr), "broadcast of the start position");
+  if (err)
+    return err;
+  if (hdr[0]) {
+    *pos = (gs_position_t){hdr[1], hdr[2], hdr[3]};
+    return broadcast_packs(e, true);
+  }
+  return e->period >= 0 ? broadcast_packs(e, false) : 0;
+}
+
+/* ---- the step ----------------------------------------------------------- */
+
+/* Fills this rank's part of the control vector. */
+static void write_control(gs_engine_t *e, float loss)
+{
+  uint32_t rank = e->join.rank;
+
+  memset(e->ctl, 0, e->nctl * sizeof(float));
+  if (rank == 0) {
+    gs_directives_t d;
+
+    gs_heartbeat_directives(e->hb, &d);
+    if (d.valid) {
+      e->ctl[CTL_STOP] = d.stop;
+      if (d.bcast_period != e->period && d.bcast_period >= -1 && d.bcast_period < CTL_PERIOD_MAX)
+        e->ctl[CTL_PERIOD] = (float)(d.bcast_period + 2);
+      if (d.broadcast_seq > e->seen_broadcast_seq) {
+        e->ctl[CTL_BROADCAST] = 1;
+        e->seen_broadcast_seq = d.broadcast_seq;
+      }
+      if (d.checkpoint_seq > e->seen_checkpoint_seq) {
+        e->ctl[CTL_CHECKPOINT] = 1;
+        e->seen_checkpoint_seq = d.checkpoint_seq;
+      }
+    }
+  }
+  if (e->cfg.term_flag && *e->cfg.term_flag)
+    e->ctl[CTL_TERM] = 1;
+  if (!isfinite(loss)) {
+    e->ctl[CTL_NONFINITE] = 1;
+    e->ctl[CTL_FIXED + rank / CTL_RANKS_PER_SLOT] = (float)(1u << (rank % CTL_RANKS_PER_SLOT));
+  }
+}
+
+void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after)
+{
+  memset(e->ready, 0, e->packs.nparams * sizeof(*e->ready));
+  for (uint32_t k = 0; k < e->packs.list.pack_count; k++)
+    e->packs.packs[k].pending = e->packs.packs[k].nparams;
+  e->nlaunched = 0;
+  e->repeated_param = -1;
+  e->after = *after;
+  e->loss = loss;
+  write_control(e, loss);
+  e->in_step = true;
+}
+
+void gs_engine_grad_ready(void *engine, uint32_t i)
+{
+  gs_engine_t *e = engine;
+  gs_pack_t *pk;
+  uint32_t k;
+
+  if (!e->in_step || i >= e->packs.nparams || e->ready[i]) {
+    e->repeated_param = i;
+    return;
+  }
+  e->ready[i] = true;
+  k = e->packs.pack_of[i];
+  pk = &e->packs.packs[k];
+  if (--pk->pending == 0) {
+    e->launched[e->nlaunched++] = k;
+    enqueue(e, &e->jobs[k], OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
+  }
+}
+
+/* Names the ranks whose bit is set in the non-finite slots. */
+static void nonfinite_ranks(const gs_engine_t *e, char *out, size_t len)
+{
+  size_t used = 0;
+
+  out[0] = '\0';
+  for (uint32_t r = 0; r < e->join.world_size && used < len; r++) {
+    uint32_t bits = (uint32_t)e->ctl[CTL_FIXED + r / CTL_RANKS_PER_SLOT];
+
+    if (bits & (1u << (r % CTL_RANKS_PER_SLOT)))
+      used += snprintf(out + used, len - used, "%s%u", used ? ", " : "", r);
+  }
+}
+
+/* Every rank reads the same sums here, so every rank decides the same. */
+static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
+{
+  const float *c = e->ctl;
+  bool bcast = c[CTL_BROADCAST] > 0;
+  int err;
+
+  if (c[CTL_NONFINITE] > 0) {
+    char ranks[256];
+
+    nonfinite_ranks(e, ranks, sizeof(ranks));
+    set_error(e, "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; every rank stops",
+              step, ranks);
+    return GS_ERANGE;
+  }
+  if (c[CTL_PERIOD] > 0) {
+    e->period = (int32_t)c[CTL_PERIOD] - 2;
+    out->period_changed = true;
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+           "step %" PRIu64 ": broadcast period set to %d by the coordinator", step, e->period);
+  }
+  out->bcast_period = e->period;
+  if (e->period > 0 && step % (uint64_t)e->period == 0)
+    bcast = true;
+  if (bcast && e->join.world_size > 1) {
+    err = broadcast_packs(e, false);
+    if (err)
+      return err;
+    out->broadcast = true;
+  }
+  if (c[CTL_STOP] > 0 || c[CTL_TERM] > 0) {
+    out->stop = true;
+    snprintf(out->stop_reason, sizeof(out->stop_reason), "%s",
+             c[CTL_STOP] > 0 ? "the coordinator asked every rank to stop"
+                             : "SIGTERM received; every rank stops");
+  }
+  if (c[CTL_CHECKPOINT] > 0 || (e->cfg.checkpoint_every && step % e->cfg.checkpoint_every == 0) ||
+      (out->stop && e->cfg.checkpoint_dir)) {
+    err = gs_engine_checkpoint(e, &e->after);
+    if (err)
+      return err;
+    out->checkpoint = true;
+  }
+  return 0;
+}
+
+/* The first parameter of a pack that never got its gradient. */
+static int missing_gradient(gs_engine_t *e, uint64_t step)
+{
+  for (uint32_t i = 0; i < e->packs.nparams; i++)
+    if (!e->ready[i]) {
+      set_error(e,
+                "step %" PRIu64 ": parameter '%s' received no gradient (every registered "
+                "parameter must get one each step; unused parameters are not supported)",
+                step, e->packs.params[i].name);
+      return GS_EPRECOND;
+    }
+  return 0;
+}
+
+int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
+{
+  uint64_t step = e->after.step;
+  float lr = gs_sgd_lr(&e->cfg.sgd, step - 1);
+  double waited = 0;
+  int err;
+
+  memset(out, 0, sizeof(*out));
+  e->in_step = false;
+  if (e->repeated_param >= 0) {
+    set_error(e, "step %" PRIu64 ": gradient of parameter %" PRId64 " reported twice", step,
+              e->repeated_param);
+    return GS_EPRECOND;
+  }
+  if (e->nlaunched < e->packs.list.pack_count)
+    return missing_gradient(e, step);
+  for (uint32_t j = 0; j < e->nlaunched; j++) {
+    gs_pack_t *pk = &e->packs.packs[e->launched[j]];
+    double w0 = now_ms();
+    char what[64];
+
+    err = wait_job(e, &e->jobs[e->launched[j]]);
+    waited += now_ms() - w0;
+    if (err) {
+      snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, e->launched[j]);
+      return comm_failed(e, err, what);
+    }
+    gs_sgd_step_pack(&e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams, pk->params,
+                     pk->grads, pk->momentum);
+  }
+  out->comm_wait_ms = waited;
+  return act_on_control(e, step, out);
+}
+
+int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)
+{
+  if (e->join.world_size == 1)
+    return 0;
+  return run_aux(e, OP_ALLREDUCE, buf, n, "allreduce of metrics");
+}
+
+void gs_engine_report(gs_engine_t *e, const gs_progress_t *p)
+{
+  if (e->hb)
+    gs_heartbeat_report(e->hb, p);
+}
+
+/* ---- the end ------------------------------------------------------------ */
+
+static void stop_comm_thread(gs_engine_t *e, bool abort)
+{
+  if (!e->thread_running)
+    return;
+  if (abort && e->comm)
+    gs_comm_abort(e->comm);
+  pthread_mutex_lock(&e->mu);
+  e->quit = true;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  pthread_join(e->thread, NULL);
+  e->thread_running = false;
+}
+
+/* Leaves before the heartbeat connection closes: the coordinator counts a
+ * running rank's connection closing as that rank lost. */
+void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
+{
+  stop_comm_thread(e, !finished);
+  if (e->joined && e->client) {
+    int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,
+                              reason ? reason : "", 2000);
+
+    if (err)
+      gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank, "leave failed: %s",
+             gs_client_error(e->client));
+    e->joined = false;
+  }
+  gs_heartbeat_stop(e->hb);
+  e->hb = NULL;
+  gs_comm_destroy(e->comm);
+  e->comm = NULL;
+}
+
+void gs_engine_free(gs_engine_t *e)
+{
+  if (!e)
+    return;
+  gs_heartbeat_stop(e->hb);
+  stop_comm_thread(e, true);
+  gs_comm_destroy(e->comm);
+  gs_client_free(e->client);
+  gs_join_result_free(&e->join);
+  gs_packs_free(&e->packs);
+  free(e->jobs);
+  free(e->queue);
+  free(e->ready);
+  free(e->launched);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  free(e);
+}

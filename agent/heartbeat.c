@@ -1,0 +1,298 @@
+/* The heartbeat thread: reports progress every interval on a connection of
+ * its own, keeps the latest directives, and calls on_abort once when the
+ * coordinator aborts the generation or stays unreachable too long. */
+#include "heartbeat.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_CALL_MS 1000u /* a stop waits at most for one call in flight */
+#define MIN_CALL_MS 50u
+
+struct gs_heartbeat {
+  gs_heartbeat_config_t cfg; /* the client strings and log point at the copies below */
+  gs_log_t default_log;      /* used when the config names no log */
+  char *job;
+  char *token;
+  gs_client_t *cl;
+  pthread_t thread;
+  pthread_mutex_t lock; /* guards everything below */
+  pthread_cond_t wake;  /* signalled by stop */
+  bool stopping;
+  bool aborted;
+  char why[512];
+  gs_progress_t progress;
+  gs_directives_t directives;
+};
+
+static uint64_t now_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Waits on the condition variable until `until` (monotonic ms; UINT64_MAX:
+ * forever) or a stop; called with the lock held. Returns whether the thread
+ * should stop. */
+static bool wait_until(gs_heartbeat_t *hb, uint64_t until)
+{
+  while (!hb->stopping && until == UINT64_MAX)
+    pthread_cond_wait(&hb->wake, &hb->lock);
+  while (!hb->stopping && now_ms() < until) {
+    struct timespec ts = {.tv_sec = (time_t)(until / 1000),
+                          .tv_nsec = (long)(until % 1000) * 1000000};
+
+    pthread_cond_timedwait(&hb->wake, &hb->lock, &ts);
+  }
+  return hb->stopping;
+}
+
+/* Records the abort and calls on_abort (without the lock, so that it may
+ * call back into gs_heartbeat_aborted). */
+static void fire_abort(gs_heartbeat_t *hb, const char *why)
+{
+  const gs_client_config_t *cc = &hb->cfg.client;
+
+  pthread_mutex_lock(&hb->lock);
+  hb->aborted = true;
+  snprintf(hb->why, sizeof(hb->why), "%s", why);
+  pthread_mutex_unlock(&hb->lock);
+  gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank, "generation %llu aborted: %s",
+         (unsigned long long)hb->cfg.generation, why);
+  if (hb->cfg.on_abort)
+    hb->cfg.on_abort(hb->cfg.arg, why);
+}
+
+/* Sends one heartbeat with the latest progress; on a reply, stores its
+ * directives. Returns the call's result; *abort tells whether the
+ * coordinator aborted the generation (its reason in `why`). */
+static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, size_t len)
+{
+  const gs_client_config_t *cc = &hb->cfg.client;
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+  gradsync_HeartbeatResponse resp;
+  uint32_t call_ms =
+      hb->cfg.interval_ms < hb->cfg.timeout_ms / 2 ? hb->cfg.interval_ms : hb->cfg.timeout_ms / 2;
+  int err;
+
+  call_ms = call_ms > MAX_CALL_MS ? MAX_CALL_MS : call_ms < MIN_CALL_MS ? MIN_CALL_MS : call_ms;
+  req.generation = hb->cfg.generation;
+  req.rank = hb->cfg.rank;
+  pthread_mutex_lock(&hb->lock);
+  req.step = hb->progress.step;
+  req.loss = hb->progress.loss;
+  req.samples_per_sec = hb->progress.samples_per_sec;
+  req.compute_ms = hb->progress.compute_ms;
+  req.comm_wait_ms = hb->progress.comm_wait_ms;
+  pthread_mutex_unlock(&hb->lock);
+  err = gs_client_heartbeat(hb->cl, &req, &resp, call_ms);
+  if (err)
+    return err;
+  if (*coord_id && resp.coordinator_id != *coord_id)
+    gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank,
+           "coordinator %s:%u restarted (id %016llx, was %016llx)", cc->host, cc->port,
+           (unsigned long long)resp.coordinator_id, (unsigned long long)*coord_id);
+  *coord_id = resp.coordinator_id;
+  pthread_mutex_lock(&hb->lock);
+  hb->directives = (gs_directives_t){
+      .valid = true,
+      .bcast_period = resp.directives.bcast_period,
+      .broadcast_seq = resp.directives.broadcast_seq,
+      .checkpoint_seq = resp.directives.checkpoint_seq,
+      .stop = resp.directives.stop,
+  };
+  pthread_mutex_unlock(&hb->lock);
+  *abort = resp.abort;
+  snprintf(why, len, "%s", resp.abort_reason[0] ? resp.abort_reason : "generation aborted");
+  return 0;
+}
+
+/* Logs a failed heartbeat: the first of a run at WARN, the rest at DEBUG;
+ * a NOT_FOUND is how a restarted coordinator answers. */
+static void log_failure(gs_heartbeat_t *hb, int err, bool first)
+{
+  const gs_client_config_t *cc = &hb->cfg.client;
+
+  gs_log(cc->log, first ? GS_LOG_WARN : GS_LOG_DEBUG, cc->job, hb->cfg.rank,
+         "heartbeat failed%s: %s", err == GS_ENOTFOUND ? " (coordinator restarted?)" : "",
+         gs_client_error(hb->cl));
+}
+
+/* Checks whether the coordinator has been unreachable for too long; fires
+ * the abort when it has. */
+static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok)
+{
+  uint64_t silent = now_ms() - last_ok;
+  char why[sizeof(hb->why)];
+
+  if (silent <= hb->cfg.timeout_ms)
+    return false;
+  snprintf(why, sizeof(why), "coordinator unreachable for %.1fs: %s", silent / 1000.0,
+           gs_client_error(hb->cl));
+  fire_abort(hb, why);
+  return true;
+}
+
+static void *run(void *arg)
+{
+  gs_heartbeat_t *hb = arg;
+  uint64_t last_ok = now_ms(), next = last_ok, coord_id = 0;
+  bool failing = false, done = false, abort;
+  char why[300];
+  int err;
+
+  pthread_mutex_lock(&hb->lock);
+  while (!wait_until(hb, done ? UINT64_MAX : next)) {
+    pthread_mutex_unlock(&hb->lock);
+    next = now_ms() + hb->cfg.interval_ms;
+    abort = false;
+    err = beat(hb, &coord_id, &abort, why, sizeof(why));
+    if (!err) {
+      last_ok = now_ms();
+      failing = false;
+      if (abort) {
+        fire_abort(hb, why);
+        done = true;
+      }
+    } else {
+      log_failure(hb, err, !failing);
+      failing = true;
+      done = check_unreachable(hb, last_ok);
+      /* Wake up in time to notice the timeout, even with a long interval. */
+      if (!done && last_ok + hb->cfg.timeout_ms + 1 < next)
+        next = last_ok + hb->cfg.timeout_ms + 1;
+    }
+    pthread_mutex_lock(&hb->lock);
+  }
+  pthread_mutex_unlock(&hb->lock);
+  return NULL;
+}
+
+/* Copies the config and its strings; the client config points at our copies. */
+static int copy_config(gs_heartbeat_t *hb, const gs_heartbeat_config_t *cfg)
+{
+  hb->cfg = *cfg;
+  hb->job = strdup(cfg->client.job ? cfg->client.job : "");
+  hb->token = cfg->client.token ? strdup(cfg->client.token) : NULL;
+  hb->cfg.client.job = hb->job;
+  hb->cfg.client.token = hb->token;
+  hb->default_log = (gs_log_t){.level = GS_LOG_WARN, .component = "agent"};
+  if (!hb->cfg.client.log)
+    hb->cfg.client.log = &hb->default_log;
+  return !hb->job || (cfg->client.token && !hb->token) ? GS_ENOMEM : 0;
+}
+
+/* Makes the lock and a condition variable on the monotonic clock. */
+static int init_sync(gs_heartbeat_t *hb)
+{
+  pthread_condattr_t attr;
+  int rc;
+
+  if (pthread_mutex_init(&hb->lock, NULL))
+    return GS_ENOMEM;
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  rc = pthread_cond_init(&hb->wake, &attr);
+  pthread_condattr_destroy(&attr);
+  if (rc) {
+    pthread_mutex_destroy(&hb->lock);
+    return GS_ENOMEM;
+  }
+  return 0;
+}
+
+static void free_config(gs_heartbeat_t *hb)
+{
+  free(hb->job);
+  free(hb->token);
+  free(hb);
+}
+
+gs_heartbeat_t *gs_heartbeat_start(const gs_heartbeat_config_t *cfg)
+{
+  gs_heartbeat_t *hb;
+  int rc;
+
+  if (cfg->interval_ms == 0 || cfg->timeout_ms == 0) {
+    gs_log(cfg->client.log, GS_LOG_ERROR, cfg->client.job, cfg->rank,
+           "heartbeat: interval (%u ms) and timeout (%u ms) must be positive", cfg->interval_ms,
+           cfg->timeout_ms);
+    return NULL;
+  }
+  hb = calloc(1, sizeof(*hb));
+  if (!hb || copy_config(hb, cfg))
+    goto out_nomem;
+  hb->cl = gs_client_new(&hb->cfg.client);
+  if (!hb->cl)
+    goto out_nomem;
+  if (init_sync(hb))
+    goto out_free_client;
+  rc = pthread_create(&hb->thread, NULL, run, hb);
+  if (rc) {
+    gs_log(cfg->client.log, GS_LOG_ERROR, cfg->client.job, cfg->rank,
+           "heartbeat: cannot start its thread: %s", strerror(rc));
+    goto out_destroy_sync;
+  }
+  return hb;
+
+out_destroy_sync:
+  pthread_cond_destroy(&hb->wake);
+  pthread_mutex_destroy(&hb->lock);
+out_free_client:
+  gs_client_free(hb->cl);
+  free_config(hb);
+  return NULL;
+out_nomem:
+  gs_log(cfg->client.log, GS_LOG_ERROR, cfg->client.job, cfg->rank, "heartbeat: out of memory");
+  if (hb) {
+    gs_client_free(hb->cl);
+    free_config(hb);
+  }
+  return NULL;
+}
+
+void gs_heartbeat_report(gs_heartbeat_t *hb, const gs_progress_t *p)
+{
+  pthread_mutex_lock(&hb->lock);
+  hb->progress = *p;
+  pthread_mutex_unlock(&hb->lock);
+}
+
+void gs_heartbeat_directives(gs_heartbeat_t *hb, gs_directives_t *out)
+{
+  pthread_mutex_lock(&hb->lock);
+  *out = hb->directives;
+  pthread_mutex_unlock(&hb->lock);
+}
+
+bool gs_heartbeat_aborted(gs_heartbeat_t *hb, char *why, size_t len)
+{
+  bool aborted;
+
+  pthread_mutex_lock(&hb->lock);
+  aborted = hb->aborted;
+  if (aborted && why && len)
+    snprintf(why, len, "%s", hb->why);
+  pthread_mutex_unlock(&hb->lock);
+  return aborted;
+}
+
+void gs_heartbeat_stop(gs_heartbeat_t *hb)
+{
+  if (!hb)
+    return;
+  pthread_mutex_lock(&hb->lock);
+  hb->stopping = true;
+  pthread_cond_signal(&hb->wake);
+  pthread_mutex_unlock(&hb->lock);
+  pthread_join(hb->thread, NULL);
+  pthread_cond_destroy(&hb->wake);
+  pthread_mutex_destroy(&hb->lock);
+  gs_client_free(hb->cl);
+  free_config(hb);
+}

@@ -1,0 +1,62 @@
+/* The heartbeat thread: every interval it sends the rank's latest progress
+ * to the coordinator on its own connection and keeps the latest directives.
+ * When the coordinator aborts the generation (or cannot be reached for
+ * longer than the heartbeat timeout), it calls `on_abort` once, from the
+ * heartbeat thread, so the owner can abort its collectives. */
+#ifndef GS_HEARTBEAT_H
+#define GS_HEARTBEAT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "error.h"
+
+/* What the rank reports; written by the training thread, read by the heartbeat thread. */
+typedef struct gs_progress {
+  uint64_t step;
+  float loss;
+  float samples_per_sec;
+  float compute_ms;   /* per step, recent average */
+  float comm_wait_ms; /* per step, recent average */
+} gs_progress_t;
+
+/* The coordinator's directives as the last reply carried them. */
+typedef struct gs_directives {
+  bool valid; /* false until the first reply */
+  int32_t bcast_period;
+  uint64_t broadcast_seq;
+  uint64_t checkpoint_seq;
+  bool stop;
+} gs_directives_t;
+
+typedef struct gs_heartbeat_config {
+  gs_client_config_t client; /* a connection of its own */
+  uint64_t generation;
+  uint32_t rank;
+  uint32_t interval_ms; /* from the JoinResponse */
+  uint32_t timeout_ms;  /* unreachable for this long: abort */
+  void (*on_abort)(void *arg, const char *reason);
+  void *arg;
+} gs_heartbeat_config_t;
+
+typedef struct gs_heartbeat gs_heartbeat_t;
+
+/* Starts the thread (the first heartbeat is sent at once). NULL with the
+ * reason logged on failure. Stop and free with gs_heartbeat_stop. */
+gs_heartbeat_t *gs_heartbeat_start(const gs_heartbeat_config_t *cfg);
+
+/* Publishes the latest progress (copied under the lock). */
+void gs_heartbeat_report(gs_heartbeat_t *hb, const gs_progress_t *p);
+
+/* Copies the latest directives. */
+void gs_heartbeat_directives(gs_heartbeat_t *hb, gs_directives_t *out);
+
+/* Whether on_abort has fired, with the reason copied to `why`. */
+bool gs_heartbeat_aborted(gs_heartbeat_t *hb, char *why, size_t len);
+
+/* Stops the thread promptly (it never sleeps through a stop), joins it, and
+ * frees it. NULL is a no-op. */
+void gs_heartbeat_stop(gs_heartbeat_t *hb);
+
+#endif

@@ -1,0 +1,474 @@
+/* The reference model: a multilayer perceptron on OpenBLAS (see mlp.h).
+ *
+ * Layer l (0-based here, "fc<l+1>" to the user) maps [batch x in] to
+ * [batch x out] with W [out x in] and b [out]: h = act(x W^T + b), ReLU on
+ * every layer but the last, whose output is the logits. All scratch (each
+ * layer's output and the gradient with respect to it) is allocated once,
+ * for max_batch, so forward and backward never allocate. */
+#include <cblas.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mlp.h"
+
+#define MLP_MAX_WIDTHS 16
+#define MLP_MAX_WIDTH 1000000u
+#define MLP_ALIGN_FLOATS 16 /* scratch buffers start on 64-byte boundaries */
+
+typedef struct mlp_layer {
+  uint32_t in, out;
+  float *w, *b;   /* bound parameter views */
+  float *gw, *gb; /* bound gradient views */
+  float *h;       /* [max_batch x out]: the output (post-ReLU; logits on top) */
+  float *dh;      /* [max_batch x out]: d(loss)/d(pre-activation) */
+  char wname[24], bname[24];
+} mlp_layer_t;
+
+struct gs_mlp {
+  uint32_t nlayers, max_batch;
+  uint32_t batch; /* of the last successful forward; 0 when there is none */
+  float *scratch; /* one allocation holding every layer's h and dh */
+  mlp_layer_t layer[MLP_MAX_WIDTHS - 1];
+};
+
+/* Formats a reason into `why` when the caller gave a buffer. */
+static void say(char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void say(char *why, size_t why_len, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (!why || !why_len)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(why, why_len, fmt, ap);
+  va_end(ap);
+}
+
+/* Checks the widths and batch size gs_mlp_new accepts. */
+static int check_shape(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char *why,
+                       size_t why_len)
+{
+  uint32_t i;
+
+  if (!sizes || n < 2 || n > MLP_MAX_WIDTHS) {
+    say(why, why_len, "an MLP needs 2 to %d layer widths (input first), got %u", MLP_MAX_WIDTHS,
+        sizes ? n : 0);
+    return GS_EINVAL;
+  }
+  for (i = 0; i < n; i++) {
+    if (sizes[i] < 1 || sizes[i] > MLP_MAX_WIDTH) {
+      say(why, why_len, "layer width %u (entry %u) is outside 1..%u", sizes[i], i + 1,
+          MLP_MAX_WIDTH);
+      return GS_EINVAL;
+    }
+  }
+  if (max_batch < 1 || max_batch > INT_MAX) {
+    say(why, why_len, "batch size %u is outside 1..%d", max_batch, INT_MAX);
+    return GS_EINVAL;
+  }
+  return 0;
+}
+
+/* Floats of one scratch buffer of `rows` x `cols`, rounded up to keep the
+ * next one aligned; false on overflow. */
+static bool buffer_floats(size_t rows, size_t cols, size_t *out)
+{
+  size_t f;
+
+  if (__builtin_mul_overflow(rows, cols, &f) || f > SIZE_MAX - MLP_ALIGN_FLOATS)
+    return false;
+  *out = (f + MLP_ALIGN_FLOATS - 1) / MLP_ALIGN_FLOATS * MLP_ALIGN_FLOATS;
+  return true;
+}
+
+/* Allocates every layer's h and dh for max_batch rows in one block. */
+static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
+{
+  size_t total = 0, each, bytes;
+  float *at;
+  uint32_t l;
+  void *mem;
+
+  for (l = 0; l < m->nlayers; l++) {
+    if (!buffer_floats(m->max_batch, m->layer[l].out, &each) ||
+        __builtin_add_overflow(total, each, &total) || __builtin_add_overflow(total, each, &total))
+      goto out_too_big;
+  }
+  if (__builtin_mul_overflow(total, sizeof(float), &bytes))
+    goto out_too_big;
+  if (posix_memalign(&mem, MLP_ALIGN_FLOATS * sizeof(float), bytes) != 0) {
+    say(why, why_len, "cannot allocate %zu bytes of activation scratch for batch %u", bytes,
+        m->max_batch);
+    return GS_ENOMEM;
+  }
+  m->scratch = mem;
+  at = m->scratch;
+  for (l = 0; l < m->nlayers; l++) {
+    buffer_floats(m->max_batch, m->layer[l].out, &each);
+    m->layer[l].h = at;
+    m->layer[l].dh = at + each;
+    at += 2 * each;
+  }
+  return 0;
+
+out_too_big:
+  say(why, why_len, "the activation scratch for batch %u does not fit in memory (size overflows)",
+      m->max_batch);
+  return GS_ENOMEM;
+}
+
+gs_mlp_t *gs_mlp_new(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char *why,
+                     size_t why_len)
+{
+  gs_mlp_t *m;
+  uint32_t l;
+
+  if (check_shape(sizes, n, max_batch, why, why_len))
+    return NULL;
+  m = calloc(1, sizeof(*m));
+  if (!m) {
+    say(why, why_len, "cannot allocate the MLP (%zu bytes)", sizeof(*m));
+    return NULL;
+  }
+  m->nlayers = n - 1;
+  m->max_batch = max_batch;
+  for (l = 0; l < m->nlayers; l++) {
+    m->layer[l].in = sizes[l];
+    m->layer[l].out = sizes[l + 1];
+    snprintf(m->layer[l].wname, sizeof(m->layer[l].wname), "fc%u.weight", l + 1);
+    snprintf(m->layer[l].bname, sizeof(m->layer[l].bname), "fc%u.bias", l + 1);
+  }
+  if (alloc_scratch(m, why, why_len))
+    goto out_free_model;
+  return m;
+
+out_free_model:
+  free(m);
+  return NULL;
+}
+
+void gs_mlp_free(gs_mlp_t *m)
+{
+  if (!m)
+    return;
+  free(m->scratch);
+  free(m);
+}
+
+/* Parses one width at *p, a run of decimal digits ending at ',' or the end;
+ * advances *p past it. Values past the limit saturate to limit + 1. */
+static int parse_width(const char **p, uint32_t *out)
+{
+  const char *s = *p;
+  uint32_t v = 0;
+
+  if (*s < '0' || *s > '9')
+    return GS_EINVAL;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    v = v * 10 + (uint32_t)(*s - '0');
+    if (v > MLP_MAX_WIDTH)
+      v = MLP_MAX_WIDTH + 1;
+  }
+  if (*s != ',' && *s != '\0')
+    return GS_EINVAL;
+  *p = s;
+  *out = v;
+  return 0;
+}
+
+int gs_mlp_parse_layers(const char *s, uint32_t *sizes, uint32_t cap, uint32_t *n, char *why,
+                        size_t why_len)
+{
+  uint32_t tmp[MLP_MAX_WIDTHS], count = 0, limit = cap < MLP_MAX_WIDTHS ? cap : MLP_MAX_WIDTHS;
+  const char *p = s;
+
+  if (!s || !*s) {
+    say(why, why_len, "the layer list is empty: expected widths such as 784,256,128,10");
+    return GS_EINVAL;
+  }
+  for (;;) {
+    uint32_t v;
+
+    if (parse_width(&p, &v)) {
+      say(why, why_len, "layer list \"%.64s\": entry %u is not a whole number", s, count + 1);
+      return GS_EINVAL;
+    }
+    if (v < 1 || v > MLP_MAX_WIDTH) {
+      say(why, why_len, "layer list \"%.64s\": entry %u is outside 1..%u", s, count + 1,
+          MLP_MAX_WIDTH);
+      return GS_EINVAL;
+    }
+    if (count == limit) {
+      say(why, why_len, "layer list \"%.64s\" has more than %u widths", s, limit);
+      return GS_EINVAL;
+    }
+    tmp[count++] = v;
+    if (*p == '\0')
+      break;
+    p++; /* the comma */
+  }
+  if (count < 2) {
+    say(why, why_len, "layer list \"%.64s\" needs at least 2 widths (input and output)", s);
+    return GS_EINVAL;
+  }
+  memcpy(sizes, tmp, count * sizeof(tmp[0]));
+  *n = count;
+  return 0;
+}
+
+uint32_t gs_mlp_param_count(const gs_mlp_t *m)
+{
+  return 2 * m->nlayers;
+}
+
+gs_param_desc_t gs_mlp_param_desc(const gs_mlp_t *m, uint32_t i)
+{
+  const mlp_layer_t *ly;
+
+  if (i >= gs_mlp_param_count(m))
+    return (gs_param_desc_t){NULL, 0, GS_DTYPE_FLOAT32};
+  ly = &m->layer[i / 2];
+  if (i % 2)
+    return (gs_param_desc_t){ly->bname, ly->out, GS_DTYPE_FLOAT32};
+  return (gs_param_desc_t){ly->wname, (uint64_t)ly->out * ly->in, GS_DTYPE_FLOAT32};
+}
+
+bool gs_mlp_param_is_bias(const gs_mlp_t *m, uint32_t i)
+{
+  return i < gs_mlp_param_count(m) && i % 2 == 1;
+}
+
+void gs_mlp_bind(gs_mlp_t *m, uint32_t i, float *param, float *grad)
+{
+  mlp_layer_t *ly;
+
+  if (i >= gs_mlp_param_count(m))
+    return;
+  ly = &m->layer[i / 2];
+  if (i % 2) {
+    ly->b = param;
+    ly->gb = grad;
+  } else {
+    ly->w = param;
+    ly->gw = grad;
+  }
+}
+
+/* splitmix64 (Vigna), the generator the sampler's gs_rng_t implements, kept
+ * private so the model depends on no other module. */
+static uint64_t splitmix64(uint64_t *state)
+{
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Draws `n` values uniform in [-bound, bound) into p (skipped when p is
+ * NULL, the draws still taken so later tensors get the same values). */
+static void fill_uniform(uint64_t *state, float *p, uint64_t n, double bound)
+{
+  uint64_t k;
+
+  for (k = 0; k < n; k++) {
+    double u = (double)(splitmix64(state) >> 40) * 0x1p-24;
+
+    if (p)
+      p[k] = (float)(bound * (2.0 * u - 1.0));
+  }
+}
+
+void gs_mlp_init_params(gs_mlp_t *m, uint64_t seed)
+{
+  uint64_t state = seed;
+  uint32_t l;
+
+  for (l = 0; l < m->nlayers; l++) {
+    mlp_layer_t *ly = &m->layer[l];
+    double bound = 1.0 / sqrt((double)ly->in);
+
+    fill_uniform(&state, ly->w, (uint64_t)ly->out * ly->in, bound);
+    fill_uniform(&state, ly->b, ly->out, bound);
+  }
+}
+
+/* True when every parameter and gradient is bound. */
+static bool all_bound(const gs_mlp_t *m)
+{
+  uint32_t l;
+
+  for (l = 0; l < m->nlayers; l++) {
+    const mlp_layer_t *ly = &m->layer[l];
+
+    if (!ly->w || !ly->b || !ly->gw || !ly->gb)
+      return false;
+  }
+  return true;
+}
+
+/* h = x W^T, then one pass adding the bias and, when `relu`, clamping. */
+static void layer_forward(mlp_layer_t *ly, const float *x, uint32_t batch, bool relu)
+{
+  uint32_t i, j, out = ly->out;
+
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)batch, (int)out, (int)ly->in, 1.0f, x,
+              (int)ly->in, ly->w, (int)ly->in, 0.0f, ly->h, (int)out);
+  for (i = 0; i < batch; i++) {
+    float *restrict h = ly->h + (size_t)i * out;
+    const float *restrict b = ly->b;
+
+    if (relu) {
+      for (j = 0; j < out; j++) {
+        float v = h[j] + b[j];
+
+        h[j] = v < 0.0f ? 0.0f : v; /* NaN stays NaN */
+      }
+    } else {
+      for (j = 0; j < out; j++)
+        h[j] += b[j];
+    }
+  }
+}
+
+/* Softmax cross-entropy of one row of logits against label y: returns the
+ * loss and writes (softmax - onehot) * scale into dz. y >= classes gives
+ * NaN. */
+static double row_xent(const float *z, float *dz, uint32_t classes, uint32_t y, float scale,
+                       uint32_t *argmax)
+{
+  float max = z[0];
+  double sum = 0.0;
+  uint32_t j, best = 0;
+
+  for (j = 1; j < classes; j++) {
+    if (z[j] > max) {
+      max = z[j];
+      best = j;
+    }
+  }
+  for (j = 0; j < classes; j++) {
+    float e = expf(z[j] - max);
+
+    dz[j] = e;
+    sum += e;
+  }
+  for (j = 0; j < classes; j++)
+    dz[j] = (float)(dz[j] / sum) * scale;
+  *argmax = best;
+  if (y >= classes)
+    return NAN;
+  dz[y] -= scale;
+  return log(sum) - ((double)z[y] - max);
+}
+
+float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
+                     uint32_t *correct)
+{
+  mlp_layer_t *top = &m->layer[m->nlayers - 1];
+  const float *in = x;
+  double loss = 0.0;
+  uint32_t i, l, hits = 0;
+
+  m->batch = 0;
+  if (correct)
+    *correct = 0;
+  if (batch == 0 || batch > m->max_batch || !all_bound(m))
+    return NAN;
+  for (l = 0; l < m->nlayers; l++) {
+    layer_forward(&m->layer[l], in, batch, l + 1 < m->nlayers);
+    in = m->layer[l].h;
+  }
+  for (i = 0; i < batch; i++) {
+    size_t row = (size_t)i * top->out;
+    uint32_t argmax;
+
+    loss += row_xent(top->h + row, top->dh + row, top->out, y[i], 1.0f / (float)batch, &argmax);
+    hits += argmax == y[i];
+  }
+  m->batch = batch;
+  if (correct)
+    *correct = hits;
+  return (float)(loss / batch);
+}
+
+/* gb = column sums of dh [batch x out]. */
+static void bias_grad(const mlp_layer_t *ly, uint32_t batch)
+{
+  float *restrict gb = ly->gb;
+  uint32_t i, j, out = ly->out;
+
+  memset(gb, 0, out * sizeof(float));
+  for (i = 0; i < batch; i++) {
+    const float *restrict d = ly->dh + (size_t)i * out;
+
+    for (j = 0; j < out; j++)
+      gb[j] += d[j];
+  }
+}
+
+/* prev->dh = (dh W) masked by prev's ReLU (its output > 0). */
+static void input_grad(const mlp_layer_t *ly, mlp_layer_t *prev, uint32_t batch)
+{
+  size_t k, n = (size_t)batch * ly->in;
+  float *restrict dx = prev->dh;
+  const float *restrict h = prev->h;
+
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)batch, (int)ly->in, (int)ly->out,
+              1.0f, ly->dh, (int)ly->out, ly->w, (int)ly->in, 0.0f, dx, (int)ly->in);
+  for (k = 0; k < n; k++)
+    dx[k] = h[k] > 0.0f ? dx[k] : 0.0f;
+}
+
+/* Without a forward to differentiate, every bound gradient is zero (and
+ * announced, so a caller waiting on the callbacks is not left hanging). */
+static void zero_grads(gs_mlp_t *m, gs_grad_ready_fn ready, void *arg)
+{
+  uint32_t l = m->nlayers;
+
+  while (l-- > 0) {
+    mlp_layer_t *ly = &m->layer[l];
+
+    if (ly->gw)
+      memset(ly->gw, 0, (size_t)ly->out * ly->in * sizeof(float));
+    if (ly->gb)
+      memset(ly->gb, 0, ly->out * sizeof(float));
+    if (ready) {
+      ready(arg, 2 * l);
+      ready(arg, 2 * l + 1);
+    }
+  }
+}
+
+/* Walks the layers top down; layer l's weight and bias are announced
+ * (weight first) once dX has been computed from W, after which backward
+ * reads neither the parameters nor the gradients of that layer again. */
+void gs_mlp_backward(gs_mlp_t *m, const float *x, gs_grad_ready_fn ready, void *arg)
+{
+  uint32_t l = m->nlayers, batch = m->batch;
+
+  if (batch == 0) {
+    zero_grads(m, ready, arg);
+    return;
+  }
+  while (l-- > 0) {
+    mlp_layer_t *ly = &m->layer[l];
+    const float *in = l ? m->layer[l - 1].h : x;
+
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)ly->out, (int)ly->in, (int)batch,
+                1.0f, ly->dh, (int)ly->out, in, (int)ly->in, 0.0f, ly->gw, (int)ly->in);
+    bias_grad(ly, batch);
+    if (l)
+      input_grad(ly, &m->layer[l - 1], batch);
+    if (ready) {
+      ready(arg, 2 * l);
+      ready(arg, 2 * l + 1);
+    }
+  }
+}

@@ -1,0 +1,65 @@
+/* The reference model: a multilayer perceptron, fully connected layers with
+ * ReLU between them and softmax cross-entropy on top, on the CPU through
+ * OpenBLAS's cblas_sgemm.
+ *
+ * The model does not own its parameters or gradients: the sync engine's
+ * packs do, and the model gets views into them (gs_mlp_bind). Parameters in
+ * forward order: fc1.weight [out x in], fc1.bias [out], fc2.weight, ...
+ * Activations are batch-major: x is [batch x in]. */
+#ifndef GS_MLP_H
+#define GS_MLP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "packlist.h"
+
+typedef struct gs_mlp gs_mlp_t;
+
+/* `sizes` are the layer widths, input first ("784,256,128,10": n = 4, at
+ * least 2). Scratch for activations is sized for `max_batch` examples. NULL
+ * with the reason in `why` on bad sizes or allocation failure. */
+gs_mlp_t *gs_mlp_new(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char *why,
+                     size_t why_len);
+void gs_mlp_free(gs_mlp_t *m);
+
+/* Parses "784,256,128,10" into at most `cap` widths. GS_EINVAL with a reason. */
+int gs_mlp_parse_layers(const char *s, uint32_t *sizes, uint32_t cap, uint32_t *n, char *why,
+                        size_t why_len) GS_WARN_UNUSED;
+
+/* Number of parameter tensors (2 per layer) and the description of each, in
+ * forward order (names "fc1.weight", "fc1.bias", ...; the name is owned by
+ * the model). */
+uint32_t gs_mlp_param_count(const gs_mlp_t *m);
+gs_param_desc_t gs_mlp_param_desc(const gs_mlp_t *m, uint32_t i);
+/* True for the bias tensors (1-D), which get the bias LR multiplier and decay. */
+bool gs_mlp_param_is_bias(const gs_mlp_t *m, uint32_t i);
+
+/* Points parameter i and its gradient at storage of param_desc(i).elements
+ * floats each. Every parameter must be bound before use. */
+void gs_mlp_bind(gs_mlp_t *m, uint32_t i, float *param, float *grad);
+
+/* Fills the bound parameters as PyTorch's nn.Linear does by default
+ * (Kaiming-uniform with a = sqrt(5): weights and biases uniform in
+ * +-1/sqrt(fan_in)), from a generator seeded with `seed`: the same values on
+ * every rank and every run. */
+void gs_mlp_init_params(gs_mlp_t *m, uint64_t seed);
+
+/* Forward pass on `batch` <= max_batch examples, keeping the activations for
+ * backward. Returns the mean softmax cross-entropy loss over the batch;
+ * *correct gets the number of argmax hits (NULL to skip). */
+float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
+                     uint32_t *correct);
+
+/* Called by backward as each parameter's gradient becomes final. */
+typedef void (*gs_grad_ready_fn)(void *arg, uint32_t param_index);
+
+/* Backward pass for the last forward: writes (overwrites) every bound
+ * gradient with d(mean loss)/d(param), last layer first, and calls
+ * `ready(arg, i)` for each parameter right after its gradient is written
+ * and it is no longer read by the rest of backward (NULL: no calls). */
+void gs_mlp_backward(gs_mlp_t *m, const float *x, gs_grad_ready_fn ready, void *arg);
+
+#endif

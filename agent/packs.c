@@ -1,0 +1,233 @@
+/* The parameter registry and the pack buffers that store the parameters. */
+#include "packs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+#define PACK_ALIGN 64 /* a cache line: lets the SGD and reduce loops vectorize cleanly */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
+{
+  const uint8_t *b = data;
+
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ b[i]) * FNV_PRIME;
+  return h;
+}
+
+void gs_packs_init(gs_packs_t *p)
+{
+  memset(p, 0, sizeof(*p));
+}
+
+void gs_packs_free(gs_packs_t *p)
+{
+  for (uint32_t i = 0; p->packs && i < p->list.pack_count; i++) {
+    free(p->packs[i].params);
+    free(p->packs[i].grads);
+    free(p->packs[i].momentum);
+    free(p->packs[i].segs);
+  }
+  free(p->packs);
+  for (uint32_t i = 0; i < p->nparams; i++)
+    free((char *)p->params[i].name);
+  free(p->params);
+  free(p->is_bias);
+  free(p->pack_of);
+  free(p->offset_of);
+  gs_packlist_free(&p->list);
+  memset(p, 0, sizeof(*p));
+}
+
+int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool is_bias)
+{
+  char *copy;
+
+  if (!name || !*name || elements == 0 || p->packs)
+    return GS_EINVAL;
+  for (uint32_t i = 0; i < p->nparams; i++)
+    if (strcmp(p->params[i].name, name) == 0)
+      return GS_EEXIST;
+  if (p->nparams == p->cap) {
+    uint32_t cap = p->cap ? 2 * p->cap : 16;
+    gs_param_desc_t *params = realloc(p->params, cap * sizeof(*params));
+    bool *bias;
+
+    if (!params)
+      return GS_ENOMEM;
+    p->params = params;
+    bias = realloc(p->is_bias, cap * sizeof(*bias));
+    if (!bias)
+      return GS_ENOMEM;
+    p->is_bias = bias;
+    p->cap = cap;
+  }
+  copy = strdup(name);
+  if (!copy)
+    return GS_ENOMEM;
+  p->params[p->nparams] = (gs_param_desc_t){copy, elements, GS_DTYPE_FLOAT32};
+  p->is_bias[p->nparams] = is_bias;
+  return (int)p->nparams++;
+}
+
+void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig)
+{
+  uint64_t shapes = FNV_OFFSET, dtypes = FNV_OFFSET, total = 0;
+
+  for (uint32_t i = 0; i < p->nparams; i++) {
+    uint32_t dt = p->params[i].dtype;
+
+    shapes = fnv1a(shapes, &p->params[i].elements, sizeof(p->params[i].elements));
+    dtypes = fnv1a(dtypes, &dt, sizeof(dt));
+    total += p->params[i].elements;
+  }
+  sig->param_count = p->nparams;
+  sig->total_elements = total;
+  sig->shapes_hash = shapes;
+  sig->dtypes_hash = dtypes;
+}
+
+/* Whether the list's params are exactly ours (a list from a rank with another
+ * model must be refused before any buffer is sized by it). */
+static int check_params(const gs_packs_t *p, const gs_param_desc_t *lp, uint32_t n, char *why,
+                        size_t why_len)
+{
+  if (n != p->nparams) {
+    snprintf(why, why_len, "the pack list has %u params, this model has %u", n, p->nparams);
+    return GS_EINVAL;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    const gs_param_desc_t *a = &p->params[i], *b = &lp[i];
+
+    if (strcmp(a->name, b->name ? b->name : "") != 0 || a->elements != b->elements ||
+        a->dtype != b->dtype) {
+      snprintf(why, why_len,
+               "param %u differs: the pack list has '%s' (%llu x %s), this model '%s' (%llu x %s)",
+               i, b->name ? b->name : "?", (unsigned long long)b->elements, gs_dtype_name(b->dtype),
+               a->name, (unsigned long long)a->elements, gs_dtype_name(a->dtype));
+      return GS_EINVAL;
+    }
+  }
+  return 0;
+}
+
+static float *alloc_floats(size_t n)
+{
+  size_t bytes = (n * sizeof(float) + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
+  float *f = aligned_alloc(PACK_ALIGN, bytes ? bytes : PACK_ALIGN);
+
+  if (f)
+    memset(f, 0, bytes);
+  return f;
+}
+
+/* Allocates pack k's buffers and segment table; `at` is its first entry in order[]. */
+static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra,
+                      const gs_sgd_config_t *sgd)
+{
+  gs_pack_t *pk = &p->packs[k];
+  size_t off = 0;
+
+  pk->first = at;
+  pk->nparams = p->list.pack_sizes[k];
+  pk->segs = calloc(pk->nparams, sizeof(*pk->segs));
+  if (!pk->segs)
+    return GS_ENOMEM;
+  for (uint32_t j = 0; j < pk->nparams; j++) {
+    uint32_t i = p->list.order[at + j];
+
+    p->pack_of[i] = k;
+    p->offset_of[i] = off;
+    pk->segs[j] = (gs_sgd_segment_t){
+        .offset = off,
+        .count = p->params[i].elements,
+        .lr_mult = p->is_bias[i] ? sgd->bias_lr_mult : 1.0f,
+        .weight_decay = p->is_bias[i] ? sgd->bias_wd : sgd->weight_decay,
+    };
+    off += p->params[i].elements;
+  }
+  pk->elements = off;
+  pk->extra = extra;
+  pk->params = alloc_floats(off);
+  pk->grads = alloc_floats(off + extra);
+  pk->momentum = alloc_floats(off);
+  if (!pk->params || !pk->grads || !pk->momentum)
+    return GS_ENOMEM;
+  return 0;
+}
+
+int gs_packs_build(gs_packs_t *p, gs_packlist_t *list, const gs_param_desc_t *list_params,
+                   uint32_t list_nparams, size_t extra, const gs_sgd_config_t *sgd, char *why,
+                   size_t why_len)
+{
+  uint32_t at = 0, last;
+  int err;
+
+  err = check_params(p, list_params, list_nparams, why, why_len);
+  if (err == 0)
+    err = gs_packlist_validate(list, p->params, p->nparams, why, why_len);
+  if (err) {
+    gs_packlist_free(list);
+    return err;
+  }
+  p->list = *list;
+  memset(list, 0, sizeof(*list));
+  p->packs = calloc(p->list.pack_count ? p->list.pack_count : 1, sizeof(*p->packs));
+  p->pack_of = calloc(p->nparams ? p->nparams : 1, sizeof(*p->pack_of));
+  p->offset_of = calloc(p->nparams ? p->nparams : 1, sizeof(*p->offset_of));
+  if (!p->packs || !p->pack_of || !p->offset_of)
+    goto out_nomem;
+  last = p->nparams ? 0 : UINT32_MAX;
+  for (uint32_t k = 0; k < p->list.pack_count; k++) {
+    bool holds_first = false;
+
+    for (uint32_t j = 0; j < p->list.pack_sizes[k]; j++)
+      holds_first |= p->list.order[at + j] == last;
+    if (build_pack(p, k, at, holds_first ? extra : 0, sgd))
+      goto out_nomem;
+    at += p->list.pack_sizes[k];
+  }
+  return 0;
+
+out_nomem:
+  snprintf(why, why_len, "out of memory allocating the packs");
+  return GS_ENOMEM;
+}
+
+float *gs_packs_param(const gs_packs_t *p, uint32_t i)
+{
+  return p->packs[p->pack_of[i]].params + p->offset_of[i];
+}
+
+float *gs_packs_grad(const gs_packs_t *p, uint32_t i)
+{
+  return p->packs[p->pack_of[i]].grads + p->offset_of[i];
+}
+
+uint32_t gs_packs_last(const gs_packs_t *p)
+{
+  return p->pack_of[0];
+}
+
+uint64_t gs_packs_layout_hash(const gs_packs_t *p)
+{
+  uint64_t h = fnv1a(FNV_OFFSET, &p->list.threshold_bytes, sizeof(p->list.threshold_bytes));
+
+  for (uint32_t k = 0; k < p->list.pack_count; k++) {
+    const gs_pack_t *pk = &p->packs[k];
+
+    h = fnv1a(h, &pk->nparams, sizeof(pk->nparams));
+    for (uint32_t j = 0; j < pk->nparams; j++) {
+      const gs_param_desc_t *d = &p->params[p->list.order[pk->first + j]];
+      uint32_t dt = d->dtype;
+
+      h = fnv1a(h, d->name, strlen(d->name) + 1);
+      h = fnv1a(h, &d->elements, sizeof(d->elements));
+      h = fnv1a(h, &dt, sizeof(dt));
+    }
+  }
+  return h;
+}

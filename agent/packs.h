@@ -1,0 +1,73 @@
+/* The parameter registry and the packs that store the parameters.
+ *
+ * Parameters are registered in forward order. Once the pack list is known
+ * (computed on rank 0, fetched by the others), every pack gets three
+ * contiguous float32 buffers: params, grads and momentum. A parameter's
+ * tensors are views at its offset in its pack, so the allreduce runs in
+ * place on a pack's grad buffer and nothing is ever concatenated or split.
+ * The grad buffer of the pack reduced last may carry extra trailing floats
+ * (the engine's control vector) that ride in the same allreduce. */
+#ifndef GS_PACKS_H
+#define GS_PACKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "gradsync.pb.h"
+#include "packlist.h"
+#include "sgd.h"
+
+typedef struct gs_pack {
+  float *params, *grads, *momentum; /* `elements` each (grads: + extra) */
+  size_t elements;
+  size_t extra;            /* trailing floats after the grads (the control vector) */
+  uint32_t first, nparams; /* its entries in the pack list's order[] */
+  gs_sgd_segment_t *segs;  /* one per param, in order[] order */
+  uint32_t pending;        /* grads not yet ready this step */
+} gs_pack_t;
+
+typedef struct gs_packs {
+  gs_param_desc_t *params; /* registered, forward order; names owned */
+  bool *is_bias;
+  uint32_t nparams, cap;
+  gs_packlist_t list;
+  gs_pack_t *packs;  /* list.pack_count */
+  uint32_t *pack_of; /* param index -> pack index */
+  size_t *offset_of; /* param index -> element offset in its pack */
+} gs_packs_t;
+
+void gs_packs_init(gs_packs_t *p);
+/* Frees every buffer and the registry. */
+void gs_packs_free(gs_packs_t *p);
+
+/* Registers a float32 parameter of `elements` (> 0) elements; returns its
+ * index (>= 0) or a negative GS_E* code (GS_EEXIST for a repeated name). */
+int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool is_bias);
+
+/* The Join model signature of the registered params. */
+void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);
+
+/* Adopts `list` (ownership moves into `p`), checks it against the
+ * registered params (a list built for other params names the first
+ * difference in `why`), and allocates the buffers, zeroed; the pack reduced
+ * last gets `extra` trailing grad floats. `lr_mult`/`wd` of weights and
+ * biases come from `sgd`. */
+int gs_packs_build(gs_packs_t *p, gs_packlist_t *list, const gs_param_desc_t *list_params,
+                   uint32_t list_nparams, size_t extra, const gs_sgd_config_t *sgd, char *why,
+                   size_t why_len) GS_WARN_UNUSED;
+
+/* Views of parameter i (after build). */
+float *gs_packs_param(const gs_packs_t *p, uint32_t i);
+float *gs_packs_grad(const gs_packs_t *p, uint32_t i);
+
+/* The pack reduced last in a step: the one holding parameter 0 (the first
+ * in forward order, whose gradient backward produces last). */
+uint32_t gs_packs_last(const gs_packs_t *p);
+
+/* FNV-1a 64 over the threshold, and every pack's params (names, element
+ * counts, dtypes) in order: equal hashes mean interchangeable storage. */
+uint64_t gs_packs_layout_hash(const gs_packs_t *p);
+
+#endif

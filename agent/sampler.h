@@ -1,0 +1,55 @@
+/* The sharded sampler: which examples each rank trains on at each step.
+ *
+ * Each epoch the indices 0..count-1 are shuffled with a generator seeded by
+ * (seed, epoch) (identity order with shuffle off), then cut into global
+ * batches of world_size * batch examples (a trailing partial global batch is
+ * dropped, so every rank runs the same number of steps). Rank r takes
+ * examples [r*batch, (r+1)*batch) of each global batch. Hence world size W
+ * with batch b sees, step by step, exactly the examples one rank with batch
+ * W*b sees: the basis of the equivalence test. */
+#ifndef GS_SAMPLER_H
+#define GS_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef struct gs_sampler {
+  uint32_t count, batch, rank, world_size;
+  uint64_t seed;
+  bool shuffle;
+  uint64_t epoch; /* the epoch `perm` is for */
+  uint32_t *perm; /* count indices */
+} gs_sampler_t;
+
+/* GS_EINVAL if batch or world_size is 0, rank >= world_size, or one global
+ * batch does not fit in `count`. Free with gs_sampler_free. */
+int gs_sampler_init(gs_sampler_t *s, uint32_t count, uint32_t batch, uint32_t rank,
+                    uint32_t world_size, uint64_t seed, bool shuffle) GS_WARN_UNUSED;
+void gs_sampler_free(gs_sampler_t *s);
+
+/* Steps per epoch: count / (world_size * batch). */
+uint32_t gs_sampler_steps_per_epoch(const gs_sampler_t *s);
+
+/* Makes `epoch` current (reshuffles when it changes). */
+void gs_sampler_set_epoch(gs_sampler_t *s, uint64_t epoch);
+
+/* This rank's `batch` example indices for step `step` (0-based, within the
+ * current epoch; step < steps_per_epoch). Points into the sampler. */
+const uint32_t *gs_sampler_batch(const gs_sampler_t *s, uint32_t step);
+
+/* A small, fast, seedable generator (splitmix64) used for shuffling and
+ * initialisation, so that every rank and every run agree bit for bit. */
+typedef struct gs_rng {
+  uint64_t state;
+} gs_rng_t;
+
+void gs_rng_seed(gs_rng_t *r, uint64_t seed);
+uint64_t gs_rng_next(gs_rng_t *r);
+/* Uniform in [0, 1) with 24 random bits. */
+float gs_rng_uniform(gs_rng_t *r);
+/* Uniform in [0, n) without modulo bias; n > 0. */
+uint32_t gs_rng_below(gs_rng_t *r, uint32_t n);
+
+#endif

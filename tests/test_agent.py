@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Whole-process tests of the agent: gradsync-run, gradsync-agent and
+gradsync-coordinator training the reference MLP on Fashion-MNIST over
+loopback. Checkpoints are read with the format of docs/checkpoint.md, so
+these tests also hold that document to the code.
+
+usage: test_agent.py CASE BIN_DIR COORDINATOR_BIN
+"""
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import zlib
+
+CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
+RUN = os.path.join(BIN_DIR, "gradsync-run")
+AGENT = os.path.join(BIN_DIR, "gradsync-agent")
+FAST = ["--no-validate", "--log-interval", "200ms"]
+
+
+def run(args, timeout=240, check=True):
+    """Runs gradsync-run with args; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([RUN] + args, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        sys.exit(f"gradsync-run {' '.join(args)} exited {p.returncode}\n"
+                 f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p.returncode, p.stdout, p.stderr
+
+
+def read_checkpoint(path):
+    """Parses a checkpoint as docs/checkpoint.md describes it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, nbuf, step, epoch, rng, layout = struct.unpack_from("<8sIIQQQQ", data, 0)
+    assert magic == b"GSCKPT\x00\x01", magic
+    assert version == 1, version
+    off = struct.calcsize("<8sIIQQQQ")
+    bufs = []
+    for _ in range(nbuf):
+        (count,) = struct.unpack_from("<Q", data, off)
+        off += 8
+        bufs.append(struct.unpack_from(f"<{count}f", data, off))
+        off += 4 * count
+    (crc,) = struct.unpack_from("<I", data, off)
+    assert crc == zlib.crc32(data[:off]), "CRC mismatch"
+    return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs}
+
+
+def newest_checkpoint(d):
+    files = sorted(glob.glob(os.path.join(d, "ckpt-*.gsck")))
+    assert files, f"no checkpoint in {d}"
+    return files[-1]
+
+
+def rel_error(a, b):
+    num = sum((x - y) ** 2 for x, y in zip(a, b))
+    den = sum(y * y for y in b)
+    return math.sqrt(num / den) if den else math.sqrt(num)
+
+
+def params_of(ckpt):
+    """The params buffers (even indices; odd ones are momentum), concatenated."""
+    out = []
+    for b in ckpt["bufs"][0::2]:
+        out.extend(b)
+    return out
+
+
+def train_to_checkpoint(tmp, name, nproc, steps, extra):
+    d = os.path.join(tmp, name)
+    run(["--nproc", str(nproc), "--steps", str(steps), "--checkpoint-dir", d,
+         "--checkpoint-every", str(steps)] + FAST + extra)
+    ck = read_checkpoint(newest_checkpoint(d))
+    assert ck["step"] == steps, ck["step"]
+    return ck
+
+
+def case_equivalence(tmp):
+    """World 2 with mean and batch b equals world 1 with batch 2b; sum with
+    LR / 2 (and twice the decay, which sum does not scale) equals mean."""
+    common = ["--no-shuffle", "--seed", "3", "--lr", "0.1"]
+    two = train_to_checkpoint(tmp, "two", 2, 30, common + ["--reduce", "mean", "--batch", "16"])
+    one = train_to_checkpoint(tmp, "one", 1, 30, common + ["--batch", "32"])
+    s = train_to_checkpoint(tmp, "sum", 2, 30, common + [
+        "--reduce", "sum", "--batch", "16", "--lr", "0.05", "--weight-decay", "1e-3"])  # last --lr wins
+    init = train_to_checkpoint(tmp, "init", 1, 1, common + ["--batch", "32", "--lr", "0"])
+    e1 = rel_error(params_of(two), params_of(one))
+    e2 = rel_error(params_of(s), params_of(two))
+    moved = rel_error(params_of(one), params_of(init))
+    print(f"mean(2 x 16) vs 1 x 32: relative error {e1:.2e}")
+    print(f"sum(lr/2) vs mean:      relative error {e2:.2e}")
+    print(f"params moved by training: {moved:.2e} (relative)")
+    assert moved > 1e-2, "training did not change the params; the comparison would be empty"
+    assert e1 < 1e-5, e1
+    assert e2 < 1e-5, e2
+
+
+def case_checkpoint(tmp):
+    """Resume gives bit-identical params; a corrupt newest checkpoint is refused."""
+    full = os.path.join(tmp, "full")
+    args = ["--nproc", "2", "--reduce", "mean", "--steps", "40", "--checkpoint-every", "20",
+            "--checkpoint-keep", "5"] + FAST
+    run(args + ["--checkpoint-dir", full])
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(full, "ckpt-*.gsck")))
+    assert names == ["ckpt-000000000020.gsck", "ckpt-000000000040.gsck"], names
+    want = read_checkpoint(os.path.join(full, names[1]))
+
+    part = os.path.join(tmp, "part")
+    os.mkdir(part)
+    shutil.copy(os.path.join(full, names[0]), part)
+    _, out, _ = run(args + ["--checkpoint-dir", part, "--resume"])
+    assert "resumed at step 20" in out, out
+    got = read_checkpoint(os.path.join(part, names[1]))
+    assert got["bufs"] == want["bufs"], "resumed run ended with different params or momentum"
+    print("resume from step 20: params and momentum at step 40 bit-identical")
+
+    bad = os.path.join(tmp, "bad")
+    shutil.copytree(full, bad)
+    path = os.path.join(bad, names[1])
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    _, out, err = run(args + ["--checkpoint-dir", bad, "--resume", "--steps", "41"])
+    assert "resumed at step 20" in out, out
+    assert names[1] in err and "skipped" in err, err
+    print("a corrupt newest checkpoint was skipped with a warning")
+
+
+def start_launcher(args):
+    p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    status = None
+    lines = []
+    while status is None:
+        line = p.stdout.readline()
+        assert line, "launcher ended early:\n" + "".join(lines)
+        lines.append(line)
+        m = re.search(r"status at (http://\S+)/status", line)
+        if m:
+            status = m.group(1)
+    return p, status, lines
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+
+
+def wait_for(p, lines, pattern, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+    raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines[-40:]))
+
+
+def case_control(tmp):
+    """A new period and a stop posted to the coordinator act on every rank at one step."""
+    p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--reduce", "mean",
+                                    "--steps", "10000000"] + FAST)
+    try:
+        wait_for(p, lines, r"\[rank 0\] step \d+")
+        assert post(url + "/jobs/ctl/control", {"bcast_period": 7}) == 200
+        wait_for(p, lines, r"broadcast period set to 7")
+        assert post(url + "/jobs/ctl/control", {"action": "stop"}) == 200
+        lines.append(p.stdout.read())  # not communicate(): it would skip what readline buffered
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = "".join(lines)
+    steps = {r: re.findall(rf"\[rank {r}\].*step (\d+): broadcast period set to 7", text)
+             for r in (0, 1)}
+    assert steps[0] and steps[0] == steps[1], (steps, text[-4000:])
+    stop = re.search(r"stopped after step (\d+): the coordinator asked", text)
+    assert stop, text[-3000:]
+    assert p.returncode == 0, p.returncode
+    print(f"period changed at step {steps[0][0]} on both ranks; stopped after step "
+          f"{stop.group(1)}")
+
+
+def case_training(tmp):
+    """Two ranks reach >= 83% test accuracy on Fashion-MNIST within 2 epochs."""
+    _, out, _ = run(["--nproc", "2", "--reduce", "mean", "--epochs", "2"], timeout=280)
+    print(out[-600:])
+    acc = float(re.search(r"final: test accuracy ([0-9.]+)", out).group(1))
+    assert acc >= 0.83, acc
+
+
+def case_kill(tmp):
+    """kill -9 of one rank makes the other exit with a clear error within the
+    heartbeat timeout instead of hanging."""
+    coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                              "--heartbeat-timeout", "5s", "--log-level", "warn"],
+                             stdout=subprocess.PIPE, text=True)
+    rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
+    agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "kill", "--world-size", "2",
+                                "--local-rank", str(i), "--reduce", "mean", "--steps", "10000000",
+                                "--log-interval", "200ms"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in range(2)]
+    try:
+        line = agents[0].stdout.readline()
+        assert line.startswith("step"), line
+        agents[1].send_signal(signal.SIGKILL)
+        t0 = time.time()
+        out, err = agents[0].communicate(timeout=30)
+        took = time.time() - t0
+    finally:
+        for a in agents:
+            a.kill()
+        coord.kill()
+    print(f"rank 0 exited {agents[0].returncode} after {took:.1f}s:\n{err[-800:]}")
+    assert agents[0].returncode == 1, agents[0].returncode
+    assert took < 5.0, took
+    assert "error:" in err and "failed" in err, err
+
+
+def case_launcher(tmp):
+    """gradsync-run: help, bad usage, and a failing rank stops the job with a non-zero exit."""
+    p = subprocess.run([RUN, "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--nproc" in p.stdout, p
+    p = subprocess.run([RUN], capture_output=True, text=True)
+    assert p.returncode == 2 and "--nproc" in p.stderr, p
+    code, out, err = run(["--nproc", "2", "--reduce", "mean", "--data", tmp], check=False)
+    assert code != 0, code
+    assert re.search(rf"\[rank [01]\] gradsync-agent: error: {re.escape(tmp)}/train-images-idx3-ubyte:"
+                     r" No such file", err), err
+    assert "exited with status" in err, err
+
+
+def case_errors(tmp):
+    """The agent's own flag errors are clear and exit 2."""
+    p = subprocess.run([AGENT, "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "--bcast-period" in p.stdout, p
+    p = subprocess.run([AGENT, "--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith("gradsync-agent "), p
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "2"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--reduce sum|mean is required" in p.stderr, p.stderr
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--layers", "784,0,10"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--layers" in p.stderr, p.stderr
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--momentum", "1.5", "--rpc-timeout", "300ms", "--join-timeout",
+                        "300ms"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--momentum" in p.stderr, p.stderr
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory(prefix="gs_agent_") as tmp:
+        globals()["case_" + CASE](tmp)
+    print(f"{CASE}: ok")

@@ -1,0 +1,942 @@
+/* Tests for agent/checkpoint.c: bit-exact round trips, retention, and the
+ * loader's fallback past corrupt, torn, foreign and stray files, on real
+ * files in fresh temporary directories; plus the Python reader from
+ * docs/checkpoint.md run against a file written here. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+
+#define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
+#define HASH 0x0123456789abcdefULL
+#define NOBODY 65534
+#define PYTHON "/usr/bin/python3"
+
+/* Four buffers, one of them empty, and the state describing them. */
+typedef struct tstate {
+  float a[7];
+  float c[1000];
+  float d[3];
+  gs_ckpt_buffer_t bufs[4];
+  gs_ckpt_state_t st;
+} tstate_t;
+
+/* A captured log: warnings land in `text`. */
+typedef struct tlog {
+  char *text;
+  size_t len;
+  FILE *f;
+  gs_log_t log;
+} tlog_t;
+
+static float from_bits(uint32_t u)
+{
+  float f;
+
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+static uint32_t to_bits(float f)
+{
+  uint32_t u;
+
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+/* Points the state at its own arrays with the given position and hash. */
+static void tstate_wire(tstate_t *t, uint64_t step, uint64_t hash)
+{
+  t->bufs[0] = (gs_ckpt_buffer_t){t->a, COUNT(t->a)};
+  t->bufs[1] = (gs_ckpt_buffer_t){NULL, 0};
+  t->bufs[2] = (gs_ckpt_buffer_t){t->c, COUNT(t->c)};
+  t->bufs[3] = (gs_ckpt_buffer_t){t->d, COUNT(t->d)};
+  t->st = (gs_ckpt_state_t){step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs};
+}
+
+/* Fills the buffers with special values (NaNs with payloads, signed zeros,
+ * denormals, infinities) and pseudo-random bit patterns drawn from `seed`. */
+static void tstate_fill(tstate_t *t, uint64_t step, uint32_t seed)
+{
+  /* quiet NaN (payload set below), negative signalling NaN, -0.0, +0.0,
+   * smallest denormal, largest negative denormal, largest float */
+  static const uint32_t special[] = {0x7fc00000u, 0xff812345u, 0x80000000u, 0x00000000u,
+                                     0x00000001u, 0x807fffffu, 0x7f7fffffu};
+  uint32_t x = seed * 2654435761u + 1;
+
+  for (uint32_t i = 0; i < COUNT(t->a); i++)
+    t->a[i] = from_bits(special[i]);
+  t->a[0] = from_bits(special[0] | (seed & 0xffff));
+  for (uint32_t i = 0; i < COUNT(t->c); i++) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    t->c[i] = from_bits(x);
+  }
+  t->d[0] = from_bits(0x7f800000u); /* +inf */
+  t->d[1] = from_bits(0xff800000u); /* -inf */
+  t->d[2] = (float)seed + 0.5f;
+  tstate_wire(t, step, HASH);
+}
+
+/* A state of the same shape whose buffers hold a recognisable filler. */
+static void tstate_blank(tstate_t *t, uint64_t hash)
+{
+  memset(t, 0xa5, sizeof(*t));
+  tstate_wire(t, 0, hash);
+  t->st.step = t->st.epoch = t->st.rng_state = 0xa5a5a5a5a5a5a5a5ULL;
+}
+
+static void expect_same_data(const tstate_t *got, const tstate_t *want)
+{
+  ck_assert_msg(memcmp(got->a, want->a, sizeof(got->a)) == 0, "buffer 0 differs");
+  ck_assert_msg(memcmp(got->c, want->c, sizeof(got->c)) == 0, "buffer 2 differs");
+  ck_assert_msg(memcmp(got->d, want->d, sizeof(got->d)) == 0, "buffer 3 differs");
+}
+
+static void expect_same(const tstate_t *got, const tstate_t *want)
+{
+  expect_same_data(got, want);
+  ck_assert_uint_eq(got->st.step, want->st.step);
+  ck_assert_uint_eq(got->st.epoch, want->st.epoch);
+  ck_assert_uint_eq(got->st.rng_state, want->st.rng_state);
+}
+
+static char *make_dir(void)
+{
+  char tmpl[] = "/tmp/ckpt-test-XXXXXX";
+
+  ck_assert_ptr_nonnull(mkdtemp(tmpl));
+  return strdup(tmpl);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+  (void)sb;
+  (void)ftw;
+  if (flag == FTW_DP)
+    chmod(path, 0700); /* a test may have made it read-only */
+  return remove(path);
+}
+
+static void rm_dir(char *dir)
+{
+  chmod(dir, 0700);
+  nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  free(dir);
+}
+
+static void tlog_open(tlog_t *l)
+{
+  l->text = NULL;
+  l->len = 0;
+  l->f = open_memstream(&l->text, &l->len);
+  ck_assert_ptr_nonnull(l->f);
+  l->log = (gs_log_t){GS_LOG_DEBUG, l->f, "test"};
+}
+
+static void tlog_close(tlog_t *l)
+{
+  fclose(l->f);
+  free(l->text);
+}
+
+static const char *tlog_text(tlog_t *l)
+{
+  fflush(l->f);
+  return l->text ? l->text : "";
+}
+
+static void save(const char *dir, const tstate_t *t, uint32_t keep)
+{
+  char why[512] = "";
+
+  ck_assert_msg(gs_checkpoint_save(dir, &t->st, keep, NULL, 0, why, sizeof(why)) == 0, "%s", why);
+}
+
+static void name_of(char *out, size_t len, const char *dir, uint64_t step)
+{
+  snprintf(out, len, "%s/ckpt-%012llu.gsck", dir, (unsigned long long)step);
+}
+
+static bool exists(const char *path)
+{
+  return access(path, F_OK) == 0;
+}
+
+static long file_size(const char *path)
+{
+  struct stat sb;
+
+  ck_assert_int_eq(stat(path, &sb), 0);
+  return (long)sb.st_size;
+}
+
+static void xor_byte(const char *path, long off, uint8_t mask)
+{
+  int fd = open(path, O_RDWR);
+  uint8_t b;
+
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(pread(fd, &b, 1, off), 1);
+  b ^= mask;
+  ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
+  close(fd);
+}
+
+/* Loads the newest valid checkpoint of `dir` into a blank state; returns
+ * the loader's result, `why` and the path. */
+static int load_latest(const char *dir, tstate_t *got, tlog_t *l, char *path, size_t path_len,
+                       char *why, size_t why_len)
+{
+  tstate_blank(got, HASH);
+  return gs_checkpoint_load_latest(dir, &got->st, &l->log, path, path_len, why, why_len);
+}
+
+/* Expects loading `dir` to skip the file of `bad_step` with a warning that
+ * contains `reason`, and to load `good` (step `good_step`) instead. */
+static void expect_fallback(const char *dir, uint64_t bad_step, const char *reason,
+                            const tstate_t *good, uint64_t good_step, const char *what)
+{
+  char path[PATH_MAX], want[PATH_MAX], bad[PATH_MAX], why[512] = "";
+  tstate_t got;
+  tlog_t l;
+  int err;
+
+  tlog_open(&l);
+  err = load_latest(dir, &got, &l, path, sizeof(path), why, sizeof(why));
+  ck_assert_msg(err == 0, "%s: %s (%s)", what, why, gs_strerror(err));
+  name_of(want, sizeof(want), dir, good_step);
+  name_of(bad, sizeof(bad), dir, bad_step);
+  ck_assert_str_eq(path, want);
+  expect_same(&got, good);
+  ck_assert_msg(strstr(tlog_text(&l), bad) && strstr(tlog_text(&l), ", skipped") &&
+                    strstr(tlog_text(&l), " WARN "),
+                "%s: no warning naming %s: [%s]", what, bad, tlog_text(&l));
+  ck_assert_msg(!reason || strstr(tlog_text(&l), reason), "%s: want '%s' in [%s]", what, reason,
+                tlog_text(&l));
+  tlog_close(&l);
+}
+
+START_TEST(round_trip)
+{
+  char *dir = make_dir(), path[PATH_MAX], want[PATH_MAX], why[512] = "";
+  tstate_t t, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  ck_assert_int_eq(gs_checkpoint_save(dir, &t.st, 0, path, sizeof(path), why, sizeof(why)), 0);
+  name_of(want, sizeof(want), dir, 100);
+  ck_assert_str_eq(path, want);
+  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 12);
+
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, path, sizeof(path), why, sizeof(why)), 0);
+  ck_assert_str_eq(path, want);
+  expect_same(&got, &t);
+  ck_assert_uint_eq(got.st.layout_hash, HASH);
+  ck_assert_uint_eq(got.st.nbuf, 4);
+  ck_assert_str_eq(tlog_text(&l), ""); /* nothing skipped, nothing said */
+  tlog_close(&l);
+
+  tstate_blank(&got, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_file(want, &got.st, why, sizeof(why)), 0);
+  expect_same(&got, &t);
+  /* Bit patterns, not just values: NaN payloads and -0.0 survive. */
+  ck_assert_uint_eq(to_bits(got.a[0]), 0x7fc00001u);
+  ck_assert_uint_eq(to_bits(got.a[1]), 0xff812345u);
+  ck_assert_uint_eq(to_bits(got.a[2]), 0x80000000u);
+  ck_assert_uint_eq(to_bits(got.a[4]), 0x00000001u);
+  rm_dir(dir);
+}
+END_TEST
+
+START_TEST(position_round_trip)
+{
+  static const uint64_t cases[][3] = {
+      {0, 0, 0},
+      {1, 2, 3},
+      {UINT64_MAX, UINT64_MAX - 1, 0xfedcba9876543210ULL},
+      {999999999999ULL, 1ULL << 63, 1},
+      {1000000000000ULL, 7, UINT64_MAX}, /* 13 digits: the name grows */
+  };
+  char *dir = make_dir(), path[PATH_MAX], want[PATH_MAX], why[512];
+  tstate_t t, got;
+
+  for (uint32_t i = 0; i < COUNT(cases); i++) {
+    tstate_fill(&t, cases[i][0], i);
+    t.st.epoch = cases[i][1];
+    t.st.rng_state = cases[i][2];
+    ck_assert_int_eq(gs_checkpoint_save(dir, &t.st, 0, path, sizeof(path), why, sizeof(why)), 0);
+    name_of(want, sizeof(want), dir, cases[i][0]);
+    ck_assert_str_eq(path, want);
+    tstate_blank(&got, HASH);
+    ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+    expect_same(&got, &t);
+  }
+  /* The newest of them all is the UINT64_MAX one. */
+  tstate_blank(&got, HASH);
+  ck_assert_int_eq(
+      gs_checkpoint_load_latest(dir, &got.st, NULL, path, sizeof(path), why, sizeof(why)), 0);
+  ck_assert_uint_eq(got.st.step, UINT64_MAX);
+  ck_assert_uint_eq(got.st.epoch, UINT64_MAX - 1);
+  rm_dir(dir);
+}
+END_TEST
+
+/* A buffer of many MiB goes through the 1 MiB scratch in several pieces. */
+START_TEST(large_buffer)
+{
+  const uint64_t n = (5u << 20) / 4 + 13;
+  float *data = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
+  char *dir = make_dir(), path[PATH_MAX], why[512];
+  gs_ckpt_buffer_t b = {data, n}, bb = {back, n};
+  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b}, in = {0, 0, 0, HASH, 1, &bb};
+
+  ck_assert_ptr_nonnull(data);
+  ck_assert_ptr_nonnull(back);
+  for (uint64_t i = 0; i < n; i++)
+    data[i] = (float)i * 0.25f - 3.0f;
+  memset(back, 0, n * sizeof(float));
+  ck_assert_int_eq(gs_checkpoint_save(dir, &st, 1, path, sizeof(path), why, sizeof(why)), 0);
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &in, why, sizeof(why)), 0);
+  ck_assert(memcmp(data, back, n * sizeof(float)) == 0);
+  ck_assert_uint_eq(in.step, 42);
+  free(data);
+  free(back);
+  rm_dir(dir);
+}
+END_TEST
+
+static uint32_t count_entries(const char *dir)
+{
+  char cmd[PATH_MAX + 64];
+  uint32_t n = 0;
+  FILE *p;
+  int c;
+
+  snprintf(cmd, sizeof(cmd), "ls -A '%s'", dir);
+  p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  while ((c = fgetc(p)) != EOF)
+    n += c == '\n';
+  pclose(p);
+  return n;
+}
+
+START_TEST(retention)
+{
+  char *dir = make_dir(), path[PATH_MAX];
+  tstate_t t;
+
+  for (uint64_t step = 1; step <= 5; step++) {
+    tstate_fill(&t, step * 100, (uint32_t)step);
+    save(dir, &t, 2);
+  }
+  for (uint64_t step = 1; step <= 5; step++) {
+    name_of(path, sizeof(path), dir, step * 100);
+    ck_assert_msg(exists(path) == (step >= 4), "step %llu", (unsigned long long)step * 100);
+  }
+  ck_assert_uint_eq(count_entries(dir), 2); /* no .tmp left behind either */
+
+  /* keep 0 removes nothing. */
+  tstate_fill(&t, 600, 6);
+  save(dir, &t, 0);
+  ck_assert_uint_eq(count_entries(dir), 3);
+
+  /* A save below the newest file (after a restore from an older one) keeps
+   * itself and the newer file, and prunes only older ones. */
+  tstate_fill(&t, 450, 7);
+  save(dir, &t, 1);
+  ck_assert_uint_eq(count_entries(dir), 3); /* 450, 500, 600 */
+  name_of(path, sizeof(path), dir, 400);
+  ck_assert(!exists(path));
+  name_of(path, sizeof(path), dir, 450);
+  ck_assert(exists(path));
+  name_of(path, sizeof(path), dir, 600);
+  ck_assert(exists(path));
+  tstate_fill(&t, 700, 8);
+  save(dir, &t, 1);
+  ck_assert_uint_eq(count_entries(dir), 1);
+  rm_dir(dir);
+}
+END_TEST
+
+/* Saves a good step 100 and a different step 200 in a fresh directory. */
+static char *two_checkpoints(tstate_t *old, tstate_t *newer, char *newest, size_t len)
+{
+  char *dir = make_dir();
+
+  tstate_fill(old, 100, 1);
+  tstate_fill(newer, 200, 2);
+  save(dir, old, 0);
+  save(dir, newer, 0);
+  name_of(newest, len, dir, 200);
+  return dir;
+}
+
+/* One byte changed in each region of the newest file: the header fields,
+ * a count, data of each buffer, the CRC and the end magic. */
+START_TEST(corrupt_byte_falls_back)
+{
+  static const struct {
+    long off; /* negative: from the end */
+    const char *reason;
+  } cases[] = {
+      {0, "bad magic"},
+      {7, "bad magic"},
+      {8, "format version"},
+      {12, "20 buffers, expected 4"},
+      {16, "CRC mismatch"}, /* step */
+      {24, "CRC mismatch"}, /* epoch */
+      {39, "CRC mismatch"}, /* rng_state */
+      {40, "layout hash"},
+      {48, "buffer 0 has"},
+      {60, "CRC mismatch"},                         /* buffer 0 data */
+      {48 + 8 + 28 + 8 + 8 + 2000, "CRC mismatch"}, /* middle of buffer 2 */
+      {-13, "CRC mismatch"},                        /* last data byte */
+      {-12, "CRC mismatch"},
+      {-9, "CRC mismatch"},
+      {-8, "bad end magic"},
+      {-1, "bad end magic"},
+  };
+  char newest[PATH_MAX], what[64];
+  tstate_t old, newer;
+
+  for (uint32_t i = 0; i < COUNT(cases); i++) {
+    char *dir = two_checkpoints(&old, &newer, newest, sizeof(newest));
+    long off = cases[i].off < 0 ? file_size(newest) + cases[i].off : cases[i].off;
+
+    xor_byte(newest, off, 0x10);
+    snprintf(what, sizeof(what), "byte %ld", off);
+    expect_fallback(dir, 200, cases[i].reason, &old, 100, what);
+    rm_dir(dir);
+  }
+}
+END_TEST
+
+/* Every byte of a small file, three different flips each: no single
+ * changed byte gets through. */
+START_TEST(every_byte_checked)
+{
+  static const uint8_t masks[] = {0x01, 0x80, 0xff};
+  float a[3] = {1.0f, -2.0f, 3.5f}, b[3] = {9.0f, 8.0f, 7.0f}, got[3];
+  gs_ckpt_buffer_t ba[2] = {{a, 3}, {NULL, 0}}, bb[2] = {{b, 3}, {NULL, 0}};
+  gs_ckpt_buffer_t bg[2] = {{got, 3}, {NULL, 0}};
+  gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba}, sb = {2, 0, 6, HASH, 2, bb};
+  char *dir = make_dir(), path[PATH_MAX], why[512];
+  FILE *devnull = fopen("/dev/null", "w");
+  gs_log_t quiet = {GS_LOG_WARN, devnull, "test"};
+  long size;
+
+  ck_assert_ptr_nonnull(devnull);
+  ck_assert_int_eq(gs_checkpoint_save(dir, &sa, 0, NULL, 0, why, sizeof(why)), 0);
+  ck_assert_int_eq(gs_checkpoint_save(dir, &sb, 0, path, sizeof(path), why, sizeof(why)), 0);
+  size = file_size(path);
+  ck_assert_int_eq(size, 48 + 8 + 12 + 8 + 12);
+  for (long off = 0; off < size; off++) {
+    for (uint32_t m = 0; m < COUNT(masks); m++) {
+      gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg};
+      int err;
+
+      memset(got, 0, sizeof(got));
+      xor_byte(path, off, masks[m]);
+      err = gs_checkpoint_load_latest(dir, &sg, &quiet, NULL, 0, why, sizeof(why));
+      ck_assert_msg(err == 0 && sg.step == 1 && sg.rng_state == 5, "byte %ld ^ 0x%02x: step %llu",
+                    off, masks[m], (unsigned long long)sg.step);
+      ck_assert(memcmp(got, a, sizeof(a)) == 0);
+      xor_byte(path, off, masks[m]);
+    }
+  }
+  fclose(devnull);
+  rm_dir(dir);
+}
+END_TEST
+
+/* A file failing the CRC is verified before anything reaches the
+ * caller's buffers, so they keep their contents. */
+START_TEST(corrupt_leaves_buffers)
+{
+  char newest[PATH_MAX], oldest[PATH_MAX], why[512] = "";
+  tstate_t old, newer, got, blank;
+  char *dir = two_checkpoints(&old, &newer, newest, sizeof(newest));
+  tlog_t l;
+
+  xor_byte(newest, 48 + 8 + 28 + 8 + 8 + 3999, 0x01); /* last byte of buffer 2 */
+  tstate_blank(&got, HASH);
+  tstate_blank(&blank, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_file(newest, &got.st, why, sizeof(why)), GS_EPROTO);
+  ck_assert_msg(strstr(why, newest) && strstr(why, "CRC mismatch (file 0x"), "%s", why);
+  ck_assert(memcmp(&got, &blank, offsetof(tstate_t, bufs)) == 0);
+  ck_assert_uint_eq(got.st.step, blank.st.step);
+
+  /* With no valid file at all, GS_ENOTFOUND leaves the buffers alone too. */
+  name_of(oldest, sizeof(oldest), dir, 100);
+  ck_assert_int_eq(unlink(oldest), 0);
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, NULL, 0, why, sizeof(why)), GS_ENOTFOUND);
+  ck_assert_msg(strstr(why, dir) && strstr(why, "1 skipped"), "%s", why);
+  ck_assert(memcmp(&got, &blank, offsetof(tstate_t, bufs)) == 0);
+  tlog_close(&l);
+  rm_dir(dir);
+}
+END_TEST
+
+START_TEST(truncated_skipped)
+{
+  char newest[PATH_MAX], what[64];
+  tstate_t old, newer;
+  char *dir = two_checkpoints(&old, &newer, newest, sizeof(newest));
+  long size = file_size(newest);
+  const long cuts[] = {0, 1, 8, 47, 48, 55, 56, 60, 100, size / 2, size - 13, size - 12, size - 1};
+
+  for (uint32_t i = 0; i < COUNT(cuts); i++) {
+    ck_assert_int_eq(truncate(newest, cuts[i]), 0);
+    snprintf(what, sizeof(what), "cut at %ld", cuts[i]);
+    expect_fallback(dir, 200, "truncated", &old, 100, what);
+    save(dir, &newer, 0); /* whole again */
+  }
+  /* A byte too many is refused as well. */
+  ck_assert_int_eq(truncate(newest, size + 1), 0);
+  expect_fallback(dir, 200, "trailing bytes", &old, 100, "one byte appended");
+  rm_dir(dir);
+}
+END_TEST
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+  FILE *f = fopen(path, "wb");
+
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+  fclose(f);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+  char *data;
+  long size = file_size(from);
+  FILE *f = fopen(from, "rb");
+
+  ck_assert_ptr_nonnull(f);
+  data = malloc((size_t)size);
+  ck_assert_uint_eq(fread(data, 1, (size_t)size, f), (size_t)size);
+  fclose(f);
+  write_file(to, data, (size_t)size);
+  free(data);
+}
+
+/* Leftover .tmp files (complete or torn) and other names are not read. */
+START_TEST(strays_ignored)
+{
+  char *dir = make_dir(), path[PATH_MAX], src[PATH_MAX], why[512] = "";
+  tstate_t t, newer, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  tstate_fill(&newer, 300, 3);
+  save(dir, &t, 0);
+  save(dir, &newer, 0);
+  name_of(src, sizeof(src), dir, 300);
+  /* A valid file under names the loader must not take. */
+  snprintf(path, sizeof(path), "%s/.ckpt-000000000300.tmp", dir);
+  ck_assert_int_eq(rename(src, path), 0);
+  snprintf(src, sizeof(src), "%s/ckpt-300.gsck", dir);
+  copy_file(path, src);
+  snprintf(src, sizeof(src), "%s/ckpt-000000000300.gsck.bak", dir);
+  copy_file(path, src);
+  snprintf(path, sizeof(path), "%s/.ckpt-000000000400.tmp", dir);
+  write_file(path, "GSCKPT", 6);
+  snprintf(path, sizeof(path), "%s/notes.txt", dir);
+  write_file(path, "hello", 5);
+  snprintf(path, sizeof(path), "%s/ckpt-000000000900.gsck", dir);
+  ck_assert_int_eq(mkdir(path, 0755), 0); /* a directory under a valid name */
+
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, path, sizeof(path), why, sizeof(why)), 0);
+  expect_same(&got, &t);
+  ck_assert_msg(strstr(tlog_text(&l), "ckpt-000000000900.gsck: not a regular file, skipped"), "%s",
+                tlog_text(&l));
+  ck_assert_msg(!strstr(tlog_text(&l), ".tmp") && !strstr(tlog_text(&l), "ckpt-300"), "%s",
+                tlog_text(&l));
+  tlog_close(&l);
+  rm_dir(dir);
+}
+END_TEST
+
+/* A file renamed to another step's name is refused. */
+START_TEST(renamed_refused)
+{
+  char *dir = make_dir(), from[PATH_MAX], to[PATH_MAX];
+  tstate_t t, newer;
+
+  tstate_fill(&t, 100, 1);
+  tstate_fill(&newer, 200, 2);
+  save(dir, &t, 0);
+  save(dir, &newer, 0);
+  name_of(from, sizeof(from), dir, 200);
+  name_of(to, sizeof(to), dir, 500);
+  ck_assert_int_eq(rename(from, to), 0);
+  expect_fallback(dir, 500, "holds step 200, not the step its name says", &t, 100, "renamed");
+  rm_dir(dir);
+}
+END_TEST
+
+START_TEST(layout_mismatch)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[512] = "";
+  tstate_t t, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 100);
+
+  tstate_blank(&got, HASH ^ 1);
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPRECOND);
+  ck_assert_msg(strstr(why, path) && strstr(why, "layout hash 0x0123456789abcdef differs from the "
+                                                 "expected 0x0123456789abcdee"),
+                "%s", why);
+
+  tlog_open(&l);
+  ck_assert_int_eq(gs_checkpoint_load_latest(dir, &got.st, &l.log, NULL, 0, why, sizeof(why)),
+                   GS_ENOTFOUND);
+  ck_assert_msg(strstr(why, dir) && strstr(why, "1 skipped"), "%s", why);
+  ck_assert_msg(strstr(tlog_text(&l), "layout hash"), "%s", tlog_text(&l));
+  tlog_close(&l);
+
+  /* A newer file of another layout is passed over for an older match. */
+  tstate_fill(&t, 200, 2);
+  t.st.layout_hash = HASH ^ 1;
+  save(dir, &t, 0);
+  tstate_fill(&t, 100, 1);
+  expect_fallback(dir, 200, "layout hash", &t, 100, "newer file of another layout");
+  rm_dir(dir);
+}
+END_TEST
+
+START_TEST(wrong_counts)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[512] = "";
+  tstate_t t, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 100);
+
+  /* Buffer 2 expected one element shorter. */
+  tstate_blank(&got, HASH);
+  got.bufs[2].count--;
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPRECOND);
+  ck_assert_msg(strstr(why, path) && strstr(why, "buffer 2 has 1000 elements, expected 999"), "%s",
+                why);
+  tlog_open(&l);
+  ck_assert_int_eq(gs_checkpoint_load_latest(dir, &got.st, &l.log, NULL, 0, why, sizeof(why)),
+                   GS_ENOTFOUND);
+  ck_assert_msg(strstr(tlog_text(&l), "buffer 2 has 1000 elements, expected 999, skipped"), "%s",
+                tlog_text(&l));
+  tlog_close(&l);
+
+  /* The empty buffer expected non-empty. */
+  tstate_blank(&got, HASH);
+  got.bufs[1] = (gs_ckpt_buffer_t){got.d, 1};
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPRECOND);
+  ck_assert_msg(strstr(why, "buffer 1 has 0 elements, expected 1"), "%s", why);
+
+  /* One buffer fewer. */
+  tstate_blank(&got, HASH);
+  got.st.nbuf = 3;
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPRECOND);
+  ck_assert_msg(strstr(why, "4 buffers, expected 3"), "%s", why);
+  rm_dir(dir);
+}
+END_TEST
+
+START_TEST(empty_or_missing_dir)
+{
+  char *dir = make_dir(), sub[PATH_MAX], why[512] = "";
+  tstate_t got, t;
+  tlog_t l;
+
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, NULL, 0, why, sizeof(why)), GS_ENOTFOUND);
+  ck_assert_msg(strstr(why, dir) && strstr(why, "no checkpoint files"), "%s", why);
+  snprintf(sub, sizeof(sub), "%s/missing", dir);
+  ck_assert_int_eq(load_latest(sub, &got, &l, NULL, 0, why, sizeof(why)), GS_ENOTFOUND);
+  ck_assert_msg(strstr(why, sub), "%s", why);
+  ck_assert_int_eq(gs_checkpoint_load_file(sub, &got.st, why, sizeof(why)), GS_ENOTFOUND);
+  ck_assert_str_eq(tlog_text(&l), "");
+  tlog_close(&l);
+
+  /* Save creates missing parents, with or without a trailing slash. */
+  snprintf(sub, sizeof(sub), "%s/a/b/c/", dir);
+  tstate_fill(&t, 5, 5);
+  save(sub, &t, 3);
+  snprintf(sub, sizeof(sub), "%s/a/b/c/ckpt-000000000005.gsck", dir);
+  ck_assert(exists(sub));
+  rm_dir(dir);
+}
+END_TEST
+
+/* Saves into `dir` and expects an error naming `want`, in a child that
+ * drops root (root ignores permissions) when the test runs as root. */
+static void expect_save_denied(const char *dir, const char *want)
+{
+  int fds[2], status;
+  char why[512] = "";
+  ssize_t n;
+  pid_t pid;
+
+  ck_assert_int_eq(pipe(fds), 0);
+  pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    tstate_t t;
+    int err;
+
+    close(fds[0]);
+    if (geteuid() == 0 && (setgid(NOBODY) != 0 || setuid(NOBODY) != 0))
+      _exit(100);
+    tstate_fill(&t, 100, 1);
+    err = gs_checkpoint_save(dir, &t.st, 0, NULL, 0, why, sizeof(why));
+    if (write(fds[1], why, strlen(why)) < 0)
+      _exit(101);
+    _exit(-err & 0xff);
+  }
+  close(fds[1]);
+  n = read(fds[0], why, sizeof(why) - 1);
+  why[n > 0 ? n : 0] = '\0';
+  close(fds[0]);
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 100)
+    return; /* no way to drop root here: nothing to test */
+  ck_assert_int_eq(WEXITSTATUS(status), -GS_EPERM & 0xff);
+  ck_assert_msg(strstr(why, want) && strstr(why, "Permission denied"), "%s", why);
+}
+
+START_TEST(unwritable_dir)
+{
+  char *dir = make_dir(), ro[256], sub[PATH_MAX], file[PATH_MAX], why[512] = "";
+  tstate_t t;
+
+  snprintf(ro, sizeof(ro), "%s/ro", dir);
+  ck_assert_int_eq(mkdir(ro, 0755), 0);
+  if (geteuid() == 0) { /* let the child, as nobody, reach and own ro */
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    ck_assert_int_eq(chown(ro, NOBODY, NOBODY), 0);
+  }
+  ck_assert_int_eq(chmod(ro, 0500), 0);
+  snprintf(file, sizeof(file), "%s/.ckpt-000000000100.tmp", ro);
+  expect_save_denied(ro, file);
+  snprintf(sub, sizeof(sub), "%s/sub", ro);
+  expect_save_denied(sub, sub); /* mkdir of the missing directory fails */
+  ck_assert_uint_eq(count_entries(ro), 0);
+
+  /* A regular file in the way of the directory. */
+  snprintf(file, sizeof(file), "%s/plain", dir);
+  write_file(file, "x", 1);
+  snprintf(sub, sizeof(sub), "%s/plain/ckpts", dir);
+  tstate_fill(&t, 1, 1);
+  ck_assert_int_ne(gs_checkpoint_save(sub, &t.st, 0, NULL, 0, why, sizeof(why)), 0);
+  ck_assert_msg(strstr(why, file) && strstr(why, "mkdir"), "%s", why);
+  ck_assert_int_ne(gs_checkpoint_save(file, &t.st, 0, NULL, 0, why, sizeof(why)), 0);
+  ck_assert_msg(strstr(why, file) && strstr(why, "not a directory"), "%s", why);
+  rm_dir(dir);
+}
+END_TEST
+
+START_TEST(bad_arguments)
+{
+  char *dir = make_dir(), why[512] = "";
+  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL};
+  gs_ckpt_buffer_t b = {NULL, 3};
+  gs_ckpt_buffer_t huge = {(float *)&b, UINT64_MAX / 2};
+
+  ck_assert_int_eq(gs_checkpoint_save(dir, NULL, 0, NULL, 0, why, sizeof(why)), GS_EINVAL);
+  ck_assert_int_eq(gs_checkpoint_save(NULL, &st, 0, NULL, 0, why, sizeof(why)), GS_EINVAL);
+  ck_assert_int_eq(gs_checkpoint_save(dir, &st, 0, NULL, 0, why, sizeof(why)), GS_EINVAL);
+  st.nbuf = 1;
+  st.bufs = &b;
+  ck_assert_int_eq(gs_checkpoint_save(dir, &st, 0, NULL, 0, why, sizeof(why)), GS_EINVAL);
+  ck_assert_msg(strstr(why, "buffer 0 has 3 elements but no data"), "%s", why);
+  st.bufs = &huge;
+  ck_assert_int_eq(gs_checkpoint_save(dir, &st, 0, NULL, 0, why, sizeof(why)), GS_ERANGE);
+  ck_assert_int_eq(gs_checkpoint_load_latest(dir, &st, NULL, NULL, 0, why, sizeof(why)), GS_ERANGE);
+  ck_assert_uint_eq(count_entries(dir), 0);
+  /* why may be NULL. */
+  ck_assert_int_eq(gs_checkpoint_save(dir, NULL, 0, NULL, 0, NULL, 0), GS_EINVAL);
+  rm_dir(dir);
+}
+END_TEST
+
+/* Copies the first ```python block of docs/checkpoint.md into `out`;
+ * false if the doc is not where this source file says. */
+static bool extract_reader(const char *out)
+{
+  char doc[PATH_MAX], line[1024];
+  const char *slash = strrchr(__FILE__, '/');
+  bool in = false, done = false;
+  FILE *f, *o;
+
+  /* __FILE__ is .../tests/test_checkpoint.c; the doc is .../docs/. */
+  snprintf(doc, sizeof(doc), "%.*s../docs/checkpoint.md", slash ? (int)(slash - __FILE__ + 1) : 0,
+           __FILE__);
+  f = fopen(doc, "r");
+  if (!f)
+    return false;
+  o = fopen(out, "w");
+  ck_assert_ptr_nonnull(o);
+  while (!done && fgets(line, sizeof(line), f)) {
+    if (!in)
+      in = strcmp(line, "```python\n") == 0;
+    else if (strcmp(line, "```\n") == 0)
+      done = true;
+    else
+      fputs(line, o);
+  }
+  fclose(f);
+  fclose(o);
+  ck_assert_msg(done, "%s has no complete ```python block", doc);
+  return true;
+}
+
+static void expect_token(FILE *f, const char *want)
+{
+  char tok[64];
+
+  ck_assert_int_eq(fscanf(f, "%63s", tok), 1);
+  ck_assert_str_eq(tok, want);
+}
+
+static unsigned long long read_ull(FILE *f)
+{
+  unsigned long long v;
+
+  ck_assert_int_eq(fscanf(f, "%llu", &v), 1);
+  return v;
+}
+
+/* Checks that the Python reader printed exactly `t`'s contents. */
+static void expect_python_output(FILE *f, const tstate_t *t)
+{
+  expect_token(f, "step");
+  ck_assert_uint_eq(read_ull(f), t->st.step);
+  expect_token(f, "epoch");
+  ck_assert_uint_eq(read_ull(f), t->st.epoch);
+  expect_token(f, "rng_state");
+  ck_assert_uint_eq(read_ull(f), t->st.rng_state);
+  expect_token(f, "layout_hash");
+  ck_assert_uint_eq(read_ull(f), t->st.layout_hash);
+  for (uint32_t i = 0; i < t->st.nbuf; i++) {
+    expect_token(f, "buffer");
+    ck_assert_uint_eq(read_ull(f), i);
+    ck_assert_uint_eq(read_ull(f), t->bufs[i].count);
+    for (uint64_t j = 0; j < t->bufs[i].count; j++) {
+      float want = t->bufs[i].data[j], got;
+      char tok[64];
+
+      ck_assert_int_eq(fscanf(f, "%63s", tok), 1);
+      got = strtof(tok, NULL); /* float.hex() is exact */
+      if (want != want)
+        ck_assert_msg(strcmp(tok, "nan") == 0, "buffer %u[%llu]: %s, want NaN", i,
+                      (unsigned long long)j, tok);
+      else
+        ck_assert_msg(to_bits(got) == to_bits(want), "buffer %u[%llu]: %s, want 0x%08x", i,
+                      (unsigned long long)j, tok, to_bits(want));
+    }
+  }
+  ck_assert_int_eq(fscanf(f, "%*s"), EOF);
+}
+
+START_TEST(python_reader)
+{
+  char *dir = make_dir(), script[PATH_MAX], out[PATH_MAX], ckpt[PATH_MAX], cmd[4 * PATH_MAX];
+  tstate_t t;
+  FILE *f;
+
+  if (access(PYTHON, X_OK) != 0) {
+    fprintf(stderr, "python_reader: no %s, skipped\n", PYTHON);
+    rm_dir(dir);
+    return;
+  }
+  snprintf(script, sizeof(script), "%s/reader.py", dir);
+  if (!extract_reader(script)) {
+    fprintf(stderr, "python_reader: docs/checkpoint.md not found from %s, skipped\n", __FILE__);
+    rm_dir(dir);
+    return;
+  }
+  tstate_fill(&t, 1234, 9);
+  t.st.rng_state = UINT64_MAX;
+  save(dir, &t, 0);
+  name_of(ckpt, sizeof(ckpt), dir, 1234);
+  snprintf(out, sizeof(out), "%s/out.txt", dir);
+  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
+  ck_assert_int_eq(system(cmd), 0);
+  f = fopen(out, "r");
+  ck_assert_ptr_nonnull(f);
+  expect_python_output(f, &t);
+  fclose(f);
+
+  /* The reader refuses a corrupt file too. */
+  xor_byte(ckpt, 48 + 8 + 5, 0x04);
+  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > /dev/null 2>&1", PYTHON, script, ckpt);
+  ck_assert_int_ne(system(cmd), 0);
+  rm_dir(dir);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *test)
+{
+  TCase *tc = tcase_create(name);
+
+  tcase_add_test(tc, test);
+  return tc;
+}
+
+static Suite *checkpoint_suite(void)
+{
+  Suite *s = suite_create("checkpoint");
+
+  suite_add_tcase(s, tcase("round_trip", round_trip));
+  suite_add_tcase(s, tcase("position_round_trip", position_round_trip));
+  suite_add_tcase(s, tcase("large_buffer", large_buffer));
+  suite_add_tcase(s, tcase("retention", retention));
+  suite_add_tcase(s, tcase("corrupt_byte_falls_back", corrupt_byte_falls_back));
+  suite_add_tcase(s, tcase("every_byte_checked", every_byte_checked));
+  suite_add_tcase(s, tcase("corrupt_leaves_buffers", corrupt_leaves_buffers));
+  suite_add_tcase(s, tcase("truncated_skipped", truncated_skipped));
+  suite_add_tcase(s, tcase("strays_ignored", strays_ignored));
+  suite_add_tcase(s, tcase("renamed_refused", renamed_refused));
+  suite_add_tcase(s, tcase("layout_mismatch", layout_mismatch));
+  suite_add_tcase(s, tcase("wrong_counts", wrong_counts));
+  suite_add_tcase(s, tcase("empty_or_missing_dir", empty_or_missing_dir));
+  suite_add_tcase(s, tcase("unwritable_dir", unwritable_dir));
+  suite_add_tcase(s, tcase("bad_arguments", bad_arguments));
+  suite_add_tcase(s, tcase("python_reader", python_reader));
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(checkpoint_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

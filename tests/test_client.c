@@ -1,0 +1,734 @@
+/* Tests for agent/client.c and agent/heartbeat.c against the real
+ * coordinator binary (started by the harness on free ports): rendezvous,
+ * blobs, pack lists, refused calls, deadlines, reconnecting, resending,
+ * stale replies, and the heartbeat thread's directives and aborts. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client.h"
+#include "harness.h"
+#include "heartbeat.h"
+
+#define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
+
+static const gs_log_t quiet = {.level = GS_LOG_ERROR, .component = "test"};
+
+static uint64_t now_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(unsigned ms)
+{
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+
+  nanosleep(&ts, NULL);
+}
+
+static gs_client_config_t client_config(uint16_t port, const char *job, const char *token)
+{
+  gs_client_config_t cfg = {.port = port, .token = token, .job = job, .log = &quiet};
+
+  snprintf(cfg.host, sizeof(cfg.host), "127.0.0.1");
+  return cfg;
+}
+
+static gs_client_t *new_client(uint16_t port, const char *job, const char *token)
+{
+  gs_client_config_t cfg = client_config(port, job, token);
+  gs_client_t *cl = gs_client_new(&cfg);
+
+  ck_assert_ptr_nonnull(cl);
+  return cl;
+}
+
+/* A port nothing listens on (bound once by us, then released). */
+static uint16_t reserve_port(void)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* Joins a world of one and returns its generation. */
+static uint64_t join_alone(gs_client_t *cl, const char *node)
+{
+  gradsync_JoinRequest req = th_join_request("x", 1, node, 0);
+  gs_join_result_t r;
+  uint64_t g;
+
+  ck_assert_msg(gs_client_join(cl, &req, 5000, &r) == 0, "join: %s", gs_client_error(cl));
+  g = r.generation;
+  gs_join_result_free(&r);
+  return g;
+}
+
+/* One agent joining from its own thread. */
+typedef struct joiner {
+  pthread_t thread;
+  uint16_t port;
+  const char *job;
+  const char *node;
+  uint32_t world;
+  uint64_t timeout_ms;
+  gs_client_t *cl; /* kept open after the join: its connection is the rank */
+  gs_join_result_t r;
+  int err;
+  uint64_t elapsed_ms;
+  char error[768];
+} joiner_t;
+
+static void *join_thread(void *arg)
+{
+  joiner_t *j = arg;
+  gradsync_JoinRequest req = th_join_request("x", j->world, j->node, 0);
+  uint64_t t0 = now_ms();
+
+  j->err = gs_client_join(j->cl, &req, j->timeout_ms, &j->r);
+  j->elapsed_ms = now_ms() - t0;
+  snprintf(j->error, sizeof(j->error), "%s", gs_client_error(j->cl));
+  return NULL;
+}
+
+static void joiner_start(joiner_t *j, uint16_t port, const char *job, const char *node,
+                         uint32_t world, uint64_t timeout_ms)
+{
+  memset(j, 0, sizeof(*j));
+  j->port = port;
+  j->job = job;
+  j->node = node;
+  j->world = world;
+  j->timeout_ms = timeout_ms;
+  j->cl = new_client(port, job, NULL);
+  ck_assert_int_eq(pthread_create(&j->thread, NULL, join_thread, j), 0);
+}
+
+static void joiner_wait(joiner_t *j)
+{
+  ck_assert_int_eq(pthread_join(j->thread, NULL), 0);
+  ck_assert_msg(j->err == 0, "join of node %s: %s: %s", j->node, gs_err_name(j->err), j->error);
+}
+
+static void joiner_free(joiner_t *j)
+{
+  gs_join_result_free(&j->r);
+  gs_client_free(j->cl);
+  j->cl = NULL;
+}
+
+START_TEST(join_world1)
+{
+  th_coord_t co;
+  gs_client_t *cl;
+  gradsync_JoinRequest req;
+  gs_join_result_t r;
+
+  th_coord_start(&co, "--heartbeat-interval", "250ms", "--heartbeat-timeout", "3s", NULL);
+  cl = new_client(co.rpc_port, "solo", NULL);
+  req = th_join_request("overwritten", 1, "nodeA", 0);
+  req.bcast_period = 5;
+  ck_assert_msg(gs_client_join(cl, &req, 5000, &r) == 0, "%s", gs_client_error(cl));
+  ck_assert_str_eq(req.job, "solo");
+  ck_assert_uint_eq(r.rank, 0);
+  ck_assert_uint_eq(r.world_size, 1);
+  ck_assert_uint_eq(r.generation, 1);
+  ck_assert_int_eq(r.bcast_period, 5);
+  ck_assert_uint_eq(r.heartbeat_interval_ms, 250);
+  ck_assert_uint_eq(r.heartbeat_timeout_ms, 3000);
+  ck_assert_ptr_nonnull(r.peers);
+  ck_assert_uint_eq(r.peers[0].rank, 0);
+  ck_assert_str_eq(r.peers[0].node, "nodeA");
+  ck_assert_str_eq(r.peers[0].device, "cpu");
+  ck_assert_str_eq(r.peers[0].comm_addr, "nodeA:9000");
+  gs_join_result_free(&r);
+  ck_assert_ptr_null(r.peers);
+  gs_client_free(cl);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(join_world2_threads)
+{
+  th_coord_t co;
+  joiner_t j[2];
+
+  th_coord_start(&co, NULL);
+  /* "b" arrives first but sorts second. */
+  joiner_start(&j[0], co.rpc_port, "pair", "b", 2, 5000);
+  sleep_ms(50);
+  joiner_start(&j[1], co.rpc_port, "pair", "a", 2, 5000);
+  joiner_wait(&j[0]);
+  joiner_wait(&j[1]);
+  ck_assert_uint_eq(j[1].r.rank, 0);
+  ck_assert_uint_eq(j[0].r.rank, 1);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_uint_eq(j[i].r.world_size, 2);
+    ck_assert_uint_eq(j[i].r.generation, 1);
+    ck_assert_str_eq(j[i].r.peers[0].comm_addr, "a:9000");
+    ck_assert_str_eq(j[i].r.peers[1].comm_addr, "b:9000");
+    ck_assert_str_eq(j[i].r.peers[1].node, "b");
+    ck_assert_uint_eq(j[i].r.peers[1].rank, 1);
+    joiner_free(&j[i]);
+  }
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+/* A Fetch from its own thread. */
+typedef struct fetcher {
+  pthread_t thread;
+  gs_client_t *cl;
+  uint64_t generation;
+  const char *key;
+  uint8_t value[64];
+  size_t len;
+  int err;
+  uint64_t elapsed_ms;
+} fetcher_t;
+
+static void *fetch_thread(void *arg)
+{
+  fetcher_t *f = arg;
+  uint64_t t0 = now_ms();
+
+  f->err = gs_client_fetch(f->cl, f->generation, f->key, f->value, sizeof(f->value), &f->len, 5000);
+  f->elapsed_ms = now_ms() - t0;
+  return NULL;
+}
+
+START_TEST(publish_fetch)
+{
+  th_coord_t co;
+  gs_client_t *a, *b;
+  uint8_t blob[128], got[256], small[16];
+  fetcher_t f = {0};
+  size_t len = 0;
+  uint64_t g;
+
+  th_coord_start(&co, NULL);
+  a = new_client(co.rpc_port, "blobs", NULL);
+  b = new_client(co.rpc_port, "blobs", NULL);
+  g = join_alone(a, "n0");
+  for (size_t i = 0; i < sizeof(blob); i++)
+    blob[i] = (uint8_t)(i * 37 + 11);
+  ck_assert_msg(gs_client_publish(a, g, "nccl-id", blob, sizeof(blob), 2000) == 0, "%s",
+                gs_client_error(a));
+  ck_assert_msg(gs_client_fetch(b, g, "nccl-id", got, sizeof(got), &len, 2000) == 0, "%s",
+                gs_client_error(b));
+  ck_assert_uint_eq(len, sizeof(blob));
+  ck_assert_mem_eq(got, blob, sizeof(blob));
+  /* A buffer too small says how much is needed. */
+  ck_assert_int_eq(gs_client_fetch(b, g, "nccl-id", small, sizeof(small), &len, 2000), GS_ERANGE);
+  ck_assert_uint_eq(len, sizeof(blob));
+  ck_assert_ptr_nonnull(strstr(gs_client_error(b), "nccl-id"));
+
+  /* A fetch that waits for a later publish. */
+  f.cl = b;
+  f.generation = g;
+  f.key = "late";
+  ck_assert_int_eq(pthread_create(&f.thread, NULL, fetch_thread, &f), 0);
+  sleep_ms(300);
+  ck_assert_msg(gs_client_publish(a, g, "late", "hello", 5, 2000) == 0, "%s", gs_client_error(a));
+  ck_assert_int_eq(pthread_join(f.thread, NULL), 0);
+  ck_assert_msg(f.err == 0, "%s", gs_client_error(b));
+  ck_assert_uint_eq(f.len, 5);
+  ck_assert_mem_eq(f.value, "hello", 5);
+  ck_assert_uint_ge(f.elapsed_ms, 250);
+  gs_client_free(a);
+  gs_client_free(b);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(packlist_roundtrip)
+{
+  static const gs_param_desc_t params[] = {
+      {"emb.weight", 1000, GS_DTYPE_FLOAT32}, {"fc1.weight", 4096, GS_DTYPE_FLOAT32},
+      {"fc1.bias", 64, GS_DTYPE_FLOAT32},     {"fc2.weight", 2048, GS_DTYPE_FLOAT16},
+      {"fc2.bias", 32, GS_DTYPE_FLOAT16},     {"out.weight", 640, GS_DTYPE_FLOAT32},
+  };
+  th_coord_t co;
+  gs_client_t *r0, *r1;
+  gs_packlist_t list, got;
+  gs_param_desc_t *gp = NULL;
+  uint32_t n = 0;
+  uint64_t g;
+
+  th_coord_start(&co, NULL);
+  r0 = new_client(co.rpc_port, "packs", NULL);
+  r1 = new_client(co.rpc_port, "packs", NULL);
+  g = join_alone(r0, "n0"); /* th_join_request's signature has 6 params */
+  ck_assert_int_eq(gs_packlist_compute(params, COUNT(params), 8192, &list), 0);
+  ck_assert_uint_gt(list.pack_count, 2);
+  /* Only rank 0 may publish. */
+  ck_assert_int_eq(gs_client_publish_packlist(r1, g, 1, &list, params, COUNT(params), 2000),
+                   GS_EPERM);
+  ck_assert_msg(gs_client_publish_packlist(r0, g, 0, &list, params, COUNT(params), 2000) == 0, "%s",
+                gs_client_error(r0));
+  ck_assert_msg(gs_client_fetch_packlist(r1, g, &got, &gp, &n, 2000) == 0, "%s",
+                gs_client_error(r1));
+  ck_assert_uint_eq(got.threshold_bytes, 8192);
+  ck_assert_uint_eq(got.pack_count, list.pack_count);
+  ck_assert_uint_eq(got.param_count, list.param_count);
+  ck_assert_mem_eq(got.pack_sizes, list.pack_sizes, list.pack_count * sizeof(uint32_t));
+  ck_assert_mem_eq(got.order, list.order, list.param_count * sizeof(uint32_t));
+  ck_assert_uint_eq(n, COUNT(params));
+  for (uint32_t i = 0; i < n; i++) {
+    ck_assert_str_eq(gp[i].name, params[i].name);
+    ck_assert_uint_eq(gp[i].elements, params[i].elements);
+    ck_assert_int_eq(gp[i].dtype, params[i].dtype);
+  }
+  gs_client_params_free(gp, n);
+  gs_packlist_free(&got);
+  gs_packlist_free(&list);
+  gs_client_free(r0);
+  gs_client_free(r1);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(refused_call)
+{
+  th_coord_t co;
+  gs_client_t *cl;
+  gradsync_JoinRequest req;
+  gs_join_result_t r;
+
+  th_coord_start(&co, NULL);
+  cl = new_client(co.rpc_port, "refused", NULL);
+  req = th_join_request("x", 0, "n0", 0);
+  ck_assert_int_eq(gs_client_join(cl, &req, 2000, &r), GS_EINVAL);
+  ck_assert_msg(strstr(gs_client_error(cl), "world_size 0 is out of range"), "error: %s",
+                gs_client_error(cl));
+  ck_assert_ptr_null(r.peers);
+  /* The connection stays usable. */
+  join_alone(cl, "n0");
+  gs_client_free(cl);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(nothing_listening)
+{
+  uint16_t port = reserve_port();
+  gs_client_t *cl = new_client(port, "void", NULL);
+  gradsync_JoinRequest req = th_join_request("x", 1, "n0", 0);
+  gs_join_result_t r;
+  char addr[32];
+  uint64_t t0 = now_ms(), elapsed;
+
+  ck_assert_int_eq(gs_client_join(cl, &req, 300, &r), GS_ETIMEDOUT);
+  elapsed = now_ms() - t0;
+  ck_assert_uint_ge(elapsed, 290);
+  ck_assert_uint_le(elapsed, 600);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+  ck_assert_msg(strstr(gs_client_error(cl), addr), "error: %s", gs_client_error(cl));
+  ck_assert_msg(strstr(gs_client_error(cl), "refused"), "error: %s", gs_client_error(cl));
+  gs_client_free(cl);
+}
+END_TEST
+
+START_TEST(reconnect)
+{
+  uint16_t port = reserve_port();
+  char listen[32];
+  th_coord_t co;
+  joiner_t j;
+
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+  joiner_start(&j, port, "late-coord", "n0", 1, 5000);
+  sleep_ms(400);
+  th_coord_start(&co, "--listen", listen, NULL);
+  ck_assert_uint_eq(co.rpc_port, port);
+  joiner_wait(&j);
+  ck_assert_uint_ge(j.elapsed_ms, 400);
+  ck_assert_uint_eq(j.r.world_size, 1);
+  joiner_free(&j);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+/* A Join parked on a coordinator that dies is resent to its successor,
+ * where it completes the rendezvous with an agent that joined only there. */
+START_TEST(resend_in_flight)
+{
+  uint16_t port = reserve_port();
+  char listen[32];
+  th_coord_t co;
+  joiner_t a, b;
+
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+  th_coord_start(&co, "--listen", listen, NULL);
+  joiner_start(&a, port, "phoenix", "a", 2, 8000);
+  sleep_ms(300);
+  th_coord_kill(&co);
+  sleep_ms(100);
+  th_coord_start(&co, "--listen", listen, NULL);
+  joiner_start(&b, port, "phoenix", "b", 2, 8000);
+  joiner_wait(&a);
+  joiner_wait(&b);
+  ck_assert_uint_eq(a.r.rank, 0);
+  ck_assert_uint_eq(b.r.rank, 1);
+  ck_assert_uint_eq(a.r.generation, 1);
+  ck_assert_str_eq(a.r.peers[1].comm_addr, "b:9000");
+  joiner_free(&a);
+  joiner_free(&b);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+/* A reply that arrives after its call gave up must not answer the next call. */
+START_TEST(stale_reply_skipped)
+{
+  th_coord_t co;
+  gs_client_t *a, *b;
+  gradsync_FetchRequest req = gradsync_FetchRequest_init_zero;
+  gradsync_FetchResponse resp = gradsync_FetchResponse_init_zero;
+  uint8_t got[16];
+  size_t len = 0;
+  uint64_t g;
+
+  th_coord_start(&co, NULL);
+  a = new_client(co.rpc_port, "stale", NULL);
+  b = new_client(co.rpc_port, "stale", NULL);
+  g = join_alone(b, "n0");
+  snprintf(req.job, sizeof(req.job), "stale");
+  req.generation = g;
+  snprintf(req.key, sizeof(req.key), "x");
+  /* The coordinator keeps it parked for 3 s; we give up after 200 ms. */
+  ck_assert_int_eq(gs_client_call(a, GS_METHOD_PREFIX "Fetch", gradsync_FetchRequest_fields, &req,
+                                  gradsync_FetchResponse_fields, &resp, 3000, 200),
+                   GS_ETIMEDOUT);
+  ck_assert_msg(strstr(gs_client_error(a), "Fetch"), "error: %s", gs_client_error(a));
+  ck_assert_int_eq(gs_client_publish(b, g, "x", "old", 3, 2000), 0); /* answers the stale call */
+  ck_assert_int_eq(gs_client_publish(b, g, "y", "new", 3, 2000), 0);
+  ck_assert_msg(gs_client_fetch(a, g, "y", got, sizeof(got), &len, 2000) == 0, "%s",
+                gs_client_error(a));
+  ck_assert_uint_eq(len, 3);
+  ck_assert_mem_eq(got, "new", 3);
+  gs_client_free(a);
+  gs_client_free(b);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(token)
+{
+  th_coord_t co;
+  gs_client_t *good, *bad;
+  gradsync_JoinRequest req = th_join_request("x", 1, "n1", 0);
+  gs_join_result_t r;
+
+  th_coord_start(&co, "--token", "s3cret", NULL);
+  good = new_client(co.rpc_port, "secure", "s3cret");
+  bad = new_client(co.rpc_port, "secure", NULL);
+  ck_assert_int_eq(gs_client_join(bad, &req, 2000, &r), GS_EUNAUTH);
+  ck_assert_msg(strstr(gs_client_error(bad), "missing token"), "%s", gs_client_error(bad));
+  join_alone(good, "n0");
+  gs_client_free(good);
+  gs_client_free(bad);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+/* What on_abort saw. */
+typedef struct abort_rec {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  int count;
+  char why[512];
+  uint64_t at_ms;
+} abort_rec_t;
+
+static void on_abort(void *arg, const char *why)
+{
+  abort_rec_t *a = arg;
+
+  pthread_mutex_lock(&a->lock);
+  a->count++;
+  a->at_ms = now_ms();
+  snprintf(a->why, sizeof(a->why), "%s", why);
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->lock);
+}
+
+static void abort_rec_init(abort_rec_t *a)
+{
+  memset(a, 0, sizeof(*a));
+  pthread_mutex_init(&a->lock, NULL);
+  pthread_cond_init(&a->cond, NULL);
+}
+
+/* Waits up to ms for on_abort; returns how often it fired. */
+static int wait_abort(abort_rec_t *a, unsigned ms)
+{
+  struct timespec ts;
+  int count;
+
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000;
+  if (ts.tv_nsec >= 1000000000) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000;
+  }
+  pthread_mutex_lock(&a->lock);
+  while (a->count == 0 && pthread_cond_timedwait(&a->cond, &a->lock, &ts) == 0)
+    ;
+  count = a->count;
+  pthread_mutex_unlock(&a->lock);
+  return count;
+}
+
+static gs_heartbeat_t *start_heartbeat(uint16_t port, const char *job, uint64_t generation,
+                                       uint32_t rank, uint32_t interval_ms, uint32_t timeout_ms,
+                                       abort_rec_t *rec)
+{
+  gs_heartbeat_config_t cfg = {
+      .client = client_config(port, job, NULL),
+      .generation = generation,
+      .rank = rank,
+      .interval_ms = interval_ms,
+      .timeout_ms = timeout_ms,
+      .on_abort = on_abort,
+      .arg = rec,
+  };
+  gs_heartbeat_t *hb = gs_heartbeat_start(&cfg);
+
+  ck_assert_ptr_nonnull(hb);
+  return hb;
+}
+
+/* Waits up to ms for the first heartbeat reply. */
+static void wait_valid(gs_heartbeat_t *hb, unsigned ms)
+{
+  gs_directives_t d = {0};
+  uint64_t end = now_ms() + ms;
+
+  do {
+    gs_heartbeat_directives(hb, &d);
+    if (d.valid)
+      return;
+    sleep_ms(10);
+  } while (now_ms() < end);
+  ck_abort_msg("no heartbeat reply within %u ms", ms);
+}
+
+START_TEST(heartbeat_directives)
+{
+  th_coord_t co;
+  gs_client_t *cl;
+  gs_heartbeat_t *hb;
+  gs_directives_t d = {0};
+  gs_progress_t p = {.step = 42, .loss = 0.5f};
+  abort_rec_t rec;
+  char *body = NULL;
+  uint64_t g, end;
+
+  abort_rec_init(&rec);
+  th_coord_start(&co, NULL);
+  cl = new_client(co.rpc_port, "hbd", NULL);
+  g = join_alone(cl, "n0");
+  hb = start_heartbeat(co.rpc_port, "hbd", g, 0, 100, 5000, &rec);
+  gs_heartbeat_report(hb, &p);
+  wait_valid(hb, 2000);
+  ck_assert_int_eq(th_http(co.http_port, "POST", "/jobs/hbd/control", NULL,
+                           "{\"bcast_period\": 7, \"action\": \"checkpoint\"}", &body),
+                   200);
+  free(body);
+  end = now_ms() + 2000;
+  do {
+    sleep_ms(20);
+    gs_heartbeat_directives(hb, &d);
+  } while ((d.bcast_period != 7 || d.checkpoint_seq != 1) && now_ms() < end);
+  ck_assert(d.valid);
+  ck_assert_int_eq(d.bcast_period, 7);
+  ck_assert_uint_eq(d.checkpoint_seq, 1);
+  ck_assert_uint_eq(d.broadcast_seq, 0);
+  ck_assert(!d.stop);
+  /* The reported progress reached the coordinator. */
+  ck_assert_int_eq(th_http(co.http_port, "GET", "/jobs/hbd", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "\"step\":42"), "status: %s", body);
+  free(body);
+  ck_assert(!gs_heartbeat_aborted(hb, NULL, 0));
+  gs_heartbeat_stop(hb);
+  ck_assert_int_eq(rec.count, 0);
+  gs_client_free(cl);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(heartbeat_abort)
+{
+  th_coord_t co;
+  joiner_t j[2];
+  gs_heartbeat_t *hb;
+  abort_rec_t rec;
+  char why[512] = "";
+  uint64_t t0;
+
+  abort_rec_init(&rec);
+  th_coord_start(&co, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s", NULL);
+  joiner_start(&j[0], co.rpc_port, "hba", "a", 2, 5000);
+  joiner_start(&j[1], co.rpc_port, "hba", "b", 2, 5000);
+  joiner_wait(&j[0]);
+  joiner_wait(&j[1]);
+  ck_assert_uint_eq(j[1].r.rank, 1);
+  hb = start_heartbeat(co.rpc_port, "hba", j[0].r.generation, 0, 100, 5000, &rec);
+  wait_valid(hb, 2000);
+  ck_assert_int_eq(rec.count, 0);
+  t0 = now_ms();
+  joiner_free(&j[1]); /* rank 1's connection closes; it never heartbeats */
+  ck_assert_int_eq(wait_abort(&rec, 3000), 1);
+  ck_assert_uint_le(rec.at_ms - t0, 3000);
+  ck_assert_msg(strstr(rec.why, "rank 1"), "reason: %s", rec.why);
+  ck_assert(gs_heartbeat_aborted(hb, why, sizeof(why)));
+  ck_assert_str_eq(why, rec.why);
+  sleep_ms(300); /* once only */
+  ck_assert_int_eq(rec.count, 1);
+  gs_heartbeat_stop(hb);
+  joiner_free(&j[0]);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(heartbeat_unreachable)
+{
+  th_coord_t co;
+  gs_client_t *cl;
+  gs_heartbeat_t *hb;
+  abort_rec_t rec;
+  uint64_t g, t0, after;
+
+  abort_rec_init(&rec);
+  th_coord_start(&co, NULL);
+  cl = new_client(co.rpc_port, "hbu", NULL);
+  g = join_alone(cl, "n0");
+  hb = start_heartbeat(co.rpc_port, "hbu", g, 0, 100, 800, &rec);
+  wait_valid(hb, 2000);
+  sleep_ms(150);
+  t0 = now_ms();
+  th_coord_kill(&co);
+  ck_assert_int_eq(wait_abort(&rec, 3000), 1);
+  after = rec.at_ms - t0;
+  ck_assert_msg(after >= 600 && after <= 2000, "on_abort %llu ms after the kill",
+                (unsigned long long)after);
+  ck_assert_msg(strstr(rec.why, "coordinator unreachable for "), "reason: %s", rec.why);
+  ck_assert_msg(strstr(rec.why, "127.0.0.1"), "reason: %s", rec.why);
+  sleep_ms(300);
+  ck_assert_int_eq(rec.count, 1);
+  gs_heartbeat_stop(hb);
+  gs_client_free(cl);
+}
+END_TEST
+
+/* A restarted coordinator answers NOT_FOUND: no abort before the timeout. */
+START_TEST(heartbeat_restart_not_abort)
+{
+  uint16_t port = reserve_port();
+  char listen[32];
+  th_coord_t co;
+  gs_client_t *cl;
+  gs_heartbeat_t *hb;
+  abort_rec_t rec;
+  uint64_t g;
+
+  abort_rec_init(&rec);
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+  th_coord_start(&co, "--listen", listen, NULL);
+  cl = new_client(port, "hbr", NULL);
+  g = join_alone(cl, "n0");
+  hb = start_heartbeat(port, "hbr", g, 0, 100, 4000, &rec);
+  wait_valid(hb, 2000);
+  th_coord_kill(&co);
+  th_coord_start(&co, "--listen", listen, NULL);
+  ck_assert_int_eq(wait_abort(&rec, 1500), 0);
+  ck_assert(!gs_heartbeat_aborted(hb, NULL, 0));
+  gs_heartbeat_stop(hb);
+  gs_client_free(cl);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+START_TEST(heartbeat_stop_latency)
+{
+  th_coord_t co;
+  gs_client_t *cl;
+  gs_heartbeat_t *hb;
+  abort_rec_t rec;
+  uint64_t g, t0;
+
+  abort_rec_init(&rec);
+  th_coord_start(&co, NULL);
+  cl = new_client(co.rpc_port, "hbs", NULL);
+  g = join_alone(cl, "n0");
+  hb = start_heartbeat(co.rpc_port, "hbs", g, 0, 10000, 30000, &rec);
+  wait_valid(hb, 2000); /* the first heartbeat goes out at once */
+  sleep_ms(50);
+  t0 = now_ms();
+  gs_heartbeat_stop(hb);
+  ck_assert_uint_lt(now_ms() - t0, 200);
+  gs_heartbeat_stop(NULL);
+  gs_client_free(cl);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *test)
+{
+  TCase *tc = tcase_create(name);
+
+  tcase_add_test(tc, test);
+  tcase_set_timeout(tc, 20);
+  return tc;
+}
+
+static Suite *client_suite(void)
+{
+  Suite *s = suite_create("client");
+
+  suite_add_tcase(s, tcase("join_world1", join_world1));
+  suite_add_tcase(s, tcase("join_world2_threads", join_world2_threads));
+  suite_add_tcase(s, tcase("publish_fetch", publish_fetch));
+  suite_add_tcase(s, tcase("packlist_roundtrip", packlist_roundtrip));
+  suite_add_tcase(s, tcase("refused_call", refused_call));
+  suite_add_tcase(s, tcase("nothing_listening", nothing_listening));
+  suite_add_tcase(s, tcase("reconnect", reconnect));
+  suite_add_tcase(s, tcase("resend_in_flight", resend_in_flight));
+  suite_add_tcase(s, tcase("stale_reply_skipped", stale_reply_skipped));
+  suite_add_tcase(s, tcase("token", token));
+  suite_add_tcase(s, tcase("heartbeat_directives", heartbeat_directives));
+  suite_add_tcase(s, tcase("heartbeat_abort", heartbeat_abort));
+  suite_add_tcase(s, tcase("heartbeat_unreachable", heartbeat_unreachable));
+  suite_add_tcase(s, tcase("heartbeat_restart_not_abort", heartbeat_restart_not_abort));
+  suite_add_tcase(s, tcase("heartbeat_stop_latency", heartbeat_stop_latency));
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(client_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

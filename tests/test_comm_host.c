@@ -1,0 +1,753 @@
+/* Tests for agent/comm.c and agent/comm_host.c: W ranks run as W threads in
+ * one process, each with its own host comm over 127.0.0.1, and their results
+ * are checked against references computed here, serially. */
+#include <arpa/inet.h>
+#include <check.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+
+#define MAX_W 5
+#define BIG 3000017 /* floats; prime, so the ring segments differ in length */
+
+typedef struct world world_t;
+
+typedef struct rank_ctx {
+  world_t *w;
+  uint32_t rank;
+  gs_comm_t *comm;
+  gs_log_t log;
+  int init_err;
+  int err;       /* what the body's operation of interest returned */
+  uint64_t took; /* ms the body's operation of interest took */
+  char why[512]; /* first mismatch found by the body, "" if none */
+  pthread_t thread;
+} rank_ctx_t;
+
+typedef void (*body_fn)(rank_ctx_t *rc);
+
+struct world {
+  uint32_t size;
+  uint64_t generation;
+  uint64_t timeout_ms;
+  char addrs[MAX_W][64];
+  const char *addr_ptrs[MAX_W];
+  rank_ctx_t ranks[MAX_W];
+  body_fn body;
+  bool skip_init[MAX_W];         /* this rank never calls init (a silent peer) */
+  uint64_t generation_of[MAX_W]; /* a stale rank's generation; 0: the world's */
+};
+
+static uint64_t now_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(unsigned ms)
+{
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+
+  nanosleep(&ts, NULL);
+}
+
+/* Records the first mismatch a rank's thread finds (threads must not call
+ * ck_assert; the main thread reports it). */
+static void mismatch(rank_ctx_t *rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mismatch(rank_ctx_t *rc, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (rc->why[0])
+    return;
+  va_start(ap, fmt);
+  vsnprintf(rc->why, sizeof(rc->why), fmt, ap);
+  va_end(ap);
+}
+
+/* Creates `size` host comms listening on 127.0.0.1. */
+static void world_open(world_t *w, uint32_t size, uint64_t generation, uint64_t timeout_ms)
+{
+  memset(w, 0, sizeof(*w));
+  w->size = size;
+  w->generation = generation;
+  w->timeout_ms = timeout_ms;
+  for (uint32_t r = 0; r < size; r++) {
+    rank_ctx_t *rc = &w->ranks[r];
+
+    rc->w = w;
+    rc->rank = r;
+    rc->log = (gs_log_t){GS_LOG_WARN, NULL, "comm-test"};
+    rc->comm = gs_comm_new("host", &rc->log);
+    ck_assert_ptr_nonnull(rc->comm);
+    ck_assert_int_eq(gs_comm_listen(rc->comm, "127.0.0.1", w->addrs[r], sizeof(w->addrs[r])), 0);
+    ck_assert_msg(strncmp(w->addrs[r], "127.0.0.1:", 10) == 0, "addr %s", w->addrs[r]);
+    w->addr_ptrs[r] = w->addrs[r];
+  }
+}
+
+static void *rank_main(void *arg)
+{
+  rank_ctx_t *rc = arg;
+  world_t *w = rc->w;
+  uint64_t gen = w->generation_of[rc->rank] ? w->generation_of[rc->rank] : w->generation;
+  gs_comm_setup_t setup = {rc->rank, w->size, gen, w->addr_ptrs, w->timeout_ms};
+
+  if (w->skip_init[rc->rank])
+    return NULL;
+  rc->init_err = gs_comm_init(rc->comm, &setup);
+  if (rc->init_err == 0 && w->body)
+    w->body(rc);
+  return NULL;
+}
+
+static void world_start(world_t *w, body_fn body)
+{
+  w->body = body;
+  for (uint32_t r = 0; r < w->size; r++)
+    ck_assert_int_eq(pthread_create(&w->ranks[r].thread, NULL, rank_main, &w->ranks[r]), 0);
+}
+
+static void world_join(world_t *w)
+{
+  for (uint32_t r = 0; r < w->size; r++)
+    pthread_join(w->ranks[r].thread, NULL);
+}
+
+/* Asserts every rank that ran found no mismatch (and, if `init_ok`, that
+ * its init succeeded). */
+static void world_check(world_t *w, bool init_ok)
+{
+  for (uint32_t r = 0; r < w->size; r++) {
+    if (w->skip_init[r])
+      continue;
+    if (init_ok)
+      ck_assert_msg(w->ranks[r].init_err == 0, "rank %u of %u: init: %s", r, w->size,
+                    gs_strerror(w->ranks[r].init_err));
+    ck_assert_msg(w->ranks[r].why[0] == '\0', "rank %u of %u: %s", r, w->size, w->ranks[r].why);
+  }
+}
+
+static void world_close(world_t *w)
+{
+  for (uint32_t r = 0; r < w->size; r++)
+    gs_comm_destroy(w->ranks[r].comm);
+}
+
+/* Runs `body` on every rank of a fresh world and checks the results. */
+static void run_world(uint32_t size, body_fn body)
+{
+  world_t *w = malloc(sizeof(*w));
+
+  ck_assert_ptr_nonnull(w);
+  world_open(w, size, 42, 10000);
+  world_start(w, body);
+  world_join(w);
+  world_check(w, true);
+  world_close(w);
+  free(w);
+}
+
+/* Small integers, so that float sums over a few ranks are exact. */
+static float int_value(uint32_t rank, size_t i, unsigned iter)
+{
+  return (float)((int)((i * 31 + rank * 17 + iter * 7) % 19) - 9);
+}
+
+static bool close_enough(double got, double want, double rel)
+{
+  return fabs(got - want) <= rel * fmax(1.0, fabs(want));
+}
+
+/* One float32 allreduce of n elements on this rank, checked element by
+ * element against the serially computed sum (or mean). */
+static void allreduce_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, unsigned iter)
+{
+  uint32_t w = rc->w->size;
+  float *buf = malloc(n ? n * sizeof(float) : 1);
+  int err;
+
+  if (!buf) {
+    mismatch(rc, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    buf[i] = int_value(rc->rank, i, iter);
+  err = gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT32, op);
+  if (err)
+    mismatch(rc, "allreduce of %zu (%s, iter %u): %s", n, gs_reduce_op_name(op), iter,
+             gs_strerror(err));
+  for (size_t i = 0; i < n && !err; i++) {
+    double want = 0;
+
+    for (uint32_t r = 0; r < w; r++)
+      want += int_value(r, i, iter);
+    if (op == GS_REDUCE_MEAN)
+      want /= w;
+    if (op == GS_REDUCE_SUM ? buf[i] != want : !close_enough(buf[i], want, 1e-6)) {
+      mismatch(rc, "allreduce of %zu (%s, iter %u): [%zu] = %.9g, want %.9g", n,
+               gs_reduce_op_name(op), iter, i, buf[i], want);
+      break;
+    }
+  }
+  free(buf);
+}
+
+static const size_t lengths[] = {0, 1, 7, 1009, BIG};
+
+static void body_sizes(rank_ctx_t *rc)
+{
+  unsigned iter = 0;
+
+  for (size_t k = 0; k < sizeof(lengths) / sizeof(lengths[0]); k++) {
+    allreduce_f32_checked(rc, lengths[k], GS_REDUCE_SUM, iter++);
+    allreduce_f32_checked(rc, lengths[k], GS_REDUCE_MEAN, iter++);
+  }
+}
+
+/* World sizes 1..5 (the loop index) × every length × sum and mean. */
+START_TEST(allreduce_float32)
+{
+  run_world((uint32_t)_i, body_sizes);
+}
+END_TEST
+
+static double f64_value(uint32_t rank, size_t i)
+{
+  return sin((double)i * 0.37 + rank) * 1e3 + rank * 0.1;
+}
+
+static void body_f64(rank_ctx_t *rc)
+{
+  size_t n = 1009;
+  double buf[1009];
+
+  for (int op = GS_REDUCE_SUM; op <= GS_REDUCE_MEAN; op++) {
+    for (size_t i = 0; i < n; i++)
+      buf[i] = f64_value(rc->rank, i);
+    if (gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT64, (gs_reduce_op_t)op)) {
+      mismatch(rc, "float64 allreduce failed");
+      return;
+    }
+    for (size_t i = 0; i < n; i++) {
+      double want = 0;
+
+      for (uint32_t r = 0; r < rc->w->size; r++)
+        want += f64_value(r, i);
+      if (op == GS_REDUCE_MEAN)
+        want /= rc->w->size;
+      if (!close_enough(buf[i], want, 1e-12)) {
+        mismatch(rc, "float64 %s [%zu] = %.17g, want %.17g", gs_reduce_op_name(op), i, buf[i],
+                 want);
+        return;
+      }
+    }
+  }
+}
+
+START_TEST(allreduce_float64)
+{
+  run_world(3, body_f64);
+}
+END_TEST
+
+static uint8_t pattern(uint32_t root, size_t len, size_t i)
+{
+  return (uint8_t)(i * 7 + root * 3 + len);
+}
+
+/* One broadcast from root of len bytes, checked on this rank. */
+static void broadcast_checked(rank_ctx_t *rc, size_t len, uint32_t root)
+{
+  uint8_t *buf = malloc(len ? len : 1);
+  int err;
+
+  if (!buf) {
+    mismatch(rc, "out of memory");
+    return;
+  }
+  for (size_t i = 0; i < len; i++)
+    buf[i] = rc->rank == root ? pattern(root, len, i) : 0xee;
+  err = gs_comm_broadcast(rc->comm, buf, len, root);
+  if (err)
+    mismatch(rc, "broadcast of %zu from %u: %s", len, root, gs_strerror(err));
+  for (size_t i = 0; i < len && !err; i++) {
+    if (buf[i] != pattern(root, len, i)) {
+      mismatch(rc, "broadcast of %zu from %u: [%zu] = %u, want %u", len, root, i, buf[i],
+               pattern(root, len, i));
+      break;
+    }
+  }
+  free(buf);
+}
+
+static void body_broadcast(rank_ctx_t *rc)
+{
+  static const size_t blens[] = {0, 1, 13, 1000003};
+
+  for (uint32_t root = 0; root < rc->w->size; root++)
+    for (size_t k = 0; k < sizeof(blens) / sizeof(blens[0]); k++)
+      broadcast_checked(rc, blens[k], root);
+}
+
+/* World sizes 1..5 (the loop index), every root, odd lengths and 0. */
+START_TEST(broadcast_every_root)
+{
+  run_world((uint32_t)_i, body_broadcast);
+}
+END_TEST
+
+/* Back-to-back operations of different lengths and kinds: a stream that
+ * mixed two operations' bytes would shift the data and fail the checks. */
+static void body_mixed(rank_ctx_t *rc)
+{
+  static const size_t mlens[] = {5, 100003, 0, 1, 77777, 4, 262147};
+
+  for (unsigned k = 0; k < 30; k++) {
+    size_t n = mlens[k % (sizeof(mlens) / sizeof(mlens[0]))];
+
+    if (k % 3 == 2)
+      broadcast_checked(rc, n * 3 + 1, k % rc->w->size);
+    else
+      allreduce_f32_checked(rc, n, k % 2 ? GS_REDUCE_MEAN : GS_REDUCE_SUM, k);
+  }
+}
+
+START_TEST(back_to_back)
+{
+  run_world(4, body_mixed);
+  run_world(2, body_mixed);
+}
+END_TEST
+
+/* The operation of interest for the failure tests: one allreduce, timed. */
+static void timed_allreduce(rank_ctx_t *rc, size_t n)
+{
+  float *buf = calloc(n, sizeof(float));
+  uint64_t t0 = now_ms();
+
+  rc->err = buf ? gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) : GS_ENOMEM;
+  rc->took = now_ms() - t0;
+  free(buf);
+}
+
+/* Ranks 0 and 1 start an allreduce that rank 2 never joins. */
+static void body_stuck(rank_ctx_t *rc)
+{
+  float x = 1;
+
+  if (rc->rank == 2)
+    return;
+  timed_allreduce(rc, 1009);
+  /* A broken comm fails every later operation at once. */
+  if (gs_comm_allreduce(rc->comm, &x, 1, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) != rc->err)
+    mismatch(rc, "the operation after a failed one did not fail the same way");
+}
+
+/* Aborting ranks 1 and 0 from the main thread 200 ms in: both return
+ * GS_EABORTED within a second. Rank 1 is aborted first: its closed sockets
+ * cannot reach rank 0, which by then only waits on rank 2; the other order
+ * could let rank 1 see rank 0's close (GS_ECLOSED) before its own abort. */
+START_TEST(abort_unblocks)
+{
+  world_t *w = malloc(sizeof(*w));
+
+  world_open(w, 3, 1, 10000);
+  world_start(w, body_stuck);
+  sleep_ms(200);
+  gs_comm_abort(w->ranks[1].comm);
+  gs_comm_abort(w->ranks[0].comm);
+  gs_comm_abort(w->ranks[0].comm); /* idempotent */
+  world_join(w);
+  world_check(w, true);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_msg(w->ranks[r].err == GS_EABORTED, "rank %u: %s", r, gs_err_name(w->ranks[r].err));
+    ck_assert_msg(w->ranks[r].took < 1200, "rank %u took %llu ms", r,
+                  (unsigned long long)w->ranks[r].took);
+  }
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+/* Aborting a rank that waits in init for a peer that never comes. */
+START_TEST(abort_during_init)
+{
+  world_t *w = malloc(sizeof(*w));
+  uint64_t t0 = now_ms();
+
+  world_open(w, 2, 1, 10000);
+  w->skip_init[1] = true;
+  world_start(w, NULL);
+  sleep_ms(100);
+  gs_comm_abort(w->ranks[0].comm);
+  world_join(w);
+  ck_assert_int_eq(w->ranks[0].init_err, GS_EABORTED);
+  ck_assert_uint_lt(now_ms() - t0, 2000);
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+/* Same as abort_unblocks, no abort, a 300 ms timeout: rank 0 (which waits
+ * on rank 2) times out; rank 1 times out too, or sees rank 0 give up. */
+START_TEST(timeout_in_op)
+{
+  world_t *w = malloc(sizeof(*w));
+
+  world_open(w, 3, 1, 300);
+  world_start(w, body_stuck);
+  world_join(w);
+  world_check(w, true);
+  ck_assert_msg(w->ranks[0].err == GS_ETIMEDOUT, "rank 0: %s", gs_err_name(w->ranks[0].err));
+  ck_assert_msg(w->ranks[1].err == GS_ETIMEDOUT || w->ranks[1].err == GS_ECLOSED, "rank 1: %s",
+                gs_err_name(w->ranks[1].err));
+  for (uint32_t r = 0; r < 2; r++)
+    ck_assert_msg(w->ranks[r].took >= 250 && w->ranks[r].took < 1500, "rank %u took %llu ms", r,
+                  (unsigned long long)w->ranks[r].took);
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+START_TEST(timeout_in_init)
+{
+  world_t *w = malloc(sizeof(*w));
+  uint64_t t0 = now_ms(), took;
+
+  world_open(w, 2, 1, 300);
+  w->skip_init[1] = true;
+  world_start(w, NULL);
+  world_join(w);
+  took = now_ms() - t0;
+  ck_assert_int_eq(w->ranks[0].init_err, GS_ETIMEDOUT);
+  ck_assert_msg(took >= 250 && took < 1500, "took %llu ms", (unsigned long long)took);
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+/* Rank 2 takes part in one allreduce and then destroys its comm while the
+ * others start a large one. */
+static void body_death(rank_ctx_t *rc)
+{
+  float x[7] = {0};
+
+  if (gs_comm_allreduce(rc->comm, x, 7, GS_DTYPE_FLOAT32, GS_REDUCE_SUM))
+    mismatch(rc, "the first allreduce failed");
+  if (rc->rank == 2) {
+    sleep_ms(50);
+    gs_comm_destroy(rc->comm);
+    rc->comm = NULL;
+    return;
+  }
+  timed_allreduce(rc, BIG);
+  if (gs_comm_allreduce(rc->comm, x, 7, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) != rc->err)
+    mismatch(rc, "the operation after a failed one did not fail the same way");
+}
+
+/* Reads everything a log file got. */
+static void read_log(FILE *f, char *out, size_t len)
+{
+  size_t n;
+
+  rewind(f);
+  n = fread(out, 1, len - 1, f);
+  out[n] = '\0';
+}
+
+START_TEST(peer_death)
+{
+  world_t *w = malloc(sizeof(*w));
+  char text[2][4096];
+
+  world_open(w, 3, 1, 10000);
+  for (uint32_t r = 0; r < 2; r++)
+    ck_assert_ptr_nonnull(w->ranks[r].log.out = tmpfile());
+  world_start(w, body_death);
+  world_join(w);
+  world_check(w, true);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_msg(w->ranks[r].err == GS_ECLOSED, "rank %u: %s", r, gs_err_name(w->ranks[r].err));
+    ck_assert_msg(w->ranks[r].took < 3000, "rank %u took %llu ms", r,
+                  (unsigned long long)w->ranks[r].took);
+    read_log(w->ranks[r].log.out, text[r], sizeof(text[r]));
+  }
+  /* Whoever noticed first names rank 2 and its address. */
+  ck_assert_msg(strstr(text[0], w->addrs[2]) || strstr(text[1], w->addrs[2]),
+                "no log line names rank 2 (%s):\n%s\n%s", w->addrs[2], text[0], text[1]);
+  world_close(w);
+  for (uint32_t r = 0; r < 2; r++)
+    fclose(w->ranks[r].log.out);
+  free(w);
+}
+END_TEST
+
+/* The handshake as the backend sends it: big-endian magic "GSHC", version
+ * 1, flags, rank, world size, generation. */
+static void encode_hello(uint8_t *out, uint32_t rank, uint32_t world, uint64_t generation)
+{
+  uint32_t v[6] = {0x47534843u,         1u << 16, rank, world, (uint32_t)(generation >> 32),
+                   (uint32_t)generation};
+
+  for (int i = 0; i < 6; i++) {
+    uint32_t be = htonl(v[i]);
+    memcpy(out + 4 * i, &be, 4);
+  }
+}
+
+static int connect_to(const char *addr)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  const char *colon = strrchr(addr, ':');
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+  ck_assert_int_ge(fd, 0);
+  sa.sin_port = htons((uint16_t)atoi(colon + 1));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  return fd;
+}
+
+/* Reads until EOF (at most 5 s); returns the byte count. */
+static size_t read_to_eof(int fd, uint8_t *buf, size_t len)
+{
+  struct pollfd p = {fd, POLLIN, 0};
+  size_t got = 0;
+  ssize_t n;
+
+  for (;;) {
+    ck_assert_msg(poll(&p, 1, 5000) == 1, "the backend kept a refused connection open");
+    n = read(fd, buf + got, len - got);
+    if (n <= 0)
+      return got;
+    got += (size_t)n;
+    ck_assert_uint_lt(got, len);
+  }
+}
+
+static void body_small_sum(rank_ctx_t *rc)
+{
+  allreduce_f32_checked(rc, 7, GS_REDUCE_SUM, 3);
+}
+
+/* Strangers dialing rank 1 (wrong generation, wrong rank, garbage) are
+ * answered with a refusal and closed; the real ring still forms. */
+START_TEST(handshake_refuses_strangers)
+{
+  world_t *w = malloc(sizeof(*w));
+  uint8_t hello[3][24], reply[64];
+  int fd[3];
+
+  world_open(w, 2, 7, 10000);
+  encode_hello(hello[0], 0, 2, 6); /* a stale rank 0 */
+  encode_hello(hello[1], 1, 2, 7); /* claims to be rank 1 */
+  memset(hello[2], 'x', sizeof(hello[2]));
+  for (int k = 0; k < 3; k++) {
+    fd[k] = connect_to(w->addrs[1]);
+    ck_assert_int_eq(write(fd[k], hello[k], 24), 24);
+  }
+  world_start(w, body_small_sum);
+  for (int k = 0; k < 3; k++) {
+    size_t n = read_to_eof(fd[k], reply, sizeof(reply));
+
+    /* The refusal: rank 1's hello (generation 7) with the accepted flag clear. */
+    ck_assert_uint_eq(n, 24);
+    ck_assert_int_eq(reply[7], 0);
+    ck_assert_int_eq(reply[11], 1);
+    ck_assert_int_eq(reply[23], 7);
+    close(fd[k]);
+  }
+  world_join(w);
+  world_check(w, true);
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+/* A rank of another generation: each side refuses the other. The first to
+ * see the refusal fails with GS_EPROTO and closes its listening socket, so
+ * the other may instead be left without an answer until its timeout. */
+START_TEST(handshake_stale_rank)
+{
+  world_t *w = malloc(sizeof(*w));
+  int e0, e1;
+
+  world_open(w, 2, 7, 1000);
+  w->generation_of[1] = 8;
+  world_start(w, NULL);
+  world_join(w);
+  e0 = w->ranks[0].init_err;
+  e1 = w->ranks[1].init_err;
+  ck_assert_msg(e0 == GS_EPROTO || e0 == GS_ETIMEDOUT, "rank 0: %s", gs_err_name(e0));
+  ck_assert_msg(e1 == GS_EPROTO || e1 == GS_ETIMEDOUT, "rank 1: %s", gs_err_name(e1));
+  ck_assert_msg(e0 == GS_EPROTO || e1 == GS_EPROTO, "neither rank saw the refusal");
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+START_TEST(unknown_backend)
+{
+  gs_log_t log = {GS_LOG_ERROR, NULL, "comm-test"};
+  gs_comm_t *c;
+  gs_reduce_op_t op;
+
+  ck_assert_ptr_null(gs_comm_new("carrier-pigeon", &log));
+  ck_assert_ptr_null(gs_comm_new(NULL, &log));
+  c = gs_comm_new("host", &log);
+  ck_assert_ptr_nonnull(c);
+  ck_assert_str_eq(gs_comm_name(c), "host");
+  gs_comm_destroy(c);
+  gs_comm_destroy(NULL);
+  ck_assert_int_eq(gs_reduce_op_parse("sum", &op), 0);
+  ck_assert_int_eq(op, GS_REDUCE_SUM);
+  ck_assert_int_eq(gs_reduce_op_parse("mean", &op), 0);
+  ck_assert_int_eq(op, GS_REDUCE_MEAN);
+  ck_assert_int_eq(gs_reduce_op_parse("max", &op), GS_EINVAL);
+  ck_assert_str_eq(gs_reduce_op_name(GS_REDUCE_SUM), "sum");
+  ck_assert_str_eq(gs_reduce_op_name(GS_REDUCE_MEAN), "mean");
+  ck_assert_str_eq(gs_reduce_op_name((gs_reduce_op_t)9), "unknown");
+}
+END_TEST
+
+/* Bad arguments fail with GS_EINVAL and leave the comm usable. */
+static void body_bad_args(rank_ctx_t *rc)
+{
+  uint16_t h[4] = {0};
+  char b[3] = {0};
+
+  if (gs_comm_allreduce(rc->comm, h, 4, GS_DTYPE_FLOAT16, GS_REDUCE_SUM) != GS_EINVAL)
+    mismatch(rc, "float16 allreduce did not fail with GS_EINVAL");
+  if (gs_comm_allreduce(rc->comm, NULL, 4, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) != GS_EINVAL)
+    mismatch(rc, "allreduce of NULL did not fail with GS_EINVAL");
+  if (gs_comm_broadcast(rc->comm, b, 3, rc->w->size) != GS_EINVAL)
+    mismatch(rc, "broadcast from a root past the world did not fail with GS_EINVAL");
+  allreduce_f32_checked(rc, 1009, GS_REDUCE_MEAN, 1);
+}
+
+START_TEST(bad_arguments)
+{
+  gs_log_t log = {GS_LOG_ERROR, NULL, "comm-test"};
+  const char *addrs[2] = {"127.0.0.1:1", "127.0.0.1:2"};
+  gs_comm_setup_t setup = {0, 2, 1, addrs, 1000};
+  gs_comm_t *c = gs__comm_host_new(&log);
+  char addr[64], tiny[8];
+  float x = 1;
+
+  ck_assert_int_eq(gs_comm_allreduce(c, &x, 1, GS_DTYPE_FLOAT32, GS_REDUCE_SUM), GS_EINVAL);
+  ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINVAL); /* no listen yet */
+  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", tiny, sizeof(tiny)), GS_ERANGE);
+  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", addr, sizeof(addr)), 0);
+  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", addr, sizeof(addr)), GS_EINVAL);
+  setup.rank = 2;
+  ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINVAL);
+  setup.rank = 0;
+  setup.timeout_ms = 0;
+  ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINVAL);
+  gs_comm_destroy(c);
+  run_world(2, body_bad_args);
+  run_world(1, body_bad_args);
+}
+END_TEST
+
+/* Over IPv6 loopback, where the machine has it. */
+START_TEST(ipv6_loopback)
+{
+  gs_log_t log = {GS_LOG_ERROR, NULL, "comm-test"};
+  gs_comm_t *c[2];
+  char addr[2][64];
+  const char *addrs[2] = {addr[0], addr[1]};
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+  world_t *w;
+
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+    if (fd >= 0)
+      close(fd);
+    return; /* no IPv6 here */
+  }
+  close(fd);
+  for (int r = 0; r < 2; r++) {
+    c[r] = gs_comm_new("host", &log);
+    ck_assert_int_eq(gs_comm_listen(c[r], "::1", addr[r], sizeof(addr[r])), 0);
+    ck_assert_msg(strncmp(addr[r], "[::1]:", 6) == 0, "addr %s", addr[r]);
+  }
+  /* Run it through a world whose comms are these two. */
+  w = malloc(sizeof(*w));
+  memset(w, 0, sizeof(*w));
+  w->size = 2;
+  w->generation = 3;
+  w->timeout_ms = 5000;
+  for (int r = 0; r < 2; r++) {
+    w->ranks[r] = (rank_ctx_t){.w = w, .rank = (uint32_t)r, .comm = c[r]};
+    w->addr_ptrs[r] = addrs[r];
+  }
+  world_start(w, body_small_sum);
+  world_join(w);
+  world_check(w, true);
+  world_close(w);
+  free(w);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *test, double timeout)
+{
+  TCase *tc = tcase_create(name);
+
+  tcase_set_timeout(tc, timeout);
+  tcase_add_test(tc, test);
+  return tc;
+}
+
+static Suite *comm_host_suite(void)
+{
+  Suite *s = suite_create("comm_host");
+  TCase *tc;
+
+  tc = tcase_create("allreduce_float32");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, allreduce_float32, 1, MAX_W + 1);
+  suite_add_tcase(s, tc);
+  suite_add_tcase(s, tcase("allreduce_float64", allreduce_float64, 10));
+  tc = tcase_create("broadcast_every_root");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(tc, broadcast_every_root, 1, MAX_W + 1);
+  suite_add_tcase(s, tc);
+  suite_add_tcase(s, tcase("back_to_back", back_to_back, 30));
+  suite_add_tcase(s, tcase("abort_unblocks", abort_unblocks, 10));
+  suite_add_tcase(s, tcase("abort_during_init", abort_during_init, 10));
+  suite_add_tcase(s, tcase("timeout_in_op", timeout_in_op, 10));
+  suite_add_tcase(s, tcase("timeout_in_init", timeout_in_init, 10));
+  suite_add_tcase(s, tcase("peer_death", peer_death, 20));
+  suite_add_tcase(s, tcase("handshake_refuses_strangers", handshake_refuses_strangers, 10));
+  suite_add_tcase(s, tcase("handshake_stale_rank", handshake_stale_rank, 10));
+  suite_add_tcase(s, tcase("unknown_backend", unknown_backend, 10));
+  suite_add_tcase(s, tcase("bad_arguments", bad_arguments, 10));
+  suite_add_tcase(s, tcase("ipv6_loopback", ipv6_loopback, 10));
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(comm_host_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

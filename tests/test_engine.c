@@ -1,0 +1,422 @@
+/* Tests for the sync engine (agent/engine.c) with its real neighbours: the
+ * coordinator binary, the host backend over loopback, real threads as ranks.
+ * The "model" is a few parameters whose gradients the test writes itself, so
+ * every expectation is computed independently of the engine. */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "engine.h"
+#include "harness.h"
+
+#define MAX_WORLD 4
+#define NPARAMS 3
+static const uint64_t sizes[NPARAMS] = {10, 3, 7}; /* w0, b0 (bias), w1 */
+
+typedef struct rank_run rank_run_t;
+
+/* What a test asks of every rank, and what the ranks saw. */
+typedef struct scenario {
+  th_coord_t coord;
+  char job[64];
+  uint32_t world;
+  int32_t bcast_period;
+  uint64_t max_steps;
+  uint32_t skip_param_on_rank; /* UINT32_MAX: none */
+  uint32_t nan_rank;           /* UINT32_MAX: none */
+  uint32_t nan_step;
+  bool perturb; /* ranks > 0 shift their params after the start */
+  bool slow;    /* sleep 2 ms per step */
+  const char *checkpoint_dir;
+  uint64_t checkpoint_every;
+  bool resume;
+  struct rank_run {
+    pthread_t thread;
+    uint32_t local_rank, rank;
+    int err;
+    char error[768];
+    uint64_t steps;
+    uint64_t period_changed_at, stopped_at;
+    int32_t period;
+    float params[NPARAMS][16];
+    gs_position_t start;
+    struct scenario *sc;
+  } ranks[MAX_WORLD];
+} scenario_t;
+
+static gs_log_t quiet_log = {GS_LOG_WARN, NULL, "test"};
+
+static void scenario_init(scenario_t *sc, const char *job, uint32_t world)
+{
+  memset(sc, 0, sizeof(*sc));
+  snprintf(sc->job, sizeof(sc->job), "%s", job);
+  sc->world = world;
+  sc->max_steps = 20;
+  sc->skip_param_on_rank = UINT32_MAX;
+  sc->nan_rank = UINT32_MAX;
+  th_coord_start(&sc->coord, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "3s",
+                 "--log-level", "warn", NULL);
+}
+
+/* The gradient the test feeds: the same on every rank, varying with step. */
+static float grad_value(uint64_t step, uint32_t p, uint32_t i)
+{
+  return 0.01f * (float)((step * 7 + p * 13 + i * 3) % 11) - 0.05f;
+}
+
+static void engine_config(scenario_t *sc, gs_engine_config_t *c)
+{
+  memset(c, 0, sizeof(*c));
+  snprintf(c->coord.host, sizeof(c->coord.host), "127.0.0.1");
+  c->coord.port = sc->coord.rpc_port;
+  c->coord.job = sc->job;
+  c->coord.log = &quiet_log;
+  c->world_size = sc->world;
+  snprintf(c->node, sizeof(c->node), "node");
+  snprintf(c->device, sizeof(c->device), "cpu");
+  snprintf(c->backend, sizeof(c->backend), "host");
+  snprintf(c->comm_host, sizeof(c->comm_host), "127.0.0.1");
+  c->pack_threshold = 48; /* w1 alone, then b0 + w0: two packs */
+  c->reduce = GS_REDUCE_MEAN;
+  gs_sgd_config_default(&c->sgd);
+  c->sgd.lr = 0.1f;
+  c->sgd.bias_wd = c->sgd.weight_decay;
+  c->bcast_period = sc->bcast_period;
+  c->checkpoint_dir = sc->checkpoint_dir;
+  c->checkpoint_every = sc->checkpoint_every;
+  c->checkpoint_keep = 5;
+  c->resume = sc->resume;
+  c->join_timeout_ms = 10000;
+  c->rpc_timeout_ms = 5000;
+  c->comm_timeout_ms = 10000;
+  c->log = &quiet_log;
+}
+
+static uint64_t min_step(scenario_t *sc)
+{
+  uint64_t m = UINT64_MAX;
+
+  for (uint32_t r = 0; r < sc->world; r++)
+    m = sc->ranks[r].steps < m ? sc->ranks[r].steps : m;
+  return m;
+}
+
+/* One training step with test gradients, reported last parameter first. */
+static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_result_t *res)
+{
+  scenario_t *sc = rr->sc;
+  gs_position_t after = {step + 1, 0, 42};
+  bool nan = rr->rank == sc->nan_rank && step == sc->nan_step;
+
+  gs_engine_begin_step(e, nan ? NAN : 1.0f, &after);
+  for (int p = NPARAMS - 1; p >= 0; p--) {
+    float *g = gs_engine_grad(e, (uint32_t)p);
+
+    for (uint32_t i = 0; i < sizes[p]; i++)
+      g[i] = grad_value(step, (uint32_t)p, i);
+    if (!(rr->rank == sc->skip_param_on_rank && p == 1))
+      gs_engine_grad_ready(e, (uint32_t)p);
+  }
+  return gs_engine_end_step(e, res);
+}
+
+static void *rank_main(void *arg)
+{
+  rank_run_t *rr = arg;
+  scenario_t *sc = rr->sc;
+  gs_engine_config_t cfg;
+  gs_engine_t *e;
+  gs_position_t pos = {0, 0, 42};
+  gs_step_result_t res;
+  int err;
+
+  engine_config(sc, &cfg);
+  cfg.local_rank = rr->local_rank;
+  e = gs_engine_new(&cfg);
+  for (uint32_t p = 0; p < NPARAMS; p++) {
+    char name[16];
+
+    snprintf(name, sizeof(name), "p%u", p);
+    (void)gs_engine_register(e, name, sizes[p], p == 1);
+  }
+  err = gs_engine_start(e);
+  if (err)
+    goto out;
+  rr->rank = gs_engine_rank(e);
+  for (uint32_t p = 0; p < NPARAMS; p++)
+    for (uint32_t i = 0; i < sizes[p]; i++)
+      gs_engine_param(e, p)[i] = (float)(p + 1) * 0.1f * (float)i + (float)rr->rank * 5.0f;
+  err = gs_engine_sync_initial(e, &pos);
+  if (err)
+    goto out;
+  rr->start = pos;
+  if (sc->perturb && rr->rank > 0)
+    gs_engine_param(e, 0)[0] += 1.0f;
+  for (uint64_t s = pos.step; s < sc->max_steps; s++) {
+    err = fake_step(e, rr, s, &res);
+    if (err)
+      goto out;
+    rr->steps = s + 1;
+    if (res.period_changed && !rr->period_changed_at)
+      rr->period_changed_at = s + 1;
+    rr->period = res.bcast_period;
+    if (sc->slow)
+      usleep(2000);
+    if (res.stop) {
+      rr->stopped_at = s + 1;
+      break;
+    }
+  }
+  for (uint32_t p = 0; p < NPARAMS; p++)
+    memcpy(rr->params[p], gs_engine_param(e, p), sizes[p] * sizeof(float));
+out:
+  rr->err = err;
+  if (err)
+    snprintf(rr->error, sizeof(rr->error), "%s", gs_engine_error(e));
+  gs_engine_finish(e, err == 0, err ? gs_engine_error(e) : "done");
+  gs_engine_free(e);
+  return NULL;
+}
+
+static void run_ranks(scenario_t *sc)
+{
+  for (uint32_t r = 0; r < sc->world; r++) {
+    sc->ranks[r].local_rank = r;
+    sc->ranks[r].sc = sc;
+    ck_assert_int_eq(pthread_create(&sc->ranks[r].thread, NULL, rank_main, &sc->ranks[r]), 0);
+  }
+}
+
+static void join_ranks(scenario_t *sc)
+{
+  for (uint32_t r = 0; r < sc->world; r++)
+    pthread_join(sc->ranks[r].thread, NULL);
+  th_coord_stop(&sc->coord);
+}
+
+static void expect_ok(scenario_t *sc)
+{
+  for (uint32_t r = 0; r < sc->world; r++)
+    ck_assert_msg(sc->ranks[r].err == 0, "rank %u: %s", r, sc->ranks[r].error);
+}
+
+static bool params_equal(const rank_run_t *a, const rank_run_t *b)
+{
+  for (uint32_t p = 0; p < NPARAMS; p++)
+    if (memcmp(a->params[p], b->params[p], sizes[p] * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+/* SGD by hand in double, the way PyTorch defines it, for one element. */
+static double reference_param(double p0, uint32_t p, uint32_t i, uint64_t steps)
+{
+  double buf = 0, lr = 0.1, m = 0.9, wd = 5e-4, p_ = p0;
+
+  for (uint64_t s = 0; s < steps; s++) {
+    double d = grad_value(s, p, i) + wd * p_;
+
+    buf = s == 0 ? d : m * buf + d;
+    p_ -= lr * buf;
+  }
+  return p_;
+}
+
+START_TEST(world1_sgd_matches_reference)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "w1", 1);
+  run_ranks(&sc);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  for (uint32_t p = 0; p < NPARAMS; p++)
+    for (uint32_t i = 0; i < sizes[p]; i++) {
+      double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps);
+
+      ck_assert_msg(fabs(sc.ranks[0].params[p][i] - want) < 1e-5, "p%u[%u] = %.7f, want %.7f", p, i,
+                    sc.ranks[0].params[p][i], want);
+    }
+}
+END_TEST
+
+START_TEST(mean_over_ranks_equals_one_rank)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "w3", 3);
+  run_ranks(&sc);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  /* Every rank fed the same gradients, so the mean is that gradient, and the
+   * initial broadcast made rank 0's params everyone's. */
+  for (uint32_t r = 1; r < 3; r++)
+    ck_assert_msg(params_equal(&sc.ranks[0], &sc.ranks[r]), "rank %u differs", r);
+  for (uint32_t i = 0; i < sizes[0]; i++)
+    ck_assert(fabs(sc.ranks[1].params[0][i] - reference_param(0.1 * i, 0, i, 20)) < 1e-5);
+}
+END_TEST
+
+/* Ranks > 0 perturb a param after the start: the period's broadcast must
+ * make them equal again, and period -1 must leave them different. */
+static void perturbed(int32_t period, uint64_t steps, bool expect_equal)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "bcast", 2);
+  sc.bcast_period = period;
+  sc.perturb = true;
+  sc.max_steps = steps;
+  run_ranks(&sc);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  ck_assert_msg(params_equal(&sc.ranks[0], &sc.ranks[1]) == expect_equal,
+                "period %d after %llu steps: params %s", period, (unsigned long long)steps,
+                expect_equal ? "differ" : "are equal");
+}
+
+START_TEST(bcast_period_restores_equality)
+{
+  perturbed(4, 4, true);  /* the boundary at step 4 */
+  perturbed(4, 3, false); /* not yet */
+  perturbed(-1, 8, false);
+  perturbed(0, 8, false); /* 0: only at the start */
+}
+END_TEST
+
+START_TEST(control_takes_effect_at_the_same_step)
+{
+  scenario_t sc;
+  char *body = NULL;
+  int status;
+
+  scenario_init(&sc, "ctl", 3);
+  sc.max_steps = 100000;
+  sc.slow = true;
+  run_ranks(&sc);
+  while (min_step(&sc) < 20)
+    usleep(10000);
+  status = th_http(sc.coord.http_port, "POST", "/jobs/ctl/control", NULL, "{\"bcast_period\": 5}",
+                   &body);
+  free(body);
+  ck_assert_int_eq(status, 200);
+  while (min_step(&sc) < 100)
+    usleep(10000);
+  status = th_http(sc.coord.http_port, "POST", "/jobs/ctl/control", NULL, "{\"action\": \"stop\"}",
+                   &body);
+  free(body);
+  ck_assert_int_eq(status, 200);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  for (uint32_t r = 0; r < 3; r++) {
+    ck_assert_int_eq(sc.ranks[r].period, 5);
+    ck_assert_uint_gt(sc.ranks[r].period_changed_at, 20);
+    ck_assert_uint_eq(sc.ranks[r].period_changed_at, sc.ranks[0].period_changed_at);
+    ck_assert_uint_gt(sc.ranks[r].stopped_at, 100);
+    ck_assert_uint_eq(sc.ranks[r].stopped_at, sc.ranks[0].stopped_at);
+  }
+}
+END_TEST
+
+START_TEST(missing_gradient_is_named)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "unused", 2);
+  sc.skip_param_on_rank = 1;
+  run_ranks(&sc);
+  join_ranks(&sc);
+  ck_assert_int_ne(sc.ranks[1].err, 0);
+  ck_assert_msg(strstr(sc.ranks[1].error, "'p1' received no gradient"), "%s", sc.ranks[1].error);
+  ck_assert_int_ne(sc.ranks[0].err, 0); /* the other rank fails too, and does not hang */
+}
+END_TEST
+
+START_TEST(nonfinite_loss_stops_every_rank)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "nan", 3);
+  sc.nan_rank = 2;
+  sc.nan_step = 5;
+  run_ranks(&sc);
+  join_ranks(&sc);
+  for (uint32_t r = 0; r < 3; r++) {
+    ck_assert_int_eq(sc.ranks[r].err, GS_ERANGE);
+    ck_assert_msg(strstr(sc.ranks[r].error, "step 6: the loss is NaN or infinite on rank(s) 2"),
+                  "rank %u: %s", r, sc.ranks[r].error);
+  }
+}
+END_TEST
+
+START_TEST(checkpoint_resume_is_bit_identical)
+{
+  char dir[] = "/tmp/gs_engine_ckpt_XXXXXX";
+  scenario_t a, b;
+  char cmd[128];
+
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  scenario_init(&a, "ck", 2);
+  a.checkpoint_dir = dir;
+  a.checkpoint_every = 10;
+  a.max_steps = 10;
+  run_ranks(&a);
+  join_ranks(&a);
+  expect_ok(&a);
+  scenario_init(&a, "ck", 2); /* the uninterrupted run to step 20, no checkpoints */
+  a.max_steps = 20;
+  run_ranks(&a);
+  join_ranks(&a);
+  expect_ok(&a);
+  scenario_init(&b, "ck", 2);
+  b.checkpoint_dir = dir;
+  b.resume = true;
+  b.max_steps = 20;
+  run_ranks(&b);
+  join_ranks(&b);
+  expect_ok(&b);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_uint_eq(b.ranks[r].start.step, 10);
+    ck_assert_msg(params_equal(&a.ranks[r], &b.ranks[r]), "rank %u: resumed params differ", r);
+  }
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+static Suite *engine_suite(void)
+{
+  Suite *s = suite_create("engine");
+  TCase *tc;
+
+#define ADD(name)                                                                                  \
+  tc = tcase_create(#name);                                                                        \
+  tcase_set_timeout(tc, 60);                                                                       \
+  tcase_add_test(tc, name);                                                                        \
+  suite_add_tcase(s, tc)
+  ADD(world1_sgd_matches_reference);
+  ADD(mean_over_ranks_equals_one_rank);
+  ADD(bcast_period_restores_equality);
+  ADD(control_takes_effect_at_the_same_step);
+  ADD(missing_gradient_is_named);
+  ADD(nonfinite_loss_stops_every_rank);
+  ADD(checkpoint_resume_is_bit_identical);
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(engine_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
