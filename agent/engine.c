@@ -48,6 +48,7 @@ struct gs_engine {
   gs_client_t *client;
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
+  gradsync_JoinRequest join_req; /* kept to re-register after a coordinator restart */
   gs_join_result_t join;
   bool joined;
   int32_t period;
@@ -75,7 +76,7 @@ struct gs_engine {
   size_t nctl;
   gs_position_t after;
   float loss;
-  uint64_t seen_broadcast_seq, seen_checkpoint_seq;
+  uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
 };
 
 static void set_error(gs_engine_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -313,22 +314,22 @@ static int agree_packlist(gs_engine_t *e)
 
 static int join(gs_engine_t *e, const char *comm_addr)
 {
-  gradsync_JoinRequest req = gradsync_JoinRequest_init_zero;
+  gradsync_JoinRequest *req = &e->join_req;
   int err;
 
-  req.world_size = e->cfg.world_size;
-  snprintf(req.node, sizeof(req.node), "%s", e->cfg.node);
-  req.local_rank = e->cfg.local_rank;
-  snprintf(req.device, sizeof(req.device), "%s", e->cfg.device);
-  req.has_model_signature = true;
-  gs_packs_signature(&e->packs, &req.model_signature);
-  snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", comm_addr);
-  req.peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
-  req.bcast_period = e->cfg.bcast_period;
+  req->world_size = e->cfg.world_size;
+  snprintf(req->node, sizeof(req->node), "%s", e->cfg.node);
+  req->local_rank = e->cfg.local_rank;
+  snprintf(req->device, sizeof(req->device), "%s", e->cfg.device);
+  req->has_model_signature = true;
+  gs_packs_signature(&e->packs, &req->model_signature);
+  snprintf(req->comm_addr, sizeof(req->comm_addr), "%s", comm_addr);
+  req->peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
+  req->bcast_period = e->cfg.bcast_period;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
          "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
          e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
-  err = gs_client_join(e->client, &req, e->cfg.join_timeout_ms, &e->join);
+  err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
   if (err) {
     set_error(e, "join failed: %s", gs_client_error(e->client));
     return err;
@@ -395,6 +396,7 @@ static int start_threads(gs_engine_t *e)
       .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
       .on_abort = on_abort,
       .arg = e,
+      .rejoin = &e->join_req,
   };
 
   if (pthread_create(&e->thread, NULL, comm_main, e)) {
@@ -585,6 +587,11 @@ static void write_control(gs_engine_t *e, float loss)
     gs_directives_t d;
 
     gs_heartbeat_directives(e->hb, &d);
+    if (d.valid && d.coordinator_id != e->coordinator_id) {
+      /* A restarted coordinator counts its requests from zero again. */
+      e->coordinator_id = d.coordinator_id;
+      e->seen_broadcast_seq = e->seen_checkpoint_seq = 0;
+    }
     if (d.valid) {
       e->ctl[CTL_STOP] = d.stop;
       if (d.bcast_period != e->period && d.bcast_period >= -1 && d.bcast_period < CTL_PERIOD_MAX)

@@ -18,6 +18,8 @@ struct gs_heartbeat {
   char *job;
   char *token;
   gs_client_t *cl;
+  bool can_rejoin;
+  gradsync_JoinRequest rejoin;
   pthread_t thread;
   pthread_mutex_t lock; /* guards everything below */
   pthread_cond_t wake;  /* signalled by stop */
@@ -68,6 +70,16 @@ static void fire_abort(gs_heartbeat_t *hb, const char *why)
     hb->cfg.on_abort(hb->cfg.arg, why);
 }
 
+/* The deadline of one call: short enough to notice the timeout and to stop
+ * promptly. */
+static uint32_t call_ms(const gs_heartbeat_t *hb)
+{
+  uint32_t ms =
+      hb->cfg.interval_ms < hb->cfg.timeout_ms / 2 ? hb->cfg.interval_ms : hb->cfg.timeout_ms / 2;
+
+  return ms > MAX_CALL_MS ? MAX_CALL_MS : ms < MIN_CALL_MS ? MIN_CALL_MS : ms;
+}
+
 /* Sends one heartbeat with the latest progress; on a reply, stores its
  * directives. Returns the call's result; *abort tells whether the
  * coordinator aborted the generation (its reason in `why`). */
@@ -76,11 +88,8 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
   const gs_client_config_t *cc = &hb->cfg.client;
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
   gradsync_HeartbeatResponse resp;
-  uint32_t call_ms =
-      hb->cfg.interval_ms < hb->cfg.timeout_ms / 2 ? hb->cfg.interval_ms : hb->cfg.timeout_ms / 2;
   int err;
 
-  call_ms = call_ms > MAX_CALL_MS ? MAX_CALL_MS : call_ms < MIN_CALL_MS ? MIN_CALL_MS : call_ms;
   req.generation = hb->cfg.generation;
   req.rank = hb->cfg.rank;
   pthread_mutex_lock(&hb->lock);
@@ -90,7 +99,7 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
   req.compute_ms = hb->progress.compute_ms;
   req.comm_wait_ms = hb->progress.comm_wait_ms;
   pthread_mutex_unlock(&hb->lock);
-  err = gs_client_heartbeat(hb->cl, &req, &resp, call_ms);
+  err = gs_client_heartbeat(hb->cl, &req, &resp, call_ms(hb));
   if (err)
     return err;
   if (*coord_id && resp.coordinator_id != *coord_id)
@@ -105,6 +114,7 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
       .broadcast_seq = resp.directives.broadcast_seq,
       .checkpoint_seq = resp.directives.checkpoint_seq,
       .stop = resp.directives.stop,
+      .coordinator_id = resp.coordinator_id,
   };
   pthread_mutex_unlock(&hb->lock);
   *abort = resp.abort;
@@ -121,6 +131,33 @@ static void log_failure(gs_heartbeat_t *hb, int err, bool first)
   gs_log(cc->log, first ? GS_LOG_WARN : GS_LOG_DEBUG, cc->job, hb->cfg.rank,
          "heartbeat failed%s: %s", err == GS_ENOTFOUND ? " (coordinator restarted?)" : "",
          gs_client_error(hb->cl));
+}
+
+/* Registers the rank again with a coordinator that no longer knows it (it
+ * restarted), so that it rebuilds the job from the agents. Returns 0 once
+ * re-registered; GS_EABORTED (with the abort fired) when the coordinator
+ * says the generation is over. */
+static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
+{
+  const gs_client_config_t *cc = &hb->cfg.client;
+  gradsync_JoinRequest req = hb->rejoin;
+  gs_join_result_t res = {0};
+  char why[sizeof(hb->why)];
+  int err;
+
+  req.rejoin_generation = hb->cfg.generation;
+  req.rejoin_rank = hb->cfg.rank;
+  err = gs_client_join(hb->cl, &req, deadline_ms, &res);
+  gs_join_result_free(&res);
+  if (err == 0) {
+    gs_log(cc->log, GS_LOG_INFO, cc->job, hb->cfg.rank,
+           "re-registered with the coordinator for generation %llu",
+           (unsigned long long)hb->cfg.generation);
+  } else if (err == GS_EABORTED) {
+    snprintf(why, sizeof(why), "re-registration refused: %s", gs_client_error(hb->cl));
+    fire_abort(hb, why);
+  }
+  return err;
 }
 
 /* Checks whether the coordinator has been unreachable for too long; fires
@@ -152,6 +189,14 @@ static void *run(void *arg)
     next = now_ms() + hb->cfg.interval_ms;
     abort = false;
     err = beat(hb, &coord_id, &abort, why, sizeof(why));
+    if (err == GS_ENOTFOUND && hb->can_rejoin) {
+      err = reregister(hb, call_ms(hb));
+      if (err == GS_EABORTED) {
+        done = true;
+        pthread_mutex_lock(&hb->lock);
+        continue;
+      }
+    }
     if (!err) {
       last_ok = now_ms();
       failing = false;
@@ -177,6 +222,10 @@ static void *run(void *arg)
 static int copy_config(gs_heartbeat_t *hb, const gs_heartbeat_config_t *cfg)
 {
   hb->cfg = *cfg;
+  hb->can_rejoin = cfg->rejoin != NULL;
+  if (cfg->rejoin)
+    hb->rejoin = *cfg->rejoin;
+  hb->cfg.rejoin = NULL;
   hb->job = strdup(cfg->client.job ? cfg->client.job : "");
   hb->token = cfg->client.token ? strdup(cfg->client.token) : NULL;
   hb->cfg.client.job = hb->job;

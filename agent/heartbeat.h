@@ -28,6 +28,7 @@ typedef struct gs_directives {
   uint64_t broadcast_seq;
   uint64_t checkpoint_seq;
   bool stop;
+  uint64_t coordinator_id; /* the sequence numbers count per coordinator process */
 } gs_directives_t;
 
 typedef struct gs_heartbeat_config {
@@ -38,6 +39,10 @@ typedef struct gs_heartbeat_config {
   uint32_t timeout_ms;  /* unreachable for this long: abort */
   void (*on_abort)(void *arg, const char *reason);
   void *arg;
+  /* The rank's Join, sent again with rejoin_generation/rejoin_rank when the
+   * coordinator no longer knows the rank (it restarted: it keeps soft state
+   * only, and re-registering rebuilds the job). NULL: never re-register. */
+  const gradsync_JoinRequest *rejoin;
 } gs_heartbeat_config_t;
 
 typedef struct gs_heartbeat gs_heartbeat_t;

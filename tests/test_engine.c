@@ -324,6 +324,42 @@ START_TEST(control_takes_effect_at_the_same_step)
 }
 END_TEST
 
+/* The coordinator keeps soft state only: after it is killed and restarted
+ * on the same port, the ranks' heartbeats re-register, training never
+ * stops, and a directive posted to the new coordinator reaches every rank. */
+START_TEST(coordinator_restart_is_survived)
+{
+  scenario_t sc;
+  char listen[32], *body = NULL;
+  uint64_t resumed;
+  int status = 0;
+
+  scenario_init(&sc, "restart", 2);
+  sc.max_steps = 1000000;
+  sc.slow = true;
+  run_ranks(&sc);
+  while (min_step(&sc) < 20)
+    usleep(10000);
+  th_coord_kill(&sc.coord);
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", sc.coord.rpc_port);
+  th_coord_start(&sc.coord, "--listen", listen, "--heartbeat-interval", "100ms",
+                 "--heartbeat-timeout", "3s", "--log-level", "warn", NULL);
+  resumed = min_step(&sc);
+  for (int i = 0; i < 100 && status != 200; i++) {
+    usleep(50000);
+    free(body);
+    status = th_http(sc.coord.http_port, "POST", "/jobs/restart/control", NULL,
+                     "{\"action\": \"stop\"}", &body);
+  }
+  free(body);
+  ck_assert_int_eq(status, 200);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  ck_assert_uint_gt(sc.ranks[0].stopped_at, resumed);
+  ck_assert_uint_eq(sc.ranks[0].stopped_at, sc.ranks[1].stopped_at);
+}
+END_TEST
+
 START_TEST(missing_gradient_is_named)
 {
   scenario_t sc;
@@ -404,6 +440,7 @@ static Suite *engine_suite(void)
   ADD(mean_over_ranks_equals_one_rank);
   ADD(bcast_period_restores_equality);
   ADD(control_takes_effect_at_the_same_step);
+  ADD(coordinator_restart_is_survived);
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
   ADD(checkpoint_resume_is_bit_identical);
