@@ -7,5 +7,6 @@ build=${1:-build}
 shift || true
 run="$build/bin/gradsync-run"
 [ -x "$run" ] || { echo "demo: $run not built; run 'make build'" >&2; exit 1; }
-set -x
-exec "$run" --nproc 2 --reduce mean --epochs 3 "$@"
+
+echo "+ gradsync-run --nproc 2 --reduce mean --epochs 3 --schedule cosine --log-level warn $*"
+exec "$run" --nproc 2 --reduce mean --epochs 3 --schedule cosine --log-level warn "$@"
