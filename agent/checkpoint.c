@@ -373,19 +373,26 @@ static int prune(const char *dir, uint64_t step, uint32_t keep, char *why, size_
   return err;
 }
 
-int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep, char *path,
-                       size_t path_len, char *why, size_t why_len)
+/* The checks save and load share; clears `path` first. */
+static int check_args(const char *dir, const gs_ckpt_state_t *st, char *path, size_t path_len,
+                      char *why, size_t why_len)
 {
-  char tmp[PATH_MAX], final[PATH_MAX];
-  int fd, err;
-
   if (path && path_len)
     path[0] = '\0';
   if (!dir || !*dir) {
     set_why(why, why_len, "no checkpoint directory given");
     return GS_EINVAL;
   }
-  err = check_state(st, why, why_len);
+  return check_state(st, why, why_len);
+}
+
+int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep, char *path,
+                       size_t path_len, char *why, size_t why_len)
+{
+  char tmp[PATH_MAX], final[PATH_MAX];
+  int fd, err;
+
+  err = check_args(dir, st, path, path_len, why, why_len);
   if (err)
     return err;
   if (!ckpt_path(tmp, sizeof(tmp), dir, st->step, true) ||
@@ -647,13 +654,7 @@ int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log
   uint64_t *steps;
   int err;
 
-  if (path && path_len)
-    path[0] = '\0';
-  if (!dir || !*dir) {
-    set_why(why, why_len, "no checkpoint directory given");
-    return GS_EINVAL;
-  }
-  err = check_state(st, why, why_len);
+  err = check_args(dir, st, path, path_len, why, why_len);
   if (err)
     return err;
   err = list_steps(dir, &steps, &n, why, why_len);

@@ -592,21 +592,28 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
   }
 }
 
-/* Marks the comm broken by `err` (an abort wins) and shuts its sockets down
- * so that the neighbours fail promptly too. Returns the error to report. */
-static int comm_fail(host_comm_t *c, int err)
+/* Shuts both ring sockets down (the fds stay open until destroy), which
+ * unblocks this rank's poll() and makes the neighbours fail promptly. */
+static void shutdown_ring(host_comm_t *c)
 {
-  int fd;
+  int fd = atomic_load(&c->next_fd);
 
-  if (is_aborted(c))
-    err = GS_EABORTED;
-  c->err = err;
-  fd = atomic_load(&c->next_fd);
   if (fd >= 0)
     shutdown(fd, SHUT_RDWR);
   fd = atomic_load(&c->prev_fd);
   if (fd >= 0)
     shutdown(fd, SHUT_RDWR);
+}
+
+/* Marks the comm broken by `err` (an abort wins) and shuts its sockets down
+ * so that the neighbours fail promptly too. Returns the error to report. */
+static int comm_fail(host_comm_t *c, int err)
+{
+
+  if (is_aborted(c))
+    err = GS_EABORTED;
+  c->err = err;
+  shutdown_ring(c);
   return err;
 }
 
@@ -944,18 +951,12 @@ static void host_abort(gs_comm_t *base)
 {
   host_comm_t *c = (host_comm_t *)base;
   uint64_t one = 1;
-  int fd;
 
   atomic_store(&c->aborted, true);
   if (write(c->wake_fd, &one, sizeof(one)) < 0) {
     /* EAGAIN: the counter is already far from zero, which is all we need. */
   }
-  fd = atomic_load(&c->next_fd);
-  if (fd >= 0)
-    shutdown(fd, SHUT_RDWR);
-  fd = atomic_load(&c->prev_fd);
-  if (fd >= 0)
-    shutdown(fd, SHUT_RDWR);
+  shutdown_ring(c);
 }
 
 static void host_destroy(gs_comm_t *base)

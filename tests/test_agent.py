@@ -196,6 +196,28 @@ def case_control(tmp):
           f"{stop.group(1)}")
 
 
+def case_sigterm(tmp):
+    """SIGTERM to the launcher stops every rank at one step, with a checkpoint there."""
+    d = os.path.join(tmp, "ck")
+    p, url, lines = start_launcher(["--nproc", "2", "--reduce", "mean", "--steps", "10000000",
+                                    "--checkpoint-dir", d] + FAST)
+    try:
+        wait_for(p, lines, r"\[rank 0\] step \d+")
+        p.send_signal(signal.SIGTERM)
+        lines.append(p.stdout.read())
+        p.wait(timeout=60)
+    finally:
+        p.kill()
+    text = "".join(lines)
+    stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
+    assert stop, text[-3000:]
+    ck = read_checkpoint(newest_checkpoint(d))
+    assert ck["step"] == int(stop.group(1)), (ck["step"], stop.group(1))
+    assert "rank 1 exited" not in text, text[-3000:]
+    print(f"stopped after step {stop.group(1)} with a checkpoint there; launcher exit "
+          f"{p.returncode}")
+
+
 def case_training(tmp):
     """Two ranks reach >= 83% test accuracy on Fashion-MNIST within 2 epochs."""
     _, out, _ = run(["--nproc", "2", "--reduce", "mean", "--epochs", "2"], timeout=280)
