@@ -13,6 +13,9 @@ typedef struct backend {
 
 static const backend_t backends[] = {
     {"host", gs__comm_host_new},
+#ifdef GS_HAVE_CUDA
+    {"nccl", gs__comm_nccl_new},
+#endif
 };
 
 #define BACKEND_COUNT (sizeof(backends) / sizeof(backends[0]))
@@ -80,18 +83,65 @@ int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup)
   return comm->ops->init(comm, setup);
 }
 
-int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op)
+int gs_comm_make_id(gs_comm_t *comm, void *buf, size_t cap, size_t *len)
+{
+  if (!comm || !len)
+    return GS_EINVAL;
+  *len = 0;
+  return comm->ops->make_id ? comm->ops->make_id(comm, buf, cap, len) : 0;
+}
+
+bool gs_comm_needs_id(const gs_comm_t *comm)
+{
+  return comm && comm->ops->make_id;
+}
+
+bool gs_comm_stream_ordered(const gs_comm_t *comm)
+{
+  return comm && comm->ops->stream_ordered;
+}
+
+uint64_t gs_comm_ticket(const gs_comm_t *comm)
+{
+  return comm ? comm->ticket : 0;
+}
+
+int gs_comm_order_after(gs_comm_t *comm, uint64_t ticket)
 {
   if (!comm)
     return GS_EINVAL;
-  return comm->ops->allreduce(comm, buf, count, dtype, op);
+  return comm->ops->order_after ? comm->ops->order_after(comm, ticket) : 0;
+}
+
+int gs_comm_sync(gs_comm_t *comm)
+{
+  if (!comm)
+    return GS_EINVAL;
+  return comm->ops->sync ? comm->ops->sync(comm) : 0;
+}
+
+/* The backend sees the collective's ticket as comm->ticket during the call
+ * (stream-ordered backends record its completion under that number). */
+int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op)
+{
+  int err;
+
+  if (!comm)
+    return GS_EINVAL;
+  err = comm->ops->allreduce(comm, buf, count, dtype, op);
+  comm->ticket++;
+  return err;
 }
 
 int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root)
 {
+  int err;
+
   if (!comm)
     return GS_EINVAL;
-  return comm->ops->broadcast(comm, buf, bytes, root);
+  err = comm->ops->broadcast(comm, buf, bytes, root);
+  comm->ticket++;
+  return err;
 }
 
 void gs_comm_abort(gs_comm_t *comm)

@@ -10,11 +10,13 @@
 #ifndef GS_COMM_H
 #define GS_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "error.h"
 #include "log.h"
+#include "device.h"
 #include "packlist.h"
 
 typedef enum gs_reduce_op {
@@ -36,6 +38,14 @@ typedef struct gs_comm_setup {
   /* No progress for this long inside one operation (or connecting) is
    * GS_ETIMEDOUT: a silent peer is an error, never a hang. */
   uint64_t timeout_ms;
+  /* Stream-ordered backends (nccl): the device the buffers live on (its
+   * compute stream orders the collectives), rank 0's rendezvous id
+   * (gs_comm_make_id, passed to every rank), and the most collectives
+   * queued between two gs_comm_sync calls. */
+  gs_device_t *device;
+  const void *id;
+  size_t id_len;
+  uint32_t max_queued;
 } gs_comm_setup_t;
 
 typedef struct gs_comm gs_comm_t;
@@ -53,6 +63,33 @@ int gs_comm_listen(gs_comm_t *comm, const char *host, char *addr, size_t addr_le
  * rank in the ring, and accepts the previous one). Blocks until connected,
  * or fails after setup->timeout_ms. */
 int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup) GS_WARN_UNUSED;
+
+/* Rank 0, before init, for backends that need a rendezvous id (nccl: the
+ * ncclUniqueId): writes it to buf (cap bytes) and its size to *len. Other
+ * backends: 0 with *len 0. */
+int gs_comm_make_id(gs_comm_t *comm, void *buf, size_t cap, size_t *len) GS_WARN_UNUSED;
+/* Whether init needs rank 0's id (every rank asks, rank 0 makes it). */
+bool gs_comm_needs_id(const gs_comm_t *comm);
+
+/* Stream-ordered backends (nccl) queue a collective on their own stream
+ * and return at once: it starts after everything the device's compute
+ * stream holds at the call, and gs_comm_order_after() makes later device
+ * work wait for it. Blocking backends (host) return when it is done. */
+bool gs_comm_stream_ordered(const gs_comm_t *comm);
+
+/* The number the next collective gets (0, 1, ... since init). */
+uint64_t gs_comm_ticket(const gs_comm_t *comm);
+
+/* Stream-ordered: device work queued after this call waits for collective
+ * `ticket` (already queued). Blocking backends: 0, nothing to do. */
+int gs_comm_order_after(gs_comm_t *comm, uint64_t ticket) GS_WARN_UNUSED;
+
+/* Stream-ordered: waits until every queued collective is done, polling for
+ * the library's asynchronous errors and gs_comm_abort; no completion for
+ * setup->timeout_ms aborts the communicator and fails with GS_ETIMEDOUT.
+ * Call it before any blocking device sync that depends on collectives.
+ * Blocking backends: 0. */
+int gs_comm_sync(gs_comm_t *comm) GS_WARN_UNUSED;
 
 /* In place: every rank's `buf` of `count` elements becomes the elementwise
  * sum (or mean) over all ranks. Every rank passes the same count, dtype and
@@ -77,6 +114,10 @@ void gs_comm_destroy(gs_comm_t *comm);
 /* The backend table (comm.c dispatches through it; one per backend file). */
 typedef struct gs_comm_ops {
   const char *name;
+  bool stream_ordered;
+  int (*make_id)(gs_comm_t *comm, void *buf, size_t cap, size_t *len); /* NULL: no id */
+  int (*order_after)(gs_comm_t *comm, uint64_t ticket);                /* stream-ordered */
+  int (*sync)(gs_comm_t *comm);                                        /* stream-ordered */
   int (*listen)(gs_comm_t *comm, const char *host, char *addr, size_t addr_len);
   int (*init)(gs_comm_t *comm, const gs_comm_setup_t *setup);
   int (*allreduce)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op);
@@ -89,9 +130,11 @@ typedef struct gs_comm_ops {
 struct gs_comm {
   const gs_comm_ops_t *ops;
   const gs_log_t *log;
+  uint64_t ticket; /* collectives started since init (comm.c counts them) */
 };
 
 /* Backend constructors (comm.c calls them by name). */
 gs_comm_t *gs__comm_host_new(const gs_log_t *log);
+gs_comm_t *gs__comm_nccl_new(const gs_log_t *log); /* CUDA builds (comm_nccl.c) */
 
 #endif

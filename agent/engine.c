@@ -72,8 +72,12 @@ struct gs_engine {
   uint32_t *launched; /* pack indices in launch order */
   uint32_t nlaunched;
   int64_t repeated_param; /* reported twice in this step, or -1 */
-  float *ctl;
+  uint64_t *ticket;       /* per pack: its allreduce's number (stream-ordered backends) */
+  int launch_err;         /* the first failure to queue an allreduce this step */
+  float *ctl;             /* host copy of the control vector */
+  float *ctl_dev;         /* where it rides: after the grads of the last pack */
   size_t nctl;
+  void *aux_dev;          /* device staging for small host buffers (stream-ordered) */
   gs_position_t after;
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
@@ -246,14 +250,41 @@ static int comm_failed(gs_engine_t *e, int err, const char *what)
   return err;
 }
 
-/* Runs one collective on the comm thread and waits for it (outside a step). */
-static int run_aux(gs_engine_t *e, job_op_t op, void *buf, size_t count, const char *what)
-{
-  comm_job_t *job = &e->jobs[e->packs.list.pack_count];
-  int err;
+#define AUX_BYTES 256 /* the largest host buffer staged for a device backend */
 
-  enqueue(e, job, op, buf, count);
-  err = wait_job(e, job);
+/* Runs one collective now and waits for it (outside a step). `buf` is in
+ * device memory when `on_device`, else in host memory, which a backend
+ * working on device memory gets through the aux_dev staging buffer. */
+static int run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
+                   const char *what)
+{
+  size_t bytes = op == OP_ALLREDUCE ? count * sizeof(float) : count;
+  void *at = buf;
+  int err = 0;
+
+  if (!gs_comm_stream_ordered(e->comm)) {
+    comm_job_t *job = &e->jobs[e->packs.list.pack_count];
+
+    enqueue(e, job, op, buf, count);
+    err = wait_job(e, job);
+    return err ? comm_failed(e, err, what) : 0;
+  }
+  if (!on_device) {
+    if (bytes > AUX_BYTES)
+      return GS_EINVAL;
+    at = e->aux_dev;
+    err = gs_device_upload(e->cfg.dev, at, buf, bytes);
+  }
+  if (!err)
+    err = op == OP_ALLREDUCE
+              ? gs_comm_allreduce(e->comm, at, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM)
+              : gs_comm_broadcast(e->comm, at, count, 0);
+  if (!err)
+    err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
+  if (!err)
+    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+  if (!err && !on_device)
+    err = gs_device_download(e->cfg.dev, buf, at, bytes);
   return err ? comm_failed(e, err, what) : 0;
 }
 
@@ -304,7 +335,8 @@ static int agree_packlist(gs_engine_t *e)
     }
     fetched = true;
   }
-  err = gs_packs_build(&e->packs, &list, params, n, e->nctl, &e->cfg.sgd, why, sizeof(why));
+  err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl, &e->cfg.sgd, why,
+                       sizeof(why));
   if (fetched)
     gs_client_params_free(params, n);
   if (err)
@@ -342,20 +374,62 @@ static int join(gs_engine_t *e, const char *comm_addr)
   return 0;
 }
 
+#define COMM_ID_KEY "comm-id"
+#define COMM_ID_MAX 1024
+
+/* Backends with a rendezvous id (nccl): rank 0 makes it and publishes it
+ * for this generation through the coordinator; the others fetch it. */
+static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
+{
+  int err;
+
+  *len = 0;
+  if (!gs_comm_needs_id(e->comm))
+    return 0;
+  if (e->join.rank == 0) {
+    err = gs_comm_make_id(e->comm, id, COMM_ID_MAX, len);
+    if (err) {
+      set_error(e, "the %s backend cannot make its rendezvous id: %s", gs_comm_name(e->comm),
+                gs_strerror(err));
+      return err;
+    }
+    err = gs_client_publish(e->client, e->join.generation, COMM_ID_KEY, id, *len,
+                            e->cfg.rpc_timeout_ms);
+  } else {
+    err = gs_client_fetch(e->client, e->join.generation, COMM_ID_KEY, id, COMM_ID_MAX, len,
+                          e->cfg.join_timeout_ms);
+  }
+  if (err)
+    set_error(e, "cannot %s the %s rendezvous id through the coordinator: %s",
+              e->join.rank == 0 ? "publish" : "fetch", gs_comm_name(e->comm),
+              gs_client_error(e->client));
+  return err;
+}
+
 static int connect_ranks(gs_engine_t *e)
 {
   uint32_t w = e->join.world_size;
   const char **addrs = calloc(w, sizeof(*addrs));
+  uint8_t id[COMM_ID_MAX];
   gs_comm_setup_t setup = {
       .rank = e->join.rank,
       .world_size = w,
       .generation = e->join.generation,
       .timeout_ms = e->cfg.comm_timeout_ms,
+      .device = e->cfg.dev,
+      .id = id,
+      /* a step queues one allreduce per pack; a broadcast of the packs two per pack */
+      .max_queued = 2 * e->packs.list.pack_count + 2,
   };
   int err;
 
   if (!addrs)
     return GS_ENOMEM;
+  err = share_comm_id(e, id, &setup.id_len);
+  if (err) {
+    free(addrs);
+    return err;
+  }
   for (uint32_t r = 0; r < w; r++)
     addrs[r] = "";
   for (uint32_t k = 0; k < w && e->join.peers; k++)
@@ -379,7 +453,11 @@ static int alloc_step_state(gs_engine_t *e)
   e->queue = calloc(e->qcap, sizeof(*e->queue));
   e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
   e->launched = calloc(packs + 1, sizeof(*e->launched));
-  if (!e->jobs || !e->queue || !e->ready || !e->launched) {
+  e->ticket = calloc(packs + 1, sizeof(*e->ticket));
+  e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl * sizeof(float));
+  e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
+  if (!e->jobs || !e->queue || !e->ready || !e->launched || !e->ticket || !e->ctl ||
+      !e->aux_dev) {
     set_error(e, "out of memory");
     return GS_ENOMEM;
   }
@@ -426,10 +504,21 @@ int gs_engine_start(gs_engine_t *e)
     set_error(e, "%s", why);
     return GS_EINVAL;
   }
+  if (!e->cfg.dev) {
+    set_error(e, "no compute device");
+    return GS_EINVAL;
+  }
   e->client = gs_client_new(&e->cfg.coord);
   e->comm = gs_comm_new(e->cfg.backend, e->cfg.log);
   if (!e->client || !e->comm) {
     set_error(e, e->comm ? "out of memory" : "unknown backend '%s'", e->cfg.backend);
+    return GS_EINVAL;
+  }
+  /* Blocking backends move host memory, stream-ordered ones device memory. */
+  if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
+    set_error(e, "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
+              gs_comm_name(e->comm), e->cfg.dev->label,
+              e->cfg.dev->host_memory ? "host" : "nccl", e->cfg.dev->host_memory ? "cpu" : "cuda");
     return GS_EINVAL;
   }
   err = gs_comm_listen(e->comm, e->cfg.comm_host, comm_addr, sizeof(comm_addr));
@@ -445,8 +534,8 @@ int gs_engine_start(gs_engine_t *e)
   err = agree_packlist(e);
   if (err)
     return err;
-  e->ctl = e->packs.packs[gs_packs_last(&e->packs)].grads +
-           e->packs.packs[gs_packs_last(&e->packs)].elements;
+  e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
+               e->packs.packs[gs_packs_last(&e->packs)].elements;
   err = alloc_step_state(e);
   if (err)
     return err;
@@ -466,11 +555,11 @@ static int broadcast_packs(gs_engine_t *e, bool momentum)
 {
   for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
-    int err =
-        run_aux(e, OP_BROADCAST, pk->params, pk->elements * sizeof(float), "broadcast of params");
+    int err = run_now(e, OP_BROADCAST, pk->params, pk->elements * sizeof(float), true,
+                      "broadcast of params");
 
     if (!err && momentum)
-      err = run_aux(e, OP_BROADCAST, pk->momentum, pk->elements * sizeof(float),
+      err = run_now(e, OP_BROADCAST, pk->momentum, pk->elements * sizeof(float), true,
                     "broadcast of momentum");
     if (err)
       return err;
@@ -478,17 +567,63 @@ static int broadcast_packs(gs_engine_t *e, bool momentum)
   return 0;
 }
 
-/* The checkpoint's view of the packs: params then momentum of each pack. */
-static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e)
+/* The checkpoint's view of the packs, params then momentum of each pack,
+ * in host memory: the pack buffers themselves on a host-memory device,
+ * else copies (downloaded from the device when `download`). Release with
+ * ckpt_release. NULL when out of memory or the download failed. */
+static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, bool download)
 {
   uint32_t packs = e->packs.list.pack_count;
   gs_ckpt_buffer_t *b = calloc(2 * packs, sizeof(*b));
+  bool host = e->cfg.dev->host_memory;
 
   for (uint32_t k = 0; b && k < packs; k++) {
-    b[2 * k] = (gs_ckpt_buffer_t){e->packs.packs[k].params, e->packs.packs[k].elements};
-    b[2 * k + 1] = (gs_ckpt_buffer_t){e->packs.packs[k].momentum, e->packs.packs[k].elements};
+    gs_pack_t *pk = &e->packs.packs[k];
+
+    b[2 * k] = (gs_ckpt_buffer_t){pk->params, pk->elements};
+    b[2 * k + 1] = (gs_ckpt_buffer_t){pk->momentum, pk->elements};
+  }
+  for (uint32_t i = 0; b && !host && i < 2 * packs; i++) {
+    float *src = b[i].data;
+
+    b[i].data = malloc(b[i].count * sizeof(float) + 1);
+    if (!b[i].data || (download && gs_device_download(e->cfg.dev, b[i].data, src,
+                                                      b[i].count * sizeof(float)))) {
+      for (uint32_t j = 0; j <= i; j++)
+        free(b[j].data);
+      free(b);
+      return NULL;
+    }
   }
   return b;
+}
+
+/* Frees ckpt_buffers' copies, uploading them to the packs first when
+ * `upload` (a loaded checkpoint). */
+static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
+{
+  uint32_t packs = e->packs.list.pack_count;
+  int err = 0;
+
+  if (e->cfg.dev->host_memory) {
+    free(b);
+    return 0;
+  }
+  for (uint32_t k = 0; k < packs; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+
+    if (upload && !err)
+      err = gs_device_upload(e->cfg.dev, pk->params, b[2 * k].data, pk->elements * sizeof(float));
+    if (upload && !err)
+      err = gs_device_upload(e->cfg.dev, pk->momentum, b[2 * k + 1].data,
+                             pk->elements * sizeof(float));
+  }
+  if (upload && !err)
+    err = gs_device_sync(e->cfg.dev); /* the copies are freed next */
+  for (uint32_t i = 0; i < 2 * packs; i++)
+    free(b[i].data);
+  free(b);
+  return err;
 }
 
 int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
@@ -504,12 +639,15 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
 
   if (e->join.rank != 0 || !e->cfg.checkpoint_dir)
     return 0;
-  st.bufs = ckpt_buffers(e);
-  if (!st.bufs)
+  st.bufs = ckpt_buffers(e, true);
+  if (!st.bufs) {
+    set_error(e, "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host",
+              pos->step);
     return GS_ENOMEM;
+  }
   err = gs_checkpoint_save(e->cfg.checkpoint_dir, &st, e->cfg.checkpoint_keep, path, sizeof(path),
                            why, sizeof(why));
-  free(st.bufs);
+  ckpt_release(e, st.bufs, false);
   if (err) {
     set_error(e, "checkpoint at step %" PRIu64 " failed: %s", pos->step, why);
     return err;
@@ -528,12 +666,15 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   int err;
 
   *found = false;
-  st.bufs = ckpt_buffers(e);
+  st.bufs = ckpt_buffers(e, false);
   if (!st.bufs)
     return GS_ENOMEM;
   err = gs_checkpoint_load_latest(e->cfg.checkpoint_dir, &st, e->cfg.log, path, sizeof(path), why,
                                   sizeof(why));
-  free(st.bufs);
+  if (ckpt_release(e, st.bufs, err == 0) && !err) {
+    snprintf(why, sizeof(why), "cannot copy the checkpoint to the device");
+    err = GS_EIO;
+  }
   if (err == GS_ENOTFOUND) {
     gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, 0, "--resume: %s; starting from scratch",
            why);
@@ -565,7 +706,7 @@ int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
   }
   if (e->join.world_size == 1)
     return 0;
-  err = run_aux(e, OP_BROADCAST, hdr, sizeof(hdr), "broadcast of the start position");
+  err = run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false, "broadcast of the start position");
   if (err)
     return err;
   if (hdr[0]) {
@@ -623,8 +764,39 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   e->repeated_param = -1;
   e->after = *after;
   e->loss = loss;
+  e->launch_err = 0;
   write_control(e, loss);
+  /* Queued before backward, so it is in place before the last pack's allreduce. */
+  e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
   e->in_step = true;
+}
+
+/* Starts pack k's allreduce: queued on the comm thread for a blocking
+ * backend, on the comm stream (after the gradients queued so far) for a
+ * stream-ordered one. */
+static void launch(gs_engine_t *e, uint32_t k)
+{
+  gs_pack_t *pk = &e->packs.packs[k];
+  int err;
+
+  if (!gs_comm_stream_ordered(e->comm)) {
+    enqueue(e, &e->jobs[k], OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
+    return;
+  }
+  e->ticket[k] = gs_comm_ticket(e->comm);
+  err = gs_comm_allreduce(e->comm, pk->grads, pk->elements + pk->extra, GS_DTYPE_FLOAT32,
+                          GS_REDUCE_SUM);
+  if (err && !e->launch_err)
+    e->launch_err = err;
+}
+
+/* Makes pack k's reduced gradients available to what comes next: waits
+ * for the comm thread, or orders the device's later work after it. */
+static int complete(gs_engine_t *e, uint32_t k)
+{
+  if (!gs_comm_stream_ordered(e->comm))
+    return wait_job(e, &e->jobs[k]);
+  return gs_comm_order_after(e->comm, e->ticket[k]);
 }
 
 void gs_engine_grad_ready(void *engine, uint32_t i)
@@ -642,7 +814,7 @@ void gs_engine_grad_ready(void *engine, uint32_t i)
   pk = &e->packs.packs[k];
   if (--pk->pending == 0) {
     e->launched[e->nlaunched++] = k;
-    enqueue(e, &e->jobs[k], OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
+    launch(e, k);
   }
 }
 
@@ -720,11 +892,14 @@ static int missing_gradient(gs_engine_t *e, uint64_t step)
   return 0;
 }
 
+/* Waits for the allreduces pack by pack and queues each pack's SGD as its
+ * gradients arrive, then reads back the summed control vector. */
 int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
 {
   uint64_t step = e->after.step;
   float lr = gs_sgd_lr(&e->cfg.sgd, step - 1);
-  double waited = 0;
+  double waited = 0, optimizer = 0, t0;
+  char what[64];
   int err;
 
   memset(out, 0, sizeof(*out));
@@ -736,21 +911,39 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   }
   if (e->nlaunched < e->packs.list.pack_count)
     return missing_gradient(e, step);
+  snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of the gradients", step);
+  if (e->launch_err)
+    return comm_failed(e, e->launch_err, what);
   for (uint32_t j = 0; j < e->nlaunched; j++) {
     gs_pack_t *pk = &e->packs.packs[e->launched[j]];
-    double w0 = now_ms();
-    char what[64];
 
-    err = wait_job(e, &e->jobs[e->launched[j]]);
-    waited += now_ms() - w0;
+    t0 = now_ms();
+    err = complete(e, e->launched[j]);
+    waited += now_ms() - t0;
     if (err) {
       snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, e->launched[j]);
       return comm_failed(e, err, what);
     }
-    gs_sgd_step_pack(&e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams, pk->params,
-                     pk->grads, pk->momentum);
+    t0 = now_ms();
+    gs_device_sgd_pack(e->cfg.dev, &e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams,
+                       pk->params, pk->grads, pk->momentum);
+    optimizer += now_ms() - t0;
+  }
+  t0 = now_ms();
+  err = gs_comm_sync(e->comm);
+  waited += now_ms() - t0;
+  if (err)
+    return comm_failed(e, err, what);
+  t0 = now_ms();
+  err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
+  optimizer += now_ms() - t0;
+  if (err) {
+    set_error(e, "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
+              e->cfg.dev->label, gs_strerror(err));
+    return err;
   }
   out->comm_wait_ms = waited;
+  out->optimizer_ms = optimizer;
   return act_on_control(e, step, out);
 }
 
@@ -758,7 +951,7 @@ int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)
 {
   if (e->join.world_size == 1)
     return 0;
-  return run_aux(e, OP_ALLREDUCE, buf, n, "allreduce of metrics");
+  return run_now(e, OP_ALLREDUCE, buf, n, false, "allreduce of metrics");
 }
 
 void gs_engine_report(gs_engine_t *e, const gs_progress_t *p)
@@ -817,6 +1010,11 @@ void gs_engine_free(gs_engine_t *e)
   free(e->queue);
   free(e->ready);
   free(e->launched);
+  free(e->ticket);
+  if (e->cfg.dev) {
+    gs_device_host_free(e->cfg.dev, e->ctl);
+    gs_device_free(e->cfg.dev, e->aux_dev);
+  }
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   free(e);

@@ -23,6 +23,7 @@
 
 #include "client.h"
 #include "comm.h"
+#include "device.h"
 #include "error.h"
 #include "heartbeat.h"
 #include "log.h"
@@ -33,8 +34,9 @@ typedef struct gs_engine_config {
   uint32_t world_size;
   char node[256]; /* this machine (ranks sort by node, then local_rank) */
   uint32_t local_rank;
-  char device[64];     /* "cpu", ... (shown in status) */
-  char backend[16];    /* "host" */
+  gs_device_t *dev;    /* where params, grads and momentum live (not owned) */
+  char device[64];     /* "cpu", "cuda:0" (shown in status) */
+  char backend[16];    /* "host" (cpu device) or "nccl" (cuda device) */
   char comm_host[256]; /* address the backend listens on and peers dial */
   uint64_t pack_threshold;
   gs_reduce_op_t reduce;
@@ -67,6 +69,7 @@ typedef struct gs_step_result {
   bool broadcast;        /* params were broadcast from rank 0 after this step */
   bool checkpoint;       /* a checkpoint was taken after this step */
   double comm_wait_ms;   /* time end_step waited for allreduces */
+  double optimizer_ms;   /* time end_step spent in (or waiting for) SGD */
 } gs_step_result_t;
 
 typedef struct gs_engine gs_engine_t;
@@ -93,7 +96,8 @@ uint64_t gs_engine_generation(const gs_engine_t *e);
 uint32_t gs_engine_pack_count(const gs_engine_t *e);
 int32_t gs_engine_bcast_period(const gs_engine_t *e);
 
-/* Views of parameter i and its gradient in the packs (after start). */
+/* Views of parameter i and its gradient in the packs (after start; device
+ * memory of cfg.dev). */
 float *gs_engine_param(const gs_engine_t *e, uint32_t i);
 float *gs_engine_grad(const gs_engine_t *e, uint32_t i);
 

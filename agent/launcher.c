@@ -194,7 +194,8 @@ static void usage(FILE *out)
           "\n"
           "Every other argument, and everything after \"--\", goes to each agent unchanged,\n"
           "after --coordinator H:P --job NAME --world-size N --local-rank i. Agents also\n"
-          "get LOCAL_RANK and WORLD_SIZE in their environment.\n"
+          "get LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE in their environment; with\n"
+          "fewer GPUs than --nproc they pick the cpu device unless told --device.\n"
           "SIGINT, SIGTERM and SIGHUP stop the agents with SIGTERM, then the coordinator;\n"
           "a SIGINT while stopping kills everything at once.\n",
           GS_RUN_MAX_NPROC);
@@ -454,6 +455,7 @@ child_exec(const gs_run_t *r, const gs_run_child_t *c, char *const argv[], int o
     setenv("LOCAL_RANK", num, 1);
     snprintf(num, sizeof(num), "%ld", r->cfg.nproc);
     setenv("WORLD_SIZE", num, 1);
+    setenv("LOCAL_WORLD_SIZE", num, 1); /* every rank runs on this machine */
   }
   signal(SIGPIPE, SIG_DFL);
   if (r->nofile_raised)

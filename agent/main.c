@@ -35,8 +35,12 @@ static void usage(FILE *out)
       "  --token TOKEN             the coordinator's shared secret (default: $GRADSYNC_TOKEN)\n"
       "  --comm-host ADDR          address peers reach this agent on (default: this host's\n"
       "                            address toward the coordinator)\n"
-      "  --backend NAME            collective backend: host (default host)\n"
-      "  --device NAME             compute device: cpu (default cpu)\n"
+      "  --device NAME             compute device: cpu, cuda or auto (default auto: cuda when\n"
+      "                            a GPU is visible and this build has CUDA, else cpu)\n"
+      "  --gpu N                   which GPU (default: the local rank modulo the GPUs visible)\n"
+      "  --backend NAME            collective backend: host (TCP ring between agents, cpu\n"
+      "                            device), nccl (cuda device) or auto (default: follows the\n"
+      "                            device)\n"
       "Sync:\n"
       "  --reduce sum|mean         how gradients combine across ranks (required when N > 1)\n"
       "  --pack-threshold SIZE     largest gradient pack (default 10MiB)\n"
@@ -92,6 +96,7 @@ enum {
   OPT_COMM_HOST,
   OPT_BACKEND,
   OPT_DEVICE,
+  OPT_GPU,
   OPT_REDUCE,
   OPT_PACK,
   OPT_BCAST,
@@ -137,6 +142,7 @@ static const struct option options[] = {
     {"comm-host", required_argument, NULL, OPT_COMM_HOST},
     {"backend", required_argument, NULL, OPT_BACKEND},
     {"device", required_argument, NULL, OPT_DEVICE},
+    {"gpu", required_argument, NULL, OPT_GPU},
     {"reduce", required_argument, NULL, OPT_REDUCE},
     {"pack-threshold", required_argument, NULL, OPT_PACK},
     {"bcast-period", required_argument, NULL, OPT_BCAST},
@@ -261,10 +267,14 @@ static void defaults(flags_t *f)
   e->log = &f->log;
   if (lr && gs_parse_long(lr, 0, 1 << 20, &v) == 0)
     e->local_rank = (uint32_t)v;
+  lr = getenv("LOCAL_WORLD_SIZE");
+  if (lr && gs_parse_long(lr, 1, 1 << 20, &v) == 0)
+    f->t.local_world = (uint32_t)v;
   if (gethostname(e->node, sizeof(e->node)) != 0)
     snprintf(e->node, sizeof(e->node), "localhost");
-  snprintf(e->backend, sizeof(e->backend), "host");
-  snprintf(e->device, sizeof(e->device), "cpu");
+  snprintf(e->backend, sizeof(e->backend), "auto");
+  snprintf(f->t.device, sizeof(f->t.device), "auto");
+  f->t.gpu = -1;
   e->pack_threshold = 10 << 20;
   e->reduce = GS_REDUCE_MEAN;
   gs_sgd_config_default(&e->sgd);
@@ -327,13 +337,24 @@ static int apply(flags_t *f, int opt, const char *v)
     f->have_comm_host = true;
     break;
   case OPT_BACKEND:
-    if (strcmp(v, "host") != 0)
-      return bad("backend", v, "host (this build has no other backend)");
+    if (strcmp(v, "host") != 0 && strcmp(v, "auto") != 0 &&
+        (strcmp(v, "nccl") != 0 || !gs_device_cuda_built()))
+      return bad("backend", v,
+                 gs_device_cuda_built() ? "host, nccl or auto"
+                                        : "host or auto (this build has no CUDA, hence no nccl)");
     snprintf(e->backend, sizeof(e->backend), "%s", v);
     break;
   case OPT_DEVICE:
-    if (strcmp(v, "cpu") != 0)
-      return bad("device", v, "cpu (this build has no other device)");
+    if (strcmp(v, "cpu") != 0 && strcmp(v, "auto") != 0 &&
+        (strcmp(v, "cuda") != 0 || !gs_device_cuda_built()))
+      return bad("device", v,
+                 gs_device_cuda_built() ? "cpu, cuda or auto"
+                                        : "cpu or auto (this build has no CUDA)");
+    snprintf(f->t.device, sizeof(f->t.device), "%s", v);
+    break;
+  case OPT_GPU:
+    err = long_flag("gpu", v, 0, 1023, &n);
+    f->t.gpu = (int)n;
     break;
   case OPT_REDUCE:
     if (gs_reduce_op_parse(v, &e->reduce))
@@ -492,7 +513,9 @@ int main(int argc, char **argv)
       return 0;
     }
     if (opt == OPT_VERSION) {
-      printf("gradsync-agent %s (devices: cpu; backends: host)\n", GS_VERSION);
+      printf("gradsync-agent %s (devices: %s; backends: %s)\n", GS_VERSION,
+             gs_device_cuda_built() ? "cpu, cuda" : "cpu",
+             gs_device_cuda_built() ? "host, nccl" : "host");
       return 0;
     }
     if (opt == '?')

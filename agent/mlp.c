@@ -1,11 +1,11 @@
-/* The reference model: a multilayer perceptron on OpenBLAS (see mlp.h).
+/* The reference model: a multilayer perceptron on a compute device (see
+ * mlp.h).
  *
  * Layer l (0-based here, "fc<l+1>" to the user) maps [batch x in] to
  * [batch x out] with W [out x in] and b [out]: h = act(x W^T + b), ReLU on
  * every layer but the last, whose output is the logits. All scratch (each
  * layer's output and the gradient with respect to it) is allocated once,
  * for max_batch, so forward and backward never allocate. */
-#include <cblas.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <math.h>
@@ -31,7 +31,9 @@ typedef struct mlp_layer {
 struct gs_mlp {
   uint32_t nlayers, max_batch;
   uint32_t batch; /* of the last successful forward; 0 when there is none */
-  float *scratch; /* one allocation holding every layer's h and dh */
+  gs_device_t *dev;
+  float *scratch; /* device memory holding every layer's h and dh */
+  float *stats;   /* device: summed loss and correct count of the last forward */
   mlp_layer_t layer[MLP_MAX_WIDTHS - 1];
 };
 
@@ -100,9 +102,11 @@ static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
         __builtin_add_overflow(total, each, &total) || __builtin_add_overflow(total, each, &total))
       goto out_too_big;
   }
-  if (__builtin_mul_overflow(total, sizeof(float), &bytes))
+  if (__builtin_add_overflow(total, MLP_ALIGN_FLOATS, &total) || /* + the stats */
+      __builtin_mul_overflow(total, sizeof(float), &bytes))
     goto out_too_big;
-  if (posix_memalign(&mem, MLP_ALIGN_FLOATS * sizeof(float), bytes) != 0) {
+  mem = gs_device_alloc(m->dev, bytes);
+  if (!mem) {
     say(why, why_len, "cannot allocate %zu bytes of activation scratch for batch %u", bytes,
         m->max_batch);
     return GS_ENOMEM;
@@ -115,6 +119,7 @@ static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
     m->layer[l].dh = at + each;
     at += 2 * each;
   }
+  m->stats = at;
   return 0;
 
 out_too_big:
@@ -123,8 +128,8 @@ out_too_big:
   return GS_ENOMEM;
 }
 
-gs_mlp_t *gs_mlp_new(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char *why,
-                     size_t why_len)
+gs_mlp_t *gs_mlp_new(gs_device_t *dev, const uint32_t *sizes, uint32_t n, uint32_t max_batch,
+                     char *why, size_t why_len)
 {
   gs_mlp_t *m;
   uint32_t l;
@@ -136,6 +141,7 @@ gs_mlp_t *gs_mlp_new(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char
     say(why, why_len, "cannot allocate the MLP (%zu bytes)", sizeof(*m));
     return NULL;
   }
+  m->dev = dev;
   m->nlayers = n - 1;
   m->max_batch = max_batch;
   for (l = 0; l < m->nlayers; l++) {
@@ -157,7 +163,7 @@ void gs_mlp_free(gs_mlp_t *m)
 {
   if (!m)
     return;
-  free(m->scratch);
+  gs_device_free(m->dev, m->scratch);
   free(m);
 }
 
@@ -271,8 +277,7 @@ static uint64_t splitmix64(uint64_t *state)
   return z ^ (z >> 31);
 }
 
-/* Draws `n` values uniform in [-bound, bound) into p (skipped when p is
- * NULL, the draws still taken so later tensors get the same values). */
+/* Draws `n` values uniform in [-bound, bound) into p. */
 static void fill_uniform(uint64_t *state, float *p, uint64_t n, double bound)
 {
   uint64_t k;
@@ -280,23 +285,43 @@ static void fill_uniform(uint64_t *state, float *p, uint64_t n, double bound)
   for (k = 0; k < n; k++) {
     double u = (double)(splitmix64(state) >> 40) * 0x1p-24;
 
-    if (p)
-      p[k] = (float)(bound * (2.0 * u - 1.0));
+    p[k] = (float)(bound * (2.0 * u - 1.0));
   }
 }
 
-void gs_mlp_init_params(gs_mlp_t *m, uint64_t seed)
+/* Draws each tensor on the host and uploads it (the draws of an unbound
+ * tensor are still taken, so later tensors get the same values). */
+int gs_mlp_init_params(gs_mlp_t *m, uint64_t seed)
 {
-  uint64_t state = seed;
+  uint64_t state = seed, most = 0;
   uint32_t l;
+  float *host;
+  int err = 0;
 
-  for (l = 0; l < m->nlayers; l++) {
+  for (l = 0; l < m->nlayers; l++)
+    if ((uint64_t)m->layer[l].out * m->layer[l].in > most)
+      most = (uint64_t)m->layer[l].out * m->layer[l].in;
+  host = gs_device_host_alloc(m->dev, most * sizeof(float));
+  if (!host)
+    return GS_ENOMEM;
+  for (l = 0; l < m->nlayers && !err; l++) {
     mlp_layer_t *ly = &m->layer[l];
     double bound = 1.0 / sqrt((double)ly->in);
+    uint64_t nw = (uint64_t)ly->out * ly->in;
 
-    fill_uniform(&state, ly->w, (uint64_t)ly->out * ly->in, bound);
-    fill_uniform(&state, ly->b, ly->out, bound);
+    fill_uniform(&state, host, nw, bound);
+    if (ly->w)
+      err = gs_device_upload(m->dev, ly->w, host, nw * sizeof(float));
+    if (!err)
+      err = gs_device_sync(m->dev); /* host is reused for the next tensor */
+    fill_uniform(&state, host, ly->out, bound);
+    if (!err && ly->b)
+      err = gs_device_upload(m->dev, ly->b, host, ly->out * sizeof(float));
+    if (!err)
+      err = gs_device_sync(m->dev);
   }
+  gs_device_host_free(m->dev, host);
+  return err;
 }
 
 /* True when every parameter and gradient is bound. */
@@ -313,68 +338,13 @@ static bool all_bound(const gs_mlp_t *m)
   return true;
 }
 
-/* h = x W^T, then one pass adding the bias and, when `relu`, clamping. */
-static void layer_forward(mlp_layer_t *ly, const float *x, uint32_t batch, bool relu)
-{
-  uint32_t i, j, out = ly->out;
-
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)batch, (int)out, (int)ly->in, 1.0f, x,
-              (int)ly->in, ly->w, (int)ly->in, 0.0f, ly->h, (int)out);
-  for (i = 0; i < batch; i++) {
-    float *restrict h = ly->h + (size_t)i * out;
-    const float *restrict b = ly->b;
-
-    if (relu) {
-      for (j = 0; j < out; j++) {
-        float v = h[j] + b[j];
-
-        h[j] = v < 0.0f ? 0.0f : v; /* NaN stays NaN */
-      }
-    } else {
-      for (j = 0; j < out; j++)
-        h[j] += b[j];
-    }
-  }
-}
-
-/* Softmax cross-entropy of one row of logits against label y: returns the
- * loss and writes (softmax - onehot) * scale into dz. y >= classes gives
- * NaN. */
-static double row_xent(const float *z, float *dz, uint32_t classes, uint32_t y, float scale,
-                       uint32_t *argmax)
-{
-  float max = z[0];
-  double sum = 0.0;
-  uint32_t j, best = 0;
-
-  for (j = 1; j < classes; j++) {
-    if (z[j] > max) {
-      max = z[j];
-      best = j;
-    }
-  }
-  for (j = 0; j < classes; j++) {
-    float e = expf(z[j] - max);
-
-    dz[j] = e;
-    sum += e;
-  }
-  for (j = 0; j < classes; j++)
-    dz[j] = (float)(dz[j] / sum) * scale;
-  *argmax = best;
-  if (y >= classes)
-    return NAN;
-  dz[y] -= scale;
-  return log(sum) - ((double)z[y] - max);
-}
-
 float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
                      uint32_t *correct)
 {
   mlp_layer_t *top = &m->layer[m->nlayers - 1];
   const float *in = x;
-  double loss = 0.0;
-  uint32_t i, l, hits = 0;
+  float stats[2];
+  uint32_t l;
 
   m->batch = 0;
   if (correct)
@@ -382,48 +352,22 @@ float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t bat
   if (batch == 0 || batch > m->max_batch || !all_bound(m))
     return NAN;
   for (l = 0; l < m->nlayers; l++) {
-    layer_forward(&m->layer[l], in, batch, l + 1 < m->nlayers);
-    in = m->layer[l].h;
-  }
-  for (i = 0; i < batch; i++) {
-    size_t row = (size_t)i * top->out;
-    uint32_t argmax;
+    mlp_layer_t *ly = &m->layer[l];
 
-    loss += row_xent(top->h + row, top->dh + row, top->out, y[i], 1.0f / (float)batch, &argmax);
-    hits += argmax == y[i];
+    gs_device_linear_forward(m->dev, in, ly->w, ly->b, ly->h, batch, ly->out, ly->in,
+                             l + 1 < m->nlayers);
+    in = ly->h;
   }
+  if (gs_device_zero(m->dev, m->stats, 2 * sizeof(float)))
+    return NAN;
+  gs_device_softmax_xent(m->dev, top->h, y, top->dh, batch, top->out, m->stats);
+  /* The loss decides this step's control flags, so it is read back now. */
+  if (gs_device_download(m->dev, stats, m->stats, sizeof(stats)))
+    return NAN;
   m->batch = batch;
   if (correct)
-    *correct = hits;
-  return (float)(loss / batch);
-}
-
-/* gb = column sums of dh [batch x out]. */
-static void bias_grad(const mlp_layer_t *ly, uint32_t batch)
-{
-  float *restrict gb = ly->gb;
-  uint32_t i, j, out = ly->out;
-
-  memset(gb, 0, out * sizeof(float));
-  for (i = 0; i < batch; i++) {
-    const float *restrict d = ly->dh + (size_t)i * out;
-
-    for (j = 0; j < out; j++)
-      gb[j] += d[j];
-  }
-}
-
-/* prev->dh = (dh W) masked by prev's ReLU (its output > 0). */
-static void input_grad(const mlp_layer_t *ly, mlp_layer_t *prev, uint32_t batch)
-{
-  size_t k, n = (size_t)batch * ly->in;
-  float *restrict dx = prev->dh;
-  const float *restrict h = prev->h;
-
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)batch, (int)ly->in, (int)ly->out,
-              1.0f, ly->dh, (int)ly->out, ly->w, (int)ly->in, 0.0f, dx, (int)ly->in);
-  for (k = 0; k < n; k++)
-    dx[k] = h[k] > 0.0f ? dx[k] : 0.0f;
+    *correct = (uint32_t)stats[1];
+  return stats[0] / (float)batch;
 }
 
 /* Without a forward to differentiate, every bound gradient is zero (and
@@ -435,10 +379,10 @@ static void zero_grads(gs_mlp_t *m, gs_grad_ready_fn ready, void *arg)
   while (l-- > 0) {
     mlp_layer_t *ly = &m->layer[l];
 
-    if (ly->gw)
-      memset(ly->gw, 0, (size_t)ly->out * ly->in * sizeof(float));
-    if (ly->gb)
-      memset(ly->gb, 0, ly->out * sizeof(float));
+    if (ly->gw && gs_device_zero(m->dev, ly->gw, (size_t)ly->out * ly->in * sizeof(float)))
+      GS_LOG_ERR(m->dev->log, "mlp: cannot zero the gradient of %s", ly->wname);
+    if (ly->gb && gs_device_zero(m->dev, ly->gb, ly->out * sizeof(float)))
+      GS_LOG_ERR(m->dev->log, "mlp: cannot zero the gradient of %s", ly->bname);
     if (ready) {
       ready(arg, 2 * l);
       ready(arg, 2 * l + 1);
@@ -447,8 +391,9 @@ static void zero_grads(gs_mlp_t *m, gs_grad_ready_fn ready, void *arg)
 }
 
 /* Walks the layers top down; layer l's weight and bias are announced
- * (weight first) once dX has been computed from W, after which backward
- * reads neither the parameters nor the gradients of that layer again. */
+ * (weight first) once the gradient of its input has been computed from W,
+ * after which backward reads neither the parameters nor the gradients of
+ * that layer again. On a device with a queue, "announced" means queued. */
 void gs_mlp_backward(gs_mlp_t *m, const float *x, gs_grad_ready_fn ready, void *arg)
 {
   uint32_t l = m->nlayers, batch = m->batch;
@@ -461,11 +406,8 @@ void gs_mlp_backward(gs_mlp_t *m, const float *x, gs_grad_ready_fn ready, void *
     mlp_layer_t *ly = &m->layer[l];
     const float *in = l ? m->layer[l - 1].h : x;
 
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)ly->out, (int)ly->in, (int)batch,
-                1.0f, ly->dh, (int)ly->out, in, (int)ly->in, 0.0f, ly->gw, (int)ly->in);
-    bias_grad(ly, batch);
-    if (l)
-      input_grad(ly, &m->layer[l - 1], batch);
+    gs_device_linear_backward(m->dev, in, ly->w, ly->dh, ly->gw, ly->gb,
+                              l ? m->layer[l - 1].dh : NULL, batch, ly->out, ly->in);
     if (ready) {
       ready(arg, 2 * l);
       ready(arg, 2 * l + 1);

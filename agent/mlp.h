@@ -1,11 +1,13 @@
 /* The reference model: a multilayer perceptron, fully connected layers with
- * ReLU between them and softmax cross-entropy on top, on the CPU through
- * OpenBLAS's cblas_sgemm.
+ * ReLU between them and softmax cross-entropy on top, on a compute device
+ * (device.h: OpenBLAS on the CPU, cuBLAS and CUDA kernels on a GPU); the
+ * model never branches on which.
  *
  * The model does not own its parameters or gradients: the sync engine's
  * packs do, and the model gets views into them (gs_mlp_bind). Parameters in
  * forward order: fc1.weight [out x in], fc1.bias [out], fc2.weight, ...
- * Activations are batch-major: x is [batch x in]. */
+ * Activations are batch-major: x is [batch x in]. Every pointer the model
+ * takes (parameters, gradients, inputs, labels) is device memory. */
 #ifndef GS_MLP_H
 #define GS_MLP_H
 
@@ -13,16 +15,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "device.h"
 #include "error.h"
 #include "packlist.h"
 
 typedef struct gs_mlp gs_mlp_t;
 
 /* `sizes` are the layer widths, input first ("784,256,128,10": n = 4, at
- * least 2). Scratch for activations is sized for `max_batch` examples. NULL
- * with the reason in `why` on bad sizes or allocation failure. */
-gs_mlp_t *gs_mlp_new(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char *why,
-                     size_t why_len);
+ * least 2). Scratch for activations is sized for `max_batch` examples, on
+ * `dev` (which must outlive the model). NULL with the reason in `why` on
+ * bad sizes or allocation failure. */
+gs_mlp_t *gs_mlp_new(gs_device_t *dev, const uint32_t *sizes, uint32_t n, uint32_t max_batch,
+                     char *why, size_t why_len);
 void gs_mlp_free(gs_mlp_t *m);
 
 /* Parses "784,256,128,10" into at most `cap` widths. GS_EINVAL with a reason. */
@@ -45,11 +49,12 @@ void gs_mlp_bind(gs_mlp_t *m, uint32_t i, float *param, float *grad);
  * (Kaiming-uniform with a = sqrt(5): weights and biases uniform in
  * +-1/sqrt(fan_in)), from a generator seeded with `seed`: the same values on
  * every rank and every run. */
-void gs_mlp_init_params(gs_mlp_t *m, uint64_t seed);
+int gs_mlp_init_params(gs_mlp_t *m, uint64_t seed) GS_WARN_UNUSED;
 
 /* Forward pass on `batch` <= max_batch examples, keeping the activations for
- * backward. Returns the mean softmax cross-entropy loss over the batch;
- * *correct gets the number of argmax hits (NULL to skip). */
+ * backward. Returns the mean softmax cross-entropy loss over the batch
+ * (NaN on a bad batch size or a device error); *correct gets the number of
+ * argmax hits (NULL to skip). Waits for the device to read the loss. */
 float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
                      uint32_t *correct);
 

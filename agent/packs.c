@@ -26,9 +26,9 @@ void gs_packs_init(gs_packs_t *p)
 void gs_packs_free(gs_packs_t *p)
 {
   for (uint32_t i = 0; p->packs && i < p->list.pack_count; i++) {
-    free(p->packs[i].params);
-    free(p->packs[i].grads);
-    free(p->packs[i].momentum);
+    gs_device_free(p->dev, p->packs[i].params);
+    gs_device_free(p->dev, p->packs[i].grads);
+    gs_device_free(p->dev, p->packs[i].momentum);
     free(p->packs[i].segs);
   }
   free(p->packs);
@@ -114,14 +114,12 @@ static int check_params(const gs_packs_t *p, const gs_param_desc_t *lp, uint32_t
   return 0;
 }
 
-static float *alloc_floats(size_t n)
+/* Zeroed device memory for n floats, rounded up to whole cache lines. */
+static float *alloc_floats(gs_packs_t *p, size_t n)
 {
   size_t bytes = (n * sizeof(float) + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
-  float *f = aligned_alloc(PACK_ALIGN, bytes ? bytes : PACK_ALIGN);
 
-  if (f)
-    memset(f, 0, bytes);
-  return f;
+  return gs_device_alloc(p->dev, bytes ? bytes : PACK_ALIGN);
 }
 
 /* Allocates pack k's buffers and segment table; `at` is its first entry in order[]. */
@@ -151,17 +149,17 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra,
   }
   pk->elements = off;
   pk->extra = extra;
-  pk->params = alloc_floats(off);
-  pk->grads = alloc_floats(off + extra);
-  pk->momentum = alloc_floats(off);
+  pk->params = alloc_floats(p, off);
+  pk->grads = alloc_floats(p, off + extra);
+  pk->momentum = alloc_floats(p, off);
   if (!pk->params || !pk->grads || !pk->momentum)
     return GS_ENOMEM;
   return 0;
 }
 
-int gs_packs_build(gs_packs_t *p, gs_packlist_t *list, const gs_param_desc_t *list_params,
-                   uint32_t list_nparams, size_t extra, const gs_sgd_config_t *sgd, char *why,
-                   size_t why_len)
+int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
+                   const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
+                   const gs_sgd_config_t *sgd, char *why, size_t why_len)
 {
   uint32_t at = 0, last;
   int err;
@@ -173,6 +171,7 @@ int gs_packs_build(gs_packs_t *p, gs_packlist_t *list, const gs_param_desc_t *li
     gs_packlist_free(list);
     return err;
   }
+  p->dev = dev;
   p->list = *list;
   memset(list, 0, sizeof(*list));
   p->packs = calloc(p->list.pack_count ? p->list.pack_count : 1, sizeof(*p->packs));

@@ -2,7 +2,8 @@
  *
  * Parameters are registered in forward order. Once the pack list is known
  * (computed on rank 0, fetched by the others), every pack gets three
- * contiguous float32 buffers: params, grads and momentum. A parameter's
+ * contiguous float32 buffers on the compute device: params, grads and
+ * momentum. A parameter's
  * tensors are views at its offset in its pack, so the allreduce runs in
  * place on a pack's grad buffer and nothing is ever concatenated or split.
  * The grad buffer of the pack reduced last may carry extra trailing floats
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "device.h"
 #include "gradsync.pb.h"
 #include "packlist.h"
 #include "sgd.h"
@@ -29,6 +31,7 @@ typedef struct gs_pack {
 } gs_pack_t;
 
 typedef struct gs_packs {
+  gs_device_t *dev;        /* where the pack buffers live (not owned) */
   gs_param_desc_t *params; /* registered, forward order; names owned */
   bool *is_bias;
   uint32_t nparams, cap;
@@ -51,14 +54,15 @@ void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);
 
 /* Adopts `list` (ownership moves into `p`), checks it against the
  * registered params (a list built for other params names the first
- * difference in `why`), and allocates the buffers, zeroed; the pack reduced
+ * difference in `why`), and allocates the buffers on `dev` (which must
+ * outlive `p`), zeroed; the pack reduced
  * last gets `extra` trailing grad floats. `lr_mult`/`wd` of weights and
  * biases come from `sgd`. */
-int gs_packs_build(gs_packs_t *p, gs_packlist_t *list, const gs_param_desc_t *list_params,
-                   uint32_t list_nparams, size_t extra, const gs_sgd_config_t *sgd, char *why,
-                   size_t why_len) GS_WARN_UNUSED;
+int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
+                   const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
+                   const gs_sgd_config_t *sgd, char *why, size_t why_len) GS_WARN_UNUSED;
 
-/* Views of parameter i (after build). */
+/* Views of parameter i (after build; device memory). */
 float *gs_packs_param(const gs_packs_t *p, uint32_t i);
 float *gs_packs_grad(const gs_packs_t *p, uint32_t i);
 

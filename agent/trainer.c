@@ -12,23 +12,36 @@
 #include "mlp.h"
 #include "sampler.h"
 
+/* A batch on its way to the device: gathered into pinned host memory, then
+ * copied asynchronously (on the CPU device the two are the same buffer). */
+typedef struct batch_slot {
+  float *x_host, *x;
+  uint8_t *y_host, *y;
+  int64_t step; /* the training step it holds, or -1 */
+} batch_slot_t;
+
 typedef struct trainer {
   const gs_trainer_config_t *cfg;
   const gs_log_t *log;
   const char *job;
   gs_dataset_t train, test;
+  gs_device_t *dev;
   gs_mlp_t *mlp;
   gs_engine_t *engine;
   gs_sampler_t sampler;
-  float *xb;
-  uint8_t *yb;
+  batch_slot_t slot[2]; /* double buffering: the next batch loads while this one computes */
   uint32_t rank, world;
   uint64_t steps_per_epoch, total_steps;
   /* Progress since the last line. */
   double start_ms, window_ms, window_comm_ms, last_line_ms;
   uint64_t window_steps;
   float last_loss;
+  /* Where the time of a step goes, summed over the timed steps. */
+  double sum_step_ms, sum_data_ms, sum_comm_ms, sum_opt_ms;
+  uint64_t timed_steps;
 } trainer_t;
+
+#define UNTIMED_STEPS 10 /* warm-up steps left out of the timing summary */
 
 static double now_ms(void)
 {
@@ -38,46 +51,93 @@ static double now_ms(void)
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-/* Copies the examples `idx` into one contiguous batch. */
-static void gather(trainer_t *t, const gs_dataset_t *ds, const uint32_t *idx, uint32_t n)
+/* Copies the examples `idx` into slot's host buffer and queues the copy to
+ * the device. */
+static int load_batch(trainer_t *t, batch_slot_t *b, const gs_dataset_t *ds, const uint32_t *idx,
+                      uint32_t n)
 {
+  size_t row = ds->features * sizeof(float);
+  int err;
+
   for (uint32_t i = 0; i < n; i++) {
-    memcpy(t->xb + (size_t)i * ds->features, ds->x + (size_t)idx[i] * ds->features,
-           ds->features * sizeof(float));
-    t->yb[i] = ds->y[idx[i]];
+    memcpy(b->x_host + (size_t)i * ds->features, ds->x + (size_t)idx[i] * ds->features, row);
+    b->y_host[i] = ds->y[idx[i]];
   }
+  err = gs_device_upload(t->dev, b->x, b->x_host, n * row);
+  if (!err)
+    err = gs_device_upload(t->dev, b->y, b->y_host, n);
+  return err;
+}
+
+/* Loads training step s's batch into slot s % 2 (unless it is there). */
+static int load_train_batch(trainer_t *t, uint64_t s)
+{
+  batch_slot_t *b = &t->slot[s % 2];
+  int err;
+
+  if (b->step == (int64_t)s)
+    return 0;
+  gs_sampler_set_epoch(&t->sampler, s / t->steps_per_epoch);
+  b->step = -1;
+  err = load_batch(t, b, &t->train,
+                   gs_sampler_batch(&t->sampler, (uint32_t)(s % t->steps_per_epoch)),
+                   t->cfg->batch);
+  if (!err)
+    b->step = (int64_t)s;
+  return err;
 }
 
 /* One training step: forward, backward with each gradient handed to the
  * engine as it is ready (its pack's allreduce overlaps the rest of
- * backward), then the engine's per-pack SGD and control decisions. */
-static int train_step(trainer_t *t, uint32_t step_in_epoch, const gs_position_t *after,
-                      gs_step_result_t *res)
+ * backward), the next batch loaded while the device runs backward, then
+ * the engine's per-pack SGD and control decisions. */
+static int train_step(trainer_t *t, uint64_t s, const gs_position_t *after, gs_step_result_t *res,
+                      double *data_ms)
 {
-  const uint32_t *idx = gs_sampler_batch(&t->sampler, step_in_epoch);
+  batch_slot_t *b = &t->slot[s % 2];
+  double t0 = now_ms();
   float loss;
+  int err;
 
-  gather(t, &t->train, idx, t->cfg->batch);
-  loss = gs_mlp_forward(t->mlp, t->xb, t->yb, t->cfg->batch, NULL);
+  err = load_train_batch(t, s);
+  *data_ms = now_ms() - t0;
+  if (err) {
+    fprintf(stderr, "gradsync-agent: error: cannot copy a batch to %s\n", t->dev->label);
+    return err;
+  }
+  loss = gs_mlp_forward(t->mlp, b->x, b->y, t->cfg->batch, NULL);
   gs_engine_begin_step(t->engine, loss, after);
-  gs_mlp_backward(t->mlp, t->xb, gs_engine_grad_ready, t->engine);
+  gs_mlp_backward(t->mlp, b->x, gs_engine_grad_ready, t->engine);
   t->last_loss = loss;
+  if (s + 1 < t->total_steps) {
+    t0 = now_ms();
+    err = load_train_batch(t, s + 1);
+    *data_ms += now_ms() - t0;
+    if (err)
+      t->slot[(s + 1) % 2].step = -1; /* retried (and reported) at the next step */
+  }
   return gs_engine_end_step(t->engine, res);
 }
 
 /* One validation step: forward only over `n` examples; adds the summed
  * loss and the correct count to sums[0] and sums[1]. */
-static void val_step(trainer_t *t, const gs_dataset_t *ds, const uint32_t *idx, uint32_t n,
-                     float sums[3])
+static int val_step(trainer_t *t, const gs_dataset_t *ds, const uint32_t *idx, uint32_t n,
+                    float sums[3])
 {
+  batch_slot_t *b = &t->slot[0];
   uint32_t correct = 0;
   float loss;
+  int err;
 
-  gather(t, ds, idx, n);
-  loss = gs_mlp_forward(t->mlp, t->xb, t->yb, n, &correct);
+  b->step = -1;
+  err = load_batch(t, b, ds, idx, n);
+  if (err)
+    return err;
+  loss = gs_mlp_forward(t->mlp, b->x, b->y, n, &correct);
   sums[0] += loss * n;
   sums[1] += correct;
   sums[2] += n;
+  return 0;
 }
 
 /* Evaluates on the test split, rank r taking examples r, r+W, ...; the
@@ -86,17 +146,21 @@ static int evaluate(trainer_t *t, float *accuracy, float *loss)
 {
   uint32_t idx[4096], n = 0, cap = t->cfg->batch < 4096 ? t->cfg->batch : 4096;
   float sums[3] = {0, 0, 0};
-  int err;
+  int err = 0;
 
-  for (uint32_t i = t->rank; i < t->test.count; i += t->world) {
+  for (uint32_t i = t->rank; i < t->test.count && !err; i += t->world) {
     idx[n++] = i;
     if (n == cap) {
-      val_step(t, &t->test, idx, n, sums);
+      err = val_step(t, &t->test, idx, n, sums);
       n = 0;
     }
   }
-  if (n)
-    val_step(t, &t->test, idx, n, sums);
+  if (n && !err)
+    err = val_step(t, &t->test, idx, n, sums);
+  if (err) {
+    fprintf(stderr, "gradsync-agent: error: cannot copy a test batch to %s\n", t->dev->label);
+    return err;
+  }
   err = gs_engine_allreduce_sum(t->engine, sums, 3);
   if (err)
     return err;
@@ -154,6 +218,73 @@ static int load_data(trainer_t *t)
   return 0;
 }
 
+/* Opens the compute device (--device, --gpu) and picks the backend that
+ * works on its memory when --backend is auto. */
+static int open_device(trainer_t *t, gs_engine_config_t *ec)
+{
+  const gs_trainer_config_t *c = t->cfg;
+  const char *name = c->device;
+  int gpu = c->gpu, count = gs_device_cuda_count();
+  char why[256];
+
+  if (gpu < 0)
+    gpu = count > 0 ? (int)(ec->local_rank % (uint32_t)count) : 0;
+  if (strcmp(name, "auto") == 0 && count > 0 && c->local_world > (uint32_t)count) {
+    gs_log(t->log, GS_LOG_INFO, t->job, -1,
+           "--device auto: %u ranks on this machine but %d GPU(s); using the cpu device",
+           c->local_world, count);
+    name = "cpu";
+  }
+  t->dev = gs_device_open(name, gpu, t->log, why, sizeof(why));
+  if (!t->dev) {
+    fprintf(stderr, "gradsync-agent: error: cannot open device '%s': %s\n", c->device, why);
+    return GS_EUNAVAIL;
+  }
+  ec->dev = t->dev;
+  snprintf(ec->device, sizeof(ec->device), "%s", t->dev->label);
+  if (strcmp(ec->backend, "auto") == 0)
+    snprintf(ec->backend, sizeof(ec->backend), "%s", t->dev->host_memory ? "host" : "nccl");
+  gs_log(t->log, GS_LOG_INFO, t->job, -1, "device %s, %s backend", t->dev->label, ec->backend);
+  return 0;
+}
+
+/* Two batch slots of `rows` examples: pinned host and device buffers (one
+ * buffer each on the CPU device, where they would be the same memory). */
+static int alloc_slots(trainer_t *t, uint32_t rows)
+{
+  size_t xbytes = (size_t)rows * t->cfg->layers[0] * sizeof(float);
+
+  for (int k = 0; k < 2; k++) {
+    batch_slot_t *b = &t->slot[k];
+
+    b->step = -1;
+    b->x = gs_device_alloc(t->dev, xbytes);
+    b->y = gs_device_alloc(t->dev, rows);
+    b->x_host = t->dev->host_memory ? b->x : gs_device_host_alloc(t->dev, xbytes);
+    b->y_host = t->dev->host_memory ? b->y : gs_device_host_alloc(t->dev, rows);
+    if (!b->x || !b->y || !b->x_host || !b->y_host) {
+      fprintf(stderr, "gradsync-agent: error: cannot allocate batch buffers on %s\n",
+              t->dev->label);
+      return GS_ENOMEM;
+    }
+  }
+  return 0;
+}
+
+static void free_slots(trainer_t *t)
+{
+  for (int k = 0; t->dev && k < 2; k++) {
+    batch_slot_t *b = &t->slot[k];
+
+    if (!t->dev->host_memory) {
+      gs_device_host_free(t->dev, b->x_host);
+      gs_device_host_free(t->dev, b->y_host);
+    }
+    gs_device_free(t->dev, b->x);
+    gs_device_free(t->dev, b->y);
+  }
+}
+
 /* Builds the model on the engine's packs: register, start (join + packs),
  * bind the views, initialise from the seed, then agree on a start state. */
 static int setup(trainer_t *t, gs_position_t *pos)
@@ -169,14 +300,18 @@ static int setup(trainer_t *t, gs_position_t *pos)
   if (ec.sgd.schedule == GS_LR_COSINE && ec.sgd.total_steps == 0)
     ec.sgd.total_steps =
         c->steps ? c->steps : c->epochs * (t->train.count / (c->batch * ec.world_size));
-  t->mlp = gs_mlp_new(c->layers, c->nlayers, eval_batch, why, sizeof(why));
+  err = open_device(t, &ec);
+  if (err)
+    return err;
+  t->mlp = gs_mlp_new(t->dev, c->layers, c->nlayers, eval_batch, why, sizeof(why));
   t->engine = gs_engine_new(&ec);
-  t->xb = malloc((size_t)eval_batch * c->layers[0] * sizeof(float));
-  t->yb = malloc(eval_batch);
-  if (!t->mlp || !t->engine || !t->xb || !t->yb) {
+  if (!t->mlp || !t->engine) {
     fprintf(stderr, "gradsync-agent: error: %s\n", t->mlp ? "out of memory" : why);
     return GS_ENOMEM;
   }
+  err = alloc_slots(t, eval_batch);
+  if (err)
+    return err;
   for (uint32_t i = 0; i < gs_mlp_param_count(t->mlp); i++) {
     gs_param_desc_t d = gs_mlp_param_desc(t->mlp, i);
 
@@ -190,7 +325,12 @@ static int setup(trainer_t *t, gs_position_t *pos)
   t->world = gs_engine_world_size(t->engine);
   for (uint32_t i = 0; i < gs_mlp_param_count(t->mlp); i++)
     gs_mlp_bind(t->mlp, i, gs_engine_param(t->engine, i), gs_engine_grad(t->engine, i));
-  gs_mlp_init_params(t->mlp, c->seed);
+  err = gs_mlp_init_params(t->mlp, c->seed);
+  if (err) {
+    fprintf(stderr, "gradsync-agent: error: cannot initialise the parameters on %s: %s\n",
+            t->dev->label, gs_strerror(err));
+    return err;
+  }
   err = gs_sampler_init(&t->sampler, t->train.count, c->batch, t->rank, t->world, c->seed,
                         c->shuffle);
   if (err) {
@@ -228,16 +368,23 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
   for (uint64_t s = pos.step; s < t->total_steps; s++) {
     uint64_t epoch = s / t->steps_per_epoch;
     gs_position_t after = {s + 1, (s + 1) / t->steps_per_epoch, t->cfg->seed};
-    double t0 = now_ms();
+    double t0 = now_ms(), data_ms = 0, step_ms;
 
-    gs_sampler_set_epoch(&t->sampler, epoch);
-    err = train_step(t, (uint32_t)(s % t->steps_per_epoch), &after, &res);
+    err = train_step(t, s, &after, &res, &data_ms);
     if (err)
       return err;
     *done = s + 1;
-    t->window_ms += now_ms() - t0;
+    step_ms = now_ms() - t0;
+    t->window_ms += step_ms;
     t->window_comm_ms += res.comm_wait_ms;
     t->window_steps++;
+    if (s >= pos.step + UNTIMED_STEPS) {
+      t->sum_step_ms += step_ms;
+      t->sum_data_ms += data_ms;
+      t->sum_comm_ms += res.comm_wait_ms;
+      t->sum_opt_ms += res.optimizer_ms;
+      t->timed_steps++;
+    }
     progress(t, s + 1, epoch, false);
     if (res.stop) {
       if (t->rank == 0)
@@ -265,17 +412,25 @@ static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
   if (t->rank == 0)
     printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u ranks, %.1f s\n", acc,
            loss, secs > 0 ? samples / secs : 0, t->world, secs);
+  if (t->rank == 0 && t->timed_steps) {
+    double n = (double)t->timed_steps, step = t->sum_step_ms / n, data = t->sum_data_ms / n;
+    double comm = t->sum_comm_ms / n, opt = t->sum_opt_ms / n;
+
+    printf("timing: step %.3f ms = compute %.3f + data %.3f + comm-wait %.3f + optimizer %.3f ms "
+           "(mean of %" PRIu64 " steps on %s)\n",
+           step, step - data - comm - opt, data, comm, opt, t->timed_steps, t->dev->label);
+  }
 }
 
 static void trainer_free(trainer_t *t)
 {
   gs_engine_free(t->engine);
   gs_mlp_free(t->mlp);
+  free_slots(t);
   gs_sampler_free(&t->sampler);
   gs_dataset_free(&t->train);
   gs_dataset_free(&t->test);
-  free(t->xb);
-  free(t->yb);
+  gs_device_destroy(t->dev);
 }
 
 int gs_trainer_run(const gs_trainer_config_t *cfg)

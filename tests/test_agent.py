@@ -8,18 +8,18 @@ usage: test_agent.py CASE BIN_DIR COORDINATOR_BIN
 """
 import glob
 import json
-import math
 import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -34,45 +34,6 @@ def run(args, timeout=240, check=True):
         sys.exit(f"gradsync-run {' '.join(args)} exited {p.returncode}\n"
                  f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p.returncode, p.stdout, p.stderr
-
-
-def read_checkpoint(path):
-    """Parses a checkpoint as docs/checkpoint.md describes it."""
-    with open(path, "rb") as f:
-        data = f.read()
-    magic, version, nbuf, step, epoch, rng, layout = struct.unpack_from("<8sIIQQQQ", data, 0)
-    assert magic == b"GSCKPT\x00\x01", magic
-    assert version == 1, version
-    off = struct.calcsize("<8sIIQQQQ")
-    bufs = []
-    for _ in range(nbuf):
-        (count,) = struct.unpack_from("<Q", data, off)
-        off += 8
-        bufs.append(struct.unpack_from(f"<{count}f", data, off))
-        off += 4 * count
-    (crc,) = struct.unpack_from("<I", data, off)
-    assert crc == zlib.crc32(data[:off]), "CRC mismatch"
-    return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs}
-
-
-def newest_checkpoint(d):
-    files = sorted(glob.glob(os.path.join(d, "ckpt-*.gsck")))
-    assert files, f"no checkpoint in {d}"
-    return files[-1]
-
-
-def rel_error(a, b):
-    num = sum((x - y) ** 2 for x, y in zip(a, b))
-    den = sum(y * y for y in b)
-    return math.sqrt(num / den) if den else math.sqrt(num)
-
-
-def params_of(ckpt):
-    """The params buffers (even indices; odd ones are momentum), concatenated."""
-    out = []
-    for b in ckpt["bufs"][0::2]:
-        out.extend(b)
-    return out
 
 
 def train_to_checkpoint(tmp, name, nproc, steps, extra):
@@ -284,6 +245,18 @@ def case_errors(tmp):
                         "--momentum", "1.5", "--rpc-timeout", "300ms", "--join-timeout",
                         "300ms"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--momentum" in p.stderr, p.stderr
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--device", "tpu"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--device" in p.stderr, p.stderr
+    version = subprocess.run([AGENT, "--version"], capture_output=True, text=True).stdout
+    if "cuda" in version:
+        # A device and backend that cannot work together are refused before training.
+        code, _, err = run(["--nproc", "1", "--device", "cpu", "--backend", "nccl",
+                            "--steps", "1"], check=False)
+        assert code != 0 and "the nccl backend cannot work on cpu memory" in err, err
+        if shutil.which("nvidia-smi") is None:
+            code, _, err = run(["--nproc", "1", "--device", "cuda", "--steps", "1"], check=False)
+            assert code != 0 and "cannot open device 'cuda': no CUDA device 0" in err, err
 
 
 if __name__ == "__main__":

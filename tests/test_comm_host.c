@@ -104,7 +104,11 @@ static void *rank_main(void *arg)
   rank_ctx_t *rc = arg;
   world_t *w = rc->w;
   uint64_t gen = w->generation_of[rc->rank] ? w->generation_of[rc->rank] : w->generation;
-  gs_comm_setup_t setup = {rc->rank, w->size, gen, w->addr_ptrs, w->timeout_ms};
+  gs_comm_setup_t setup = {.rank = rc->rank,
+                           .world_size = w->size,
+                           .generation = gen,
+                           .peer_addrs = w->addr_ptrs,
+                           .timeout_ms = w->timeout_ms};
 
   if (w->skip_init[rc->rank])
     return NULL;
@@ -643,7 +647,8 @@ START_TEST(bad_arguments)
 {
   gs_log_t log = {GS_LOG_ERROR, NULL, "comm-test"};
   const char *addrs[2] = {"127.0.0.1:1", "127.0.0.1:2"};
-  gs_comm_setup_t setup = {0, 2, 1, addrs, 1000};
+  gs_comm_setup_t setup = {.rank = 0, .world_size = 2, .generation = 1, .peer_addrs = addrs,
+                           .timeout_ms = 1000};
   gs_comm_t *c = gs__comm_host_new(&log);
   char addr[64], tiny[8];
   float x = 1;

@@ -138,6 +138,8 @@ static void *rank_main(void *arg)
 
   engine_config(sc, &cfg);
   cfg.local_rank = rr->local_rank;
+  cfg.dev = gs_device_open("cpu", 0, &quiet_log, rr->error, sizeof(rr->error));
+  ck_assert_msg(cfg.dev, "cpu device: %s", rr->error);
   e = gs_engine_new(&cfg);
   for (uint32_t p = 0; p < NPARAMS; p++) {
     char name[16];
@@ -181,6 +183,7 @@ out:
     snprintf(rr->error, sizeof(rr->error), "%s", gs_engine_error(e));
   gs_engine_finish(e, err == 0, err ? gs_engine_error(e) : "done");
   gs_engine_free(e);
+  gs_device_destroy(cfg.dev);
   return NULL;
 }
 

@@ -33,6 +33,19 @@ static double uniform(uint64_t *state)
   return (double)(xorshift(state) >> 11) * 0x1p-52 - 1.0;
 }
 
+/* The CPU device every model here runs on (its memory is host memory). */
+static gs_device_t *cpu(void)
+{
+  static gs_device_t *dev;
+  static const gs_log_t log = {GS_LOG_WARN, NULL, "test_mlp"};
+  char why[128];
+
+  if (!dev)
+    dev = gs_device_open("cpu", 0, &log, why, sizeof(why));
+  ck_assert_msg(dev, "cpu device: %s", why);
+  return dev;
+}
+
 /* A model with separately allocated parameters and gradients bound to it. */
 typedef struct net {
   gs_mlp_t *m;
@@ -46,7 +59,7 @@ static void net_new(net_t *t, const uint32_t *sizes, uint32_t n, uint32_t max_ba
   uint32_t i;
 
   memset(t, 0, sizeof(*t));
-  t->m = gs_mlp_new(sizes, n, max_batch, why, sizeof(why));
+  t->m = gs_mlp_new(cpu(), sizes, n, max_batch, why, sizeof(why));
   ck_assert_msg(t->m, "gs_mlp_new: %s", why);
   t->n = n;
   memcpy(t->sizes, sizes, n * sizeof(sizes[0]));
@@ -389,19 +402,19 @@ START_TEST(new_rejects)
   char why[256];
 
   why[0] = '\0';
-  ck_assert_ptr_null(gs_mlp_new(ok, 1, 8, why, sizeof(why)));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), ok, 1, 8, why, sizeof(why)));
   ck_assert_msg(strstr(why, "2 to 16 layer widths"), "%s", why);
-  ck_assert_ptr_null(gs_mlp_new(many, 17, 8, why, sizeof(why)));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), many, 17, 8, why, sizeof(why)));
   ck_assert_msg(strstr(why, "got 17"), "%s", why);
-  ck_assert_ptr_null(gs_mlp_new(zero, 3, 8, why, sizeof(why)));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), zero, 3, 8, why, sizeof(why)));
   ck_assert_msg(strstr(why, "layer width 0 (entry 2) is outside 1..1000000"), "%s", why);
-  ck_assert_ptr_null(gs_mlp_new(wide, 3, 8, why, sizeof(why)));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), wide, 3, 8, why, sizeof(why)));
   ck_assert_msg(strstr(why, "layer width 1000001 (entry 2)"), "%s", why);
-  ck_assert_ptr_null(gs_mlp_new(ok, 3, 0, why, sizeof(why)));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), ok, 3, 0, why, sizeof(why)));
   ck_assert_msg(strstr(why, "batch size 0"), "%s", why);
-  ck_assert_ptr_null(gs_mlp_new(ok, 3, 0x80000000u, why, sizeof(why)));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), ok, 3, 0x80000000u, why, sizeof(why)));
   ck_assert_msg(strstr(why, "batch size 2147483648"), "%s", why);
-  ck_assert_ptr_null(gs_mlp_new(ok, 1, 8, NULL, 0));
+  ck_assert_ptr_null(gs_mlp_new(cpu(), ok, 1, 8, NULL, 0));
   gs_mlp_free(NULL);
 }
 END_TEST
@@ -415,7 +428,7 @@ START_TEST(param_descs)
   } want[] = {{"fc1.weight", 784 * 256}, {"fc1.bias", 256},    {"fc2.weight", 256 * 128},
               {"fc2.bias", 128},         {"fc3.weight", 1280}, {"fc3.bias", 10}};
   char why[256] = "";
-  gs_mlp_t *m = gs_mlp_new(sizes, COUNT(sizes), 64, why, sizeof(why));
+  gs_mlp_t *m = gs_mlp_new(cpu(), sizes, COUNT(sizes), 64, why, sizeof(why));
   uint32_t i;
 
   ck_assert_msg(m, "%s", why);
@@ -457,9 +470,9 @@ START_TEST(init_params)
   net_new(&a, sizes, COUNT(sizes), 4);
   net_new(&b, sizes, COUNT(sizes), 4);
   net_new(&c, sizes, COUNT(sizes), 4);
-  gs_mlp_init_params(a.m, 7);
-  gs_mlp_init_params(b.m, 7);
-  gs_mlp_init_params(c.m, 8);
+  ck_assert_int_eq(gs_mlp_init_params(a.m, 7), 0);
+  ck_assert_int_eq(gs_mlp_init_params(b.m, 7), 0);
+  ck_assert_int_eq(gs_mlp_init_params(c.m, 8), 0);
   for (i = 0; i < a.np; i++) {
     double bound = 1.0 / sqrt(sizes[i / 2]); /* fan_in, for biases too */
     uint64_t same = 0;
@@ -480,7 +493,7 @@ START_TEST(init_params)
       ck_assert_msg(seen_max > 0.75 * bound, "param %u: max %g, bound %g", i, seen_max, bound);
   }
   /* The first draw of seed 0 is splitmix64's published first output. */
-  gs_mlp_init_params(a.m, 0);
+  ck_assert_int_eq(gs_mlp_init_params(a.m, 0), 0);
   ck_assert_float_eq(
       a.p[0][0],
       (float)((2.0 * (double)(0xE220A8397B1DCDAFull >> 40) * 0x1p-24 - 1.0) / sqrt(50.0)));
@@ -765,7 +778,7 @@ START_TEST(training_learns)
       x[i * IN + j] = centre[y[i]][j] + 0.3f * (float)uniform(&rng);
   }
   net_new(&t, sizes, COUNT(sizes), N);
-  gs_mlp_init_params(t.m, 1);
+  ck_assert_int_eq(gs_mlp_init_params(t.m, 1), 0);
   for (s = 0; s < STEPS; s++) {
     loss = gs_mlp_forward(t.m, x, y, N, &hits);
     if (s == 0)

@@ -1,0 +1,557 @@
+/* NCCL collective backend (DESIGN.md "Collective backends"): allreduce and
+ * broadcast between GPUs, queued on a stream of our own and ordered against
+ * the device's compute stream with events, so the caller never blocks on a
+ * collective until gs_comm_sync.
+ *
+ * Each collective: record `ready` on the compute stream, make the comm
+ * stream wait for it, enqueue the NCCL call on the comm stream, then record
+ * done[ticket % nevents] there; gs_comm_order_after makes the compute stream
+ * wait for that event. The communicator is non-blocking (config.blocking =
+ * 0), so no NCCL call waits for a peer: every wait is one of our polling
+ * loops (init, an enqueue that returned ncclInProgress, sync, finalize), and
+ * those loops watch the abort flag and the timeout. gs_comm_abort only sets
+ * the flag; the loop (or the next operation) that sees it calls
+ * ncclCommAbort on the comm thread itself, never while that thread is
+ * inside NCCL. */
+#include "comm.h"
+
+#include <cuda_runtime_api.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <nccl.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_check.h"
+
+#define WAIT_POLL_US 1000 /* between polls of a non-blocking NCCL call */
+#define SYNC_SPINS 200    /* event queries before sync starts to sleep */
+#define SYNC_POLL_US 100
+#define NO_TICKET UINT64_MAX
+#define MAX_QUEUED 65536 /* done events kept: max_queued + 1 */
+
+typedef struct nccl_comm {
+  gs_comm_t base;
+  atomic_bool aborted;
+  bool init_called, ready;
+  int err; /* sticky error of a failed init or operation */
+  uint32_t rank, world, max_queued, nevents;
+  uint64_t timeout_ms;
+  int cuda_dev;
+  ncclComm_t nccl;       /* NULL before init and once aborted or destroyed */
+  cudaStream_t compute;  /* the device's stream; not ours */
+  cudaStream_t stream;   /* ours: every collective runs on it */
+  cudaEvent_t ready_ev;  /* the compute stream's position at an enqueue */
+  cudaEvent_t *done;     /* nevents: ticket t's completion is done[t % nevents] */
+  uint64_t *slot_ticket; /* the ticket last recorded in each done event, or NO_TICKET */
+  uint64_t window;       /* first ticket since the last sync: earlier ones are complete */
+  uint64_t last;         /* the last ticket recorded since the last sync */
+  bool pending;          /* a done event was recorded since the last sync */
+} nccl_comm_t;
+
+static uint64_t now_ms(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_us(long us)
+{
+  struct timespec ts = {0, us * 1000L};
+
+  nanosleep(&ts, NULL);
+}
+
+static bool is_aborted(nccl_comm_t *c)
+{
+  return atomic_load(&c->aborted);
+}
+
+/* A non-blocking communicator answers ncclInProgress for a call it has
+ * accepted but not finished: not an error, the caller polls (*in_progress).
+ * Any other result goes through the usual check, keeping the call's text. */
+static int nccl_started(const gs_log_t *log, const char *file, int line, const char *call,
+                        ncclResult_t r, bool *in_progress)
+{
+  *in_progress = r == ncclInProgress;
+  return *in_progress ? 0 : gs__nccl_status(log, file, line, call, (int)r);
+}
+
+#define NCCL_STARTED(log, call, in_progress)                                                       \
+  nccl_started((log), __FILE__, __LINE__, #call, (call), (in_progress))
+
+/* Aborts the communicator (once; it frees it) and makes `err` stick: every
+ * later operation fails with it. Returns err (GS_EABORTED once aborted). */
+static int comm_fail(nccl_comm_t *c, int err)
+{
+  bool in_progress;
+
+  if (is_aborted(c))
+    err = GS_EABORTED;
+  if (c->nccl) {
+    /* After ncclCommAbort the handle is gone whatever it answers. */
+    (void)NCCL_STARTED(c->base.log, ncclCommAbort(c->nccl), &in_progress);
+    c->nccl = NULL;
+  }
+  if (!c->err)
+    c->err = err;
+  c->ready = false;
+  return err;
+}
+
+/* Makes the communicator's GPU current for this thread (the comm thread
+ * need not be the one that opened the device). */
+static int enter(nccl_comm_t *c)
+{
+  return GS_CUDA_STATUS(c->base.log, cudaSetDevice(c->cuda_dev));
+}
+
+/* Logs an error the communicator reported asynchronously and aborts it. */
+static int async_failed(nccl_comm_t *c, const char *what, ncclResult_t async_error)
+{
+  int err = GS_NCCL_STATUS(c->base.log, async_error);
+
+  GS_LOG_ERR(c->base.log, "nccl comm: rank %" PRIu32 ": %s failed: %s", c->rank, what,
+             ncclGetLastError(c->nccl));
+  return comm_fail(c, err);
+}
+
+/* Polls the communicator until it leaves ncclInProgress (init, an enqueue
+ * or finalize that answered ncclInProgress), every ~1 ms. Gives up on
+ * gs_comm_abort or after timeout_ms, aborting the communicator; `hint`
+ * ends the timeout message. */
+static int wait_ready(nccl_comm_t *c, const char *what, const char *hint)
+{
+  uint64_t start = now_ms();
+  ncclResult_t async_error = ncclInProgress;
+  int err;
+
+  for (;;) {
+    err = GS_NCCL_STATUS(c->base.log, ncclCommGetAsyncError(c->nccl, &async_error));
+    if (err)
+      return comm_fail(c, err);
+    if (async_error != ncclInProgress)
+      break;
+    if (is_aborted(c)) {
+      GS_LOG_WARNING(c->base.log, "nccl comm: rank %" PRIu32 ": NCCL %s aborted", c->rank, what);
+      return comm_fail(c, GS_EABORTED);
+    }
+    if (now_ms() - start >= c->timeout_ms) {
+      GS_LOG_ERR(c->base.log,
+                 "nccl comm: rank %" PRIu32 ": NCCL %s did not complete within %" PRIu64 " ms%s",
+                 c->rank, what, c->timeout_ms, hint);
+      return comm_fail(c, GS_ETIMEDOUT);
+    }
+    sleep_us(WAIT_POLL_US);
+  }
+  return async_error == ncclSuccess ? 0 : async_failed(c, what, async_error);
+}
+
+/* Fails at once when aborted (aborting the communicator here, on the comm
+ * thread), after a failure, or before a successful init. */
+static int op_begin(nccl_comm_t *c, const char *what)
+{
+  if (is_aborted(c))
+    return comm_fail(c, GS_EABORTED);
+  if (c->err)
+    return c->err;
+  if (!c->ready) {
+    GS_LOG_ERR(c->base.log, "nccl comm: %s before a successful init", what);
+    return GS_EINVAL;
+  }
+  return enter(c);
+}
+
+static int nccl_make_id(gs_comm_t *base, void *buf, size_t cap, size_t *len)
+{
+  ncclUniqueId id;
+
+  if (!buf || cap < sizeof(id)) {
+    GS_LOG_ERR(base->log, "nccl comm: an NCCL id needs %zu bytes, the buffer has %zu", sizeof(id),
+               buf ? cap : 0);
+    return GS_EINVAL;
+  }
+  GS_NCCL_CHECK(base->log, ncclGetUniqueId(&id));
+  memcpy(buf, &id, sizeof(id));
+  *len = sizeof(id);
+  return 0;
+}
+
+/* Destroys the events and the stream that exist (init's partial failures
+ * and destroy share it). */
+static void release_cuda(nccl_comm_t *c)
+{
+  for (uint32_t i = 0; c->done && i < c->nevents; i++)
+    if (c->done[i])
+      GS_CUDA_STATUS(c->base.log, cudaEventDestroy(c->done[i]));
+  if (c->ready_ev)
+    GS_CUDA_STATUS(c->base.log, cudaEventDestroy(c->ready_ev));
+  if (c->stream)
+    GS_CUDA_STATUS(c->base.log, cudaStreamDestroy(c->stream));
+  free(c->done);
+  free(c->slot_ticket);
+  c->done = NULL;
+  c->slot_ticket = NULL;
+  c->ready_ev = NULL;
+  c->stream = NULL;
+}
+
+/* Our stream, on the compute stream's GPU, and the events that order the
+ * two. */
+static int create_cuda(nccl_comm_t *c)
+{
+  const gs_log_t *log = c->base.log;
+  int err;
+
+  GS_CUDA_CHECK(log, cudaStreamGetDevice(c->compute, &c->cuda_dev));
+  err = enter(c);
+  if (err)
+    return err;
+  c->done = calloc(c->nevents, sizeof(*c->done));
+  c->slot_ticket = malloc(c->nevents * sizeof(*c->slot_ticket));
+  if (!c->done || !c->slot_ticket) {
+    GS_LOG_ERR(log, "nccl comm: out of memory");
+    return GS_ENOMEM;
+  }
+  for (uint32_t i = 0; i < c->nevents; i++)
+    c->slot_ticket[i] = NO_TICKET;
+  GS_CUDA_CHECK(log, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  GS_CUDA_CHECK(log, cudaEventCreateWithFlags(&c->ready_ev, cudaEventDisableTiming));
+  for (uint32_t i = 0; i < c->nevents; i++)
+    GS_CUDA_CHECK(log, cudaEventCreateWithFlags(&c->done[i], cudaEventDisableTiming));
+  return 0;
+}
+
+/* Checks what init needs; logs what is wrong. */
+static int check_setup(nccl_comm_t *c, const gs_comm_setup_t *s)
+{
+  const gs_log_t *log = c->base.log;
+
+  if (!s->device || !s->device->stream) {
+    GS_LOG_ERR(log, "nccl comm: needs a CUDA device with a compute stream (device %s)",
+               s->device ? s->device->label : "none");
+    return GS_EINVAL;
+  }
+  if (!s->id || s->id_len != sizeof(ncclUniqueId)) {
+    GS_LOG_ERR(log, "nccl comm: rank 0's NCCL id must be %zu bytes, got %zu", sizeof(ncclUniqueId),
+               s->id ? s->id_len : 0);
+    return GS_EINVAL;
+  }
+  if (s->world_size == 0 || s->world_size > INT_MAX || s->rank >= s->world_size ||
+      s->timeout_ms == 0 || s->max_queued > MAX_QUEUED) {
+    GS_LOG_ERR(log,
+               "nccl comm: invalid setup: rank %" PRIu32 " of %" PRIu32 ", timeout %" PRIu64
+               " ms, max_queued %" PRIu32 " (at most %d)",
+               s->rank, s->world_size, s->timeout_ms, s->max_queued, MAX_QUEUED);
+    return GS_EINVAL;
+  }
+  return 0;
+}
+
+/* Creates the non-blocking communicator and polls until every rank has
+ * joined; a missing rank is a timeout, never a hang. */
+static int nccl_init(gs_comm_t *base, const gs_comm_setup_t *s)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclUniqueId id;
+  bool in_progress;
+  int err;
+
+  if (c->init_called) {
+    GS_LOG_ERR(base->log, "nccl comm: init called twice");
+    return GS_EINVAL;
+  }
+  if (is_aborted(c))
+    return comm_fail(c, GS_EABORTED);
+  err = check_setup(c, s);
+  if (err)
+    return err; /* nothing done: init may be called again */
+  c->init_called = true;
+  c->rank = s->rank;
+  c->world = s->world_size;
+  c->timeout_ms = s->timeout_ms;
+  c->max_queued = s->max_queued ? s->max_queued : 1;
+  c->nevents = c->max_queued + 1;
+  c->compute = (cudaStream_t)s->device->stream;
+  err = create_cuda(c);
+  if (err)
+    goto out_release_cuda;
+  memcpy(&id, s->id, sizeof(id));
+  config.blocking = 0;
+  err = NCCL_STARTED(base->log,
+                     ncclCommInitRankConfig(&c->nccl, (int)c->world, id, (int)c->rank, &config),
+                     &in_progress);
+  if (err) {
+    c->nccl = NULL; /* NCCL frees it when the call itself fails */
+    goto out_release_cuda;
+  }
+  err = wait_ready(c, "init", ": a rank is missing or its GPU is unreachable");
+  if (err)
+    goto out_release_cuda;
+  c->ready = true;
+  GS_LOG_INF(base->log, "nccl comm: rank %" PRIu32 " of %" PRIu32 " ready on cuda:%d", c->rank,
+             c->world, c->cuda_dev);
+  return 0;
+
+out_release_cuda:
+  c->err = c->err ? c->err : err;
+  release_cuda(c);
+  return err;
+}
+
+/* Refuses a collective whose done event would still be needed (more than
+ * max_queued since the last sync); otherwise orders our stream after the
+ * compute stream's work so far. */
+static int queue_begin(nccl_comm_t *c, const char *what)
+{
+  uint64_t ticket = c->base.ticket;
+  int err;
+
+  if (ticket - c->window >= c->max_queued) {
+    GS_LOG_ERR(c->base.log,
+               "nccl comm: %s %" PRIu64 ": %" PRIu32 " collectives already queued since the last "
+               "sync (the most allowed); call gs_comm_sync first",
+               what, ticket, c->max_queued);
+    return GS_EINVAL;
+  }
+  err = GS_CUDA_STATUS(c->base.log, cudaEventRecord(c->ready_ev, c->compute));
+  if (!err)
+    err = GS_CUDA_STATUS(c->base.log, cudaStreamWaitEvent(c->stream, c->ready_ev, 0));
+  return err ? comm_fail(c, err) : 0;
+}
+
+/* After the NCCL call (err is its result): waits out ncclInProgress, then
+ * records the ticket's done event. */
+static int queue_end(nccl_comm_t *c, const char *what, int err, bool in_progress)
+{
+  uint64_t ticket = c->base.ticket;
+  uint32_t slot = (uint32_t)(ticket % c->nevents);
+
+  if (err)
+    return comm_fail(c, err);
+  if (in_progress) {
+    err = wait_ready(c, what, "");
+    if (err)
+      return err;
+  }
+  err = GS_CUDA_STATUS(c->base.log, cudaEventRecord(c->done[slot], c->stream));
+  if (err)
+    return comm_fail(c, err);
+  c->slot_ticket[slot] = ticket;
+  c->last = ticket;
+  c->pending = true;
+  return 0;
+}
+
+static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
+                          gs_reduce_op_t op)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  ncclDataType_t type = dtype == GS_DTYPE_FLOAT32 ? ncclFloat : ncclDouble;
+  ncclRedOp_t red = op == GS_REDUCE_SUM ? ncclSum : ncclAvg;
+  bool in_progress = false;
+  int err = op_begin(c, "allreduce");
+
+  if (err)
+    return err;
+  if ((dtype != GS_DTYPE_FLOAT32 && dtype != GS_DTYPE_FLOAT64) ||
+      (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) || (count && !buf)) {
+    GS_LOG_ERR(base->log, "nccl comm: allreduce of %zu %s (op %s): unsupported arguments", count,
+               gs_dtype_name(dtype), gs_reduce_op_name(op));
+    return GS_EINVAL;
+  }
+  err = queue_begin(c, "allreduce");
+  if (err)
+    return err;
+  if (count)
+    err = NCCL_STARTED(base->log, ncclAllReduce(buf, buf, count, type, red, c->nccl, c->stream),
+                       &in_progress);
+  return queue_end(c, "allreduce enqueue", err, in_progress);
+}
+
+static int nccl_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  bool in_progress = false;
+  int err = op_begin(c, "broadcast");
+
+  if (err)
+    return err;
+  if (root >= c->world || (bytes && !buf)) {
+    GS_LOG_ERR(base->log,
+               "nccl comm: broadcast of %zu bytes from root %" PRIu32 " in a world of %" PRIu32
+               ": invalid arguments",
+               bytes, root, c->world);
+    return GS_EINVAL;
+  }
+  err = queue_begin(c, "broadcast");
+  if (err)
+    return err;
+  if (bytes)
+    err = NCCL_STARTED(base->log,
+                       ncclBroadcast(buf, buf, bytes, ncclUint8, (int)root, c->nccl, c->stream),
+                       &in_progress);
+  return queue_end(c, "broadcast enqueue", err, in_progress);
+}
+
+/* Compute-stream work queued from now on waits for collective `ticket`.
+ * Tickets before the last sync are complete already: nothing to do. */
+static int nccl_order_after(gs_comm_t *base, uint64_t ticket)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  uint32_t slot;
+  int err = op_begin(c, "order_after");
+
+  if (err)
+    return err;
+  if (ticket >= base->ticket) {
+    GS_LOG_ERR(base->log,
+               "nccl comm: order_after(%" PRIu64 "): not queued yet (next is %" PRIu64 ")", ticket,
+               base->ticket);
+    return GS_EINVAL;
+  }
+  if (ticket < c->window)
+    return 0;
+  slot = (uint32_t)(ticket % c->nevents);
+  if (c->slot_ticket[slot] != ticket) {
+    GS_LOG_ERR(base->log, "nccl comm: order_after(%" PRIu64 "): that collective was refused",
+               ticket);
+    return GS_EINVAL;
+  }
+  err = GS_CUDA_STATUS(base->log, cudaStreamWaitEvent(c->compute, c->done[slot], 0));
+  return err ? comm_fail(c, err) : 0;
+}
+
+/* One poll of the last collective's event: 1 done, 0 not yet, or an error.
+ * cudaEventQuery's "not ready" can stay behind as this thread's last CUDA
+ * error, which the device module reads after each kernel launch; it is
+ * cleared here, and anything else found there is reported. */
+static int poll_done(nccl_comm_t *c)
+{
+  cudaError_t status = cudaEventQuery(c->done[c->last % c->nevents]);
+  cudaError_t last_error;
+
+  if (status == cudaSuccess)
+    return 1;
+  if (status != cudaErrorNotReady)
+    return GS_CUDA_STATUS(c->base.log, status);
+  last_error = cudaGetLastError();
+  return last_error == cudaErrorNotReady ? 0 : GS_CUDA_STATUS(c->base.log, last_error);
+}
+
+/* Waits for every queued collective: spins briefly, then polls every
+ * ~100 us, watching NCCL's asynchronous errors, the abort flag and the
+ * timeout (any of them aborts the communicator). */
+static int nccl_sync(gs_comm_t *base)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  uint64_t start;
+  ncclResult_t async_error;
+  unsigned spins = 0;
+  int err = op_begin(c, "sync"), done;
+
+  if (err)
+    return err;
+  start = now_ms();
+  while (c->pending) {
+    done = poll_done(c);
+    if (done < 0)
+      return comm_fail(c, done);
+    if (done)
+      break;
+    err = GS_NCCL_STATUS(base->log, ncclCommGetAsyncError(c->nccl, &async_error));
+    if (err)
+      return comm_fail(c, err);
+    if (async_error != ncclSuccess && async_error != ncclInProgress)
+      return async_failed(c, "collective", async_error);
+    if (is_aborted(c)) {
+      GS_LOG_WARNING(base->log, "nccl comm: rank %" PRIu32 ": sync aborted", c->rank);
+      return comm_fail(c, GS_EABORTED);
+    }
+    if (now_ms() - start >= c->timeout_ms) {
+      GS_LOG_ERR(base->log,
+                 "nccl comm: rank %" PRIu32 ": collective did not complete within %" PRIu64
+                 " ms (ticket %" PRIu64 "; a peer is stalled or gone)",
+                 c->rank, c->timeout_ms, c->last);
+      return comm_fail(c, GS_ETIMEDOUT);
+    }
+    if (++spins > SYNC_SPINS)
+      sleep_us(SYNC_POLL_US);
+  }
+  c->pending = false;
+  c->window = base->ticket;
+  return 0;
+}
+
+/* Only sets the flag (safe from any thread, never blocks): the comm
+ * thread's next poll or operation aborts the communicator. */
+static void nccl_abort(gs_comm_t *base)
+{
+  atomic_store(&((nccl_comm_t *)base)->aborted, true);
+}
+
+/* A clean shutdown when the communicator is healthy: wait for the queued
+ * collectives, then finalize (bounded by the timeout) and destroy. Any
+ * failure on the way aborts it instead. */
+static void shut_down(nccl_comm_t *c)
+{
+  bool in_progress;
+  int err = nccl_sync(&c->base);
+
+  if (!err)
+    err = NCCL_STARTED(c->base.log, ncclCommFinalize(c->nccl), &in_progress);
+  if (!err && in_progress)
+    err = wait_ready(c, "finalize", "");
+  if (err) {
+    comm_fail(c, err);
+    return;
+  }
+  (void)NCCL_STARTED(c->base.log, ncclCommDestroy(c->nccl), &in_progress);
+  c->nccl = NULL;
+}
+
+static void nccl_destroy(gs_comm_t *base)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+
+  if (c->nccl || c->stream) {
+    if (!enter(c) && c->nccl && c->ready && !is_aborted(c))
+      shut_down(c);
+    comm_fail(c, GS_EABORTED); /* aborts what shut_down left */
+    release_cuda(c);
+  }
+  free(c);
+}
+
+static const gs_comm_ops_t nccl_ops = {
+    .name = "nccl",
+    .stream_ordered = true,
+    .make_id = nccl_make_id,
+    .order_after = nccl_order_after,
+    .sync = nccl_sync,
+    .init = nccl_init,
+    .allreduce = nccl_allreduce,
+    .broadcast = nccl_broadcast,
+    .abort = nccl_abort,
+    .destroy = nccl_destroy,
+};
+
+gs_comm_t *gs__comm_nccl_new(const gs_log_t *log)
+{
+  nccl_comm_t *c = calloc(1, sizeof(*c));
+
+  if (!c) {
+    GS_LOG_ERR(log, "nccl comm: out of memory");
+    return NULL;
+  }
+  c->base.ops = &nccl_ops;
+  c->base.log = log;
+  atomic_init(&c->aborted, false);
+  return &c->base;
+}

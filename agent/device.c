@@ -1,0 +1,131 @@
+/* Compute devices: opening one by name, and the thin wrappers that
+ * dispatch through its ops table (see device.h). */
+#include "device.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifndef GS_HAVE_CUDA
+/* A CPU-only build: the cuda device does not exist. */
+gs_device_t *gs__device_cuda_new(int index, const gs_log_t *log, char *why, size_t why_len)
+{
+  (void)index;
+  (void)log;
+  snprintf(why, why_len, "this build has no CUDA support (rebuild where nvcc and NCCL are found)");
+  return NULL;
+}
+
+int gs__device_cuda_count(void)
+{
+  return 0;
+}
+#endif
+
+bool gs_device_cuda_built(void)
+{
+#ifdef GS_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int gs_device_cuda_count(void)
+{
+  return gs__device_cuda_count();
+}
+
+gs_device_t *gs_device_open(const char *name, int index, const gs_log_t *log, char *why,
+                            size_t why_len)
+{
+  if (!name || strcmp(name, "auto") == 0)
+    name = gs_device_cuda_count() > 0 ? "cuda" : "cpu";
+  if (strcmp(name, "cpu") == 0)
+    return gs__device_cpu_new(log, why, why_len);
+  if (strcmp(name, "cuda") == 0) {
+    int count = gs_device_cuda_count();
+
+    if (gs_device_cuda_built() && (index < 0 || index >= count)) {
+      snprintf(why, why_len, "no CUDA device %d (%d visible%s)", index, count,
+               count ? "" : "; is the NVIDIA driver loaded and CUDA_VISIBLE_DEVICES right?");
+      return NULL;
+    }
+    return gs__device_cuda_new(index, log, why, why_len);
+  }
+  snprintf(why, why_len, "unknown device '%s' (cpu, cuda or auto)", name);
+  return NULL;
+}
+
+void gs_device_destroy(gs_device_t *d)
+{
+  if (d)
+    d->ops->destroy(d);
+}
+
+void *gs_device_alloc(gs_device_t *d, size_t bytes)
+{
+  return d->ops->alloc(d, bytes);
+}
+
+void gs_device_free(gs_device_t *d, void *p)
+{
+  if (p)
+    d->ops->free(d, p);
+}
+
+void *gs_device_host_alloc(gs_device_t *d, size_t bytes)
+{
+  return d->ops->host_alloc(d, bytes);
+}
+
+void gs_device_host_free(gs_device_t *d, void *p)
+{
+  if (p)
+    d->ops->host_free(d, p);
+}
+
+int gs_device_upload(gs_device_t *d, void *dst, const void *src, size_t bytes)
+{
+  return bytes ? d->ops->upload(d, dst, src, bytes) : 0;
+}
+
+int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes)
+{
+  return bytes ? d->ops->download(d, dst, src, bytes) : d->ops->sync(d);
+}
+
+int gs_device_zero(gs_device_t *d, void *p, size_t bytes)
+{
+  return bytes ? d->ops->zero(d, p, bytes) : 0;
+}
+
+void gs_device_linear_forward(gs_device_t *d, const float *x, const float *w, const float *b,
+                              float *y, uint32_t m, uint32_t n, uint32_t k, bool relu)
+{
+  d->ops->linear_forward(d, x, w, b, y, m, n, k, relu);
+}
+
+void gs_device_linear_backward(gs_device_t *d, const float *x, const float *w, const float *dy,
+                               float *gw, float *gb, float *dx, uint32_t m, uint32_t n,
+                               uint32_t k)
+{
+  d->ops->linear_backward(d, x, w, dy, gw, gb, dx, m, n, k);
+}
+
+void gs_device_softmax_xent(gs_device_t *d, const float *z, const uint8_t *y, float *dz,
+                            uint32_t m, uint32_t c, float *stats)
+{
+  d->ops->softmax_xent(d, z, y, dz, m, c, stats);
+}
+
+void gs_device_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
+                        const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
+                        const float *grad, float *momentum)
+{
+  d->ops->sgd_pack(d, c, lr, grad_scale, segs, nseg, param, grad, momentum);
+}
+
+int gs_device_sync(gs_device_t *d)
+{
+  return d->ops->sync(d);
+}

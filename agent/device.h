@@ -1,0 +1,110 @@
+/* Compute devices: the few operations the reference trainer and the sync
+ * engine need, behind one table, so the trainer never branches on the
+ * device. `cpu` (OpenBLAS + loops, device_cpu.c) and, in a CUDA build,
+ * `cuda` (cuBLAS + CUDA C kernels, device_cuda.cu).
+ *
+ * Memory from gs_device_alloc lives on the device; the host touches it only
+ * through upload/download. Work is queued in order on the device's compute
+ * stream (the CPU device runs it at once); gs_device_sync waits for it and
+ * returns the first error of anything queued, with file and line logged.
+ * Matrices are row-major float32. */
+#ifndef GS_DEVICE_H
+#define GS_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "log.h"
+#include "sgd.h"
+
+typedef struct gs_device gs_device_t;
+
+typedef struct gs_device_ops {
+  const char *name;
+  void *(*alloc)(gs_device_t *d, size_t bytes); /* zeroed; NULL on failure */
+  void (*free)(gs_device_t *d, void *p);
+  void *(*host_alloc)(gs_device_t *d, size_t bytes); /* pinned where it matters */
+  void (*host_free)(gs_device_t *d, void *p);
+  int (*upload)(gs_device_t *d, void *dst, const void *src, size_t bytes);
+  int (*download)(gs_device_t *d, void *dst, const void *src, size_t bytes);
+  int (*zero)(gs_device_t *d, void *p, size_t bytes);
+  void (*linear_forward)(gs_device_t *d, const float *x, const float *w, const float *b, float *y,
+                         uint32_t m, uint32_t n, uint32_t k, bool relu);
+  void (*linear_backward)(gs_device_t *d, const float *x, const float *w, const float *dy,
+                          float *gw, float *gb, float *dx, uint32_t m, uint32_t n, uint32_t k);
+  void (*softmax_xent)(gs_device_t *d, const float *z, const uint8_t *y, float *dz, uint32_t m,
+                       uint32_t c, float *stats);
+  void (*sgd_pack)(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
+                   const gs_sgd_segment_t *segs, uint32_t nseg, float *param, const float *grad,
+                   float *momentum);
+  int (*sync)(gs_device_t *d);
+  void (*destroy)(gs_device_t *d);
+} gs_device_ops_t;
+
+/* Every device's state starts with this. */
+struct gs_device {
+  const gs_device_ops_t *ops;
+  const gs_log_t *log;
+  char label[32];   /* "cpu", "cuda:0" (shown in status) */
+  bool host_memory; /* device pointers are host pointers (cpu) */
+  void *stream;     /* the compute stream (cudaStream_t); NULL on cpu */
+};
+
+/* Opens a device by name: "cpu", "cuda" (the GPU `index`), or "auto" (cuda
+ * when a GPU is visible, else cpu). NULL with the reason in `why`. Close
+ * with gs_device_destroy. */
+gs_device_t *gs_device_open(const char *name, int index, const gs_log_t *log, char *why,
+                            size_t why_len);
+void gs_device_destroy(gs_device_t *d);
+
+/* Whether this build has CUDA, and how many GPUs are visible (0 without). */
+bool gs_device_cuda_built(void);
+int gs_device_cuda_count(void);
+
+/* Thin wrappers over the table (see gs_device_ops_t). */
+void *gs_device_alloc(gs_device_t *d, size_t bytes);
+void gs_device_free(gs_device_t *d, void *p);
+void *gs_device_host_alloc(gs_device_t *d, size_t bytes);
+void gs_device_host_free(gs_device_t *d, void *p);
+/* Queues a copy of host `src` to device `dst`; src must stay unchanged until
+ * the next sync (use host_alloc memory for it to be asynchronous). */
+int gs_device_upload(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
+/* Copies device `src` to host `dst` after everything queued; waits. */
+int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
+int gs_device_zero(gs_device_t *d, void *p, size_t bytes) GS_WARN_UNUSED;
+
+/* y[m x n] = x[m x k] * w[n x k]^T + b[n], then ReLU when `relu`. */
+void gs_device_linear_forward(gs_device_t *d, const float *x, const float *w, const float *b,
+                              float *y, uint32_t m, uint32_t n, uint32_t k, bool relu);
+
+/* For y = x w^T + b with upstream gradient dy [m x n]: gw[n x k] = dy^T x,
+ * gb[n] = column sums of dy, and, when dx is not NULL, dx[m x k] = dy w
+ * masked where x <= 0 (x is the previous layer's ReLU output). */
+void gs_device_linear_backward(gs_device_t *d, const float *x, const float *w, const float *dy,
+                               float *gw, float *gb, float *dx, uint32_t m, uint32_t n,
+                               uint32_t k);
+
+/* Softmax cross-entropy of each row of logits z [m x c] against labels y
+ * (device memory): dz = (softmax - onehot) / m, and stats[0] += the summed
+ * loss, stats[1] += the number of rows whose argmax is the label (stats is
+ * two device floats the caller zeroes). A label >= c makes the loss NaN. */
+void gs_device_softmax_xent(gs_device_t *d, const float *z, const uint8_t *y, float *dz,
+                            uint32_t m, uint32_t c, float *stats);
+
+/* One fused SGD step over a pack (sgd.h semantics; momentum may be NULL
+ * when c->momentum is 0). */
+void gs_device_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
+                        const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
+                        const float *grad, float *momentum);
+
+/* Waits for the queued work; the first error since the last sync. */
+int gs_device_sync(gs_device_t *d) GS_WARN_UNUSED;
+
+/* Constructors (gs_device_open picks). */
+gs_device_t *gs__device_cpu_new(const gs_log_t *log, char *why, size_t why_len);
+gs_device_t *gs__device_cuda_new(int index, const gs_log_t *log, char *why, size_t why_len);
+int gs__device_cuda_count(void);
+
+#endif

@@ -1,0 +1,47 @@
+"""Reading gradsync checkpoints from Python, exactly as docs/checkpoint.md
+describes the format (so the tests that use this hold the document to the
+code), and comparing parameter vectors."""
+import glob
+import math
+import os
+import struct
+import zlib
+
+
+def read_checkpoint(path):
+    """Parses a checkpoint as docs/checkpoint.md describes it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, nbuf, step, epoch, rng, layout = struct.unpack_from("<8sIIQQQQ", data, 0)
+    assert magic == b"GSCKPT\x00\x01", magic
+    assert version == 1, version
+    off = struct.calcsize("<8sIIQQQQ")
+    bufs = []
+    for _ in range(nbuf):
+        (count,) = struct.unpack_from("<Q", data, off)
+        off += 8
+        bufs.append(struct.unpack_from(f"<{count}f", data, off))
+        off += 4 * count
+    (crc,) = struct.unpack_from("<I", data, off)
+    assert crc == zlib.crc32(data[:off]), "CRC mismatch"
+    return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs}
+
+
+def newest_checkpoint(d):
+    files = sorted(glob.glob(os.path.join(d, "ckpt-*.gsck")))
+    assert files, f"no checkpoint in {d}"
+    return files[-1]
+
+
+def rel_error(a, b):
+    num = sum((x - y) ** 2 for x, y in zip(a, b))
+    den = sum(y * y for y in b)
+    return math.sqrt(num / den) if den else math.sqrt(num)
+
+
+def params_of(ckpt):
+    """The params buffers (even indices; odd ones are momentum), concatenated."""
+    out = []
+    for b in ckpt["bufs"][0::2]:
+        out.extend(b)
+    return out
