@@ -410,8 +410,8 @@ static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
   if (evaluate(t, &acc, &loss))
     return;
   if (t->rank == 0)
-    printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u ranks, %.1f s\n", acc,
-           loss, secs > 0 ? samples / secs : 0, t->world, secs);
+    printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u rank%s, %.1f s\n", acc,
+           loss, secs > 0 ? samples / secs : 0, t->world, t->world == 1 ? "" : "s", secs);
   if (t->rank == 0 && t->timed_steps) {
     double n = (double)t->timed_steps, step = t->sum_step_ms / n, data = t->sum_data_ms / n;
     double comm = t->sum_comm_ms / n, opt = t->sum_opt_ms / n;

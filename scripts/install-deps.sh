@@ -9,6 +9,7 @@ packages=(
   nanopb libnanopb-dev protobuf-compiler python3-protobuf
   check
   libopenblas-dev dataset-fashion-mnist
+  patchelf
 )
 
 missing=()
