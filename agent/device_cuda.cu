@@ -302,6 +302,8 @@ static int cuda_upload(gs_device_t *base, void *dst, const void *src, size_t byt
 }
 
 /* Returns the first error of anything queued before, or of the copy. */
+static int cuda_sync(gs_device_t *base);
+
 static int cuda_download(gs_device_t *base, void *dst, const void *src, size_t bytes)
 {
   cuda_device_t *d = cd(base);
@@ -310,12 +312,8 @@ static int cuda_download(gs_device_t *base, void *dst, const void *src, size_t b
   if (!err)
     err = GS_CUDA_STATUS(base->log,
                          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->stream));
-  if (!err)
-    err = GS_CUDA_STATUS(base->log, cudaStreamSynchronize(d->stream));
-  if (d->sticky)
-    err = d->sticky;
-  d->sticky = 0;
-  return err;
+  note(d, err);
+  return cuda_sync(base); /* the copy is done when the stream is; reports sticky errors */
 }
 
 static int cuda_zero(gs_device_t *base, void *p, size_t bytes)

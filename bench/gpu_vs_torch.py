@@ -68,17 +68,26 @@ def tail(text, n=15):
     return "\n".join(text.strip().splitlines()[-n:])
 
 
+def run_timed(cmd, timeout):
+    """Runs cmd; returns (result dict with cmd and wall_s, output), or
+    (result with the error, None) when it failed or timed out."""
+    t0 = time.perf_counter()
+    rc, out = run_cmd(cmd, timeout)
+    res = {"cmd": " ".join(cmd), "wall_s": time.perf_counter() - t0, "ok": False}
+    if rc != 0:
+        res["error"] = f"{'timed out' if rc is None else f'exit {rc}'}:\n{tail(out)}"
+        return res, None
+    return res, out
+
+
 def run_ours(a, size):
     cfg = SIZES[size]
     cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", "1", "--device", "cuda",
            "--backend", "nccl", "--layers", ",".join(map(str, cfg["layers"])),
            "--batch", str(cfg["batch"]), "--steps", str(a.steps_of[size]), "--no-validate",
            "--log-level", "warn", "--data", a.data]
-    t0 = time.perf_counter()
-    rc, out = run_cmd(cmd, a.timeout)
-    res = {"cmd": " ".join(cmd), "wall_s": time.perf_counter() - t0, "ok": False}
-    if rc != 0:
-        res["error"] = f"{'timed out' if rc is None else f'exit {rc}'}:\n{tail(out)}"
+    res, out = run_timed(cmd, a.timeout)
+    if out is None:
         return res
     m = FINAL_RE.search(out)
     if not m:
@@ -106,11 +115,8 @@ def run_torch(a, size):
     cmd = [a.python, os.path.join(here, "torch_mlp.py"), "--device", "cuda",
            "--layers", ",".join(map(str, cfg["layers"])), "--batch", str(cfg["batch"]),
            "--steps", str(a.steps_of[size]), "--data", a.data]
-    t0 = time.perf_counter()
-    rc, out = run_cmd(cmd, a.timeout)
-    res = {"cmd": " ".join(cmd), "wall_s": time.perf_counter() - t0, "ok": False}
-    if rc != 0:
-        res["error"] = f"{'timed out' if rc is None else f'exit {rc}'}:\n{tail(out)}"
+    res, out = run_timed(cmd, a.timeout)
+    if out is None:
         return res
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):

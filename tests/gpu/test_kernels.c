@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "gpu_check.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define TOLERANCE 1e-5
@@ -475,49 +476,24 @@ START_TEST(zero)
 }
 END_TEST
 
-static TCase *tcase(const char *name, const TTest *test)
-{
-  TCase *tc = tcase_create(name);
-
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, test);
-  return tc;
-}
-
 static Suite *kernels_suite(void)
 {
   Suite *s = suite_create("kernels");
 
-  suite_add_tcase(s, tcase("round_trip", round_trip));
-  suite_add_tcase(s, tcase("zero", zero));
-  suite_add_tcase(s, tcase("linear_forward", linear_forward));
-  suite_add_tcase(s, tcase("linear_backward", linear_backward));
-  suite_add_tcase(s, tcase("softmax_xent", softmax_xent));
-  suite_add_tcase(s, tcase("sgd_pack", sgd_pack));
+  suite_add_tcase(s, gs_gpu_tcase("round_trip", round_trip));
+  suite_add_tcase(s, gs_gpu_tcase("zero", zero));
+  suite_add_tcase(s, gs_gpu_tcase("linear_forward", linear_forward));
+  suite_add_tcase(s, gs_gpu_tcase("linear_backward", linear_backward));
+  suite_add_tcase(s, gs_gpu_tcase("softmax_xent", softmax_xent));
+  suite_add_tcase(s, gs_gpu_tcase("sgd_pack", sgd_pack));
   return s;
 }
 
 int main(void)
 {
-  char why[256] = "";
-  SRunner *sr;
-  int failed;
+  int skip = gs_gpu_skip();
 
-  if (!gs_device_cuda_built()) {
-    printf("SKIP: built without CUDA\n");
-    return 77;
-  }
-  if (gs_device_cuda_count() == 0) {
-    gs_device_t *d = gs_device_open("cuda", 0, NULL, why, sizeof(why));
-
-    gs_device_destroy(d); /* NULL: no device to open */
-    printf("SKIP: no CUDA device visible (%s)\n", why);
-    return 77;
-  }
-  sr = srunner_create(kernels_suite());
-  srunner_set_fork_status(sr, CK_NOFORK);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  if (skip)
+    return skip;
+  return gs_gpu_run_suite(kernels_suite()) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -20,6 +20,7 @@
 
 #include "comm.h"
 #include "device.h"
+#include "gpu_check.h"
 
 #define TIMEOUT_MS 30000
 #define ID_CAP 512
@@ -557,27 +558,18 @@ START_TEST(abort_during_init)
 }
 END_TEST
 
-static TCase *tcase(const char *name, const TTest *test)
-{
-  TCase *tc = tcase_create(name);
-
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, test);
-  return tc;
-}
-
 static Suite *nccl_suite(void)
 {
   Suite *s = suite_create("comm_nccl");
 
-  suite_add_tcase(s, tcase("allreduce_values", allreduce_values));
-  suite_add_tcase(s, tcase("waits_for_compute_stream", waits_for_compute_stream));
-  suite_add_tcase(s, tcase("broadcast_bytes", broadcast_bytes));
-  suite_add_tcase(s, tcase("tickets_count_up", tickets_count_up));
-  suite_add_tcase(s, tcase("queue_bound", queue_bound));
-  suite_add_tcase(s, tcase("abort_fails_ops", abort_fails_ops));
-  suite_add_tcase(s, tcase("bad_setup", bad_setup));
-  suite_add_tcase(s, tcase("make_id_then_init", make_id_then_init));
+  suite_add_tcase(s, gs_gpu_tcase("allreduce_values", allreduce_values));
+  suite_add_tcase(s, gs_gpu_tcase("waits_for_compute_stream", waits_for_compute_stream));
+  suite_add_tcase(s, gs_gpu_tcase("broadcast_bytes", broadcast_bytes));
+  suite_add_tcase(s, gs_gpu_tcase("tickets_count_up", tickets_count_up));
+  suite_add_tcase(s, gs_gpu_tcase("queue_bound", queue_bound));
+  suite_add_tcase(s, gs_gpu_tcase("abort_fails_ops", abort_fails_ops));
+  suite_add_tcase(s, gs_gpu_tcase("bad_setup", bad_setup));
+  suite_add_tcase(s, gs_gpu_tcase("make_id_then_init", make_id_then_init));
   return s;
 }
 
@@ -587,37 +579,18 @@ static Suite *missing_rank_suite(void)
 {
   Suite *s = suite_create("comm_nccl_missing_rank");
 
-  suite_add_tcase(s, tcase("init_times_out", init_times_out));
-  suite_add_tcase(s, tcase("abort_during_init", abort_during_init));
+  suite_add_tcase(s, gs_gpu_tcase("init_times_out", init_times_out));
+  suite_add_tcase(s, gs_gpu_tcase("abort_during_init", abort_during_init));
   return s;
-}
-
-static int run_suite(Suite *suite)
-{
-  SRunner *sr = srunner_create(suite);
-  int failed;
-
-  srunner_set_fork_status(sr, CK_NOFORK);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  fflush(stdout);
-  return failed;
 }
 
 int main(void)
 {
-  int failed;
+  int failed, skip = gs_gpu_skip();
 
-  if (!gs_device_cuda_built()) {
-    printf("SKIP: built without CUDA\n");
-    return 77;
-  }
-  if (gs_device_cuda_count() == 0) {
-    printf("SKIP: no CUDA device visible\n");
-    return 77;
-  }
-  failed = run_suite(nccl_suite());
-  failed += run_suite(missing_rank_suite());
+  if (skip)
+    return skip;
+  failed = gs_gpu_run_suite(nccl_suite());
+  failed += gs_gpu_run_suite(missing_rank_suite());
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
