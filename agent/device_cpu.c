@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "vectorize.h"
 
 #define CPU_ALIGN 64 /* bytes: buffers start on cache lines */
 
@@ -44,16 +45,11 @@ static int cpu_zero(gs_device_t *d, void *p, size_t bytes)
   return 0;
 }
 
-/* y = x W^T, then one pass adding the bias and, when `relu`, clamping. */
-static void cpu_linear_forward(gs_device_t *d, const float *x, const float *w, const float *b,
-                               float *y, uint32_t m, uint32_t n, uint32_t k, bool relu)
+/* h[i][j] += b[j] over m rows of n, then ReLU when `relu`. */
+GS_WIDE static void add_bias(float *restrict h, const float *restrict b, uint32_t m, uint32_t n,
+                             bool relu)
 {
-  (void)d;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, x, (int)k, w,
-              (int)k, 0.0f, y, (int)n);
-  for (uint32_t i = 0; i < m; i++) {
-    float *restrict h = y + (size_t)i * n;
-
+  for (uint32_t i = 0; i < m; i++, h += n) {
     if (relu) {
       for (uint32_t j = 0; j < n; j++) {
         float v = h[j] + b[j];
@@ -67,6 +63,32 @@ static void cpu_linear_forward(gs_device_t *d, const float *x, const float *w, c
   }
 }
 
+/* g[j] = sum over m rows of dy[i][j]. */
+GS_WIDE static void column_sums(const float *restrict dy, float *restrict g, uint32_t m, uint32_t n)
+{
+  memset(g, 0, n * sizeof(float));
+  for (uint32_t i = 0; i < m; i++, dy += n)
+    for (uint32_t j = 0; j < n; j++)
+      g[j] += dy[j];
+}
+
+/* dx[e] = 0 where x[e] <= 0 (ReLU's backward: x is the ReLU's output). */
+GS_WIDE static void relu_mask(float *restrict dx, const float *restrict x, size_t total)
+{
+  for (size_t e = 0; e < total; e++)
+    dx[e] = x[e] > 0.0f ? dx[e] : 0.0f;
+}
+
+/* y = x W^T, then one pass adding the bias and, when `relu`, clamping. */
+static void cpu_linear_forward(gs_device_t *d, const float *x, const float *w, const float *b,
+                               float *y, uint32_t m, uint32_t n, uint32_t k, bool relu)
+{
+  (void)d;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, x, (int)k, w,
+              (int)k, 0.0f, y, (int)n);
+  add_bias(y, b, m, n, relu);
+}
+
 /* gw = dy^T x, gb = column sums of dy, dx = (dy W) masked where x <= 0. */
 static void cpu_linear_backward(gs_device_t *d, const float *x, const float *w, const float *dy,
                                 float *gw, float *gb, float *dx, uint32_t m, uint32_t n,
@@ -75,20 +97,12 @@ static void cpu_linear_backward(gs_device_t *d, const float *x, const float *w, 
   (void)d;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)k, (int)m, 1.0f, dy, (int)n, x,
               (int)k, 0.0f, gw, (int)k);
-  memset(gb, 0, n * sizeof(float));
-  for (uint32_t i = 0; i < m; i++) {
-    const float *restrict row = dy + (size_t)i * n;
-    float *restrict g = gb;
-
-    for (uint32_t j = 0; j < n; j++)
-      g[j] += row[j];
-  }
+  column_sums(dy, gb, m, n);
   if (!dx)
     return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)k, (int)n, 1.0f, dy, (int)n,
               w, (int)k, 0.0f, dx, (int)k);
-  for (size_t e = 0, total = (size_t)m * k; e < total; e++)
-    dx[e] = x[e] > 0.0f ? dx[e] : 0.0f;
+  relu_mask(dx, x, (size_t)m * k);
 }
 
 /* One row: writes (softmax - onehot) * scale into dz and returns the loss

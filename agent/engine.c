@@ -166,6 +166,13 @@ float *gs_engine_grad(const gs_engine_t *e, uint32_t i)
 
 /* ---- the comm thread ---------------------------------------------------- */
 
+static int run_job(gs_engine_t *e, const comm_job_t *job)
+{
+  if (job->op == OP_ALLREDUCE)
+    return gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  return gs_comm_broadcast(e->comm, job->buf, job->count, 0);
+}
+
 static void *comm_main(void *arg)
 {
   gs_engine_t *e = arg;
@@ -181,10 +188,7 @@ static void *comm_main(void *arg)
     }
     job = e->queue[e->qhead++ % e->qcap];
     pthread_mutex_unlock(&e->mu);
-    if (job->op == OP_ALLREDUCE)
-      err = gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
-    else
-      err = gs_comm_broadcast(e->comm, job->buf, job->count, 0);
+    err = run_job(e, job);
     pthread_mutex_lock(&e->mu);
     job->err = err;
     job->state = JOB_DONE;
@@ -202,13 +206,20 @@ static void *comm_main(void *arg)
   return NULL;
 }
 
+/* Hands a job to the comm thread. With one rank a collective is the
+ * identity, so it runs here at once: no thread hand-off in the step. */
 static void enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf, size_t count)
 {
-  pthread_mutex_lock(&e->mu);
   job->op = op;
   job->buf = buf;
   job->count = count;
   job->err = 0;
+  if (e->join.world_size == 1) {
+    job->err = run_job(e, job);
+    job->state = JOB_DONE;
+    return;
+  }
+  pthread_mutex_lock(&e->mu);
   job->state = JOB_QUEUED;
   e->queue[e->qtail++ % e->qcap] = job;
   pthread_cond_broadcast(&e->cv);

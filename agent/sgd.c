@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "sgd.h"
+#include "vectorize.h"
 
 /* Elements per block: a whole number of vectors (SSE, AVX or AVX-512), so
  * that gcc's -O2 "very cheap" vectorizer, which refuses a loop that would
@@ -141,7 +142,7 @@ float gs_sgd_lr(const gs_sgd_config_t *c, uint64_t step)
 }
 
 /* Plain SGD (no momentum buffer) over one segment. */
-static void step_plain(float *restrict p, const float *restrict g, size_t n, float lr, float scale,
+GS_WIDE static void step_plain(float *restrict p, const float *restrict g, size_t n, float lr, float scale,
                        float wd)
 {
   size_t i = 0, j;
@@ -154,7 +155,7 @@ static void step_plain(float *restrict p, const float *restrict g, size_t n, flo
 }
 
 /* Heavy-ball momentum over one segment: buf = m * buf + d; p -= lr * buf. */
-static void step_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
+GS_WIDE static void step_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
                           float lr, float scale, float wd, float m)
 {
   size_t i = 0, j;
@@ -176,7 +177,7 @@ static void step_momentum(float *restrict p, const float *restrict g, float *res
 }
 
 /* Nesterov momentum over one segment: buf = m * buf + d; p -= lr * (d + m * buf). */
-static void step_nesterov(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
+GS_WIDE static void step_nesterov(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
                           float lr, float scale, float wd, float m)
 {
   size_t i = 0, j;

@@ -16,68 +16,16 @@ usage: gpu_vs_torch.py --bin DIR --data DIR [--steps N] [--pairs 3]
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
-import time
+
+from benchlib import fmt, median_of, median_parts, parse_json_line, parse_ours, run_timed
 
 SIZES = {
     "small": {"layers": [784, 256, 128, 10], "batch": 64, "steps": 2000},
     "large": {"layers": [784, 4096, 4096, 10], "batch": 1024, "steps": 300},
 }
 TARGET_OVER_BOUND = 1.10
-
-NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf)"
-# Searched, not matched, so a "[rank 0] " prefix from gradsync-run is fine.
-FINAL_RE = re.compile(rf"final: test accuracy {NUM}, test loss {NUM}, {NUM} samples/s "
-                      rf"over (\d+) ranks, {NUM} s")
-# "timing: step 0.512 ms = compute 0.300 + data 0.010 + comm-wait 0.050 + optimizer
-# 0.152 ms (mean of 1990 steps on cuda:0)": the parts are read by name, so
-# parts added or dropped later still parse.
-TIMING_RE = re.compile(rf"timing: step {NUM} ms = (.*?) ms \(mean of (\d+) steps(?: on (.*))?\)[ \t]*$",
-                       re.M)
-PART_RE = re.compile(rf"([a-z][a-z-]*) {NUM}")
-
-
-def run_cmd(cmd, timeout):
-    """Runs cmd in its own process group (so a timeout also stops the agents
-    gradsync-run started); returns (exit code or None on timeout, output)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-        return p.returncode, out
-    except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, _ = p.communicate(timeout=wait)
-                return None, out
-            except subprocess.TimeoutExpired:
-                continue
-        out, _ = p.communicate()
-        return None, out
-
-
-def tail(text, n=15):
-    return "\n".join(text.strip().splitlines()[-n:])
-
-
-def run_timed(cmd, timeout):
-    """Runs cmd; returns (result dict with cmd and wall_s, output), or
-    (result with the error, None) when it failed or timed out."""
-    t0 = time.perf_counter()
-    rc, out = run_cmd(cmd, timeout)
-    res = {"cmd": " ".join(cmd), "wall_s": time.perf_counter() - t0, "ok": False}
-    if rc != 0:
-        res["error"] = f"{'timed out' if rc is None else f'exit {rc}'}:\n{tail(out)}"
-        return res, None
-    return res, out
 
 
 def run_ours(a, size):
@@ -89,24 +37,7 @@ def run_ours(a, size):
     res, out = run_timed(cmd, a.timeout)
     if out is None:
         return res
-    m = FINAL_RE.search(out)
-    if not m:
-        res["error"] = f"no 'final:' line in the output:\n{tail(out)}"
-        return res
-    res.update(ok=True, test_accuracy=float(m.group(1)), test_loss=float(m.group(2)),
-               final_samples_per_sec=float(m.group(3)))
-    t = TIMING_RE.search(out)
-    if t:
-        res.update(step_ms=float(t.group(1)), timed_steps=int(t.group(3)),
-                   timed_on=t.group(4),
-                   parts_ms={k: float(v) for k, v in PART_RE.findall(t.group(2))})
-        res["samples_per_sec"] = cfg["batch"] * 1e3 / res["step_ms"] if res["step_ms"] > 0 \
-            else res["final_samples_per_sec"]
-        res["samples_source"] = "timing"
-    else:
-        res["samples_per_sec"] = res["final_samples_per_sec"]
-        res["samples_source"] = "final"
-    return res
+    return parse_ours(res, out, cfg["batch"])
 
 
 def run_torch(a, size):
@@ -118,17 +49,7 @@ def run_torch(a, size):
     res, out = run_timed(cmd, a.timeout)
     if out is None:
         return res
-    for line in reversed(out.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                res.update(json.loads(line))
-                res["ok"] = True
-            except ValueError:
-                pass
-            break
-    if not res["ok"]:
-        res["error"] = f"no JSON line in the output:\n{tail(out)}"
-    return res
+    return parse_json_line(res, out)
 
 
 def gemm_bound_ms(widths, batch, reps=50):
@@ -175,27 +96,6 @@ def gemm_bound_ms(widths, batch, reps=50):
     ms = statistics.median(times)
     return {"ms": ms, "gemms": 2 * L + (L - 1), "tflops": flops / (ms * 1e-3) / 1e12,
             "device": torch.cuda.get_device_name(dev)}
-
-
-def median_of(runs, key):
-    vals = [r[key] for r in runs if r.get("ok") and r.get(key) is not None]
-    return statistics.median(vals) if vals else None
-
-
-def median_parts(runs):
-    """{part: median ms} over the runs with a timing line, in the line's order."""
-    names = []
-    for r in runs:
-        for k in r.get("parts_ms", {}) if r.get("ok") else {}:
-            if k not in names:
-                names.append(k)
-    return {k: statistics.median([r["parts_ms"][k] for r in runs
-                                  if r.get("ok") and k in r.get("parts_ms", {})])
-            for k in names}
-
-
-def fmt(v, spec):
-    return "" if v is None else format(v, spec)
 
 
 def summarize(size, ours, torch_runs, bound):

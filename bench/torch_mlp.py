@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""PyTorch reference for gradsync's MLP benchmark: the same model, batch,
-loss, optimizer and data as one gradsync agent, in PyTorch eager mode.
+"""PyTorch reference for gradsync's MLP benchmarks: the same model, batch,
+loss, optimizer and data as gradsync's agents, in PyTorch eager mode; one
+process, or --world N processes under DistributedDataParallel (gloo, CPU;
+each rank its slice of the shuffled epoch, gradients averaged).
 
   nn.Linear layers with ReLU between (PyTorch's default init, seeded),
   CrossEntropyLoss (mean over the batch), torch.optim.SGD with momentum and
   weight decay applied to every parameter alike (gradsync's defaults: bias LR
   multiplier 1, bias weight decay = weight decay), fp32 without TF32.
 
-Warms up, then times --steps steps and prints one JSON line:
+Warms up, then times --steps steps and prints one JSON line (rank 0):
   {"samples_per_sec": ..., "step_ms": ..., "final_loss": ..., ...}
+samples_per_sec counts every rank's samples.
 Progress goes to stderr every --progress-every steps.
 
 usage: torch_mlp.py --layers 784,256,128,10 --batch 64 --steps N
-                    --device cuda|cpu --data DIR [--lr 0.05 ...]
+                    --device cuda|cpu --data DIR [--world N] [--lr 0.05 ...]
 """
 import argparse
 import gzip
@@ -97,17 +100,19 @@ def build_model(widths):
 
 
 class Batches:
-    """Batches by a fresh shuffled permutation each epoch, dropping the last
+    """Batches by a fresh shuffled permutation each epoch (the same on every
+    rank; each rank takes its slice of every global batch), dropping the last
     partial batch, as gradsync's sampler does. The whole training set sits on
     the device and rows are gathered there by index: the closest eager
     equivalent of our agent, which uploads each batch from pinned memory
     without a host-side DataLoader in the way."""
 
-    def __init__(self, x, y, batch, seed, device):
+    def __init__(self, x, y, batch, seed, device, rank=0, world=1):
         self.x, self.y, self.batch = x, y, batch
-        self.per_epoch = x.shape[0] // batch
+        self.offset, self.stride = rank * batch, world * batch
+        self.per_epoch = x.shape[0] // self.stride
         if self.per_epoch == 0:
-            raise ValueError(f"batch {batch} is larger than the {x.shape[0]} examples")
+            raise ValueError(f"batch {batch} x {world} ranks is more than the {x.shape[0]} examples")
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
         self.device = device
@@ -118,7 +123,8 @@ class Batches:
         k = self.step % self.per_epoch
         if k == 0:
             self.perm = torch.randperm(self.x.shape[0], device=self.device, generator=self.gen)
-        idx = self.perm[k * self.batch:(k + 1) * self.batch]
+        start = k * self.stride + self.offset
+        idx = self.perm[start:start + self.batch]
         self.step += 1
         return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
@@ -136,7 +142,9 @@ def parse_args():
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--nesterov", action="store_true")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (--device cpu)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (--device cpu)")
+    p.add_argument("--world", type=int, default=1,
+                   help="ranks; more than 1: DistributedDataParallel over gloo (--device cpu)")
     p.add_argument("--allow-tf32", action="store_true",
                    help="let cuBLAS use TF32 (off: matches gradsync's fp32 GEMMs)")
     p.add_argument("--progress-every", type=int, default=100, help="0: no progress")
@@ -144,6 +152,8 @@ def parse_args():
     a.widths = [int(w) for w in a.layers.split(",")]
     if len(a.widths) < 2 or min(a.widths) < 1 or a.batch < 1 or a.steps < 1 or a.warmup < 0:
         p.error("need --layers with 2+ positive widths, --batch >= 1, --steps >= 1")
+    if a.world < 1 or (a.world > 1 and a.device != "cpu"):
+        p.error("--world N needs N >= 1, and N > 1 runs on --device cpu only")
     return a
 
 
@@ -161,8 +171,8 @@ def evaluate(model, split, batch=10000):
     return loss_sum / x.shape[0], correct / x.shape[0]
 
 
-def main():
-    a = parse_args()
+def run(rank, a, port):
+    """One rank (the only one without --world)."""
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     if cuda:
@@ -179,13 +189,21 @@ def main():
 
     torch.manual_seed(a.seed)
     model = build_model(a.widths).to(dev)
+    net = model
+    if a.world > 1:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=a.world)
+        net = DistributedDataParallel(model)  # also broadcasts rank 0's params
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum,
                           weight_decay=a.weight_decay, nesterov=a.nesterov)
-    batches = Batches(train[0], train[1], a.batch, a.seed, dev)
+    batches = Batches(train[0], train[1], a.batch, a.seed, dev, rank, a.world)
+    barrier = dist.barrier if a.world > 1 else (lambda: None)
 
     def step():
         xb, yb = batches.next()
-        loss = F.cross_entropy(model(xb), yb)
+        loss = F.cross_entropy(net(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -199,23 +217,27 @@ def main():
         ev0 = torch.cuda.Event(enable_timing=True)
         ev1 = torch.cuda.Event(enable_timing=True)
     sync()
+    barrier()
     t0 = time.perf_counter()
     if cuda:
         ev0.record()
     for s in range(a.steps):
         loss = step()
         # The only host sync in the loop, for progress.
-        if a.progress_every > 0 and (s + 1) % a.progress_every == 0:
+        if rank == 0 and a.progress_every > 0 and (s + 1) % a.progress_every == 0:
             print(f"step {s + 1}/{a.steps} loss {loss.item():.4f}", file=sys.stderr, flush=True)
     if cuda:
         ev1.record()
     sync()
+    barrier()
     secs = time.perf_counter() - t0
+    if rank != 0:
+        return
 
     final_loss = loss.item()
     test_loss, test_acc = evaluate(model, test)
     out = {
-        "samples_per_sec": a.batch * a.steps / secs,
+        "samples_per_sec": a.world * a.batch * a.steps / secs,
         "step_ms": 1e3 * secs / a.steps,
         "step_ms_events": ev0.elapsed_time(ev1) / a.steps if cuda else None,
         "final_loss": final_loss,
@@ -223,6 +245,7 @@ def main():
         "test_accuracy": test_acc,
         "layers": a.widths,
         "batch": a.batch,
+        "world": a.world,
         "steps": a.steps,
         "warmup": a.warmup,
         "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
@@ -231,6 +254,22 @@ def main():
         "torch": torch.__version__,
     }
     print(json.dumps(out), flush=True)
+
+
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main():
+    a = parse_args()
+    if a.world == 1:
+        run(0, a, None)
+    else:
+        import torch.multiprocessing as mp
+        mp.spawn(run, args=(a, free_port()), nprocs=a.world, join=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@
 #               (glibc, libgcc_s, libstdc++) and the CUDA ones the GPU machine has
 #   tests/gpu/  tests/gpu/*.py and run.sh, as in the repository, and the
 #               tests/checkpoints.py they import
-#   bench/      bench/gpu_*.py and bench/torch_mlp.py, as in the repository
+#   bench/      bench/gpu_*.py, bench/torch_mlp.py and bench/benchlib.py, as in the repository
 #   MANIFEST.txt
 # and OUT_DIR.tar.gz beside it. On the GPU machine: tar xzf the tarball, then
 # bash gpu-bundle/bin/run.sh (see tests/gpu/run.sh).
@@ -116,7 +116,7 @@ for f in "$repo"/tests/gpu/*.py "$repo"/tests/gpu/run.sh; do cp "$f" "$out/tests
 # tests/gpu/*.py import helpers from tests/ (checkpoints.py).
 if [ -f "$repo/tests/checkpoints.py" ]; then cp "$repo/tests/checkpoints.py" "$out/tests/"; fi
 cp "$repo/tests/gpu/run.sh" "$out/bin/run.sh"
-for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py; do cp "$f" "$out/bench/"; done
+for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py "$repo"/bench/benchlib.py; do cp "$f" "$out/bench/"; done
 shopt -u nullglob
 chmod +x "$out/bin/run.sh" "$out/tests/gpu/run.sh"
 [ -e "$out/tests/gpu/test_gpu_agent.py" ] || note "warning: no tests/gpu/test_gpu_agent.py yet; run.sh will SKIP its cases"

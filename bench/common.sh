@@ -1,0 +1,35 @@
+# Sourced by the bench/*.sh entry points: Debian packages and the build.
+
+# Installs the Debian packages given that are missing (quiet otherwise).
+bench_need_debs() {
+  local missing=() p sudo=""
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  echo "bench: installing ${missing[*]}" >&2
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Makes sure BUILD (relative to the repository root) holds a release build
+# with the binaries named; configures and builds it when not. Prints the
+# absolute path of BUILD/bin.
+bench_build() {
+  local repo build bin b
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  build=$1; shift
+  case "$build" in /*) ;; *) build="$repo/$build" ;; esac
+  bin="$build/bin"
+  for b in "$@"; do
+    if [ ! -x "$bin/$b" ]; then
+      "$repo/scripts/install-deps.sh" >&2
+      [ -f "$build/CMakeCache.txt" ] ||
+        cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >&2
+      cmake --build "$build" -j "$(nproc)" >&2
+      break
+    fi
+  done
+  echo "$bin"
+}
