@@ -13,23 +13,17 @@ bench_need_debs() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# Makes sure BUILD (relative to the repository root) holds a release build
-# with the binaries named; configures and builds it when not. Prints the
-# absolute path of BUILD/bin.
+# Configures BUILD (relative to the repository root) when it has no cache,
+# installs the project's packages, and builds the targets named (quick when
+# they are up to date). Prints the absolute path of BUILD/bin.
 bench_build() {
-  local repo build bin b
+  local repo build
   repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   build=$1; shift
   case "$build" in /*) ;; *) build="$repo/$build" ;; esac
-  bin="$build/bin"
-  for b in "$@"; do
-    if [ ! -x "$bin/$b" ]; then
-      "$repo/scripts/install-deps.sh" >&2
-      [ -f "$build/CMakeCache.txt" ] ||
-        cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >&2
-      cmake --build "$build" -j "$(nproc)" >&2
-      break
-    fi
-  done
-  echo "$bin"
+  "$repo/scripts/install-deps.sh" >&2
+  [ -f "$build/CMakeCache.txt" ] ||
+    cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target "$@" >/dev/null
+  echo "$build/bin"
 }

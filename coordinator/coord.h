@@ -41,18 +41,31 @@ typedef struct gs_conn_ref {
 typedef struct gs_member gs_member_t;
 typedef struct gs_job gs_job_t;
 
-typedef struct gs_conn {
+/* Reads land in one buffer shared by every connection (the loop is single
+ * threaded and a read is parsed before on_read returns); only the bytes of
+ * a frame not yet complete are copied into the connection's own rbuf. */
+#define GS_COORD_READ_CHUNK (64 * 1024)
+/* Scratch and read buffers larger than this are freed once used. */
+#define GS_COORD_KEEP_BUF_BYTES (64 * 1024)
+
+typedef struct gs_conn gs_conn_t;
+
+struct gs_conn {
   uv_tcp_t tcp;
   struct gs_coord *coord;
   gs_conn_ref_t ref;
-  gs_buf_t rbuf;
+  gs_buf_t rbuf; /* an incomplete frame */
   uint64_t last_activity_ms;
+  /* The idle list: connections that may time out (not closing, nothing
+   * parked), least recently active first. */
+  gs_conn_t *idle_prev, *idle_next;
+  bool idle_linked;
   uint32_t waiting;    /* requests parked until an event or deadline */
   gs_member_t *member; /* the rank this connection joined as, if any */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
   char peer[64];           /* "127.0.0.1:40000", for logs */
-} gs_conn_t;
+};
 
 typedef struct gs_conn_table {
   gs_conn_t **slots;
@@ -80,19 +93,37 @@ struct gs_coord {
   uv_timer_t housekeeping;
   gs_http_server_t *http;
   gs_conn_table_t conns;
+  gs_conn_t *idle_oldest, *idle_newest; /* see gs_conn */
+  gs_buf_t wbuf;                        /* encodes one reply at a time */
+  gs_buf_t rbody;                       /* the body of the request being dispatched */
   gs_job_t *jobs;
   uint32_t job_count;
   uint64_t coordinator_id; /* random; lets agents notice a restart */
   uint64_t started_ms;
   gs_coord_stats_t stats;
+  /* GET /status is cached: the rendered document is reused while nothing
+   * that could change it happened (state_version, bumped on every RPC,
+   * connection change, sweep and control request) within the same loop
+   * millisecond (its times have millisecond resolution). */
+  uint64_t state_version;
+  gs_buf_t status_body;
+  uint64_t status_version, status_ms;
+  bool status_valid;
   uint32_t handles_open; /* listener + timer; freed when 0 and closing */
   bool closing;
+  uint8_t rbuf[GS_COORD_READ_CHUNK]; /* see GS_COORD_READ_CHUNK */
 };
 
 /* Milliseconds on the loop's clock. */
 static inline uint64_t gs__now_ms(const struct gs_coord *c)
 {
   return uv_now(c->loop);
+}
+
+/* Something /status shows may have changed. */
+static inline void gs__state_changed(struct gs_coord *c)
+{
+  c->state_version++;
 }
 
 /* Frees the service once it is closing and its last handle has closed. */
@@ -130,6 +161,8 @@ typedef struct gs_call {
 } gs_call_t;
 
 const char *gs__method_name(gs_method_t m);
+/* "/gradsync.Coordinator/<name>", the Envelope's method field. */
+const char *gs__method_path(gs_method_t m);
 void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len);
 
 /* --- auth.c --- */

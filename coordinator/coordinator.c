@@ -56,6 +56,7 @@ static void on_housekeeping(uv_timer_t *t)
   gs_coord_t *c = t->data;
   uint64_t now = gs__now_ms(c);
 
+  gs__state_changed(c);
   gs__jobs_sweep(c, now);
   gs__conn_sweep_idle(c, now);
 }
@@ -88,6 +89,9 @@ static void free_coord(gs_coord_t *c)
   free(c->conns.slots);
   free(c->conns.gens);
   free(c->conns.free_slots);
+  gs_buf_free(&c->wbuf);
+  gs_buf_free(&c->rbody);
+  gs_buf_free(&c->status_body);
   free(c);
 }
 

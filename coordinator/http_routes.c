@@ -122,6 +122,7 @@ static void control(struct gs_coord *c, gs_job_t *job, const gs_http_request_t *
     respond_error(res, 400, "action must be \"broadcast\", \"checkpoint\" or \"stop\"");
     return;
   }
+  gs__state_changed(c);
   if (period) {
     job->bcast_period = (int32_t)period->valuedouble;
     job->bcast_period_overridden = true;
@@ -147,6 +148,58 @@ static void control(struct gs_coord *c, gs_job_t *job, const gs_http_request_t *
   respond_json(res, 200, out);
 }
 
+/* Whether the query asks for the per-rank lists: "ranks", "ranks=1" or
+ * "ranks=true" among its &-separated parameters. */
+static bool wants_ranks(const char *query)
+{
+  for (const char *p = query; *p;) {
+    size_t n = strcspn(p, "&");
+
+    if ((n == 5 && !strncmp(p, "ranks", n)) || (n == 7 && !strncmp(p, "ranks=1", n)) ||
+        (n == 10 && !strncmp(p, "ranks=true", n)))
+      return true;
+    p += n + (p[n] == '&');
+  }
+  return false;
+}
+
+/* GET /status: the summary of every job, rendered once and reused while the
+ * state is unchanged (see gs_coord.status_body); ?ranks=1 adds every rank,
+ * and is rendered each time. */
+static void status(struct gs_coord *c, const gs_http_request_t *req, gs_http_response_t *res)
+{
+  uint64_t now = uv_now(c->loop);
+  gs_buf_t *cache = &c->status_body;
+  char *body, *text;
+
+  if (wants_ranks(req->query)) {
+    respond_json(res, 200, gs__status_json(c, true));
+    return;
+  }
+  if (!c->status_valid || c->status_version != c->state_version || c->status_ms != now) {
+    cJSON *doc = gs__status_json(c, false);
+
+    text = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    cache->len = 0;
+    c->status_valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
+    free(text);
+    if (!c->status_valid) {
+      respond_error(res, 500, "out of memory");
+      return;
+    }
+    c->status_version = c->state_version;
+    c->status_ms = now;
+  }
+  body = malloc(cache->len + 1);
+  if (!body) {
+    respond_error(res, 500, "out of memory");
+    return;
+  }
+  memcpy(body, cache->data, cache->len + 1);
+  respond(res, 200, JSON, body);
+}
+
 static void metrics(struct gs_coord *c, gs_http_response_t *res)
 {
   gs_buf_t text = {0};
@@ -168,7 +221,7 @@ static void service_route(struct gs_coord *c, const gs_http_request_t *req, gs_h
   } else if (strcmp(req->path, "/healthz") == 0) {
     respond(res, 200, JSON, strdup("{\"status\":\"ok\"}"));
   } else if (strcmp(req->path, "/status") == 0) {
-    respond_json(res, 200, gs__status_json(c));
+    status(c, req, res);
   } else {
     metrics(c, res);
   }
@@ -197,7 +250,7 @@ static void job_route(struct gs_coord *c, const gs_http_request_t *req, gs_http_
   else if (is_control)
     control(c, job, req, res);
   else
-    respond_json(res, 200, gs__job_json(job, uv_now(c->loop)));
+    respond_json(res, 200, gs__job_json(job, uv_now(c->loop), true));
 }
 
 static void route(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)

@@ -251,7 +251,9 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
 {
   uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
   uv_buf_t bufs[2];
+  unsigned nbufs;
   http_write_t *w;
+  int sent;
 
   if (conn->closing)
     goto out_free_body;
@@ -270,7 +272,29 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
   bufs[0] = uv_buf_init(w->head, (unsigned)strlen(w->head));
   bufs[1].base = res->body;
   bufs[1].len = res->body_len;
-  if (uv_write(&w->req, stream, bufs, with_body && res->body_len ? 2 : 1, on_write)) {
+  nbufs = with_body && res->body_len ? 2 : 1;
+  /* Most replies fit in the socket buffer: written at once, they need no
+   * write request, callback or epoll change. The rest is queued. */
+  sent = uv_try_write(stream, bufs, nbufs);
+  if (sent == UV_EAGAIN || sent == UV_ENOSYS)
+    sent = 0;
+  if (sent < 0) {
+    free(w);
+    goto out_close;
+  }
+  for (unsigned i = 0; i < nbufs; i++) {
+    size_t skip = (size_t)sent < bufs[i].len ? (size_t)sent : bufs[i].len;
+
+    bufs[i].base += skip;
+    bufs[i].len -= skip;
+    sent -= (int)skip;
+  }
+  if (bufs[nbufs - 1].len == 0) {
+    free(w->body);
+    free(w);
+    return;
+  }
+  if (uv_write(&w->req, stream, bufs[0].len ? bufs : bufs + 1, bufs[0].len ? nbufs : 1, on_write)) {
     free(w);
     goto out_close;
   }

@@ -68,11 +68,50 @@ static void member_bind(gs_member_t *m, gs_conn_t *conn)
   conn->member = m;
 }
 
+/* The heartbeat list holds the running members, oldest heartbeat first: a
+ * heartbeat moves its member to the end, so finding a silent rank reads the
+ * head only. O(1) per heartbeat and per sweep, whatever the world size. */
+static void hb_unlink(gs_member_t *m)
+{
+  gs_job_t *job = m->job;
+
+  if (!m->hb_linked)
+    return;
+  if (m->hb_prev)
+    m->hb_prev->hb_next = m->hb_next;
+  else
+    job->hb_oldest = m->hb_next;
+  if (m->hb_next)
+    m->hb_next->hb_prev = m->hb_prev;
+  else
+    job->hb_newest = m->hb_prev;
+  m->hb_prev = m->hb_next = NULL;
+  m->hb_linked = false;
+}
+
+/* Records a heartbeat at `now`; the loop clock never goes back, so
+ * appending keeps the list in order. */
+static void hb_touch(gs_member_t *m, uint64_t now)
+{
+  gs_job_t *job = m->job;
+
+  hb_unlink(m);
+  m->last_heartbeat_ms = now;
+  m->hb_prev = job->hb_newest;
+  if (job->hb_newest)
+    job->hb_newest->hb_next = m;
+  else
+    job->hb_oldest = m;
+  job->hb_newest = m;
+  m->hb_linked = true;
+}
+
 static void member_free(gs_member_t *m)
 {
   if (!m)
     return;
   member_unbind(m);
+  hb_unlink(m);
   free(m);
 }
 
@@ -86,6 +125,7 @@ static void free_ranks(gs_job_t *job)
   job->ranks = NULL;
   job->peers = NULL;
   job->world_size = 0;
+  job->ranks_left = 0;
 }
 
 static void fill_peer(gs_job_t *job, uint32_t r)
@@ -133,7 +173,9 @@ static void reply_join(gs_job_t *job, gs_member_t *m, uint64_t request_id)
   gs__reply(c, m->conn, GS_METHOD_JOIN, request_id, gradsync_JoinResponse_fields, &resp);
 }
 
-/* Takes member `i` out of the rendezvous, optionally answering its Join. */
+/* Takes member `i` out of the rendezvous, optionally answering its Join.
+ * The last member takes its place: the order of the waiting list does not
+ * matter (ranks are assigned by sorting), and removal stays O(1). */
 static void remove_waiting(gs_job_t *job, uint32_t i, int code, const char *msg)
 {
   gs_member_t *m = job->waiting[i];
@@ -142,9 +184,8 @@ static void remove_waiting(gs_job_t *job, uint32_t i, int code, const char *msg)
   gs__conn_unpark(c, m->conn);
   if (code)
     gs__reply_error(c, m->conn, GS_METHOD_JOIN, m->join_request_id, code, "%s", msg);
-  memmove(&job->waiting[i], &job->waiting[i + 1],
-          (job->waiting_count - i - 1) * sizeof(job->waiting[0]));
-  job->waiting_count--;
+  job->waiting[i] = job->waiting[--job->waiting_count];
+  job->waiting[i]->waiting_index = i;
   member_free(m);
 }
 
@@ -240,6 +281,8 @@ static void complete_rendezvous(gs_job_t *job)
   gradsync_Peer *peers;
 
   qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
+  for (uint32_t i = 0; i < n; i++)
+    job->waiting[i]->waiting_index = i;
   if (drop_duplicates(job) || refuse_mismatched_models(job))
     return;
   peers = calloc(n, sizeof(*peers));
@@ -269,7 +312,7 @@ static void complete_rendezvous(gs_job_t *job)
     m->rank = r;
     m->generation = job->generation;
     m->state = GS_MEMBER_RUNNING;
-    m->last_heartbeat_ms = now;
+    hb_touch(m, now);
     fill_peer(job, r);
   }
   gs_log(&c->cfg.log, GS_LOG_INFO, job->name, -1, "generation %llu started with %u ranks",
@@ -350,10 +393,13 @@ static void rejoin(const gs_call_t *call, gs_job_t *job, const gradsync_JoinRequ
     REPLY_ERR(call, GS_GRPC_RESOURCE_EXHAUSTED, "coordinator out of memory");
     return;
   }
+  if (old && old->state == GS_MEMBER_LEFT)
+    job->ranks_left--;
   member_free(old);
   m->rank = r;
   m->generation = g;
   m->state = GS_MEMBER_RUNNING;
+  hb_touch(m, gs__now_ms(job->coord));
   job->ranks[r] = m;
   fill_peer(job, r);
   gs_log(&job->coord->cfg.log, GS_LOG_INFO, job->name, r,
@@ -441,6 +487,8 @@ void gs__job_join(const gs_call_t *call, const gradsync_JoinRequest *req)
     REPLY_ERR(call, GS_GRPC_RESOURCE_EXHAUSTED, "coordinator out of memory");
     return;
   }
+  if (job->waiting_count == 0 || m->join_deadline_ms < job->next_join_deadline_ms)
+    job->next_join_deadline_ms = m->join_deadline_ms;
   if (job->waiting_count == 0) {
     job->waiting_world_size = req->world_size;
     job->rendezvous_deadline_ms = gs__now_ms(c) + c->cfg.rendezvous_timeout_ms;
@@ -448,6 +496,7 @@ void gs__job_join(const gs_call_t *call, const gradsync_JoinRequest *req)
       job->state = GS_JOB_WAITING;
   }
   m->join_seq = ++job->join_seq;
+  m->waiting_index = job->waiting_count;
   job->waiting[job->waiting_count++] = m;
   gs__conn_park(c, m->conn);
   gs_log(&c->cfg.log, GS_LOG_DEBUG, job->name, -1, "%s (node '%s', local_rank %u) joined: %u of %u",
@@ -474,12 +523,23 @@ void gs__job_abort(gs_job_t *job, const char *fmt, ...)
   gs__job_store_fail_waiters(job, GS_GRPC_ABORTED, job->abort_reason);
 }
 
+/* The job a request names: the connection's own job when it is that one
+ * (every heartbeat of a joined agent: no search), else a lookup. */
+static gs_job_t *job_of_call(const gs_call_t *call, const char *name)
+{
+  const gs_member_t *m = call->conn->member;
+
+  if (m && strcmp(m->job->name, name) == 0)
+    return m->job;
+  return gs__job_find(call->conn->coord, name);
+}
+
 /* Looks up the member a heartbeat or leave speaks for; replies and returns
  * NULL when the job, generation or rank is unknown. */
 static gs_member_t *find_member(const gs_call_t *call, const char *name, uint64_t g, uint32_t r,
                                 gs_job_t **jobp)
 {
-  gs_job_t *job = gs__job_find(call->conn->coord, name);
+  gs_job_t *job = job_of_call(call, name);
 
   *jobp = job;
   if (!job) {
@@ -499,9 +559,40 @@ static gs_member_t *find_member(const gs_call_t *call, const char *name, uint64_
   return job->ranks[r];
 }
 
+/* The body of a heartbeat reply without an abort, encoded again only when
+ * a directive changed since the last one. NULL if it cannot be encoded. */
+static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
+{
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  const gradsync_Directives *d = &job->hb_reply_for;
+
+  if (job->hb_reply_valid && d->bcast_period == job->bcast_period &&
+      d->broadcast_seq == job->broadcast_seq && d->checkpoint_seq == job->checkpoint_seq &&
+      d->stop == job->stop)
+    return &job->hb_reply;
+  resp.has_directives = true;
+  resp.directives.bcast_period = job->bcast_period;
+  resp.directives.broadcast_seq = job->broadcast_seq;
+  resp.directives.checkpoint_seq = job->checkpoint_seq;
+  resp.directives.stop = job->stop;
+  resp.coordinator_id = job->coord->coordinator_id;
+  job->hb_reply.len = 0;
+  job->hb_reply_valid =
+      gs_wire_encode(&job->hb_reply, gradsync_HeartbeatResponse_fields, &resp) == 0;
+  job->hb_reply_for = resp.directives;
+  return job->hb_reply_valid ? &job->hb_reply : NULL;
+}
+
 static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
 {
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  const gs_buf_t *body = abort ? NULL : ok_heartbeat_body(job);
+
+  if (body) {
+    gs__reply_bytes(job->coord, call->conn->ref, GS_METHOD_HEARTBEAT, call->request_id, body->data,
+                    body->len);
+    return;
+  }
 
   resp.has_directives = true;
   resp.directives.bcast_period = job->bcast_period;
@@ -522,7 +613,7 @@ void gs__job_heartbeat(const gs_call_t *call, const gradsync_HeartbeatRequest *r
   gs_member_t *m;
   char why[300];
 
-  job = gs__job_find(call->conn->coord, req->job);
+  job = job_of_call(call, req->job);
   if (job && req->generation < job->generation) {
     snprintf(why, sizeof(why), "generation %llu was superseded by generation %llu",
              (unsigned long long)req->generation, (unsigned long long)job->generation);
@@ -545,7 +636,7 @@ void gs__job_heartbeat(const gs_call_t *call, const gradsync_HeartbeatRequest *r
   /* The latest connection to speak for a rank is the one whose loss counts. */
   if (m->conn.slot != call->conn->ref.slot || m->conn.gen != call->conn->ref.gen)
     member_bind(m, call->conn);
-  m->last_heartbeat_ms = gs__now_ms(job->coord);
+  hb_touch(m, gs__now_ms(job->coord));
   m->step = req->step;
   m->loss = req->loss;
   m->samples_per_sec = req->samples_per_sec;
@@ -559,21 +650,20 @@ void gs__job_leave(const gs_call_t *call, const gradsync_LeaveRequest *req)
   struct gs_coord *c = call->conn->coord;
   gs_job_t *job;
   gs_member_t *m = find_member(call, req->job, req->generation, req->rank, &job);
-  uint32_t left = 0;
 
   if (!m)
     return;
   if (req->generation == job->generation && m->state == GS_MEMBER_RUNNING) {
     m->state = GS_MEMBER_LEFT;
+    job->ranks_left++;
     member_unbind(m);
+    hb_unlink(m);
     if (!req->finished) {
       gs__job_abort(job, "rank %u left: %s", req->rank, req->reason[0] ? req->reason : "failed");
     } else {
-      for (uint32_t r = 0; r < job->world_size; r++)
-        left += job->ranks[r] && job->ranks[r]->state == GS_MEMBER_LEFT;
-      gs_log(&c->cfg.log, GS_LOG_INFO, job->name, req->rank, "left (finished): %u of %u", left,
-             job->world_size);
-      if (left == job->world_size && job->state == GS_JOB_RUNNING)
+      gs_log(&c->cfg.log, GS_LOG_INFO, job->name, req->rank, "left (finished): %u of %u",
+             job->ranks_left, job->world_size);
+      if (job->ranks_left == job->world_size && job->state == GS_JOB_RUNNING)
         job->state = GS_JOB_FINISHED;
     }
   }
@@ -586,6 +676,7 @@ static void member_lost(gs_member_t *m, const char *how)
   gs_job_t *job = m->job;
 
   m->state = GS_MEMBER_LOST;
+  hb_unlink(m);
   job->coord->stats.ranks_lost++;
   gs__job_abort(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
                 m->req.local_rank, how);
@@ -601,14 +692,11 @@ void gs__job_conn_closed(gs_conn_t *conn)
   job = m->job;
   member_unbind(m);
   if (m->state == GS_MEMBER_WAITING) {
-    for (uint32_t i = 0; i < job->waiting_count; i++) {
-      if (job->waiting[i] == m) {
-        gs_log(&job->coord->cfg.log, GS_LOG_INFO, job->name, -1,
-               "node '%s' local_rank %u left the rendezvous (connection closed)", m->req.node,
-               m->req.local_rank);
-        remove_waiting(job, i, 0, NULL);
-        return;
-      }
+    if (m->waiting_index < job->waiting_count && job->waiting[m->waiting_index] == m) {
+      gs_log(&job->coord->cfg.log, GS_LOG_INFO, job->name, -1,
+             "node '%s' local_rank %u left the rendezvous (connection closed)", m->req.node,
+             m->req.local_rank);
+      remove_waiting(job, m->waiting_index, 0, NULL);
     }
   } else if (member_active(m)) {
     member_lost(m, "connection closed");
@@ -617,6 +705,7 @@ void gs__job_conn_closed(gs_conn_t *conn)
 
 static void sweep_rendezvous(gs_job_t *job, uint64_t now)
 {
+  uint64_t next = UINT64_MAX;
   char msg[256];
 
   if (job->waiting_count && now >= job->rendezvous_deadline_ms) {
@@ -627,8 +716,13 @@ static void sweep_rendezvous(gs_job_t *job, uint64_t now)
       remove_waiting(job, 0, GS_GRPC_DEADLINE_EXCEEDED, msg);
     return;
   }
+  /* Only scan when the earliest Join deadline has come. */
+  if (now < job->next_join_deadline_ms)
+    return;
   for (uint32_t i = 0; i < job->waiting_count;) {
     if (now < job->waiting[i]->join_deadline_ms) {
+      if (job->waiting[i]->join_deadline_ms < next)
+        next = job->waiting[i]->join_deadline_ms;
       i++;
       continue;
     }
@@ -636,24 +730,21 @@ static void sweep_rendezvous(gs_job_t *job, uint64_t now)
              job->waiting_count, job->waiting_world_size, job->name);
     remove_waiting(job, i, GS_GRPC_DEADLINE_EXCEEDED, msg);
   }
+  job->next_join_deadline_ms = next;
 }
 
+/* The rank silent for longest is the head of the heartbeat list; losing it
+ * aborts the generation, so the others need no check. */
 static void sweep_heartbeats(gs_job_t *job, uint64_t now)
 {
-  uint64_t timeout = job->coord->cfg.heartbeat_timeout_ms;
+  gs_member_t *m = job->hb_oldest;
   char how[64];
 
-  if (job->state != GS_JOB_RUNNING)
+  if (job->state != GS_JOB_RUNNING || !m ||
+      now - m->last_heartbeat_ms <= job->coord->cfg.heartbeat_timeout_ms)
     return;
-  for (uint32_t r = 0; r < job->world_size; r++) {
-    gs_member_t *m = job->ranks[r];
-
-    if (!m || m->state != GS_MEMBER_RUNNING || now - m->last_heartbeat_ms <= timeout)
-      continue;
-    snprintf(how, sizeof(how), "no heartbeat for %.1fs", (now - m->last_heartbeat_ms) / 1000.0);
-    member_lost(m, how);
-    return; /* the generation is aborted; the others need no check */
-  }
+  snprintf(how, sizeof(how), "no heartbeat for %.1fs", (now - m->last_heartbeat_ms) / 1000.0);
+  member_lost(m, how);
 }
 
 void gs__jobs_sweep(struct gs_coord *c, uint64_t now)
@@ -676,6 +767,7 @@ void gs__jobs_free(struct gs_coord *c)
     free(job->waiting);
     free_ranks(job);
     gs__job_store_reset(job);
+    gs_buf_free(&job->hb_reply);
     free(job);
   }
   c->jobs = NULL;

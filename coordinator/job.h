@@ -30,11 +30,15 @@ struct gs_member {
   uint64_t generation;
   uint32_t rank;
   uint64_t join_seq;        /* arrival order in the rendezvous */
+  uint32_t waiting_index;   /* position in job->waiting, while WAITING */
   uint64_t join_request_id; /* the parked Join, while WAITING */
   uint64_t join_deadline_ms;
   gradsync_JoinRequest req; /* node, local_rank, device, signature, ... */
-  /* Latest heartbeat. */
+  /* Latest heartbeat. Running members are also on the job's heartbeat
+   * list, oldest heartbeat first, so the silence check looks at one. */
   uint64_t last_heartbeat_ms;
+  gs_member_t *hb_prev, *hb_next;
+  bool hb_linked;
   uint64_t step;
   float loss, samples_per_sec, compute_ms, comm_wait_ms;
 };
@@ -78,6 +82,7 @@ struct gs_job {
   gs_member_t **waiting;
   uint32_t waiting_count, waiting_cap, waiting_world_size;
   uint64_t rendezvous_deadline_ms;
+  uint64_t next_join_deadline_ms; /* no waiting Join expires before this */
   uint64_t join_seq;
 
   /* The running (or last) generation, indexed by rank; entries may be NULL
@@ -85,6 +90,9 @@ struct gs_job {
   gs_member_t **ranks;
   gradsync_Peer *peers; /* rank order, for Join replies */
   uint64_t started_ms;
+  uint32_t ranks_left; /* members in state LEFT */
+  /* Running members by last heartbeat, oldest first (see gs_member). */
+  gs_member_t *hb_oldest, *hb_newest;
 
   gs_blob_t *blobs; /* of the current generation */
   uint32_t blob_count;
@@ -97,6 +105,11 @@ struct gs_job {
   bool bcast_period_overridden; /* set by the control endpoint */
   uint64_t broadcast_seq, checkpoint_seq;
   bool stop;
+  /* The encoded reply to a heartbeat that needs no abort: the same for
+   * every rank until a directive changes, so it is built once. */
+  gs_buf_t hb_reply;
+  gradsync_Directives hb_reply_for;
+  bool hb_reply_valid;
 
   uint64_t aborted_generation;
   char abort_reason[256];

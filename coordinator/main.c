@@ -1,9 +1,11 @@
 /* gradsync-coordinator: flags, signals, and the loop. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "coordinator.h"
 #include "frame.h"
@@ -161,6 +163,46 @@ static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
   return err;
 }
 
+#define FD_HEADROOM 64 /* descriptors besides agent connections: listeners, HTTP, stdio */
+
+/* Every agent holds a connection, so the open-file limit caps how many can
+ * join: raise the soft limit to the hard one, and say so when even that is
+ * short of --max-world-size. */
+static void raise_fd_limit(const gs_coord_config_t *cfg)
+{
+  rlim_t want = (rlim_t)cfg->max_world_size + FD_HEADROOM;
+  struct rlimit rl;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl)) {
+    gs_log(&cfg->log, GS_LOG_WARN, NULL, -1, "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+    return;
+  }
+  if (rl.rlim_cur < rl.rlim_max) {
+    struct rlimit up = {rl.rlim_max == RLIM_INFINITY ? 1u << 20 : rl.rlim_max, rl.rlim_max};
+
+    if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+      rl.rlim_cur = up.rlim_cur;
+    else
+      gs_log(&cfg->log, GS_LOG_WARN, NULL, -1,
+             "cannot raise the open-file limit from %llu to %llu: %s",
+             (unsigned long long)rl.rlim_cur, (unsigned long long)up.rlim_cur, strerror(errno));
+  }
+  /* INFO, not WARN: most machines' hard limit is below the default
+   * --max-world-size and most jobs are far smaller; an accept that runs
+   * out of descriptors warns on its own. */
+  if (rl.rlim_cur < want)
+    gs_log(&cfg->log, GS_LOG_INFO, NULL, -1,
+           "open-file limit is %llu: about %llu agents can connect, fewer than --max-world-size "
+           "%u; raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker --ulimit nofile=) "
+           "for jobs that large",
+           (unsigned long long)rl.rlim_cur,
+           (unsigned long long)(rl.rlim_cur > FD_HEADROOM ? rl.rlim_cur - FD_HEADROOM : 0),
+           cfg->max_world_size);
+  else
+    gs_log(&cfg->log, GS_LOG_DEBUG, NULL, -1, "open-file limit is %llu",
+           (unsigned long long)rl.rlim_cur);
+}
+
 typedef struct app {
   uv_signal_t sigint, sigterm;
   gs_coord_t *coord;
@@ -190,6 +232,7 @@ int main(int argc, char **argv)
   if (rc)
     return rc < 0 ? 0 : rc;
   signal(SIGPIPE, SIG_IGN);
+  raise_fd_limit(&cfg);
   uv_loop_init(&loop);
   app.log = &cfg.log;
   app.coord = gs_coord_new(&loop, &cfg);

@@ -20,9 +20,25 @@ static const char *const method_names[] = {
 #undef GS__METHOD_NAME
 };
 
+static const char *const method_paths[] = {
+#define GS__METHOD_PATH(id, name) GS_METHOD_PREFIX #name,
+    GS_METHOD_MAP(GS__METHOD_PATH)
+#undef GS__METHOD_PATH
+};
+
+/* The longest method path must fit the Envelope's method field. */
+_Static_assert(sizeof(GS_METHOD_PREFIX "PublishPackList") <=
+                   sizeof(((gradsync_Envelope *)0)->method),
+               "method paths must fit gradsync.Envelope.method");
+
 const char *gs__method_name(gs_method_t m)
 {
   return m < GS_METHOD_COUNT ? method_names[m] : "?";
+}
+
+const char *gs__method_path(gs_method_t m)
+{
+  return m < GS_METHOD_COUNT ? method_paths[m] : "";
 }
 
 static bool parse_method(const char *path, gs_method_t *m)
@@ -249,11 +265,12 @@ void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len)
 {
   struct gs_coord *c = conn->coord;
   gradsync_Envelope env;
-  gs_buf_t body = {0};
+  gs_buf_t *body = &c->rbody; /* one request is dispatched at a time */
   gs_call_t call = {.conn = conn};
   char why[128];
 
-  if (gs_wire_decode_envelope(payload, len, &env, &body, why, sizeof(why))) {
+  gs__state_changed(c);
+  if (gs_wire_decode_envelope(payload, len, &env, body, why, sizeof(why))) {
     c->stats.bad_frames++;
     gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable envelope (%s); closing",
            conn->peer, why);
@@ -270,8 +287,8 @@ void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len)
   }
   call.request_id = env.request_id;
   call.deadline_ms = gs__now_ms(c) + (env.timeout_ms ? env.timeout_ms : c->cfg.default_wait_ms);
-  call.body = body.data;
-  call.body_len = body.len;
+  call.body = body->data;
+  call.body_len = body->len;
   c->stats.requests[call.method]++;
   if (!gs__token_ok(c, env.token)) {
     gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
@@ -282,5 +299,6 @@ void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len)
   }
   handlers[call.method](&call);
 out:
-  gs_buf_free(&body);
+  if (body->cap > GS_COORD_KEEP_BUF_BYTES)
+    gs_buf_free(body);
 }

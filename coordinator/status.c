@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "status.h"
 
@@ -12,47 +13,128 @@
  * or more behind the leading rank. */
 #define STRAGGLER_COMPUTE_RATIO 1.2
 #define STRAGGLER_STEP_LAG 2
+#define SUMMARY_STRAGGLERS 32 /* rank numbers listed by the summary view */
 
-static int cmp_float(const void *a, const void *b)
+static void swap_float(float *a, uint32_t i, uint32_t j)
 {
-  float x = *(const float *)a, y = *(const float *)b;
-  return (x > y) - (x < y);
+  float t = a[i];
+
+  a[i] = a[j];
+  a[j] = t;
 }
 
-static cJSON *stragglers_json(const gs_job_t *job)
+/* The k-th smallest of a[0..n) (0-based, k < n), reordering a: quickselect
+ * with a three-way partition, O(n) on average where sorting is O(n log n),
+ * and still linear when many values are equal. */
+static float kth_smallest(float *a, uint32_t n, uint32_t k)
 {
-  cJSON *arr = cJSON_CreateArray();
-  float *compute = calloc(job->world_size ? job->world_size : 1, sizeof(float));
-  uint64_t max_step = 0;
-  uint32_t n = 0;
-  float median;
+  uint32_t lo = 0, hi = n - 1;
 
-  if (!arr || !compute) {
-    free(compute);
-    return arr;
+  while (lo < hi) {
+    float pivot = a[lo + (hi - lo) / 2];
+    uint32_t lt = lo, i = lo, gt = hi + 1; /* [lo,lt) < pivot, [lt,i) ==, [gt,hi] > */
+
+    while (i < gt) {
+      if (a[i] < pivot)
+        swap_float(a, lt++, i++);
+      else if (a[i] > pivot)
+        swap_float(a, i, --gt);
+      else
+        i++;
+    }
+    if (k < lt)
+      hi = lt - 1;
+    else if (k >= gt)
+      lo = gt;
+    else
+      return pivot;
   }
+  return a[k];
+}
+
+/* What one pass over a job's ranks yields for both views. */
+typedef struct rank_stats {
+  uint32_t by_state[GS_MEMBER_LOST + 1];
+  uint32_t unregistered;
+  uint32_t running;
+  uint64_t step_min, step_max;
+  uint64_t oldest_heartbeat_ms;
+  double samples;
+  float median_compute;
+} rank_stats_t;
+
+static void rank_stats(const gs_job_t *job, rank_stats_t *st)
+{
+  float *compute = malloc((job->world_size ? job->world_size : 1) * sizeof(float));
+
+  memset(st, 0, sizeof(*st));
+  st->step_min = UINT64_MAX;
+  st->oldest_heartbeat_ms = UINT64_MAX;
   for (uint32_t r = 0; r < job->world_size; r++) {
     const gs_member_t *m = job->ranks[r];
 
-    if (m && m->state == GS_MEMBER_RUNNING) {
-      compute[n++] = m->compute_ms;
-      if (m->step > max_step)
-        max_step = m->step;
+    if (!m) {
+      st->unregistered++;
+      continue;
     }
+    st->by_state[m->state]++;
+    if (m->state != GS_MEMBER_RUNNING)
+      continue;
+    if (compute)
+      compute[st->running] = m->compute_ms;
+    st->running++;
+    st->samples += m->samples_per_sec;
+    if (m->step > st->step_max)
+      st->step_max = m->step;
+    if (m->step < st->step_min)
+      st->step_min = m->step;
+    if (m->last_heartbeat_ms < st->oldest_heartbeat_ms)
+      st->oldest_heartbeat_ms = m->last_heartbeat_ms;
   }
-  qsort(compute, n, sizeof(float), cmp_float);
-  median = n ? compute[n / 2] : 0;
-  for (uint32_t r = 0; r < job->world_size; r++) {
+  if (compute && st->running)
+    st->median_compute = kth_smallest(compute, st->running, st->running / 2);
+  free(compute);
+}
+
+/* Ranks whose compute time or step lag make the others wait; the first
+ * `max_listed` go into the array, *count gets them all. */
+static cJSON *stragglers_json(const gs_job_t *job, const rank_stats_t *st, uint32_t max_listed,
+                              uint32_t *count)
+{
+  cJSON *arr = cJSON_CreateArray();
+  float median = st->median_compute;
+
+  *count = 0;
+  for (uint32_t r = 0; arr && r < job->world_size; r++) {
     const gs_member_t *m = job->ranks[r];
 
     if (!m || m->state != GS_MEMBER_RUNNING)
       continue;
     if ((median > 0 && m->compute_ms > STRAGGLER_COMPUTE_RATIO * median) ||
-        m->step + STRAGGLER_STEP_LAG <= max_step)
-      cJSON_AddItemToArray(arr, cJSON_CreateNumber(r));
+        m->step + STRAGGLER_STEP_LAG <= st->step_max) {
+      if ((*count)++ < max_listed)
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(r));
+    }
   }
-  free(compute);
   return arr;
+}
+
+static cJSON *rank_summary_json(const gs_job_t *job, const rank_stats_t *st, uint64_t now)
+{
+  cJSON *o = cJSON_CreateObject();
+
+  if (!o)
+    return NULL;
+  for (int s = GS_MEMBER_RUNNING; s <= GS_MEMBER_LOST; s++)
+    cJSON_AddNumberToObject(o, gs__member_state_name((gs_member_state_t)s), st->by_state[s]);
+  cJSON_AddNumberToObject(o, "unregistered", st->unregistered);
+  cJSON_AddNumberToObject(o, "step_min", st->running ? (double)st->step_min : 0);
+  cJSON_AddNumberToObject(o, "step_max", (double)st->step_max);
+  cJSON_AddNumberToObject(o, "median_compute_ms", st->median_compute);
+  cJSON_AddNumberToObject(
+      o, "oldest_heartbeat_s",
+      st->running && job->state == GS_JOB_RUNNING ? (now - st->oldest_heartbeat_ms) / 1000.0 : 0);
+  return o;
 }
 
 static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
@@ -93,13 +175,15 @@ static cJSON *pack_list_json(const gs_pack_summary_t *s)
   return o;
 }
 
-cJSON *gs__job_json(const gs_job_t *job, uint64_t now)
+cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
 {
   cJSON *o = cJSON_CreateObject(), *ranks, *waiting;
-  double samples = 0;
+  uint32_t stragglers;
+  rank_stats_t st;
 
   if (!o)
     return NULL;
+  rank_stats(job, &st);
   cJSON_AddStringToObject(o, "name", job->name);
   cJSON_AddStringToObject(o, "state", gs__job_state_name(job->state));
   cJSON_AddNumberToObject(o, "generation", (double)job->generation);
@@ -114,18 +198,21 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now)
   cJSON_AddNumberToObject(o, "broadcast_seq", (double)job->broadcast_seq);
   cJSON_AddNumberToObject(o, "checkpoint_seq", (double)job->checkpoint_seq);
   cJSON_AddBoolToObject(o, "stop", job->stop);
+  cJSON_AddNumberToObject(o, "samples_per_sec", st.samples);
+  cJSON_AddItemToObject(
+      o, "stragglers",
+      stragglers_json(job, &st, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS, &stragglers));
+  cJSON_AddNumberToObject(o, "straggler_count", stragglers);
+  cJSON_AddItemToObject(o, "rank_summary", rank_summary_json(job, &st, now));
+  if (!with_ranks)
+    return o;
   ranks = cJSON_AddArrayToObject(o, "ranks");
-  for (uint32_t r = 0; r < job->world_size; r++) {
+  for (uint32_t r = 0; r < job->world_size; r++)
     cJSON_AddItemToArray(ranks, rank_json(job->ranks[r], r, now));
-    if (job->ranks[r] && job->ranks[r]->state == GS_MEMBER_RUNNING)
-      samples += job->ranks[r]->samples_per_sec;
-  }
-  cJSON_AddNumberToObject(o, "samples_per_sec", samples);
-  cJSON_AddItemToObject(o, "stragglers", stragglers_json(job));
   return o;
 }
 
-cJSON *gs__status_json(const struct gs_coord *c)
+cJSON *gs__status_json(const struct gs_coord *c, bool with_ranks)
 {
   uint64_t now = uv_now(c->loop);
   cJSON *o = cJSON_CreateObject(), *svc, *jobs;
@@ -142,7 +229,7 @@ cJSON *gs__status_json(const struct gs_coord *c)
   cJSON_AddNumberToObject(svc, "jobs", c->job_count);
   jobs = cJSON_AddArrayToObject(o, "jobs");
   for (const gs_job_t *j = c->jobs; j; j = j->next)
-    cJSON_AddItemToArray(jobs, gs__job_json(j, now));
+    cJSON_AddItemToArray(jobs, gs__job_json(j, now, with_ranks));
   return o;
 }
 

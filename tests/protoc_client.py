@@ -88,6 +88,10 @@ def main():
         status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status"))
         job = status["jobs"][0]
         assert job["name"] == "py" and job["state"] == "running", job
+        assert job["rank_summary"]["running"] == 4 and job["rank_summary"]["step_max"] == 10, job
+        status = json.load(
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status?ranks=1"))
+        job = status["jobs"][0]
         assert [r["step"] for r in job["ranks"]] == [10] * 4, job
         for c, r in zip(clients, replies):
             c.send("Leave", pb.LeaveRequest(job="py", generation=1, rank=r.rank, finished=True))

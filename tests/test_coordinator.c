@@ -506,7 +506,7 @@ START_TEST(status_json_field_by_field)
   th_client_t cl[2];
   gradsync_JoinResponse resp[2] = {0};
   gradsync_HeartbeatResponse hb;
-  cJSON *doc, *jobs, *job, *ranks, *r1;
+  cJSON *doc, *jobs, *job, *ranks, *r1, *summary;
   char *body;
 
   th_coord_start(&coord, NULL);
@@ -528,6 +528,22 @@ START_TEST(status_json_field_by_field)
   ck_assert_int_eq(cJSON_GetObjectItem(job, "bcast_period")->valueint, 0);
   ck_assert(cJSON_IsNull(cJSON_GetObjectItem(job, "pack_list")));
   ck_assert_double_eq(cJSON_GetObjectItem(job, "samples_per_sec")->valuedouble, 2000);
+  /* The summary view: counts and ranges, no per-rank list. */
+  ck_assert_ptr_null(cJSON_GetObjectItem(job, "ranks"));
+  ck_assert_int_eq(cJSON_GetObjectItem(job, "straggler_count")->valueint, 0);
+  summary = cJSON_GetObjectItem(job, "rank_summary");
+  ck_assert_int_eq(cJSON_GetObjectItem(summary, "running")->valueint, 2);
+  ck_assert_int_eq(cJSON_GetObjectItem(summary, "lost")->valueint, 0);
+  ck_assert_int_eq(cJSON_GetObjectItem(summary, "step_min")->valueint, 42);
+  ck_assert_int_eq(cJSON_GetObjectItem(summary, "step_max")->valueint, 42);
+  ck_assert_double_lt(cJSON_GetObjectItem(summary, "oldest_heartbeat_s")->valuedouble, 5);
+  cJSON_Delete(doc);
+  free(body);
+  /* ?ranks=1 adds every rank. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/status?ranks=1", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  ck_assert_ptr_nonnull(doc);
+  job = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "jobs"), 0);
   ranks = cJSON_GetObjectItem(job, "ranks");
   ck_assert_int_eq(cJSON_GetArraySize(ranks), 2);
   r1 = cJSON_GetArrayItem(ranks, 1);
@@ -813,6 +829,182 @@ START_TEST(leaving_ranks_finish_the_job)
 }
 END_TEST
 
+/* An agent that disconnects while waiting leaves the rendezvous (the
+ * others stay, in whatever order they arrived) and the next one to join
+ * takes its place. */
+START_TEST(waiting_agent_that_disconnects_is_replaced)
+{
+  /* Agents n0/0, n0/1, n0/2 wait for a world of 4; n0/1 disconnects; n0/3
+   * and n1/0 complete the world. */
+  static const struct {
+    const char *node;
+    uint32_t local_rank;
+  } who[5] = {{"n0", 0}, {"n0", 1}, {"n0", 2}, {"n0", 3}, {"n1", 0}};
+  static const uint32_t kept[4] = {0, 2, 3, 4};
+  th_client_t cl[5];
+  gradsync_JoinResponse resp;
+  gradsync_Envelope env;
+  cJSON *doc, *job;
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  for (uint32_t i = 0; i < 5; i++) {
+    gradsync_JoinRequest req = th_join_request("dc", 4, who[i].node, who[i].local_rank);
+
+    th_connect(&cl[i], coord.rpc_port);
+    th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
+    usleep(50000);
+    if (i == 2) {
+      th_close(&cl[1]); /* in the middle of the waiting list */
+      usleep(100000);
+      ck_assert_int_eq(th_http(coord.http_port, "GET", "/status", NULL, NULL, &body), 200);
+      doc = cJSON_Parse(body);
+      job = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "jobs"), 0);
+      ck_assert_int_eq(
+          cJSON_GetObjectItem(cJSON_GetObjectItem(job, "rendezvous"), "joined")->valueint, 2);
+      cJSON_Delete(doc);
+      free(body);
+    }
+  }
+  /* Ranks follow (node, local_rank): n0/0, n0/2, n0/3, n1/0. */
+  for (uint32_t k = 0; k < 4; k++) {
+    memset(&resp, 0, sizeof(resp));
+    ck_assert_int_eq(th_recv(&cl[kept[k]], &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+    ck_assert_msg(env.status == OK, "%s", env.message);
+    ck_assert_uint_eq(resp.rank, k);
+    ck_assert_uint_eq(resp.world_size, 4);
+  }
+  for (uint32_t k = 0; k < 4; k++)
+    th_close(&cl[kept[k]]);
+  stop_and_check();
+}
+END_TEST
+
+/* The summary /status is cached between changes: every RPC, control
+ * request or connection change must show in the next read. */
+START_TEST(status_summary_follows_every_change)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+  cJSON *doc, *job, *summary;
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "c");
+  for (uint64_t step = 42; step <= 44; step++) {
+    for (uint32_t i = 0; i < 2; i++)
+      ck_assert_int_eq(heartbeat(&cl[i], "c", 1, resp[i].rank, step, &hb), OK);
+    ck_assert_int_eq(th_http(coord.http_port, "GET", "/status", NULL, NULL, &body), 200);
+    doc = cJSON_Parse(body);
+    job = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "jobs"), 0);
+    summary = cJSON_GetObjectItem(job, "rank_summary");
+    ck_assert_int_eq(cJSON_GetObjectItem(summary, "step_min")->valueint, (int)step);
+    ck_assert_int_eq(cJSON_GetObjectItem(summary, "step_max")->valueint, (int)step);
+    cJSON_Delete(doc);
+    free(body);
+  }
+  ck_assert_int_eq(
+      th_http(coord.http_port, "POST", "/jobs/c/control", NULL, "{\"bcast_period\": 7}", &body),
+      200);
+  free(body);
+  snprintf(lv.job, sizeof(lv.job), "c");
+  lv.generation = 1;
+  lv.rank = resp[0].rank;
+  lv.finished = true;
+  ck_assert_int_eq(th_call(&cl[0], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0),
+                   OK);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/status", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  job = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "jobs"), 0);
+  summary = cJSON_GetObjectItem(job, "rank_summary");
+  ck_assert_int_eq(cJSON_GetObjectItem(job, "bcast_period")->valueint, 7);
+  ck_assert_int_eq(cJSON_GetObjectItem(summary, "left")->valueint, 1);
+  ck_assert_int_eq(cJSON_GetObjectItem(summary, "running")->valueint, 1);
+  ck_assert_int_eq(
+      cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "coordinator"), "connections")->valueint, 2);
+  cJSON_Delete(doc);
+  free(body);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
+/* Frames are cut the same whether they come several per read or one byte
+ * per read (whole frames are dispatched from the shared read buffer, the
+ * rest waits in the connection's own). */
+START_TEST(frames_split_or_batched_are_all_answered)
+{
+  th_client_t cl;
+  gradsync_JoinResponse resp[1] = {0};
+  gradsync_HeartbeatRequest hb = gradsync_HeartbeatRequest_init_zero;
+  gradsync_HeartbeatResponse got;
+  gradsync_Envelope env;
+  gs_buf_t frames = {0};
+
+  th_coord_start(&coord, NULL);
+  join_all(&cl, resp, false, NULL, 1, "sp");
+  snprintf(hb.job, sizeof(hb.job), "sp");
+  hb.generation = 1;
+  for (uint64_t step = 1; step <= 3; step++) {
+    gradsync_Envelope req = gradsync_Envelope_init_zero;
+
+    snprintf(req.method, sizeof(req.method), GS_METHOD_PREFIX "Heartbeat");
+    req.request_id = 100 + step;
+    hb.step = step;
+    ck_assert_int_eq(
+        gs_wire_encode_frame(&frames, &req, gradsync_HeartbeatRequest_fields, &hb, SIZE_MAX), 0);
+  }
+  /* Two whole frames and the first byte of the third in one write... */
+  th_send_raw(&cl, frames.data, frames.len * 2 / 3 + 1);
+  /* ...then the rest of the third one byte at a time. */
+  for (size_t i = frames.len * 2 / 3 + 1; i < frames.len; i++) {
+    th_send_raw(&cl, frames.data + i, 1);
+    usleep(1000);
+  }
+  for (uint64_t id = 101; id <= 103; id++) {
+    memset(&got, 0, sizeof(got));
+    ck_assert_int_eq(th_recv(&cl, &env, gradsync_HeartbeatResponse_fields, &got, 5000), 0);
+    ck_assert_int_eq(env.status, OK);
+    ck_assert_uint_eq(env.request_id, id);
+    ck_assert(!got.abort);
+  }
+  gs_buf_free(&frames);
+  th_close(&cl);
+  stop_and_check();
+}
+END_TEST
+
+/* A connection whose Join waits for the world is not idle, however long it
+ * waits; once answered, the idle clock runs again. */
+START_TEST(parked_join_outlives_idle_timeout)
+{
+  th_client_t a, b;
+  gradsync_JoinRequest req = th_join_request("idle", 2, "n0", 0);
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_Envelope env;
+
+  th_coord_start(&coord, "--idle-timeout", "300ms", NULL);
+  th_connect(&a, coord.rpc_port);
+  th_send(&a, "Join", 0, gradsync_JoinRequest_fields, &req);
+  ck_assert(!th_closed_by_peer(&a, 900));
+  th_connect(&b, coord.rpc_port);
+  req = th_join_request("idle", 2, "n0", 1);
+  th_send(&b, "Join", 0, gradsync_JoinRequest_fields, &req);
+  ck_assert_int_eq(th_recv(&a, &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+  ck_assert_int_eq(env.status, OK);
+  ck_assert_int_eq(th_recv(&b, &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+  ck_assert_int_eq(env.status, OK);
+  ck_assert(th_closed_by_peer(&a, 5000));
+  ck_assert(th_closed_by_peer(&b, 5000));
+  th_close(&a);
+  th_close(&b);
+  stop_and_check();
+}
+END_TEST
+
 static Suite *coordinator_suite(void)
 {
   Suite *s = suite_create("coordinator");
@@ -835,6 +1027,10 @@ static Suite *coordinator_suite(void)
       {"bad_input", bad_input_never_harms_the_service},
       {"restart", agents_rebuild_state_after_restart},
       {"leave", leaving_ranks_finish_the_job},
+      {"status_fresh", status_summary_follows_every_change},
+      {"framing", frames_split_or_batched_are_all_answered},
+      {"idle_parked", parked_join_outlives_idle_timeout},
+      {"rendezvous_disconnect", waiting_agent_that_disconnects_is_replaced},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
