@@ -1,5 +1,9 @@
 /* Host collective backend: ring reduce-scatter + allgather, and a chain
  * broadcast, over TCP between agents (DESIGN.md "Collective backends").
+ * Large allreduces pipeline the ring's steps into one transfer (ring_t);
+ * small ones gather every rank's buffer around the ring and add in rank
+ * order. Waits retry briefly before they sleep in poll() (SPIN_NS). The
+ * measurements behind the constants: docs/performance-allreduce.md.
  *
  * Each rank holds two connections: the one it dialed to the next rank in the
  * ring (data only ever goes out on it) and the one it accepted from the
@@ -8,6 +12,7 @@
  * so an abort from another thread wakes every wait. Every step's byte counts
  * are known to both sides in advance, so the stream needs no framing. */
 #include "comm.h"
+#include "vectorize.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +20,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,10 +38,25 @@
 /* Unit of receive-then-reduce; a multiple of every element size. */
 #define CHUNK_BYTES (256u * 1024u)
 #define SOCK_BUF_BYTES (4 * 1024 * 1024)
+/* Rings of three or more shrink the buffers to this once connected: more
+ * ranks than cores keep more bytes in flight than the caches hold, and
+ * smaller buffers measured faster there (docs/performance-allreduce.md). */
+#define SOCK_BUF_MANY_BYTES (1024 * 1024)
 #define RETRY_MS 25
 #define MAX_PENDING 8 /* accepted connections that have not sent their hello yet */
 #define ADDR_MAX 160
 #define MAX_WAIT_MS 60000 /* longest single poll(); waits are re-armed after */
+/* A step with nothing to do keeps retrying (yielding the CPU between tries)
+ * this long before it sleeps in poll(): on loopback a wake-up from poll()
+ * costs tens of microseconds, a retry about one. */
+#define SPIN_NS 50000u
+/* Allreduces of at most this many bytes gather every rank's whole buffer
+ * around the ring (W-1 steps) instead of reduce-scatter + allgather
+ * (2(W-1) steps of 1/W of it): fewer steps win while latency dominates.
+ * Two ranks move the same bytes either way, and the pipelined ring won
+ * from 64 KiB there; larger rings pay more per step. */
+#define SMALL_BYTES_TWO (32u * 1024u)
+#define SMALL_BYTES_MANY (64u * 1024u)
 
 typedef struct host_comm {
   gs_comm_t base;
@@ -50,6 +71,8 @@ typedef struct host_comm {
   uint64_t generation, timeout_ms;
   char next_addr[ADDR_MAX], prev_addr[ADDR_MAX];
   uint8_t *scratch; /* CHUNK_BYTES: one received chunk before it is reduced */
+  uint8_t *gather;  /* small allreduces: every rank's buffer, rank order */
+  size_t gather_cap;
 } host_comm_t;
 
 /* The handshake, both ways: the dialer's hello, then the acceptor's reply
@@ -99,12 +122,37 @@ typedef struct xfer {
   size_t send_len, sent;
   uint8_t *recv;
   size_t recv_len, recvd;
-  size_t fill;  /* bytes of the current chunk waiting in scratch (reduce only) */
-  bool reduce;  /* add what arrives into recv instead of storing it */
+  size_t fill;  /* bytes of the current chunk waiting in scratch (ring) */
   bool forward; /* send only what has been received (broadcast chain) */
   gs_dtype_t dtype;
-  const char *what; /* "allreduce" or "broadcast", for logs */
+  const char *what;  /* "allreduce" or "broadcast", for logs */
+  struct ring *ring; /* the pipelined ring allreduce; NULL: send/recv above */
 } xfer_t;
+
+/* The ring allreduce as one transfer: the send stream is the 2(W-1)
+ * segments that the reduce-scatter and allgather steps send, one after the
+ * other, the receive stream the 2(W-1) they receive. Send item k is the
+ * segment that receive item k-1 fills, so it goes out as soon as that part
+ * has arrived and been reduced: the steps overlap instead of each waiting
+ * for the last byte of the one before. */
+typedef struct ring {
+  uint8_t *buf;
+  size_t count, esz;
+  uint32_t w, r;
+  bool mean;               /* scale the own segment as its sum completes */
+  size_t lead;             /* bytes of send item 0 (ours, sent at once) */
+  size_t done;             /* receive-stream bytes reduced or stored */
+  uint32_t s_item, r_item; /* items the cursors are in */
+  size_t s_start, r_start; /* stream offsets where those items begin */
+} ring_t;
+
+static uint64_t now_ns(void)
+{
+  struct timespec ts;
+
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static uint64_t now_ms(void)
 {
@@ -206,6 +254,17 @@ static void tune_socket(int fd)
 
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+  (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
+}
+
+/* The ring's two sockets get SOCK_BUF_MANY_BYTES buffers (best effort). */
+static void shrink_buffers(host_comm_t *c)
+{
+  int size = SOCK_BUF_MANY_BYTES, fd;
+
+  fd = atomic_load(&c->next_fd);
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+  fd = atomic_load(&c->prev_fd);
   (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
 }
 
@@ -681,6 +740,8 @@ out_close_listen:
   close_fd(&c->listen_fd); /* the ring is formed (or failed): nobody else may join */
   if (err)
     return comm_fail(c, err);
+  if (c->world >= 3)
+    shrink_buffers(c);
   c->ready = true;
   return 0;
 }
@@ -713,15 +774,54 @@ static int io_error(host_comm_t *c, int errnum, uint32_t peer, const char *addr,
   return closed ? GS_ECLOSED : gs_err_from_errno(errnum);
 }
 
-static void reduce_f32(float *restrict dst, const float *restrict src, size_t n)
+/* Element offset of ring segment i of `count` split W ways: the first
+ * count % W segments hold one element more. */
+static size_t seg_off(size_t count, uint32_t w, uint32_t i)
 {
-  for (size_t i = 0; i < n; i++)
+  return i * (count / w) + (i < count % w ? i : count % w);
+}
+
+static size_t seg_len(size_t count, uint32_t w, uint32_t i)
+{
+  return count / w + (i < count % w ? 1 : 0);
+}
+
+static void scale(uint8_t *p, size_t n, gs_dtype_t dtype, uint32_t w)
+{
+  if (dtype == GS_DTYPE_FLOAT64) {
+    double k = 1.0 / w, *d = (double *)p;
+    for (size_t i = 0; i < n; i++)
+      d[i] *= k;
+  } else {
+    float k = 1.0f / (float)w, *f = (float *)p;
+    for (size_t i = 0; i < n; i++)
+      f[i] *= k;
+  }
+}
+
+/* dst += src, elementwise. The body works in blocks of REDUCE_BLOCK
+ * elements, a trip count -O2's cheap vectorizer takes (it leaves loops of
+ * unknown length scalar), compiled for AVX-512 and AVX2 too (GS_WIDE). */
+#define REDUCE_BLOCK 32
+GS_WIDE static void reduce_f32(float *restrict dst, const float *restrict src, size_t n)
+{
+  size_t i = 0;
+
+  for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)
+    for (size_t j = 0; j < REDUCE_BLOCK; j++)
+      dst[i + j] += src[i + j];
+  for (; i < n; i++)
     dst[i] += src[i];
 }
 
-static void reduce_f64(double *restrict dst, const double *restrict src, size_t n)
+GS_WIDE static void reduce_f64(double *restrict dst, const double *restrict src, size_t n)
 {
-  for (size_t i = 0; i < n; i++)
+  size_t i = 0;
+
+  for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)
+    for (size_t j = 0; j < REDUCE_BLOCK; j++)
+      dst[i + j] += src[i + j];
+  for (; i < n; i++)
     dst[i] += src[i];
 }
 
@@ -752,19 +852,102 @@ static int send_some(host_comm_t *c, xfer_t *x)
   return 1;
 }
 
-/* Receives up to one chunk from prev, reducing each completed chunk into
- * place; 1 on progress, 0 if it would block. */
+/* Receives up to one chunk from prev into place; 1 on progress, 0 if it
+ * would block. */
 static int recv_some(host_comm_t *c, xfer_t *x)
 {
   size_t left = x->recv_len - x->recvd;
-  uint8_t *dst;
-  size_t want;
   ssize_t n;
 
   if (left == 0)
     return 0;
-  dst = x->reduce ? c->scratch + x->fill : x->recv + x->recvd;
-  want = x->reduce ? CHUNK_BYTES - x->fill : CHUNK_BYTES;
+  n = recv(atomic_load(&c->prev_fd), x->recv + x->recvd, CHUNK_BYTES < left ? CHUNK_BYTES : left,
+           MSG_DONTWAIT);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return 0;
+    return io_error(c, n == 0 ? 0 : errno, c->prev, c->prev_addr, x->what);
+  }
+  x->recvd += (size_t)n;
+  return 1;
+}
+
+/* Segment of send item k (recv: of receive item k): rank r's ring sends
+ * segment r-k in step k and receives segment r-k-1. */
+static uint32_t ring_seg(const ring_t *g, uint32_t item, bool recv)
+{
+  return (g->r + 2 * g->w - item - (recv ? 1u : 0u)) % g->w;
+}
+
+static size_t ring_item_len(const ring_t *g, uint32_t item, bool recv)
+{
+  return seg_len(g->count, g->w, ring_seg(g, item, recv)) * g->esz;
+}
+
+static uint8_t *ring_item_ptr(const ring_t *g, uint32_t item, bool recv)
+{
+  return g->buf + seg_off(g->count, g->w, ring_seg(g, item, recv)) * g->esz;
+}
+
+/* Bytes of the send stream that may go out now. */
+static size_t send_limit(const xfer_t *x)
+{
+  size_t lim;
+
+  if (x->ring) {
+    lim = x->ring->lead + x->ring->done;
+    return lim < x->send_len ? lim : x->send_len;
+  }
+  return x->forward ? x->recvd : x->send_len;
+}
+
+/* send_some for the ring: what may go out of the current send item. */
+static int ring_send_some(host_comm_t *c, xfer_t *x)
+{
+  ring_t *g = x->ring;
+  size_t limit = send_limit(x), len, end;
+  ssize_t n;
+
+  if (x->sent >= limit)
+    return 0;
+  while (x->sent >= g->s_start + (len = ring_item_len(g, g->s_item, false))) {
+    g->s_start += len;
+    g->s_item++;
+  }
+  end = g->s_start + len < limit ? g->s_start + len : limit;
+  n = send(atomic_load(&c->next_fd), ring_item_ptr(g, g->s_item, false) + (x->sent - g->s_start),
+           end - x->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+      return 0;
+    return io_error(c, errno, c->next, c->next_addr, x->what);
+  }
+  x->sent += (size_t)n;
+  return 1;
+}
+
+/* recv_some for the ring: the first W-1 receive items are added into
+ * place one chunk at a time (the last of them completes this rank's own
+ * segment, scaled there for the mean), the others are stored. */
+static int ring_recv_some(host_comm_t *c, xfer_t *x)
+{
+  ring_t *g = x->ring;
+  size_t len, left, want;
+  uint8_t *item, *dst;
+  bool reduce;
+  ssize_t n;
+
+  if (x->recvd == x->recv_len)
+    return 0;
+  while (x->recvd >= g->r_start + (len = ring_item_len(g, g->r_item, true))) {
+    g->r_start += len;
+    g->r_item++;
+  }
+  item = ring_item_ptr(g, g->r_item, true);
+  reduce = g->r_item < g->w - 1;
+  left = g->r_start + len - x->recvd;
+  dst = reduce ? c->scratch + x->fill : item + (x->recvd - g->r_start);
+  want = reduce ? CHUNK_BYTES - x->fill : left;
   n = recv(atomic_load(&c->prev_fd), dst, want < left ? want : left, MSG_DONTWAIT);
   if (n <= 0) {
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -772,12 +955,18 @@ static int recv_some(host_comm_t *c, xfer_t *x)
     return io_error(c, n == 0 ? 0 : errno, c->prev, c->prev_addr, x->what);
   }
   x->recvd += (size_t)n;
-  if (x->reduce) {
-    x->fill += (size_t)n;
-    if (x->fill == CHUNK_BYTES || x->recvd == x->recv_len) {
-      reduce_into(x->recv + x->recvd - x->fill, c->scratch, x->fill, x->dtype);
-      x->fill = 0;
-    }
+  if (!reduce) {
+    g->done += (size_t)n;
+    return 1;
+  }
+  x->fill += (size_t)n;
+  if (x->fill == CHUNK_BYTES || (size_t)n == left) {
+    dst = item + (x->recvd - g->r_start) - x->fill;
+    reduce_into(dst, c->scratch, x->fill, x->dtype);
+    if (g->mean && g->r_item == g->w - 2)
+      scale(dst, x->fill / g->esz, x->dtype, g->w);
+    g->done += x->fill;
+    x->fill = 0;
   }
   return 1;
 }
@@ -799,30 +988,35 @@ static int xfer_timeout(host_comm_t *c, const xfer_t *x)
 static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
 {
   struct pollfd pfd[3];
-  uint64_t now;
+  uint64_t now, spin_since = now_ns();
   int sent, got, nfd;
 
   for (;;) {
     if (is_aborted(c))
       return GS_EABORTED;
-    sent = send_some(c, x);
+    sent = x->ring ? ring_send_some(c, x) : send_some(c, x);
     if (sent < 0)
       return sent;
-    got = recv_some(c, x);
+    got = x->ring ? ring_recv_some(c, x) : recv_some(c, x);
     if (got < 0)
       return got;
     if (x->sent == x->send_len && x->recvd == x->recv_len)
       return 0;
-    now = now_ms();
     if (sent || got) {
-      *last = now;
+      *last = now_ms();
+      spin_since = now_ns();
       continue;
     }
+    if (now_ns() - spin_since < SPIN_NS) {
+      sched_yield(); /* lets a peer sharing this core run */
+      continue;
+    }
+    now = now_ms();
     if (now - *last >= c->timeout_ms)
       return xfer_timeout(c, x);
     nfd = 0;
     pfd[nfd++] = (struct pollfd){c->wake_fd, POLLIN, 0};
-    if (x->sent < (x->forward ? x->recvd : x->send_len))
+    if (x->sent < send_limit(x))
       pfd[nfd++] = (struct pollfd){atomic_load(&c->next_fd), POLLOUT, 0};
     if (x->recvd < x->recv_len)
       pfd[nfd++] = (struct pollfd){atomic_load(&c->prev_fd), POLLIN, 0};
@@ -833,58 +1027,70 @@ static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
   }
 }
 
-/* Element offset of ring segment i of `count` split W ways: the first
- * count % W segments hold one element more. */
-static size_t seg_off(size_t count, uint32_t w, uint32_t i)
+/* Grows the gather buffer to `bytes` (it keeps the largest size asked). */
+static int gather_reserve(host_comm_t *c, size_t bytes)
 {
-  return i * (count / w) + (i < count % w ? i : count % w);
-}
+  uint8_t *p;
 
-static size_t seg_len(size_t count, uint32_t w, uint32_t i)
-{
-  return count / w + (i < count % w ? 1 : 0);
-}
-
-/* Ring step over segments: send segment `s`, receive segment `r` into
- * place (reducing it or storing it). */
-static int ring_step(host_comm_t *c, uint8_t *buf, size_t count, gs_dtype_t dtype, uint32_t s,
-                     uint32_t r, bool reduce, uint64_t *last)
-{
-  size_t esz = gs_dtype_size(dtype);
-  xfer_t x = {
-      .send = buf + seg_off(count, c->world, s) * esz,
-      .send_len = seg_len(count, c->world, s) * esz,
-      .recv = buf + seg_off(count, c->world, r) * esz,
-      .recv_len = seg_len(count, c->world, r) * esz,
-      .reduce = reduce,
-      .dtype = dtype,
-      .what = "allreduce",
-  };
-
-  return xfer_run(c, &x, last);
-}
-
-static void scale(uint8_t *p, size_t n, gs_dtype_t dtype, uint32_t w)
-{
-  if (dtype == GS_DTYPE_FLOAT64) {
-    double k = 1.0 / w, *d = (double *)p;
-    for (size_t i = 0; i < n; i++)
-      d[i] *= k;
-  } else {
-    float k = 1.0f / (float)w, *f = (float *)p;
-    for (size_t i = 0; i < n; i++)
-      f[i] *= k;
+  if (bytes <= c->gather_cap)
+    return 0;
+  p = realloc(c->gather, bytes);
+  if (!p) {
+    GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": out of memory for %zu gather bytes",
+               c->rank, bytes);
+    return GS_ENOMEM;
   }
+  c->gather = p;
+  c->gather_cap = bytes;
+  return 0;
+}
+
+/* Small allreduce: every rank's whole buffer travels around the ring (W-1
+ * steps: step s forwards the block of rank r-s, receives that of rank
+ * r-s-1) into the gather buffer, then each rank adds the W blocks in rank
+ * order, so every rank computes the same sum bit for bit. */
+static int small_allreduce(host_comm_t *c, uint8_t *buf, size_t bytes, gs_dtype_t dtype,
+                           uint64_t *last)
+{
+  uint32_t w = c->world, r = c->rank, s;
+  uint8_t *g;
+  int err = gather_reserve(c, bytes * w);
+
+  if (err)
+    return err;
+  g = c->gather;
+  memcpy(g + r * bytes, buf, bytes);
+  for (s = 0; s < w - 1; s++) {
+    xfer_t x = {
+        .send = g + (size_t)((r + w - s) % w) * bytes,
+        .send_len = bytes,
+        .recv = g + (size_t)((r + 2 * w - s - 1) % w) * bytes,
+        .recv_len = bytes,
+        .dtype = dtype,
+        .what = "allreduce",
+    };
+
+    err = xfer_run(c, &x, last);
+    if (err)
+      return err;
+  }
+  memcpy(buf, g, bytes);
+  for (s = 1; s < w; s++)
+    reduce_into(buf, g + (size_t)s * bytes, bytes, dtype);
+  return 0;
 }
 
 /* Reduce-scatter (W-1 steps: rank r ends up owning the full sum of segment
- * r+1), the mean's scaling of that segment, then allgather (W-1 steps). */
+ * r+1), the mean's scaling of that segment, then allgather (W-1 steps), all
+ * pipelined in one transfer (ring_t). Small buffers take small_allreduce. */
 static int host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                           gs_reduce_op_t op)
 {
   host_comm_t *c = (host_comm_t *)base;
-  uint32_t w = c->world, r = c->rank, own, s;
+  uint32_t w = c->world, s;
   uint64_t last = now_ms();
+  ring_t ring = {0};
+  xfer_t x = {.dtype = dtype, .what = "allreduce", .ring = &ring};
   int err = op_begin(c, "allreduce");
 
   if (err)
@@ -898,21 +1104,27 @@ static int host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
   }
   if (w == 1 || count == 0)
     return 0;
-  for (s = 0; s < w - 1; s++) {
-    err = ring_step(c, buf, count, dtype, (r + w - s) % w, (r + 2 * w - s - 1) % w, true, &last);
+  if (count * gs_dtype_size(dtype) <= (w == 2 ? SMALL_BYTES_TWO : SMALL_BYTES_MANY)) {
+    err = small_allreduce(c, buf, count * gs_dtype_size(dtype), dtype, &last);
     if (err)
       return comm_fail(c, err);
+    if (op == GS_REDUCE_MEAN)
+      scale(buf, count, dtype, w);
+    return 0;
   }
-  own = (r + 1) % w;
-  if (op == GS_REDUCE_MEAN)
-    scale((uint8_t *)buf + seg_off(count, w, own) * gs_dtype_size(dtype), seg_len(count, w, own),
-          dtype, w);
-  for (s = 0; s < w - 1; s++) {
-    err = ring_step(c, buf, count, dtype, (r + 1 + w - s) % w, (r + w - s) % w, false, &last);
-    if (err)
-      return comm_fail(c, err);
+  ring.buf = buf;
+  ring.count = count;
+  ring.esz = gs_dtype_size(dtype);
+  ring.w = w;
+  ring.r = c->rank;
+  ring.mean = op == GS_REDUCE_MEAN;
+  ring.lead = ring_item_len(&ring, 0, false);
+  for (s = 0; s < 2 * (w - 1); s++) {
+    x.send_len += ring_item_len(&ring, s, false);
+    x.recv_len += ring_item_len(&ring, s, true);
   }
-  return 0;
+  err = xfer_run(c, &x, &last);
+  return err ? comm_fail(c, err) : 0;
 }
 
 /* Chain from root along the ring, forwarding each piece as it arrives. */
@@ -971,6 +1183,7 @@ static void host_destroy(gs_comm_t *base)
   close_fd(&c->listen_fd);
   close_fd(&c->wake_fd);
   free(c->scratch);
+  free(c->gather);
   free(c);
 }
 

@@ -29,7 +29,9 @@ enum {
 #define CTL_RANKS_PER_SLOT 16
 #define CTL_PERIOD_MAX (1 << 23) /* keeps period + 2 exact in a float */
 
-typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE } job_state_t;
+/* DEFERRED: the step's last pack, run by the training thread itself when
+ * it would otherwise wait for it (see launch()). */
+typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE, JOB_DEFERRED } job_state_t;
 typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST } job_op_t;
 
 /* One collective for the comm thread. */
@@ -59,7 +61,7 @@ struct gs_engine {
   bool thread_running;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  comm_job_t *jobs; /* one per pack, then the auxiliary one */
+  comm_job_t *jobs; /* one per pack */
   comm_job_t **queue;
   uint32_t qhead, qtail, qcap;
   bool quit;
@@ -274,10 +276,10 @@ static int run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on
   int err = 0;
 
   if (!gs_comm_stream_ordered(e->comm)) {
-    comm_job_t *job = &e->jobs[e->packs.list.pack_count];
+    /* Outside a step the comm thread is idle: run it on this thread. */
+    comm_job_t job = {.op = op, .buf = buf, .count = count};
 
-    enqueue(e, job, op, buf, count);
-    err = wait_job(e, job);
+    err = run_job(e, &job);
     return err ? comm_failed(e, err, what) : 0;
   }
   if (!on_device) {
@@ -459,8 +461,8 @@ static int alloc_step_state(gs_engine_t *e)
 {
   uint32_t packs = e->packs.list.pack_count;
 
-  e->jobs = calloc(packs + 1, sizeof(*e->jobs));
-  e->qcap = packs + 2;
+  e->jobs = calloc(packs + 1, sizeof(*e->jobs)); /* +1: never a zero-size calloc */
+  e->qcap = packs + 1;
   e->queue = calloc(e->qcap, sizeof(*e->queue));
   e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
   e->launched = calloc(packs + 1, sizeof(*e->launched));
@@ -791,7 +793,17 @@ static void launch(gs_engine_t *e, uint32_t k)
   int err;
 
   if (!gs_comm_stream_ordered(e->comm)) {
-    enqueue(e, &e->jobs[k], OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
+    comm_job_t *job = &e->jobs[k];
+
+    /* The training thread waits for the last pack right after backward;
+     * handing it to the comm thread and back would only add two wake-ups
+     * to the step's critical path. end_step runs it after the others. */
+    if (e->nlaunched == e->packs.list.pack_count && e->join.world_size > 1) {
+      *job = (comm_job_t){.op = OP_ALLREDUCE, .buf = pk->grads,
+                          .count = pk->elements + pk->extra, .state = JOB_DEFERRED};
+      return;
+    }
+    enqueue(e, job, OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
     return;
   }
   e->ticket[k] = gs_comm_ticket(e->comm);
@@ -805,8 +817,14 @@ static void launch(gs_engine_t *e, uint32_t k)
  * for the comm thread, or orders the device's later work after it. */
 static int complete(gs_engine_t *e, uint32_t k)
 {
+  comm_job_t *job = &e->jobs[k];
+
+  if (job->state == JOB_DEFERRED) { /* every earlier pack is complete: the comm thread is idle */
+    job->state = JOB_IDLE;
+    return run_job(e, job);
+  }
   if (!gs_comm_stream_ordered(e->comm))
-    return wait_job(e, &e->jobs[k]);
+    return wait_job(e, job);
   return gs_comm_order_after(e->comm, e->ticket[k]);
 }
 

@@ -32,6 +32,7 @@ typedef struct rank_ctx {
   int err;       /* what the body's operation of interest returned */
   uint64_t took; /* ms the body's operation of interest took */
   char why[512]; /* first mismatch found by the body, "" if none */
+  float *result; /* body_agree's results, compared across ranks */
   pthread_t thread;
 } rank_ctx_t;
 
@@ -45,6 +46,7 @@ struct world {
   const char *addr_ptrs[MAX_W];
   rank_ctx_t ranks[MAX_W];
   body_fn body;
+  size_t stuck_len;              /* body_stuck's allreduce length; 0: 1009 */
   bool skip_init[MAX_W];         /* this rank never calls init (a silent peer) */
   uint64_t generation_of[MAX_W]; /* a stale rank's generation; 0: the world's */
 };
@@ -234,37 +236,137 @@ static double f64_value(uint32_t rank, size_t i)
   return sin((double)i * 0.37 + rank) * 1e3 + rank * 0.1;
 }
 
+/* float64, sum and mean, at lengths on both sides of the small-message
+ * thresholds (32 KiB: 4096 doubles; 64 KiB: 8192) and a ring length. */
 static void body_f64(rank_ctx_t *rc)
 {
-  size_t n = 1009;
-  double buf[1009];
+  static const size_t flens[] = {1009, 4096, 4097, 8192, 8193, 100003};
+  double *buf = malloc(100003 * sizeof(double));
 
-  for (int op = GS_REDUCE_SUM; op <= GS_REDUCE_MEAN; op++) {
-    for (size_t i = 0; i < n; i++)
-      buf[i] = f64_value(rc->rank, i);
-    if (gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT64, (gs_reduce_op_t)op)) {
-      mismatch(rc, "float64 allreduce failed");
-      return;
-    }
-    for (size_t i = 0; i < n; i++) {
-      double want = 0;
+  if (!buf) {
+    mismatch(rc, "out of memory");
+    return;
+  }
+  for (size_t k = 0; k < sizeof(flens) / sizeof(flens[0]); k++) {
+    size_t n = flens[k];
 
-      for (uint32_t r = 0; r < rc->w->size; r++)
-        want += f64_value(r, i);
-      if (op == GS_REDUCE_MEAN)
-        want /= rc->w->size;
-      if (!close_enough(buf[i], want, 1e-12)) {
-        mismatch(rc, "float64 %s [%zu] = %.17g, want %.17g", gs_reduce_op_name(op), i, buf[i],
-                 want);
-        return;
+    for (int op = GS_REDUCE_SUM; op <= GS_REDUCE_MEAN; op++) {
+      for (size_t i = 0; i < n; i++)
+        buf[i] = f64_value(rc->rank, i);
+      if (gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT64, (gs_reduce_op_t)op)) {
+        mismatch(rc, "float64 allreduce of %zu failed", n);
+        goto out_free;
+      }
+      for (size_t i = 0; i < n; i++) {
+        double want = 0;
+
+        for (uint32_t r = 0; r < rc->w->size; r++)
+          want += f64_value(r, i);
+        if (op == GS_REDUCE_MEAN)
+          want /= rc->w->size;
+        if (!close_enough(buf[i], want, 1e-12)) {
+          mismatch(rc, "float64 %s of %zu: [%zu] = %.17g, want %.17g", gs_reduce_op_name(op), n, i,
+                   buf[i], want);
+          goto out_free;
+        }
       }
     }
   }
+out_free:
+  free(buf);
 }
 
+/* World sizes 2..5 (the loop index). */
 START_TEST(allreduce_float64)
 {
-  run_world(3, body_f64);
+  run_world((uint32_t)_i, body_f64);
+}
+END_TEST
+
+/* float32 lengths on both sides of the small-message thresholds (32 KiB
+ * at two ranks, 64 KiB above), and ring lengths that leave the segments
+ * uneven. */
+static const size_t plens[] = {4095, 4096, 4097, 8191, 8192, 8193, 16383, 16384, 16385, 65537};
+
+static void body_paths(rank_ctx_t *rc)
+{
+  unsigned iter = 100;
+
+  for (size_t k = 0; k < sizeof(plens) / sizeof(plens[0]); k++) {
+    allreduce_f32_checked(rc, plens[k], GS_REDUCE_SUM, iter++);
+    allreduce_f32_checked(rc, plens[k], GS_REDUCE_MEAN, iter++);
+  }
+}
+
+/* World sizes 2..5 (the loop index) around the algorithm switch. */
+START_TEST(allreduce_paths)
+{
+  run_world((uint32_t)_i, body_paths);
+}
+END_TEST
+
+/* Values whose float sums depend on the order they are added in. */
+static float messy_value(uint32_t rank, size_t i)
+{
+  return (float)(sin((double)i * 0.731 + rank * 1.37) * pow(10.0, (double)(i % 7) - 3));
+}
+
+/* Every rank allreduces the same messy values at both algorithms and keeps
+ * the results; the main thread checks they are equal bit for bit across
+ * ranks (replicas must not drift apart) and close to the true sum. */
+static void body_agree(rank_ctx_t *rc)
+{
+  static const size_t alens[] = {1000, 100003};
+  size_t total = alens[0] + alens[1], at = 0;
+
+  rc->result = malloc(total * sizeof(float));
+  if (!rc->result) {
+    mismatch(rc, "out of memory");
+    return;
+  }
+  for (size_t k = 0; k < 2; k++) {
+    float *buf = rc->result + at;
+
+    for (size_t i = 0; i < alens[k]; i++)
+      buf[i] = messy_value(rc->rank, i);
+    if (gs_comm_allreduce(rc->comm, buf, alens[k], GS_DTYPE_FLOAT32, GS_REDUCE_SUM)) {
+      mismatch(rc, "allreduce of %zu failed", alens[k]);
+      return;
+    }
+    for (size_t i = 0; i < alens[k]; i++) {
+      double want = 0, mag = 0;
+
+      for (uint32_t r = 0; r < rc->w->size; r++) {
+        want += messy_value(r, i);
+        mag += fabs(messy_value(r, i));
+      }
+      /* float rounding: a few ulps of the largest partial sums */
+      if (fabs(buf[i] - want) > 1e-6 * mag + 1e-30) {
+        mismatch(rc, "allreduce of %zu: [%zu] = %.9g, want %.9g", alens[k], i, buf[i], want);
+        return;
+      }
+    }
+    at += alens[k];
+  }
+}
+
+START_TEST(ranks_agree_bitwise)
+{
+  world_t *w = malloc(sizeof(*w));
+  size_t total = 1000 + 100003;
+
+  ck_assert_ptr_nonnull(w);
+  world_open(w, (uint32_t)_i, 42, 10000);
+  world_start(w, body_agree);
+  world_join(w);
+  world_check(w, true);
+  for (uint32_t r = 1; r < w->size; r++)
+    ck_assert_msg(memcmp(w->ranks[0].result, w->ranks[r].result, total * sizeof(float)) == 0,
+                  "ranks 0 and %u of %u hold different sums", r, w->size);
+  for (uint32_t r = 0; r < w->size; r++)
+    free(w->ranks[r].result);
+  world_close(w);
+  free(w);
 }
 END_TEST
 
@@ -348,6 +450,10 @@ static void timed_allreduce(rank_ctx_t *rc, size_t n)
   free(buf);
 }
 
+/* The failure tests' allreduce lengths (loop index): one that takes the
+ * small-message path, one that takes the pipelined ring. */
+static const size_t stuck_lens[] = {1009, BIG};
+
 /* Ranks 0 and 1 start an allreduce that rank 2 never joins. */
 static void body_stuck(rank_ctx_t *rc)
 {
@@ -355,7 +461,7 @@ static void body_stuck(rank_ctx_t *rc)
 
   if (rc->rank == 2)
     return;
-  timed_allreduce(rc, 1009);
+  timed_allreduce(rc, rc->w->stuck_len ? rc->w->stuck_len : 1009);
   /* A broken comm fails every later operation at once. */
   if (gs_comm_allreduce(rc->comm, &x, 1, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) != rc->err)
     mismatch(rc, "the operation after a failed one did not fail the same way");
@@ -370,6 +476,7 @@ START_TEST(abort_unblocks)
   world_t *w = malloc(sizeof(*w));
 
   world_open(w, 3, 1, 10000);
+  w->stuck_len = stuck_lens[_i];
   world_start(w, body_stuck);
   sleep_ms(200);
   gs_comm_abort(w->ranks[1].comm);
@@ -413,6 +520,7 @@ START_TEST(timeout_in_op)
   world_t *w = malloc(sizeof(*w));
 
   world_open(w, 3, 1, 300);
+  w->stuck_len = stuck_lens[_i];
   world_start(w, body_stuck);
   world_join(w);
   world_check(w, true);
@@ -727,15 +835,32 @@ static Suite *comm_host_suite(void)
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, allreduce_float32, 1, MAX_W + 1);
   suite_add_tcase(s, tc);
-  suite_add_tcase(s, tcase("allreduce_float64", allreduce_float64, 10));
+  tc = tcase_create("allreduce_paths");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(tc, allreduce_paths, 2, MAX_W + 1);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("ranks_agree_bitwise");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(tc, ranks_agree_bitwise, 2, MAX_W + 1);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("allreduce_float64");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(tc, allreduce_float64, 2, MAX_W + 1);
+  suite_add_tcase(s, tc);
   tc = tcase_create("broadcast_every_root");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, broadcast_every_root, 1, MAX_W + 1);
   suite_add_tcase(s, tc);
   suite_add_tcase(s, tcase("back_to_back", back_to_back, 30));
-  suite_add_tcase(s, tcase("abort_unblocks", abort_unblocks, 10));
+  tc = tcase_create("abort_unblocks");
+  tcase_set_timeout(tc, 10);
+  tcase_add_loop_test(tc, abort_unblocks, 0, 2);
+  suite_add_tcase(s, tc);
   suite_add_tcase(s, tcase("abort_during_init", abort_during_init, 10));
-  suite_add_tcase(s, tcase("timeout_in_op", timeout_in_op, 10));
+  tc = tcase_create("timeout_in_op");
+  tcase_set_timeout(tc, 10);
+  tcase_add_loop_test(tc, timeout_in_op, 0, 2);
+  suite_add_tcase(s, tc);
   suite_add_tcase(s, tcase("timeout_in_init", timeout_in_init, 10));
   suite_add_tcase(s, tcase("peer_death", peer_death, 20));
   suite_add_tcase(s, tcase("handshake_refuses_strangers", handshake_refuses_strangers, 10));
