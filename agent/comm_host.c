@@ -3,7 +3,7 @@
  * Large allreduces pipeline the ring's steps into one transfer (ring_t);
  * small ones gather every rank's buffer around the ring and add in rank
  * order. Waits retry briefly before they sleep in poll() (SPIN_NS). The
- * measurements behind the constants: docs/performance-allreduce.md.
+ * measurements behind the constants: docs/performance.md, "Host allreduce".
  *
  * Each rank holds two connections: the one it dialed to the next rank in the
  * ring (data only ever goes out on it) and the one it accepted from the
@@ -40,7 +40,7 @@
 #define SOCK_BUF_BYTES (4 * 1024 * 1024)
 /* Rings of three or more shrink the buffers to this once connected: more
  * ranks than cores keep more bytes in flight than the caches hold, and
- * smaller buffers measured faster there (docs/performance-allreduce.md). */
+ * smaller buffers measured faster there (docs/performance.md, "Host allreduce"). */
 #define SOCK_BUF_MANY_BYTES (1024 * 1024)
 #define RETRY_MS 25
 #define MAX_PENDING 8 /* accepted connections that have not sent their hello yet */
@@ -833,16 +833,12 @@ static void reduce_into(uint8_t *dst, const uint8_t *src, size_t bytes, gs_dtype
     reduce_f32((float *)dst, (const float *)src, bytes / sizeof(float));
 }
 
-/* Sends what it can to next; 1 on progress, 0 if it would block. */
-static int send_some(host_comm_t *c, xfer_t *x)
+/* Sends up to len bytes from p to next, counting them in x->sent; 1 on
+ * progress, 0 if it would block. */
+static int send_from(host_comm_t *c, xfer_t *x, const uint8_t *p, size_t len)
 {
-  size_t limit = x->forward ? x->recvd : x->send_len;
-  ssize_t n;
+  ssize_t n = send(atomic_load(&c->next_fd), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 
-  if (x->sent >= limit)
-    return 0;
-  n = send(atomic_load(&c->next_fd), x->send + x->sent, limit - x->sent,
-           MSG_NOSIGNAL | MSG_DONTWAIT);
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
       return 0;
@@ -850,6 +846,16 @@ static int send_some(host_comm_t *c, xfer_t *x)
   }
   x->sent += (size_t)n;
   return 1;
+}
+
+/* Sends what it can to next; 1 on progress, 0 if it would block. */
+static int send_some(host_comm_t *c, xfer_t *x)
+{
+  size_t limit = x->forward ? x->recvd : x->send_len;
+
+  if (x->sent >= limit)
+    return 0;
+  return send_from(c, x, x->send + x->sent, limit - x->sent);
 }
 
 /* Receives up to one chunk from prev into place; 1 on progress, 0 if it
@@ -906,7 +912,6 @@ static int ring_send_some(host_comm_t *c, xfer_t *x)
 {
   ring_t *g = x->ring;
   size_t limit = send_limit(x), len, end;
-  ssize_t n;
 
   if (x->sent >= limit)
     return 0;
@@ -915,15 +920,8 @@ static int ring_send_some(host_comm_t *c, xfer_t *x)
     g->s_item++;
   }
   end = g->s_start + len < limit ? g->s_start + len : limit;
-  n = send(atomic_load(&c->next_fd), ring_item_ptr(g, g->s_item, false) + (x->sent - g->s_start),
-           end - x->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (n < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-      return 0;
-    return io_error(c, errno, c->next, c->next_addr, x->what);
-  }
-  x->sent += (size_t)n;
-  return 1;
+  return send_from(c, x, ring_item_ptr(g, g->s_item, false) + (x->sent - g->s_start),
+                   end - x->sent);
 }
 
 /* recv_some for the ring: the first W-1 receive items are added into

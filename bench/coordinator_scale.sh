@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Coordinator scale benchmark (issue 5, part 3): measures, in one run and
+# Coordinator scale benchmark: measures, in one run and
 # against a fresh coordinator each time,
 #
 #   1. rendezvous of 10,000 simulated ranks in one job (first connect to the
