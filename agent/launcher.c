@@ -1095,8 +1095,14 @@ static int setup_signals(gs_run_t *r)
 /* Sets up and starts the coordinator; on failure nothing is left running. */
 static int start(gs_run_t *r)
 {
-  char *argv[] = {r->cfg.coord_bin, "--listen", "127.0.0.1:0", "--http", (char *)r->cfg.http, NULL};
+  char world[24];
+  /* The job's size is known: the coordinator need not size itself (its
+   * open-file limit) for the default maximum. */
+  char *argv[] = {r->cfg.coord_bin, "--listen", "127.0.0.1:0", "--http", (char *)r->cfg.http,
+                  "--max-world-size", world, NULL};
   int rc;
+
+  snprintf(world, sizeof(world), "%ld", r->cfg.nproc);
 
   r->agents = calloc((size_t)r->cfg.nproc, sizeof(*r->agents));
   if (!r->agents) {
