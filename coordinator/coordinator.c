@@ -24,6 +24,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->rendezvous_timeout_ms = 300000;
   cfg->idle_timeout_ms = 60000;
   cfg->default_wait_ms = 60000;
+  cfg->job_retention_ms = 3600000;
   cfg->max_frame = GS_FRAME_DEFAULT_MAX;
   cfg->max_world_size = 65536;
   cfg->log.level = GS_LOG_INFO;

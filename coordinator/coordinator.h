@@ -22,6 +22,7 @@ typedef struct gs_coord_config {
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
   uint64_t idle_timeout_ms;       /* a connection with nothing to do is closed */
   uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
+  uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
   size_t max_frame;               /* largest accepted frame payload */
   uint32_t max_world_size;
   gs_log_t log;

@@ -663,8 +663,10 @@ void gs__job_leave(const gs_call_t *call, const gradsync_LeaveRequest *req)
     } else {
       gs_log(&c->cfg.log, GS_LOG_INFO, job->name, req->rank, "left (finished): %u of %u",
              job->ranks_left, job->world_size);
-      if (job->ranks_left == job->world_size && job->state == GS_JOB_RUNNING)
+      if (job->ranks_left == job->world_size && job->state == GS_JOB_RUNNING) {
         job->state = GS_JOB_FINISHED;
+        job->finished_ms = gs__now_ms(c);
+      }
     }
   }
   gs__reply(c, call->conn->ref, GS_METHOD_LEAVE, call->request_id, gradsync_LeaveResponse_fields,
@@ -747,12 +749,42 @@ static void sweep_heartbeats(gs_job_t *job, uint64_t now)
   member_lost(m, how);
 }
 
+static void job_free(gs_job_t *job)
+{
+  while (job->waiting_count)
+    remove_waiting(job, 0, 0, NULL);
+  free(job->waiting);
+  free_ranks(job);
+  gs__job_store_reset(job);
+  gs_buf_free(&job->hb_reply);
+  free(job);
+}
+
+/* A finished job nobody is joining again or waiting on has nothing left
+ * but its status: after the retention period it goes, so a long-lived
+ * coordinator does not grow with every job it ever ran. */
+static bool job_expired(const gs_job_t *job, uint64_t now)
+{
+  return job->state == GS_JOB_FINISHED && job->waiting_count == 0 && !job->waiters &&
+         now - job->finished_ms >= job->coord->cfg.job_retention_ms;
+}
+
 void gs__jobs_sweep(struct gs_coord *c, uint64_t now)
 {
-  for (gs_job_t *job = c->jobs; job; job = job->next) {
+  for (gs_job_t **at = &c->jobs, *job; (job = *at);) {
     sweep_rendezvous(job, now);
     sweep_heartbeats(job, now);
     gs__job_store_sweep(job, now);
+    if (!job_expired(job, now)) {
+      at = &job->next;
+      continue;
+    }
+    gs_log(&c->cfg.log, GS_LOG_INFO, job->name, -1, "finished %.0f s ago; forgotten",
+           (now - job->finished_ms) / 1000.0);
+    *at = job->next;
+    c->job_count--;
+    job_free(job);
+    gs__state_changed(c);
   }
 }
 
@@ -762,13 +794,7 @@ void gs__jobs_free(struct gs_coord *c)
 
   for (; job; job = next) {
     next = job->next;
-    while (job->waiting_count)
-      remove_waiting(job, 0, 0, NULL);
-    free(job->waiting);
-    free_ranks(job);
-    gs__job_store_reset(job);
-    gs_buf_free(&job->hb_reply);
-    free(job);
+    job_free(job);
   }
   c->jobs = NULL;
   c->job_count = 0;

@@ -90,6 +90,7 @@ struct gs_job {
   gs_member_t **ranks;
   gradsync_Peer *peers; /* rank order, for Join replies */
   uint64_t started_ms;
+  uint64_t finished_ms; /* when it became FINISHED: forgotten after cfg.job_retention_ms */
   uint32_t ranks_left; /* members in state LEFT */
   /* Running members by last heartbeat, oldest first (see gs_member). */
   gs_member_t *hb_oldest, *hb_newest;

@@ -28,6 +28,8 @@ static void usage(FILE *out)
           "  --rendezvous-timeout DUR    how long a rendezvous waits for all agents (default 5m)\n"
           "  --idle-timeout DUR          close connections idle this long (default 60s)\n"
           "  --wait-timeout DUR          default deadline of Fetch/FetchPackList (default 60s)\n"
+          "  --job-retention DUR         forget a finished job this long after it finished\n"
+          "                              (default 1h; its status stays readable until then)\n"
           "  --max-frame SIZE            largest RPC frame accepted (default 4MiB)\n"
           "  --max-world-size N          largest world size accepted (default 65536)\n"
           "  --log-level LEVEL           error, warn, info or debug (default info)\n"
@@ -48,6 +50,7 @@ enum {
   OPT_RDV_TIMEOUT,
   OPT_IDLE_TIMEOUT,
   OPT_WAIT_TIMEOUT,
+  OPT_JOB_RETENTION,
   OPT_MAX_FRAME,
   OPT_MAX_WORLD,
   OPT_LOG_LEVEL,
@@ -63,6 +66,7 @@ static const struct option options[] = {
     {"rendezvous-timeout", required_argument, NULL, OPT_RDV_TIMEOUT},
     {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
     {"wait-timeout", required_argument, NULL, OPT_WAIT_TIMEOUT},
+    {"job-retention", required_argument, NULL, OPT_JOB_RETENTION},
     {"max-frame", required_argument, NULL, OPT_MAX_FRAME},
     {"max-world-size", required_argument, NULL, OPT_MAX_WORLD},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
@@ -126,6 +130,9 @@ static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
       break;
     case OPT_WAIT_TIMEOUT:
       err = duration_flag(name, optarg, &cfg->default_wait_ms);
+      break;
+    case OPT_JOB_RETENTION:
+      err = duration_flag(name, optarg, &cfg->job_retention_ms);
       break;
     case OPT_MAX_FRAME:
       if (gs_parse_size(optarg, &size) || size < 1024 || size > (1u << 30))

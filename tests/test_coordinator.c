@@ -829,6 +829,47 @@ START_TEST(leaving_ranks_finish_the_job)
 }
 END_TEST
 
+/* A finished job stays readable for --job-retention, then is forgotten
+ * (404), so a long-lived coordinator does not grow with every job; a job
+ * still running is kept however long it runs. */
+START_TEST(finished_job_is_forgotten_after_retention)
+{
+  th_client_t cl[2], other[2];
+  gradsync_JoinResponse resp[2] = {0}, oresp[2] = {0};
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+  char *body;
+  int code = 0;
+
+  th_coord_start(&coord, "--job-retention", "300ms", NULL);
+  join_all(other, oresp, false, NULL, 2, "running");
+  join_all(cl, resp, false, NULL, 2, "f");
+  snprintf(lv.job, sizeof(lv.job), "f");
+  lv.generation = 1;
+  lv.finished = true;
+  for (uint32_t i = 0; i < 2; i++) {
+    lv.rank = resp[i].rank;
+    ck_assert_int_eq(
+        th_call(&cl[i], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
+    th_close(&cl[i]);
+  }
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
+  free(body);
+  for (int i = 0; i < 100 && code != 404; i++) {
+    usleep(50000);
+    code = th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body);
+    free(body);
+  }
+  ck_assert_int_eq(code, 404);
+  /* The other job is running (no heartbeats needed within the default
+   * 10 s timeout) and stays. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/running", NULL, NULL, &body), 200);
+  free(body);
+  th_close(&other[0]);
+  th_close(&other[1]);
+  stop_and_check();
+}
+END_TEST
+
 /* An agent that disconnects while waiting leaves the rendezvous (the
  * others stay, in whatever order they arrived) and the next one to join
  * takes its place. */
@@ -1027,6 +1068,7 @@ static Suite *coordinator_suite(void)
       {"bad_input", bad_input_never_harms_the_service},
       {"restart", agents_rebuild_state_after_restart},
       {"leave", leaving_ranks_finish_the_job},
+      {"job_retention", finished_job_is_forgotten_after_retention},
       {"status_fresh", status_summary_follows_every_change},
       {"framing", frames_split_or_batched_are_all_answered},
       {"idle_parked", parked_join_outlives_idle_timeout},
