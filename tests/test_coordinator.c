@@ -49,6 +49,24 @@ static void join_all(th_client_t *cl, gradsync_JoinResponse *resp, bool with_pee
   }
 }
 
+/* Every one of the n ranks of generation 1 of `job` leaves, finished, and
+ * closes its connection. */
+static void leave_finished(th_client_t *cl, const gradsync_JoinResponse *resp, uint32_t n,
+                           const char *job)
+{
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+
+  snprintf(lv.job, sizeof(lv.job), "%s", job);
+  lv.generation = 1;
+  lv.finished = true;
+  for (uint32_t i = 0; i < n; i++) {
+    lv.rank = resp[i].rank;
+    ck_assert_int_eq(
+        th_call(&cl[i], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
+    th_close(&cl[i]);
+  }
+}
+
 START_TEST(rendezvous_assigns_sorted_ranks)
 {
   uint32_t n = 64;
@@ -803,21 +821,12 @@ START_TEST(leaving_ranks_finish_the_job)
 {
   th_client_t cl[2];
   gradsync_JoinResponse resp[2] = {0};
-  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
   char *body;
   cJSON *doc;
 
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 2, "f");
-  snprintf(lv.job, sizeof(lv.job), "f");
-  lv.generation = 1;
-  lv.finished = true;
-  for (uint32_t i = 0; i < 2; i++) {
-    lv.rank = resp[i].rank;
-    ck_assert_int_eq(
-        th_call(&cl[i], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
-    th_close(&cl[i]);
-  }
+  leave_finished(cl, resp, 2, "f");
   usleep(100000);
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
   doc = cJSON_Parse(body);
@@ -836,22 +845,13 @@ START_TEST(finished_job_is_forgotten_after_retention)
 {
   th_client_t cl[2], other[2];
   gradsync_JoinResponse resp[2] = {0}, oresp[2] = {0};
-  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
   char *body;
   int code = 0;
 
   th_coord_start(&coord, "--job-retention", "300ms", NULL);
   join_all(other, oresp, false, NULL, 2, "running");
   join_all(cl, resp, false, NULL, 2, "f");
-  snprintf(lv.job, sizeof(lv.job), "f");
-  lv.generation = 1;
-  lv.finished = true;
-  for (uint32_t i = 0; i < 2; i++) {
-    lv.rank = resp[i].rank;
-    ck_assert_int_eq(
-        th_call(&cl[i], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
-    th_close(&cl[i]);
-  }
+  leave_finished(cl, resp, 2, "f");
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
   free(body);
   for (int i = 0; i < 100 && code != 404; i++) {
