@@ -12,6 +12,7 @@
  * so an abort from another thread wakes every wait. Every step's byte counts
  * are known to both sides in advance, so the stream needs no framing. */
 #include "comm.h"
+#include "comm_shm.h"
 #include "vectorize.h"
 
 #include <errno.h>
@@ -73,6 +74,14 @@ typedef struct host_comm {
   uint8_t *scratch; /* CHUNK_BYTES: one received chunk before it is reduced */
   uint8_t *gather;  /* small allreduces: every rank's buffer, rank order */
   size_t gather_cap;
+  /* Same-host links carry their bytes through shared memory (comm_shm.h);
+   * the sockets then carry only wake-up bytes. NULL: the link is TCP. */
+  gs_shm_pipe_t *out_pipe; /* to next */
+  gs_shm_pipe_t *in_pipe;  /* from prev */
+  /* A pipe link's peer closed its socket: a writer that is done may exit
+   * while its last bytes still wait in the pipe, so this is an error only
+   * once more bytes are needed than the pipe holds (or must be written). */
+  bool next_gone, prev_gone;
 } host_comm_t;
 
 /* The handshake, both ways: the dialer's hello, then the acceptor's reply
@@ -706,6 +715,76 @@ static int check_setup(host_comm_t *c, const gs_comm_setup_t *s)
   return 0;
 }
 
+static int io_error(host_comm_t *c, int errnum, uint32_t peer, const char *addr, const char *what);
+
+/* Sends (out) or receives all len bytes on fd within the timeout,
+ * watching for an abort: the small exchanges after the handshake. */
+static int io_all(host_comm_t *c, int fd, uint8_t *buf, size_t len, bool out, const char *what)
+{
+  uint64_t start = now_ms(), now;
+  size_t done = 0;
+
+  while (done < len) {
+    ssize_t n = out ? send(fd, buf + done, len - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                    : recv(fd, buf + done, len - done, MSG_DONTWAIT);
+    struct pollfd pfd[2] = {{c->wake_fd, POLLIN, 0}, {fd, out ? POLLOUT : POLLIN, 0}};
+
+    if (n > 0) {
+      done += (size_t)n;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      return io_error(c, n == 0 ? 0 : errno, out ? c->next : c->prev,
+                      out ? c->next_addr : c->prev_addr, what);
+    if (is_aborted(c))
+      return GS_EABORTED;
+    now = now_ms();
+    if (now - start >= c->timeout_ms) {
+      GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": no answer for %" PRIu64 " ms in %s",
+                 c->rank, c->timeout_ms, what);
+      return GS_ETIMEDOUT;
+    }
+    (void)poll(pfd, 2, wait_ms(start, c->timeout_ms, now));
+  }
+  return 0;
+}
+
+/* Offers the link to next a shared-memory pipe and answers prev's offer
+ * (comm_shm.h): each link whose two ends can map the same segment moves
+ * its bytes through it. A link that cannot stays on TCP; only a failing
+ * socket fails. GRADSYNC_HOST_SHM=0 keeps every link on TCP. */
+static int connect_pipes(host_comm_t *c)
+{
+  const char *env = getenv("GRADSYNC_HOST_SHM");
+  bool want = !(env && strcmp(env, "0") == 0);
+  int next = atomic_load(&c->next_fd), prev = atomic_load(&c->prev_fd), err;
+  uint8_t offer[GS_SHM_OFFER_LEN] = {0}, theirs[GS_SHM_OFFER_LEN], yes, answer = 0;
+
+  c->out_pipe = want ? gs__shm_create(offer) : NULL;
+  err = io_all(c, next, offer, sizeof(offer), true, "shared-memory offer");
+  if (!err)
+    err = io_all(c, prev, theirs, sizeof(theirs), false, "shared-memory offer");
+  if (!err) {
+    c->in_pipe = want && theirs[0] ? gs__shm_open(theirs) : NULL;
+    yes = c->in_pipe != NULL;
+    err = io_all(c, prev, &yes, 1, true, "shared-memory answer");
+  }
+  if (!err)
+    err = io_all(c, next, &answer, 1, false, "shared-memory answer");
+  gs__shm_unlink(c->out_pipe); /* both sides have it mapped, or never will */
+  if (err || !answer) {
+    gs__shm_close(c->out_pipe);
+    c->out_pipe = NULL;
+  }
+  if (!err)
+    GS_LOG_DBG(c->base.log,
+               "host comm: rank %" PRIu32 ": to rank %" PRIu32 " over %s, from rank %" PRIu32
+               " over %s",
+               c->rank, c->next, c->out_pipe ? "shared memory" : "TCP", c->prev,
+               c->in_pipe ? "shared memory" : "TCP");
+  return err;
+}
+
 static int host_init(gs_comm_t *base, const gs_comm_setup_t *s)
 {
   host_comm_t *c = (host_comm_t *)base;
@@ -736,6 +815,8 @@ static int host_init(gs_comm_t *base, const gs_comm_setup_t *s)
   if (!err)
     err = rendezvous_run(c, &rv);
   rendezvous_close(&rv);
+  if (!err)
+    err = connect_pipes(c);
 out_close_listen:
   close_fd(&c->listen_fd); /* the ring is formed (or failed): nobody else may join */
   if (err)
@@ -833,11 +914,54 @@ static void reduce_into(uint8_t *dst, const uint8_t *src, size_t bytes, gs_dtype
     reduce_f32((float *)dst, (const float *)src, bytes / sizeof(float));
 }
 
+/* One byte on a link's socket wakes the side sleeping in poll(); when the
+ * socket is full a byte is already pending, which wakes it as well. */
+static void send_wake(int fd)
+{
+  static const uint8_t one = 1;
+
+  (void)!send(fd, &one, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Receives up to len bytes from prev into dst: the count, 0 if it would
+ * block, or a negative error (the link closed or failed). */
+static ssize_t recv_into(host_comm_t *c, xfer_t *x, uint8_t *dst, size_t len)
+{
+  ssize_t n;
+
+  if (c->in_pipe) {
+    bool wake;
+    size_t got = gs__shm_read(c->in_pipe, dst, len, &wake);
+
+    if (wake)
+      send_wake(atomic_load(&c->prev_fd));
+    return (ssize_t)got;
+  }
+  n = recv(atomic_load(&c->prev_fd), dst, len, MSG_DONTWAIT);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return 0;
+    return io_error(c, n == 0 ? 0 : errno, c->prev, c->prev_addr, x->what);
+  }
+  return n;
+}
+
 /* Sends up to len bytes from p to next, counting them in x->sent; 1 on
  * progress, 0 if it would block. */
 static int send_from(host_comm_t *c, xfer_t *x, const uint8_t *p, size_t len)
 {
-  ssize_t n = send(atomic_load(&c->next_fd), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  ssize_t n;
+
+  if (c->out_pipe) {
+    bool wake;
+    size_t put = gs__shm_write(c->out_pipe, p, len, &wake);
+
+    if (wake)
+      send_wake(atomic_load(&c->next_fd));
+    x->sent += put;
+    return put > 0;
+  }
+  n = send(atomic_load(&c->next_fd), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
 
   if (n < 0) {
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
@@ -867,13 +991,9 @@ static int recv_some(host_comm_t *c, xfer_t *x)
 
   if (left == 0)
     return 0;
-  n = recv(atomic_load(&c->prev_fd), x->recv + x->recvd, CHUNK_BYTES < left ? CHUNK_BYTES : left,
-           MSG_DONTWAIT);
-  if (n <= 0) {
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-      return 0;
-    return io_error(c, n == 0 ? 0 : errno, c->prev, c->prev_addr, x->what);
-  }
+  n = recv_into(c, x, x->recv + x->recvd, CHUNK_BYTES < left ? CHUNK_BYTES : left);
+  if (n <= 0)
+    return (int)n;
   x->recvd += (size_t)n;
   return 1;
 }
@@ -946,12 +1066,9 @@ static int ring_recv_some(host_comm_t *c, xfer_t *x)
   left = g->r_start + len - x->recvd;
   dst = reduce ? c->scratch + x->fill : item + (x->recvd - g->r_start);
   want = reduce ? CHUNK_BYTES - x->fill : left;
-  n = recv(atomic_load(&c->prev_fd), dst, want < left ? want : left, MSG_DONTWAIT);
-  if (n <= 0) {
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-      return 0;
-    return io_error(c, n == 0 ? 0 : errno, c->prev, c->prev_addr, x->what);
-  }
+  n = recv_into(c, x, dst, want < left ? want : left);
+  if (n <= 0)
+    return (int)n;
   x->recvd += (size_t)n;
   if (!reduce) {
     g->done += (size_t)n;
@@ -978,6 +1095,79 @@ static int xfer_timeout(host_comm_t *c, const xfer_t *x)
              c->rank, c->timeout_ms, x->what, x->sent, x->send_len, c->next, c->next_addr, x->recvd,
              x->recv_len, c->prev, c->prev_addr);
   return GS_ETIMEDOUT;
+}
+
+/* Reads and drops the wake-up bytes a link's socket holds: 0, 1 when the
+ * peer has closed it, or a negative error. */
+static int drain_wakes(host_comm_t *c, int fd, uint32_t peer, const char *addr, const char *what)
+{
+  uint8_t junk[64];
+  ssize_t n;
+
+  while ((n = recv(fd, junk, sizeof(junk), MSG_DONTWAIT)) > 0)
+    ;
+  if (n == 0)
+    return 1;
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+    return 0;
+  return io_error(c, errno, peer, addr, what);
+}
+
+/* Shared-memory links: sleeps in poll() until a wake-up byte, the abort
+ * eventfd, a peer's hang-up or the timeout, after telling each pipe this
+ * side waits on that it sleeps (and not at all when data or space came
+ * meanwhile). Both sockets are watched whether or not they carry a pipe:
+ * a peer that dies closes them, which poll() reports as a hang-up. */
+static int sleep_on_pipes(host_comm_t *c, xfer_t *x, int timeout_ms)
+{
+  bool want_in = x->recvd < x->recv_len, want_out = x->sent < send_limit(x);
+  int next = c->next_gone ? -1 : atomic_load(&c->next_fd); /* poll() skips -1 */
+  int prev = c->prev_gone ? -1 : atomic_load(&c->prev_fd), err = 0;
+  /* Hang-ups are reported whatever the events asked for. A TCP link's
+   * socket is watched for its data only when that data is wanted. */
+  struct pollfd pfd[3] = {
+      {c->wake_fd, POLLIN, 0},
+      {next, (short)((c->out_pipe ? POLLIN : 0) | (want_out && !c->out_pipe ? POLLOUT : 0)), 0},
+      {prev, (short)(c->in_pipe || want_in ? POLLIN : 0), 0}};
+
+  if (want_in && c->in_pipe && !gs__shm_reader_may_sleep(c->in_pipe))
+    return 0;
+  if (want_in && c->in_pipe && c->prev_gone) { /* empty, and nobody left to fill it */
+    gs__shm_reader_awake(c->in_pipe);
+    return io_error(c, 0, c->prev, c->prev_addr, x->what);
+  }
+  if (want_out && c->out_pipe && c->next_gone) /* the reader is gone, not done with us */
+    err = io_error(c, 0, c->next, c->next_addr, x->what);
+  else if (want_out && c->out_pipe && !gs__shm_writer_may_sleep(c->out_pipe))
+    err = 1;
+  if (err) {
+    if (c->in_pipe)
+      gs__shm_reader_awake(c->in_pipe);
+    return err < 0 ? err : 0;
+  }
+  if (poll(pfd, 3, timeout_ms) < 0 && errno != EINTR) {
+    GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": poll: %s", c->rank, strerror(errno));
+    err = GS_EIO;
+  }
+  if (c->in_pipe)
+    gs__shm_reader_awake(c->in_pipe);
+  if (c->out_pipe)
+    gs__shm_writer_awake(c->out_pipe);
+  /* Without a pipe, next carries nothing inbound and prev the data itself:
+   * the loop's send and recv see what happened to them. */
+  if (!err && c->out_pipe && next >= 0 && (pfd[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+    err = drain_wakes(c, next, c->next, c->next_addr, x->what);
+    c->next_gone = err == 1;
+    if (err == 1)
+      err = want_out ? io_error(c, 0, c->next, c->next_addr, x->what) : 0;
+  }
+  if (!err && c->in_pipe && prev >= 0 && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+    err = drain_wakes(c, prev, c->prev, c->prev_addr, x->what);
+    c->prev_gone = err == 1;
+    if (err == 1)
+      err = 0; /* what it wrote may still be in the pipe: see prev_gone */
+  }
+  return err;
 }
 
 /* Runs one step to completion: sends and receives at once, so two ranks
@@ -1012,6 +1202,13 @@ static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
     now = now_ms();
     if (now - *last >= c->timeout_ms)
       return xfer_timeout(c, x);
+    if (c->out_pipe || c->in_pipe) {
+      int err = sleep_on_pipes(c, x, wait_ms(*last, c->timeout_ms, now));
+
+      if (err)
+        return err;
+      continue;
+    }
     nfd = 0;
     pfd[nfd++] = (struct pollfd){c->wake_fd, POLLIN, 0};
     if (x->sent < send_limit(x))
@@ -1180,6 +1377,8 @@ static void host_destroy(gs_comm_t *base)
   close_fd(&fd);
   close_fd(&c->listen_fd);
   close_fd(&c->wake_fd);
+  gs__shm_close(c->out_pipe);
+  gs__shm_close(c->in_pipe);
   free(c->scratch);
   free(c->gather);
   free(c);

@@ -817,6 +817,32 @@ START_TEST(ipv6_loopback)
 }
 END_TEST
 
+/* Ranks in one process can map each other's pipes, so every link goes
+ * through shared memory, unless GRADSYNC_HOST_SHM=0 keeps it on TCP (the
+ * whole suite runs both ways, see main). The debug log names the transport. */
+START_TEST(transport_as_configured)
+{
+  const char *env = getenv("GRADSYNC_HOST_SHM");
+  const char *want = env && strcmp(env, "0") == 0 ? "to rank 1 over TCP, from rank 2 over TCP"
+                                                  : "to rank 1 over shared memory, from rank 2 "
+                                                    "over shared memory";
+  world_t *w = malloc(sizeof(*w));
+  char text[4096];
+
+  world_open(w, 3, 1, 10000);
+  w->ranks[0].log.level = GS_LOG_DEBUG;
+  ck_assert_ptr_nonnull(w->ranks[0].log.out = tmpfile());
+  world_start(w, body_small_sum);
+  world_join(w);
+  world_check(w, true);
+  read_log(w->ranks[0].log.out, text, sizeof(text));
+  ck_assert_msg(strstr(text, want), "wanted '%s' in:\n%s", want, text);
+  world_close(w);
+  fclose(w->ranks[0].log.out);
+  free(w);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *test, double timeout)
 {
   TCase *tc = tcase_create(name);
@@ -868,16 +894,26 @@ static Suite *comm_host_suite(void)
   suite_add_tcase(s, tcase("unknown_backend", unknown_backend, 10));
   suite_add_tcase(s, tcase("bad_arguments", bad_arguments, 10));
   suite_add_tcase(s, tcase("ipv6_loopback", ipv6_loopback, 10));
+  suite_add_tcase(s, tcase("transport_as_configured", transport_as_configured, 10));
   return s;
 }
 
+/* The suite runs twice: links through shared memory (the default for ranks
+ * on one host), then every link on TCP. */
 int main(void)
 {
-  SRunner *sr = srunner_create(comm_host_suite());
-  int failed;
+  int failed = 0;
 
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  for (int tcp = 0; tcp < 2; tcp++) {
+    SRunner *sr = srunner_create(comm_host_suite());
+
+    if (tcp)
+      setenv("GRADSYNC_HOST_SHM", "0", 1);
+    printf("comm_host over %s\n", tcp ? "TCP" : "shared memory");
+    fflush(stdout);
+    srunner_run_all(sr, CK_NORMAL);
+    failed += srunner_ntests_failed(sr);
+    srunner_free(sr);
+  }
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
