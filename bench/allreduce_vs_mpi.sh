@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Host allreduce side by side: gradsync's host backend (bench/allreduce_bench),
+# Host allreduce side by side: gradsync's host backend (bench/allreduce_bench;
+# by default its links between ranks on one machine are shared memory, and
+# "gradsync-tcp" is the same run with GRADSYNC_HOST_SHM=0),
 # Open MPI over TCP (--mca btl tcp,self), Open MPI over shared memory
 # (--mca btl vader,self) and torch.distributed gloo, all float32 sum between
-# processes on this machine. The implementations take turns (A B C D, A B C
-# D, ...) for ROUNDS rounds, so that drifting background load hits them all
-# alike; the table shows each one's median per size, and the ratios:
-# busbw ours/MPI-TCP and ours/gloo, and at the smallest size the latency
-# ratio ours/MPI-TCP (time; lower is better).
+# processes on this machine. The implementations take turns (A B C D E,
+# A B C D E, ...) for ROUNDS rounds, so that drifting background load hits
+# them all alike; the table shows each one's median per size, and the busbw
+# ratios ours/MPI-TCP, ours-over-TCP/MPI-TCP, ours/MPI-shm and ours/gloo,
+# and at the smallest size the latency ratio ours/MPI-TCP (time; lower is
+# better).
 #
 #   bench/allreduce_vs_mpi.sh [--ranks "2 4"] [--rounds 3] [--min 4KiB]
 #       [--max 256MiB] [--time 0.3] [--build DIR] [--out DIR]
@@ -54,6 +57,8 @@ for n in $ranks; do
   for ((round = 1; round <= rounds; round++)); do
     echo "allreduce_vs_mpi: $n ranks, round $round of $rounds" >&2
     "$ours" --ranks "$n" "${sizes[@]}" "${bind[@]}" >>"$raw"
+    GRADSYNC_HOST_SHM=0 "$ours" --ranks "$n" "${sizes[@]}" "${bind[@]}" |
+      sed 's/^gradsync,/gradsync-tcp,/' >>"$raw"
     mpirun "${mpiflags[@]}" "${over[@]}" -n "$n" --mca btl tcp,self \
       "$out/mpi_allreduce" "${sizes[@]}" --label mpi-tcp >>"$raw"
     mpirun "${mpiflags[@]}" "${over[@]}" -n "$n" --mca btl vader,self \
@@ -85,26 +90,28 @@ def human(b):
             return "%d %s" % (b >> s, unit)
     return "%d B" % b
 
-impls = ["gradsync", "mpi-tcp", "mpi-shm", "gloo"]
+impls = ["gradsync", "gradsync-tcp", "mpi-tcp", "mpi-shm", "gloo"]
 for n in sorted({k[0] for k in rows}):
     sizes = sorted({k[2] for k in rows if k[0] == n})
     print("\n%d ranks: median time (us) and busbw (GB/s) over %d rounds" %
           (n, max(len(v) for k, v in rows.items() if k[0] == n)))
     print("| size | " + " | ".join("%s us | %s GB/s" % (i, i) for i in impls) +
-          " | ours/MPI-TCP busbw | ours/gloo busbw | correct |")
-    print("|---:" * (1 + 2 * len(impls) + 2) + "|---|")
+          " | ours/MPI-TCP | ours-tcp/MPI-TCP | ours/MPI-shm | ours/gloo | correct |")
+    print("|---:" * (1 + 2 * len(impls) + 4) + "|---|")
     for b in sizes:
         cells = []
         for i in impls:
             cells += ["%.1f" % med((n, i, b), 0), "%.2f" % med((n, i, b), 1)]
-        ours, tcp, gloo = (med((n, i, b), 1) for i in ("gradsync", "mpi-tcp", "gloo"))
+        ours, otcp, tcp, shm, gloo = (med((n, i, b), 1) for i in impls)
         ok = all(x[2] for i in impls for x in rows.get((n, i, b), []))
-        print("| %s | %s | %.2f | %.2f | %s |" % (human(b), " | ".join(cells), ours / tcp,
-                                                 ours / gloo, "yes" if ok else "NO"))
+        print("| %s | %s | %.2f | %.2f | %.2f | %.2f | %s |" %
+              (human(b), " | ".join(cells), ours / tcp, otcp / tcp, ours / shm, ours / gloo,
+               "yes" if ok else "NO"))
     b0 = sizes[0]
-    print("\nlatency at %s: ours %.1f us, MPI-TCP %.1f us (ratio %.2f), MPI-shm %.1f us, "
-          "gloo %.1f us" % (human(b0), med((n, "gradsync", b0), 0), med((n, "mpi-tcp", b0), 0),
-                            med((n, "gradsync", b0), 0) / med((n, "mpi-tcp", b0), 0),
-                            med((n, "mpi-shm", b0), 0), med((n, "gloo", b0), 0)))
+    print("\nlatency at %s: ours %.1f us (over TCP %.1f), MPI-TCP %.1f us (ratio %.2f), "
+          "MPI-shm %.1f us, gloo %.1f us" %
+          (human(b0), med((n, "gradsync", b0), 0), med((n, "gradsync-tcp", b0), 0),
+           med((n, "mpi-tcp", b0), 0), med((n, "gradsync", b0), 0) / med((n, "mpi-tcp", b0), 0),
+           med((n, "mpi-shm", b0), 0), med((n, "gloo", b0), 0)))
 EOF
 echo "raw results: $raw" >&2
