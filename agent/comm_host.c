@@ -1120,7 +1120,7 @@ static int drain_wakes(host_comm_t *c, int fd, uint32_t peer, const char *addr, 
  * a peer that dies closes them, which poll() reports as a hang-up. */
 static int sleep_on_pipes(host_comm_t *c, xfer_t *x, int timeout_ms)
 {
-  bool want_in = x->recvd < x->recv_len, want_out = x->sent < send_limit(x);
+  bool want_in = x->recvd < x->recv_len, want_out = x->sent < send_limit(x), stay_awake = false;
   int next = c->next_gone ? -1 : atomic_load(&c->next_fd); /* poll() skips -1 */
   int prev = c->prev_gone ? -1 : atomic_load(&c->prev_fd), err = 0;
   /* Hang-ups are reported whatever the events asked for. A TCP link's
@@ -1138,12 +1138,12 @@ static int sleep_on_pipes(host_comm_t *c, xfer_t *x, int timeout_ms)
   }
   if (want_out && c->out_pipe && c->next_gone) /* the reader is gone, not done with us */
     err = io_error(c, 0, c->next, c->next_addr, x->what);
-  else if (want_out && c->out_pipe && !gs__shm_writer_may_sleep(c->out_pipe))
-    err = 1;
-  if (err) {
+  else if (want_out && c->out_pipe)
+    stay_awake = !gs__shm_writer_may_sleep(c->out_pipe);
+  if (err || stay_awake) {
     if (c->in_pipe)
       gs__shm_reader_awake(c->in_pipe);
-    return err < 0 ? err : 0;
+    return err;
   }
   if (poll(pfd, 3, timeout_ms) < 0 && errno != EINTR) {
     GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": poll: %s", c->rank, strerror(errno));

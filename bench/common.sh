@@ -1,16 +1,9 @@
 # Sourced by the bench/*.sh entry points: Debian packages and the build.
 
-# Installs the Debian packages given that are missing (quiet otherwise).
+# Installs the Debian packages given (and the project's own) that are
+# missing; quiet otherwise.
 bench_need_debs() {
-  local missing=() p sudo=""
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  echo "bench: installing ${missing[*]}" >&2
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  "$(dirname "${BASH_SOURCE[0]}")/../scripts/install-deps.sh" "$@" >&2
 }
 
 # Configures BUILD (relative to the repository root) when it has no cache,

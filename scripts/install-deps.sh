@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages gradsync needs to build and test.
+# Installs the Debian packages gradsync needs to build and test, and any
+# named as arguments (what a benchmark needs beyond them).
 # Quiet when everything is already present; needs root (or sudo) otherwise.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ packages=(
   check
   libopenblas-dev dataset-fashion-mnist
   patchelf
+  "$@"
 )
 
 missing=()

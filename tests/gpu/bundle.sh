@@ -56,27 +56,16 @@ if [[ ${version,,} != *cuda* ]]; then
 fi
 [[ ${version,,} == *nccl* ]] || note "warning: '$version' mentions no nccl backend"
 
-# --- patchelf, installed from Debian when missing ----------------------------
-# Detected the way scripts/install-deps.sh detects packages; without it we skip
-# patching and rely on run.sh putting lib/ on LD_LIBRARY_PATH.
+# --- patchelf (one of scripts/install-deps.sh's packages) --------------------
+# Without it we skip patching and rely on run.sh putting lib/ on
+# LD_LIBRARY_PATH.
 ensure_patchelf() {
   command -v patchelf >/dev/null 2>&1 && return 0
-  dpkg-query -W -f='${Status}' patchelf 2>/dev/null | grep -q "install ok installed" && return 0
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"
-    else return 1; fi
-  fi
-  note "installing patchelf"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get install -y -qq --no-install-recommends patchelf >/dev/null 2>&1 \
-    || { $sudo apt-get update -qq >/dev/null 2>&1 \
-         && $sudo apt-get install -y -qq --no-install-recommends patchelf >/dev/null 2>&1; } \
-    || return 1
+  "$repo/scripts/install-deps.sh" >&2 || return 1
   command -v patchelf >/dev/null 2>&1
 }
 have_patchelf=1
-ensure_patchelf || { have_patchelf=0; note "warning: no patchelf (not root, no sudo -n, or apt failed): binaries keep their rpath; run.sh's LD_LIBRARY_PATH must find lib/"; }
+ensure_patchelf || { have_patchelf=0; note "warning: no patchelf (scripts/install-deps.sh could not install it): binaries keep their rpath; run.sh's LD_LIBRARY_PATH must find lib/"; }
 
 # --- fresh output folder -----------------------------------------------------
 case "$(cd "$(dirname "$out")" 2>/dev/null && pwd)/$(basename "$out")" in
