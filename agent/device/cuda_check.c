@@ -1,7 +1,6 @@
-/* Conversion of CUDA, cuBLAS and NCCL status codes (see cuda_check.h). */
+/* Conversion of CUDA and NCCL status codes (see cuda_check.h). */
 #include "cuda_check.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -26,19 +25,6 @@ int gs__cuda_status(const gs_log_t *log, const char *file, int line, const char 
   default:
     return GS_EINTERNAL;
   }
-}
-
-int gs__cublas_status(const gs_log_t *log, const char *file, int line, const char *call, int code)
-{
-  cublasStatus_t s = (cublasStatus_t)code;
-
-  if (s == CUBLAS_STATUS_SUCCESS)
-    return 0;
-  GS_LOG_ERR(log, "%s:%d: %s failed: cuBLAS status %d: %s", file, line, call, code,
-             cublasGetStatusString(s));
-  if (s == CUBLAS_STATUS_ALLOC_FAILED)
-    return GS_ENOMEM;
-  return s == CUBLAS_STATUS_INVALID_VALUE ? GS_EINVAL : GS_EINTERNAL;
 }
 
 int gs__nccl_status(const gs_log_t *log, const char *file, int line, const char *call, int code)

@@ -99,30 +99,17 @@ int gs_device_zero(gs_device_t *d, void *p, size_t bytes)
   return bytes ? d->ops->zero(d, p, bytes) : 0;
 }
 
-void gs_device_linear_forward(gs_device_t *d, const float *x, const float *w, const float *b,
-                              float *y, uint32_t m, uint32_t n, uint32_t k, bool relu)
-{
-  d->ops->linear_forward(d, x, w, b, y, m, n, k, relu);
-}
-
-void gs_device_linear_backward(gs_device_t *d, const float *x, const float *w, const float *dy,
-                               float *gw, float *gb, float *dx, uint32_t m, uint32_t n,
-                               uint32_t k)
-{
-  d->ops->linear_backward(d, x, w, dy, gw, gb, dx, m, n, k);
-}
-
-void gs_device_softmax_xent(gs_device_t *d, const float *z, const uint8_t *y, float *dz,
-                            uint32_t m, uint32_t c, float *stats)
-{
-  d->ops->softmax_xent(d, z, y, dz, m, c, stats);
-}
-
 void gs_device_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
                         const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
                         const float *grad, float *momentum)
 {
   d->ops->sgd_pack(d, c, lr, grad_scale, segs, nseg, param, grad, momentum);
+}
+
+void gs_device_fail(gs_device_t *d, int err)
+{
+  if (err)
+    d->ops->fail(d, err);
 }
 
 int gs_device_sync(gs_device_t *d)

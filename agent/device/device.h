@@ -1,7 +1,9 @@
-/* Compute devices: the few operations the reference trainer and the sync
- * engine need, behind one table, so the trainer never branches on the
- * device. `cpu` (OpenBLAS + loops, device_cpu.c) and, in a CUDA build,
- * `cuda` (cuBLAS + CUDA C kernels, device_cuda.cu).
+/* Compute devices: what the sync engine needs from one (memory, copies,
+ * the compute stream and its sync, the fused SGD step), behind one table,
+ * so neither the engine nor the trainer branches on the device. `cpu`
+ * (device_cpu.c) and, in a CUDA build, `cuda` (device_cuda.cu). A model's
+ * own kernels (the reference MLP's live in trainer/) queue their work on
+ * the device's stream and report failures with gs_device_fail.
  *
  * Memory from gs_device_alloc lives on the device; the host touches it only
  * through upload/download. Work is queued in order on the device's compute
@@ -30,15 +32,10 @@ typedef struct gs_device_ops {
   int (*upload)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*download)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*zero)(gs_device_t *d, void *p, size_t bytes);
-  void (*linear_forward)(gs_device_t *d, const float *x, const float *w, const float *b, float *y,
-                         uint32_t m, uint32_t n, uint32_t k, bool relu);
-  void (*linear_backward)(gs_device_t *d, const float *x, const float *w, const float *dy,
-                          float *gw, float *gb, float *dx, uint32_t m, uint32_t n, uint32_t k);
-  void (*softmax_xent)(gs_device_t *d, const float *z, const uint8_t *y, float *dz, uint32_t m,
-                       uint32_t c, float *stats);
   void (*sgd_pack)(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
                    const gs_sgd_segment_t *segs, uint32_t nseg, float *param, const float *grad,
                    float *momentum);
+  void (*fail)(gs_device_t *d, int err);
   int (*sync)(gs_device_t *d);
   void (*destroy)(gs_device_t *d);
 } gs_device_ops_t;
@@ -50,6 +47,7 @@ struct gs_device {
   char label[32];   /* "cpu", "cuda:0" (shown in status) */
   bool host_memory; /* device pointers are host pointers (cpu) */
   void *stream;     /* the compute stream (cudaStream_t); NULL on cpu */
+  int ordinal;      /* the GPU's index (cudaSetDevice); -1 on cpu */
 };
 
 /* Opens a device by name: "cpu", "cuda" (the GPU `index`), or "auto" (cuda
@@ -75,29 +73,17 @@ int gs_device_upload(gs_device_t *d, void *dst, const void *src, size_t bytes) G
 int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
 int gs_device_zero(gs_device_t *d, void *p, size_t bytes) GS_WARN_UNUSED;
 
-/* y[m x n] = x[m x k] * w[n x k]^T + b[n], then ReLU when `relu`. */
-void gs_device_linear_forward(gs_device_t *d, const float *x, const float *w, const float *b,
-                              float *y, uint32_t m, uint32_t n, uint32_t k, bool relu);
-
-/* For y = x w^T + b with upstream gradient dy [m x n]: gw[n x k] = dy^T x,
- * gb[n] = column sums of dy, and, when dx is not NULL, dx[m x k] = dy w
- * masked where x <= 0 (x is the previous layer's ReLU output). */
-void gs_device_linear_backward(gs_device_t *d, const float *x, const float *w, const float *dy,
-                               float *gw, float *gb, float *dx, uint32_t m, uint32_t n,
-                               uint32_t k);
-
-/* Softmax cross-entropy of each row of logits z [m x c] against labels y
- * (device memory): dz = (softmax - onehot) / m, and stats[0] += the summed
- * loss, stats[1] += the number of rows whose argmax is the label (stats is
- * two device floats the caller zeroes). A label >= c makes the loss NaN. */
-void gs_device_softmax_xent(gs_device_t *d, const float *z, const uint8_t *y, float *dz,
-                            uint32_t m, uint32_t c, float *stats);
-
 /* One fused SGD step over a pack (sgd.h semantics; momentum may be NULL
  * when c->momentum is 0). */
 void gs_device_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
                         const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
                         const float *grad, float *momentum);
+
+/* Records `err` (a GS_E* code) as a failure of work the caller queued on
+ * the device's stream itself (a model's kernels), so the next sync or
+ * download returns it like a failure of the device's own queued work. The
+ * first error sticks; a device whose work runs at once ignores it. */
+void gs_device_fail(gs_device_t *d, int err);
 
 /* Waits for the queued work; the first error since the last sync. */
 int gs_device_sync(gs_device_t *d) GS_WARN_UNUSED;

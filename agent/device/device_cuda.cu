@@ -1,11 +1,11 @@
-/* The cuda device: cuBLAS GEMMs (FP32, no TF32, as PyTorch's default) and
- * a few CUDA C kernels, all queued in order on one non-blocking stream.
+/* The cuda device: memory, copies and the fused SGD kernel, all queued in
+ * order on one non-blocking stream.
  *
  * Void operations cannot return an error, so the first one sticks to the
  * device (logged with file:line when it happens) and the next sync or
- * download returns and clears it. Kernels use grid-stride loops of 256
- * threads and 64-bit indices, so any shape >= 1 works. */
-#include <cublas_v2.h>
+ * download returns and clears it; gs_device_fail adds a caller's failure
+ * to the same. Kernels use grid-stride loops of 256 threads and 64-bit
+ * indices, so any size works. */
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -22,7 +22,6 @@ extern "C" {
 
 #define THREADS 256
 #define MAX_BLOCKS 4096 /* grid-stride loops cover the rest */
-#define WARP 32
 
 /* A segment as the SGD kernel reads it: `start` is the sum of the counts
  * before it, so element v of the pack's flattened segments is found by a
@@ -47,7 +46,6 @@ typedef struct cuda_device {
   gs_device_t base;
   int index;
   cudaStream_t stream;
-  cublasHandle_t blas;
   int sticky; /* first error of a void operation since the last sync */
   seg_cache_t *tables;
   uint32_t ntables, cap_tables;
@@ -66,8 +64,8 @@ static int note(cuda_device_t *d, int err)
   return err;
 }
 
-/* Makes this device current for the calling thread (cuBLAS and launches
- * on our stream need it, and the caller's thread may be a new one). */
+/* Makes this device current for the calling thread (launches on our
+ * stream need it, and the caller's thread may be a new one). */
 static int enter(cuda_device_t *d)
 {
   return GS_CUDA_STATUS(d->base.log, cudaSetDevice(d->index));
@@ -83,124 +81,7 @@ static unsigned blocks_for(size_t threads)
   return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
 }
 
-/* cuBLAS takes int dimensions. */
-static bool dims_ok(cuda_device_t *d, uint32_t m, uint32_t n, uint32_t k)
-{
-  if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && m && n && k)
-    return true;
-  GS_LOG_ERR(d->base.log, "%s: GEMM shape %u x %u x %u is outside 1..%d", d->base.label, m, n, k,
-             INT_MAX);
-  note(d, GS_EINVAL);
-  return false;
-}
-
 /* ---- kernels ---------------------------------------------------------- */
-
-/* y[i][j] += b[j], then ReLU (v < 0 ? 0 : v keeps NaN, as the cpu device). */
-static __global__ void bias_act_kernel(float *y, const float *b, size_t total, uint32_t n,
-                                       bool relu)
-{
-  for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
-       e += (size_t)gridDim.x * blockDim.x) {
-    float v = y[e] + b[e % n];
-
-    y[e] = relu && v < 0.0f ? 0.0f : v;
-  }
-}
-
-/* gb[j] = sum over i of dy[i][j]: a block is 32 columns by 8 row groups,
- * each thread sums a strided run of rows, then the 8 partial sums meet in
- * shared memory. Launched with blockDim (32, 8). */
-static __global__ void column_sum_kernel(const float *dy, float *gb, uint32_t m, uint32_t n)
-{
-  __shared__ float part[THREADS / WARP][WARP];
-  unsigned tx = threadIdx.x, ty = threadIdx.y;
-
-  for (size_t j0 = (size_t)blockIdx.x * WARP; j0 < n; j0 += (size_t)gridDim.x * WARP) {
-    size_t j = j0 + tx;
-    float acc = 0.0f;
-
-    if (j < n)
-      for (size_t i = ty; i < m; i += blockDim.y)
-        acc += dy[i * n + j];
-    part[ty][tx] = acc;
-    __syncthreads();
-    if (ty == 0 && j < n) {
-      for (unsigned r = 1; r < blockDim.y; r++)
-        acc += part[r][tx];
-      gb[j] = acc;
-    }
-    __syncthreads(); /* part is rewritten by the next tile */
-  }
-}
-
-/* dx[e] = 0 where x[e] <= 0 (or NaN): the ReLU's derivative. */
-static __global__ void relu_mask_kernel(float *dx, const float *x, size_t total)
-{
-  for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
-       e += (size_t)gridDim.x * blockDim.x)
-    dx[e] = x[e] > 0.0f ? dx[e] : 0.0f;
-}
-
-/* Whether (v, j) beats (best, at) as "first maximal element": larger, or
- * equal at a smaller index; at == UINT_MAX is "nothing yet". */
-static __device__ bool beats(float v, uint32_t j, float best, uint32_t at)
-{
-  if (j == UINT_MAX)
-    return false;
-  return at == UINT_MAX || v > best || (v == best && j < at);
-}
-
-/* One warp per row of z [m x c]: the first maximal logit, the sum of
- * exp(z - max) in double (as the cpu device), dz = (softmax - onehot) *
- * scale, and the row's loss and hit added to stats. All lanes walk the
- * same rows, so the full-mask shuffles are safe. */
-static __global__ void softmax_xent_kernel(const float *z, const uint8_t *y, float *dz, uint32_t m,
-                                           uint32_t c, float scale, float *stats)
-{
-  size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / WARP;
-  size_t warps = (size_t)gridDim.x * blockDim.x / WARP;
-  unsigned lane = threadIdx.x % WARP;
-
-  for (size_t row = warp; row < m; row += warps) {
-    const float *zr = z + row * c;
-    float *dr = dz + row * c;
-    uint32_t label = y[row], at = UINT_MAX;
-    float best = 0.0f;
-    double sum = 0.0;
-
-    for (uint32_t j = lane; j < c; j += WARP)
-      if (beats(zr[j], j, best, at)) {
-        best = zr[j];
-        at = j;
-      }
-    for (int off = WARP / 2; off > 0; off /= 2) {
-      float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      uint32_t oa = __shfl_xor_sync(0xffffffffu, at, off);
-
-      if (beats(ob, oa, best, at)) {
-        best = ob;
-        at = oa;
-      }
-    }
-    for (uint32_t j = lane; j < c; j += WARP)
-      sum += (double)expf(zr[j] - best);
-    for (int off = WARP / 2; off > 0; off /= 2)
-      sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    for (uint32_t j = lane; j < c; j += WARP) {
-      float v = __fmul_rn((float)((double)expf(zr[j] - best) / sum), scale);
-
-      dr[j] = j == label ? __fsub_rn(v, scale) : v;
-    }
-    if (lane == 0) {
-      float loss = label < c ? (float)(log(sum) - ((double)zr[label] - best)) : NAN;
-
-      atomicAdd(&stats[0], loss);
-      if (at == label)
-        atomicAdd(&stats[1], 1.0f);
-    }
-  }
-}
 
 /* One SGD step over every segment of a pack (sgd.h): element v of the
  * flattened segments belongs to the last segment whose start is <= v
@@ -327,67 +208,6 @@ static int cuda_zero(gs_device_t *base, void *p, size_t bytes)
   return 0;
 }
 
-/* ---- layers ----------------------------------------------------------- */
-
-/* Row-major y = x W^T is column-major y^T = W x^T: cuBLAS sees W^T [k x n]
- * (transposed back) and x^T [k x m]. */
-static void cuda_linear_forward(gs_device_t *base, const float *x, const float *w, const float *b,
-                                float *y, uint32_t m, uint32_t n, uint32_t k, bool relu)
-{
-  cuda_device_t *d = cd(base);
-  const float one = 1.0f, zero = 0.0f;
-  size_t total = (size_t)m * n;
-
-  if (!dims_ok(d, m, n, k) || note(d, enter(d)))
-    return;
-  if (note(d, GS_CUBLAS_STATUS(base->log,
-                               cublasSgemm(d->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m,
-                                           (int)k, &one, w, (int)k, x, (int)k, &zero, y, (int)n))))
-    return;
-  bias_act_kernel<<<blocks_for(total), THREADS, 0, d->stream>>>(y, b, total, n, relu);
-  LAUNCHED(d);
-}
-
-/* Column-major, gw^T [k x n] = x^T dy and dx^T [k x m] = W^T dy^T, where
- * the row-major buffers already are x^T, dy^T and W^T. */
-static void cuda_linear_backward(gs_device_t *base, const float *x, const float *w, const float *dy,
-                                 float *gw, float *gb, float *dx, uint32_t m, uint32_t n,
-                                 uint32_t k)
-{
-  cuda_device_t *d = cd(base);
-  const float one = 1.0f, zero = 0.0f;
-  size_t total = (size_t)m * k, tiles = ((size_t)n + WARP - 1) / WARP;
-
-  if (!dims_ok(d, m, n, k) || note(d, enter(d)))
-    return;
-  if (note(d, GS_CUBLAS_STATUS(base->log, cublasSgemm(d->blas, CUBLAS_OP_N, CUBLAS_OP_T, (int)k,
-                                                      (int)n, (int)m, &one, x, (int)k, dy, (int)n,
-                                                      &zero, gw, (int)k))))
-    return;
-  column_sum_kernel<<<(unsigned)(tiles < MAX_BLOCKS ? tiles : MAX_BLOCKS),
-                      dim3(WARP, THREADS / WARP), 0, d->stream>>>(dy, gb, m, n);
-  if (LAUNCHED(d) || !dx)
-    return;
-  if (note(d, GS_CUBLAS_STATUS(base->log, cublasSgemm(d->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)k,
-                                                      (int)m, (int)n, &one, w, (int)k, dy, (int)n,
-                                                      &zero, dx, (int)k))))
-    return;
-  relu_mask_kernel<<<blocks_for(total), THREADS, 0, d->stream>>>(dx, x, total);
-  LAUNCHED(d);
-}
-
-static void cuda_softmax_xent(gs_device_t *base, const float *z, const uint8_t *y, float *dz,
-                              uint32_t m, uint32_t c, float *stats)
-{
-  cuda_device_t *d = cd(base);
-
-  if (m == 0 || c == 0 || note(d, enter(d)))
-    return;
-  softmax_xent_kernel<<<blocks_for((size_t)m * WARP), THREADS, 0, d->stream>>>(
-      z, y, dz, m, c, 1.0f / (float)m, stats);
-  LAUNCHED(d);
-}
-
 /* ---- SGD -------------------------------------------------------------- */
 
 /* Whether the cached table still holds what `segs` says. */
@@ -503,6 +323,11 @@ static void cuda_sgd_pack(gs_device_t *base, const gs_sgd_config_t *c, float lr,
 
 /* ---- the device ------------------------------------------------------- */
 
+static void cuda_fail(gs_device_t *base, int err)
+{
+  note(cd(base), err);
+}
+
 static int cuda_sync(gs_device_t *base)
 {
   cuda_device_t *d = cd(base);
@@ -525,7 +350,6 @@ static void cuda_destroy(gs_device_t *base)
   for (uint32_t i = 0; i < d->ntables; i++)
     table_drop(d, &d->tables[i]);
   free(d->tables);
-  GS_CUBLAS_STATUS(base->log, cublasDestroy(d->blas));
   GS_CUDA_STATUS(base->log, cudaStreamDestroy(d->stream));
   free(d);
 }
@@ -539,10 +363,8 @@ static const gs_device_ops_t cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
-    .linear_forward = cuda_linear_forward,
-    .linear_backward = cuda_linear_backward,
-    .softmax_xent = cuda_softmax_xent,
     .sgd_pack = cuda_sgd_pack,
+    .fail = cuda_fail,
     .sync = cuda_sync,
     .destroy = cuda_destroy,
 };
@@ -560,7 +382,7 @@ extern "C" int gs__device_cuda_count(void)
   return n;
 }
 
-/* Opens GPU `index` with its own stream and cuBLAS handle; the caller
+/* Opens GPU `index` with its own stream; the caller
  * destroys it with gs_device_destroy. */
 extern "C" gs_device_t *gs__device_cuda_new(int index, const gs_log_t *log, char *why,
                                             size_t why_len)
@@ -581,6 +403,7 @@ extern "C" gs_device_t *gs__device_cuda_new(int index, const gs_log_t *log, char
   d->base.ops = &cuda_ops;
   d->base.log = log;
   d->base.host_memory = false;
+  d->base.ordinal = index;
   d->index = index;
   snprintf(d->base.label, sizeof(d->base.label), "cuda:%d", index);
   what = "cudaSetDevice";
@@ -591,25 +414,9 @@ extern "C" gs_device_t *gs__device_cuda_new(int index, const gs_log_t *log, char
   }
   if (err)
     goto out_free_device;
-  what = "cublasCreate";
-  err = GS_CUBLAS_STATUS(log, cublasCreate(&d->blas));
-  if (err)
-    goto out_destroy_stream;
-  what = "cublasSetStream";
-  err = GS_CUBLAS_STATUS(log, cublasSetStream(d->blas, d->stream));
-  if (!err) {
-    what = "cublasSetMathMode";
-    err = GS_CUBLAS_STATUS(log, cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH));
-  }
-  if (err)
-    goto out_destroy_blas;
   d->base.stream = (void *)d->stream;
   return &d->base;
 
-out_destroy_blas:
-  GS_CUBLAS_STATUS(log, cublasDestroy(d->blas));
-out_destroy_stream:
-  GS_CUDA_STATUS(log, cudaStreamDestroy(d->stream));
 out_free_device:
   snprintf(why, why_len, "cuda:%d: %s failed: %s (the log has the library's message)", index, what,
            gs_strerror(err));

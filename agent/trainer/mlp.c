@@ -15,6 +15,8 @@
 
 #include "mlp.h"
 
+#include "kernels.h"
+
 #define MLP_MAX_WIDTHS 16
 #define MLP_MAX_WIDTH 1000000u
 #define MLP_ALIGN_FLOATS 16 /* scratch buffers start on 64-byte boundaries */
@@ -32,8 +34,9 @@ struct gs_mlp {
   uint32_t nlayers, max_batch;
   uint32_t batch; /* of the last successful forward; 0 when there is none */
   gs_device_t *dev;
-  float *scratch; /* device memory holding every layer's h and dh */
-  float *stats;   /* device: summed loss and correct count of the last forward */
+  gs_kernels_t *kn; /* the layer kernels for dev's kind */
+  float *scratch;   /* device memory holding every layer's h and dh */
+  float *stats;     /* device: summed loss and correct count of the last forward */
   mlp_layer_t layer[MLP_MAX_WIDTHS - 1];
 };
 
@@ -150,10 +153,15 @@ gs_mlp_t *gs_mlp_new(gs_device_t *dev, const uint32_t *sizes, uint32_t n, uint32
     snprintf(m->layer[l].wname, sizeof(m->layer[l].wname), "fc%u.weight", l + 1);
     snprintf(m->layer[l].bname, sizeof(m->layer[l].bname), "fc%u.bias", l + 1);
   }
-  if (alloc_scratch(m, why, why_len))
+  m->kn = gs_kernels_new(dev, why, why_len);
+  if (!m->kn)
     goto out_free_model;
+  if (alloc_scratch(m, why, why_len))
+    goto out_free_kernels;
   return m;
 
+out_free_kernels:
+  gs_kernels_free(m->kn);
 out_free_model:
   free(m);
   return NULL;
@@ -164,6 +172,7 @@ void gs_mlp_free(gs_mlp_t *m)
   if (!m)
     return;
   gs_device_free(m->dev, m->scratch);
+  gs_kernels_free(m->kn);
   free(m);
 }
 
@@ -354,13 +363,13 @@ float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t bat
   for (l = 0; l < m->nlayers; l++) {
     mlp_layer_t *ly = &m->layer[l];
 
-    gs_device_linear_forward(m->dev, in, ly->w, ly->b, ly->h, batch, ly->out, ly->in,
-                             l + 1 < m->nlayers);
+    gs_kernels_linear_forward(m->kn, in, ly->w, ly->b, ly->h, batch, ly->out, ly->in,
+                              l + 1 < m->nlayers);
     in = ly->h;
   }
   if (gs_device_zero(m->dev, m->stats, 2 * sizeof(float)))
     return NAN;
-  gs_device_softmax_xent(m->dev, top->h, y, top->dh, batch, top->out, m->stats);
+  gs_kernels_softmax_xent(m->kn, top->h, y, top->dh, batch, top->out, m->stats);
   /* The loss decides this step's control flags, so it is read back now. */
   if (gs_device_download(m->dev, stats, m->stats, sizeof(stats)))
     return NAN;
@@ -406,8 +415,8 @@ void gs_mlp_backward(gs_mlp_t *m, const float *x, gs_grad_ready_fn ready, void *
     mlp_layer_t *ly = &m->layer[l];
     const float *in = l ? m->layer[l - 1].h : x;
 
-    gs_device_linear_backward(m->dev, in, ly->w, ly->dh, ly->gw, ly->gb,
-                              l ? m->layer[l - 1].dh : NULL, batch, ly->out, ly->in);
+    gs_kernels_linear_backward(m->kn, in, ly->w, ly->dh, ly->gw, ly->gb,
+                               l ? m->layer[l - 1].dh : NULL, batch, ly->out, ly->in);
     if (ready) {
       ready(arg, 2 * l);
       ready(arg, 2 * l + 1);

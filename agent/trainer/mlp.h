@@ -1,7 +1,8 @@
 /* The reference model: a multilayer perceptron, fully connected layers with
  * ReLU between them and softmax cross-entropy on top, on a compute device
- * (device.h: OpenBLAS on the CPU, cuBLAS and CUDA kernels on a GPU); the
- * model never branches on which.
+ * (device.h for memory and streams, kernels.h for the layers: OpenBLAS on
+ * the CPU, cuBLAS and CUDA kernels on a GPU); the model never branches on
+ * which.
  *
  * The model does not own its parameters or gradients: the sync engine's
  * packs do, and the model gets views into them (gs_mlp_bind). Parameters in

@@ -1,5 +1,7 @@
-/* Tests for agent/device_cuda.cu against agent/device_cpu.c: every
- * operation runs on both devices with the same fresh random inputs (the
+/* Tests for the cuda device and the MLP's cuda kernels
+ * (agent/device/device_cuda.cu, agent/trainer/kernels_cuda.cu) against the
+ * cpu ones (device_cpu.c, kernels_cpu.c): every operation runs on both
+ * devices with the same fresh random inputs (the
  * seed is printed on failure), outputs are filled with NaN beforehand so an
  * element a kernel never writes is caught, and results must agree to a
  * relative error ||gpu - cpu|| / ||cpu|| below 1e-5.
@@ -17,6 +19,7 @@
 
 #include "device.h"
 #include "gpu_check.h"
+#include "kernels.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define TOLERANCE 1e-5
@@ -30,6 +33,7 @@ typedef struct shape {
 /* Both devices, the log they share and the test's random stream. */
 typedef struct pair {
   gs_device_t *dev[2];
+  gs_kernels_t *kn[2]; /* the MLP's kernels on each */
   gs_log_t log;
   unsigned long long seed;
   uint64_t rng;
@@ -83,12 +87,17 @@ static void pair_open(pair_t *p)
   ck_assert_msg(p->dev[CPU], "cpu device: %s", why);
   p->dev[GPU] = gs_device_open("cuda", 0, &p->log, why, sizeof(why));
   ck_assert_msg(p->dev[GPU], "cuda device: %s", why);
+  for (int i = 0; i < 2; i++) {
+    p->kn[i] = gs_kernels_new(p->dev[i], why, sizeof(why));
+    ck_assert_msg(p->kn[i], "%s kernels: %s", p->dev[i]->label, why);
+  }
 }
 
 static void pair_close(pair_t *p)
 {
   for (int i = 0; i < 2; i++) {
     ck_assert_int_eq(gs_device_sync(p->dev[i]), 0);
+    gs_kernels_free(p->kn[i]);
     gs_device_destroy(p->dev[i]);
   }
 }
@@ -192,8 +201,8 @@ START_TEST(linear_forward)
       char what[96];
 
       for (int i = 0; i < 2; i++)
-        gs_device_linear_forward(p.dev[i], tx.at[i], tw.at[i], tb.at[i], ty.at[i], sh.m, sh.n, sh.k,
-                                 relu);
+        gs_kernels_linear_forward(p.kn[i], tx.at[i], tw.at[i], tb.at[i], ty.at[i], sh.m, sh.n, sh.k,
+                                  relu);
       snprintf(what, sizeof(what), "forward m=%u n=%u k=%u relu=%d: y", sh.m, sh.n, sh.k, relu);
       expect_twin(&p, what, &ty);
       twin_free(&p, &ty);
@@ -229,8 +238,8 @@ static void run_backward(pair_t *p, shape_t sh, bool with_dx)
   tgb = twin_poisoned(p, sh.n);
   tdx = twin_poisoned(p, nx);
   for (int i = 0; i < 2; i++)
-    gs_device_linear_backward(p->dev[i], tx.at[i], tw.at[i], tdy.at[i], tgw.at[i], tgb.at[i],
-                              with_dx ? tdx.at[i] : NULL, sh.m, sh.n, sh.k);
+    gs_kernels_linear_backward(p->kn[i], tx.at[i], tw.at[i], tdy.at[i], tgw.at[i], tgb.at[i],
+                               with_dx ? tdx.at[i] : NULL, sh.m, sh.n, sh.k);
   snprintf(what, sizeof(what), "backward m=%u n=%u k=%u: gw", sh.m, sh.n, sh.k);
   expect_twin(p, what, &tgw);
   snprintf(what, sizeof(what), "backward m=%u n=%u k=%u: gb", sh.m, sh.n, sh.k);
@@ -299,7 +308,7 @@ static void run_xent(pair_t *p, uint32_t m, uint32_t c, bool nan_label)
   tdz = twin_poisoned(p, (size_t)m * c);
   ts = twin_in(p, stats0, sizeof(stats0));
   for (int i = 0; i < 2; i++)
-    gs_device_softmax_xent(p->dev[i], tz.at[i], ty.at[i], tdz.at[i], m, c, ts.at[i]);
+    gs_kernels_softmax_xent(p->kn[i], tz.at[i], ty.at[i], tdz.at[i], m, c, ts.at[i]);
   snprintf(what, sizeof(what), "softmax_xent m=%u c=%u: dz", m, c);
   expect_twin(p, what, &tdz);
   twin_out(p, &ts, out);
