@@ -11,8 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <gradsync/engine.h>
+
 #include "checkpoint.h"
-#include "engine.h"
+#include "device.h"
 #include "harness.h"
 
 #define MAX_WORLD 4

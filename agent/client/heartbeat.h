@@ -9,17 +9,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <gradsync/engine.h>
+
 #include "client.h"
 #include "error.h"
 
-/* What the rank reports; written by the training thread, read by the heartbeat thread. */
-typedef struct gs_progress {
-  uint64_t step;
-  float loss;
-  float samples_per_sec;
-  float compute_ms;   /* per step, recent average */
-  float comm_wait_ms; /* per step, recent average */
-} gs_progress_t;
+/* What the rank reports (gs_progress_t, public in gradsync/engine.h) is
+ * written by the training thread and read by the heartbeat thread. */
 
 /* The coordinator's directives as the last reply carried them. */
 typedef struct gs_directives {

@@ -14,19 +14,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <gradsync/engine.h> /* gs_reduce_op_t and its names */
+
 #include "error.h"
 #include "log.h"
 #include "device.h"
 #include "packlist.h"
-
-typedef enum gs_reduce_op {
-  GS_REDUCE_SUM = 0,
-  GS_REDUCE_MEAN, /* the sum divided by the world size */
-} gs_reduce_op_t;
-
-/* Parses "sum" or "mean". */
-int gs_reduce_op_parse(const char *s, gs_reduce_op_t *out) GS_WARN_UNUSED;
-const char *gs_reduce_op_name(gs_reduce_op_t op);
 
 /* What a backend needs to connect the ranks of one generation. */
 typedef struct gs_comm_setup {

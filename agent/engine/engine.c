@@ -1,6 +1,6 @@
 /* The sync engine: rendezvous, packs, overlapped allreduce on a comm thread,
  * SGD per pack, the control vector, broadcast period and checkpoints. */
-#include "engine.h"
+#include <gradsync/engine.h>
 
 #include <inttypes.h>
 #include <math.h>
@@ -12,7 +12,14 @@
 #include <time.h>
 
 #include "checkpoint.h"
+#include "client.h"
+#include "comm.h"
+#include "device.h"
+#include "error.h"
+#include "heartbeat.h"
+#include "log.h"
 #include "packs.h"
+#include "sgd.h"
 #include "clock.h"
 
 /* The control vector: fixed slots, then one bit per rank for a non-finite
@@ -45,7 +52,10 @@ typedef struct comm_job {
 } comm_job_t;
 
 struct gs_engine {
-  gs_engine_config_t cfg;
+  gs_engine_config_t cfg; /* its strings point at the copies below */
+  char *job, *token, *checkpoint_dir;
+  gs_log_t log;  /* cfg.log when the caller gave none */
+  bool owns_dev; /* cfg.dev was opened by start (from cfg.device) */
   char error[768];
   gs_packs_t packs;
   gs_client_t *client;
@@ -80,7 +90,7 @@ struct gs_engine {
   float *ctl;             /* host copy of the control vector */
   float *ctl_dev;         /* where it rides: after the grads of the last pack */
   size_t nctl;
-  void *aux_dev;          /* device staging for small host buffers (stream-ordered) */
+  void *aux_dev; /* device staging for small host buffers (stream-ordered) */
   gs_position_t after;
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
@@ -96,6 +106,13 @@ static void set_error(gs_engine_t *e, const char *fmt, ...)
   va_end(ap);
 }
 
+/* A copy of `s` in *copy (NULL stays NULL); false when out of memory. */
+static bool copy_string(const char *s, char **copy)
+{
+  *copy = s ? strdup(s) : NULL;
+  return !s || *copy;
+}
+
 gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
 {
   gs_engine_t *e = calloc(1, sizeof(*e));
@@ -103,6 +120,22 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
   if (!e)
     return NULL;
   e->cfg = *cfg;
+  if (!copy_string(cfg->coord.job, &e->job) || !copy_string(cfg->coord.token, &e->token) ||
+      !copy_string(cfg->checkpoint_dir, &e->checkpoint_dir)) {
+    free(e->job);
+    free(e->token);
+    free(e->checkpoint_dir);
+    free(e);
+    return NULL;
+  }
+  e->cfg.coord.job = e->job;
+  e->cfg.coord.token = e->token;
+  e->cfg.checkpoint_dir = e->checkpoint_dir;
+  e->log = (gs_log_t){GS_LOG_INFO, NULL, "gradsync"};
+  if (!e->cfg.log)
+    e->cfg.log = &e->log;
+  if (!e->cfg.coord.log)
+    e->cfg.coord.log = e->cfg.log;
   e->repeated_param = -1;
   gs_packs_init(&e->packs);
   pthread_mutex_init(&e->mu, NULL);
@@ -113,6 +146,11 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
 const char *gs_engine_error(const gs_engine_t *e)
 {
   return e->error[0] ? e->error : "no error";
+}
+
+const char *gs_engine_strerror(int err)
+{
+  return gs_strerror(err);
 }
 
 int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements, bool is_bias)
@@ -238,8 +276,8 @@ static int wait_job(gs_engine_t *e, comm_job_t *job)
  * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
 static int comm_failed(gs_engine_t *e, int err, const char *what)
 {
-  double until =
-      gs_now_ms_f() + (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
+  double until = gs_now_ms_f() +
+                 (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
   char why[300] = "";
 
   while (e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && gs_now_ms_f() < until) {
@@ -462,18 +500,31 @@ static int alloc_step_state(gs_engine_t *e)
   e->ticket = calloc(packs + 1, sizeof(*e->ticket));
   e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl * sizeof(float));
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
-  if (!e->jobs || !e->queue || !e->ready || !e->launched || !e->ticket || !e->ctl ||
-      !e->aux_dev) {
+  if (!e->jobs || !e->queue || !e->ready || !e->launched || !e->ticket || !e->ctl || !e->aux_dev) {
     set_error(e, "out of memory");
     return GS_ENOMEM;
   }
   return 0;
 }
 
+/* The coordinator client's view of the config. */
+static gs_client_config_t client_config(const gs_engine_t *e)
+{
+  gs_client_config_t c = {
+      .port = e->cfg.coord.port,
+      .token = e->cfg.coord.token,
+      .job = e->cfg.coord.job,
+      .log = e->cfg.coord.log,
+  };
+
+  snprintf(c.host, sizeof(c.host), "%s", e->cfg.coord.host);
+  return c;
+}
+
 static int start_threads(gs_engine_t *e)
 {
   gs_heartbeat_config_t hc = {
-      .client = e->cfg.coord,
+      .client = client_config(e),
       .generation = e->join.generation,
       .rank = e->join.rank,
       .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
@@ -496,6 +547,28 @@ static int start_threads(gs_engine_t *e)
   return 0;
 }
 
+/* Opens the device cfg.device names ("cpu", "cuda", "cuda:N") for a
+ * caller that passed none; gs_engine_free closes it. */
+static int open_device(gs_engine_t *e)
+{
+  const char *name = e->cfg.device[0] ? e->cfg.device : "cpu";
+  bool cpu = strcmp(name, "cpu") == 0;
+  char why[256];
+  int index = 0;
+
+  if (!cpu && strcmp(name, "cuda") != 0 && (sscanf(name, "cuda:%d", &index) != 1 || index < 0)) {
+    set_error(e, "unknown device '%s' (cpu, cuda or cuda:N)", name);
+    return GS_EINVAL;
+  }
+  e->cfg.dev = gs_device_open(cpu ? "cpu" : "cuda", index, e->cfg.log, why, sizeof(why));
+  if (!e->cfg.dev) {
+    set_error(e, "cannot open device %s: %s", name, why);
+    return GS_EUNAVAIL;
+  }
+  e->owns_dev = true;
+  return 0;
+}
+
 int gs_engine_start(gs_engine_t *e)
 {
   char comm_addr[256];
@@ -511,10 +584,15 @@ int gs_engine_start(gs_engine_t *e)
     return GS_EINVAL;
   }
   if (!e->cfg.dev) {
-    set_error(e, "no compute device");
-    return GS_EINVAL;
+    err = open_device(e);
+    if (err)
+      return err;
   }
-  e->client = gs_client_new(&e->cfg.coord);
+  {
+    gs_client_config_t cc = client_config(e);
+
+    e->client = gs_client_new(&cc);
+  }
   e->comm = gs_comm_new(e->cfg.backend, e->cfg.log);
   if (!e->client || !e->comm) {
     set_error(e, e->comm ? "out of memory" : "unknown backend '%s'", e->cfg.backend);
@@ -523,8 +601,8 @@ int gs_engine_start(gs_engine_t *e)
   /* Blocking backends move host memory, stream-ordered ones device memory. */
   if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
     set_error(e, "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
-              gs_comm_name(e->comm), e->cfg.dev->label,
-              e->cfg.dev->host_memory ? "host" : "nccl", e->cfg.dev->host_memory ? "cpu" : "cuda");
+              gs_comm_name(e->comm), e->cfg.dev->label, e->cfg.dev->host_memory ? "host" : "nccl",
+              e->cfg.dev->host_memory ? "cpu" : "cuda");
     return GS_EINVAL;
   }
   err = gs_comm_listen(e->comm, e->cfg.comm_host, comm_addr, sizeof(comm_addr));
@@ -593,8 +671,8 @@ static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, bool download)
     float *src = b[i].data;
 
     b[i].data = malloc(b[i].count * sizeof(float) + 1);
-    if (!b[i].data || (download && gs_device_download(e->cfg.dev, b[i].data, src,
-                                                      b[i].count * sizeof(float)))) {
+    if (!b[i].data ||
+        (download && gs_device_download(e->cfg.dev, b[i].data, src, b[i].count * sizeof(float)))) {
       for (uint32_t j = 0; j <= i; j++)
         free(b[j].data);
       free(b);
@@ -792,8 +870,10 @@ static void launch(gs_engine_t *e, uint32_t k)
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
     if (e->nlaunched == e->packs.list.pack_count && e->join.world_size > 1) {
-      *job = (comm_job_t){.op = OP_ALLREDUCE, .buf = pk->grads,
-                          .count = pk->elements + pk->extra, .state = JOB_DEFERRED};
+      *job = (comm_job_t){.op = OP_ALLREDUCE,
+                          .buf = pk->grads,
+                          .count = pk->elements + pk->extra,
+                          .state = JOB_DEFERRED};
       return;
     }
     enqueue(e, job, OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
@@ -1037,7 +1117,12 @@ void gs_engine_free(gs_engine_t *e)
     gs_device_host_free(e->cfg.dev, e->ctl);
     gs_device_free(e->cfg.dev, e->aux_dev);
   }
+  if (e->owns_dev)
+    gs_device_destroy(e->cfg.dev);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
+  free(e->job);
+  free(e->token);
+  free(e->checkpoint_dir);
   free(e);
 }

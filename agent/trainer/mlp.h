@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <gradsync/engine.h> /* gs_grad_ready_fn */
+
 #include "device.h"
 #include "error.h"
 #include "packlist.h"
@@ -58,9 +60,6 @@ int gs_mlp_init_params(gs_mlp_t *m, uint64_t seed) GS_WARN_UNUSED;
  * argmax hits (NULL to skip). Waits for the device to read the loss. */
 float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
                      uint32_t *correct);
-
-/* Called by backward as each parameter's gradient becomes final. */
-typedef void (*gs_grad_ready_fn)(void *arg, uint32_t param_index);
 
 /* Backward pass for the last forward: writes (overwrites) every bound
  * gradient with d(mean loss)/d(param), last layer first, and calls

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include <gradsync/engine.h>
 
 #define GS_TRAINER_MAX_LAYERS 16
 

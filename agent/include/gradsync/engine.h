@@ -1,0 +1,251 @@
+/* libgradsync: the sync engine, what a training program links to train
+ * data-parallel with gradsync.
+ *
+ * It joins the job through the coordinator, builds the packs that store the
+ * parameters (pack list from rank 0), connects the collective backend, and
+ * then, step by step, overlaps each pack's gradient allreduce with the rest
+ * of backward (a comm thread takes packs off a queue as their last gradient
+ * is reported), runs the fused SGD step of each pack once its allreduce is
+ * done, and carries the control vector: a few floats appended to the grads
+ * of the pack reduced last, so every rank reads the same decisions (stop,
+ * new broadcast period, broadcast now, checkpoint now, non-finite loss) at
+ * the same step with no extra round trip.
+ *
+ * Usage: config_defaults -> set the fields -> new -> register (forward
+ * order) -> start -> bind the model's tensors to gs_engine_param/grad ->
+ * initialise params -> sync_initial -> per step: forward, begin_step(loss),
+ * backward calling grad_ready for each param, end_step -> finish -> free.
+ * Not thread-safe: one training thread.
+ *
+ * Errors: functions that act return 0 or a negative code of gradsync's
+ * error table; gs_engine_strerror names one, and gs_engine_error says what
+ * went wrong in words. This header is self-contained: C11 and standard
+ * headers only; build with `pkg-config --cflags --libs gradsync`. */
+#ifndef GRADSYNC_ENGINE_H
+#define GRADSYNC_ENGINE_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What libgradsync exports (everything else in it is hidden). */
+#if defined(__GNUC__)
+#define GS_ENGINE_API __attribute__((visibility("default")))
+#define GS_ENGINE_WARN_UNUSED __attribute__((warn_unused_result))
+#else
+#define GS_ENGINE_API
+#define GS_ENGINE_WARN_UNUSED
+#endif
+
+/* ---- opaque types ------------------------------------------------------ */
+
+typedef struct gs_engine gs_engine_t;
+/* A log sink and a compute device of gradsync's own programs (the
+ * reference trainer passes its own); other programs leave them NULL. */
+struct gs_log;
+struct gs_device;
+
+/* ---- configuration ----------------------------------------------------- */
+
+/* How gradients combine across ranks. */
+typedef enum gs_reduce_op {
+  GS_REDUCE_SUM = 0,
+  GS_REDUCE_MEAN, /* the sum divided by the world size */
+} gs_reduce_op_t;
+
+typedef enum gs_lr_schedule {
+  GS_LR_CONSTANT = 0,
+  GS_LR_STEP,   /* lr * gamma^floor(step / step_size) */
+  GS_LR_COSINE, /* lr * (1 + cos(pi * step / total_steps)) / 2 */
+} gs_lr_schedule_t;
+
+/* SGD with momentum and weight decay, PyTorch's semantics (torch.optim.SGD
+ * with dampening 0), plus Detectron's per-parameter rules (bias LR
+ * multiplier and bias weight decay) and a learning-rate schedule. */
+typedef struct gs_sgd_config {
+  float lr;              /* base learning rate (default 0.05) */
+  float momentum;        /* default 0.9 */
+  float weight_decay;    /* default 5e-4 */
+  bool nesterov;         /* needs momentum > 0 */
+  float bias_lr_mult;    /* LR multiplier of biases (default 1; Detectron 2) */
+  float bias_wd;         /* weight decay of biases (default: weight_decay; Detectron 0) */
+  uint64_t warmup_steps; /* linear warmup from warmup_factor * lr (default 0) */
+  float warmup_factor;   /* default 1/3, as Detectron */
+  gs_lr_schedule_t schedule;
+  uint64_t step_size;   /* GS_LR_STEP */
+  float gamma;          /* GS_LR_STEP, default 0.1 */
+  uint64_t total_steps; /* GS_LR_COSINE */
+} gs_sgd_config_t;
+
+/* Where the coordinator is and which job to join. */
+typedef struct gs_engine_coord {
+  char host[256];           /* address (default "127.0.0.1") */
+  uint16_t port;            /* its RPC port (required) */
+  const char *token;        /* shared secret or NULL; copied by gs_engine_new; never logged */
+  const char *job;          /* job name (default "local"); copied by gs_engine_new */
+  const struct gs_log *log; /* borrowed; NULL: the engine's log */
+} gs_engine_coord_t;
+
+/* Everything gs_engine_new needs. Start from gs_engine_config_defaults.
+ * gs_engine_new copies the struct and every string it points to; the
+ * pointers marked "borrowed" must outlive the engine. */
+typedef struct gs_engine_config {
+  gs_engine_coord_t coord;
+  uint32_t world_size; /* ranks in the job (default 1) */
+  char node[256];      /* this machine (ranks sort by node, then local_rank; default: host name) */
+  uint32_t local_rank;
+  /* Where params, grads and momentum live: borrowed when not NULL (a
+   * device gradsync's own trainer opened); NULL: the engine opens the
+   * device named by `device` ("cpu", "cuda" or "cuda:N") and closes it in
+   * gs_engine_free. */
+  struct gs_device *dev;
+  char device[64];         /* "cpu" (default), "cuda:0" (also shown in status) */
+  char backend[16];        /* "host" (default; cpu device) or "nccl" (cuda device) */
+  char comm_host[256];     /* address the backend listens on and peers dial (default "127.0.0.1") */
+  uint64_t pack_threshold; /* largest gradient pack in bytes (default 10 MiB) */
+  gs_reduce_op_t reduce;   /* default GS_REDUCE_MEAN */
+  gs_sgd_config_t sgd;
+  int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
+  const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
+  uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
+  uint32_t checkpoint_keep;   /* default 3 */
+  bool resume;                /* start from the newest valid checkpoint */
+  uint64_t join_timeout_ms;   /* waiting for the other ranks (default 5 min) */
+  uint64_t rpc_timeout_ms;    /* any other coordinator call (default 30 s) */
+  uint64_t comm_timeout_ms;   /* no progress inside a collective (default 2 min) */
+  /* Set by the owner's SIGTERM handler to stop every rank at the same
+   * step; borrowed; may be NULL. */
+  volatile sig_atomic_t *term_flag;
+  const struct gs_log *log; /* borrowed; NULL: info and above to stderr */
+} gs_engine_config_t;
+
+/* Fills `cfg` with the defaults above (port and world size still to set). */
+GS_ENGINE_API void gs_engine_config_defaults(gs_engine_config_t *cfg);
+
+/* The SGD defaults of gs_sgd_config_t. */
+GS_ENGINE_API void gs_sgd_config_default(gs_sgd_config_t *c);
+/* A negative code with a reason in `why` for nonsense (negative lr or
+ * decay, momentum outside [0, 1), nesterov without momentum, a step
+ * schedule without step_size, ...). */
+GS_ENGINE_API int gs_sgd_config_check(const gs_sgd_config_t *c, char *why,
+                                      size_t why_len) GS_ENGINE_WARN_UNUSED;
+/* "constant", "step" or "cosine"; "sum" or "mean". */
+GS_ENGINE_API int gs_lr_schedule_parse(const char *s, gs_lr_schedule_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_lr_schedule_name(gs_lr_schedule_t s);
+GS_ENGINE_API int gs_reduce_op_parse(const char *s, gs_reduce_op_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_reduce_op_name(gs_reduce_op_t op);
+
+/* ---- training ---------------------------------------------------------- */
+
+/* Where training stands; checkpoints store it. */
+typedef struct gs_position {
+  uint64_t step; /* steps completed */
+  uint64_t epoch;
+  uint64_t rng_state;
+} gs_position_t;
+
+/* What end_step decided (identically on every rank). */
+typedef struct gs_step_result {
+  bool stop;             /* stop after this step */
+  char stop_reason[160]; /* why, when stop */
+  int32_t bcast_period;  /* in effect from the next step */
+  bool period_changed;   /* the coordinator changed it at this step */
+  bool broadcast;        /* params were broadcast from rank 0 after this step */
+  bool checkpoint;       /* a checkpoint was taken after this step */
+  double comm_wait_ms;   /* time end_step waited for allreduces */
+  double optimizer_ms;   /* time end_step spent in (or waiting for) SGD */
+} gs_step_result_t;
+
+/* What the rank reports to the coordinator (sent with the next heartbeat). */
+typedef struct gs_progress {
+  uint64_t step;
+  float loss;
+  float samples_per_sec;
+  float compute_ms;   /* per step, recent average */
+  float comm_wait_ms; /* per step, recent average */
+} gs_progress_t;
+
+/* Called by a model's backward as each parameter's gradient becomes final
+ * (gs_engine_grad_ready is one, with the engine as `arg`). */
+typedef void (*gs_grad_ready_fn)(void *arg, uint32_t param_index);
+
+/* Copies the config and its strings. NULL on allocation failure. */
+GS_ENGINE_API gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg);
+/* Stops the threads, closes connections (and a device the engine opened)
+ * and frees (NULL is a no-op). */
+GS_ENGINE_API void gs_engine_free(gs_engine_t *e);
+
+/* The reason for the first failure, for the user (owned by the engine). */
+GS_ENGINE_API const char *gs_engine_error(const gs_engine_t *e);
+/* The name of an error code ("timed out", ...); static storage. */
+GS_ENGINE_API const char *gs_engine_strerror(int err);
+
+/* Registers a float32 parameter, in forward order (`name` is copied).
+ * Returns its index or a negative code. */
+GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements,
+                                     bool is_bias);
+
+/* Joins the job, agrees on the pack list, allocates the packs, connects the
+ * ranks and starts the heartbeat. */
+GS_ENGINE_API int gs_engine_start(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
+
+GS_ENGINE_API uint32_t gs_engine_rank(const gs_engine_t *e);
+GS_ENGINE_API uint32_t gs_engine_world_size(const gs_engine_t *e);
+GS_ENGINE_API uint64_t gs_engine_generation(const gs_engine_t *e);
+GS_ENGINE_API uint32_t gs_engine_pack_count(const gs_engine_t *e);
+GS_ENGINE_API int32_t gs_engine_bcast_period(const gs_engine_t *e);
+
+/* Views of parameter i and its gradient in the packs (after start), in the
+ * device's memory: plain host memory on the cpu device. */
+GS_ENGINE_API float *gs_engine_param(const gs_engine_t *e, uint32_t i);
+GS_ENGINE_API float *gs_engine_grad(const gs_engine_t *e, uint32_t i);
+
+/* Makes every rank start from the same state: with resume rank 0 loads
+ * the newest valid checkpoint and broadcasts params, momentum and position
+ * (`pos` is overwritten); otherwise, unless the broadcast period is -1,
+ * rank 0's params are broadcast. */
+GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
+
+/* After forward, before backward: `loss` is this rank's loss (a non-finite
+ * one stops every rank at this step), `after` the position once this step
+ * is done (what a checkpoint at its end records). */
+GS_ENGINE_API void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after);
+
+/* Backward reports parameter i's gradient as final (a gs_grad_ready_fn:
+ * `engine` is the gs_engine_t). The pack's allreduce starts when its last
+ * gradient is in. */
+GS_ENGINE_API void gs_engine_grad_ready(void *engine, uint32_t i);
+
+/* Waits for every pack's allreduce, applies SGD pack by pack as each is
+ * done, then acts on the control vector. Errors (a parameter without a
+ * gradient, a non-finite loss on any rank, a failed or aborted collective)
+ * are returned with gs_engine_error saying what happened. */
+GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
+
+/* Sums `n` floats over all ranks in place (metrics such as validation
+ * accuracy); `buf` is host memory. Not during a step. */
+GS_ENGINE_API int gs_engine_allreduce_sum(gs_engine_t *e, float *buf,
+                                          size_t n) GS_ENGINE_WARN_UNUSED;
+
+/* Rank 0 writes a checkpoint of the current params and momentum at `pos`
+ * (no-op elsewhere, and without a checkpoint dir). */
+GS_ENGINE_API int gs_engine_checkpoint(gs_engine_t *e,
+                                       const gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
+
+/* Progress for the coordinator (copied; sent with the next heartbeat). */
+GS_ENGINE_API void gs_engine_report(gs_engine_t *e, const gs_progress_t *p);
+
+/* Leaves the job (finished or failed, with a reason), stops the heartbeat
+ * and closes the collective connections. */
+GS_ENGINE_API void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
