@@ -116,12 +116,12 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
 
     if (count && !st->bufs[i].data) {
       gs_set_why(why, why_len, "checkpoint buffer %u has %llu elements but no data", i,
-              (unsigned long long)count);
+                 (unsigned long long)count);
       return GS_EINVAL;
     }
     if (count > (MAX_FILE_BYTES - total - COUNT_LEN) / sizeof(float)) {
       gs_set_why(why, why_len, "checkpoint buffer %u: %llu elements is too many", i,
-              (unsigned long long)count);
+                 (unsigned long long)count);
       return GS_ERANGE;
     }
     total += COUNT_LEN + count * sizeof(float);
@@ -406,7 +406,7 @@ static int read_span(int fd, const char *path, void *buf, size_t len, uint64_t *
       return sys_fail(why, why_len, path, "read");
     if (n == 0) {
       gs_set_why(why, why_len, "%s: shrank while being read (ends at %llu bytes)", path,
-              (unsigned long long)(*off + done));
+                 (unsigned long long)(*off + done));
       return GS_EIO;
     }
     done += (size_t)n;
@@ -430,7 +430,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
 
   if (size < HDR_LEN + TRAILER_LEN) {
     gs_set_why(why, why_len, "%s: truncated (%llu bytes, a checkpoint has at least %d)", path,
-            (unsigned long long)size, HDR_LEN + TRAILER_LEN);
+               (unsigned long long)size, HDR_LEN + TRAILER_LEN);
     return GS_EPROTO;
   }
   err = read_span(fd, path, raw, HDR_LEN, &off, &crc, why, why_len);
@@ -444,12 +444,12 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
                          gs_load_le64(raw + 24), gs_load_le64(raw + 32), gs_load_le64(raw + 40)};
   if (h->version != CKPT_VERSION) {
     gs_set_why(why, why_len, "%s: format version %u, this build reads version %d", path, h->version,
-            CKPT_VERSION);
+               CKPT_VERSION);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
     gs_set_why(why, why_len, "%s: layout hash 0x%016llx differs from the expected 0x%016llx", path,
-            (unsigned long long)h->layout_hash, (unsigned long long)st->layout_hash);
+               (unsigned long long)h->layout_hash, (unsigned long long)st->layout_hash);
     return GS_EPRECOND;
   }
   if (h->nbuf != st->nbuf) {
@@ -462,7 +462,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
 
     if (need + COUNT_LEN > size - TRAILER_LEN) {
       gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before buffer %u)", path,
-              (unsigned long long)size, i);
+                 (unsigned long long)size, i);
       return GS_EPROTO;
     }
     off = need;
@@ -472,7 +472,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     count = gs_load_le64(count_raw);
     if (count != st->bufs[i].count) {
       gs_set_why(why, why_len, "%s: buffer %u has %llu elements, expected %llu", path, i,
-              (unsigned long long)count, (unsigned long long)st->bufs[i].count);
+                 (unsigned long long)count, (unsigned long long)st->bufs[i].count);
       return GS_EPRECOND;
     }
     need += COUNT_LEN + count * sizeof(float); /* bounded by check_state */
@@ -480,8 +480,8 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   need += TRAILER_LEN;
   if (size != need) {
     gs_set_why(why, why_len, "%s: %s (%llu bytes, header and counts say %llu)", path,
-            size < need ? "truncated" : "trailing bytes", (unsigned long long)size,
-            (unsigned long long)need);
+               size < need ? "truncated" : "trailing bytes", (unsigned long long)size,
+               (unsigned long long)need);
     return GS_EPROTO;
   }
   off = size - TRAILER_LEN;
@@ -555,20 +555,21 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   if (err)
     goto out_close;
   if (crc != file_crc) {
-    gs_set_why(why, why_len, "%s: CRC mismatch (file 0x%08x, computed 0x%08x)", path, file_crc, crc);
+    gs_set_why(why, why_len, "%s: CRC mismatch (file 0x%08x, computed 0x%08x)", path, file_crc,
+               crc);
     err = GS_EPROTO;
     goto out_close;
   }
   if (parse_name(base, &name_step) && name_step != h.step) {
     gs_set_why(why, why_len, "%s: holds step %llu, not the step its name says", path,
-            (unsigned long long)h.step);
+               (unsigned long long)h.step);
     err = GS_EPROTO;
     goto out_close;
   }
   err = stream_crc(fd, path, st, true, scratch, &crc, why, why_len);
   if (!err && crc != file_crc) {
     gs_set_why(why, why_len, "%s: changed while being loaded (CRC 0x%08x, then 0x%08x)", path,
-            file_crc, crc);
+               file_crc, crc);
     err = GS_EIO;
   }
   if (!err) {

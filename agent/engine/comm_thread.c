@@ -1,0 +1,179 @@
+/* The engine's comm thread: it takes packs' allreduces off a queue (for a
+ * blocking backend such as host) while the training thread goes on with
+ * backward; and the collectives run at once outside a step. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "engine_internal.h"
+
+int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
+{
+  if (job->op == OP_ALLREDUCE)
+    return gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  return gs_comm_broadcast(e->comm, job->buf, job->count, 0);
+}
+
+static void *comm_main(void *arg)
+{
+  gs_engine_t *e = arg;
+
+  pthread_mutex_lock(&e->mu);
+  while (!e->quit) {
+    comm_job_t *job;
+    int err;
+
+    if (e->qhead == e->qtail) {
+      pthread_cond_wait(&e->cv, &e->mu);
+      continue;
+    }
+    job = e->queue[e->qhead++ % e->qcap];
+    pthread_mutex_unlock(&e->mu);
+    err = gs__engine_run_job(e, job);
+    pthread_mutex_lock(&e->mu);
+    job->err = err;
+    job->state = JOB_DONE;
+    pthread_cond_broadcast(&e->cv);
+  }
+  /* Whatever is still queued fails: the engine is shutting down. */
+  while (e->qhead != e->qtail) {
+    comm_job_t *job = e->queue[e->qhead++ % e->qcap];
+
+    job->err = GS_EABORTED;
+    job->state = JOB_DONE;
+  }
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+/* Starts the comm thread (gs__engine_comm_stop joins it). */
+int gs__engine_comm_start(gs_engine_t *e)
+{
+  if (pthread_create(&e->thread, NULL, comm_main, e)) {
+    gs__engine_set_error(e, "cannot start the comm thread");
+    return GS_ENOMEM;
+  }
+  e->thread_running = true;
+  return 0;
+}
+
+/* Hands a job to the comm thread. With one rank a collective is the
+ * identity, so it runs here at once: no thread hand-off in the step. */
+void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf, size_t count)
+{
+  job->op = op;
+  job->buf = buf;
+  job->count = count;
+  job->err = 0;
+  if (e->join.world_size == 1) {
+    job->err = gs__engine_run_job(e, job);
+    job->state = JOB_DONE;
+    return;
+  }
+  pthread_mutex_lock(&e->mu);
+  job->state = JOB_QUEUED;
+  e->queue[e->qtail++ % e->qcap] = job;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job)
+{
+  int err;
+
+  pthread_mutex_lock(&e->mu);
+  while (job->state == JOB_QUEUED)
+    pthread_cond_wait(&e->cv, &e->mu);
+  err = job->err;
+  job->state = JOB_IDLE;
+  pthread_mutex_unlock(&e->mu);
+  return err;
+}
+
+/* Explains a failed collective. The coordinator usually knows the cause (a
+ * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
+int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
+{
+  double until = gs_now_ms_f() +
+                 (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
+  char why[300] = "";
+
+  while (e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && gs_now_ms_f() < until) {
+    struct timespec ts = {0, 20 * 1000 * 1000};
+
+    nanosleep(&ts, NULL);
+  }
+  if (why[0])
+    gs__engine_set_error(e, "%s failed: the coordinator aborted generation %" PRIu64 ": %s", what,
+                         e->join.generation, why);
+  else
+    gs__engine_set_error(e, "%s failed: %s (a peer rank failed or is unreachable; see its log)",
+                         what, gs_strerror(err));
+  return err;
+}
+
+/* Runs one collective now and waits for it (outside a step). `buf` is in
+ * device memory when `on_device`, else in host memory, which a backend
+ * working on device memory gets through the aux_dev staging buffer. */
+int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
+                       const char *what)
+{
+  size_t bytes = op == OP_ALLREDUCE ? count * sizeof(float) : count;
+  void *at = buf;
+  int err = 0;
+
+  if (!gs_comm_stream_ordered(e->comm)) {
+    /* Outside a step the comm thread is idle: run it on this thread. */
+    comm_job_t job = {.op = op, .buf = buf, .count = count};
+
+    err = gs__engine_run_job(e, &job);
+    return err ? gs__engine_comm_failed(e, err, what) : 0;
+  }
+  if (!on_device) {
+    if (bytes > AUX_BYTES)
+      return GS_EINVAL;
+    at = e->aux_dev;
+    err = gs_device_upload(e->cfg.dev, at, buf, bytes);
+  }
+  if (!err)
+    err = op == OP_ALLREDUCE
+              ? gs_comm_allreduce(e->comm, at, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM)
+              : gs_comm_broadcast(e->comm, at, count, 0);
+  if (!err)
+    err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
+  if (!err)
+    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+  if (!err && !on_device)
+    err = gs_device_download(e->cfg.dev, buf, at, bytes);
+  return err ? gs__engine_comm_failed(e, err, what) : 0;
+}
+
+void gs__engine_on_abort(void *arg, const char *reason)
+{
+  gs_engine_t *e = arg;
+
+  pthread_mutex_lock(&e->mu);
+  e->aborted = true;
+  snprintf(e->abort_reason, sizeof(e->abort_reason), "%s", reason);
+  pthread_mutex_unlock(&e->mu);
+  gs_comm_abort(e->comm); /* the heartbeat thread has logged why */
+}
+
+/* Stops and joins the comm thread; with `abort` the collective in progress
+ * fails first instead of being waited for. */
+void gs__engine_comm_stop(gs_engine_t *e, bool abort)
+{
+  if (!e->thread_running)
+    return;
+  if (abort && e->comm)
+    gs_comm_abort(e->comm);
+  pthread_mutex_lock(&e->mu);
+  e->quit = true;
+  pthread_cond_broadcast(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  pthread_join(e->thread, NULL);
+  e->thread_running = false;
+}

@@ -1,0 +1,71 @@
+/* The control vector: a few floats appended to the gradients of the pack
+ * reduced last, so the one allreduce every step already does also carries
+ * the step's decisions, and every rank reads the same sums at the same
+ * step (stop, new broadcast period, broadcast now, checkpoint now, SIGTERM,
+ * non-finite loss) with no extra round trip.
+ *
+ * Layout: fixed slots, then one bit per rank for a non-finite loss, 16
+ * ranks per float (sums of distinct powers of two below 2^24 are exact in
+ * float32, and the allreduce is always a sum). Only rank 0 writes the
+ * coordinator's requests, so their sums are rank 0's values.
+ *
+ * Encoding and decoding are pure functions of their arguments: no engine,
+ * no I/O (tests/test_control.c). */
+#ifndef GS_CONTROL_H
+#define GS_CONTROL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  GS_CTL_STOP = 0,   /* rank 0: the coordinator asked to stop */
+  GS_CTL_PERIOD,     /* rank 0: new broadcast period + 2 (0: no change) */
+  GS_CTL_BROADCAST,  /* rank 0: broadcast params now */
+  GS_CTL_CHECKPOINT, /* rank 0: checkpoint now */
+  GS_CTL_TERM,       /* every rank: 1 if it got SIGTERM */
+  GS_CTL_NONFINITE,  /* every rank: 1 if its loss is NaN or Inf */
+  GS_CTL_FIXED,      /* the first per-rank bit slot */
+};
+#define GS_CTL_RANKS_PER_SLOT 16
+#define GS_CTL_PERIOD_MAX (1 << 23) /* keeps period + 2 exact in a float */
+
+/* What one rank contributes to a step's vector. */
+typedef struct gs_control_local {
+  uint32_t rank;
+  /* Rank 0 only (other ranks leave them false): the coordinator's requests. */
+  bool stop;
+  bool set_period; /* `period` is a new broadcast period */
+  int32_t period;  /* -1 .. GS_CTL_PERIOD_MAX - 1; others are not sent */
+  bool broadcast;
+  bool checkpoint;
+  /* Every rank. */
+  bool term;      /* SIGTERM arrived */
+  bool nonfinite; /* this rank's loss is NaN or infinite */
+} gs_control_local_t;
+
+/* What the summed vector says: the same on every rank. */
+typedef struct gs_control {
+  bool stop;           /* the coordinator asked every rank to stop */
+  bool term;           /* some rank got SIGTERM */
+  bool period_changed; /* `period` is the new broadcast period */
+  int32_t period;
+  bool broadcast;
+  bool checkpoint;
+  bool nonfinite; /* some rank's loss is not finite (gs_control_rank_nonfinite says which) */
+} gs_control_t;
+
+/* Floats in the vector of a job of `world_size` ranks. */
+size_t gs_control_len(uint32_t world_size);
+
+/* Writes one rank's contribution into v[0 .. n) (n = gs_control_len), all
+ * other slots zero. */
+void gs_control_encode(const gs_control_local_t *in, float *v, size_t n);
+
+/* Reads the vector summed over the ranks. */
+void gs_control_decode(const float *v, size_t n, gs_control_t *out);
+
+/* Whether rank `rank`'s non-finite bit is set in the summed vector. */
+bool gs_control_rank_nonfinite(const float *v, size_t n, uint32_t rank);
+
+#endif

@@ -1,0 +1,109 @@
+/* The sync engine's state, shared by the files that make it up (one
+ * concept each): engine.c (lifecycle: new, start, finish, free), step.c
+ * (a training step: launching the allreduces as gradients arrive, SGD per
+ * pack, acting on the control vector), comm_thread.c (the thread that runs
+ * blocking collectives, and collectives run at once outside a step),
+ * sync.c (state across ranks and time: the initial sync, broadcasts,
+ * metric sums, checkpoints) and control.c (the control vector's encoding).
+ * Only these files include it. */
+#ifndef GS_ENGINE_INTERNAL_H
+#define GS_ENGINE_INTERNAL_H
+
+#include <gradsync/engine.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client.h"
+#include "comm.h"
+#include "control.h"
+#include "device.h"
+#include "error.h"
+#include "heartbeat.h"
+#include "log.h"
+#include "packs.h"
+#include "sgd.h"
+
+/* DEFERRED: the step's last pack, run by the training thread itself when
+ * it would otherwise wait for it (see launch()). */
+typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE, JOB_DEFERRED } job_state_t;
+
+typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST } job_op_t;
+
+/* One collective for the comm thread. */
+typedef struct comm_job {
+  job_op_t op;
+  void *buf;
+  size_t count; /* floats (allreduce) or bytes (broadcast) */
+  job_state_t state;
+  int err;
+} comm_job_t;
+
+struct gs_engine {
+  gs_engine_config_t cfg; /* its strings point at the copies below */
+  char *job, *token, *checkpoint_dir;
+  gs_log_t log;  /* cfg.log when the caller gave none */
+  bool owns_dev; /* cfg.dev was opened by start (from cfg.device) */
+  char error[768];
+  gs_packs_t packs;
+  gs_client_t *client;
+  gs_heartbeat_t *hb;
+  gs_comm_t *comm;
+  gradsync_JoinRequest join_req; /* kept to re-register after a coordinator restart */
+  gs_join_result_t join;
+  bool joined;
+  int32_t period;
+  double grad_scale;
+
+  /* The comm thread and what it shares with the training thread. */
+  pthread_t thread;
+  bool thread_running;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  comm_job_t *jobs; /* one per pack */
+  comm_job_t **queue;
+  uint32_t qhead, qtail, qcap;
+  bool quit;
+  bool aborted;
+  char abort_reason[300];
+
+  /* The step in progress (training thread only). */
+  bool in_step;
+  bool *ready;        /* per param */
+  uint32_t *launched; /* pack indices in launch order */
+  uint32_t nlaunched;
+  int64_t repeated_param; /* reported twice in this step, or -1 */
+  uint64_t *ticket;       /* per pack: its allreduce's number (stream-ordered backends) */
+  int launch_err;         /* the first failure to queue an allreduce this step */
+  float *ctl;             /* host copy of the control vector */
+  float *ctl_dev;         /* where it rides: after the grads of the last pack */
+  size_t nctl;
+  void *aux_dev; /* device staging for small host buffers (stream-ordered) */
+  gs_position_t after;
+  float loss;
+  uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
+};
+
+#define AUX_BYTES 256 /* the largest host buffer staged for a device backend */
+
+/* Records the reason for a failure, for gs_engine_error. */
+void gs__engine_set_error(gs_engine_t *e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* comm_thread.c: the comm thread and the collectives it runs. */
+int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;
+void gs__engine_comm_stop(gs_engine_t *e, bool abort);
+int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job);
+void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf, size_t count);
+int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job);
+int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
+int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
+                       const char *what) GS_WARN_UNUSED;
+void gs__engine_on_abort(void *arg, const char *reason);
+
+/* sync.c: params (and momentum) of every pack broadcast from rank 0. */
+int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum) GS_WARN_UNUSED;
+
+#endif

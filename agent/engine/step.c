@@ -1,0 +1,259 @@
+/* One training step of the engine: begin_step writes this rank's part of
+ * the control vector; each pack's allreduce is launched as its last
+ * gradient is reported; end_step completes them in launch order, runs each
+ * pack's fused SGD as soon as its gradients are in, and acts on the summed
+ * control vector, identically on every rank. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "clock.h"
+#include "engine_internal.h"
+
+/* Fills this rank's part of the control vector: rank 0 passes on the
+ * coordinator's requests it has not passed on yet. */
+static void write_control(gs_engine_t *e, float loss)
+{
+  gs_control_local_t in = {
+      .rank = e->join.rank,
+      .term = e->cfg.term_flag && *e->cfg.term_flag,
+      .nonfinite = !isfinite(loss),
+  };
+
+  if (in.rank == 0) {
+    gs_directives_t d;
+
+    gs_heartbeat_directives(e->hb, &d);
+    if (d.valid && d.coordinator_id != e->coordinator_id) {
+      /* A restarted coordinator counts its requests from zero again. */
+      e->coordinator_id = d.coordinator_id;
+      e->seen_broadcast_seq = e->seen_checkpoint_seq = 0;
+    }
+    if (d.valid) {
+      in.stop = d.stop;
+      in.set_period = d.bcast_period != e->period;
+      in.period = d.bcast_period;
+      if (d.broadcast_seq > e->seen_broadcast_seq) {
+        in.broadcast = true;
+        e->seen_broadcast_seq = d.broadcast_seq;
+      }
+      if (d.checkpoint_seq > e->seen_checkpoint_seq) {
+        in.checkpoint = true;
+        e->seen_checkpoint_seq = d.checkpoint_seq;
+      }
+    }
+  }
+  gs_control_encode(&in, e->ctl, e->nctl);
+}
+
+void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after)
+{
+  memset(e->ready, 0, e->packs.nparams * sizeof(*e->ready));
+  for (uint32_t k = 0; k < e->packs.list.pack_count; k++)
+    e->packs.packs[k].pending = e->packs.packs[k].nparams;
+  e->nlaunched = 0;
+  e->repeated_param = -1;
+  e->after = *after;
+  e->loss = loss;
+  e->launch_err = 0;
+  write_control(e, loss);
+  /* Queued before backward, so it is in place before the last pack's allreduce. */
+  e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
+  e->in_step = true;
+}
+
+/* Starts pack k's allreduce: queued on the comm thread for a blocking
+ * backend, on the comm stream (after the gradients queued so far) for a
+ * stream-ordered one. */
+static void launch(gs_engine_t *e, uint32_t k)
+{
+  gs_pack_t *pk = &e->packs.packs[k];
+  int err;
+
+  if (!gs_comm_stream_ordered(e->comm)) {
+    comm_job_t *job = &e->jobs[k];
+
+    /* The training thread waits for the last pack right after backward;
+     * handing it to the comm thread and back would only add two wake-ups
+     * to the step's critical path. end_step runs it after the others. */
+    if (e->nlaunched == e->packs.list.pack_count && e->join.world_size > 1) {
+      *job = (comm_job_t){.op = OP_ALLREDUCE,
+                          .buf = pk->grads,
+                          .count = pk->elements + pk->extra,
+                          .state = JOB_DEFERRED};
+      return;
+    }
+    gs__engine_enqueue(e, job, OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
+    return;
+  }
+  e->ticket[k] = gs_comm_ticket(e->comm);
+  err = gs_comm_allreduce(e->comm, pk->grads, pk->elements + pk->extra, GS_DTYPE_FLOAT32,
+                          GS_REDUCE_SUM);
+  if (err && !e->launch_err)
+    e->launch_err = err;
+}
+
+/* Makes pack k's reduced gradients available to what comes next: waits
+ * for the comm thread, or orders the device's later work after it. */
+static int complete(gs_engine_t *e, uint32_t k)
+{
+  comm_job_t *job = &e->jobs[k];
+
+  if (job->state == JOB_DEFERRED) { /* every earlier pack is complete: the comm thread is idle */
+    job->state = JOB_IDLE;
+    return gs__engine_run_job(e, job);
+  }
+  if (!gs_comm_stream_ordered(e->comm))
+    return gs__engine_wait_job(e, job);
+  return gs_comm_order_after(e->comm, e->ticket[k]);
+}
+
+void gs_engine_grad_ready(void *engine, uint32_t i)
+{
+  gs_engine_t *e = engine;
+  gs_pack_t *pk;
+  uint32_t k;
+
+  if (!e->in_step || i >= e->packs.nparams || e->ready[i]) {
+    e->repeated_param = i;
+    return;
+  }
+  e->ready[i] = true;
+  k = e->packs.pack_of[i];
+  pk = &e->packs.packs[k];
+  if (--pk->pending == 0) {
+    e->launched[e->nlaunched++] = k;
+    launch(e, k);
+  }
+}
+
+/* Names the ranks whose bit is set in the non-finite slots. */
+static void nonfinite_ranks(const gs_engine_t *e, char *out, size_t len)
+{
+  size_t used = 0;
+
+  out[0] = '\0';
+  for (uint32_t r = 0; r < e->join.world_size && used < len; r++)
+    if (gs_control_rank_nonfinite(e->ctl, e->nctl, r))
+      used += snprintf(out + used, len - used, "%s%u", used ? ", " : "", r);
+}
+
+/* Every rank reads the same sums here, so every rank decides the same. */
+static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
+{
+  gs_control_t c;
+  bool bcast;
+  int err;
+
+  gs_control_decode(e->ctl, e->nctl, &c);
+  bcast = c.broadcast;
+  if (c.nonfinite) {
+    char ranks[256];
+
+    nonfinite_ranks(e, ranks, sizeof(ranks));
+    gs__engine_set_error(
+        e, "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; every rank stops", step,
+        ranks);
+    return GS_ERANGE;
+  }
+  if (c.period_changed) {
+    e->period = c.period;
+    out->period_changed = true;
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+           "step %" PRIu64 ": broadcast period set to %d by the coordinator", step, e->period);
+  }
+  out->bcast_period = e->period;
+  if (e->period > 0 && step % (uint64_t)e->period == 0)
+    bcast = true;
+  if (bcast && e->join.world_size > 1) {
+    err = gs__engine_broadcast_packs(e, false);
+    if (err)
+      return err;
+    out->broadcast = true;
+  }
+  if (c.stop || c.term) {
+    out->stop = true;
+    snprintf(out->stop_reason, sizeof(out->stop_reason), "%s",
+             c.stop ? "the coordinator asked every rank to stop"
+                    : "SIGTERM received; every rank stops");
+  }
+  if (c.checkpoint || (e->cfg.checkpoint_every && step % e->cfg.checkpoint_every == 0) ||
+      (out->stop && e->cfg.checkpoint_dir)) {
+    err = gs_engine_checkpoint(e, &e->after);
+    if (err)
+      return err;
+    out->checkpoint = true;
+  }
+  return 0;
+}
+
+/* The first parameter of a pack that never got its gradient. */
+static int missing_gradient(gs_engine_t *e, uint64_t step)
+{
+  for (uint32_t i = 0; i < e->packs.nparams; i++)
+    if (!e->ready[i]) {
+      gs__engine_set_error(e,
+                           "step %" PRIu64
+                           ": parameter '%s' received no gradient (every registered "
+                           "parameter must get one each step; unused parameters are not supported)",
+                           step, e->packs.params[i].name);
+      return GS_EPRECOND;
+    }
+  return 0;
+}
+
+/* Waits for the allreduces pack by pack and queues each pack's SGD as its
+ * gradients arrive, then reads back the summed control vector. */
+int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
+{
+  uint64_t step = e->after.step;
+  float lr = gs_sgd_lr(&e->cfg.sgd, step - 1);
+  double waited = 0, optimizer = 0, t0;
+  char what[64];
+  int err;
+
+  memset(out, 0, sizeof(*out));
+  e->in_step = false;
+  if (e->repeated_param >= 0) {
+    gs__engine_set_error(e, "step %" PRIu64 ": gradient of parameter %" PRId64 " reported twice",
+                         step, e->repeated_param);
+    return GS_EPRECOND;
+  }
+  if (e->nlaunched < e->packs.list.pack_count)
+    return missing_gradient(e, step);
+  snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of the gradients", step);
+  if (e->launch_err)
+    return gs__engine_comm_failed(e, e->launch_err, what);
+  for (uint32_t j = 0; j < e->nlaunched; j++) {
+    gs_pack_t *pk = &e->packs.packs[e->launched[j]];
+
+    t0 = gs_now_ms_f();
+    err = complete(e, e->launched[j]);
+    waited += gs_now_ms_f() - t0;
+    if (err) {
+      snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, e->launched[j]);
+      return gs__engine_comm_failed(e, err, what);
+    }
+    t0 = gs_now_ms_f();
+    gs_device_sgd_pack(e->cfg.dev, &e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams,
+                       pk->params, pk->grads, pk->momentum);
+    optimizer += gs_now_ms_f() - t0;
+  }
+  t0 = gs_now_ms_f();
+  err = gs_comm_sync(e->comm);
+  waited += gs_now_ms_f() - t0;
+  if (err)
+    return gs__engine_comm_failed(e, err, what);
+  t0 = gs_now_ms_f();
+  err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
+  optimizer += gs_now_ms_f() - t0;
+  if (err) {
+    gs__engine_set_error(e, "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
+                         e->cfg.dev->label, gs_strerror(err));
+    return err;
+  }
+  out->comm_wait_ms = waited;
+  out->optimizer_ms = optimizer;
+  return act_on_control(e, step, out);
+}

@@ -1,0 +1,184 @@
+/* The engine's state across ranks and across runs, outside a step: the
+ * initial sync (resume from a checkpoint or rank 0's params), broadcasts
+ * of params from rank 0, sums of metrics, and checkpoints. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "engine_internal.h"
+
+/* Broadcasts every pack's params (and momentum) from rank 0. */
+int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum)
+{
+  for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+    int err = gs__engine_run_now(e, OP_BROADCAST, pk->params, pk->elements * sizeof(float), true,
+                                 "broadcast of params");
+
+    if (!err && momentum)
+      err = gs__engine_run_now(e, OP_BROADCAST, pk->momentum, pk->elements * sizeof(float), true,
+                               "broadcast of momentum");
+    if (err)
+      return err;
+  }
+  return 0;
+}
+
+/* The checkpoint's view of the packs, params then momentum of each pack,
+ * in host memory: the pack buffers themselves on a host-memory device,
+ * else copies (downloaded from the device when `download`). Release with
+ * ckpt_release. NULL when out of memory or the download failed. */
+static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, bool download)
+{
+  uint32_t packs = e->packs.list.pack_count;
+  gs_ckpt_buffer_t *b = calloc(2 * packs, sizeof(*b));
+  bool host = e->cfg.dev->host_memory;
+
+  for (uint32_t k = 0; b && k < packs; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+
+    b[2 * k] = (gs_ckpt_buffer_t){pk->params, pk->elements};
+    b[2 * k + 1] = (gs_ckpt_buffer_t){pk->momentum, pk->elements};
+  }
+  for (uint32_t i = 0; b && !host && i < 2 * packs; i++) {
+    float *src = b[i].data;
+
+    b[i].data = malloc(b[i].count * sizeof(float) + 1);
+    if (!b[i].data ||
+        (download && gs_device_download(e->cfg.dev, b[i].data, src, b[i].count * sizeof(float)))) {
+      for (uint32_t j = 0; j <= i; j++)
+        free(b[j].data);
+      free(b);
+      return NULL;
+    }
+  }
+  return b;
+}
+
+/* Frees ckpt_buffers' copies, uploading them to the packs first when
+ * `upload` (a loaded checkpoint). */
+static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
+{
+  uint32_t packs = e->packs.list.pack_count;
+  int err = 0;
+
+  if (e->cfg.dev->host_memory) {
+    free(b);
+    return 0;
+  }
+  for (uint32_t k = 0; k < packs; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+
+    if (upload && !err)
+      err = gs_device_upload(e->cfg.dev, pk->params, b[2 * k].data, pk->elements * sizeof(float));
+    if (upload && !err)
+      err = gs_device_upload(e->cfg.dev, pk->momentum, b[2 * k + 1].data,
+                             pk->elements * sizeof(float));
+  }
+  if (upload && !err)
+    err = gs_device_sync(e->cfg.dev); /* the copies are freed next */
+  for (uint32_t i = 0; i < 2 * packs; i++)
+    free(b[i].data);
+  free(b);
+  return err;
+}
+
+int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
+{
+  gs_ckpt_state_t st = {pos->step,
+                        pos->epoch,
+                        pos->rng_state,
+                        gs_packs_layout_hash(&e->packs),
+                        2 * e->packs.list.pack_count,
+                        NULL};
+  char path[4096], why[512];
+  int err;
+
+  if (e->join.rank != 0 || !e->cfg.checkpoint_dir)
+    return 0;
+  st.bufs = ckpt_buffers(e, true);
+  if (!st.bufs) {
+    gs__engine_set_error(
+        e, "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host", pos->step);
+    return GS_ENOMEM;
+  }
+  err = gs_checkpoint_save(e->cfg.checkpoint_dir, &st, e->cfg.checkpoint_keep, path, sizeof(path),
+                           why, sizeof(why));
+  ckpt_release(e, st.bufs, false);
+  if (err) {
+    gs__engine_set_error(e, "checkpoint at step %" PRIu64 " failed: %s", pos->step, why);
+    return err;
+  }
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "checkpoint: step %" PRIu64 " -> %s",
+         pos->step, path);
+  return 0;
+}
+
+/* Rank 0 loads the newest valid checkpoint; true when one was loaded. */
+static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
+{
+  gs_ckpt_state_t st = {0,   0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count,
+                        NULL};
+  char path[4096], why[512];
+  int err;
+
+  *found = false;
+  st.bufs = ckpt_buffers(e, false);
+  if (!st.bufs)
+    return GS_ENOMEM;
+  err = gs_checkpoint_load_latest(e->cfg.checkpoint_dir, &st, e->cfg.log, path, sizeof(path), why,
+                                  sizeof(why));
+  if (ckpt_release(e, st.bufs, err == 0) && !err) {
+    snprintf(why, sizeof(why), "cannot copy the checkpoint to the device");
+    err = GS_EIO;
+  }
+  if (err == GS_ENOTFOUND) {
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, 0, "--resume: %s; starting from scratch",
+           why);
+    return 0;
+  }
+  if (err) {
+    gs__engine_set_error(e, "cannot resume from %s: %s", e->cfg.checkpoint_dir, why);
+    return err;
+  }
+  *found = true;
+  *pos = (gs_position_t){st.step, st.epoch, st.rng_state};
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
+         st.step);
+  return 0;
+}
+
+int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
+{
+  uint64_t hdr[4] = {0, pos->step, pos->epoch, pos->rng_state};
+  bool found = false;
+  int err;
+
+  if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
+    err = load_checkpoint(e, pos, &found);
+    if (err)
+      return err;
+    if (found)
+      hdr[0] = 1, hdr[1] = pos->step, hdr[2] = pos->epoch, hdr[3] = pos->rng_state;
+  }
+  if (e->join.world_size == 1)
+    return 0;
+  err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false,
+                           "broadcast of the start position");
+  if (err)
+    return err;
+  if (hdr[0]) {
+    *pos = (gs_position_t){hdr[1], hdr[2], hdr[3]};
+    return gs__engine_broadcast_packs(e, true);
+  }
+  return e->period >= 0 ? gs__engine_broadcast_packs(e, false) : 0;
+}
+
+int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)
+{
+  if (e->join.world_size == 1)
+    return 0;
+  return gs__engine_run_now(e, OP_ALLREDUCE, buf, n, false, "allreduce of metrics");
+}

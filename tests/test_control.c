@@ -1,0 +1,197 @@
+/* Tests for agent/engine/control.c: the control vector's encoding is a pure
+ * function, so each behaviour is checked by encoding ranks' contributions,
+ * summing them as the allreduce would, and decoding. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control.h"
+
+#define MAX_LEN 64
+
+/* Sums the vectors of `world` ranks (what the allreduce hands back). */
+static void sum_ranks(const gs_control_local_t *in, uint32_t world, float *sum, size_t n)
+{
+  float v[MAX_LEN];
+
+  memset(sum, 0, n * sizeof(float));
+  for (uint32_t r = 0; r < world; r++) {
+    gs_control_encode(&in[r], v, n);
+    for (size_t i = 0; i < n; i++)
+      sum[i] += v[i];
+  }
+}
+
+START_TEST(length)
+{
+  ck_assert_uint_eq(gs_control_len(1), GS_CTL_FIXED + 1);
+  ck_assert_uint_eq(gs_control_len(16), GS_CTL_FIXED + 1);
+  ck_assert_uint_eq(gs_control_len(17), GS_CTL_FIXED + 2);
+  ck_assert_uint_eq(gs_control_len(65536), GS_CTL_FIXED + 4096);
+}
+END_TEST
+
+/* A rank with nothing to say writes zeros everywhere, which decode to
+ * "nothing happened". */
+START_TEST(quiet_step)
+{
+  gs_control_local_t in = {.rank = 3};
+  float v[MAX_LEN];
+  size_t n = gs_control_len(8);
+  gs_control_t c;
+
+  memset(v, 0xff, sizeof(v));
+  gs_control_encode(&in, v, n);
+  for (size_t i = 0; i < n; i++)
+    ck_assert_msg(v[i] == 0.0f, "slot %zu is %g", i, v[i]);
+  ck_assert_msg(isnan(v[n]), "slot %zu past the end was written", n);
+  gs_control_decode(v, n, &c);
+  ck_assert(!c.stop && !c.term && !c.period_changed && !c.broadcast && !c.checkpoint &&
+            !c.nonfinite);
+}
+END_TEST
+
+/* Rank 0's requests come through the sum unchanged, whatever the world size. */
+START_TEST(rank0_requests)
+{
+  gs_control_local_t in[5] = {{.rank = 0,
+                               .stop = true,
+                               .set_period = true,
+                               .period = 7,
+                               .broadcast = true,
+                               .checkpoint = true},
+                              {.rank = 1},
+                              {.rank = 2},
+                              {.rank = 3},
+                              {.rank = 4}};
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(5);
+  gs_control_t c;
+
+  sum_ranks(in, 5, sum, n);
+  gs_control_decode(sum, n, &c);
+  ck_assert(c.stop && c.broadcast && c.checkpoint && c.period_changed);
+  ck_assert_int_eq(c.period, 7);
+  ck_assert(!c.term && !c.nonfinite);
+}
+END_TEST
+
+/* Periods -1 (never) and 0 (once) survive the +2 offset; one outside the
+ * exact float range is not sent at all. */
+START_TEST(period_range)
+{
+  const int32_t ok[] = {-1, 0, 1, GS_CTL_PERIOD_MAX - 1};
+  gs_control_local_t in = {.rank = 0, .set_period = true};
+  float v[MAX_LEN];
+  size_t n = gs_control_len(1);
+  gs_control_t c;
+
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+    in.period = ok[i];
+    gs_control_encode(&in, v, n);
+    gs_control_decode(v, n, &c);
+    ck_assert(c.period_changed);
+    ck_assert_int_eq(c.period, ok[i]);
+  }
+  in.period = GS_CTL_PERIOD_MAX;
+  gs_control_encode(&in, v, n);
+  gs_control_decode(v, n, &c);
+  ck_assert(!c.period_changed);
+  in.period = -2;
+  gs_control_encode(&in, v, n);
+  gs_control_decode(v, n, &c);
+  ck_assert(!c.period_changed);
+  in.set_period = false;
+  in.period = 5;
+  gs_control_encode(&in, v, n);
+  gs_control_decode(v, n, &c);
+  ck_assert(!c.period_changed);
+}
+END_TEST
+
+/* SIGTERM on any one rank reaches every rank. */
+START_TEST(term_any_rank)
+{
+  gs_control_local_t in[4] = {{.rank = 0}, {.rank = 1}, {.rank = 2, .term = true}, {.rank = 3}};
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(4);
+  gs_control_t c;
+
+  sum_ranks(in, 4, sum, n);
+  gs_control_decode(sum, n, &c);
+  ck_assert(c.term && !c.stop);
+}
+END_TEST
+
+/* Each rank's non-finite bit is exact in the sum, across several slots. */
+START_TEST(nonfinite_bits)
+{
+  enum { WORLD = 40 };
+  gs_control_local_t in[WORLD];
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(WORLD);
+  gs_control_t c;
+
+  for (uint32_t r = 0; r < WORLD; r++)
+    in[r] = (gs_control_local_t){.rank = r, .nonfinite = r % 3 == 1 || r == 15 || r == 39};
+  sum_ranks(in, WORLD, sum, n);
+  gs_control_decode(sum, n, &c);
+  ck_assert(c.nonfinite);
+  for (uint32_t r = 0; r < WORLD; r++)
+    ck_assert_msg(gs_control_rank_nonfinite(sum, n, r) == in[r].nonfinite, "rank %u", r);
+  ck_assert(!gs_control_rank_nonfinite(sum, n, 1000)); /* past the vector */
+}
+END_TEST
+
+/* A vector too short for the fixed slots decodes as nothing and is never
+ * written past its end. */
+START_TEST(short_vector)
+{
+  gs_control_local_t in = {.rank = 0, .stop = true, .nonfinite = true};
+  float v[4] = {NAN, NAN, NAN, NAN};
+  gs_control_t c;
+
+  gs_control_encode(&in, v, 2);
+  ck_assert(v[0] == 0.0f && v[1] == 0.0f && isnan(v[2]));
+  v[0] = 1.0f;
+  gs_control_decode(v, 2, &c);
+  ck_assert(!c.stop);
+}
+END_TEST
+
+static Suite *control_suite(void)
+{
+  Suite *s = suite_create("control");
+  struct {
+    const char *name;
+    const TTest *test;
+  } cases[] = {
+      {"length", length},
+      {"quiet_step", quiet_step},
+      {"rank0_requests", rank0_requests},
+      {"period_range", period_range},
+      {"term_any_rank", term_any_rank},
+      {"nonfinite_bits", nonfinite_bits},
+      {"short_vector", short_vector},
+  };
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    TCase *tc = tcase_create(cases[i].name);
+
+    tcase_add_test(tc, cases[i].test);
+    suite_add_tcase(s, tc);
+  }
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(control_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
