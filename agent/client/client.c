@@ -1,8 +1,8 @@
-/* The agent's coordinator client: one blocking TCP connection driven by
- * poll() deadlines, carrying framed Envelopes (proto/README.md), redialled
- * with exponential backoff and jitter when it breaks. */
-#include "client.h"
-
+/* The agent's coordinator client, its connection: one blocking TCP
+ * connection driven by poll() deadlines, carrying framed Envelopes
+ * (proto/README.md), redialled with backoff (backoff.c) when it breaks, and
+ * gs_client_call, one request and its reply on it. The RPC methods are in
+ * rpc.c. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -16,36 +16,24 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "buf.h"
-#include "frame.h"
-#include "pb_array.h"
-#include "wire.h"
 #include "clock.h"
-#include "rng.h"
+#include "client_internal.h"
+#include "frame.h"
+#include "wire.h"
 
-#define BACKOFF_MIN_MS 100u
-#define BACKOFF_MAX_MS 5000u
 #define READ_CHUNK (64 * 1024)
-#define WAIT_MARGIN_MS 250u   /* a parked RPC ends on the server this much before our deadline */
-#define MAX_PARAMS (1u << 20) /* as the coordinator accepts */
+#define WAIT_MARGIN_MS 250u /* a parked RPC ends on the server this much before our deadline */
 
-struct gs_client {
-  char host[256];
-  uint16_t port;
-  char addr[300]; /* "host:port" or "[v6]:port", for messages */
-  char *token;
-  char *job;
-  const gs_log_t *log;
-  gs_log_t default_log; /* used when the config names no log */
-  int fd;               /* -1 while disconnected */
-  uint64_t next_id;
-  uint64_t rng;          /* splitmix64 state for the backoff jitter */
-  uint32_t backoff_ms;   /* delay before the next redial after a failure */
-  uint64_t next_dial_ms; /* no dial before this time */
-  gs_buf_t rbuf;         /* bytes received and not yet parsed */
-  gs_buf_t wbuf;         /* the encoded request frame */
-  char err[768];
-};
+void gs__client_set_err(gs_client_t *cl, const char *fmt, ...)
+{
+  char text[sizeof(cl->err)];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap); /* fmt's arguments may point into cl->err */
+  va_end(ap);
+  memcpy(cl->err, text, sizeof(cl->err));
+}
 
 /* One gs_client_call in progress. */
 typedef struct call {
@@ -63,28 +51,6 @@ typedef struct call {
   bool timed_out;   /* our own deadline passed (not the coordinator's) */
   unsigned sends;   /* how often the request was sent */
 } call_t;
-
-static void set_err(gs_client_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set_err(gs_client_t *cl, const char *fmt, ...)
-{
-  char text[sizeof(cl->err)];
-  va_list ap;
-
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof(text), fmt, ap); /* fmt's arguments may point into cl->err */
-  va_end(ap);
-  memcpy(cl->err, text, sizeof(cl->err));
-}
-
-/* Schedules the next redial after a failure: the backoff +-25%, then
- * doubles the backoff up to its cap. */
-static void note_failure(gs_client_t *cl)
-{
-  uint32_t ms = cl->backoff_ms, span = ms / 2;
-
-  cl->next_dial_ms = gs_now_ms() + ms - ms / 4 + gs_splitmix64(&cl->rng) % (span + 1);
-  cl->backoff_ms = ms * 2 < BACKOFF_MAX_MS ? ms * 2 : BACKOFF_MAX_MS;
-}
 
 gs_client_t *gs_client_new(const gs_client_config_t *cfg)
 {
@@ -108,9 +74,8 @@ gs_client_t *gs_client_new(const gs_client_config_t *cfg)
   cl->fd = -1;
   cl->next_id = 1;
   clock_gettime(CLOCK_REALTIME, &ts);
-  cl->rng = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^ (uint64_t)getpid() << 40 ^
-            (uint64_t)(uintptr_t)cl;
-  cl->backoff_ms = BACKOFF_MIN_MS;
+  gs__backoff_init(&cl->backoff, (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^
+                                     (uint64_t)getpid() << 40 ^ (uint64_t)(uintptr_t)cl);
   return cl;
 }
 
@@ -158,21 +123,6 @@ static int wait_fd(int fd, short events, uint64_t deadline)
   }
 }
 
-/* Sleeps until the next redial may start; GS_ETIMEDOUT when that is past
- * the deadline (after sleeping until the deadline). */
-static int wait_backoff(gs_client_t *cl, uint64_t deadline)
-{
-  uint64_t until = cl->next_dial_ms < deadline ? cl->next_dial_ms : deadline;
-
-  for (uint64_t now = gs_now_ms(); now < until; now = gs_now_ms()) {
-    struct timespec ts = {.tv_sec = (until - now) / 1000,
-                          .tv_nsec = (long)((until - now) % 1000) * 1000000};
-
-    nanosleep(&ts, NULL);
-  }
-  return cl->next_dial_ms < deadline ? 0 : GS_ETIMEDOUT;
-}
-
 /* Connects one resolved address without blocking past the deadline. */
 static int dial_one(gs_client_t *cl, const struct addrinfo *ai, uint64_t deadline)
 {
@@ -181,7 +131,7 @@ static int dial_one(gs_client_t *cl, const struct addrinfo *ai, uint64_t deadlin
 
   fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
   if (fd < 0) {
-    set_err(cl, "socket for %s: %s", cl->addr, strerror(errno));
+    gs__client_set_err(cl, "socket for %s: %s", cl->addr, strerror(errno));
     return gs_err_from_errno(errno);
   }
   if (connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
@@ -191,7 +141,8 @@ static int dial_one(gs_client_t *cl, const struct addrinfo *ai, uint64_t deadlin
     }
     err = wait_fd(fd, POLLOUT, deadline);
     if (err) {
-      set_err(cl, "connect %s: %s", cl->addr, err == GS_ETIMEDOUT ? "timed out" : gs_strerror(err));
+      gs__client_set_err(cl, "connect %s: %s", cl->addr,
+                         err == GS_ETIMEDOUT ? "timed out" : gs_strerror(err));
       close(fd);
       return err;
     }
@@ -206,7 +157,7 @@ static int dial_one(gs_client_t *cl, const struct addrinfo *ai, uint64_t deadlin
 
 out_close_socket:
   close(fd);
-  set_err(cl, "connect %s: %s", cl->addr, strerror(soerr));
+  gs__client_set_err(cl, "connect %s: %s", cl->addr, strerror(soerr));
   return gs_err_from_errno(soerr);
 }
 
@@ -221,7 +172,7 @@ static int dial(gs_client_t *cl, uint64_t deadline)
   snprintf(port, sizeof(port), "%u", cl->port);
   rc = getaddrinfo(cl->host[0] ? cl->host : NULL, port, &hints, &res);
   if (rc) {
-    set_err(cl, "resolve %s: %s", cl->addr, gai_strerror(rc));
+    gs__client_set_err(cl, "resolve %s: %s", cl->addr, gai_strerror(rc));
     return GS_EUNAVAIL;
   }
   for (ai = res; ai; ai = ai->ai_next) {
@@ -265,7 +216,7 @@ static int send_all(gs_client_t *cl, uint64_t deadline)
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-      set_err(cl, "send to %s: %s", cl->addr, strerror(errno));
+      gs__client_set_err(cl, "send to %s: %s", cl->addr, strerror(errno));
       return GS_ECLOSED;
     }
     err = wait_fd(cl->fd, POLLOUT, deadline);
@@ -282,7 +233,7 @@ static int fill(gs_client_t *cl, uint64_t deadline)
   int err = gs_buf_reserve(&cl->rbuf, READ_CHUNK);
 
   if (err) {
-    set_err(cl, "no memory for a reply from %s", cl->addr);
+    gs__client_set_err(cl, "no memory for a reply from %s", cl->addr);
     return err;
   }
   for (;;) {
@@ -293,13 +244,13 @@ static int fill(gs_client_t *cl, uint64_t deadline)
       return 0;
     }
     if (n == 0) {
-      set_err(cl, "coordinator %s closed the connection", cl->addr);
+      gs__client_set_err(cl, "coordinator %s closed the connection", cl->addr);
       return GS_ECLOSED;
     }
     if (errno == EINTR)
       continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      set_err(cl, "recv from %s: %s", cl->addr, strerror(errno));
+      gs__client_set_err(cl, "recv from %s: %s", cl->addr, strerror(errno));
       return GS_ECLOSED;
     }
     err = wait_fd(cl->fd, POLLIN, deadline);
@@ -321,8 +272,8 @@ static int read_frame(gs_client_t *cl, uint64_t deadline, const uint8_t **payloa
       return 0;
     }
     if (n < 0) {
-      set_err(cl, "coordinator %s sent a frame over the %u-byte limit", cl->addr,
-              GS_FRAME_DEFAULT_MAX);
+      gs__client_set_err(cl, "coordinator %s sent a frame over the %u-byte limit", cl->addr,
+                         GS_FRAME_DEFAULT_MAX);
       return GS_ETOOBIG;
     }
     err = fill(cl, deadline);
@@ -340,15 +291,17 @@ static int take_reply(gs_client_t *cl, call_t *c, const gradsync_Envelope *env,
 
   if (env->status) {
     if (env->message[0])
-      set_err(cl, "%s", env->message);
+      gs__client_set_err(cl, "%s", env->message);
     else
-      set_err(cl, "%s: %s from coordinator %s", c->name, gs_grpc_code_name(env->status), cl->addr);
+      gs__client_set_err(cl, "%s: %s from coordinator %s", c->name, gs_grpc_code_name(env->status),
+                         cl->addr);
     return gs_err_from_grpc(env->status);
   }
   if (!c->resp_fields || !c->resp)
     return 0;
   if (gs_wire_decode(body->data, body->len, c->resp_fields, c->resp, why, sizeof(why))) {
-    set_err(cl, "cannot decode the %s reply from coordinator %s: %s", c->name, cl->addr, why);
+    gs__client_set_err(cl, "cannot decode the %s reply from coordinator %s: %s", c->name, cl->addr,
+                       why);
     return GS_EPROTO;
   }
   return 0;
@@ -377,10 +330,10 @@ static int await_reply(gs_client_t *cl, call_t *c)
     err = gs_wire_decode_envelope(payload, len, &env, &body, why, sizeof(why));
     gs_buf_consume(&cl->rbuf, used);
     if (err) {
-      set_err(cl, "undecodable Envelope from coordinator %s: %s", cl->addr, why);
+      gs__client_set_err(cl, "undecodable Envelope from coordinator %s: %s", cl->addr, why);
     } else if (env.request_id == 0 && env.status) {
       /* The coordinator refused the connection itself and closes it. */
-      set_err(cl, "coordinator %s closed the connection: %s", cl->addr, env.message);
+      gs__client_set_err(cl, "coordinator %s closed the connection: %s", cl->addr, env.message);
       err = gs_err_from_grpc(env.status);
     } else if (env.request_id != c->id) {
       gs_log(cl->log, GS_LOG_DEBUG, cl->job, -1, "skipping a stale reply (request %llu) to %s",
@@ -388,7 +341,7 @@ static int await_reply(gs_client_t *cl, call_t *c)
       gs_buf_free(&body);
       continue;
     } else {
-      cl->backoff_ms = BACKOFF_MIN_MS;
+      gs__backoff_reset(&cl->backoff);
       err = take_reply(cl, c, &env, &body);
       gs_buf_free(&body);
       return err;
@@ -401,7 +354,7 @@ static int await_reply(gs_client_t *cl, call_t *c)
 
 /* How long a parking RPC asks the coordinator to wait: a little less than
  * our own deadline, so that its explanation arrives before we give up. */
-static uint32_t wait_for(uint64_t timeout_ms)
+uint32_t gs__client_wait_for(uint64_t timeout_ms)
 {
   uint64_t margin = timeout_ms / 4 < WAIT_MARGIN_MS ? timeout_ms / 4 : WAIT_MARGIN_MS;
   uint64_t wait = timeout_ms - margin;
@@ -417,7 +370,7 @@ static int encode_request(gs_client_t *cl, call_t *c)
 {
   gradsync_Envelope env = gradsync_Envelope_init_zero;
   uint64_t now = gs_now_ms(), left = c->deadline > now ? c->deadline - now : 1;
-  uint32_t wait = c->sends++ ? wait_for(left) : c->wait_ms;
+  uint32_t wait = c->sends++ ? gs__client_wait_for(left) : c->wait_ms;
   int err;
 
   snprintf(env.method, sizeof(env.method), "%s", c->method);
@@ -429,8 +382,8 @@ static int encode_request(gs_client_t *cl, call_t *c)
   cl->wbuf.len = 0;
   err = gs_wire_encode_frame(&cl->wbuf, &env, c->req_fields, c->req, GS_FRAME_DEFAULT_MAX);
   if (err)
-    set_err(cl, "cannot encode the %s request: %s%s", c->name, gs_strerror(err),
-            err == GS_ETOOBIG ? " (over the 4 MiB frame limit)" : "");
+    gs__client_set_err(cl, "cannot encode the %s request: %s%s", c->name, gs_strerror(err),
+                       err == GS_ETOOBIG ? " (over the 4 MiB frame limit)" : "");
   return err;
 }
 
@@ -438,7 +391,7 @@ static int encode_request(gs_client_t *cl, call_t *c)
 static int conn_failed(gs_client_t *cl, call_t *c)
 {
   close_conn(cl);
-  note_failure(cl);
+  gs__backoff_failed(&cl->backoff, gs_now_ms());
   c->failed_once = true;
   gs_log(cl->log, GS_LOG_DEBUG, cl->job, -1, "%s: %s; redialling", c->name, cl->err);
   return GS_ECLOSED;
@@ -453,7 +406,7 @@ static int attempt(gs_client_t *cl, call_t *c)
   if (cl->fd >= 0 && !conn_alive(cl))
     close_conn(cl);
   if (cl->fd < 0) {
-    err = wait_backoff(cl, c->deadline);
+    err = gs__backoff_wait(&cl->backoff, c->deadline);
     if (!err)
       err = dial(cl, c->deadline);
     if (err == GS_ETIMEDOUT) {
@@ -500,7 +453,7 @@ int gs_client_call(gs_client_t *cl, gs_method_t method, const pb_msgdesc_t *req_
   c.deadline = timeout_ms > UINT64_MAX - c.deadline ? UINT64_MAX : c.deadline + timeout_ms;
   if (method >= GS_METHOD_COUNT ||
       (cl->token && strlen(cl->token) >= sizeof(((gradsync_Envelope *)0)->token))) {
-    set_err(cl, "%s: unknown method, or the token is too long", c.name);
+    gs__client_set_err(cl, "%s: unknown method, or the token is too long", c.name);
     return GS_EINVAL;
   }
   do {
@@ -510,347 +463,10 @@ int gs_client_call(gs_client_t *cl, gs_method_t method, const pb_msgdesc_t *req_
     return err; /* a DEADLINE_EXCEEDED from the coordinator keeps its message */
   memcpy(cause, cl->err, sizeof(cause));
   if (c.failed_once)
-    set_err(cl, "%s: no reply within %llu ms: %s", c.name, (unsigned long long)timeout_ms, cause);
+    gs__client_set_err(cl, "%s: no reply within %llu ms: %s", c.name,
+                       (unsigned long long)timeout_ms, cause);
   else
-    set_err(cl, "%s: no reply from coordinator %s within %llu ms", c.name, cl->addr,
-            (unsigned long long)timeout_ms);
+    gs__client_set_err(cl, "%s: no reply from coordinator %s within %llu ms", c.name, cl->addr,
+                       (unsigned long long)timeout_ms);
   return GS_ETIMEDOUT;
-}
-
-/* Copies the client's job name into a request (kept when the client has none). */
-static int put_job(gs_client_t *cl, char *dst, size_t cap)
-{
-  if (!cl->job[0])
-    return 0;
-  if (strlen(cl->job) >= cap) {
-    set_err(cl, "job name '%s' is longer than %zu bytes", cl->job, cap - 1);
-    return GS_EINVAL;
-  }
-  memcpy(dst, cl->job, strlen(cl->job) + 1);
-  return 0;
-}
-
-/* Checks a string for a bounded request field. */
-static int check_len(gs_client_t *cl, const char *what, const char *s, size_t cap)
-{
-  if (strlen(s) < cap)
-    return 0;
-  set_err(cl, "%s '%.40s...' is longer than %zu bytes", what, s, cap - 1);
-  return GS_EINVAL;
-}
-
-/* Fills a join result from the reply: peers land at their rank's index. */
-static int join_result(gs_client_t *cl, const gradsync_JoinResponse *resp,
-                       const gs_pb_array_t *peers, gs_join_result_t *out)
-{
-  const gradsync_Peer *p = peers->items;
-
-  if (resp->world_size == 0 || resp->rank >= resp->world_size) {
-    set_err(cl, "coordinator %s answered Join with rank %u of world size %u", cl->addr, resp->rank,
-            resp->world_size);
-    return GS_EPROTO;
-  }
-  out->peers = calloc(resp->world_size, sizeof(*out->peers));
-  if (!out->peers) {
-    set_err(cl, "no memory for %u peers", resp->world_size);
-    return GS_ENOMEM;
-  }
-  for (uint32_t r = 0; r < resp->world_size; r++)
-    out->peers[r].rank = r;
-  for (size_t i = 0; i < peers->count; i++) {
-    gs_peer_t *dst;
-
-    if (p[i].rank >= resp->world_size) {
-      set_err(cl, "coordinator %s listed peer rank %u in a world of %u", cl->addr, p[i].rank,
-              resp->world_size);
-      gs_join_result_free(out);
-      return GS_EPROTO;
-    }
-    dst = &out->peers[p[i].rank];
-    snprintf(dst->node, sizeof(dst->node), "%s", p[i].node);
-    dst->local_rank = p[i].local_rank;
-    snprintf(dst->device, sizeof(dst->device), "%s", p[i].device);
-    snprintf(dst->comm_addr, sizeof(dst->comm_addr), "%s", p[i].comm_addr);
-  }
-  out->rank = resp->rank;
-  out->world_size = resp->world_size;
-  out->generation = resp->generation;
-  out->bcast_period = resp->bcast_period;
-  out->heartbeat_interval_ms = resp->heartbeat_interval_ms;
-  out->heartbeat_timeout_ms = resp->heartbeat_timeout_ms;
-  return 0;
-}
-
-int gs_client_join(gs_client_t *cl, gradsync_JoinRequest *req, uint64_t timeout_ms,
-                   gs_join_result_t *out)
-{
-  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
-  gs_pb_array_t peers;
-  int err;
-
-  memset(out, 0, sizeof(*out));
-  err = put_job(cl, req->job, sizeof(req->job));
-  if (err)
-    return err;
-  gs_pb_array_init(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer),
-                   req->world_size ? req->world_size : 1);
-  gs_pb_array_bind_decode(&resp.peers, &peers);
-  err = gs_client_call(cl, GS_METHOD_JOIN, gradsync_JoinRequest_fields, req,
-                       gradsync_JoinResponse_fields, &resp, wait_for(timeout_ms), timeout_ms);
-  if (!err)
-    err = join_result(cl, &resp, &peers, out);
-  gs_pb_array_free(&peers);
-  return err;
-}
-
-void gs_join_result_free(gs_join_result_t *r)
-{
-  if (!r)
-    return;
-  free(r->peers);
-  memset(r, 0, sizeof(*r));
-}
-
-int gs_client_publish(gs_client_t *cl, uint64_t generation, const char *key, const void *value,
-                      size_t len, uint64_t timeout_ms)
-{
-  gradsync_PublishRequest *req = calloc(1, sizeof(*req));
-  gradsync_PublishResponse resp = gradsync_PublishResponse_init_zero;
-  int err;
-
-  if (!req) {
-    set_err(cl, "no memory to publish '%s'", key);
-    return GS_ENOMEM;
-  }
-  err = put_job(cl, req->job, sizeof(req->job));
-  if (!err)
-    err = check_len(cl, "blob key", key, sizeof(req->key));
-  if (!err && len > sizeof(req->value.bytes)) {
-    set_err(cl, "blob '%s' is %zu bytes; the limit is %zu", key, len, sizeof(req->value.bytes));
-    err = GS_EINVAL;
-  }
-  if (err)
-    goto out_free_req;
-  req->generation = generation;
-  snprintf(req->key, sizeof(req->key), "%s", key);
-  if (len)
-    memcpy(req->value.bytes, value, len);
-  req->value.size = (pb_size_t)len;
-  err = gs_client_call(cl, GS_METHOD_PUBLISH, gradsync_PublishRequest_fields, req,
-                       gradsync_PublishResponse_fields, &resp, 0, timeout_ms);
-out_free_req:
-  free(req);
-  return err;
-}
-
-int gs_client_fetch(gs_client_t *cl, uint64_t generation, const char *key, void *value, size_t cap,
-                    size_t *len, uint64_t timeout_ms)
-{
-  gradsync_FetchRequest req = gradsync_FetchRequest_init_zero;
-  gradsync_FetchResponse *resp = calloc(1, sizeof(*resp));
-  int err;
-
-  if (!resp) {
-    set_err(cl, "no memory to fetch '%s'", key);
-    return GS_ENOMEM;
-  }
-  err = put_job(cl, req.job, sizeof(req.job));
-  if (!err)
-    err = check_len(cl, "blob key", key, sizeof(req.key));
-  if (err)
-    goto out_free_resp;
-  req.generation = generation;
-  snprintf(req.key, sizeof(req.key), "%s", key);
-  err = gs_client_call(cl, GS_METHOD_FETCH, gradsync_FetchRequest_fields, &req,
-                       gradsync_FetchResponse_fields, resp, wait_for(timeout_ms), timeout_ms);
-  if (err)
-    goto out_free_resp;
-  *len = resp->value.size;
-  if (resp->value.size > cap) {
-    set_err(cl, "blob '%s' is %u bytes; the buffer holds %zu", key, (unsigned)resp->value.size,
-            cap);
-    err = GS_ERANGE;
-    goto out_free_resp;
-  }
-  if (resp->value.size)
-    memcpy(value, resp->value.bytes, resp->value.size);
-out_free_resp:
-  free(resp);
-  return err;
-}
-
-/* The wire form of the params: ParamInfo structs (caller frees). */
-static int param_infos(gs_client_t *cl, const gs_param_desc_t *params, uint32_t n,
-                       gradsync_ParamInfo **out)
-{
-  gradsync_ParamInfo *info = calloc(n ? n : 1, sizeof(*info));
-
-  if (!info) {
-    set_err(cl, "no memory for %u params", n);
-    return GS_ENOMEM;
-  }
-  for (uint32_t i = 0; i < n; i++) {
-    if (check_len(cl, "param name", params[i].name, sizeof(info[i].name))) {
-      free(info);
-      return GS_EINVAL;
-    }
-    snprintf(info[i].name, sizeof(info[i].name), "%s", params[i].name);
-    info[i].elements = params[i].elements;
-    info[i].dtype = (gradsync_DType)params[i].dtype;
-  }
-  *out = info;
-  return 0;
-}
-
-int gs_client_publish_packlist(gs_client_t *cl, uint64_t generation, uint32_t rank,
-                               const gs_packlist_t *list, const gs_param_desc_t *params, uint32_t n,
-                               uint64_t timeout_ms)
-{
-  gradsync_PublishPackListRequest req = gradsync_PublishPackListRequest_init_zero;
-  gradsync_PublishPackListResponse resp = gradsync_PublishPackListResponse_init_zero;
-  gs_pb_array_t infos, sizes, order;
-  gradsync_ParamInfo *info;
-  char why[256];
-  int err;
-
-  err = put_job(cl, req.job, sizeof(req.job));
-  if (err)
-    return err;
-  if (gs_packlist_validate(list, params, n, why, sizeof(why))) {
-    set_err(cl, "refusing to publish an invalid pack list: %s", why);
-    return GS_EINVAL;
-  }
-  err = param_infos(cl, params, n, &info);
-  if (err)
-    return err;
-  req.generation = generation;
-  req.rank = rank;
-  req.has_pack_list = true;
-  req.pack_list.threshold_bytes = list->threshold_bytes;
-  gs_pb_array_view(&infos, gradsync_ParamInfo_fields, sizeof(*info), info, n);
-  gs_pb_array_view(&sizes, NULL, sizeof(uint32_t), list->pack_sizes, list->pack_count);
-  gs_pb_array_view(&order, NULL, sizeof(uint32_t), list->order, list->param_count);
-  gs_pb_array_bind_encode(&req.pack_list.params, &infos);
-  gs_pb_array_bind_encode(&req.pack_list.pack_sizes, &sizes);
-  gs_pb_array_bind_encode(&req.pack_list.pack_params, &order);
-  err =
-      gs_client_call(cl, GS_METHOD_PUBLISH_PACK_LIST, gradsync_PublishPackListRequest_fields,
-                     &req, gradsync_PublishPackListResponse_fields, &resp, 0, timeout_ms);
-  free(info);
-  return err;
-}
-
-void gs_client_params_free(gs_param_desc_t *params, uint32_t n)
-{
-  if (!params)
-    return;
-  for (uint32_t i = 0; i < n; i++)
-    free((char *)params[i].name);
-  free(params);
-}
-
-/* Turns the decoded wire arrays into a checked pack list and params; the
- * list takes over the index arrays. */
-static int unpack_list(gs_client_t *cl, uint64_t threshold, gs_pb_array_t *infos,
-                       gs_pb_array_t *sizes, gs_pb_array_t *order, gs_packlist_t *list,
-                       gs_param_desc_t **params, uint32_t *n)
-{
-  const gradsync_ParamInfo *info = infos->items;
-  uint32_t count = (uint32_t)infos->count;
-  gs_param_desc_t *descs = calloc(count ? count : 1, sizeof(*descs));
-  gs_packlist_t l = {
-      .threshold_bytes = threshold,
-      .param_count = (uint32_t)order->count,
-      .pack_count = (uint32_t)sizes->count,
-      .pack_sizes = sizes->items,
-      .order = order->items,
-  };
-  char why[256];
-
-  if (!descs)
-    goto out_nomem;
-  for (uint32_t i = 0; i < count; i++) {
-    descs[i] = (gs_param_desc_t){strdup(info[i].name), info[i].elements, (gs_dtype_t)info[i].dtype};
-    if (!descs[i].name) {
-      gs_client_params_free(descs, i);
-      goto out_nomem;
-    }
-  }
-  if (gs_packlist_validate(&l, descs, count, why, sizeof(why))) {
-    set_err(cl, "coordinator %s sent an invalid pack list: %s", cl->addr, why);
-    gs_client_params_free(descs, count);
-    return GS_EPROTO;
-  }
-  *list = l;
-  sizes->items = order->items = NULL;
-  *params = descs;
-  *n = count;
-  return 0;
-
-out_nomem:
-  set_err(cl, "no memory for a pack list of %u params", count);
-  return GS_ENOMEM;
-}
-
-int gs_client_fetch_packlist(gs_client_t *cl, uint64_t generation, gs_packlist_t *list,
-                             gs_param_desc_t **params, uint32_t *n, uint64_t timeout_ms)
-{
-  gradsync_FetchPackListRequest req = gradsync_FetchPackListRequest_init_zero;
-  gradsync_FetchPackListResponse resp = gradsync_FetchPackListResponse_init_zero;
-  gs_pb_array_t infos, sizes, order;
-  int err;
-
-  err = put_job(cl, req.job, sizeof(req.job));
-  if (err)
-    return err;
-  req.generation = generation;
-  gs_pb_array_init(&infos, gradsync_ParamInfo_fields, sizeof(gradsync_ParamInfo), MAX_PARAMS);
-  gs_pb_array_init(&sizes, NULL, sizeof(uint32_t), MAX_PARAMS);
-  gs_pb_array_init(&order, NULL, sizeof(uint32_t), MAX_PARAMS);
-  gs_pb_array_bind_decode(&resp.pack_list.params, &infos);
-  gs_pb_array_bind_decode(&resp.pack_list.pack_sizes, &sizes);
-  gs_pb_array_bind_decode(&resp.pack_list.pack_params, &order);
-  err = gs_client_call(cl, GS_METHOD_FETCH_PACK_LIST, gradsync_FetchPackListRequest_fields,
-                       &req, gradsync_FetchPackListResponse_fields, &resp, wait_for(timeout_ms),
-                       timeout_ms);
-  if (!err && !resp.has_pack_list) {
-    set_err(cl, "coordinator %s answered FetchPackList without a pack list", cl->addr);
-    err = GS_EPROTO;
-  }
-  if (!err)
-    err = unpack_list(cl, resp.pack_list.threshold_bytes, &infos, &sizes, &order, list, params, n);
-  gs_pb_array_free(&infos);
-  gs_pb_array_free(&sizes);
-  gs_pb_array_free(&order);
-  return err;
-}
-
-int gs_client_heartbeat(gs_client_t *cl, const gradsync_HeartbeatRequest *req,
-                        gradsync_HeartbeatResponse *resp, uint64_t timeout_ms)
-{
-  gradsync_HeartbeatRequest r = *req;
-  int err = put_job(cl, r.job, sizeof(r.job));
-
-  if (err)
-    return err;
-  *resp = (gradsync_HeartbeatResponse)gradsync_HeartbeatResponse_init_zero;
-  return gs_client_call(cl, GS_METHOD_HEARTBEAT, gradsync_HeartbeatRequest_fields, &r,
-                        gradsync_HeartbeatResponse_fields, resp, 0, timeout_ms);
-}
-
-int gs_client_leave(gs_client_t *cl, uint64_t generation, uint32_t rank, bool finished,
-                    const char *reason, uint64_t timeout_ms)
-{
-  gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
-  gradsync_LeaveResponse resp = gradsync_LeaveResponse_init_zero;
-  int err = put_job(cl, req.job, sizeof(req.job));
-
-  if (err)
-    return err;
-  req.generation = generation;
-  req.rank = rank;
-  req.finished = finished;
-  snprintf(req.reason, sizeof(req.reason), "%s", reason ? reason : ""); /* truncation is fine */
-  return gs_client_call(cl, GS_METHOD_LEAVE, gradsync_LeaveRequest_fields, &req,
-                        gradsync_LeaveResponse_fields, &resp, 0, timeout_ms);
 }
