@@ -1,0 +1,456 @@
+/* Host backend, the collectives and their data path: large allreduces
+ * pipeline the ring's steps into one transfer (ring_t); small ones gather
+ * every rank's buffer around the ring and add in rank order; broadcast is
+ * a chain from the root. The transfer loop, the sends and receives it
+ * makes and the reduction it runs on each chunk stay in this one file, as
+ * they were before the split, so the compiler sees the whole hot path.
+ * Waits retry briefly before they sleep in poll() (SPIN_NS); the
+ * measurements behind the constants: docs/performance.md, "Host
+ * allreduce". */
+#include "host_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "vectorize.h"
+
+/* Whether the operation may start: not aborted, not broken, initialized. */
+static int op_begin(host_comm_t *c, const char *what)
+{
+  if (gs__host_aborted(c))
+    return GS_EABORTED;
+  if (c->err)
+    return c->err;
+  if (!c->ready) {
+    GS_LOG_ERR(c->base.log, "host comm: %s before a successful init", what);
+    return GS_EINVAL;
+  }
+  return 0;
+}
+
+/* Element offset of ring segment i of `count` split W ways: the first
+ * count % W segments hold one element more. */
+static size_t seg_off(size_t count, uint32_t w, uint32_t i)
+{
+  return i * (count / w) + (i < count % w ? i : count % w);
+}
+
+static size_t seg_len(size_t count, uint32_t w, uint32_t i)
+{
+  return count / w + (i < count % w ? 1 : 0);
+}
+
+static void scale(uint8_t *p, size_t n, gs_dtype_t dtype, uint32_t w)
+{
+  if (dtype == GS_DTYPE_FLOAT64) {
+    double k = 1.0 / w, *d = (double *)p;
+    for (size_t i = 0; i < n; i++)
+      d[i] *= k;
+  } else {
+    float k = 1.0f / (float)w, *f = (float *)p;
+    for (size_t i = 0; i < n; i++)
+      f[i] *= k;
+  }
+}
+
+/* dst += src, elementwise. The body works in blocks of REDUCE_BLOCK
+ * elements, a trip count -O2's cheap vectorizer takes (it leaves loops of
+ * unknown length scalar), compiled for AVX-512 and AVX2 too (GS_WIDE). */
+#define REDUCE_BLOCK 32
+
+GS_WIDE static void reduce_f32(float *restrict dst, const float *restrict src, size_t n)
+{
+  size_t i = 0;
+
+  for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)
+    for (size_t j = 0; j < REDUCE_BLOCK; j++)
+      dst[i + j] += src[i + j];
+  for (; i < n; i++)
+    dst[i] += src[i];
+}
+
+GS_WIDE static void reduce_f64(double *restrict dst, const double *restrict src, size_t n)
+{
+  size_t i = 0;
+
+  for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)
+    for (size_t j = 0; j < REDUCE_BLOCK; j++)
+      dst[i + j] += src[i + j];
+  for (; i < n; i++)
+    dst[i] += src[i];
+}
+
+static void reduce_into(uint8_t *dst, const uint8_t *src, size_t bytes, gs_dtype_t dtype)
+{
+  if (dtype == GS_DTYPE_FLOAT64)
+    reduce_f64((double *)dst, (const double *)src, bytes / sizeof(double));
+  else
+    reduce_f32((float *)dst, (const float *)src, bytes / sizeof(float));
+}
+
+/* One byte on a link's socket wakes the side sleeping in poll(); when the
+ * socket is full a byte is already pending, which wakes it as well. */
+static void send_wake(int fd)
+{
+  static const uint8_t one = 1;
+
+  (void)!send(fd, &one, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* Receives up to len bytes from prev into dst: the count, 0 if it would
+ * block, or a negative error (the link closed or failed). */
+static ssize_t recv_into(host_comm_t *c, xfer_t *x, uint8_t *dst, size_t len)
+{
+  ssize_t n;
+
+  if (c->in_pipe) {
+    bool wake;
+    size_t got = gs__shm_read(c->in_pipe, dst, len, &wake);
+
+    if (wake)
+      send_wake(atomic_load(&c->prev_fd));
+    return (ssize_t)got;
+  }
+  n = recv(atomic_load(&c->prev_fd), dst, len, MSG_DONTWAIT);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+      return 0;
+    return gs__host_io_error(c, n == 0 ? 0 : errno, c->prev, c->prev_addr, x->what);
+  }
+  return n;
+}
+
+/* Sends up to len bytes from p to next, counting them in x->sent; 1 on
+ * progress, 0 if it would block. */
+static int send_from(host_comm_t *c, xfer_t *x, const uint8_t *p, size_t len)
+{
+  ssize_t n;
+
+  if (c->out_pipe) {
+    bool wake;
+    size_t put = gs__shm_write(c->out_pipe, p, len, &wake);
+
+    if (wake)
+      send_wake(atomic_load(&c->next_fd));
+    x->sent += put;
+    return put > 0;
+  }
+  n = send(atomic_load(&c->next_fd), p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+      return 0;
+    return gs__host_io_error(c, errno, c->next, c->next_addr, x->what);
+  }
+  x->sent += (size_t)n;
+  return 1;
+}
+
+/* Sends what it can to next; 1 on progress, 0 if it would block. */
+static int send_some(host_comm_t *c, xfer_t *x)
+{
+  size_t limit = x->forward ? x->recvd : x->send_len;
+
+  if (x->sent >= limit)
+    return 0;
+  return send_from(c, x, x->send + x->sent, limit - x->sent);
+}
+
+/* Receives up to one chunk from prev into place; 1 on progress, 0 if it
+ * would block. */
+static int recv_some(host_comm_t *c, xfer_t *x)
+{
+  size_t left = x->recv_len - x->recvd;
+  ssize_t n;
+
+  if (left == 0)
+    return 0;
+  n = recv_into(c, x, x->recv + x->recvd, CHUNK_BYTES < left ? CHUNK_BYTES : left);
+  if (n <= 0)
+    return (int)n;
+  x->recvd += (size_t)n;
+  return 1;
+}
+
+/* Segment of send item k (recv: of receive item k): rank r's ring sends
+ * segment r-k in step k and receives segment r-k-1. */
+static uint32_t ring_seg(const ring_t *g, uint32_t item, bool recv)
+{
+  return (g->r + 2 * g->w - item - (recv ? 1u : 0u)) % g->w;
+}
+
+static size_t ring_item_len(const ring_t *g, uint32_t item, bool recv)
+{
+  return seg_len(g->count, g->w, ring_seg(g, item, recv)) * g->esz;
+}
+
+static uint8_t *ring_item_ptr(const ring_t *g, uint32_t item, bool recv)
+{
+  return g->buf + seg_off(g->count, g->w, ring_seg(g, item, recv)) * g->esz;
+}
+
+/* Bytes of the send stream that may go out now. */
+size_t gs__host_send_limit(const xfer_t *x)
+{
+  size_t lim;
+
+  if (x->ring) {
+    lim = x->ring->lead + x->ring->done;
+    return lim < x->send_len ? lim : x->send_len;
+  }
+  return x->forward ? x->recvd : x->send_len;
+}
+
+/* send_some for the ring: what may go out of the current send item. */
+static int ring_send_some(host_comm_t *c, xfer_t *x)
+{
+  ring_t *g = x->ring;
+  size_t limit = gs__host_send_limit(x), len, end;
+
+  if (x->sent >= limit)
+    return 0;
+  while (x->sent >= g->s_start + (len = ring_item_len(g, g->s_item, false))) {
+    g->s_start += len;
+    g->s_item++;
+  }
+  end = g->s_start + len < limit ? g->s_start + len : limit;
+  return send_from(c, x, ring_item_ptr(g, g->s_item, false) + (x->sent - g->s_start),
+                   end - x->sent);
+}
+
+/* recv_some for the ring: the first W-1 receive items are added into
+ * place one chunk at a time (the last of them completes this rank's own
+ * segment, scaled there for the mean), the others are stored. */
+static int ring_recv_some(host_comm_t *c, xfer_t *x)
+{
+  ring_t *g = x->ring;
+  size_t len, left, want;
+  uint8_t *item, *dst;
+  bool reduce;
+  ssize_t n;
+
+  if (x->recvd == x->recv_len)
+    return 0;
+  while (x->recvd >= g->r_start + (len = ring_item_len(g, g->r_item, true))) {
+    g->r_start += len;
+    g->r_item++;
+  }
+  item = ring_item_ptr(g, g->r_item, true);
+  reduce = g->r_item < g->w - 1;
+  left = g->r_start + len - x->recvd;
+  dst = reduce ? c->scratch + x->fill : item + (x->recvd - g->r_start);
+  want = reduce ? CHUNK_BYTES - x->fill : left;
+  n = recv_into(c, x, dst, want < left ? want : left);
+  if (n <= 0)
+    return (int)n;
+  x->recvd += (size_t)n;
+  if (!reduce) {
+    g->done += (size_t)n;
+    return 1;
+  }
+  x->fill += (size_t)n;
+  if (x->fill == CHUNK_BYTES || (size_t)n == left) {
+    dst = item + (x->recvd - g->r_start) - x->fill;
+    reduce_into(dst, c->scratch, x->fill, x->dtype);
+    if (g->mean && g->r_item == g->w - 2)
+      scale(dst, x->fill / g->esz, x->dtype, g->w);
+    g->done += x->fill;
+    x->fill = 0;
+  }
+  return 1;
+}
+
+/* Runs one step to completion: sends and receives at once, so two ranks
+ * never wait on each other's full buffers. `last` is the time of the last
+ * progress, carried across the steps of one operation. */
+static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
+{
+  struct pollfd pfd[3];
+  uint64_t now, spin_since = gs_now_ns();
+  int sent, got, nfd;
+
+  for (;;) {
+    if (gs__host_aborted(c))
+      return GS_EABORTED;
+    sent = x->ring ? ring_send_some(c, x) : send_some(c, x);
+    if (sent < 0)
+      return sent;
+    got = x->ring ? ring_recv_some(c, x) : recv_some(c, x);
+    if (got < 0)
+      return got;
+    if (x->sent == x->send_len && x->recvd == x->recv_len)
+      return 0;
+    if (sent || got) {
+      *last = gs_now_ms();
+      spin_since = gs_now_ns();
+      continue;
+    }
+    if (gs_now_ns() - spin_since < SPIN_NS) {
+      sched_yield(); /* lets a peer sharing this core run */
+      continue;
+    }
+    now = gs_now_ms();
+    if (now - *last >= c->timeout_ms)
+      return gs__host_xfer_timeout(c, x);
+    if (c->out_pipe || c->in_pipe) {
+      int err = gs__host_sleep_on_pipes(c, x, gs__host_wait_ms(*last, c->timeout_ms, now));
+
+      if (err)
+        return err;
+      continue;
+    }
+    nfd = 0;
+    pfd[nfd++] = (struct pollfd){c->wake_fd, POLLIN, 0};
+    if (x->sent < gs__host_send_limit(x))
+      pfd[nfd++] = (struct pollfd){atomic_load(&c->next_fd), POLLOUT, 0};
+    if (x->recvd < x->recv_len)
+      pfd[nfd++] = (struct pollfd){atomic_load(&c->prev_fd), POLLIN, 0};
+    if (poll(pfd, (nfds_t)nfd, gs__host_wait_ms(*last, c->timeout_ms, now)) < 0 && errno != EINTR) {
+      GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": poll: %s", c->rank, strerror(errno));
+      return GS_EIO;
+    }
+  }
+}
+
+/* Grows the gather buffer to `bytes` (it keeps the largest size asked). */
+static int gather_reserve(host_comm_t *c, size_t bytes)
+{
+  uint8_t *p;
+
+  if (bytes <= c->gather_cap)
+    return 0;
+  p = realloc(c->gather, bytes);
+  if (!p) {
+    GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": out of memory for %zu gather bytes",
+               c->rank, bytes);
+    return GS_ENOMEM;
+  }
+  c->gather = p;
+  c->gather_cap = bytes;
+  return 0;
+}
+
+/* Small allreduce: every rank's whole buffer travels around the ring (W-1
+ * steps: step s forwards the block of rank r-s, receives that of rank
+ * r-s-1) into the gather buffer, then each rank adds the W blocks in rank
+ * order, so every rank computes the same sum bit for bit. */
+static int small_allreduce(host_comm_t *c, uint8_t *buf, size_t bytes, gs_dtype_t dtype,
+                           uint64_t *last)
+{
+  uint32_t w = c->world, r = c->rank, s;
+  uint8_t *g;
+  int err = gather_reserve(c, bytes * w);
+
+  if (err)
+    return err;
+  g = c->gather;
+  memcpy(g + r * bytes, buf, bytes);
+  for (s = 0; s < w - 1; s++) {
+    xfer_t x = {
+        .send = g + (size_t)((r + w - s) % w) * bytes,
+        .send_len = bytes,
+        .recv = g + (size_t)((r + 2 * w - s - 1) % w) * bytes,
+        .recv_len = bytes,
+        .dtype = dtype,
+        .what = "allreduce",
+    };
+
+    err = xfer_run(c, &x, last);
+    if (err)
+      return err;
+  }
+  memcpy(buf, g, bytes);
+  for (s = 1; s < w; s++)
+    reduce_into(buf, g + (size_t)s * bytes, bytes, dtype);
+  return 0;
+}
+
+/* Reduce-scatter (W-1 steps: rank r ends up owning the full sum of segment
+ * r+1), the mean's scaling of that segment, then allgather (W-1 steps), all
+ * pipelined in one transfer (ring_t). Small buffers take small_allreduce. */
+int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
+                       gs_reduce_op_t op)
+{
+  host_comm_t *c = (host_comm_t *)base;
+  uint32_t w = c->world, s;
+  uint64_t last = gs_now_ms();
+  ring_t ring = {0};
+  xfer_t x = {.dtype = dtype, .what = "allreduce", .ring = &ring};
+  int err = op_begin(c, "allreduce");
+
+  if (err)
+    return err;
+  if ((dtype != GS_DTYPE_FLOAT32 && dtype != GS_DTYPE_FLOAT64) ||
+      (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) || (count && !buf) ||
+      count > SIZE_MAX / gs_dtype_size(dtype)) {
+    GS_LOG_ERR(base->log, "host comm: allreduce of %zu %s (op %s): unsupported arguments", count,
+               gs_dtype_name(dtype), gs_reduce_op_name(op));
+    return GS_EINVAL;
+  }
+  if (w == 1 || count == 0)
+    return 0;
+  if (count * gs_dtype_size(dtype) <= (w == 2 ? SMALL_BYTES_TWO : SMALL_BYTES_MANY)) {
+    err = small_allreduce(c, buf, count * gs_dtype_size(dtype), dtype, &last);
+    if (err)
+      return gs__host_fail(c, err);
+    if (op == GS_REDUCE_MEAN)
+      scale(buf, count, dtype, w);
+    return 0;
+  }
+  ring.buf = buf;
+  ring.count = count;
+  ring.esz = gs_dtype_size(dtype);
+  ring.w = w;
+  ring.r = c->rank;
+  ring.mean = op == GS_REDUCE_MEAN;
+  ring.lead = ring_item_len(&ring, 0, false);
+  for (s = 0; s < 2 * (w - 1); s++) {
+    x.send_len += ring_item_len(&ring, s, false);
+    x.recv_len += ring_item_len(&ring, s, true);
+  }
+  err = xfer_run(c, &x, &last);
+  return err ? gs__host_fail(c, err) : 0;
+}
+
+/* Chain from root along the ring, forwarding each piece as it arrives. */
+int gs__host_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root)
+{
+  host_comm_t *c = (host_comm_t *)base;
+  uint64_t last = gs_now_ms();
+  int err = op_begin(c, "broadcast");
+  xfer_t x = {.send = buf, .recv = buf, .what = "broadcast"};
+
+  if (err)
+    return err;
+  if (root >= c->world || (bytes && !buf)) {
+    GS_LOG_ERR(base->log,
+               "host comm: broadcast of %zu bytes from root %" PRIu32 " in a world of %" PRIu32
+               ": invalid arguments",
+               bytes, root, c->world);
+    return GS_EINVAL;
+  }
+  if (c->world == 1 || bytes == 0)
+    return 0;
+  if (c->rank == root) {
+    x.send_len = bytes;
+  } else {
+    x.recv_len = bytes;
+    x.forward = c->next != root;
+    x.send_len = x.forward ? bytes : 0;
+  }
+  err = xfer_run(c, &x, &last);
+  return err ? gs__host_fail(c, err) : 0;
+}
