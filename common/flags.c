@@ -230,11 +230,17 @@ static long find_name(const char *const *names, const char *v)
 static int apply_string(const gs_flag_t *f, char *v, void *t)
 {
   size_t n = strlen(v);
+  long k;
 
+  if (f->names) {
+    k = find_name(f->names, v);
+    if (k < 0)
+      return GS_EINVAL;
+    v = (char *)f->names[k]; /* stored, never written through */
+    n = strlen(v);
+  }
   if ((f->min > 0 && n < (size_t)f->min) || n > (size_t)gs__flags_max_len(f))
     return GS_ERANGE;
-  if (f->names && find_name(f->names, v) < 0)
-    return GS_EINVAL;
   if (f->kind == GS_FLAG_STR)
     memcpy(t, &v, sizeof(v)); /* char * and const char * share a representation */
   else

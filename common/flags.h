@@ -24,19 +24,22 @@ typedef enum gs_flag_kind {
   GS_FLAG_SECTION,  /* no flag: a heading in --help ("Job:"); `help` is its text */
   GS_FLAG_BOOL,     /* takes no value: sets a bool to true (false with .negate) */
   GS_FLAG_STR,      /* borrows the argument (or env) string: a char * or const char * */
-  GS_FLAG_STRBUF,   /* copies into a char array of .size bytes; .names restricts it */
+  GS_FLAG_STRBUF,   /* copies into a char array of .size bytes; .names restricts it (any
+                       case; the name as listed is stored) */
   GS_FLAG_INT,      /* integer in [.min, .max] into an integer of 1, 2, 4 or 8 bytes */
   GS_FLAG_DOUBLE,   /* finite number in [.dmin, .dmax] (both 0: any) into float or double */
   GS_FLAG_SIZE,     /* gs_parse_size into a uint64_t or size_t, in [.umin, .umax] */
   GS_FLAG_DURATION, /* gs_parse_duration_ms into a uint64_t, in [.umin, .umax] */
   GS_FLAG_ENUM,     /* one of .names (any case), its index into an enum or int */
   GS_FLAG_ADDR,     /* gs_parse_addr: host into a char array, port (>= .min) at .off2 */
-  GS_FLAG_CUSTOM,   /* .parse does it; .def says the default */
+  GS_FLAG_CUSTOM,   /* .parse does it; .show or .def says the default */
 } gs_flag_kind_t;
 
 /* A GS_FLAG_CUSTOM parser: stores the value at `target` or returns a
  * negative GS_E* code with what it expected in `expect`. */
 typedef int (*gs_flag_parse_fn)(const char *value, void *target, char *expect, size_t expect_len);
+/* A GS_FLAG_CUSTOM formatter: the value at `target` as a default to show. */
+typedef void (*gs_flag_show_fn)(const void *target, char *buf, size_t len);
 
 typedef struct gs_flag {
   const char *name; /* "--lr" */
@@ -49,6 +52,7 @@ typedef struct gs_flag {
   double dmin, dmax;        /* DOUBLE range (both 0: any finite number) */
   const char *const *names; /* ENUM, STRBUF choices: NULL-terminated */
   gs_flag_parse_fn parse;   /* GS_FLAG_CUSTOM */
+  gs_flag_show_fn show;     /* GS_FLAG_CUSTOM: its default as text (NULL: .def or none) */
   bool negate;              /* GS_FLAG_BOOL: the flag sets false */
   bool required;            /* an error when neither given nor in .env */
   bool secret;              /* never echo the value (tokens) */

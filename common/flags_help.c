@@ -8,8 +8,9 @@
 #include "flags.h"
 #include "flags_internal.h"
 
-#define HELP_WIDTH 80   /* help lines stay shorter than this */
-#define HELP_MAX_COL 32 /* the text column, unless every flag ends sooner */
+#define HELP_WIDTH 80    /* help lines stay shorter than this */
+#define HELP_MAX_COL 32  /* the text column, unless every flag ends sooner */
+#define HELP_NBSP '\x1f' /* a space wrap() does not break at ("(default: 5m)") */
 
 typedef struct unit {
   uint64_t scale;
@@ -182,6 +183,9 @@ static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t
     show_addr(f, b, buf, len);
     return true;
   case GS_FLAG_CUSTOM:
+    if (f->show)
+      f->show(t, buf, len);
+    return f->show != NULL;
   case GS_FLAG_SECTION:
     break;
   }
@@ -232,13 +236,28 @@ static void wrap(FILE *out, const char *text, size_t col, size_t at)
       fputc(' ', out);
       at++;
     }
-    fprintf(out, "%.*s", (int)n, w);
+    for (size_t k = 0; k < n; k++)
+      fputc(w[k] == HELP_NBSP ? ' ' : w[k], out);
     at += n;
     w += n;
     while (*w == ' ')
       w++;
   }
   fputc('\n', out);
+}
+
+/* A short "(...)" at the end (a default, "required when N > 1") is not
+ * broken across lines. */
+static void keep_suffix_together(char *text)
+{
+  char *open = strrchr(text, '(');
+  size_t n = open ? strlen(open) : 0;
+
+  if (!open || n > 32 || open[n - 1] != ')')
+    return;
+  for (char *p = open; *p; p++)
+    if (*p == ' ')
+      *p = HELP_NBSP;
 }
 
 /* One flag's help: label, then its text and default from column col. */
@@ -254,10 +273,11 @@ static void help_row(const gs_flag_t *f, const void *base, size_t col, FILE *out
   else if (!strncmp(def, "required", 8))
     snprintf(text, sizeof(text), "%s (%s)", f->help, def);
   else if (f->kind != GS_FLAG_BOOL && def[0])
-    snprintf(text, sizeof(text), "%s (default: %s)", f->help, def);
+    snprintf(text, sizeof(text), "%s (default:%c%s)", f->help, HELP_NBSP, def);
   else
     snprintf(text, sizeof(text), "%s", f->help);
   plain(text, shown, sizeof(shown));
+  keep_suffix_together(shown);
   fprintf(out, "  %s", label);
   at = 2 + strlen(label);
   if (at + 2 > col) {

@@ -47,6 +47,11 @@ static int parse_even(const char *v, void *target, char *expect, size_t expect_l
   return 0;
 }
 
+static void show_even(const void *target, char *buf, size_t len)
+{
+  snprintf(buf, len, "%d", *(const int *)target);
+}
+
 #define AT(m) GS_FLAG_AT(opts_t, m)
 static const gs_flag_t rows[] = {
     GS_FLAG_HEADING("General:"),
@@ -146,8 +151,8 @@ static const gs_flag_t rows[] = {
      .kind = GS_FLAG_CUSTOM,
      AT(even),
      .parse = parse_even,
+     .show = show_even,
      .metavar = "N",
-     .def = "none",
      .help = "an even number"},
     {.name = "--level",
      .kind = GS_FLAG_INT,
@@ -257,7 +262,7 @@ START_TEST(every_kind)
 {
   opts_t o;
 
-  expect_ok(&o, ARGS("--big", "1099511627776", "--verbose", "--no-shuffle", "--device", "cpu",
+  expect_ok(&o, ARGS("--big", "1099511627776", "--verbose", "--no-shuffle", "--device", "CPU",
                      "--small", "65535", "--lr", "0.1", "--ratio", "1", "--bytes", "64KiB",
                      "--wait", "1m", "--color", "BLUE", "--listen", "[::1]:0", "--even", "4"));
   ck_assert_int_eq(o.big, 1L << 40);
@@ -513,7 +518,7 @@ START_TEST(markdown_table)
   ck_assert_ptr_nonnull(strstr(md, "| `--big N` | required | a big number |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--lr LR` | `0.05` | the base learning rate, `lr` |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--period P` | `0` | how often |\n"));
-  ck_assert_ptr_nonnull(strstr(md, "| `--even N` | none | an even number |\n"));
+  ck_assert_ptr_nonnull(strstr(md, "| `--even N` | `0` | an even number |\n"));
   ck_assert_msg(strstr(md, "| `--version`, `-h/--help` | | |\n") + 33 == md + strlen(md), "%s", md);
   ck_assert_ptr_null(strstr(md, "General"));
   free(md);
