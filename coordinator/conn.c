@@ -348,7 +348,7 @@ static void reply(struct gs_coord *c, gs_conn_ref_t ref, const gradsync_Envelope
 
 static void envelope_for(gradsync_Envelope *env, gs_method_t m, uint64_t request_id)
 {
-  const char *path = gs__method_path(m);
+  const char *path = gs_method_path(m);
 
   memset(env, 0, sizeof(*env));
   memcpy(env->method, path, strlen(path) + 1); /* every path fits: see GS_METHOD_MAP */

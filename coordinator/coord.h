@@ -14,23 +14,6 @@
 #include "pb_array.h"
 #include "wire.h"
 
-/* RPC methods, in proto order. */
-#define GS_METHOD_MAP(XX)                                                                          \
-  XX(JOIN, Join)                                                                                   \
-  XX(PUBLISH, Publish)                                                                             \
-  XX(FETCH, Fetch)                                                                                 \
-  XX(PUBLISH_PACK_LIST, PublishPackList)                                                           \
-  XX(FETCH_PACK_LIST, FetchPackList)                                                               \
-  XX(HEARTBEAT, Heartbeat)                                                                         \
-  XX(LEAVE, Leave)
-
-typedef enum gs_method {
-#define GS__METHOD_ENUM(id, name) GS_METHOD_##id,
-  GS_METHOD_MAP(GS__METHOD_ENUM)
-#undef GS__METHOD_ENUM
-      GS_METHOD_COUNT
-} gs_method_t;
-
 /* A connection handle that survives the connection: replies to a closed
  * connection are dropped instead of touching freed memory. */
 typedef struct gs_conn_ref {
@@ -160,9 +143,6 @@ typedef struct gs_call {
   size_t body_len;
 } gs_call_t;
 
-const char *gs__method_name(gs_method_t m);
-/* "/gradsync.Coordinator/<name>", the Envelope's method field. */
-const char *gs__method_path(gs_method_t m);
 void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len);
 
 /* --- auth.c --- */

@@ -14,48 +14,6 @@
 
 #define MAX_PARAMS (1u << 20)
 
-static const char *const method_names[] = {
-#define GS__METHOD_NAME(id, name) #name,
-    GS_METHOD_MAP(GS__METHOD_NAME)
-#undef GS__METHOD_NAME
-};
-
-static const char *const method_paths[] = {
-#define GS__METHOD_PATH(id, name) GS_METHOD_PREFIX #name,
-    GS_METHOD_MAP(GS__METHOD_PATH)
-#undef GS__METHOD_PATH
-};
-
-/* The longest method path must fit the Envelope's method field. */
-_Static_assert(sizeof(GS_METHOD_PREFIX "PublishPackList") <=
-                   sizeof(((gradsync_Envelope *)0)->method),
-               "method paths must fit gradsync.Envelope.method");
-
-const char *gs__method_name(gs_method_t m)
-{
-  return m < GS_METHOD_COUNT ? method_names[m] : "?";
-}
-
-const char *gs__method_path(gs_method_t m)
-{
-  return m < GS_METHOD_COUNT ? method_paths[m] : "";
-}
-
-static bool parse_method(const char *path, gs_method_t *m)
-{
-  size_t plen = strlen(GS_METHOD_PREFIX);
-
-  if (strncmp(path, GS_METHOD_PREFIX, plen) != 0)
-    return false;
-  for (int i = 0; i < GS_METHOD_COUNT; i++) {
-    if (strcmp(path + plen, method_names[i]) == 0) {
-      *m = (gs_method_t)i;
-      return true;
-    }
-  }
-  return false;
-}
-
 /* Job names appear in URLs and logs: keep them to a safe alphabet. */
 static bool job_name_ok(const char *name)
 {
@@ -85,10 +43,10 @@ static bool decode_body(const gs_call_t *call, const pb_msgdesc_t *fields, void 
   if (gs_wire_decode(call->body, call->body_len, fields, msg, why, sizeof(why)) == 0)
     return true;
   gs_log(&call->conn->coord->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable %s: %s",
-         call->conn->peer, gs__method_name(call->method), why);
+         call->conn->peer, gs_method_name(call->method), why);
   gs__reply_error(call->conn->coord, call->conn->ref, call->method, call->request_id,
                   GS_GRPC_INVALID_ARGUMENT, "cannot decode %sRequest: %s",
-                  gs__method_name(call->method), why);
+                  gs_method_name(call->method), why);
   return false;
 }
 
@@ -277,7 +235,7 @@ void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len)
     gs__conn_fail(conn, GS_GRPC_INVALID_ARGUMENT, "cannot decode Envelope: %s", why);
     goto out;
   }
-  if (!parse_method(env.method, &call.method)) {
+  if (!gs_method_from_path(env.method, &call.method)) {
     c->stats.bad_frames++;
     gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s called unknown method '%s'", conn->peer,
            env.method);
@@ -292,7 +250,7 @@ void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len)
   c->stats.requests[call.method]++;
   if (!gs__token_ok(c, env.token)) {
     gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
-           gs__method_name(call.method), env.token[0] ? "wrong" : "missing");
+           gs_method_name(call.method), env.token[0] ? "wrong" : "missing");
     gs__reply_error(c, conn->ref, call.method, call.request_id, GS_GRPC_UNAUTHENTICATED, "%s token",
                     env.token[0] ? "wrong" : "missing");
     goto out;

@@ -271,11 +271,11 @@ static int service_metrics(const struct gs_coord *c, gs_buf_t *out)
   err |= emit(out, "gradsync_rpc_connections %u\n", c->conns.open);
   err |= family(out, "gradsync_rpc_requests_total", "counter", "RPC requests by method.");
   for (int m = 0; m < GS_METHOD_COUNT; m++)
-    err |= emit(out, "gradsync_rpc_requests_total{method=\"%s\"} %" PRIu64 "\n", gs__method_name(m),
+    err |= emit(out, "gradsync_rpc_requests_total{method=\"%s\"} %" PRIu64 "\n", gs_method_name(m),
                 c->stats.requests[m]);
   err |= family(out, "gradsync_rpc_errors_total", "counter", "RPC error replies by method.");
   for (int m = 0; m < GS_METHOD_COUNT; m++)
-    err |= emit(out, "gradsync_rpc_errors_total{method=\"%s\"} %" PRIu64 "\n", gs__method_name(m),
+    err |= emit(out, "gradsync_rpc_errors_total{method=\"%s\"} %" PRIu64 "\n", gs_method_name(m),
                 c->stats.errors[m]);
   err |= family(out, "gradsync_bad_frames_total", "counter",
                 "Frames refused: oversized, undecodable or unknown method.");
