@@ -11,24 +11,10 @@
 
 #include "flags_internal.h"
 #include "parse.h"
+#include "why.h"
 
 /* Rows a table may have: the parser keeps one "given" bit per row. */
 #define GS_FLAGS_MAX 256
-
-static int fail(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail(char *why, size_t why_len, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (why && why_len) {
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-  }
-  return GS_EINVAL;
-}
 
 static bool is_int_size(size_t size)
 {
@@ -102,12 +88,13 @@ int gs_flags_check_table(const gs_flags_t *spec, char *why, size_t why_len)
   const char *problem;
 
   if (spec->count > GS_FLAGS_MAX)
-    return fail(why, why_len, "flag table of %zu rows: at most %d", spec->count, GS_FLAGS_MAX);
+    return gs_why(GS_EINVAL, why, why_len, "flag table of %zu rows: at most %d", spec->count,
+                  GS_FLAGS_MAX);
   for (size_t i = 0; i < spec->count; i++) {
     problem = row_problem(&spec->flags[i]);
     if (problem)
-      return fail(why, why_len, "flag table row %zu (%s): %s", i,
-                  spec->flags[i].name ? spec->flags[i].name : "?", problem);
+      return gs_why(GS_EINVAL, why, why_len, "flag table row %zu (%s): %s", i,
+                    spec->flags[i].name ? spec->flags[i].name : "?", problem);
   }
   return 0;
 }
@@ -330,8 +317,8 @@ static int apply(const gs_flag_t *f, char *v, const char *env, char *base, char 
     gs__flags_expect(f, expect, sizeof(expect));
   if (env)
     snprintf(from, sizeof(from), " (from $%s)", env);
-  return fail(why, why_len, "invalid value '%s' for %s%s: expected %s", f->secret ? "(hidden)" : v,
-              f->name, from, expect);
+  return gs_why(GS_EINVAL, why, why_len, "invalid value '%s' for %s%s: expected %s",
+                f->secret ? "(hidden)" : v, f->name, from, expect);
 }
 
 /* The row named by argument `a` ("--name" or "--name=value"), or NULL. */
@@ -372,8 +359,9 @@ static int other_arg(const gs_flags_opts_t *opts, char *a, bool dashes, bool app
     return 0;
   }
   if (!dashes && a[0] == '-' && a[1])
-    return fail(why, why_len, "unknown flag '%.*s' (see --help)", (int)strcspn(a, "="), a);
-  return fail(why, why_len, "unexpected argument '%s' (see --help)", a);
+    return gs_why(GS_EINVAL, why, why_len, "unknown flag '%.*s' (see --help)", (int)strcspn(a, "="),
+                  a);
+  return gs_why(GS_EINVAL, why, why_len, "unexpected argument '%s' (see --help)", a);
 }
 
 static int missing_value(const gs_flag_t *f, char *why, size_t why_len)
@@ -381,7 +369,7 @@ static int missing_value(const gs_flag_t *f, char *why, size_t why_len)
   char meta[128];
 
   gs__flags_metavar(f, meta, sizeof(meta));
-  return fail(why, why_len, "%s needs a value: %s %s", f->name, f->name, meta);
+  return gs_why(GS_EINVAL, why, why_len, "%s needs a value: %s %s", f->name, f->name, meta);
 }
 
 /* One walk over argv. The first (apply false) finds -h/--version and the
@@ -414,7 +402,7 @@ static int walk(const gs_flags_t *spec, char *base, int argc, char **argv,
     }
     eq = strchr(a, '=');
     if (f->kind == GS_FLAG_BOOL && eq)
-      return fail(why, why_len, "%s takes no value", f->name);
+      return gs_why(GS_EINVAL, why, why_len, "%s takes no value", f->name);
     if (f->kind != GS_FLAG_BOOL) {
       if (eq)
         v = eq + 1;
@@ -460,7 +448,7 @@ static int finish(const gs_flags_t *spec, char *base, const gs_flags_opts_t *opt
     if (f->kind == GS_FLAG_SECTION || !f->required || given[i])
       continue;
     gs__flags_metavar(f, meta, sizeof(meta));
-    return fail(why, why_len, "%s %s is required (see --help)", f->name, meta);
+    return gs_why(GS_EINVAL, why, why_len, "%s %s is required (see --help)", f->name, meta);
   }
   return 0;
 }
