@@ -3,6 +3,7 @@
  * the lookup it is given. Help and README rendering are in flags_help.c. */
 #include "flags.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -139,6 +140,8 @@ void gs__flags_expect(const gs_flag_t *f, char *buf, size_t len)
   case GS_FLAG_STRBUF:
     if (f->names)
       gs__flags_names(f->names, " or ", buf, len);
+    else if (f->min > 0 && gs__flags_max_len(f) == LONG_MAX)
+      snprintf(buf, len, "at least %ld byte%s", f->min, f->min == 1 ? "" : "s");
     else if (f->min > 0)
       snprintf(buf, len, "%ld to %ld bytes", f->min, gs__flags_max_len(f));
     else
