@@ -5,7 +5,6 @@
 
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>

@@ -90,20 +90,23 @@ static uint64_t read_int(const void *t, size_t size, bool sig)
   uint32_t u32;
   uint64_t u64;
 
-  if (size == 1 && sig)
-    return memcpy(&i8, t, 1), (uint64_t)(int64_t)i8;
-  if (size == 1)
-    return memcpy(&u8, t, 1), u8;
-  if (size == 2 && sig)
-    return memcpy(&i16, t, 2), (uint64_t)(int64_t)i16;
-  if (size == 2)
-    return memcpy(&u16, t, 2), u16;
-  if (size == 4 && sig)
-    return memcpy(&i32, t, 4), (uint64_t)(int64_t)i32;
-  if (size == 4)
-    return memcpy(&u32, t, 4), u32;
-  memcpy(&u64, t, 8);
-  return u64;
+  switch (size) {
+  case 1:
+    memcpy(&i8, t, 1);
+    memcpy(&u8, t, 1);
+    return sig ? (uint64_t)(int64_t)i8 : u8;
+  case 2:
+    memcpy(&i16, t, 2);
+    memcpy(&u16, t, 2);
+    return sig ? (uint64_t)(int64_t)i16 : u16;
+  case 4:
+    memcpy(&i32, t, 4);
+    memcpy(&u32, t, 4);
+    return sig ? (uint64_t)(int64_t)i32 : u32;
+  default:
+    memcpy(&u64, t, 8);
+    return u64;
+  }
 }
 
 static void show_int(const gs_flag_t *f, const void *t, char *buf, size_t len)
