@@ -337,7 +337,7 @@ static int parse_flags(int argc, char **argv, flags_t *f)
   char why[512];
 
   if (gs_flags_parse(&flags, f, argc, argv, &opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "gradsync-agent: %s\n", why);
+    fprintf(stderr, "%s: %s\n", flags.prog, why);
     return 2;
   }
   switch (action) {

@@ -77,7 +77,7 @@ typedef struct gs_flag {
 
 /* A binary's flags and the text around them in --help. */
 typedef struct gs_flags {
-  const char *prog;   /* "gradsync-agent" */
+  const char *prog;   /* "gradsync-agent", for the caller's messages */
   const char *usage;  /* the help's first lines: synopsis and description */
   const char *epilog; /* text after the flag list, or NULL */
   const gs_flag_t *flags;

@@ -86,7 +86,7 @@ static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
   char why[512];
 
   if (gs_flags_parse(&flags, cfg, argc, argv, &opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "gradsync-coordinator: %s\n", why);
+    fprintf(stderr, "%s: %s\n", flags.prog, why);
     return 2;
   }
   switch (action) {

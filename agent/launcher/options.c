@@ -144,7 +144,7 @@ int gs__run_parse_args(int argc, char **argv, gs_run_config_t *cfg)
   }
   opts.pass = cfg->pass;
   if (gs_flags_parse(&flags, cfg, argc, argv, &opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "gradsync-run: %s\n", why);
+    fprintf(stderr, "%s: %s\n", flags.prog, why);
     return GS_RUN_USAGE_ERR;
   }
   return after_parse(cfg, action);
