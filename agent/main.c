@@ -2,7 +2,6 @@
 #include <arpa/inet.h>
 #include <cblas.h>
 #include <limits.h>
-#include <math.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
