@@ -1,6 +1,5 @@
 /* gradsync-coordinator: flags, signals, and the loop. */
 #include <errno.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,166 +7,106 @@
 #include <sys/resource.h>
 
 #include "coordinator.h"
+#include "flags.h"
 #include "frame.h"
 #include "parse.h"
 
-static void usage(FILE *out)
-{
-  fprintf(out,
-          "usage: gradsync-coordinator [options]\n"
-          "\n"
-          "The gradsync control plane: rendezvous of a job's agents, the parameter pack list,\n"
-          "heartbeats and directives over RPC; status and control over HTTP.\n"
-          "\n"
-          "  --listen HOST:PORT          RPC address (default :7070; port 0 picks a free one)\n"
-          "  --http HOST:PORT            HTTP address (default :8080)\n"
-          "  --token TOKEN               shared secret agents and control requests must send\n"
-          "                              (default: $GRADSYNC_TOKEN; none when unset)\n"
-          "  --heartbeat-interval DUR    how often agents send heartbeats (default 1s)\n"
-          "  --heartbeat-timeout DUR     silence after which a rank is lost (default 10s)\n"
-          "  --rendezvous-timeout DUR    how long a rendezvous waits for all agents (default 5m)\n"
-          "  --idle-timeout DUR          close connections idle this long (default 60s)\n"
-          "  --wait-timeout DUR          default deadline of Fetch/FetchPackList (default 60s)\n"
-          "  --job-retention DUR         forget a finished job this long after it finished\n"
-          "                              (default 1h; its status stays readable until then)\n"
-          "  --max-frame SIZE            largest RPC frame accepted (default 4MiB)\n"
-          "  --max-world-size N          largest world size accepted (default 65536)\n"
-          "  --log-level LEVEL           error, warn, info or debug (default info)\n"
-          "  --version                   print the version and exit\n"
-          "  -h, --help                  print this help and exit\n"
-          "\n"
-          "On start it prints one line to stdout:\n"
-          "  gradsync-coordinator listening rpc=HOST:PORT http=HOST:PORT\n"
-          "Durations take a unit (250ms, 5s, 2m, 1h); sizes take B, KiB, MiB, GiB.\n");
-}
+static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL};
 
-enum {
-  OPT_LISTEN = 256,
-  OPT_HTTP,
-  OPT_TOKEN,
-  OPT_HB_INTERVAL,
-  OPT_HB_TIMEOUT,
-  OPT_RDV_TIMEOUT,
-  OPT_IDLE_TIMEOUT,
-  OPT_WAIT_TIMEOUT,
-  OPT_JOB_RETENTION,
-  OPT_MAX_FRAME,
-  OPT_MAX_WORLD,
-  OPT_LOG_LEVEL,
-  OPT_VERSION,
+/* The flags: one row each (common/flags.h); --help and the README table
+ * are made from these rows and the defaults gs_coord_config_defaults sets.
+ * Kept out of clang-format so each flag stays one block of a few lines. */
+#define CFG(member) GS_FLAG_AT(gs_coord_config_t, member)
+/* clang-format off */
+static const gs_flag_t flag_rows[] = {
+  {.name = "--listen", .kind = GS_FLAG_ADDR, CFG(rpc_host),
+   GS_FLAG_PORT_AT(gs_coord_config_t, rpc_port), .metavar = "HOST:PORT",
+   .help = "RPC address (port 0 picks a free one)",
+   .doc = "RPC address (agents); `:PORT` is every interface, port 0 any free port"},
+  {.name = "--http", .kind = GS_FLAG_ADDR, CFG(http_host),
+   GS_FLAG_PORT_AT(gs_coord_config_t, http_port), .metavar = "HOST:PORT",
+   .help = "HTTP address", .doc = "HTTP address (people, tools)"},
+  {.name = "--token", .kind = GS_FLAG_STRBUF, CFG(token), .secret = true, .env = "GRADSYNC_TOKEN",
+   .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`",
+   .help = "shared secret agents and control requests must send (none when empty)",
+   .doc = "shared secret for every RPC and for control requests; none when empty. Prefer the "
+          "environment variable: flags show in `ps`"},
+  {.name = "--heartbeat-interval", .kind = GS_FLAG_DURATION, CFG(heartbeat_interval_ms),
+   .umin = 1, .metavar = "DUR", .help = "how often agents send heartbeats",
+   .doc = "how often agents heartbeat (sent to them at Join)"},
+  {.name = "--heartbeat-timeout", .kind = GS_FLAG_DURATION, CFG(heartbeat_timeout_ms),
+   .umin = 1, .metavar = "DUR", .help = "silence after which a rank is lost",
+   .doc = "silence after which a rank is lost and its generation aborted"},
+  {.name = "--rendezvous-timeout", .kind = GS_FLAG_DURATION, CFG(rendezvous_timeout_ms),
+   .umin = 1, .metavar = "DUR", .help = "how long a rendezvous waits for all agents",
+   .doc = "how long a rendezvous waits for its world, from its first Join"},
+  {.name = "--idle-timeout", .kind = GS_FLAG_DURATION, CFG(idle_timeout_ms), .umin = 1,
+   .metavar = "DUR", .help = "close connections idle this long",
+   .doc = "connections (RPC and HTTP) with nothing to do this long are closed"},
+  {.name = "--wait-timeout", .kind = GS_FLAG_DURATION, CFG(default_wait_ms), .umin = 1,
+   .metavar = "DUR", .help = "default deadline of Fetch/FetchPackList",
+   .doc = "deadline of `Fetch`/`FetchPackList` that set none"},
+  {.name = "--job-retention", .kind = GS_FLAG_DURATION, CFG(job_retention_ms), .umin = 1,
+   .metavar = "DUR",
+   .help = "forget a finished job this long after it finished (its status stays readable "
+           "until then)",
+   .doc = "a finished job (every rank left, finished) stays in the status this long, then is "
+          "forgotten; a job of that name may start again at any time"},
+  {.name = "--max-frame", .kind = GS_FLAG_SIZE, CFG(max_frame), .umin = 1024, .umax = 1u << 30,
+   .metavar = "SIZE", .help = "largest RPC frame accepted",
+   .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
+  {.name = "--max-world-size", .kind = GS_FLAG_INT, CFG(max_world_size), .min = 1,
+   .max = 1 << 24, .metavar = "N", .help = "largest world size accepted"},
+  {.name = "--log-level", .kind = GS_FLAG_ENUM, CFG(log.level), .names = log_levels,
+   .metavar = "LEVEL", .help = "error, warn, info or debug",
+   .doc = "`error`, `warn`, `info` or `debug`"},
+};
+/* clang-format on */
+
+static const gs_flags_t flags = {
+    .prog = "gradsync-coordinator",
+    .usage = "usage: gradsync-coordinator [options]\n"
+             "\n"
+             "The gradsync control plane: rendezvous of a job's agents, the parameter pack list,\n"
+             "heartbeats and directives over RPC; status and control over HTTP.\n"
+             "\n",
+    .epilog = "On start it prints one line to stdout:\n"
+              "  gradsync-coordinator listening rpc=HOST:PORT http=HOST:PORT\n"
+              "Durations take a unit (250ms, 5s, 2m, 1h); sizes take B, KiB, MiB, GiB.\n",
+    .flags = flag_rows,
+    .count = sizeof(flag_rows) / sizeof(flag_rows[0]),
 };
 
-static const struct option options[] = {
-    {"listen", required_argument, NULL, OPT_LISTEN},
-    {"http", required_argument, NULL, OPT_HTTP},
-    {"token", required_argument, NULL, OPT_TOKEN},
-    {"heartbeat-interval", required_argument, NULL, OPT_HB_INTERVAL},
-    {"heartbeat-timeout", required_argument, NULL, OPT_HB_TIMEOUT},
-    {"rendezvous-timeout", required_argument, NULL, OPT_RDV_TIMEOUT},
-    {"idle-timeout", required_argument, NULL, OPT_IDLE_TIMEOUT},
-    {"wait-timeout", required_argument, NULL, OPT_WAIT_TIMEOUT},
-    {"job-retention", required_argument, NULL, OPT_JOB_RETENTION},
-    {"max-frame", required_argument, NULL, OPT_MAX_FRAME},
-    {"max-world-size", required_argument, NULL, OPT_MAX_WORLD},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-};
-
-static int bad_value(const char *flag, const char *value, const char *expect)
-{
-  fprintf(stderr, "gradsync-coordinator: invalid value '%s' for --%s: expected %s\n", value, flag,
-          expect);
-  return 2;
-}
-
-static int duration_flag(const char *flag, const char *v, uint64_t *ms)
-{
-  if (gs_parse_duration_ms(v, ms) || *ms == 0)
-    return bad_value(flag, v, "a positive duration such as 250ms, 10s or 5m");
-  return 0;
-}
-
-/* Parses argv into cfg; returns 0 to run, or an exit status (-1: exit 0). */
+/* Parses argv into cfg, which holds the defaults; returns 0 to run, or an
+ * exit status (-1: exit 0). */
 static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
 {
-  const char *env_token = getenv("GRADSYNC_TOKEN");
-  uint64_t size;
-  long n;
-  int opt, err = 0;
+  gs_flags_opts_t opts = {.getenv = getenv};
+  gs_flags_action_t action;
+  char why[512];
 
-  if (env_token)
-    snprintf(cfg->token, sizeof(cfg->token), "%s", env_token);
-  while (!err && (opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    const char *name = opt >= OPT_LISTEN ? options[opt - OPT_LISTEN].name : "";
-
-    switch (opt) {
-    case OPT_LISTEN:
-      if (gs_parse_addr(optarg, cfg->rpc_host, sizeof(cfg->rpc_host), &cfg->rpc_port))
-        err = bad_value(name, optarg, "HOST:PORT or :PORT");
-      break;
-    case OPT_HTTP:
-      if (gs_parse_addr(optarg, cfg->http_host, sizeof(cfg->http_host), &cfg->http_port))
-        err = bad_value(name, optarg, "HOST:PORT or :PORT");
-      break;
-    case OPT_TOKEN:
-      if (strlen(optarg) >= sizeof(cfg->token))
-        err = bad_value(name, "(hidden)", "at most 255 bytes");
-      snprintf(cfg->token, sizeof(cfg->token), "%s", optarg);
-      break;
-    case OPT_HB_INTERVAL:
-      err = duration_flag(name, optarg, &cfg->heartbeat_interval_ms);
-      break;
-    case OPT_HB_TIMEOUT:
-      err = duration_flag(name, optarg, &cfg->heartbeat_timeout_ms);
-      break;
-    case OPT_RDV_TIMEOUT:
-      err = duration_flag(name, optarg, &cfg->rendezvous_timeout_ms);
-      break;
-    case OPT_IDLE_TIMEOUT:
-      err = duration_flag(name, optarg, &cfg->idle_timeout_ms);
-      break;
-    case OPT_WAIT_TIMEOUT:
-      err = duration_flag(name, optarg, &cfg->default_wait_ms);
-      break;
-    case OPT_JOB_RETENTION:
-      err = duration_flag(name, optarg, &cfg->job_retention_ms);
-      break;
-    case OPT_MAX_FRAME:
-      if (gs_parse_size(optarg, &size) || size < 1024 || size > (1u << 30))
-        err = bad_value(name, optarg, "a size from 1KiB to 1GiB");
-      cfg->max_frame = size;
-      break;
-    case OPT_MAX_WORLD:
-      if (gs_parse_long(optarg, 1, 1 << 24, &n))
-        err = bad_value(name, optarg, "an integer from 1 to 16777216");
-      cfg->max_world_size = (uint32_t)n;
-      break;
-    case OPT_LOG_LEVEL:
-      if (gs_log_level_parse(optarg, &cfg->log.level))
-        err = bad_value(name, optarg, "error, warn, info or debug");
-      break;
-    case OPT_VERSION:
-      printf("gradsync-coordinator %s\n", GS_VERSION);
-      return -1;
-    case 'h':
-      usage(stdout);
-      return -1;
-    default:
-      fprintf(stderr, "Try 'gradsync-coordinator --help'.\n");
-      return 2;
-    }
+  if (gs_flags_parse(&flags, cfg, argc, argv, &opts, &action, why, sizeof(why))) {
+    fprintf(stderr, "%s: %s\n", flags.prog, why);
+    return 2;
   }
-  if (!err && optind < argc) {
-    fprintf(stderr, "gradsync-coordinator: unexpected argument '%s'\n", argv[optind]);
-    err = 2;
+  switch (action) {
+  case GS_FLAGS_HELP:
+    gs_flags_help(&flags, cfg, stdout);
+    return -1;
+  case GS_FLAGS_MARKDOWN:
+    gs_flags_markdown(&flags, cfg, stdout);
+    return -1;
+  case GS_FLAGS_VERSION:
+    printf("gradsync-coordinator %s\n", GS_VERSION);
+    return -1;
+  case GS_FLAGS_RUN:
+    break;
   }
-  if (!err && cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms) {
+  if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms) {
     fprintf(stderr, "gradsync-coordinator: --heartbeat-timeout must exceed --heartbeat-interval\n");
-    err = 2;
+    return 2;
   }
-  return err;
+  return 0;
 }
 
 #define FD_HEADROOM 64 /* descriptors besides agent connections: listeners, HTTP, stdio */

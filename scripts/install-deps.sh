@@ -10,7 +10,7 @@ packages=(
   nanopb libnanopb-dev protobuf-compiler python3-protobuf
   check
   libopenblas-dev dataset-fashion-mnist
-  patchelf
+  patchelf clang-format
   "$@"
 )
 

@@ -222,6 +222,12 @@ def case_launcher(tmp):
     assert p.returncode == 0 and "--nproc" in p.stdout, p
     p = subprocess.run([RUN], capture_output=True, text=True)
     assert p.returncode == 2 and "--nproc" in p.stderr, p
+    p = subprocess.run([RUN, "--nproc=0"], capture_output=True, text=True)
+    assert p.returncode == 2 and "for --nproc: expected an integer from 1 to 1024" in p.stderr, p
+    # Agent flags the launcher sets itself are refused; others pass through.
+    p = subprocess.run([RUN, "--nproc", "1", "--", "--world-size", "2"], capture_output=True,
+                       text=True)
+    assert p.returncode == 2 and "'--world-size' is set by the launcher" in p.stderr, p
     code, out, err = run(["--nproc", "2", "--reduce", "mean", "--data", tmp], check=False)
     assert code != 0, code
     assert re.search(rf"\[rank [01]\] gradsync-agent: error: {re.escape(tmp)}/train-images-idx3-ubyte:"
@@ -238,6 +244,16 @@ def case_errors(tmp):
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "2"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--reduce sum|mean is required" in p.stderr, p.stderr
+    p = subprocess.run([AGENT, "--bogus"], capture_output=True, text=True)
+    assert p.returncode == 2 and "unknown flag '--bogus'" in p.stderr, p.stderr
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1", "--lr=fast"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "'fast' for --lr: expected a number" in p.stderr, p.stderr
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1"],
+                       capture_output=True, text=True, env=dict(os.environ, LOCAL_RANK="x"))
+    assert p.returncode == 2 and "--local-rank (from $LOCAL_RANK)" in p.stderr, p.stderr
+    p = subprocess.run([COORD, "--idle-timeout", "0s"], capture_output=True, text=True)
+    assert p.returncode == 2 and "--idle-timeout" in p.stderr, p.stderr
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
                         "--layers", "784,0,10"], capture_output=True, text=True)
     assert p.returncode == 2 and "--layers" in p.stderr, p.stderr

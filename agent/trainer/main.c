@@ -1,9 +1,7 @@
 /* gradsync-agent: flags, signals, then the reference trainer. */
 #include <arpa/inet.h>
 #include <cblas.h>
-#include <getopt.h>
 #include <limits.h>
-#include <math.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,173 +10,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "flags.h"
 #include "mlp.h"
 #include "parse.h"
 #include "trainer.h"
-
-static void usage(FILE *out)
-{
-  fprintf(
-      out,
-      "usage: gradsync-agent --coordinator HOST:PORT --world-size N [options]\n"
-      "\n"
-      "One data-parallel rank: joins the job at the coordinator, trains the reference MLP on\n"
-      "Fashion-MNIST, allreduces gradients in packs with the other ranks, and takes SGD steps.\n"
-      "Most people start agents through gradsync-run (one machine) instead.\n"
-      "\n"
-      "Job:\n"
-      "  --coordinator HOST:PORT   the coordinator's RPC address (required)\n"
-      "  --job NAME                job name (default: local)\n"
-      "  --world-size N            number of ranks in the job (required)\n"
-      "  --local-rank I            this agent's index on its node (default: $LOCAL_RANK or 0)\n"
-      "  --node NAME               this machine's name (default: the host name)\n"
-      "  --token TOKEN             the coordinator's shared secret (default: $GRADSYNC_TOKEN)\n"
-      "  --comm-host ADDR          address peers reach this agent on (default: this host's\n"
-      "                            address toward the coordinator)\n"
-      "  --device NAME             compute device: cpu, cuda or auto (default auto: cuda when\n"
-      "                            a GPU is visible and this build has CUDA, else cpu)\n"
-      "  --gpu N                   which GPU (default: the local rank modulo the GPUs visible)\n"
-      "  --backend NAME            collective backend: host (TCP ring between agents, cpu\n"
-      "                            device), nccl (cuda device) or auto (default: follows the\n"
-      "                            device)\n"
-      "Sync:\n"
-      "  --reduce sum|mean         how gradients combine across ranks (required when N > 1)\n"
-      "  --pack-threshold SIZE     largest gradient pack (default 10MiB)\n"
-      "  --bcast-period P          broadcast params from rank 0: 0 once at start (default),\n"
-      "                            P > 0 also after every P-th step, -1 never\n"
-      "  --checkpoint-dir DIR      where rank 0 writes checkpoints (default: none)\n"
-      "  --checkpoint-every N      checkpoint every N steps (default 0: at stop and on demand)\n"
-      "  --checkpoint-keep K       checkpoints kept (default 3)\n"
-      "  --resume                  start from the newest valid checkpoint in --checkpoint-dir\n"
-      "Optimizer (SGD, PyTorch semantics):\n"
-      "  --lr LR                   base learning rate (default 0.05)\n"
-      "  --momentum M              default 0.9 (0: plain SGD)\n"
-      "  --weight-decay WD         default 5e-4\n"
-      "  --nesterov                Nesterov momentum\n"
-      "  --bias-lr-mult X          LR multiplier of biases (default 1; Detectron uses 2)\n"
-      "  --bias-wd WD              weight decay of biases (default: --weight-decay; Detectron 0)\n"
-      "  --warmup-steps N          linear warmup from --warmup-factor * LR (default 0)\n"
-      "  --warmup-factor F         default 0.333\n"
-      "  --schedule NAME           constant (default), step or cosine\n"
-      "  --lr-step-size N          step schedule: multiply the LR by --lr-gamma every N steps\n"
-      "  --lr-gamma G              default 0.1\n"
-      "Model and data:\n"
-      "  --layers W0,W1,...,WL     MLP widths (default 784,256,128,10)\n"
-      "  --data DIR                IDX files, gzip or plain (default\n"
-      "                            /usr/share/datasets/fashion-mnist)\n"
-      "  --batch B                 examples per rank per step (default 64)\n"
-      "  --epochs E                default 3\n"
-      "  --steps S                 stop after S steps in all (overrides --epochs)\n"
-      "  --seed S                  init and shuffle seed, identical on every rank (default 1)\n"
-      "  --no-shuffle              visit the examples in file order (exact reproducibility)\n"
-      "  --no-validate             skip the validation pass at each epoch end\n"
-      "  --threads N               OpenBLAS threads per agent (default 1)\n"
-      "Timeouts and output:\n"
-      "  --join-timeout DUR        wait for the other ranks to join (default 5m)\n"
-      "  --rpc-timeout DUR         any other coordinator call (default 30s)\n"
-      "  --comm-timeout DUR        no progress in a collective (default 2m)\n"
-      "  --log-interval DUR        progress line period (default 2s)\n"
-      "  --log-level LEVEL         error, warn, info or debug (default info)\n"
-      "  --version                 print the version and exit\n"
-      "  -h, --help                print this help and exit\n"
-      "\n"
-      "Durations take a unit (250ms, 5s, 2m); sizes take B, KiB, MiB, GiB.\n"
-      "SIGTERM or SIGINT: every rank stops at the same step (and checkpoints if it can).\n");
-}
-
-enum {
-  OPT_COORD = 256,
-  OPT_JOB,
-  OPT_WORLD,
-  OPT_LOCAL_RANK,
-  OPT_NODE,
-  OPT_TOKEN,
-  OPT_COMM_HOST,
-  OPT_BACKEND,
-  OPT_DEVICE,
-  OPT_GPU,
-  OPT_REDUCE,
-  OPT_PACK,
-  OPT_BCAST,
-  OPT_CKPT_DIR,
-  OPT_CKPT_EVERY,
-  OPT_CKPT_KEEP,
-  OPT_RESUME,
-  OPT_LR,
-  OPT_MOMENTUM,
-  OPT_WD,
-  OPT_NESTEROV,
-  OPT_BIAS_LR,
-  OPT_BIAS_WD,
-  OPT_WARMUP,
-  OPT_WARMUP_FACTOR,
-  OPT_SCHEDULE,
-  OPT_STEP_SIZE,
-  OPT_GAMMA,
-  OPT_LAYERS,
-  OPT_DATA,
-  OPT_BATCH,
-  OPT_EPOCHS,
-  OPT_STEPS,
-  OPT_SEED,
-  OPT_NO_SHUFFLE,
-  OPT_NO_VALIDATE,
-  OPT_THREADS,
-  OPT_JOIN_TIMEOUT,
-  OPT_RPC_TIMEOUT,
-  OPT_COMM_TIMEOUT,
-  OPT_LOG_INTERVAL,
-  OPT_LOG_LEVEL,
-  OPT_VERSION,
-};
-
-static const struct option options[] = {
-    {"coordinator", required_argument, NULL, OPT_COORD},
-    {"job", required_argument, NULL, OPT_JOB},
-    {"world-size", required_argument, NULL, OPT_WORLD},
-    {"local-rank", required_argument, NULL, OPT_LOCAL_RANK},
-    {"node", required_argument, NULL, OPT_NODE},
-    {"token", required_argument, NULL, OPT_TOKEN},
-    {"comm-host", required_argument, NULL, OPT_COMM_HOST},
-    {"backend", required_argument, NULL, OPT_BACKEND},
-    {"device", required_argument, NULL, OPT_DEVICE},
-    {"gpu", required_argument, NULL, OPT_GPU},
-    {"reduce", required_argument, NULL, OPT_REDUCE},
-    {"pack-threshold", required_argument, NULL, OPT_PACK},
-    {"bcast-period", required_argument, NULL, OPT_BCAST},
-    {"checkpoint-dir", required_argument, NULL, OPT_CKPT_DIR},
-    {"checkpoint-every", required_argument, NULL, OPT_CKPT_EVERY},
-    {"checkpoint-keep", required_argument, NULL, OPT_CKPT_KEEP},
-    {"resume", no_argument, NULL, OPT_RESUME},
-    {"lr", required_argument, NULL, OPT_LR},
-    {"momentum", required_argument, NULL, OPT_MOMENTUM},
-    {"weight-decay", required_argument, NULL, OPT_WD},
-    {"nesterov", no_argument, NULL, OPT_NESTEROV},
-    {"bias-lr-mult", required_argument, NULL, OPT_BIAS_LR},
-    {"bias-wd", required_argument, NULL, OPT_BIAS_WD},
-    {"warmup-steps", required_argument, NULL, OPT_WARMUP},
-    {"warmup-factor", required_argument, NULL, OPT_WARMUP_FACTOR},
-    {"schedule", required_argument, NULL, OPT_SCHEDULE},
-    {"lr-step-size", required_argument, NULL, OPT_STEP_SIZE},
-    {"lr-gamma", required_argument, NULL, OPT_GAMMA},
-    {"layers", required_argument, NULL, OPT_LAYERS},
-    {"data", required_argument, NULL, OPT_DATA},
-    {"batch", required_argument, NULL, OPT_BATCH},
-    {"epochs", required_argument, NULL, OPT_EPOCHS},
-    {"steps", required_argument, NULL, OPT_STEPS},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
-    {"no-validate", no_argument, NULL, OPT_NO_VALIDATE},
-    {"threads", required_argument, NULL, OPT_THREADS},
-    {"join-timeout", required_argument, NULL, OPT_JOIN_TIMEOUT},
-    {"rpc-timeout", required_argument, NULL, OPT_RPC_TIMEOUT},
-    {"comm-timeout", required_argument, NULL, OPT_COMM_TIMEOUT},
-    {"log-interval", required_argument, NULL, OPT_LOG_INTERVAL},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"version", no_argument, NULL, OPT_VERSION},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-};
 
 /* Set by SIGTERM/SIGINT; the engine turns it into a stop every rank takes
  * at the same step. A second signal exits at once. */
@@ -189,39 +24,6 @@ static void on_term(int sig)
   if (term_requested)
     _exit(128 + sig);
   term_requested = 1;
-}
-
-static int bad(const char *flag, const char *value, const char *expect)
-{
-  fprintf(stderr, "gradsync-agent: invalid value '%s' for --%s: expected %s\n", value, flag,
-          expect);
-  return 2;
-}
-
-static int long_flag(const char *flag, const char *v, long min, long max, long *out)
-{
-  char expect[96];
-
-  if (gs_parse_long(v, min, max, out) == 0)
-    return 0;
-  snprintf(expect, sizeof(expect), "an integer from %ld to %ld", min, max);
-  return bad(flag, v, expect);
-}
-
-static int float_flag(const char *flag, const char *v, float *out)
-{
-  char *end;
-  double d = strtod(v, &end);
-
-  if (end == v || *end || !isfinite(d))
-    return bad(flag, v, "a number");
-  *out = (float)d;
-  return 0;
-}
-
-static int duration_flag(const char *flag, const char *v, uint64_t *ms)
-{
-  return gs_parse_duration_ms(v, ms) ? bad(flag, v, "a duration such as 500ms, 30s or 2m") : 0;
 }
 
 /* The address of this host on the route to the coordinator (a connected
@@ -253,22 +55,200 @@ typedef struct flags {
   long threads;
 } flags_t;
 
+/* --layers: the MLP's widths, parsed by the model itself. */
+static int parse_layers(const char *v, void *target, char *expect, size_t expect_len)
+{
+  gs_trainer_config_t *t = target;
+
+  return gs_mlp_parse_layers(v, t->layers, GS_TRAINER_MAX_LAYERS, &t->nlayers, expect, expect_len);
+}
+
+static void show_layers(const void *target, char *buf, size_t len)
+{
+  const gs_trainer_config_t *t = target;
+  size_t used = 0;
+
+  buf[0] = '\0';
+  for (uint32_t i = 0; i < t->nlayers && used < len; i++)
+    used += (size_t)snprintf(buf + used, len - used, "%s%u", i ? "," : "", t->layers[i]);
+}
+
+static const char *const devices[] = {"cpu", "cuda", "auto", NULL};
+static const char *const backends[] = {"host", "nccl", "auto", NULL};
+static const char *const reduce_ops[] = {"sum", "mean", NULL};
+static const char *const schedules[] = {"constant", "step", "cosine", NULL};
+static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL};
+_Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
+_Static_assert(GS_LR_CONSTANT == 0 && GS_LR_STEP == 1 && GS_LR_COSINE == 2,
+               "schedules follows gs_lr_schedule_t");
+
+/* The flags, one row each (common/flags.h): --help and the README table
+ * are made from these rows and the defaults defaults() sets. Kept out of
+ * clang-format so each flag stays one block of a few lines. */
+#define F(member) GS_FLAG_AT(flags_t, member)
+#define E(member) GS_FLAG_AT(flags_t, t.engine.member)
+#define SGD(member) GS_FLAG_AT(flags_t, t.engine.sgd.member)
+/* clang-format off */
+static const gs_flag_t flag_rows[] = {
+  GS_FLAG_HEADING("Job:"),
+  {.name = "--coordinator", .kind = GS_FLAG_ADDR, E(coord.host),
+   GS_FLAG_PORT_AT(flags_t, t.engine.coord.port), .min = 1, GS_FLAG_GIVEN(flags_t, have_coord),
+   .metavar = "HOST:PORT", .def = "required", .help = "the coordinator's RPC address"},
+  {.name = "--job", .kind = GS_FLAG_STR, E(coord.job), .min = 1, .max = 127, .metavar = "NAME",
+   .help = "job name"},
+  {.name = "--world-size", .kind = GS_FLAG_INT, E(world_size), .min = 1, .max = 65536,
+   GS_FLAG_GIVEN(flags_t, have_world), .metavar = "N", .def = "required",
+   .help = "number of ranks in the job", .doc = "ranks in the job"},
+  {.name = "--local-rank", .kind = GS_FLAG_INT, E(local_rank), .min = 0, .max = 1 << 20,
+   .env = "LOCAL_RANK", .metavar = "I", .def = "`$LOCAL_RANK` or 0",
+   .help = "this agent's index on its node",
+   .doc = "this agent's index on its node (ranks are ordered by node, then local rank)"},
+  {.name = "--node", .kind = GS_FLAG_STRBUF, E(node), .metavar = "NAME", .def = "host name",
+   .help = "this machine's name"},
+  {.name = "--token", .kind = GS_FLAG_STR, E(coord.token), .secret = true,
+   .env = "GRADSYNC_TOKEN", .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`",
+   .help = "the coordinator's shared secret"},
+  {.name = "--comm-host", .kind = GS_FLAG_STRBUF, E(comm_host),
+   GS_FLAG_GIVEN(flags_t, have_comm_host), .metavar = "ADDR",
+   .def = "this host's address toward the coordinator",
+   .help = "address peers reach this agent on", .doc = "where the other ranks dial this one"},
+  {.name = "--device", .kind = GS_FLAG_STRBUF, F(t.device), .names = devices,
+   .help = "compute device: cuda when a GPU is visible and this build has CUDA, else cpu",
+   .doc = "compute device: `cuda` (cuBLAS + our kernels) when the build has CUDA and a GPU is "
+          "visible, else `cpu` (OpenBLAS); `auto` also picks `cpu` when `LOCAL_WORLD_SIZE` (set "
+          "by `gradsync-run`) exceeds the GPUs visible, since NCCL needs a GPU per rank"},
+  {.name = "--gpu", .kind = GS_FLAG_INT, F(t.gpu), .min = 0, .max = 1023, .metavar = "N",
+   .def = "local rank mod GPUs visible", .help = "which GPU",
+   .doc = "which GPU (`CUDA_VISIBLE_DEVICES` numbering)"},
+  {.name = "--backend", .kind = GS_FLAG_STRBUF, E(backend), .names = backends,
+   .help = "collective backend: host (TCP ring between agents, cpu device), nccl (cuda "
+           "device) or auto (follows the device)",
+   .doc = "collective backend: `host` (ring reduce-scatter + allgather over TCP, host memory: "
+          "the `cpu` device; two ranks on one machine pass their bytes through a shared-memory "
+          "pipe instead, unless `GRADSYNC_HOST_SHM=0`) or `nccl` (in place on GPU memory: the "
+          "`cuda` device); `auto` follows the device, and a mismatched pair is refused before "
+          "training"},
+  GS_FLAG_HEADING("Sync:"),
+  {.name = "--reduce", .kind = GS_FLAG_ENUM, E(reduce), .names = reduce_ops,
+   GS_FLAG_GIVEN(flags_t, have_reduce), .def = "required when N > 1",
+   .help = "how gradients combine across ranks",
+   .doc = "`mean` averages the ranks' gradients (N ranks × batch b then equal one rank × batch "
+          "N·b); `sum` adds them"},
+  {.name = "--pack-threshold", .kind = GS_FLAG_SIZE, E(pack_threshold), .umin = 1,
+   .metavar = "SIZE", .help = "largest gradient pack",
+   .doc = "largest gradient pack (one allreduce)"},
+  {.name = "--bcast-period", .kind = GS_FLAG_INT, E(bcast_period), .min = -1,
+   .max = (1 << 23) - 1, .metavar = "P",
+   .help = "broadcast params from rank 0: 0 once at start, P > 0 also after every P-th step, "
+           "-1 never",
+   .doc = "broadcast params from rank 0: `0` once at start, `P > 0` also after every P-th step, "
+          "`-1` never; the control endpoint can change it while training"},
+  {.name = "--checkpoint-dir", .kind = GS_FLAG_STR, E(checkpoint_dir), .metavar = "DIR",
+   .help = "where rank 0 writes checkpoints",
+   .doc = "where rank 0 writes checkpoints ([format](docs/checkpoint.md))"},
+  {.name = "--checkpoint-every", .kind = GS_FLAG_INT, E(checkpoint_every), .min = 0,
+   .max = 1L << 40, .metavar = "N", .help = "checkpoint every N steps (0: at stop and on demand)",
+   .doc = "checkpoint every N steps (also on stop, and on demand from the control endpoint)"},
+  {.name = "--checkpoint-keep", .kind = GS_FLAG_INT, E(checkpoint_keep), .min = 0,
+   .max = 1000000, .metavar = "K", .help = "checkpoints kept"},
+  {.name = "--resume", .kind = GS_FLAG_BOOL, E(resume),
+   .help = "start from the newest valid checkpoint in `--checkpoint-dir`",
+   .doc = "start from the newest valid checkpoint in `--checkpoint-dir` (torn or corrupt files "
+          "are skipped with a warning)"},
+  GS_FLAG_HEADING("Optimizer (SGD, PyTorch semantics):"),
+  {.name = "--lr", .kind = GS_FLAG_DOUBLE, SGD(lr), .metavar = "LR",
+   .help = "base learning rate"},
+  {.name = "--momentum", .kind = GS_FLAG_DOUBLE, SGD(momentum), .metavar = "M",
+   .help = "momentum (0: plain SGD)",
+   .doc = "momentum, PyTorch semantics (`buf = m·buf + g + wd·p`; `p -= lr·buf`)"},
+  {.name = "--weight-decay", .kind = GS_FLAG_DOUBLE, SGD(weight_decay), .metavar = "WD",
+   .help = "L2 weight decay"},
+  {.name = "--nesterov", .kind = GS_FLAG_BOOL, SGD(nesterov), .help = "Nesterov momentum"},
+  {.name = "--bias-lr-mult", .kind = GS_FLAG_DOUBLE, SGD(bias_lr_mult), .metavar = "X",
+   .help = "LR multiplier of biases (Detectron: 2)"},
+  {.name = "--bias-wd", .kind = GS_FLAG_DOUBLE, SGD(bias_wd), GS_FLAG_GIVEN(flags_t, have_bias_wd),
+   .metavar = "WD", .def = "`--weight-decay`", .help = "weight decay of biases (Detectron: 0)"},
+  {.name = "--warmup-steps", .kind = GS_FLAG_INT, SGD(warmup_steps), .min = 0, .max = 1L << 40,
+   .metavar = "N", .help = "linear warmup from `--warmup-factor` × LR to LR over N steps"},
+  /* 1/3 as Detectron; "%g" would show the float as 0.333333. */
+  {.name = "--warmup-factor", .kind = GS_FLAG_DOUBLE, SGD(warmup_factor), .metavar = "F",
+   .def = "`1/3`", .help = "the warmup's first LR as a fraction of LR"},
+  {.name = "--schedule", .kind = GS_FLAG_ENUM, SGD(schedule), .names = schedules,
+   .metavar = "NAME", .help = "constant, step or cosine",
+   .doc = "`constant`, `step` (× `--lr-gamma` every `--lr-step-size` steps) or `cosine` (to 0 "
+          "at the last step)"},
+  {.name = "--lr-step-size", .kind = GS_FLAG_INT, SGD(step_size), .min = 1, .max = 1L << 40,
+   .metavar = "N", .def = "none",
+   .help = "step schedule: multiply the LR by `--lr-gamma` every N steps"},
+  {.name = "--lr-gamma", .kind = GS_FLAG_DOUBLE, SGD(gamma), .metavar = "G",
+   .help = "step schedule: the factor"},
+  GS_FLAG_HEADING("Model and data:"),
+  {.name = "--layers", .kind = GS_FLAG_CUSTOM, F(t), .parse = parse_layers, .show = show_layers,
+   .metavar = "W0,...,WL", .help = "MLP widths",
+   .doc = "MLP widths (ReLU between layers, softmax cross-entropy)"},
+  {.name = "--data", .kind = GS_FLAG_STR, F(t.data_dir), .metavar = "DIR",
+   .help = "IDX files, gzip or plain",
+   .doc = "IDX files `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`"},
+  {.name = "--batch", .kind = GS_FLAG_INT, F(t.batch), .min = 1, .max = 1 << 20, .metavar = "B",
+   .help = "examples per rank per step"},
+  {.name = "--epochs", .kind = GS_FLAG_INT, F(t.epochs), .min = 1, .max = 1000000,
+   .metavar = "E", .help = "how long to train"},
+  {.name = "--steps", .kind = GS_FLAG_INT, F(t.steps), .min = 1, .max = 1L << 40, .metavar = "S",
+   .def = "none", .help = "stop after S steps in all (overrides `--epochs`)"},
+  {.name = "--seed", .kind = GS_FLAG_INT, F(t.seed), .min = 0, .max = LONG_MAX, .metavar = "S",
+   .help = "init and shuffle seed, identical on every rank"},
+  {.name = "--no-shuffle", .kind = GS_FLAG_BOOL, .negate = true, F(t.shuffle),
+   .help = "visit the examples in file order (exact reproducibility)"},
+  {.name = "--no-validate", .kind = GS_FLAG_BOOL, .negate = true, F(t.validate),
+   .help = "skip the validation pass at each epoch end"},
+  {.name = "--threads", .kind = GS_FLAG_INT, F(threads), .min = 1, .max = 1024, .metavar = "N",
+   .help = "OpenBLAS threads per agent"},
+  GS_FLAG_HEADING("Timeouts and output:"),
+  {.name = "--join-timeout", .kind = GS_FLAG_DURATION, E(join_timeout_ms), .metavar = "DUR",
+   .help = "wait for the other ranks to join"},
+  {.name = "--rpc-timeout", .kind = GS_FLAG_DURATION, E(rpc_timeout_ms), .metavar = "DUR",
+   .help = "any other coordinator call"},
+  {.name = "--comm-timeout", .kind = GS_FLAG_DURATION, E(comm_timeout_ms), .metavar = "DUR",
+   .help = "no progress in a collective", .doc = "no progress inside a collective is an error"},
+  {.name = "--log-interval", .kind = GS_FLAG_DURATION, F(t.log_interval_ms), .metavar = "DUR",
+   .help = "progress line period", .doc = "progress line period (rank 0)"},
+  {.name = "--log-level", .kind = GS_FLAG_ENUM, F(log.level), .names = log_levels,
+   .metavar = "LEVEL", .help = "error, warn, info or debug",
+   .doc = "`error`, `warn`, `info`, `debug`"},
+};
+/* clang-format on */
+
+static const gs_flags_t flags = {
+    .prog = "gradsync-agent",
+    .usage = "usage: gradsync-agent --coordinator HOST:PORT --world-size N [options]\n"
+             "\n"
+             "One data-parallel rank: joins the job at the coordinator, trains the reference MLP "
+             "on\n"
+             "Fashion-MNIST, allreduces gradients in packs with the other ranks, and takes SGD "
+             "steps.\n"
+             "Most people start agents through gradsync-run (one machine) instead.\n"
+             "\n",
+    .epilog = "Durations take a unit (250ms, 5s, 2m); sizes take B, KiB, MiB, GiB.\n"
+              "SIGTERM or SIGINT: every rank stops at the same step (and checkpoints if it "
+              "can).\n",
+    .flags = flag_rows,
+    .count = sizeof(flag_rows) / sizeof(flag_rows[0]),
+};
+
+/* The defaults; the environment ($LOCAL_RANK, $GRADSYNC_TOKEN) comes in
+ * through the flag table after the command line. */
 static void defaults(flags_t *f)
 {
   gs_engine_config_t *e = &f->t.engine;
-  const char *lr = getenv("LOCAL_RANK");
+  const char *lws = getenv("LOCAL_WORLD_SIZE");
   long v;
 
   memset(f, 0, sizeof(*f));
   f->log = (gs_log_t){GS_LOG_INFO, stderr, "agent"};
   e->coord.job = "local";
-  e->coord.token = getenv("GRADSYNC_TOKEN");
   e->coord.log = &f->log;
   e->log = &f->log;
-  if (lr && gs_parse_long(lr, 0, 1 << 20, &v) == 0)
-    e->local_rank = (uint32_t)v;
-  lr = getenv("LOCAL_WORLD_SIZE");
-  if (lr && gs_parse_long(lr, 1, 1 << 20, &v) == 0)
+  if (lws && gs_parse_long(lws, 1, 1 << 20, &v) == 0)
     f->t.local_world = (uint32_t)v;
   if (gethostname(e->node, sizeof(e->node)) != 0)
     snprintf(e->node, sizeof(e->node), "localhost");
@@ -294,171 +274,11 @@ static void defaults(flags_t *f)
   f->threads = 1;
 }
 
-/* Applies one option; returns 0, or 2 after printing what is wrong. */
-static int apply(flags_t *f, int opt, const char *v)
+/* A name the table accepts but this build cannot run (cuda, nccl). */
+static int not_built(const char *flag, const char *v, const char *expect)
 {
-  gs_engine_config_t *e = &f->t.engine;
-  char why[256];
-  uint16_t port;
-  long n;
-  int err = 0;
-
-  switch (opt) {
-  case OPT_COORD:
-    if (gs_parse_addr(v, e->coord.host, sizeof(e->coord.host), &port) || port == 0)
-      return bad("coordinator", v, "HOST:PORT");
-    e->coord.port = port;
-    f->have_coord = true;
-    if (!e->coord.host[0])
-      snprintf(e->coord.host, sizeof(e->coord.host), "127.0.0.1");
-    break;
-  case OPT_JOB:
-    if (!*v || strlen(v) > 127)
-      return bad("job", v, "a name of 1 to 127 characters");
-    e->coord.job = v;
-    break;
-  case OPT_WORLD:
-    err = long_flag("world-size", v, 1, 65536, &n);
-    e->world_size = (uint32_t)n;
-    f->have_world = true;
-    break;
-  case OPT_LOCAL_RANK:
-    err = long_flag("local-rank", v, 0, 1 << 20, &n);
-    e->local_rank = (uint32_t)n;
-    break;
-  case OPT_NODE:
-    snprintf(e->node, sizeof(e->node), "%s", v);
-    break;
-  case OPT_TOKEN:
-    e->coord.token = v;
-    break;
-  case OPT_COMM_HOST:
-    snprintf(e->comm_host, sizeof(e->comm_host), "%s", v);
-    f->have_comm_host = true;
-    break;
-  case OPT_BACKEND:
-    if (strcmp(v, "host") != 0 && strcmp(v, "auto") != 0 &&
-        (strcmp(v, "nccl") != 0 || !gs_device_cuda_built()))
-      return bad("backend", v,
-                 gs_device_cuda_built() ? "host, nccl or auto"
-                                        : "host or auto (this build has no CUDA, hence no nccl)");
-    snprintf(e->backend, sizeof(e->backend), "%s", v);
-    break;
-  case OPT_DEVICE:
-    if (strcmp(v, "cpu") != 0 && strcmp(v, "auto") != 0 &&
-        (strcmp(v, "cuda") != 0 || !gs_device_cuda_built()))
-      return bad("device", v,
-                 gs_device_cuda_built() ? "cpu, cuda or auto"
-                                        : "cpu or auto (this build has no CUDA)");
-    snprintf(f->t.device, sizeof(f->t.device), "%s", v);
-    break;
-  case OPT_GPU:
-    err = long_flag("gpu", v, 0, 1023, &n);
-    f->t.gpu = (int)n;
-    break;
-  case OPT_REDUCE:
-    if (gs_reduce_op_parse(v, &e->reduce))
-      return bad("reduce", v, "sum or mean");
-    f->have_reduce = true;
-    break;
-  case OPT_PACK:
-    if (gs_parse_size(v, &e->pack_threshold) || e->pack_threshold == 0)
-      return bad("pack-threshold", v, "a size such as 10MiB");
-    break;
-  case OPT_BCAST:
-    err = long_flag("bcast-period", v, -1, (1 << 23) - 1, &n);
-    e->bcast_period = (int32_t)n;
-    break;
-  case OPT_CKPT_DIR:
-    e->checkpoint_dir = v;
-    break;
-  case OPT_CKPT_EVERY:
-    err = long_flag("checkpoint-every", v, 0, 1L << 40, &n);
-    e->checkpoint_every = (uint64_t)n;
-    break;
-  case OPT_CKPT_KEEP:
-    err = long_flag("checkpoint-keep", v, 0, 1000000, &n);
-    e->checkpoint_keep = (uint32_t)n;
-    break;
-  case OPT_RESUME:
-    e->resume = true;
-    break;
-  case OPT_LR:
-    return float_flag("lr", v, &e->sgd.lr);
-  case OPT_MOMENTUM:
-    return float_flag("momentum", v, &e->sgd.momentum);
-  case OPT_WD:
-    return float_flag("weight-decay", v, &e->sgd.weight_decay);
-  case OPT_NESTEROV:
-    e->sgd.nesterov = true;
-    break;
-  case OPT_BIAS_LR:
-    return float_flag("bias-lr-mult", v, &e->sgd.bias_lr_mult);
-  case OPT_BIAS_WD:
-    f->have_bias_wd = true;
-    return float_flag("bias-wd", v, &e->sgd.bias_wd);
-  case OPT_WARMUP:
-    err = long_flag("warmup-steps", v, 0, 1L << 40, &n);
-    e->sgd.warmup_steps = (uint64_t)n;
-    break;
-  case OPT_WARMUP_FACTOR:
-    return float_flag("warmup-factor", v, &e->sgd.warmup_factor);
-  case OPT_SCHEDULE:
-    if (gs_lr_schedule_parse(v, &e->sgd.schedule))
-      return bad("schedule", v, "constant, step or cosine");
-    break;
-  case OPT_STEP_SIZE:
-    err = long_flag("lr-step-size", v, 1, 1L << 40, &n);
-    e->sgd.step_size = (uint64_t)n;
-    break;
-  case OPT_GAMMA:
-    return float_flag("lr-gamma", v, &e->sgd.gamma);
-  case OPT_LAYERS:
-    if (gs_mlp_parse_layers(v, f->t.layers, GS_TRAINER_MAX_LAYERS, &f->t.nlayers, why, sizeof(why)))
-      return bad("layers", v, why);
-    break;
-  case OPT_DATA:
-    f->t.data_dir = v;
-    break;
-  case OPT_BATCH:
-    err = long_flag("batch", v, 1, 1 << 20, &n);
-    f->t.batch = (uint32_t)n;
-    break;
-  case OPT_EPOCHS:
-    err = long_flag("epochs", v, 1, 1000000, &n);
-    f->t.epochs = (uint64_t)n;
-    break;
-  case OPT_STEPS:
-    err = long_flag("steps", v, 1, 1L << 40, &n);
-    f->t.steps = (uint64_t)n;
-    break;
-  case OPT_SEED:
-    err = long_flag("seed", v, 0, LONG_MAX, &n);
-    f->t.seed = (uint64_t)n;
-    break;
-  case OPT_NO_SHUFFLE:
-    f->t.shuffle = false;
-    break;
-  case OPT_NO_VALIDATE:
-    f->t.validate = false;
-    break;
-  case OPT_THREADS:
-    err = long_flag("threads", v, 1, 1024, &f->threads);
-    break;
-  case OPT_JOIN_TIMEOUT:
-    return duration_flag("join-timeout", v, &e->join_timeout_ms);
-  case OPT_RPC_TIMEOUT:
-    return duration_flag("rpc-timeout", v, &e->rpc_timeout_ms);
-  case OPT_COMM_TIMEOUT:
-    return duration_flag("comm-timeout", v, &e->comm_timeout_ms);
-  case OPT_LOG_INTERVAL:
-    return duration_flag("log-interval", v, &f->t.log_interval_ms);
-  case OPT_LOG_LEVEL:
-    if (gs_log_level_parse(v, &f->log.level))
-      return bad("log-level", v, "error, warn, info or debug");
-    break;
-  }
-  return err;
+  fprintf(stderr, "gradsync-agent: invalid value '%s' for %s: expected %s\n", v, flag, expect);
+  return 2;
 }
 
 /* Cross-flag checks once every flag is known. */
@@ -466,6 +286,13 @@ static int finish_flags(flags_t *f)
 {
   gs_engine_config_t *e = &f->t.engine;
 
+  if (!gs_device_cuda_built() && !strcmp(f->t.device, "cuda"))
+    return not_built("--device", f->t.device, "cpu or auto (this build has no CUDA)");
+  if (!gs_device_cuda_built() && !strcmp(e->backend, "nccl"))
+    return not_built("--backend", e->backend,
+                     "host or auto (this build has no CUDA, hence no nccl)");
+  if (!e->coord.host[0])
+    snprintf(e->coord.host, sizeof(e->coord.host), "127.0.0.1");
   if (!f->have_coord || !f->have_world) {
     fprintf(stderr, "gradsync-agent: --coordinator and --world-size are required "
                     "(try gradsync-run --nproc N to start a local job)\n");
@@ -500,34 +327,46 @@ static int finish_flags(flags_t *f)
   return 0;
 }
 
+/* Parses the command line into f; returns 0 to run, or an exit status
+ * (-1: exit 0). */
+static int parse_flags(int argc, char **argv, flags_t *f)
+{
+  gs_flags_opts_t opts = {.getenv = getenv};
+  gs_flags_action_t action;
+  char why[512];
+
+  if (gs_flags_parse(&flags, f, argc, argv, &opts, &action, why, sizeof(why))) {
+    fprintf(stderr, "%s: %s\n", flags.prog, why);
+    return 2;
+  }
+  switch (action) {
+  case GS_FLAGS_HELP:
+    gs_flags_help(&flags, f, stdout);
+    return -1;
+  case GS_FLAGS_MARKDOWN:
+    gs_flags_markdown(&flags, f, stdout);
+    return -1;
+  case GS_FLAGS_VERSION:
+    printf("gradsync-agent %s (devices: %s; backends: %s)\n", GS_VERSION,
+           gs_device_cuda_built() ? "cpu, cuda" : "cpu",
+           gs_device_cuda_built() ? "host, nccl" : "host");
+    return -1;
+  case GS_FLAGS_RUN:
+    break;
+  }
+  return finish_flags(f);
+}
+
 int main(int argc, char **argv)
 {
   flags_t f;
   struct sigaction sa = {.sa_handler = on_term};
-  int opt, err = 0;
+  int err;
 
   defaults(&f);
-  while (!err && (opt = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    if (opt == 'h') {
-      usage(stdout);
-      return 0;
-    }
-    if (opt == OPT_VERSION) {
-      printf("gradsync-agent %s (devices: %s; backends: %s)\n", GS_VERSION,
-             gs_device_cuda_built() ? "cpu, cuda" : "cpu",
-             gs_device_cuda_built() ? "host, nccl" : "host");
-      return 0;
-    }
-    if (opt == '?')
-      return 2;
-    err = apply(&f, opt, optarg);
-  }
-  if (!err && optind < argc) {
-    fprintf(stderr, "gradsync-agent: unexpected argument '%s' (see --help)\n", argv[optind]);
-    err = 2;
-  }
-  if (err || (err = finish_flags(&f)))
-    return err;
+  err = parse_flags(argc, argv, &f);
+  if (err)
+    return err < 0 ? 0 : err;
   openblas_set_num_threads((int)f.threads);
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);

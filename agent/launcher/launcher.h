@@ -1,0 +1,134 @@
+/* gradsync-run's internals, shared by the files of agent/launcher/. Layers,
+ * from the bottom: say.c (messages), lines.c (pure line splitting),
+ * stream.c (pipes), spawn.c (processes), stop.c (stopping in order),
+ * supervise.c (starting agents, reaping, forwarding lines), loop.c (the
+ * poll loop), options.c (flags) and main.c. Each calls only downward; a
+ * stream reports its lines upward through the callback its owner set. */
+#ifndef GS_RUN_LAUNCHER_H
+#define GS_RUN_LAUNCHER_H
+
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include "lines.h"
+
+#define GS_RUN_MAX_NPROC 1024
+#define GS_RUN_READY_MS 10000 /* how long the coordinator has to print its address */
+#define GS_RUN_DRAIN_MS 1000  /* how long a reaped child's pipes get to reach EOF */
+#define GS_RUN_TOKEN_MAX 255  /* the coordinator's limit */
+#define GS_RUN_USAGE_ERR 2
+
+typedef struct gs_run_stream gs_run_stream_t;
+
+/* Called with each line (without '\n') a stream reads. */
+typedef void (*gs_run_line_fn)(gs_run_stream_t *s, const char *line, size_t len);
+
+/* One pipe from a child. */
+struct gs_run_stream {
+  int fd;     /* read end; -1 once closed */
+  int out_fd; /* where its lines go: 1 (stdout) or 2 (stderr) */
+  gs_run_line_fn on_line;
+  void *data; /* the owner's (the child) */
+  gs_run_lines_t lines;
+};
+
+typedef struct gs_run gs_run_t;
+
+typedef struct gs_run_child {
+  gs_run_t *run;
+  pid_t pid;    /* also its process group id */
+  bool running; /* started and not yet reaped */
+  int rank;     /* -1 for the coordinator */
+  char prefix[32];
+  uint64_t drain_deadline; /* once reaped: when its pipes get closed */
+  gs_run_stream_t out, err;
+} gs_run_child_t;
+
+typedef struct gs_run_config {
+  long nproc;
+  const char *job;
+  char http_host[256];
+  uint16_t http_port;
+  char *token; /* --token, or NULL: children inherit $GRADSYNC_TOKEN */
+  uint64_t grace_ms;
+  char grace_text[32];                 /* grace_ms as a duration, for messages */
+  const char *coord_flag, *agent_flag; /* --coordinator-bin / --agent-bin, or NULL */
+  char coord_bin[PATH_MAX];
+  char agent_bin[PATH_MAX];
+  char **pass; /* arguments passed to every agent */
+  int npass;
+} gs_run_config_t;
+
+typedef enum gs_run_phase {
+  GS_RUN_STARTING,    /* waiting for the coordinator's address */
+  GS_RUN_RUNNING,     /* agents started */
+  GS_RUN_STOP_AGENTS, /* agents sent SIGTERM (or all finished) */
+  GS_RUN_STOP_COORD,  /* no agent left; coordinator sent SIGTERM */
+  GS_RUN_DONE,        /* every child reaped */
+} gs_run_phase_t;
+
+struct gs_run {
+  gs_run_config_t cfg;
+  gs_run_phase_t phase;
+  pid_t self;
+  int sigfd;
+  int devnull;
+  sigset_t orig_mask;
+  struct rlimit orig_nofile;
+  bool nofile_raised; /* children get orig_nofile back */
+  gs_run_child_t coord;
+  gs_run_child_t *agents; /* cfg.nproc of them */
+  int agents_running;
+  int exit_code; /* the first reason to fail; 0 while none */
+  uint64_t ready_deadline, agents_deadline, coord_deadline; /* ms; 0: none */
+};
+
+/* say.c: the launcher's own output. */
+void gs__run_write_all(int fd, const char *buf, size_t len);
+void gs__run_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *gs__run_signal_name(int sig, char *buf, size_t len);
+const char *gs__run_describe_status(int status, char *buf, size_t len);
+
+/* stream.c: reading a child's pipe and handing its lines to on_line. */
+void gs__run_stream_init(gs_run_stream_t *s, gs_run_line_fn on_line, void *data);
+void gs__run_stream_open(gs_run_stream_t *s, int fd, int out_fd);
+bool gs__run_stream_pump(gs_run_stream_t *s);
+void gs__run_stream_close(gs_run_stream_t *s);
+
+/* spawn.c: starting and signalling children. */
+int gs__run_open_std_fds(void);
+int gs__run_raise_nofile(gs_run_t *r);
+int gs__run_spawn(gs_run_t *r, gs_run_child_t *c, char *const argv[]);
+void gs__run_signal_child(gs_run_child_t *c, int sig);
+
+/* stop.c: stopping in order (agents, then the coordinator) and deadlines. */
+void gs__run_fail(gs_run_t *r, int code);
+void gs__run_advance(gs_run_t *r);
+void gs__run_begin_stop(gs_run_t *r);
+void gs__run_kill_everything(gs_run_t *r);
+void gs__run_on_stop_signal(gs_run_t *r, int sig);
+void gs__run_check_deadlines(gs_run_t *r);
+int gs__run_next_timeout(const gs_run_t *r);
+
+/* supervise.c: lines from children, starting the agents, reaping. */
+void gs__run_on_line(gs_run_stream_t *s, const char *line, size_t len);
+void gs__run_reap(gs_run_t *r);
+void gs__run_kill_and_reap_all(gs_run_t *r);
+
+/* adopt.c: what the children leave behind (we are their subreaper). */
+void gs__run_reap_adopted(pid_t self);
+
+/* loop.c: signals through a signalfd, and the poll loop. */
+int gs__run_setup_signals(gs_run_t *r);
+int gs__run_loop(gs_run_t *r);
+
+/* options.c: flags and the programs to start. Returns 0 to run, or an exit
+ * status (-1: exit 0). cfg->pass is allocated; the caller frees it. */
+int gs__run_parse_args(int argc, char **argv, gs_run_config_t *cfg);
+int gs__run_resolve_bins(gs_run_config_t *cfg);
+
+#endif

@@ -1,0 +1,118 @@
+/* gradsync-run: the local launcher (like `torchrun --standalone`). It starts a
+ * coordinator on a free port and N agents pointed at it, forwards their output
+ * line by line with a "[rank i] " prefix, forwards stop signals, and stops
+ * every process when one rank fails. Children never outlive it: each runs in
+ * its own process group (so a terminal's Ctrl-C reaches only the launcher,
+ * which stops the agents before the coordinator), gets PR_SET_PDEATHSIG and
+ * is reaped; as a subreaper it also kills what the children leave behind.
+ * Launcher messages ("gradsync-run: ...") go to stderr. See launcher.h for
+ * the files and their layers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "error.h"
+#include "launcher.h"
+
+/* A child with no process yet; its streams report lines to gs__run_on_line. */
+static void child_init(gs_run_t *r, gs_run_child_t *c, int rank)
+{
+  c->run = r;
+  c->rank = rank;
+  if (rank < 0)
+    snprintf(c->prefix, sizeof(c->prefix), "[coordinator] ");
+  else
+    snprintf(c->prefix, sizeof(c->prefix), "[rank %d] ", rank);
+  gs__run_stream_init(&c->out, gs__run_on_line, c);
+  gs__run_stream_init(&c->err, gs__run_on_line, c);
+}
+
+/* Sets up and starts the coordinator; on failure nothing is left running. */
+static int start(gs_run_t *r)
+{
+  char world[24], http[300];
+  /* The job's size is known: the coordinator need not size itself (its
+   * open-file limit) for the default maximum. */
+  char *argv[] = {r->cfg.coord_bin,   "--listen", "127.0.0.1:0", "--http", http,
+                  "--max-world-size", world,      NULL};
+  int rc;
+
+  snprintf(world, sizeof(world), "%ld", r->cfg.nproc);
+  /* An IPv6 host needs its brackets back. */
+  snprintf(http, sizeof(http), strchr(r->cfg.http_host, ':') ? "[%s]:%u" : "%s:%u",
+           r->cfg.http_host, r->cfg.http_port);
+  r->agents = calloc((size_t)r->cfg.nproc, sizeof(*r->agents));
+  if (!r->agents) {
+    gs__run_say("out of memory for %ld ranks", r->cfg.nproc);
+    return GS_ENOMEM;
+  }
+  for (long i = 0; i < r->cfg.nproc; i++)
+    child_init(r, &r->agents[i], (int)i);
+  r->devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (r->devnull < 0) {
+    gs__run_say("cannot open /dev/null: %s", strerror(errno));
+    return GS_EIO;
+  }
+  rc = gs__run_raise_nofile(r);
+  if (rc)
+    return rc;
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
+    gs__run_say("cannot become a subreaper (%s): processes the ranks leave behind may survive",
+                strerror(errno));
+  rc = gs__run_setup_signals(r);
+  if (rc) {
+    gs__run_say("cannot set up signal handling: %s", gs_strerror(rc));
+    return rc;
+  }
+  rc = gs__run_spawn(r, &r->coord, argv);
+  if (rc)
+    return rc;
+  r->ready_deadline = gs_now_ms() + GS_RUN_READY_MS;
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  gs_run_t r;
+  int rc;
+
+  memset(&r, 0, sizeof(r));
+  r.sigfd = r.devnull = -1;
+  child_init(&r, &r.coord, -1);
+  r.self = getpid();
+  if (gs__run_open_std_fds() != 0)
+    return 1;
+  rc = gs__run_parse_args(argc, argv, &r.cfg);
+  if (rc)
+    goto out_free_args;
+  if (gs__run_resolve_bins(&r.cfg)) {
+    rc = 1;
+    goto out_free_args;
+  }
+  if (start(&r) != 0) {
+    rc = 1;
+    goto out_close;
+  }
+  if (gs__run_loop(&r) != 0) {
+    gs__run_kill_and_reap_all(&r);
+    gs__run_fail(&r, 1);
+  }
+  gs__run_reap_adopted(r.self);
+  rc = r.exit_code;
+  if (rc == 0)
+    gs__run_say("all %ld ranks finished", r.cfg.nproc);
+out_close:
+  if (r.sigfd >= 0)
+    close(r.sigfd);
+  if (r.devnull >= 0)
+    close(r.devnull);
+  free(r.agents);
+out_free_args:
+  free(r.cfg.pass);
+  return rc < 0 ? 0 : rc;
+}

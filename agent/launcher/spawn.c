@@ -1,0 +1,149 @@
+/* Starting children and signalling them. Each child runs in its own
+ * process group with its output on two pipes, dies with the launcher
+ * (PR_SET_PDEATHSIG), and gets back the signal mask and open-file limit the
+ * launcher had. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "launcher.h"
+
+/* Makes sure fds 0..2 are open, so that no pipe lands on them. */
+int gs__run_open_std_fds(void)
+{
+  for (int fd = 0; fd < 3; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0)
+      continue;
+    if (open("/dev/null", O_RDWR) != fd)
+      return GS_EIO;
+  }
+  return 0;
+}
+
+/* Raises the soft limit on open files to fit two pipes per child (the
+ * children get the original limit back); fails if the hard limit is lower. */
+int gs__run_raise_nofile(gs_run_t *r)
+{
+  rlim_t need = (rlim_t)(2 * r->cfg.nproc + 64);
+  struct rlimit lim;
+
+  if (getrlimit(RLIMIT_NOFILE, &r->orig_nofile) != 0)
+    return 0;
+  lim = r->orig_nofile;
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= need)
+    return 0;
+  if (lim.rlim_max != RLIM_INFINITY && lim.rlim_max < need) {
+    gs__run_say("--nproc %ld needs about %lu open files but the limit is %lu; raise it (ulimit -n)",
+                r->cfg.nproc, (unsigned long)need, (unsigned long)lim.rlim_max);
+    return GS_ERANGE;
+  }
+  lim.rlim_cur = need;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    gs__run_say("cannot raise the open-file limit to %lu: %s", (unsigned long)need,
+                strerror(errno));
+    return gs_err_from_errno(errno);
+  }
+  r->nofile_raised = true;
+  return 0;
+}
+
+/* In the forked child: ties its life to the launcher, moves it to its own
+ * process group, wires stdin to /dev/null and stdout/stderr to the pipes,
+ * restores the signal mask and runs argv; exits 127 if it cannot. */
+static void __attribute__((noreturn))
+child_exec(const gs_run_t *r, const gs_run_child_t *c, char *const argv[], int out_fd, int err_fd)
+{
+  char msg[PATH_MAX + 128], num[24];
+  int n, err;
+
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != r->self)
+    _exit(127);
+  setpgid(0, 0);
+  if (dup2(r->devnull, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+    _exit(127);
+  if (c->rank >= 0) {
+    snprintf(num, sizeof(num), "%d", c->rank);
+    setenv("LOCAL_RANK", num, 1);
+    snprintf(num, sizeof(num), "%ld", r->cfg.nproc);
+    setenv("WORLD_SIZE", num, 1);
+    setenv("LOCAL_WORLD_SIZE", num, 1); /* every rank runs on this machine */
+  }
+  signal(SIGPIPE, SIG_DFL);
+  if (r->nofile_raised)
+    setrlimit(RLIMIT_NOFILE, &r->orig_nofile);
+  sigprocmask(SIG_SETMASK, &r->orig_mask, NULL);
+  execv(argv[0], argv);
+  err = errno;
+  n = snprintf(msg, sizeof(msg), "gradsync-run: cannot execute %s: %s%s\n", argv[0], strerror(err),
+               err == ENOENT && access(argv[0], F_OK) == 0 ? " (is its #! interpreter missing?)"
+                                                           : "");
+  gs__run_write_all(2, msg, n < (int)sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
+  _exit(127);
+}
+
+/* Reports why child c could not be started and returns the error. */
+static int spawn_error(const gs_run_child_t *c, char *const argv[], const char *call)
+{
+  int err = errno;
+
+  if (c->rank >= 0)
+    gs__run_say("cannot start rank %d (%s): %s: %s", c->rank, argv[0], call, strerror(err));
+  else
+    gs__run_say("cannot start the coordinator (%s): %s: %s", argv[0], call, strerror(err));
+  return gs_err_from_errno(err);
+}
+
+/* Starts argv as child c with its output on two new pipes; says why not. */
+int gs__run_spawn(gs_run_t *r, gs_run_child_t *c, char *const argv[])
+{
+  int out[2], err[2], rc;
+  pid_t pid;
+
+  if (pipe2(out, O_CLOEXEC) != 0)
+    return spawn_error(c, argv, "pipe");
+  if (pipe2(err, O_CLOEXEC) != 0) {
+    rc = spawn_error(c, argv, "pipe");
+    goto out_close_out;
+  }
+  pid = fork();
+  if (pid < 0) {
+    rc = spawn_error(c, argv, "fork");
+    goto out_close_err;
+  }
+  if (pid == 0)
+    child_exec(r, c, argv, out[1], err[1]);
+  setpgid(pid, pid); /* the child does it too; whichever runs first wins */
+  close(out[1]);
+  close(err[1]);
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  c->pid = pid;
+  c->running = true;
+  gs__run_stream_open(&c->out, out[0], 1);
+  gs__run_stream_open(&c->err, err[0], 2);
+  return 0;
+
+out_close_err:
+  close(err[0]);
+  close(err[1]);
+out_close_out:
+  close(out[0]);
+  close(out[1]);
+  return rc;
+}
+
+/* Sends sig to child c's whole process group (its own children too). */
+void gs__run_signal_child(gs_run_child_t *c, int sig)
+{
+  if (!c->running)
+    return;
+  if (kill(-c->pid, sig) != 0 && errno == ESRCH)
+    kill(c->pid, sig);
+}

@@ -1,0 +1,220 @@
+/* What the children say and do: their lines (the coordinator's address
+ * starts the agents), and their exits, reaped in order. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "clock.h"
+#include "launcher.h"
+
+/* Starts the N agents once the coordinator's RPC address is known. */
+static void start_agents(gs_run_t *r, const char *rpc)
+{
+  char world[24], rank[24];
+  char **argv;
+  int k = 0, rc;
+
+  r->phase = GS_RUN_RUNNING;
+  argv = calloc((size_t)r->cfg.npass + 10, sizeof(*argv));
+  if (!argv) {
+    gs__run_say("out of memory starting the ranks");
+    gs__run_fail(r, 1);
+    gs__run_begin_stop(r);
+    return;
+  }
+  snprintf(world, sizeof(world), "%ld", r->cfg.nproc);
+  argv[k++] = r->cfg.agent_bin;
+  argv[k++] = "--coordinator";
+  argv[k++] = (char *)rpc;
+  argv[k++] = "--job";
+  argv[k++] = (char *)r->cfg.job;
+  argv[k++] = "--world-size";
+  argv[k++] = world;
+  argv[k++] = "--local-rank";
+  argv[k++] = rank;
+  memcpy(argv + k, r->cfg.pass, (size_t)r->cfg.npass * sizeof(*argv));
+  for (long i = 0; i < r->cfg.nproc; i++) {
+    snprintf(rank, sizeof(rank), "%ld", i);
+    rc = gs__run_spawn(r, &r->agents[i], argv);
+    if (rc) {
+      gs__run_fail(r, 1);
+      gs__run_begin_stop(r);
+      break;
+    }
+    r->agents_running++;
+  }
+  free(argv);
+}
+
+/* Recognises the coordinator's "listening" line, announces the addresses
+ * and starts the agents; false for any other line. */
+static bool coordinator_ready(gs_run_t *r, const char *data, size_t len)
+{
+  char line[640], rpc[300], http[300], host[300], shown[310];
+  const char *colon;
+
+  if (len >= sizeof(line))
+    return false;
+  memcpy(line, data, len);
+  line[len] = '\0';
+  if (sscanf(line, "gradsync-coordinator listening rpc=%299s http=%299s", rpc, http) != 2)
+    return false;
+  colon = strrchr(http, ':');
+  if (!colon)
+    return false;
+  snprintf(host, sizeof(host), "%.*s", (int)(colon - http), http);
+  /* A wildcard address is reachable on loopback; IPv6 needs brackets. */
+  if (!strcmp(host, "0.0.0.0") || host[0] == '\0')
+    snprintf(shown, sizeof(shown), "127.0.0.1");
+  else if (!strcmp(host, "::"))
+    snprintf(shown, sizeof(shown), "[::1]");
+  else if (strchr(host, ':') && host[0] != '[')
+    snprintf(shown, sizeof(shown), "[%s]", host);
+  else
+    snprintf(shown, sizeof(shown), "%s", host);
+  gs__run_say("coordinator rpc=%s, status at http://%s%s/status", rpc, shown, colon);
+  r->ready_deadline = 0;
+  start_agents(r, rpc);
+  return true;
+}
+
+/* A stream's line callback: one complete line (or a piece of an overlong
+ * one) from a child, forwarded with its prefix in one write. The
+ * coordinator's first "listening" line starts the agents instead. */
+void gs__run_on_line(gs_run_stream_t *s, const char *data, size_t len)
+{
+  gs_run_child_t *c = s->data;
+  gs_run_t *r = c->run;
+  char line[sizeof(c->prefix) + GS_RUN_LINE_MAX + 1];
+
+  if (c == &r->coord && s == &c->out && r->phase == GS_RUN_STARTING &&
+      coordinator_ready(r, data, len))
+    return;
+  gs__run_write_all(s->out_fd, line, gs_run_prefix_line(line, sizeof(line), c->prefix, data, len));
+}
+
+/* After c was reaped: forwards what its pipes already hold, so that it
+ * comes before the exit message, and gives them GS_RUN_DRAIN_MS to reach EOF
+ * (gs__run_check_deadlines closes them then: a process that escaped the child's
+ * group may hold them open). */
+static void drain_child(gs_run_child_t *c)
+{
+  for (int k = 0; k < 64 && c->out.fd >= 0 && gs__run_stream_pump(&c->out); k++)
+    ;
+  for (int k = 0; k < 64 && c->err.fd >= 0 && gs__run_stream_pump(&c->err); k++)
+    ;
+  c->drain_deadline = gs_now_ms() + GS_RUN_DRAIN_MS;
+}
+
+/* The coordinator was reaped: a failure unless we were stopping it. */
+static void on_coordinator_exit(gs_run_t *r, int status)
+{
+  bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  char how[80];
+
+  gs__run_describe_status(status, how, sizeof(how));
+  if (r->phase == GS_RUN_STARTING) {
+    gs__run_say("coordinator %s before it was ready (its output is above)", how);
+    gs__run_fail(r, 1);
+  } else if (r->phase == GS_RUN_RUNNING || r->phase == GS_RUN_STOP_AGENTS) {
+    gs__run_say("coordinator %s while ranks were running", how);
+    if (r->phase == GS_RUN_RUNNING && r->agents_running > 0)
+      gs__run_say("stopping the ranks");
+    gs__run_fail(r, 1);
+  } else if (!ok) {
+    gs__run_say("coordinator %s", how);
+  }
+  gs__run_begin_stop(r);
+}
+
+/* Rank c was reaped: the first rank to fail stops the others and sets the
+ * exit status. */
+static void on_agent_exit(gs_run_t *r, gs_run_child_t *c, int status)
+{
+  char how[80];
+
+  r->agents_running--;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    gs__run_advance(r);
+    return;
+  }
+  gs__run_say("rank %d %s", c->rank, gs__run_describe_status(status, how, sizeof(how)));
+  if (r->phase != GS_RUN_RUNNING) {
+    gs__run_advance(r);
+    return;
+  }
+  gs__run_fail(r, WIFEXITED(status) && WEXITSTATUS(status) <= 125 ? WEXITSTATUS(status) : 1);
+  if (r->agents_running > 0)
+    gs__run_say("stopping the other ranks");
+  gs__run_begin_stop(r);
+}
+
+static gs_run_child_t *find_child(gs_run_t *r, pid_t pid)
+{
+  if (r->coord.running && r->coord.pid == pid)
+    return &r->coord;
+  for (long i = 0; i < r->cfg.nproc; i++)
+    if (r->agents[i].running && r->agents[i].pid == pid)
+      return &r->agents[i];
+  return NULL;
+}
+
+/* Reaps every exited child. While it is still a zombie its process group id
+ * cannot be reused, so what it left running in its group is killed first. */
+void gs__run_reap(gs_run_t *r)
+{
+  gs_run_child_t *c;
+  siginfo_t si;
+  int status;
+
+  for (;;) {
+    memset(&si, 0, sizeof(si));
+    if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno == EINTR)
+        continue;
+      return;
+    }
+    if (si.si_pid == 0)
+      return;
+    c = find_child(r, si.si_pid);
+    if (c)
+      kill(-c->pid, SIGKILL);
+    while (waitpid(si.si_pid, &status, 0) < 0 && errno == EINTR)
+      ;
+    if (!c)
+      continue;
+    c->running = false;
+    drain_child(c);
+    if (c == &r->coord)
+      on_coordinator_exit(r, status);
+    else
+      on_agent_exit(r, c, status);
+  }
+}
+
+/* Last resort when the loop cannot run: SIGKILL every child and reap it. */
+void gs__run_kill_and_reap_all(gs_run_t *r)
+{
+  gs__run_kill_everything(r);
+  while (r->coord.running || r->agents_running > 0) {
+    int status;
+    pid_t pid = waitpid(-1, &status, 0);
+    gs_run_child_t *c;
+
+    if (pid < 0 && errno == EINTR)
+      continue;
+    if (pid < 0)
+      break;
+    c = find_child(r, pid);
+    if (!c)
+      continue;
+    c->running = false;
+    if (c != &r->coord)
+      r->agents_running--;
+    gs__run_stream_close(&c->out);
+    gs__run_stream_close(&c->err);
+  }
+}

@@ -1,0 +1,369 @@
+/* --help and the README flag table, both rendered from the flag table, with
+ * the defaults read from the caller's struct so they show what the code
+ * really uses. */
+#include <inttypes.h>
+#include <limits.h>
+#include <string.h>
+
+#include "flags.h"
+#include "flags_internal.h"
+
+#define HELP_WIDTH 80    /* help lines stay shorter than this */
+#define HELP_MAX_COL 32  /* the text column, unless every flag ends sooner */
+#define HELP_NBSP '\x1f' /* a space wrap() does not break at ("(default: 5m)") */
+
+typedef struct unit {
+  uint64_t scale;
+  const char *name;
+} unit_t;
+
+static const unit_t size_units[] = {
+    {1ULL << 30, "GiB"}, {1ULL << 20, "MiB"}, {1ULL << 10, "KiB"}, {1, "B"}};
+static const unit_t duration_units[] = {{3600000, "h"}, {60000, "m"}, {1000, "s"}, {1, "ms"}};
+
+/* Joins names with ", " and `sep_last` before the last one. */
+void gs__flags_names(const char *const *names, const char *sep_last, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  buf[0] = '\0';
+  for (size_t i = 0; names[i] && used < len; i++) {
+    const char *sep = i == 0 ? "" : names[i + 1] ? ", " : sep_last;
+    int n = snprintf(buf + used, len - used, "%s%s", sep, names[i]);
+
+    if (n < 0)
+      return;
+    used += (size_t)n;
+  }
+}
+
+void gs__flags_metavar(const gs_flag_t *f, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  if (f->metavar || !f->names) {
+    snprintf(buf, len, "%s", f->metavar ? f->metavar : "VALUE");
+    return;
+  }
+  buf[0] = '\0';
+  for (size_t i = 0; f->names[i] && used < len; i++) {
+    int n = snprintf(buf + used, len - used, "%s%s", i ? "|" : "", f->names[i]);
+
+    if (n < 0)
+      return;
+    used += (size_t)n;
+  }
+}
+
+long gs__flags_max_len(const gs_flag_t *f)
+{
+  long cap = f->kind == GS_FLAG_STRBUF ? (long)f->size - 1 : LONG_MAX;
+
+  return f->max > 0 && f->max < cap ? f->max : cap;
+}
+
+void gs__flags_show_u64(gs_flag_kind_t kind, uint64_t v, char *buf, size_t len)
+{
+  const unit_t *u = kind == GS_FLAG_SIZE ? size_units : duration_units;
+
+  if (v == 0) {
+    snprintf(buf, len, "0%s", kind == GS_FLAG_SIZE ? "B" : "s");
+    return;
+  }
+  for (size_t i = 0;; i++) {
+    if (v % u[i].scale == 0) {
+      snprintf(buf, len, "%" PRIu64 "%s", v / u[i].scale, u[i].name);
+      return;
+    }
+  }
+}
+
+/* Reads an integer of `size` bytes (1, 2, 4 or 8), sign-extended when
+ * `sig`; the bits of a signed target come back as its two's complement. */
+static uint64_t read_int(const void *t, size_t size, bool sig)
+{
+  int8_t i8;
+  int16_t i16;
+  int32_t i32;
+  uint8_t u8;
+  uint16_t u16;
+  uint32_t u32;
+  uint64_t u64;
+
+  switch (size) {
+  case 1:
+    memcpy(&i8, t, 1);
+    memcpy(&u8, t, 1);
+    return sig ? (uint64_t)(int64_t)i8 : u8;
+  case 2:
+    memcpy(&i16, t, 2);
+    memcpy(&u16, t, 2);
+    return sig ? (uint64_t)(int64_t)i16 : u16;
+  case 4:
+    memcpy(&i32, t, 4);
+    memcpy(&u32, t, 4);
+    return sig ? (uint64_t)(int64_t)i32 : u32;
+  default:
+    memcpy(&u64, t, 8);
+    return u64;
+  }
+}
+
+static void show_int(const gs_flag_t *f, const void *t, char *buf, size_t len)
+{
+  uint64_t v = read_int(t, f->size, f->min < 0);
+
+  if (f->min < 0)
+    snprintf(buf, len, "%" PRId64, (int64_t)v);
+  else
+    snprintf(buf, len, "%" PRIu64, v);
+}
+
+static void show_addr(const gs_flag_t *f, const char *base, char *buf, size_t len)
+{
+  const char *host = base + f->off;
+  uint16_t port;
+
+  memcpy(&port, base + f->off2, sizeof(port));
+  if (!strcmp(host, "0.0.0.0") || !host[0])
+    snprintf(buf, len, ":%u", port);
+  else if (strchr(host, ':'))
+    snprintf(buf, len, "[%s]:%u", host, port);
+  else
+    snprintf(buf, len, "%s:%u", host, port);
+}
+
+/* The default as text; true when it is a literal value (shown as code in
+ * the README) rather than words ("none", "off", a .def). */
+static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t len)
+{
+  const char *b = base, *t = b + f->off, *s;
+  double d;
+  float fl;
+  uint64_t u = 0;
+
+  buf[0] = '\0';
+  if (f->def) {
+    snprintf(buf, len, "%s", f->def);
+    return false;
+  }
+  switch (f->kind) {
+  case GS_FLAG_BOOL:
+    snprintf(buf, len, "off");
+    return false;
+  case GS_FLAG_STR:
+  case GS_FLAG_STRBUF:
+    if (f->kind == GS_FLAG_STR)
+      memcpy(&s, t, sizeof(s));
+    else
+      s = t;
+    snprintf(buf, len, "%s", s && *s ? s : "none");
+    return s && *s;
+  case GS_FLAG_INT:
+    show_int(f, t, buf, len);
+    return true;
+  case GS_FLAG_DOUBLE:
+    if (f->size == sizeof(float)) {
+      memcpy(&fl, t, sizeof(fl));
+      d = fl;
+    } else {
+      memcpy(&d, t, sizeof(d));
+    }
+    snprintf(buf, len, "%g", d);
+    return true;
+  case GS_FLAG_SIZE:
+  case GS_FLAG_DURATION:
+    memcpy(&u, t, sizeof(u));
+    gs__flags_show_u64(f->kind, u, buf, len);
+    return true;
+  case GS_FLAG_ENUM:
+    u = read_int(t, f->size, false);
+    for (uint64_t i = 0; f->names[i]; i++)
+      if (i == u)
+        snprintf(buf, len, "%s", f->names[i]);
+    return true;
+  case GS_FLAG_ADDR:
+    show_addr(f, b, buf, len);
+    return true;
+  case GS_FLAG_CUSTOM:
+    if (f->show)
+      f->show(t, buf, len);
+    return f->show != NULL;
+  case GS_FLAG_SECTION:
+    break;
+  }
+  return false;
+}
+
+void gs_flags_show_default(const gs_flag_t *flag, const void *base, char *buf, size_t len)
+{
+  show_default(flag, base, buf, len);
+}
+
+/* "--name META", or "--name" for a switch. */
+static void flag_label(const gs_flag_t *f, char *buf, size_t len)
+{
+  char meta[128];
+
+  gs__flags_metavar(f, meta, sizeof(meta));
+  if (f->kind == GS_FLAG_BOOL)
+    snprintf(buf, len, "%s", f->name);
+  else
+    snprintf(buf, len, "%s %s", f->name, meta);
+}
+
+/* Copies s without backticks (markdown code spans) for the terminal. */
+static void plain(const char *s, char *buf, size_t len)
+{
+  size_t n = 0;
+
+  for (; *s && n + 1 < len; s++)
+    if (*s != '`')
+      buf[n++] = *s;
+  buf[n] = '\0';
+}
+
+/* Writes `text` from column `col` on, wrapped at HELP_WIDTH; the cursor is
+ * at column `at` of the current line. */
+static void wrap(FILE *out, const char *text, size_t col, size_t at)
+{
+  const char *w = text;
+
+  while (*w) {
+    size_t n = strcspn(w, " ");
+
+    if (at > col && at + 1 + n >= HELP_WIDTH) {
+      fprintf(out, "\n%*s", (int)col, "");
+      at = col;
+    } else if (at > col) {
+      fputc(' ', out);
+      at++;
+    }
+    for (size_t k = 0; k < n; k++)
+      fputc(w[k] == HELP_NBSP ? ' ' : w[k], out);
+    at += n;
+    w += n;
+    while (*w == ' ')
+      w++;
+  }
+  fputc('\n', out);
+}
+
+/* A short "(...)" at the end (a default, "required when N > 1") is not
+ * broken across lines. */
+static void keep_suffix_together(char *text)
+{
+  char *open = strrchr(text, '(');
+  size_t n = open ? strlen(open) : 0;
+
+  if (!open || n > 32 || open[n - 1] != ')')
+    return;
+  for (char *p = open; *p; p++)
+    if (*p == ' ')
+      *p = HELP_NBSP;
+}
+
+/* One flag's help: label, then its text and default from column col. */
+static void help_row(const gs_flag_t *f, const void *base, size_t col, FILE *out)
+{
+  char label[192], def[256], text[1024], shown[1024];
+  size_t at;
+
+  flag_label(f, label, sizeof(label));
+  show_default(f, base, def, sizeof(def));
+  if (f->required)
+    snprintf(text, sizeof(text), "%s (required)", f->help);
+  else if (!strncmp(def, "required", 8))
+    snprintf(text, sizeof(text), "%s (%s)", f->help, def);
+  else if (f->kind != GS_FLAG_BOOL && def[0])
+    snprintf(text, sizeof(text), "%s (default:%c%s)", f->help, HELP_NBSP, def);
+  else
+    snprintf(text, sizeof(text), "%s", f->help);
+  plain(text, shown, sizeof(shown));
+  keep_suffix_together(shown);
+  fprintf(out, "  %s", label);
+  at = 2 + strlen(label);
+  if (at + 2 > col) {
+    fprintf(out, "\n%*s", (int)col, "");
+    at = col;
+  } else {
+    fprintf(out, "%*s", (int)(col - at), "");
+    at = col;
+  }
+  wrap(out, shown, col, at);
+}
+
+/* The column flag texts start at: past the longest label, at most HELP_MAX_COL. */
+static size_t text_column(const gs_flags_t *spec)
+{
+  char label[192];
+  size_t col = 2 + strlen("-h, --help") + 2;
+
+  for (size_t i = 0; i < spec->count; i++) {
+    if (spec->flags[i].kind == GS_FLAG_SECTION)
+      continue;
+    flag_label(&spec->flags[i], label, sizeof(label));
+    if (2 + strlen(label) + 2 > col)
+      col = 2 + strlen(label) + 2;
+  }
+  return col > HELP_MAX_COL ? HELP_MAX_COL : col;
+}
+
+void gs_flags_help(const gs_flags_t *spec, const void *base, FILE *out)
+{
+  static const gs_flag_t version = {
+      .name = "--version", .kind = GS_FLAG_BOOL, .help = "print the version and exit"};
+  size_t col = text_column(spec);
+
+  fputs(spec->usage, out);
+  for (size_t i = 0; i < spec->count; i++) {
+    if (spec->flags[i].kind == GS_FLAG_SECTION)
+      fprintf(out, "%s\n", spec->flags[i].help);
+    else
+      help_row(&spec->flags[i], base, col, out);
+  }
+  help_row(&version, base, col, out);
+  fprintf(out, "  -h, --help%*s", (int)(col - 12), "");
+  wrap(out, "print this help and exit", col, col);
+  if (spec->epilog)
+    fprintf(out, "\n%s", spec->epilog);
+}
+
+/* Writes s with every '|' escaped, as a markdown table cell needs. */
+static void cell(FILE *out, const char *s)
+{
+  for (; *s; s++) {
+    if (*s == '|')
+      fputc('\\', out);
+    fputc(*s, out);
+  }
+}
+
+void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out)
+{
+  char label[192], def[256];
+
+  fputs("| flag | default | meaning |\n|---|---|---|\n", out);
+  for (size_t i = 0; i < spec->count; i++) {
+    const gs_flag_t *f = &spec->flags[i];
+    bool literal;
+
+    if (f->kind == GS_FLAG_SECTION)
+      continue;
+    flag_label(f, label, sizeof(label));
+    literal = show_default(f, base, def, sizeof(def));
+    fputs("| `", out);
+    cell(out, label);
+    fputs("` | ", out);
+    if (f->required)
+      fputs("required", out);
+    else if (literal)
+      fprintf(out, "`%s`", def); /* values hold no '|' */
+    else
+      cell(out, def);
+    fputs(" | ", out);
+    cell(out, f->doc ? f->doc : f->help);
+    fputs(" |\n", out);
+  }
+  fputs("| `--version`, `-h/--help` | | |\n", out);
+}
