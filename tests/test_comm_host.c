@@ -748,8 +748,8 @@ START_TEST(bad_arguments)
 {
   gs_log_t log = {GS_LOG_ERROR, NULL, "comm-test"};
   const char *addrs[2] = {"127.0.0.1:1", "127.0.0.1:2"};
-  gs_comm_setup_t setup = {.rank = 0, .world_size = 2, .generation = 1, .peer_addrs = addrs,
-                           .timeout_ms = 1000};
+  gs_comm_setup_t setup = {
+      .rank = 0, .world_size = 2, .generation = 1, .peer_addrs = addrs, .timeout_ms = 1000};
   gs_comm_t *c = gs__comm_host_new(&log);
   char addr[64], tiny[8];
   float x = 1;

@@ -59,8 +59,7 @@ gs_shm_pipe_t *gs__shm_create(uint8_t offer[GS_SHM_OFFER_LEN])
   memset(offer, 0, GS_SHM_OFFER_LEN);
   if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
     return NULL;
-  snprintf(name, sizeof(name), "/gradsync-%ld-%016llx", (long)getpid(),
-           (unsigned long long)rnd[0]);
+  snprintf(name, sizeof(name), "/gradsync-%ld-%016llx", (long)getpid(), (unsigned long long)rnd[0]);
   fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0)
     return NULL;

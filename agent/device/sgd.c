@@ -142,8 +142,8 @@ float gs_sgd_lr(const gs_sgd_config_t *c, uint64_t step)
 }
 
 /* Plain SGD (no momentum buffer) over one segment. */
-GS_WIDE static void step_plain(float *restrict p, const float *restrict g, size_t n, float lr, float scale,
-                       float wd)
+GS_WIDE static void step_plain(float *restrict p, const float *restrict g, size_t n, float lr,
+                               float scale, float wd)
 {
   size_t i = 0, j;
 
@@ -155,8 +155,8 @@ GS_WIDE static void step_plain(float *restrict p, const float *restrict g, size_
 }
 
 /* Heavy-ball momentum over one segment: buf = m * buf + d; p -= lr * buf. */
-GS_WIDE static void step_momentum(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
-                          float lr, float scale, float wd, float m)
+GS_WIDE static void step_momentum(float *restrict p, const float *restrict g, float *restrict buf,
+                                  size_t n, float lr, float scale, float wd, float m)
 {
   size_t i = 0, j;
 
@@ -177,8 +177,8 @@ GS_WIDE static void step_momentum(float *restrict p, const float *restrict g, fl
 }
 
 /* Nesterov momentum over one segment: buf = m * buf + d; p -= lr * (d + m * buf). */
-GS_WIDE static void step_nesterov(float *restrict p, const float *restrict g, float *restrict buf, size_t n,
-                          float lr, float scale, float wd, float m)
+GS_WIDE static void step_nesterov(float *restrict p, const float *restrict g, float *restrict buf,
+                                  size_t n, float lr, float scale, float wd, float m)
 {
   size_t i = 0, j;
 

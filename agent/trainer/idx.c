@@ -39,34 +39,36 @@ static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *off
     return gs_why(GS_EINVAL, why, why_len, "empty file (0 bytes)");
   if (len < 4)
     return gs_why(GS_EINVAL, why, why_len,
-                "truncated header: %zu bytes, an IDX file starts with 4 magic bytes", len);
+                  "truncated header: %zu bytes, an IDX file starts with 4 magic bytes", len);
   if (b[0] != 0 || b[1] != 0)
     return gs_why(GS_EINVAL, why, why_len,
-                "not an IDX file (magic starts 0x%02x 0x%02x, want 0x00 0x00)", b[0], b[1]);
+                  "not an IDX file (magic starts 0x%02x 0x%02x, want 0x00 0x00)", b[0], b[1]);
   if (b[2] != GS_IDX_TYPE_UBYTE)
     return gs_why(GS_EINVAL, why, why_len,
-                "unsupported IDX data type 0x%02x (only 0x08, unsigned byte, is supported)", b[2]);
+                  "unsupported IDX data type 0x%02x (only 0x08, unsigned byte, is supported)",
+                  b[2]);
   if (b[3] < 1 || b[3] > 4)
     return gs_why(GS_EINVAL, why, why_len, "unsupported IDX rank %u (want 1 to 4 dimensions)",
-                (unsigned)b[3]);
+                  (unsigned)b[3]);
   out->ndims = b[3];
   header = 4 + 4 * (size_t)out->ndims;
   if (len < header)
     return gs_why(GS_EINVAL, why, why_len,
-                "truncated header: %u dimensions need %zu header bytes, file has %zu", out->ndims,
-                header, len);
+                  "truncated header: %u dimensions need %zu header bytes, file has %zu", out->ndims,
+                  header, len);
   for (i = 0; i < out->ndims; i++) {
     out->dims[i] = gs_load_be32(b + 4 + 4 * i);
     if (__builtin_mul_overflow(bytes, (size_t)out->dims[i], &bytes))
       return gs_why(GS_EINVAL, why, why_len, "dimensions overflow: their product exceeds %zu bytes",
-                  SIZE_MAX);
+                    SIZE_MAX);
   }
   if (len - header < bytes)
     return gs_why(GS_EINVAL, why, why_len, "truncated: header says %zu bytes of data, file has %zu",
-                bytes, len - header);
+                  bytes, len - header);
   if (len - header > bytes)
     return gs_why(GS_EINVAL, why, why_len,
-                "trailing bytes: header says %zu bytes of data, file has %zu", bytes, len - header);
+                  "trailing bytes: header says %zu bytes of data, file has %zu", bytes,
+                  len - header);
   *offset = header;
   return 0;
 }
@@ -173,7 +175,7 @@ int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, 
       continue;
     if (zr == Z_BUF_ERROR && used == in_len) {
       err = gs_why(GS_EINVAL, why, why_len,
-                 "corrupt gzip stream: unexpected end after %zu compressed bytes", in_len);
+                   "corrupt gzip stream: unexpected end after %zu compressed bytes", in_len);
       goto out_free_buf;
     }
     if (zr == Z_MEM_ERROR) {
@@ -181,7 +183,7 @@ int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, 
       goto out_free_buf;
     }
     err = gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream at compressed byte %zu: %s", used,
-               z.msg ? z.msg : "unknown zlib error");
+                 z.msg ? z.msg : "unknown zlib error");
     goto out_free_buf;
   }
   inflateEnd(&z);
@@ -218,19 +220,19 @@ static int read_file(const char *path, uint8_t **out, size_t *out_len, char *why
   }
   if ((uint64_t)st.st_size > GS_IDX_MAX_BYTES) {
     err = gs_why(GS_ETOOBIG, why, why_len, "%s: %lld bytes, over the limit of %zu", path,
-               (long long)st.st_size, GS_IDX_MAX_BYTES);
+                 (long long)st.st_size, GS_IDX_MAX_BYTES);
     goto out_close_file;
   }
   buf = malloc(st.st_size ? (size_t)st.st_size : 1);
   if (!buf) {
     err = gs_why(GS_ENOMEM, why, why_len, "%s: out of memory for %lld bytes", path,
-               (long long)st.st_size);
+                 (long long)st.st_size);
     goto out_close_file;
   }
   n = fread(buf, 1, (size_t)st.st_size, f);
   if (n != (size_t)st.st_size || ferror(f)) {
     err = gs_why(GS_EIO, why, why_len, "%s: read %zu of %lld bytes: %s", path, n,
-               (long long)st.st_size, ferror(f) ? strerror(errno) : "file shrank");
+                 (long long)st.st_size, ferror(f) ? strerror(errno) : "file shrank");
     free(buf);
     goto out_close_file;
   }
@@ -316,21 +318,22 @@ static int check_shapes(const char *img_path, const gs_idx_t *img, const char *l
 {
   if (img->ndims != 3)
     return gs_why(GS_EINVAL, why, why_len,
-                "%s: images have %u dimensions, want 3 (count, rows, cols)", img_path, img->ndims);
+                  "%s: images have %u dimensions, want 3 (count, rows, cols)", img_path,
+                  img->ndims);
   if (lbl->ndims != 1)
-    return gs_why(GS_EINVAL, why, why_len, "%s: labels have %u dimensions, want 1 (count)", lbl_path,
-                lbl->ndims);
+    return gs_why(GS_EINVAL, why, why_len, "%s: labels have %u dimensions, want 1 (count)",
+                  lbl_path, lbl->ndims);
   if (img->dims[0] != lbl->dims[0])
     return gs_why(GS_EINVAL, why, why_len, "%s has %u images but %s has %u labels", img_path,
-                img->dims[0], lbl_path, lbl->dims[0]);
+                  img->dims[0], lbl_path, lbl->dims[0]);
   if (img->dims[0] == 0)
     return gs_why(GS_EINVAL, why, why_len, "%s: no examples", img_path);
   if (img->dims[1] == 0 || img->dims[2] == 0)
     return gs_why(GS_EINVAL, why, why_len, "%s: empty images of %u x %u pixels", img_path,
-                img->dims[1], img->dims[2]);
+                  img->dims[1], img->dims[2]);
   if ((uint64_t)img->dims[1] * img->dims[2] > UINT32_MAX)
     return gs_why(GS_EINVAL, why, why_len, "%s: images of %u x %u pixels are too large", img_path,
-                img->dims[1], img->dims[2]);
+                  img->dims[1], img->dims[2]);
   return 0;
 }
 

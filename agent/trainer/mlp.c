@@ -49,14 +49,14 @@ static int check_shape(const uint32_t *sizes, uint32_t n, uint32_t max_batch, ch
   uint32_t i;
 
   if (!sizes || n < 2 || n > MLP_MAX_WIDTHS) {
-    gs_set_why(why, why_len, "an MLP needs 2 to %d layer widths (input first), got %u", MLP_MAX_WIDTHS,
-        sizes ? n : 0);
+    gs_set_why(why, why_len, "an MLP needs 2 to %d layer widths (input first), got %u",
+               MLP_MAX_WIDTHS, sizes ? n : 0);
     return GS_EINVAL;
   }
   for (i = 0; i < n; i++) {
     if (sizes[i] < 1 || sizes[i] > MLP_MAX_WIDTH) {
       gs_set_why(why, why_len, "layer width %u (entry %u) is outside 1..%u", sizes[i], i + 1,
-          MLP_MAX_WIDTH);
+                 MLP_MAX_WIDTH);
       return GS_EINVAL;
     }
   }
@@ -98,7 +98,7 @@ static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
   mem = gs_device_alloc(m->dev, bytes);
   if (!mem) {
     gs_set_why(why, why_len, "cannot allocate %zu bytes of activation scratch for batch %u", bytes,
-        m->max_batch);
+               m->max_batch);
     return GS_ENOMEM;
   }
   m->scratch = mem;
@@ -113,8 +113,9 @@ static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
   return 0;
 
 out_too_big:
-  gs_set_why(why, why_len, "the activation scratch for batch %u does not fit in memory (size overflows)",
-      m->max_batch);
+  gs_set_why(why, why_len,
+             "the activation scratch for batch %u does not fit in memory (size overflows)",
+             m->max_batch);
   return GS_ENOMEM;
 }
 
@@ -198,12 +199,13 @@ int gs_mlp_parse_layers(const char *s, uint32_t *sizes, uint32_t cap, uint32_t *
     uint32_t v;
 
     if (parse_width(&p, &v)) {
-      gs_set_why(why, why_len, "layer list \"%.64s\": entry %u is not a whole number", s, count + 1);
+      gs_set_why(why, why_len, "layer list \"%.64s\": entry %u is not a whole number", s,
+                 count + 1);
       return GS_EINVAL;
     }
     if (v < 1 || v > MLP_MAX_WIDTH) {
       gs_set_why(why, why_len, "layer list \"%.64s\": entry %u is outside 1..%u", s, count + 1,
-          MLP_MAX_WIDTH);
+                 MLP_MAX_WIDTH);
       return GS_EINVAL;
     }
     if (count == limit) {

@@ -72,9 +72,9 @@ static int load_train_batch(trainer_t *t, uint64_t s)
     return 0;
   gs_sampler_set_epoch(&t->sampler, s / t->steps_per_epoch);
   b->step = -1;
-  err = load_batch(t, b, &t->train,
-                   gs_sampler_batch(&t->sampler, (uint32_t)(s % t->steps_per_epoch)),
-                   t->cfg->batch);
+  err =
+      load_batch(t, b, &t->train, gs_sampler_batch(&t->sampler, (uint32_t)(s % t->steps_per_epoch)),
+                 t->cfg->batch);
   if (!err)
     b->step = (int64_t)s;
   return err;
@@ -403,8 +403,8 @@ static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
   if (evaluate(t, &acc, &loss))
     return;
   if (t->rank == 0)
-    printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u rank%s, %.1f s\n", acc,
-           loss, secs > 0 ? samples / secs : 0, t->world, t->world == 1 ? "" : "s", secs);
+    printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u rank%s, %.1f s\n",
+           acc, loss, secs > 0 ? samples / secs : 0, t->world, t->world == 1 ? "" : "s", secs);
   if (t->rank == 0 && t->timed_steps) {
     double n = (double)t->timed_steps, step = t->sum_step_ms / n, data = t->sum_data_ms / n;
     double comm = t->sum_comm_ms / n, opt = t->sum_opt_ms / n;
