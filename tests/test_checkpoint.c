@@ -1,4 +1,4 @@
-/* Tests for agent/checkpoint.c: bit-exact round trips, retention, and the
+/* Tests for agent/engine/checkpoint.c: bit-exact round trips, retention, and the
  * loader's fallback past corrupt, torn, foreign and stray files, on real
  * files in fresh temporary directories; plus the Python reader from
  * docs/checkpoint.md run against a file written here. */

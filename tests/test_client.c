@@ -1,7 +1,8 @@
-/* Tests for agent/client.c and agent/heartbeat.c against the real
- * coordinator binary (started by the harness on free ports): rendezvous,
- * blobs, pack lists, refused calls, deadlines, reconnecting, resending,
- * stale replies, and the heartbeat thread's directives and aborts. */
+/* Tests for agent/client/ (client.c, rpc.c, backoff.c, heartbeat.c)
+ * against the real coordinator binary (started by the harness on free
+ * ports): rendezvous, blobs, pack lists, refused calls, deadlines,
+ * reconnecting, resending, stale replies, and the heartbeat thread's
+ * directives and aborts. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <netinet/in.h>

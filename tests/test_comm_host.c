@@ -1,6 +1,7 @@
-/* Tests for agent/comm.c and agent/comm_host.c: W ranks run as W threads in
- * one process, each with its own host comm over 127.0.0.1, and their results
- * are checked against references computed here, serially. */
+/* Tests for agent/comm/comm.c and the host backend (comm_host.c,
+ * host_*.c): W ranks run as W threads in one process, each with its own
+ * host comm over 127.0.0.1, and their results are checked against
+ * references computed here, serially. */
 #include <arpa/inet.h>
 #include <check.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Tests for agent/idx.c and agent/sampler.c: the real Fashion-MNIST files
+/* Tests for agent/trainer/idx.c and sampler.c: the real Fashion-MNIST files
  * against an independent zlib read, malformed files with their exact
  * errors, the parser against a guard page, and the sampler's sharding and
  * determinism properties. */

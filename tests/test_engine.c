@@ -1,4 +1,4 @@
-/* Tests for the sync engine (agent/engine.c) with its real neighbours: the
+/* Tests for the sync engine (agent/engine/) with its real neighbours: the
  * coordinator binary, the host backend over loopback, real threads as ranks.
  * The "model" is a few parameters whose gradients the test writes itself, so
  * every expectation is computed independently of the engine. */

@@ -1,4 +1,4 @@
-/* Tests for agent/mlp.c: layer-list parsing, parameter descriptions and
+/* Tests for agent/trainer/mlp.c: layer-list parsing, parameter descriptions and
  * init, forward and backward against a naive double-precision reference
  * written here (itself checked against central finite differences), the
  * order and timing of the gradient-ready callbacks, and a short training

@@ -1,4 +1,4 @@
-/* Tests for agent/sgd.c: three update steps against values worked out by
+/* Tests for agent/device/sgd.c: three update steps against values worked out by
  * hand (exact rational arithmetic, written here as literals), for plain
  * momentum, Nesterov, no momentum, a bias segment with its own LR
  * multiplier and decay, and a gradient scale; the learning-rate schedules;

@@ -1,6 +1,6 @@
 /* A shared-memory byte pipe between two processes on one host: one writer,
  * one reader, a ring of bytes in a POSIX shared-memory segment. The host
- * backend (comm_host.c) puts one on each ring link whose two ends can both
+ * backend (host_connect.c) puts one on each ring link whose two ends can both
  * map it, instead of the TCP stream; the TCP connection stays, for the
  * offer that sets the pipe up and for one-byte wake-ups when a side sleeps,
  * so poll(), abort and a peer's death behave as over TCP.

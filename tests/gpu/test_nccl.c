@@ -1,4 +1,4 @@
-/* Tests for agent/comm_nccl.c on GPU 0, world size 1: allreduce (sum and
+/* Tests for agent/comm/comm_nccl.c on GPU 0, world size 1: allreduce (sum and
  * mean) and broadcast leave the data as it was, the collectives are ordered
  * against the device's compute stream both ways, tickets count up, the
  * queue bound, abort and bad setups fail cleanly. A last suite starts a

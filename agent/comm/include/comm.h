@@ -1,7 +1,7 @@
 /* Collective backends: allreduce and broadcast among the ranks of one
  * generation. One interface, several backends (DESIGN.md "Collective
- * backends"): `host` (ring over TCP between agents, this file's sibling
- * comm_host.c) and, with CUDA, `nccl`.
+ * backends"): `host` (ring over TCP or shared memory between agents,
+ * comm_host.c and host_*.c) and, with CUDA, `nccl` (comm_nccl.c).
  *
  * Threading: one thread at a time calls init/allreduce/broadcast (the
  * engine's comm thread); gs_comm_abort may be called from any other thread

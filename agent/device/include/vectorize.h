@@ -2,7 +2,7 @@
  * AVX-512; the loader picks the best this CPU runs (GCC function
  * multiversioning), so the binary stays portable, e.g. to the GPU
  * machines the bundle goes to. The files using it build with -O3 in
- * release builds (agent/CMakeLists.txt), whose vectorizer also takes loops
+ * release builds (GS_HOT_LOOP_OPTIONS, agent/CMakeLists.txt), whose vectorizer also takes loops
  * of any trip count. */
 #ifndef GS_VECTORIZE_H
 #define GS_VECTORIZE_H
