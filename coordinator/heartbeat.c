@@ -1,0 +1,117 @@
+/* Heartbeats and the liveness sweep (see heartbeat.h). */
+#include "heartbeat.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "wire.h"
+
+/* The body of a heartbeat reply without an abort, encoded again only when
+ * a directive changed since the last one. NULL if it cannot be encoded. */
+static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
+{
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  const gradsync_Directives *d = &job->hb_reply_for;
+
+  if (job->hb_reply_valid && d->bcast_period == job->bcast_period &&
+      d->broadcast_seq == job->broadcast_seq && d->checkpoint_seq == job->checkpoint_seq &&
+      d->stop == job->stop)
+    return &job->hb_reply;
+  resp.has_directives = true;
+  resp.directives.bcast_period = job->bcast_period;
+  resp.directives.broadcast_seq = job->broadcast_seq;
+  resp.directives.checkpoint_seq = job->checkpoint_seq;
+  resp.directives.stop = job->stop;
+  resp.coordinator_id = job->jobs->cfg.coordinator_id;
+  job->hb_reply.len = 0;
+  job->hb_reply_valid =
+      gs_wire_encode(&job->hb_reply, gradsync_HeartbeatResponse_fields, &resp) == 0;
+  job->hb_reply_for = resp.directives;
+  return job->hb_reply_valid ? &job->hb_reply : NULL;
+}
+
+static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
+{
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  const gs_buf_t *body = abort ? NULL : ok_heartbeat_body(job);
+  gs_responder_t *r = job->jobs->responder;
+
+  if (body) {
+    gs__respond_bytes(r, call->peer->id, GS_METHOD_HEARTBEAT, call->request_id, body->data,
+                      body->len);
+    return;
+  }
+  resp.has_directives = true;
+  resp.directives.bcast_period = job->bcast_period;
+  resp.directives.broadcast_seq = job->broadcast_seq;
+  resp.directives.checkpoint_seq = job->checkpoint_seq;
+  resp.directives.stop = job->stop;
+  resp.abort = abort;
+  if (why)
+    snprintf(resp.abort_reason, sizeof(resp.abort_reason), "%s", why);
+  resp.coordinator_id = job->jobs->cfg.coordinator_id;
+  gs__respond(r, call->peer->id, GS_METHOD_HEARTBEAT, call->request_id,
+              gradsync_HeartbeatResponse_fields, &resp);
+}
+
+/* The rank's liveness follows the connection its heartbeats come on: an
+ * agent joins on one connection and heartbeats on another (its heartbeat
+ * thread's own), and re-registers on that one after a coordinator restart.
+ * So the first heartbeat moves the rank there; a later move means the
+ * agent redialled, which the log tells. */
+static void follow_heartbeats(gs_member_t *m, gs_peer_t *peer)
+{
+  if (m->peer == peer)
+    return;
+  gs_log(m->job->jobs->cfg.log, m->heartbeats_seen && m->peer ? GS_LOG_INFO : GS_LOG_DEBUG,
+         m->job->name, (int)m->rank, "heartbeats now come from %s (were from %s)", peer->name,
+         m->peer ? m->peer->name : "a closed connection");
+  gs__member_bind(m, peer);
+}
+
+void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req)
+{
+  gs_member_t *m;
+  char why[300];
+
+  if (req->generation < job->generation) {
+    snprintf(why, sizeof(why), "generation %llu was superseded by generation %llu",
+             (unsigned long long)req->generation, (unsigned long long)job->generation);
+    reply_heartbeat(call, job, true, why);
+    return;
+  }
+  m = gs__job_find_member(job, call, req->generation, req->rank);
+  if (!m)
+    return;
+  if (job->aborted_generation == job->generation) {
+    reply_heartbeat(call, job, true, job->abort_reason);
+    return;
+  }
+  if (m->state != GS_MEMBER_RUNNING) {
+    reply_heartbeat(call, job, m->state == GS_MEMBER_LOST, "this rank was declared lost");
+    return;
+  }
+  follow_heartbeats(m, call->peer);
+  m->heartbeats_seen = true;
+  gs__hb_touch(m, call->now_ms);
+  m->step = req->step;
+  m->loss = req->loss;
+  m->samples_per_sec = req->samples_per_sec;
+  m->compute_ms = req->compute_ms;
+  m->comm_wait_ms = req->comm_wait_ms;
+  reply_heartbeat(call, job, false, NULL);
+}
+
+/* The rank silent for longest is the head of the heartbeat list; losing it
+ * aborts the generation, so the others need no check. */
+void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
+{
+  gs_member_t *m = job->hb_oldest;
+  char how[64];
+
+  if (job->state != GS_JOB_RUNNING || !m ||
+      now - m->last_heartbeat_ms <= job->jobs->cfg.heartbeat_timeout_ms)
+    return;
+  snprintf(how, sizeof(how), "no heartbeat for %.1fs", (now - m->last_heartbeat_ms) / 1000.0);
+  gs__member_lost(m, how);
+}
