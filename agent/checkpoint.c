@@ -3,6 +3,8 @@
  * verifies a whole file before it touches the caller's buffers (format:
  * docs/checkpoint.md). */
 #include "checkpoint.h"
+#include "why.h"
+#include "byteorder.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -44,58 +46,14 @@ struct ckpt_hdr {
   uint64_t layout_hash;
 };
 
-static void set_why(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_why(char *why, size_t why_len, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (!why || why_len == 0)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(why, why_len, fmt, ap);
-  va_end(ap);
-}
-
 /* Records that system call `call` failed on `path` (errno must still be
  * the call's) and converts the errno. */
 static int sys_fail(char *why, size_t why_len, const char *path, const char *call)
 {
   int e = errno;
 
-  set_why(why, why_len, "%s: %s: %s", path, call, strerror(e));
+  gs_set_why(why, why_len, "%s: %s: %s", path, call, strerror(e));
   return gs_err_from_errno(e);
-}
-
-static void put_u32(uint8_t *p, uint32_t v)
-{
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v)
-{
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p)
-{
-  uint32_t v = 0;
-
-  for (int i = 3; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-  uint64_t v = 0;
-
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
 }
 
 static uint32_t crc_update(uint32_t crc, const void *p, size_t len)
@@ -146,23 +104,23 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
   uint64_t total = HDR_LEN + TRAILER_LEN;
 
   if (!st) {
-    set_why(why, why_len, "no checkpoint state given");
+    gs_set_why(why, why_len, "no checkpoint state given");
     return GS_EINVAL;
   }
   if (st->nbuf && !st->bufs) {
-    set_why(why, why_len, "checkpoint state has %u buffers but no buffer list", st->nbuf);
+    gs_set_why(why, why_len, "checkpoint state has %u buffers but no buffer list", st->nbuf);
     return GS_EINVAL;
   }
   for (uint32_t i = 0; i < st->nbuf; i++) {
     uint64_t count = st->bufs[i].count;
 
     if (count && !st->bufs[i].data) {
-      set_why(why, why_len, "checkpoint buffer %u has %llu elements but no data", i,
+      gs_set_why(why, why_len, "checkpoint buffer %u has %llu elements but no data", i,
               (unsigned long long)count);
       return GS_EINVAL;
     }
     if (count > (MAX_FILE_BYTES - total - COUNT_LEN) / sizeof(float)) {
-      set_why(why, why_len, "checkpoint buffer %u: %llu elements is too many", i,
+      gs_set_why(why, why_len, "checkpoint buffer %u: %llu elements is too many", i,
               (unsigned long long)count);
       return GS_ERANGE;
     }
@@ -179,7 +137,7 @@ static int mkdir_p(const char *dir, char *why, size_t why_len)
   struct stat sb;
 
   if (len >= sizeof(buf)) {
-    set_why(why, why_len, "%s: path too long", dir);
+    gs_set_why(why, why_len, "%s: path too long", dir);
     return GS_EINVAL;
   }
   memcpy(buf, dir, len + 1);
@@ -206,7 +164,7 @@ static int mkdir_p(const char *dir, char *why, size_t why_len)
   if (stat(dir, &sb) != 0)
     return sys_fail(why, why_len, dir, "stat");
   if (!S_ISDIR(sb.st_mode)) {
-    set_why(why, why_len, "%s: not a directory", dir);
+    gs_set_why(why, why_len, "%s: not a directory", dir);
     return GS_EINVAL;
   }
   return 0;
@@ -244,23 +202,23 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
   uint32_t crc = 0, unused = 0;
 
   memcpy(hdr, CKPT_MAGIC, 8);
-  put_u32(hdr + 8, CKPT_VERSION);
-  put_u32(hdr + 12, st->nbuf);
-  put_u64(hdr + 16, st->step);
-  put_u64(hdr + 24, st->epoch);
-  put_u64(hdr + 32, st->rng_state);
-  put_u64(hdr + 40, st->layout_hash);
+  gs_store_le32(hdr + 8, CKPT_VERSION);
+  gs_store_le32(hdr + 12, st->nbuf);
+  gs_store_le64(hdr + 16, st->step);
+  gs_store_le64(hdr + 24, st->epoch);
+  gs_store_le64(hdr + 32, st->rng_state);
+  gs_store_le64(hdr + 40, st->layout_hash);
   if (write_all(fd, hdr, sizeof(hdr), &crc) != 0)
     return sys_fail(why, why_len, path, "write");
   for (uint32_t i = 0; i < st->nbuf; i++) {
     const gs_ckpt_buffer_t *b = &st->bufs[i];
 
-    put_u64(count, b->count);
+    gs_store_le64(count, b->count);
     if (write_all(fd, count, sizeof(count), &crc) != 0 ||
         write_all(fd, b->data, b->count * sizeof(float), &crc) != 0)
       return sys_fail(why, why_len, path, "write");
   }
-  put_u32(trailer, crc);
+  gs_store_le32(trailer, crc);
   memcpy(trailer + 4, CKPT_END_MAGIC, 8);
   if (write_all(fd, trailer, sizeof(trailer), &unused) != 0)
     return sys_fail(why, why_len, path, "write");
@@ -316,7 +274,7 @@ static int list_steps(const char *dir, uint64_t **steps, size_t *n, char *why, s
       uint64_t *nv = realloc(v, ncap * sizeof(*nv));
 
       if (!nv) {
-        set_why(why, why_len, "%s: out of memory listing checkpoints", dir);
+        gs_set_why(why, why_len, "%s: out of memory listing checkpoints", dir);
         err = GS_ENOMEM;
         goto out_free;
       }
@@ -380,7 +338,7 @@ static int check_args(const char *dir, const gs_ckpt_state_t *st, char *path, si
   if (path && path_len)
     path[0] = '\0';
   if (!dir || !*dir) {
-    set_why(why, why_len, "no checkpoint directory given");
+    gs_set_why(why, why_len, "no checkpoint directory given");
     return GS_EINVAL;
   }
   return check_state(st, why, why_len);
@@ -397,7 +355,7 @@ int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep
     return err;
   if (!ckpt_path(tmp, sizeof(tmp), dir, st->step, true) ||
       !ckpt_path(final, sizeof(final), dir, st->step, false)) {
-    set_why(why, why_len, "%s: checkpoint path too long", dir);
+    gs_set_why(why, why_len, "%s: checkpoint path too long", dir);
     return GS_EINVAL;
   }
   err = mkdir_p(dir, why, why_len);
@@ -414,7 +372,7 @@ int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep
   if (err)
     goto out_unlink_tmp;
   if (rename(tmp, final) != 0) {
-    set_why(why, why_len, "%s: rename to %s: %s", tmp, final, strerror(errno));
+    gs_set_why(why, why_len, "%s: rename to %s: %s", tmp, final, strerror(errno));
     err = gs_err_from_errno(errno);
     goto out_unlink_tmp;
   }
@@ -447,7 +405,7 @@ static int read_span(int fd, const char *path, void *buf, size_t len, uint64_t *
     if (n < 0)
       return sys_fail(why, why_len, path, "read");
     if (n == 0) {
-      set_why(why, why_len, "%s: shrank while being read (ends at %llu bytes)", path,
+      gs_set_why(why, why_len, "%s: shrank while being read (ends at %llu bytes)", path,
               (unsigned long long)(*off + done));
       return GS_EIO;
     }
@@ -471,7 +429,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   int err;
 
   if (size < HDR_LEN + TRAILER_LEN) {
-    set_why(why, why_len, "%s: truncated (%llu bytes, a checkpoint has at least %d)", path,
+    gs_set_why(why, why_len, "%s: truncated (%llu bytes, a checkpoint has at least %d)", path,
             (unsigned long long)size, HDR_LEN + TRAILER_LEN);
     return GS_EPROTO;
   }
@@ -479,23 +437,23 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   if (err)
     return err;
   if (memcmp(raw, CKPT_MAGIC, 8) != 0) {
-    set_why(why, why_len, "%s: bad magic (not a gradsync checkpoint)", path);
+    gs_set_why(why, why_len, "%s: bad magic (not a gradsync checkpoint)", path);
     return GS_EPROTO;
   }
-  *h = (struct ckpt_hdr){get_u32(raw + 8),  get_u32(raw + 12), get_u64(raw + 16),
-                         get_u64(raw + 24), get_u64(raw + 32), get_u64(raw + 40)};
+  *h = (struct ckpt_hdr){gs_load_le32(raw + 8),  gs_load_le32(raw + 12), gs_load_le64(raw + 16),
+                         gs_load_le64(raw + 24), gs_load_le64(raw + 32), gs_load_le64(raw + 40)};
   if (h->version != CKPT_VERSION) {
-    set_why(why, why_len, "%s: format version %u, this build reads version %d", path, h->version,
+    gs_set_why(why, why_len, "%s: format version %u, this build reads version %d", path, h->version,
             CKPT_VERSION);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
-    set_why(why, why_len, "%s: layout hash 0x%016llx differs from the expected 0x%016llx", path,
+    gs_set_why(why, why_len, "%s: layout hash 0x%016llx differs from the expected 0x%016llx", path,
             (unsigned long long)h->layout_hash, (unsigned long long)st->layout_hash);
     return GS_EPRECOND;
   }
   if (h->nbuf != st->nbuf) {
-    set_why(why, why_len, "%s: %u buffers, expected %u", path, h->nbuf, st->nbuf);
+    gs_set_why(why, why_len, "%s: %u buffers, expected %u", path, h->nbuf, st->nbuf);
     return GS_EPRECOND;
   }
   for (uint32_t i = 0; i < h->nbuf; i++) {
@@ -503,7 +461,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     uint64_t count;
 
     if (need + COUNT_LEN > size - TRAILER_LEN) {
-      set_why(why, why_len, "%s: truncated (%llu bytes, ends before buffer %u)", path,
+      gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before buffer %u)", path,
               (unsigned long long)size, i);
       return GS_EPROTO;
     }
@@ -511,9 +469,9 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     err = read_span(fd, path, count_raw, COUNT_LEN, &off, &crc, why, why_len);
     if (err)
       return err;
-    count = get_u64(count_raw);
+    count = gs_load_le64(count_raw);
     if (count != st->bufs[i].count) {
-      set_why(why, why_len, "%s: buffer %u has %llu elements, expected %llu", path, i,
+      gs_set_why(why, why_len, "%s: buffer %u has %llu elements, expected %llu", path, i,
               (unsigned long long)count, (unsigned long long)st->bufs[i].count);
       return GS_EPRECOND;
     }
@@ -521,7 +479,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   }
   need += TRAILER_LEN;
   if (size != need) {
-    set_why(why, why_len, "%s: %s (%llu bytes, header and counts say %llu)", path,
+    gs_set_why(why, why_len, "%s: %s (%llu bytes, header and counts say %llu)", path,
             size < need ? "truncated" : "trailing bytes", (unsigned long long)size,
             (unsigned long long)need);
     return GS_EPROTO;
@@ -531,10 +489,10 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   if (err)
     return err;
   if (memcmp(trailer + 4, CKPT_END_MAGIC, 8) != 0) {
-    set_why(why, why_len, "%s: bad end magic (torn or corrupt trailer)", path);
+    gs_set_why(why, why_len, "%s: bad end magic (torn or corrupt trailer)", path);
     return GS_EPROTO;
   }
-  *file_crc = get_u32(trailer);
+  *file_crc = gs_load_le32(trailer);
   return 0;
 }
 
@@ -587,7 +545,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     goto out_close;
   }
   if (!S_ISREG(sb.st_mode)) {
-    set_why(why, why_len, "%s: not a regular file", path);
+    gs_set_why(why, why_len, "%s: not a regular file", path);
     err = GS_EPROTO;
     goto out_close;
   }
@@ -597,19 +555,19 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   if (err)
     goto out_close;
   if (crc != file_crc) {
-    set_why(why, why_len, "%s: CRC mismatch (file 0x%08x, computed 0x%08x)", path, file_crc, crc);
+    gs_set_why(why, why_len, "%s: CRC mismatch (file 0x%08x, computed 0x%08x)", path, file_crc, crc);
     err = GS_EPROTO;
     goto out_close;
   }
   if (parse_name(base, &name_step) && name_step != h.step) {
-    set_why(why, why_len, "%s: holds step %llu, not the step its name says", path,
+    gs_set_why(why, why_len, "%s: holds step %llu, not the step its name says", path,
             (unsigned long long)h.step);
     err = GS_EPROTO;
     goto out_close;
   }
   err = stream_crc(fd, path, st, true, scratch, &crc, why, why_len);
   if (!err && crc != file_crc) {
-    set_why(why, why_len, "%s: changed while being loaded (CRC 0x%08x, then 0x%08x)", path,
+    gs_set_why(why, why_len, "%s: changed while being loaded (CRC 0x%08x, then 0x%08x)", path,
             file_crc, crc);
     err = GS_EIO;
   }
@@ -629,7 +587,7 @@ int gs_checkpoint_load_file(const char *path, gs_ckpt_state_t *st, char *why, si
   int err;
 
   if (!path || !*path) {
-    set_why(why, why_len, "no checkpoint path given");
+    gs_set_why(why, why_len, "no checkpoint path given");
     return GS_EINVAL;
   }
   err = check_state(st, why, why_len);
@@ -637,7 +595,7 @@ int gs_checkpoint_load_file(const char *path, gs_ckpt_state_t *st, char *why, si
     return err;
   scratch = malloc(SCRATCH_LEN);
   if (!scratch) {
-    set_why(why, why_len, "%s: out of memory for the read buffer", path);
+    gs_set_why(why, why_len, "%s: out of memory for the read buffer", path);
     return GS_ENOMEM;
   }
   err = load_one(path, st, scratch, why, why_len);
@@ -661,13 +619,13 @@ int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log
   if (err)
     return err;
   if (n == 0) {
-    set_why(why, why_len, "%s: no checkpoint files (ckpt-*.gsck)", dir);
+    gs_set_why(why, why_len, "%s: no checkpoint files (ckpt-*.gsck)", dir);
     err = GS_ENOTFOUND;
     goto out_free_steps;
   }
   scratch = malloc(SCRATCH_LEN);
   if (!scratch) {
-    set_why(why, why_len, "%s: out of memory for the read buffer", dir);
+    gs_set_why(why, why_len, "%s: out of memory for the read buffer", dir);
     err = GS_ENOMEM;
     goto out_free_steps;
   }
@@ -681,13 +639,13 @@ int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log
       goto out_free_scratch;
     }
     if (err == GS_ENOMEM) {
-      set_why(why, why_len, "%s", reason);
+      gs_set_why(why, why_len, "%s", reason);
       goto out_free_scratch;
     }
     gs_log(log, GS_LOG_WARN, NULL, -1, "%s, skipped", reason);
     skipped++;
   }
-  set_why(why, why_len, "%s: no valid checkpoint (%zu skipped, see the warnings)", dir, skipped);
+  gs_set_why(why, why_len, "%s: no valid checkpoint (%zu skipped, see the warnings)", dir, skipped);
   err = GS_ENOTFOUND;
 out_free_scratch:
   free(scratch);

@@ -20,6 +20,8 @@
 #include "frame.h"
 #include "pb_array.h"
 #include "wire.h"
+#include "clock.h"
+#include "rng.h"
 
 #define BACKOFF_MIN_MS 100u
 #define BACKOFF_MAX_MS 5000u
@@ -62,14 +64,6 @@ typedef struct call {
   unsigned sends;   /* how often the request was sent */
 } call_t;
 
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void set_err(gs_client_t *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_err(gs_client_t *cl, const char *fmt, ...)
 {
@@ -82,24 +76,13 @@ static void set_err(gs_client_t *cl, const char *fmt, ...)
   memcpy(cl->err, text, sizeof(cl->err));
 }
 
-/* One step of splitmix64: a per-client generator keeps the jitter of many
- * agents apart without touching the global rand() state. */
-static uint64_t next_random(gs_client_t *cl)
-{
-  uint64_t z = (cl->rng += 0x9e3779b97f4a7c15ull);
-
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* Schedules the next redial after a failure: the backoff +-25%, then
  * doubles the backoff up to its cap. */
 static void note_failure(gs_client_t *cl)
 {
   uint32_t ms = cl->backoff_ms, span = ms / 2;
 
-  cl->next_dial_ms = now_ms() + ms - ms / 4 + next_random(cl) % (span + 1);
+  cl->next_dial_ms = gs_now_ms() + ms - ms / 4 + gs_splitmix64(&cl->rng) % (span + 1);
   cl->backoff_ms = ms * 2 < BACKOFF_MAX_MS ? ms * 2 : BACKOFF_MAX_MS;
 }
 
@@ -162,7 +145,7 @@ static int wait_fd(int fd, short events, uint64_t deadline)
 {
   for (;;) {
     struct pollfd pfd = {.fd = fd, .events = events};
-    uint64_t now = now_ms();
+    uint64_t now = gs_now_ms();
     int n;
 
     if (now >= deadline)
@@ -181,7 +164,7 @@ static int wait_backoff(gs_client_t *cl, uint64_t deadline)
 {
   uint64_t until = cl->next_dial_ms < deadline ? cl->next_dial_ms : deadline;
 
-  for (uint64_t now = now_ms(); now < until; now = now_ms()) {
+  for (uint64_t now = gs_now_ms(); now < until; now = gs_now_ms()) {
     struct timespec ts = {.tv_sec = (until - now) / 1000,
                           .tv_nsec = (long)((until - now) % 1000) * 1000000};
 
@@ -348,41 +331,6 @@ static int read_frame(gs_client_t *cl, uint64_t deadline, const uint8_t **payloa
   }
 }
 
-/* Maps a gRPC status from the coordinator to our error code. */
-static int err_from_grpc(int code)
-{
-  switch (code) {
-  case GS_GRPC_INVALID_ARGUMENT:
-    return GS_EINVAL;
-  case GS_GRPC_DEADLINE_EXCEEDED:
-    return GS_ETIMEDOUT;
-  case GS_GRPC_NOT_FOUND:
-    return GS_ENOTFOUND;
-  case GS_GRPC_ALREADY_EXISTS:
-    return GS_EEXIST;
-  case GS_GRPC_PERMISSION_DENIED:
-    return GS_EPERM;
-  case GS_GRPC_RESOURCE_EXHAUSTED:
-    return GS_ETOOBIG;
-  case GS_GRPC_FAILED_PRECONDITION:
-    return GS_EPRECOND;
-  case GS_GRPC_ABORTED:
-    return GS_EABORTED;
-  case 11: /* OUT_OF_RANGE */
-    return GS_ERANGE;
-  case GS_GRPC_UNIMPLEMENTED:
-    return GS_EUNIMPL;
-  case GS_GRPC_INTERNAL:
-    return GS_EINTERNAL;
-  case GS_GRPC_UNAVAILABLE:
-    return GS_EUNAVAIL;
-  case GS_GRPC_UNAUTHENTICATED:
-    return GS_EUNAUTH;
-  default:
-    return GS_EPROTO;
-  }
-}
-
 /* Handles the reply to our request: the coordinator's error, or the body
  * decoded into the caller's response. */
 static int take_reply(gs_client_t *cl, call_t *c, const gradsync_Envelope *env,
@@ -395,7 +343,7 @@ static int take_reply(gs_client_t *cl, call_t *c, const gradsync_Envelope *env,
       set_err(cl, "%s", env->message);
     else
       set_err(cl, "%s: %s from coordinator %s", c->name, gs_grpc_code_name(env->status), cl->addr);
-    return err_from_grpc(env->status);
+    return gs_err_from_grpc(env->status);
   }
   if (!c->resp_fields || !c->resp)
     return 0;
@@ -433,7 +381,7 @@ static int await_reply(gs_client_t *cl, call_t *c)
     } else if (env.request_id == 0 && env.status) {
       /* The coordinator refused the connection itself and closes it. */
       set_err(cl, "coordinator %s closed the connection: %s", cl->addr, env.message);
-      err = err_from_grpc(env.status);
+      err = gs_err_from_grpc(env.status);
     } else if (env.request_id != c->id) {
       gs_log(cl->log, GS_LOG_DEBUG, cl->job, -1, "skipping a stale reply (request %llu) to %s",
              (unsigned long long)env.request_id, env.method);
@@ -468,7 +416,7 @@ static uint32_t wait_for(uint64_t timeout_ms)
 static int encode_request(gs_client_t *cl, call_t *c)
 {
   gradsync_Envelope env = gradsync_Envelope_init_zero;
-  uint64_t now = now_ms(), left = c->deadline > now ? c->deadline - now : 1;
+  uint64_t now = gs_now_ms(), left = c->deadline > now ? c->deadline - now : 1;
   uint32_t wait = c->sends++ ? wait_for(left) : c->wait_ms;
   int err;
 
@@ -530,14 +478,13 @@ static int attempt(gs_client_t *cl, call_t *c)
   return err == GS_ECLOSED ? conn_failed(cl, c) : err;
 }
 
-int gs_client_call(gs_client_t *cl, const char *method, const pb_msgdesc_t *req_fields,
+int gs_client_call(gs_client_t *cl, gs_method_t method, const pb_msgdesc_t *req_fields,
                    const void *req, const pb_msgdesc_t *resp_fields, void *resp, uint32_t wait_ms,
                    uint64_t timeout_ms)
 {
-  const char *slash = strrchr(method, '/');
   call_t c = {
-      .method = method,
-      .name = slash ? slash + 1 : method,
+      .method = gs_method_path(method),
+      .name = gs_method_name(method),
       .id = cl->next_id++,
       .req_fields = req_fields,
       .req = req,
@@ -549,11 +496,11 @@ int gs_client_call(gs_client_t *cl, const char *method, const pb_msgdesc_t *req_
   char cause[sizeof(cl->err)];
   int err;
 
-  c.deadline = now_ms();
+  c.deadline = gs_now_ms();
   c.deadline = timeout_ms > UINT64_MAX - c.deadline ? UINT64_MAX : c.deadline + timeout_ms;
-  if (strlen(method) >= sizeof(((gradsync_Envelope *)0)->method) ||
+  if (method >= GS_METHOD_COUNT ||
       (cl->token && strlen(cl->token) >= sizeof(((gradsync_Envelope *)0)->token))) {
-    set_err(cl, "%s: the method name or the token is too long", c.name);
+    set_err(cl, "%s: unknown method, or the token is too long", c.name);
     return GS_EINVAL;
   }
   do {
@@ -648,7 +595,7 @@ int gs_client_join(gs_client_t *cl, gradsync_JoinRequest *req, uint64_t timeout_
   gs_pb_array_init(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer),
                    req->world_size ? req->world_size : 1);
   gs_pb_array_bind_decode(&resp.peers, &peers);
-  err = gs_client_call(cl, GS_METHOD_PREFIX "Join", gradsync_JoinRequest_fields, req,
+  err = gs_client_call(cl, GS_METHOD_JOIN, gradsync_JoinRequest_fields, req,
                        gradsync_JoinResponse_fields, &resp, wait_for(timeout_ms), timeout_ms);
   if (!err)
     err = join_result(cl, &resp, &peers, out);
@@ -689,7 +636,7 @@ int gs_client_publish(gs_client_t *cl, uint64_t generation, const char *key, con
   if (len)
     memcpy(req->value.bytes, value, len);
   req->value.size = (pb_size_t)len;
-  err = gs_client_call(cl, GS_METHOD_PREFIX "Publish", gradsync_PublishRequest_fields, req,
+  err = gs_client_call(cl, GS_METHOD_PUBLISH, gradsync_PublishRequest_fields, req,
                        gradsync_PublishResponse_fields, &resp, 0, timeout_ms);
 out_free_req:
   free(req);
@@ -714,7 +661,7 @@ int gs_client_fetch(gs_client_t *cl, uint64_t generation, const char *key, void 
     goto out_free_resp;
   req.generation = generation;
   snprintf(req.key, sizeof(req.key), "%s", key);
-  err = gs_client_call(cl, GS_METHOD_PREFIX "Fetch", gradsync_FetchRequest_fields, &req,
+  err = gs_client_call(cl, GS_METHOD_FETCH, gradsync_FetchRequest_fields, &req,
                        gradsync_FetchResponse_fields, resp, wait_for(timeout_ms), timeout_ms);
   if (err)
     goto out_free_resp;
@@ -787,7 +734,7 @@ int gs_client_publish_packlist(gs_client_t *cl, uint64_t generation, uint32_t ra
   gs_pb_array_bind_encode(&req.pack_list.pack_sizes, &sizes);
   gs_pb_array_bind_encode(&req.pack_list.pack_params, &order);
   err =
-      gs_client_call(cl, GS_METHOD_PREFIX "PublishPackList", gradsync_PublishPackListRequest_fields,
+      gs_client_call(cl, GS_METHOD_PUBLISH_PACK_LIST, gradsync_PublishPackListRequest_fields,
                      &req, gradsync_PublishPackListResponse_fields, &resp, 0, timeout_ms);
   free(info);
   return err;
@@ -863,7 +810,7 @@ int gs_client_fetch_packlist(gs_client_t *cl, uint64_t generation, gs_packlist_t
   gs_pb_array_bind_decode(&resp.pack_list.params, &infos);
   gs_pb_array_bind_decode(&resp.pack_list.pack_sizes, &sizes);
   gs_pb_array_bind_decode(&resp.pack_list.pack_params, &order);
-  err = gs_client_call(cl, GS_METHOD_PREFIX "FetchPackList", gradsync_FetchPackListRequest_fields,
+  err = gs_client_call(cl, GS_METHOD_FETCH_PACK_LIST, gradsync_FetchPackListRequest_fields,
                        &req, gradsync_FetchPackListResponse_fields, &resp, wait_for(timeout_ms),
                        timeout_ms);
   if (!err && !resp.has_pack_list) {
@@ -887,7 +834,7 @@ int gs_client_heartbeat(gs_client_t *cl, const gradsync_HeartbeatRequest *req,
   if (err)
     return err;
   *resp = (gradsync_HeartbeatResponse)gradsync_HeartbeatResponse_init_zero;
-  return gs_client_call(cl, GS_METHOD_PREFIX "Heartbeat", gradsync_HeartbeatRequest_fields, &r,
+  return gs_client_call(cl, GS_METHOD_HEARTBEAT, gradsync_HeartbeatRequest_fields, &r,
                         gradsync_HeartbeatResponse_fields, resp, 0, timeout_ms);
 }
 
@@ -904,6 +851,6 @@ int gs_client_leave(gs_client_t *cl, uint64_t generation, uint32_t rank, bool fi
   req.rank = rank;
   req.finished = finished;
   snprintf(req.reason, sizeof(req.reason), "%s", reason ? reason : ""); /* truncation is fine */
-  return gs_client_call(cl, GS_METHOD_PREFIX "Leave", gradsync_LeaveRequest_fields, &req,
+  return gs_client_call(cl, GS_METHOD_LEAVE, gradsync_LeaveRequest_fields, &req,
                         gradsync_LeaveResponse_fields, &resp, 0, timeout_ms);
 }

@@ -17,6 +17,7 @@
 #include "gradsync.pb.h"
 #include "log.h"
 #include "packlist.h"
+#include "wire.h"
 
 typedef struct gs_client_config {
   char host[256]; /* coordinator address */
@@ -44,7 +45,7 @@ const char *gs_client_error(const gs_client_t *cl);
  * 0, GS_ETIMEDOUT, or the error the coordinator's gRPC status maps to
  * (gs_client_error has its message). `wait_ms` > 0 is sent as the
  * envelope's timeout_ms for RPCs that park (Join, Fetch, FetchPackList). */
-int gs_client_call(gs_client_t *cl, const char *method, const pb_msgdesc_t *req_fields,
+int gs_client_call(gs_client_t *cl, gs_method_t method, const pb_msgdesc_t *req_fields,
                    const void *req, const pb_msgdesc_t *resp_fields, void *resp, uint32_t wait_ms,
                    uint64_t timeout_ms) GS_WARN_UNUSED;
 

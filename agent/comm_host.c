@@ -14,6 +14,8 @@
 #include "comm.h"
 #include "comm_shm.h"
 #include "vectorize.h"
+#include "clock.h"
+#include "byteorder.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -155,22 +157,6 @@ typedef struct ring {
   size_t s_start, r_start; /* stream offsets where those items begin */
 } ring_t;
 
-static uint64_t now_ns(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Milliseconds left of `timeout` since `since`, as a poll() timeout. */
 static int wait_ms(uint64_t since, uint64_t timeout, uint64_t now)
 {
@@ -186,47 +172,24 @@ static bool is_aborted(host_comm_t *c)
   return atomic_load(&c->aborted);
 }
 
-static void put16(uint8_t *p, uint16_t v)
-{
-  p[0] = (uint8_t)(v >> 8);
-  p[1] = (uint8_t)v;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-  put16(p, (uint16_t)(v >> 16));
-  put16(p + 2, (uint16_t)v);
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-  return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-  return (uint32_t)get16(p) << 16 | get16(p + 2);
-}
-
 static void hello_encode(const hello_t *h, uint8_t *out)
 {
-  put32(out, h->magic);
-  put16(out + 4, h->version);
-  put16(out + 6, h->flags);
-  put32(out + 8, h->rank);
-  put32(out + 12, h->world);
-  put32(out + 16, (uint32_t)(h->generation >> 32));
-  put32(out + 20, (uint32_t)h->generation);
+  gs_store_be32(out, h->magic);
+  gs_store_be16(out + 4, h->version);
+  gs_store_be16(out + 6, h->flags);
+  gs_store_be32(out + 8, h->rank);
+  gs_store_be32(out + 12, h->world);
+  gs_store_be64(out + 16, h->generation);
 }
 
 static void hello_decode(const uint8_t *in, hello_t *h)
 {
-  h->magic = get32(in);
-  h->version = get16(in + 4);
-  h->flags = get16(in + 6);
-  h->rank = get32(in + 8);
-  h->world = get32(in + 12);
-  h->generation = (uint64_t)get32(in + 16) << 32 | get32(in + 20);
+  h->magic = gs_load_be32(in);
+  h->version = gs_load_be16(in + 4);
+  h->flags = gs_load_be16(in + 6);
+  h->rank = gs_load_be32(in + 8);
+  h->world = gs_load_be32(in + 12);
+  h->generation = gs_load_be64(in + 16);
 }
 
 static void our_hello(const host_comm_t *c, uint16_t flags, uint8_t *out)
@@ -611,7 +574,7 @@ static int rendezvous_timeout(host_comm_t *c, const rendezvous_t *rv)
 static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
 {
   struct pollfd pfd[3 + MAX_PENDING];
-  uint64_t start = now_ms(), now = start;
+  uint64_t start = gs_now_ms(), now = start;
   short dial_revents = 0;
   int nfd, listen_idx, dial_idx, pend_idx, err, i;
 
@@ -623,7 +586,7 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
       return err;
     if (rv->dial.state == DIAL_DONE && atomic_load(&c->prev_fd) >= 0)
       return 0;
-    now = now_ms();
+    now = gs_now_ms();
     if (now - start >= c->timeout_ms)
       return rendezvous_timeout(c, rv);
     nfd = 0;
@@ -649,7 +612,7 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
       GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": poll: %s", c->rank, strerror(errno));
       return GS_EIO;
     }
-    now = now_ms();
+    now = gs_now_ms();
     dial_revents = dial_idx >= 0 ? pfd[dial_idx].revents : 0;
     /* Backwards: removing pending i moves the last one, already seen, into i. */
     for (i = rv->npending - 1; i >= 0; i--)
@@ -721,7 +684,7 @@ static int io_error(host_comm_t *c, int errnum, uint32_t peer, const char *addr,
  * watching for an abort: the small exchanges after the handshake. */
 static int io_all(host_comm_t *c, int fd, uint8_t *buf, size_t len, bool out, const char *what)
 {
-  uint64_t start = now_ms(), now;
+  uint64_t start = gs_now_ms(), now;
   size_t done = 0;
 
   while (done < len) {
@@ -738,7 +701,7 @@ static int io_all(host_comm_t *c, int fd, uint8_t *buf, size_t len, bool out, co
                       out ? c->next_addr : c->prev_addr, what);
     if (is_aborted(c))
       return GS_EABORTED;
-    now = now_ms();
+    now = gs_now_ms();
     if (now - start >= c->timeout_ms) {
       GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": no answer for %" PRIu64 " ms in %s",
                  c->rank, c->timeout_ms, what);
@@ -1176,7 +1139,7 @@ static int sleep_on_pipes(host_comm_t *c, xfer_t *x, int timeout_ms)
 static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
 {
   struct pollfd pfd[3];
-  uint64_t now, spin_since = now_ns();
+  uint64_t now, spin_since = gs_now_ns();
   int sent, got, nfd;
 
   for (;;) {
@@ -1191,15 +1154,15 @@ static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
     if (x->sent == x->send_len && x->recvd == x->recv_len)
       return 0;
     if (sent || got) {
-      *last = now_ms();
-      spin_since = now_ns();
+      *last = gs_now_ms();
+      spin_since = gs_now_ns();
       continue;
     }
-    if (now_ns() - spin_since < SPIN_NS) {
+    if (gs_now_ns() - spin_since < SPIN_NS) {
       sched_yield(); /* lets a peer sharing this core run */
       continue;
     }
-    now = now_ms();
+    now = gs_now_ms();
     if (now - *last >= c->timeout_ms)
       return xfer_timeout(c, x);
     if (c->out_pipe || c->in_pipe) {
@@ -1283,7 +1246,7 @@ static int host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
 {
   host_comm_t *c = (host_comm_t *)base;
   uint32_t w = c->world, s;
-  uint64_t last = now_ms();
+  uint64_t last = gs_now_ms();
   ring_t ring = {0};
   xfer_t x = {.dtype = dtype, .what = "allreduce", .ring = &ring};
   int err = op_begin(c, "allreduce");
@@ -1326,7 +1289,7 @@ static int host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
 static int host_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root)
 {
   host_comm_t *c = (host_comm_t *)base;
-  uint64_t last = now_ms();
+  uint64_t last = gs_now_ms();
   int err = op_begin(c, "broadcast");
   xfer_t x = {.send = buf, .recv = buf, .what = "broadcast"};
 

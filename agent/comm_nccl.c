@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "cuda_check.h"
+#include "clock.h"
 
 #define WAIT_POLL_US 1000 /* between polls of a non-blocking NCCL call */
 #define SYNC_SPINS 200    /* event queries before sync starts to sleep */
@@ -51,14 +52,6 @@ typedef struct nccl_comm {
   uint64_t last;         /* the last ticket recorded since the last sync */
   bool pending;          /* a done event was recorded since the last sync */
 } nccl_comm_t;
-
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void sleep_us(long us)
 {
@@ -127,7 +120,7 @@ static int async_failed(nccl_comm_t *c, const char *what, ncclResult_t async_err
  * ends the timeout message. */
 static int wait_ready(nccl_comm_t *c, const char *what, const char *hint)
 {
-  uint64_t start = now_ms();
+  uint64_t start = gs_now_ms();
   ncclResult_t async_error = ncclInProgress;
   int err;
 
@@ -141,7 +134,7 @@ static int wait_ready(nccl_comm_t *c, const char *what, const char *hint)
       GS_LOG_WARNING(c->base.log, "nccl comm: rank %" PRIu32 ": NCCL %s aborted", c->rank, what);
       return comm_fail(c, GS_EABORTED);
     }
-    if (now_ms() - start >= c->timeout_ms) {
+    if (gs_now_ms() - start >= c->timeout_ms) {
       GS_LOG_ERR(c->base.log,
                  "nccl comm: rank %" PRIu32 ": NCCL %s did not complete within %" PRIu64 " ms%s",
                  c->rank, what, c->timeout_ms, hint);
@@ -458,7 +451,7 @@ static int nccl_sync(gs_comm_t *base)
 
   if (err)
     return err;
-  start = now_ms();
+  start = gs_now_ms();
   while (c->pending) {
     done = poll_done(c);
     if (done < 0)
@@ -474,7 +467,7 @@ static int nccl_sync(gs_comm_t *base)
       GS_LOG_WARNING(base->log, "nccl comm: rank %" PRIu32 ": sync aborted", c->rank);
       return comm_fail(c, GS_EABORTED);
     }
-    if (now_ms() - start >= c->timeout_ms) {
+    if (gs_now_ms() - start >= c->timeout_ms) {
       GS_LOG_ERR(base->log,
                  "nccl comm: rank %" PRIu32 ": collective did not complete within %" PRIu64
                  " ms (ticket %" PRIu64 "; a peer is stalled or gone)",

@@ -13,6 +13,7 @@
 
 #include "checkpoint.h"
 #include "packs.h"
+#include "clock.h"
 
 /* The control vector: fixed slots, then one bit per rank for a non-finite
  * loss, 16 ranks per float (sums of distinct powers of two below 2^24 are
@@ -93,14 +94,6 @@ static void set_error(gs_engine_t *e, const char *fmt, ...)
   va_start(ap, fmt);
   vsnprintf(e->error, sizeof(e->error), fmt, ap);
   va_end(ap);
-}
-
-static double now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
@@ -246,10 +239,10 @@ static int wait_job(gs_engine_t *e, comm_job_t *job)
 static int comm_failed(gs_engine_t *e, int err, const char *what)
 {
   double until =
-      now_ms() + (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
+      gs_now_ms_f() + (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
   char why[300] = "";
 
-  while (e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && now_ms() < until) {
+  while (e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && gs_now_ms_f() < until) {
     struct timespec ts = {0, 20 * 1000 * 1000};
 
     nanosleep(&ts, NULL);
@@ -946,26 +939,26 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   for (uint32_t j = 0; j < e->nlaunched; j++) {
     gs_pack_t *pk = &e->packs.packs[e->launched[j]];
 
-    t0 = now_ms();
+    t0 = gs_now_ms_f();
     err = complete(e, e->launched[j]);
-    waited += now_ms() - t0;
+    waited += gs_now_ms_f() - t0;
     if (err) {
       snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, e->launched[j]);
       return comm_failed(e, err, what);
     }
-    t0 = now_ms();
+    t0 = gs_now_ms_f();
     gs_device_sgd_pack(e->cfg.dev, &e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams,
                        pk->params, pk->grads, pk->momentum);
-    optimizer += now_ms() - t0;
+    optimizer += gs_now_ms_f() - t0;
   }
-  t0 = now_ms();
+  t0 = gs_now_ms_f();
   err = gs_comm_sync(e->comm);
-  waited += now_ms() - t0;
+  waited += gs_now_ms_f() - t0;
   if (err)
     return comm_failed(e, err, what);
-  t0 = now_ms();
+  t0 = gs_now_ms_f();
   err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
-  optimizer += now_ms() - t0;
+  optimizer += gs_now_ms_f() - t0;
   if (err) {
     set_error(e, "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
               e->cfg.dev->label, gs_strerror(err));

@@ -2,6 +2,7 @@
  * its own, keeps the latest directives, and calls on_abort once when the
  * coordinator aborts the generation or stays unreachable too long. */
 #include "heartbeat.h"
+#include "clock.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -30,14 +31,6 @@ struct gs_heartbeat {
   gs_directives_t directives;
 };
 
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Waits on the condition variable until `until` (monotonic ms; UINT64_MAX:
  * forever) or a stop; called with the lock held. Returns whether the thread
  * should stop. */
@@ -45,7 +38,7 @@ static bool wait_until(gs_heartbeat_t *hb, uint64_t until)
 {
   while (!hb->stopping && until == UINT64_MAX)
     pthread_cond_wait(&hb->wake, &hb->lock);
-  while (!hb->stopping && now_ms() < until) {
+  while (!hb->stopping && gs_now_ms() < until) {
     struct timespec ts = {.tv_sec = (time_t)(until / 1000),
                           .tv_nsec = (long)(until % 1000) * 1000000};
 
@@ -164,7 +157,7 @@ static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
  * the abort when it has. */
 static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok)
 {
-  uint64_t silent = now_ms() - last_ok;
+  uint64_t silent = gs_now_ms() - last_ok;
   char why[sizeof(hb->why)];
 
   if (silent <= hb->cfg.timeout_ms)
@@ -178,7 +171,7 @@ static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok)
 static void *run(void *arg)
 {
   gs_heartbeat_t *hb = arg;
-  uint64_t last_ok = now_ms(), next = last_ok, coord_id = 0;
+  uint64_t last_ok = gs_now_ms(), next = last_ok, coord_id = 0;
   bool failing = false, done = false, abort;
   char why[300];
   int err;
@@ -186,7 +179,7 @@ static void *run(void *arg)
   pthread_mutex_lock(&hb->lock);
   while (!wait_until(hb, done ? UINT64_MAX : next)) {
     pthread_mutex_unlock(&hb->lock);
-    next = now_ms() + hb->cfg.interval_ms;
+    next = gs_now_ms() + hb->cfg.interval_ms;
     abort = false;
     err = beat(hb, &coord_id, &abort, why, sizeof(why));
     if (err == GS_ENOTFOUND && hb->can_rejoin) {
@@ -198,7 +191,7 @@ static void *run(void *arg)
       }
     }
     if (!err) {
-      last_ok = now_ms();
+      last_ok = gs_now_ms();
       failing = false;
       if (abort) {
         fire_abort(hb, why);

@@ -2,6 +2,8 @@
  * parser is a pure function of its bytes; the loader adds the file, zlib and
  * the path every error message starts with. */
 #include "idx.h"
+#include "why.h"
+#include "byteorder.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -25,27 +27,6 @@
 int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, size_t *out_len,
                    char *why, size_t why_len);
 
-/* Writes the reason into `why` (when given) and returns `err`, so that an
- * error path is one statement. */
-static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (why && why_len > 0) {
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-  }
-  return err;
-}
-
-static uint32_t be32(const uint8_t *p)
-{
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
-}
-
 /* Checks the header of the `len` bytes at `b` against the bytes present and
  * fills the dims of `out` and the data's offset; reads nothing past `len`. */
 static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *offset, char *why,
@@ -55,36 +36,36 @@ static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *off
   uint32_t i;
 
   if (len == 0)
-    return fail(GS_EINVAL, why, why_len, "empty file (0 bytes)");
+    return gs_why(GS_EINVAL, why, why_len, "empty file (0 bytes)");
   if (len < 4)
-    return fail(GS_EINVAL, why, why_len,
+    return gs_why(GS_EINVAL, why, why_len,
                 "truncated header: %zu bytes, an IDX file starts with 4 magic bytes", len);
   if (b[0] != 0 || b[1] != 0)
-    return fail(GS_EINVAL, why, why_len,
+    return gs_why(GS_EINVAL, why, why_len,
                 "not an IDX file (magic starts 0x%02x 0x%02x, want 0x00 0x00)", b[0], b[1]);
   if (b[2] != GS_IDX_TYPE_UBYTE)
-    return fail(GS_EINVAL, why, why_len,
+    return gs_why(GS_EINVAL, why, why_len,
                 "unsupported IDX data type 0x%02x (only 0x08, unsigned byte, is supported)", b[2]);
   if (b[3] < 1 || b[3] > 4)
-    return fail(GS_EINVAL, why, why_len, "unsupported IDX rank %u (want 1 to 4 dimensions)",
+    return gs_why(GS_EINVAL, why, why_len, "unsupported IDX rank %u (want 1 to 4 dimensions)",
                 (unsigned)b[3]);
   out->ndims = b[3];
   header = 4 + 4 * (size_t)out->ndims;
   if (len < header)
-    return fail(GS_EINVAL, why, why_len,
+    return gs_why(GS_EINVAL, why, why_len,
                 "truncated header: %u dimensions need %zu header bytes, file has %zu", out->ndims,
                 header, len);
   for (i = 0; i < out->ndims; i++) {
-    out->dims[i] = be32(b + 4 + 4 * i);
+    out->dims[i] = gs_load_be32(b + 4 + 4 * i);
     if (__builtin_mul_overflow(bytes, (size_t)out->dims[i], &bytes))
-      return fail(GS_EINVAL, why, why_len, "dimensions overflow: their product exceeds %zu bytes",
+      return gs_why(GS_EINVAL, why, why_len, "dimensions overflow: their product exceeds %zu bytes",
                   SIZE_MAX);
   }
   if (len - header < bytes)
-    return fail(GS_EINVAL, why, why_len, "truncated: header says %zu bytes of data, file has %zu",
+    return gs_why(GS_EINVAL, why, why_len, "truncated: header says %zu bytes of data, file has %zu",
                 bytes, len - header);
   if (len - header > bytes)
-    return fail(GS_EINVAL, why, why_len,
+    return gs_why(GS_EINVAL, why, why_len,
                 "trailing bytes: header says %zu bytes of data, file has %zu", bytes, len - header);
   *offset = header;
   return 0;
@@ -113,7 +94,7 @@ int gs_idx_parse(const uint8_t *bytes, size_t len, gs_idx_t *out, char *why, siz
   n = idx_bytes(&idx);
   idx.data = malloc(n ? n : 1);
   if (!idx.data)
-    return fail(GS_ENOMEM, why, why_len, "out of memory for %zu bytes of IDX data", n);
+    return gs_why(GS_ENOMEM, why, why_len, "out of memory for %zu bytes of IDX data", n);
   memcpy(idx.data, bytes + offset, n);
   *out = idx;
   return 0;
@@ -159,15 +140,15 @@ int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, 
   *out_len = 0;
   memset(&z, 0, sizeof(z));
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
-    return fail(GS_ENOMEM, why, why_len, "cannot start zlib: %s", z.msg ? z.msg : "no memory");
+    return gs_why(GS_ENOMEM, why, why_len, "cannot start zlib: %s", z.msg ? z.msg : "no memory");
   z.next_in = (Bytef *)in;
   for (used = 0;;) {
     if (have == size && (err = grow(&buf, &size, have + 1, cap))) {
-      fail(err, why, why_len, "out of memory decompressing (%zu bytes so far)", have);
+      gs_why(err, why, why_len, "out of memory decompressing (%zu bytes so far)", have);
       goto out_free_buf;
     }
     if (have > cap) {
-      err = fail(GS_ETOOBIG, why, why_len, "decompresses to more than %zu bytes", cap);
+      err = gs_why(GS_ETOOBIG, why, why_len, "decompresses to more than %zu bytes", cap);
       goto out_free_buf;
     }
     z.avail_in = (uInt)(in_len - used > UINT_MAX ? UINT_MAX : in_len - used);
@@ -183,7 +164,7 @@ int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, 
         break;
       /* Another member follows, or garbage that inflate will reject. */
       if (inflateReset(&z) != Z_OK) {
-        err = fail(GS_EINVAL, why, why_len, "corrupt gzip stream: cannot restart zlib");
+        err = gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream: cannot restart zlib");
         goto out_free_buf;
       }
       continue;
@@ -191,15 +172,15 @@ int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, 
     if (zr == Z_OK)
       continue;
     if (zr == Z_BUF_ERROR && used == in_len) {
-      err = fail(GS_EINVAL, why, why_len,
+      err = gs_why(GS_EINVAL, why, why_len,
                  "corrupt gzip stream: unexpected end after %zu compressed bytes", in_len);
       goto out_free_buf;
     }
     if (zr == Z_MEM_ERROR) {
-      err = fail(GS_ENOMEM, why, why_len, "out of memory in zlib");
+      err = gs_why(GS_ENOMEM, why, why_len, "out of memory in zlib");
       goto out_free_buf;
     }
-    err = fail(GS_EINVAL, why, why_len, "corrupt gzip stream at compressed byte %zu: %s", used,
+    err = gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream at compressed byte %zu: %s", used,
                z.msg ? z.msg : "unknown zlib error");
     goto out_free_buf;
   }
@@ -226,29 +207,29 @@ static int read_file(const char *path, uint8_t **out, size_t *out_len, char *why
 
   f = fopen(path, "rb");
   if (!f)
-    return fail(gs_err_from_errno(errno), why, why_len, "%s: %s", path, strerror(errno));
+    return gs_why(gs_err_from_errno(errno), why, why_len, "%s: %s", path, strerror(errno));
   if (fstat(fileno(f), &st) != 0) {
-    err = fail(GS_EIO, why, why_len, "%s: %s", path, strerror(errno));
+    err = gs_why(GS_EIO, why, why_len, "%s: %s", path, strerror(errno));
     goto out_close_file;
   }
   if (!S_ISREG(st.st_mode)) {
-    err = fail(GS_EINVAL, why, why_len, "%s: not a regular file", path);
+    err = gs_why(GS_EINVAL, why, why_len, "%s: not a regular file", path);
     goto out_close_file;
   }
   if ((uint64_t)st.st_size > GS_IDX_MAX_BYTES) {
-    err = fail(GS_ETOOBIG, why, why_len, "%s: %lld bytes, over the limit of %zu", path,
+    err = gs_why(GS_ETOOBIG, why, why_len, "%s: %lld bytes, over the limit of %zu", path,
                (long long)st.st_size, GS_IDX_MAX_BYTES);
     goto out_close_file;
   }
   buf = malloc(st.st_size ? (size_t)st.st_size : 1);
   if (!buf) {
-    err = fail(GS_ENOMEM, why, why_len, "%s: out of memory for %lld bytes", path,
+    err = gs_why(GS_ENOMEM, why, why_len, "%s: out of memory for %lld bytes", path,
                (long long)st.st_size);
     goto out_close_file;
   }
   n = fread(buf, 1, (size_t)st.st_size, f);
   if (n != (size_t)st.st_size || ferror(f)) {
-    err = fail(GS_EIO, why, why_len, "%s: read %zu of %lld bytes: %s", path, n,
+    err = gs_why(GS_EIO, why, why_len, "%s: read %zu of %lld bytes: %s", path, n,
                (long long)st.st_size, ferror(f) ? strerror(errno) : "file shrank");
     free(buf);
     goto out_close_file;
@@ -277,7 +258,7 @@ static int parse_in_place(const char *path, uint8_t *buf, size_t len, gs_idx_t *
   if (err) {
     free(buf);
     memset(out, 0, sizeof(*out));
-    return fail(err, why, why_len, "%s: %s", path, reason);
+    return gs_why(err, why, why_len, "%s: %s", path, reason);
   }
   n = idx_bytes(out);
   memmove(buf, buf + offset, n);
@@ -302,7 +283,7 @@ int gs_idx_load(const char *path, gs_idx_t *out, char *why, size_t why_len)
   err = gs__idx_gunzip(raw, raw_len, GS_IDX_MAX_BYTES, &plain, &plain_len, reason, sizeof(reason));
   free(raw);
   if (err)
-    return fail(err, why, why_len, "%s: %s", path, reason);
+    return gs_why(err, why, why_len, "%s: %s", path, reason);
   return parse_in_place(path, plain, plain_len, out, why, why_len);
 }
 
@@ -319,13 +300,13 @@ static int find_file(const char *dir, const char *split, const char *kind, char 
   for (i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
     n = snprintf(path, path_len, "%s/%s-%s%s", dir, split, kind, suffixes[i]);
     if (n < 0 || (size_t)n >= path_len)
-      return fail(GS_EINVAL, why, why_len, "%s/%s-%s: path too long", dir, split, kind);
+      return gs_why(GS_EINVAL, why, why_len, "%s/%s-%s: path too long", dir, split, kind);
     if (i == 0)
       memcpy(plain, path, (size_t)n + 1);
     if (access(path, F_OK) == 0)
       return 0;
   }
-  return fail(GS_ENOTFOUND, why, why_len, "%s: No such file or directory (nor %s)", plain, path);
+  return gs_why(GS_ENOTFOUND, why, why_len, "%s: No such file or directory (nor %s)", plain, path);
 }
 
 /* Checks that the two files make a dataset: 3-D images, 1-D labels, equal
@@ -334,21 +315,21 @@ static int check_shapes(const char *img_path, const gs_idx_t *img, const char *l
                         const gs_idx_t *lbl, char *why, size_t why_len)
 {
   if (img->ndims != 3)
-    return fail(GS_EINVAL, why, why_len,
+    return gs_why(GS_EINVAL, why, why_len,
                 "%s: images have %u dimensions, want 3 (count, rows, cols)", img_path, img->ndims);
   if (lbl->ndims != 1)
-    return fail(GS_EINVAL, why, why_len, "%s: labels have %u dimensions, want 1 (count)", lbl_path,
+    return gs_why(GS_EINVAL, why, why_len, "%s: labels have %u dimensions, want 1 (count)", lbl_path,
                 lbl->ndims);
   if (img->dims[0] != lbl->dims[0])
-    return fail(GS_EINVAL, why, why_len, "%s has %u images but %s has %u labels", img_path,
+    return gs_why(GS_EINVAL, why, why_len, "%s has %u images but %s has %u labels", img_path,
                 img->dims[0], lbl_path, lbl->dims[0]);
   if (img->dims[0] == 0)
-    return fail(GS_EINVAL, why, why_len, "%s: no examples", img_path);
+    return gs_why(GS_EINVAL, why, why_len, "%s: no examples", img_path);
   if (img->dims[1] == 0 || img->dims[2] == 0)
-    return fail(GS_EINVAL, why, why_len, "%s: empty images of %u x %u pixels", img_path,
+    return gs_why(GS_EINVAL, why, why_len, "%s: empty images of %u x %u pixels", img_path,
                 img->dims[1], img->dims[2]);
   if ((uint64_t)img->dims[1] * img->dims[2] > UINT32_MAX)
-    return fail(GS_EINVAL, why, why_len, "%s: images of %u x %u pixels are too large", img_path,
+    return gs_why(GS_EINVAL, why, why_len, "%s: images of %u x %u pixels are too large", img_path,
                 img->dims[1], img->dims[2]);
   return 0;
 }
@@ -364,7 +345,7 @@ static int fill_dataset(const char *img_path, const gs_idx_t *img, const gs_idx_
   out->features = img->dims[1] * img->dims[2];
   n = (size_t)out->count * out->features;
   if (n > SIZE_MAX / sizeof(float) || !(out->x = malloc(n * sizeof(float))))
-    return fail(GS_ENOMEM, why, why_len, "%s: out of memory for %zu inputs", img_path, n);
+    return gs_why(GS_ENOMEM, why, why_len, "%s: out of memory for %zu inputs", img_path, n);
   for (i = 0; i < n; i++)
     out->x[i] = img->data[i] / 255.0f;
   for (i = 0; i < out->count; i++)

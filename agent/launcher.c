@@ -27,6 +27,7 @@
 
 #include "error.h"
 #include "parse.h"
+#include "clock.h"
 
 #ifndef GS_VERSION
 #define GS_VERSION "unknown"
@@ -92,14 +93,6 @@ typedef struct gs_run {
   int exit_code; /* the first reason to fail; 0 while none */
   uint64_t ready_deadline, agents_deadline, coord_deadline; /* ms; 0: none */
 } gs_run_t;
-
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* Writes all of buf, retrying on EINTR and waiting when fd is non-blocking;
  * gives up silently on other errors (a closed stdout must not stop the run). */
@@ -561,7 +554,7 @@ static void advance(gs_run_t *r)
     r->agents_deadline = 0;
     if (r->coord.running) {
       signal_child(&r->coord, SIGTERM);
-      r->coord_deadline = now_ms() + r->cfg.grace_ms;
+      r->coord_deadline = gs_now_ms() + r->cfg.grace_ms;
     }
   }
   if (r->phase == GS_RUN_STOP_COORD && !r->coord.running) {
@@ -578,7 +571,7 @@ static void begin_stop(gs_run_t *r)
     r->phase = GS_RUN_STOP_AGENTS;
     if (r->agents_running > 0) {
       signal_agents(r, SIGTERM);
-      r->agents_deadline = now_ms() + r->cfg.grace_ms;
+      r->agents_deadline = gs_now_ms() + r->cfg.grace_ms;
     }
   }
   advance(r);
@@ -733,7 +726,7 @@ static void drain_child(gs_run_t *r, gs_run_child_t *c)
     ;
   for (int k = 0; k < 64 && c->err.fd >= 0 && stream_pump(r, c, &c->err); k++)
     ;
-  c->drain_deadline = now_ms() + GS_RUN_DRAIN_MS;
+  c->drain_deadline = gs_now_ms() + GS_RUN_DRAIN_MS;
 }
 
 /* A reaped child whose pipes are still open. */
@@ -878,7 +871,7 @@ static void handle_signals(gs_run_t *r)
 /* Sends SIGKILL once a grace period or the startup deadline has passed. */
 static void check_deadlines(gs_run_t *r)
 {
-  uint64_t now = now_ms();
+  uint64_t now = gs_now_ms();
 
   if (r->phase == GS_RUN_STARTING && now >= r->ready_deadline) {
     say("coordinator %s did not print its address within %d s; stopping it", r->cfg.coord_bin,
@@ -915,7 +908,7 @@ static void check_deadlines(gs_run_t *r)
 /* Milliseconds until the next deadline, or -1 when there is none. */
 static int next_timeout(const gs_run_t *r)
 {
-  uint64_t next = UINT64_MAX, now = now_ms();
+  uint64_t next = UINT64_MAX, now = gs_now_ms();
 
   if (r->phase == GS_RUN_STARTING && r->ready_deadline)
     next = r->ready_deadline;
@@ -1133,7 +1126,7 @@ static int start(gs_run_t *r)
   rc = spawn(r, &r->coord, argv);
   if (rc)
     return rc;
-  r->ready_deadline = now_ms() + GS_RUN_READY_MS;
+  r->ready_deadline = gs_now_ms() + GS_RUN_READY_MS;
   return 0;
 }
 

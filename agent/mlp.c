@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "mlp.h"
+#include "why.h"
+#include "rng.h"
 
 #define MLP_MAX_WIDTHS 16
 #define MLP_MAX_WIDTH 1000000u
@@ -37,21 +39,6 @@ struct gs_mlp {
   mlp_layer_t layer[MLP_MAX_WIDTHS - 1];
 };
 
-/* Formats a reason into `why` when the caller gave a buffer. */
-static void say(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void say(char *why, size_t why_len, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (!why || !why_len)
-    return;
-  va_start(ap, fmt);
-  vsnprintf(why, why_len, fmt, ap);
-  va_end(ap);
-}
-
 /* Checks the widths and batch size gs_mlp_new accepts. */
 static int check_shape(const uint32_t *sizes, uint32_t n, uint32_t max_batch, char *why,
                        size_t why_len)
@@ -59,19 +46,19 @@ static int check_shape(const uint32_t *sizes, uint32_t n, uint32_t max_batch, ch
   uint32_t i;
 
   if (!sizes || n < 2 || n > MLP_MAX_WIDTHS) {
-    say(why, why_len, "an MLP needs 2 to %d layer widths (input first), got %u", MLP_MAX_WIDTHS,
+    gs_set_why(why, why_len, "an MLP needs 2 to %d layer widths (input first), got %u", MLP_MAX_WIDTHS,
         sizes ? n : 0);
     return GS_EINVAL;
   }
   for (i = 0; i < n; i++) {
     if (sizes[i] < 1 || sizes[i] > MLP_MAX_WIDTH) {
-      say(why, why_len, "layer width %u (entry %u) is outside 1..%u", sizes[i], i + 1,
+      gs_set_why(why, why_len, "layer width %u (entry %u) is outside 1..%u", sizes[i], i + 1,
           MLP_MAX_WIDTH);
       return GS_EINVAL;
     }
   }
   if (max_batch < 1 || max_batch > INT_MAX) {
-    say(why, why_len, "batch size %u is outside 1..%d", max_batch, INT_MAX);
+    gs_set_why(why, why_len, "batch size %u is outside 1..%d", max_batch, INT_MAX);
     return GS_EINVAL;
   }
   return 0;
@@ -107,7 +94,7 @@ static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
     goto out_too_big;
   mem = gs_device_alloc(m->dev, bytes);
   if (!mem) {
-    say(why, why_len, "cannot allocate %zu bytes of activation scratch for batch %u", bytes,
+    gs_set_why(why, why_len, "cannot allocate %zu bytes of activation scratch for batch %u", bytes,
         m->max_batch);
     return GS_ENOMEM;
   }
@@ -123,7 +110,7 @@ static int alloc_scratch(gs_mlp_t *m, char *why, size_t why_len)
   return 0;
 
 out_too_big:
-  say(why, why_len, "the activation scratch for batch %u does not fit in memory (size overflows)",
+  gs_set_why(why, why_len, "the activation scratch for batch %u does not fit in memory (size overflows)",
       m->max_batch);
   return GS_ENOMEM;
 }
@@ -138,7 +125,7 @@ gs_mlp_t *gs_mlp_new(gs_device_t *dev, const uint32_t *sizes, uint32_t n, uint32
     return NULL;
   m = calloc(1, sizeof(*m));
   if (!m) {
-    say(why, why_len, "cannot allocate the MLP (%zu bytes)", sizeof(*m));
+    gs_set_why(why, why_len, "cannot allocate the MLP (%zu bytes)", sizeof(*m));
     return NULL;
   }
   m->dev = dev;
@@ -195,23 +182,23 @@ int gs_mlp_parse_layers(const char *s, uint32_t *sizes, uint32_t cap, uint32_t *
   const char *p = s;
 
   if (!s || !*s) {
-    say(why, why_len, "the layer list is empty: expected widths such as 784,256,128,10");
+    gs_set_why(why, why_len, "the layer list is empty: expected widths such as 784,256,128,10");
     return GS_EINVAL;
   }
   for (;;) {
     uint32_t v;
 
     if (parse_width(&p, &v)) {
-      say(why, why_len, "layer list \"%.64s\": entry %u is not a whole number", s, count + 1);
+      gs_set_why(why, why_len, "layer list \"%.64s\": entry %u is not a whole number", s, count + 1);
       return GS_EINVAL;
     }
     if (v < 1 || v > MLP_MAX_WIDTH) {
-      say(why, why_len, "layer list \"%.64s\": entry %u is outside 1..%u", s, count + 1,
+      gs_set_why(why, why_len, "layer list \"%.64s\": entry %u is outside 1..%u", s, count + 1,
           MLP_MAX_WIDTH);
       return GS_EINVAL;
     }
     if (count == limit) {
-      say(why, why_len, "layer list \"%.64s\" has more than %u widths", s, limit);
+      gs_set_why(why, why_len, "layer list \"%.64s\" has more than %u widths", s, limit);
       return GS_EINVAL;
     }
     tmp[count++] = v;
@@ -220,7 +207,7 @@ int gs_mlp_parse_layers(const char *s, uint32_t *sizes, uint32_t cap, uint32_t *
     p++; /* the comma */
   }
   if (count < 2) {
-    say(why, why_len, "layer list \"%.64s\" needs at least 2 widths (input and output)", s);
+    gs_set_why(why, why_len, "layer list \"%.64s\" needs at least 2 widths (input and output)", s);
     return GS_EINVAL;
   }
   memcpy(sizes, tmp, count * sizeof(tmp[0]));
@@ -266,24 +253,13 @@ void gs_mlp_bind(gs_mlp_t *m, uint32_t i, float *param, float *grad)
   }
 }
 
-/* splitmix64 (Vigna), the generator the sampler's gs_rng_t implements, kept
- * private so the model depends on no other module. */
-static uint64_t splitmix64(uint64_t *state)
-{
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* Draws `n` values uniform in [-bound, bound) into p. */
 static void fill_uniform(uint64_t *state, float *p, uint64_t n, double bound)
 {
   uint64_t k;
 
   for (k = 0; k < n; k++) {
-    double u = (double)(splitmix64(state) >> 40) * 0x1p-24;
+    double u = (double)(gs_splitmix64(state) >> 40) * 0x1p-24;
 
     p[k] = (float)(bound * (2.0 * u - 1.0));
   }

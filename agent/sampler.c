@@ -1,54 +1,10 @@
-/* The sharded sampler and the splitmix64 generator behind it: every rank
- * computes the same permutation from (seed, epoch) and takes its own slice
- * of each global batch, so no rank needs to talk to another about data. */
+/* The sharded sampler: every rank computes the same permutation from
+ * (seed, epoch) and takes its own slice of each global batch, so no rank
+ * needs to talk to another about data. */
 #include "sampler.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#define GS_GOLDEN_GAMMA 0x9E3779B97F4A7C15ull
-
-/* The splitmix64 output function: a bijective 64-bit mixer. */
-static uint64_t mix64(uint64_t z)
-{
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-void gs_rng_seed(gs_rng_t *r, uint64_t seed)
-{
-  r->state = seed;
-}
-
-uint64_t gs_rng_next(gs_rng_t *r)
-{
-  r->state += GS_GOLDEN_GAMMA;
-  return mix64(r->state);
-}
-
-float gs_rng_uniform(gs_rng_t *r)
-{
-  return (float)(gs_rng_next(r) >> 40) * 0x1p-24f;
-}
-
-/* Lemire's multiply-and-reject: the high half of a 32x32 product, with the
- * few low halves that would bias it redrawn. */
-uint32_t gs_rng_below(gs_rng_t *r, uint32_t n)
-{
-  uint64_t m;
-  uint32_t threshold;
-
-  if (n == 0)
-    return 0;
-  m = (gs_rng_next(r) >> 32) * n;
-  if ((uint32_t)m < n) {
-    threshold = -n % n; /* 2^32 mod n */
-    while ((uint32_t)m < threshold)
-      m = (gs_rng_next(r) >> 32) * n;
-  }
-  return (uint32_t)(m >> 32);
-}
 
 /* Fills `perm` for `epoch`: identity, then Fisher-Yates when shuffling,
  * with a generator that depends on the seed and the epoch only. */
@@ -62,7 +18,7 @@ static void reshuffle(gs_sampler_t *s, uint64_t epoch)
     s->perm[i] = i;
   if (!s->shuffle)
     return;
-  gs_rng_seed(&rng, mix64(s->seed ^ (epoch * GS_GOLDEN_GAMMA)));
+  gs_rng_seed(&rng, gs_mix64(s->seed ^ (epoch * GS_GOLDEN_GAMMA)));
   for (i = s->count - 1; i > 0; i--) {
     j = gs_rng_below(&rng, i + 1);
     t = s->perm[i];

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "rng.h"
 
 typedef struct gs_sampler {
   uint32_t count, batch, rank, world_size;
@@ -38,18 +39,5 @@ void gs_sampler_set_epoch(gs_sampler_t *s, uint64_t epoch);
 /* This rank's `batch` example indices for step `step` (0-based, within the
  * current epoch; step < steps_per_epoch). Points into the sampler. */
 const uint32_t *gs_sampler_batch(const gs_sampler_t *s, uint32_t step);
-
-/* A small, fast, seedable generator (splitmix64) used for shuffling and
- * initialisation, so that every rank and every run agree bit for bit. */
-typedef struct gs_rng {
-  uint64_t state;
-} gs_rng_t;
-
-void gs_rng_seed(gs_rng_t *r, uint64_t seed);
-uint64_t gs_rng_next(gs_rng_t *r);
-/* Uniform in [0, 1) with 24 random bits. */
-float gs_rng_uniform(gs_rng_t *r);
-/* Uniform in [0, n) without modulo bias; n > 0. */
-uint32_t gs_rng_below(gs_rng_t *r, uint32_t n);
 
 #endif

@@ -11,6 +11,7 @@
 #include "idx.h"
 #include "mlp.h"
 #include "sampler.h"
+#include "clock.h"
 
 /* A batch on its way to the device: gathered into pinned host memory, then
  * copied asynchronously (on the CPU device the two are the same buffer). */
@@ -42,14 +43,6 @@ typedef struct trainer {
 } trainer_t;
 
 #define UNTIMED_STEPS 10 /* warm-up steps left out of the timing summary */
-
-static double now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* Copies the examples `idx` into slot's host buffer and queues the copy to
  * the device. */
@@ -95,12 +88,12 @@ static int train_step(trainer_t *t, uint64_t s, const gs_position_t *after, gs_s
                       double *data_ms)
 {
   batch_slot_t *b = &t->slot[s % 2];
-  double t0 = now_ms();
+  double t0 = gs_now_ms_f();
   float loss;
   int err;
 
   err = load_train_batch(t, s);
-  *data_ms = now_ms() - t0;
+  *data_ms = gs_now_ms_f() - t0;
   if (err) {
     fprintf(stderr, "gradsync-agent: error: cannot copy a batch to %s\n", t->dev->label);
     return err;
@@ -110,9 +103,9 @@ static int train_step(trainer_t *t, uint64_t s, const gs_position_t *after, gs_s
   gs_mlp_backward(t->mlp, b->x, gs_engine_grad_ready, t->engine);
   t->last_loss = loss;
   if (s + 1 < t->total_steps) {
-    t0 = now_ms();
+    t0 = gs_now_ms_f();
     err = load_train_batch(t, s + 1);
-    *data_ms += now_ms() - t0;
+    *data_ms += gs_now_ms_f() - t0;
     if (err)
       t->slot[(s + 1) % 2].step = -1; /* retried (and reported) at the next step */
   }
@@ -172,7 +165,7 @@ static int evaluate(trainer_t *t, float *accuracy, float *loss)
 /* Prints a progress line (rank 0) and reports to the coordinator. */
 static void progress(trainer_t *t, uint64_t step, uint64_t epoch, bool force)
 {
-  double now = now_ms(), dt = now - t->last_line_ms;
+  double now = gs_now_ms_f(), dt = now - t->last_line_ms;
   double sps = dt > 0 ? t->window_steps * (double)t->cfg->batch * t->world * 1e3 / dt : 0;
   double comm_pct = t->window_ms > 0 ? 100.0 * t->window_comm_ms / t->window_ms : 0;
   gs_progress_t p = {
@@ -364,17 +357,17 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
   gs_step_result_t res;
   int err;
 
-  t->start_ms = t->last_line_ms = now_ms();
+  t->start_ms = t->last_line_ms = gs_now_ms_f();
   for (uint64_t s = pos.step; s < t->total_steps; s++) {
     uint64_t epoch = s / t->steps_per_epoch;
     gs_position_t after = {s + 1, (s + 1) / t->steps_per_epoch, t->cfg->seed};
-    double t0 = now_ms(), data_ms = 0, step_ms;
+    double t0 = gs_now_ms_f(), data_ms = 0, step_ms;
 
     err = train_step(t, s, &after, &res, &data_ms);
     if (err)
       return err;
     *done = s + 1;
-    step_ms = now_ms() - t0;
+    step_ms = gs_now_ms_f() - t0;
     t->window_ms += step_ms;
     t->window_comm_ms += res.comm_wait_ms;
     t->window_steps++;
@@ -403,7 +396,7 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
 
 static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
 {
-  double secs = (now_ms() - t->start_ms) / 1e3;
+  double secs = (gs_now_ms_f() - t->start_ms) / 1e3;
   double samples = (double)(last_step - first_step) * t->cfg->batch * t->world;
   float acc = 0, loss = 0;
 

@@ -2,7 +2,7 @@
 #include "error.h"
 
 #include <errno.h>
-#include <uv.h>
+#include <stddef.h>
 
 struct gs__err_info {
   const char *name;
@@ -11,7 +11,7 @@ struct gs__err_info {
 };
 
 static const struct gs__err_info gs__errors[] = {
-#define GS__ERR_ROW(name, code, msg) {"GS_E" #name, msg, code},
+#define GS__ERR_ROW(name, status, msg) {"GS_E" #name, msg, GS_GRPC_##status},
     GS_ERRNO_MAP(GS__ERR_ROW)
 #undef GS__ERR_ROW
 };
@@ -47,34 +47,30 @@ int gs_err_grpc_code(int err)
 
   if (err == GS_OK)
     return 0;
-  return info ? info->grpc_code : 2; /* UNKNOWN */
+  return info ? info->grpc_code : GS_GRPC_UNKNOWN;
+}
+
+int gs_err_from_grpc(int code)
+{
+  if (code == GS_GRPC_OK)
+    return GS_OK;
+  for (int e = GS__ERRNO_FIRST + 1; e < GS__ERRNO_LAST; e++)
+    if (err_info(e)->grpc_code == code)
+      return e;
+  return GS_EPROTO;
 }
 
 const char *gs_grpc_code_name(int code)
 {
-  static const char *const names[] = {
-      "OK",
-      "CANCELLED",
-      "UNKNOWN",
-      "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED",
-      "NOT_FOUND",
-      "ALREADY_EXISTS",
-      "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION",
-      "ABORTED",
-      "OUT_OF_RANGE",
-      "UNIMPLEMENTED",
-      "INTERNAL",
-      "UNAVAILABLE",
-      "DATA_LOSS",
-      "UNAUTHENTICATED",
-  };
-
-  if (code < 0 || code >= (int)(sizeof(names) / sizeof(names[0])))
+  switch (code) {
+#define GS__GRPC_CASE(name, value)                                                                 \
+  case value:                                                                                      \
+    return #name;
+    GS_GRPC_STATUS_MAP(GS__GRPC_CASE)
+#undef GS__GRPC_CASE
+  default:
     return "UNKNOWN";
-  return names[code];
+  }
 }
 
 int gs_err_from_errno(int errnum)
@@ -111,14 +107,4 @@ int gs_err_from_errno(int errnum)
   default:
     return GS_EIO;
   }
-}
-
-int gs_err_from_uv(int uverr)
-{
-  if (uverr == UV_EOF)
-    return GS_ECLOSED;
-  if (uverr == UV_ETIMEDOUT)
-    return GS_ETIMEDOUT;
-  /* libuv codes on Unix are negated errno values. */
-  return uverr < 0 ? gs_err_from_errno(-uverr) : GS_OK;
 }

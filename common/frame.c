@@ -1,5 +1,7 @@
 #include "frame.h"
 
+#include "byteorder.h"
+
 long gs_frame_parse(const uint8_t *buf, size_t len, size_t max_payload, const uint8_t **payload,
                     size_t *payload_len)
 {
@@ -7,7 +9,7 @@ long gs_frame_parse(const uint8_t *buf, size_t len, size_t max_payload, const ui
 
   if (len < GS_FRAME_HEADER_BYTES)
     return 0;
-  n = (uint32_t)buf[0] << 24 | (uint32_t)buf[1] << 16 | (uint32_t)buf[2] << 8 | buf[3];
+  n = gs_load_be32(buf);
   if (n > max_payload)
     return GS_ETOOBIG;
   if (len - GS_FRAME_HEADER_BYTES < n)
@@ -19,8 +21,5 @@ long gs_frame_parse(const uint8_t *buf, size_t len, size_t max_payload, const ui
 
 void gs_frame_put_header(uint8_t header[GS_FRAME_HEADER_BYTES], uint32_t payload_len)
 {
-  header[0] = payload_len >> 24;
-  header[1] = payload_len >> 16;
-  header[2] = payload_len >> 8;
-  header[3] = payload_len;
+  gs_store_be32(header, payload_len);
 }

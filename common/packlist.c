@@ -1,6 +1,7 @@
 /* The parameter pack list: computing it from the parameter descriptions,
  * and checking one received from the wire before any buffer is sized by it. */
 #include "packlist.h"
+#include "why.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -151,23 +152,6 @@ void gs_packlist_free(gs_packlist_t *list)
   list->order = NULL;
 }
 
-static int fail(char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Writes the reason into `why` (when given) and returns GS_EINVAL, so
- * each check reads as one `return fail(...)`. */
-static int fail(char *why, size_t why_len, const char *fmt, ...)
-{
-  va_list ap;
-
-  if (why && why_len > 0) {
-    va_start(ap, fmt);
-    vsnprintf(why, why_len, fmt, ap);
-    va_end(ap);
-  }
-  return GS_EINVAL;
-}
-
 /* Checks the shape alone: arrays present, no empty pack, and pack sizes
  * that cover the order array exactly, so the walk that follows stays
  * inside it. */
@@ -177,18 +161,20 @@ static int check_shape(const gs_packlist_t *list, char *why, size_t why_len)
   uint32_t i;
 
   if (list->pack_count > 0 && !list->pack_sizes)
-    return fail(why, why_len, "pack_count is %" PRIu32 " but pack_sizes is missing",
-                list->pack_count);
+    return gs_why(GS_EINVAL, why, why_len, "pack_count is %" PRIu32 " but pack_sizes is missing",
+                  list->pack_count);
   if (list->param_count > 0 && !list->order)
-    return fail(why, why_len, "param_count is %" PRIu32 " but order is missing", list->param_count);
+    return gs_why(GS_EINVAL, why, why_len, "param_count is %" PRIu32 " but order is missing",
+                  list->param_count);
   for (i = 0; i < list->pack_count; i++) {
     if (list->pack_sizes[i] == 0)
-      return fail(why, why_len, "pack %" PRIu32 " is empty", i);
+      return gs_why(GS_EINVAL, why, why_len, "pack %" PRIu32 " is empty", i);
     sum += list->pack_sizes[i];
   }
   if (sum != list->param_count)
-    return fail(why, why_len, "pack sizes add up to %" PRIu64 ", but %" PRIu32 " params", sum,
-                list->param_count);
+    return gs_why(GS_EINVAL, why, why_len,
+                  "pack sizes add up to %" PRIu64 ", but %" PRIu32 " params", sum,
+                  list->param_count);
   return 0;
 }
 
@@ -212,24 +198,24 @@ static int check_entry(struct validation *v, uint32_t pack, uint32_t j, uint32_t
   const gs_param_desc_t *p, *h;
 
   if (idx >= v->n)
-    return fail(v->why, v->why_len, "index %" PRIu32 " out of range (%" PRIu32 " params)", idx,
-                v->n);
+    return gs_why(GS_EINVAL, v->why, v->why_len,
+                  "index %" PRIu32 " out of range (%" PRIu32 " params)", idx, v->n);
   p = &v->params[idx];
   if (v->seen[idx] != UINT32_MAX)
-    return fail(v->why, v->why_len,
-                "param %" PRIu32 " (%s) appears in pack %" PRIu32 " and pack %" PRIu32, idx,
-                param_name(p), v->seen[idx], pack);
+    return gs_why(GS_EINVAL, v->why, v->why_len,
+                  "param %" PRIu32 " (%s) appears in pack %" PRIu32 " and pack %" PRIu32, idx,
+                  param_name(p), v->seen[idx], pack);
   v->seen[idx] = pack;
   if (gs_dtype_size(p->dtype) == 0)
-    return fail(v->why, v->why_len, "param %" PRIu32 " (%s) has unknown dtype %d", idx,
-                param_name(p), (int)p->dtype);
+    return gs_why(GS_EINVAL, v->why, v->why_len, "param %" PRIu32 " (%s) has unknown dtype %d", idx,
+                  param_name(p), (int)p->dtype);
   h = &v->params[head]; /* in range: the head was checked first */
   if (p->dtype != h->dtype)
-    return fail(v->why, v->why_len,
-                "pack %" PRIu32 " mixes %s (param %" PRIu32 " %s) and %s"
-                " (param %" PRIu32 " %s)",
-                pack, gs_dtype_name(h->dtype), head, param_name(h), gs_dtype_name(p->dtype), idx,
-                param_name(p));
+    return gs_why(GS_EINVAL, v->why, v->why_len,
+                  "pack %" PRIu32 " mixes %s (param %" PRIu32 " %s) and %s"
+                  " (param %" PRIu32 " %s)",
+                  pack, gs_dtype_name(h->dtype), head, param_name(h), gs_dtype_name(p->dtype), idx,
+                  param_name(p));
   return 0;
 }
 
@@ -249,10 +235,10 @@ static int check_pack(struct validation *v, uint32_t pack, uint32_t first)
   }
   bytes = gs_packlist_pack_bytes(v->list, v->params, first, count);
   if (count > 1 && bytes > v->list->threshold_bytes)
-    return fail(v->why, v->why_len,
-                "pack %" PRIu32 " holds %" PRIu32 " params totalling %" PRIu64
-                " bytes, over the threshold of %" PRIu64,
-                pack, count, bytes, v->list->threshold_bytes);
+    return gs_why(GS_EINVAL, v->why, v->why_len,
+                  "pack %" PRIu32 " holds %" PRIu32 " params totalling %" PRIu64
+                  " bytes, over the threshold of %" PRIu64,
+                  pack, count, bytes, v->list->threshold_bytes);
   return 0;
 }
 
@@ -264,8 +250,8 @@ static int check_all_seen(const struct validation *v)
 
   for (i = 0; i < v->n; i++) {
     if (v->seen[i] == UINT32_MAX)
-      return fail(v->why, v->why_len, "param %" PRIu32 " (%s) is in no pack", i,
-                  param_name(&v->params[i]));
+      return gs_why(GS_EINVAL, v->why, v->why_len, "param %" PRIu32 " (%s) is in no pack", i,
+                    param_name(&v->params[i]));
   }
   return 0;
 }
@@ -282,14 +268,14 @@ int gs_packlist_validate(const gs_packlist_t *list, const gs_param_desc_t *param
   int err;
 
   if (!list)
-    return fail(why, why_len, "no pack list");
+    return gs_why(GS_EINVAL, why, why_len, "no pack list");
   err = check_shape(list, why, why_len);
   if (err)
     return err;
   if (n > 0) {
     v.seen = malloc(sizeof(*v.seen) * n);
     if (!v.seen) {
-      fail(why, why_len, "out of memory checking %" PRIu32 " params", n);
+      gs_why(GS_EINVAL, why, why_len, "out of memory checking %" PRIu32 " params", n);
       return GS_ENOMEM;
     }
   }

@@ -7,6 +7,46 @@
 
 #include "frame.h"
 
+static const char *const method_names[] = {
+#define GS__METHOD_NAME(id, name) #name,
+    GS_METHOD_MAP(GS__METHOD_NAME)
+#undef GS__METHOD_NAME
+};
+
+static const char *const method_paths[] = {
+#define GS__METHOD_PATH(id, name) GS_METHOD_PREFIX #name,
+    GS_METHOD_MAP(GS__METHOD_PATH)
+#undef GS__METHOD_PATH
+};
+
+/* Every method path must fit the Envelope's method field. */
+#define GS__METHOD_FITS(id, name)                                                                  \
+  _Static_assert(sizeof(GS_METHOD_PREFIX #name) <= sizeof(((gradsync_Envelope *)0)->method),       \
+                 "method path " #name " must fit gradsync.Envelope.method");
+GS_METHOD_MAP(GS__METHOD_FITS)
+#undef GS__METHOD_FITS
+
+const char *gs_method_name(gs_method_t m)
+{
+  return m < GS_METHOD_COUNT ? method_names[m] : "?";
+}
+
+const char *gs_method_path(gs_method_t m)
+{
+  return m < GS_METHOD_COUNT ? method_paths[m] : "";
+}
+
+bool gs_method_from_path(const char *path, gs_method_t *m)
+{
+  for (int i = 0; i < GS_METHOD_COUNT; i++) {
+    if (strcmp(path, method_paths[i]) == 0) {
+      *m = (gs_method_t)i;
+      return true;
+    }
+  }
+  return false;
+}
+
 struct body_ref {
   const pb_msgdesc_t *fields;
   const void *msg;

@@ -3,6 +3,7 @@
 #ifndef GS_WIRE_H
 #define GS_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -12,22 +13,31 @@
 
 #define GS_METHOD_PREFIX "/gradsync.Coordinator/"
 
-/* gRPC status codes used on the wire. */
-enum {
-  GS_GRPC_OK = 0,
-  GS_GRPC_INVALID_ARGUMENT = 3,
-  GS_GRPC_DEADLINE_EXCEEDED = 4,
-  GS_GRPC_NOT_FOUND = 5,
-  GS_GRPC_ALREADY_EXISTS = 6,
-  GS_GRPC_PERMISSION_DENIED = 7,
-  GS_GRPC_RESOURCE_EXHAUSTED = 8,
-  GS_GRPC_FAILED_PRECONDITION = 9,
-  GS_GRPC_ABORTED = 10,
-  GS_GRPC_UNIMPLEMENTED = 12,
-  GS_GRPC_INTERNAL = 13,
-  GS_GRPC_UNAVAILABLE = 14,
-  GS_GRPC_UNAUTHENTICATED = 16,
-};
+/* The RPC methods, in proto order: XX(ID, Name), path GS_METHOD_PREFIX Name.
+ * Both sides use this one table (the agent to call, the coordinator to
+ * dispatch and count). */
+#define GS_METHOD_MAP(XX)                                                                          \
+  XX(JOIN, Join)                                                                                   \
+  XX(PUBLISH, Publish)                                                                             \
+  XX(FETCH, Fetch)                                                                                 \
+  XX(PUBLISH_PACK_LIST, PublishPackList)                                                           \
+  XX(FETCH_PACK_LIST, FetchPackList)                                                               \
+  XX(HEARTBEAT, Heartbeat)                                                                         \
+  XX(LEAVE, Leave)
+
+typedef enum gs_method {
+#define GS__METHOD_ENUM(id, name) GS_METHOD_##id,
+  GS_METHOD_MAP(GS__METHOD_ENUM)
+#undef GS__METHOD_ENUM
+      GS_METHOD_COUNT
+} gs_method_t;
+
+/* "Join" ("?" for an unknown method). */
+const char *gs_method_name(gs_method_t m);
+/* "/gradsync.Coordinator/Join" ("" for an unknown method). */
+const char *gs_method_path(gs_method_t m);
+/* The method a path names; false for anything not in the table. */
+bool gs_method_from_path(const char *path, gs_method_t *m);
 
 /* Appends one frame to `out`: the header, then `env` with its body set to
  * `body` encoded as `body_fields` (body may be NULL for an empty body).

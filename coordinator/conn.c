@@ -29,6 +29,7 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, size_t max_frame
   t->max_frame = max_frame;
   t->idle_timeout_ms = idle_timeout_ms;
   t->cb = *cb;
+  gs_list_init(&t->idle);
   return t;
 }
 
@@ -47,20 +48,8 @@ void gs__conns_free(gs_conns_t *t)
  * in O(1), so the cost does not grow with the number of agents. */
 static void idle_unlink(gs_conn_t *conn)
 {
-  gs_conns_t *t = conn->conns;
-
-  if (!conn->idle_linked)
-    return;
-  if (conn->idle_prev)
-    conn->idle_prev->idle_next = conn->idle_next;
-  else
-    t->idle_oldest = conn->idle_next;
-  if (conn->idle_next)
-    conn->idle_next->idle_prev = conn->idle_prev;
-  else
-    t->idle_newest = conn->idle_prev;
-  conn->idle_prev = conn->idle_next = NULL;
-  conn->idle_linked = false;
+  if (gs_list_linked(&conn->idle_node))
+    gs_list_remove(&conn->idle_node);
 }
 
 /* Records activity now; a connection with a parked call stays off the list
@@ -73,13 +62,7 @@ static void idle_touch(gs_conn_t *conn)
   idle_unlink(conn);
   if (conn->closing || conn->waiting > 0)
     return;
-  conn->idle_prev = t->idle_newest;
-  if (t->idle_newest)
-    t->idle_newest->idle_next = conn;
-  else
-    t->idle_oldest = conn;
-  t->idle_newest = conn;
-  conn->idle_linked = true;
+  gs_list_insert_tail(&t->idle, &conn->idle_node);
 }
 
 static uint32_t slot_of(uint64_t id)
@@ -272,9 +255,13 @@ void gs__conns_close_all(gs_conns_t *t)
  * it has timed out (closing takes it off the list). */
 void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now)
 {
-  gs_conn_t *conn;
+  gs_list_t *oldest;
 
-  while ((conn = t->idle_oldest) && now - conn->last_activity_ms >= t->idle_timeout_ms) {
+  while ((oldest = gs_list_first(&t->idle))) {
+    gs_conn_t *conn = GS_CONTAINER_OF(oldest, gs_conn_t, idle_node);
+
+    if (now - conn->last_activity_ms < t->idle_timeout_ms)
+      break;
     t->idle_closed++;
     gs_log(t->log, GS_LOG_INFO, NULL, -1, "rpc: %s idle for %llu ms; closing", conn->peer,
            (unsigned long long)(now - conn->last_activity_ms));

@@ -12,6 +12,7 @@
 
 #include "buf.h"
 #include "error.h"
+#include "list.h"
 #include "log.h"
 
 typedef struct gs_conn gs_conn_t;
@@ -52,8 +53,7 @@ struct gs_conn {
   uint64_t last_activity_ms;
   /* The idle list: connections that may time out (not closing, nothing
    * parked), least recently active first. */
-  gs_conn_t *idle_prev, *idle_next;
-  bool idle_linked;
+  gs_list_t idle_node;
   uint32_t waiting; /* calls parked until an event or deadline */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
@@ -72,7 +72,7 @@ typedef struct gs_conns {
   uint32_t cap;
   uint32_t free_count;
   uint32_t open;
-  gs_conn_t *idle_oldest, *idle_newest; /* see gs_conn */
+  gs_list_t idle; /* see gs_conn */
   bool closing;
   uint64_t accepted, idle_closed;
   uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */

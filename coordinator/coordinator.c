@@ -2,7 +2,6 @@
  * housekeeping timer that enforces every deadline, creates the layers
  * (transport, RPC, jobs, HTTP routes) and registers the callbacks through
  * which the lower ones report upward. */
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "frame.h"
 #include "http_routes.h"
 #include "jobs.h"
+#include "list.h"
 #include "net.h"
 #include "rpc.h"
 
@@ -67,7 +67,7 @@ static void maybe_free(gs_coord_t *c)
  * service's own, so it finds the service around it. */
 static void on_drained(void *ctx)
 {
-  maybe_free((gs_coord_t *)(void *)((char *)ctx - offsetof(gs_coord_t, rpc)));
+  maybe_free(GS_CONTAINER_OF(ctx, gs_coord_t, rpc));
 }
 
 /* What /status and /metrics show of the service itself. */

@@ -106,7 +106,8 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
  * aborts the generation, so the others need no check. */
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
 {
-  gs_member_t *m = job->hb_oldest;
+  gs_list_t *oldest = gs_list_first(&job->hb_list);
+  gs_member_t *m = oldest ? GS_CONTAINER_OF(oldest, gs_member_t, hb_node) : NULL;
   char how[64];
 
   if (job->state != GS_JOB_RUNNING || !m ||

@@ -29,6 +29,7 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
     return NULL;
   job->jobs = jobs;
   snprintf(job->name, sizeof(job->name), "%s", name);
+  gs_list_init(&job->hb_list);
   gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name);
   return job;
 }
@@ -64,36 +65,16 @@ void gs__member_bind(gs_member_t *m, gs_peer_t *peer)
  * head only. O(1) per heartbeat and per sweep, whatever the world size. */
 void gs__hb_unlink(gs_member_t *m)
 {
-  gs_job_t *job = m->job;
-
-  if (!m->hb_linked)
-    return;
-  if (m->hb_prev)
-    m->hb_prev->hb_next = m->hb_next;
-  else
-    job->hb_oldest = m->hb_next;
-  if (m->hb_next)
-    m->hb_next->hb_prev = m->hb_prev;
-  else
-    job->hb_newest = m->hb_prev;
-  m->hb_prev = m->hb_next = NULL;
-  m->hb_linked = false;
+  if (gs_list_linked(&m->hb_node))
+    gs_list_remove(&m->hb_node);
 }
 
 /* The caller's clock never goes back, so appending keeps the list in order. */
 void gs__hb_touch(gs_member_t *m, uint64_t now)
 {
-  gs_job_t *job = m->job;
-
   gs__hb_unlink(m);
   m->last_heartbeat_ms = now;
-  m->hb_prev = job->hb_newest;
-  if (job->hb_newest)
-    job->hb_newest->hb_next = m;
-  else
-    job->hb_oldest = m;
-  job->hb_newest = m;
-  m->hb_linked = true;
+  gs_list_insert_tail(&m->job->hb_list, &m->hb_node);
 }
 
 gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)

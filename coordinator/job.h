@@ -16,6 +16,7 @@
 
 #include "buf.h"
 #include "job_store.h"
+#include "list.h"
 #include "log.h"
 #include "responder.h"
 
@@ -76,8 +77,7 @@ struct gs_member {
   /* Latest heartbeat. Running members are also on the job's heartbeat
    * list, oldest heartbeat first, so the silence check looks at one. */
   uint64_t last_heartbeat_ms;
-  gs_member_t *hb_prev, *hb_next;
-  bool hb_linked;
+  gs_list_t hb_node;
   bool heartbeats_seen; /* a heartbeat moved its liveness to that connection */
   uint64_t step;
   float loss, samples_per_sec, compute_ms, comm_wait_ms;
@@ -106,7 +106,7 @@ struct gs_job {
   uint64_t finished_ms; /* when it became FINISHED: forgotten after cfg.job_retention_ms */
   uint32_t ranks_left;  /* members in state LEFT */
   /* Running members by last heartbeat, oldest first (see gs_member). */
-  gs_member_t *hb_oldest, *hb_newest;
+  gs_list_t hb_list;
 
   gs_job_store_t store; /* blobs and pack list of the current generation */
 

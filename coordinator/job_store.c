@@ -90,9 +90,9 @@ static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_Pub
   gs_blob_t *b;
 
   if (s->blob_count >= MAX_BLOBS_PER_JOB) {
-    gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
+    gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ELIMIT,
                       "job %s already holds %u blobs", s->job, s->blob_count);
-    return GS_ENOMEM;
+    return GS_ELIMIT;
   }
   b = malloc(sizeof(*b) + req->value.size);
   if (!b) {

@@ -11,7 +11,7 @@
 
 #include "error.h"
 #include "gradsync.pb.h"
-#include "method.h"
+#include "wire.h"
 
 typedef struct gs_member gs_member_t;
 
@@ -49,8 +49,8 @@ typedef struct gs_reply {
 
 typedef struct gs_responder gs_responder_t;
 
-/* Implemented by the owner of the connections (embed it and recover the
- * outer struct with GS_CONTAINER_OF-style arithmetic). */
+/* Implemented by the owner of the connections, which embeds it in its own
+ * struct and gets back to that with GS_CONTAINER_OF (list.h). */
 struct gs_responder {
   void (*reply)(gs_responder_t *r, const gs_reply_t *reply);
   /* A call from `peer` now waits (for an event or its deadline) / ended

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "auth.h"
+#include "list.h"
 #include "packlist.h"
 #include "pb_array.h"
 #include "wire.h"
@@ -19,7 +20,7 @@
 /* Scratch buffers larger than this are freed once used. */
 #define KEEP_BUF_BYTES (64 * 1024)
 
-#define RPC_OF(r) ((gs_rpc_t *)(void *)((char *)(r)-offsetof(gs_rpc_t, responder)))
+#define RPC_OF(r) GS_CONTAINER_OF(r, gs_rpc_t, responder)
 
 /* Encodes `env` with its body and sends it on `conn`: the one place a
  * frame is built. `last` closes the connection once it is written. The

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "clock.h"
 
 #ifndef GS_COORDINATOR_BIN
 #error "GS_COORDINATOR_BIN must name the coordinator binary"
@@ -141,14 +142,6 @@ uint64_t th_send(th_client_t *cl, const char *method, uint32_t timeout_ms,
   return env.request_id;
 }
 
-static long now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Reads exactly len bytes before the deadline. */
 static int read_full(int fd, void *buf, size_t len, long deadline)
 {
@@ -156,7 +149,7 @@ static int read_full(int fd, void *buf, size_t len, long deadline)
 
   while (len) {
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    long left = deadline - now_ms();
+    long left = deadline - (long)gs_now_ms();
     ssize_t n;
 
     if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
@@ -173,7 +166,7 @@ static int read_full(int fd, void *buf, size_t len, long deadline)
 int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fields, void *resp,
             int timeout_ms)
 {
-  long deadline = now_ms() + timeout_ms;
+  long deadline = (long)gs_now_ms() + timeout_ms;
   uint8_t hdr[4], *payload;
   gs_buf_t body = {0};
   uint32_t len;
@@ -199,12 +192,12 @@ out:
 
 bool th_closed_by_peer(th_client_t *cl, int timeout_ms)
 {
-  long deadline = now_ms() + timeout_ms;
+  long deadline = (long)gs_now_ms() + timeout_ms;
   char buf[4096];
 
   for (;;) {
     struct pollfd pfd = {.fd = cl->fd, .events = POLLIN};
-    long left = deadline - now_ms();
+    long left = deadline - (long)gs_now_ms();
     ssize_t n;
 
     if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
@@ -253,7 +246,7 @@ int th_http(uint16_t port, const char *method, const char *path, const char *hea
   int fd = connect_port(port), status = -1;
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap), *req, *p;
-  long deadline = now_ms() + 10000;
+  long deadline = (long)gs_now_ms() + 10000;
   int n;
 
   ck_assert_int_ge(fd, 0);
@@ -267,7 +260,7 @@ int th_http(uint16_t port, const char *method, const char *path, const char *hea
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     ssize_t r;
 
-    if (deadline - now_ms() <= 0 || poll(&pfd, 1, (int)(deadline - now_ms())) <= 0)
+    if (deadline - (long)gs_now_ms() <= 0 || poll(&pfd, 1, (int)(deadline - (long)gs_now_ms())) <= 0)
       break;
     if (len + 4096 > cap)
       buf = realloc(buf, cap *= 2);

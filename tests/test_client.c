@@ -16,18 +16,11 @@
 #include "client.h"
 #include "harness.h"
 #include "heartbeat.h"
+#include "clock.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 
 static const gs_log_t quiet = {.level = GS_LOG_ERROR, .component = "test"};
-
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void sleep_ms(unsigned ms)
 {
@@ -99,10 +92,10 @@ static void *join_thread(void *arg)
 {
   joiner_t *j = arg;
   gradsync_JoinRequest req = th_join_request("x", j->world, j->node, 0);
-  uint64_t t0 = now_ms();
+  uint64_t t0 = gs_now_ms();
 
   j->err = gs_client_join(j->cl, &req, j->timeout_ms, &j->r);
-  j->elapsed_ms = now_ms() - t0;
+  j->elapsed_ms = gs_now_ms() - t0;
   snprintf(j->error, sizeof(j->error), "%s", gs_client_error(j->cl));
   return NULL;
 }
@@ -206,10 +199,10 @@ typedef struct fetcher {
 static void *fetch_thread(void *arg)
 {
   fetcher_t *f = arg;
-  uint64_t t0 = now_ms();
+  uint64_t t0 = gs_now_ms();
 
   f->err = gs_client_fetch(f->cl, f->generation, f->key, f->value, sizeof(f->value), &f->len, 5000);
-  f->elapsed_ms = now_ms() - t0;
+  f->elapsed_ms = gs_now_ms() - t0;
   return NULL;
 }
 
@@ -332,10 +325,10 @@ START_TEST(nothing_listening)
   gradsync_JoinRequest req = th_join_request("x", 1, "n0", 0);
   gs_join_result_t r;
   char addr[32];
-  uint64_t t0 = now_ms(), elapsed;
+  uint64_t t0 = gs_now_ms(), elapsed;
 
   ck_assert_int_eq(gs_client_join(cl, &req, 300, &r), GS_ETIMEDOUT);
-  elapsed = now_ms() - t0;
+  elapsed = gs_now_ms() - t0;
   ck_assert_uint_ge(elapsed, 290);
   ck_assert_uint_le(elapsed, 600);
   snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
@@ -413,7 +406,7 @@ START_TEST(stale_reply_skipped)
   req.generation = g;
   snprintf(req.key, sizeof(req.key), "x");
   /* The coordinator keeps it parked for 3 s; we give up after 200 ms. */
-  ck_assert_int_eq(gs_client_call(a, GS_METHOD_PREFIX "Fetch", gradsync_FetchRequest_fields, &req,
+  ck_assert_int_eq(gs_client_call(a, GS_METHOD_FETCH, gradsync_FetchRequest_fields, &req,
                                   gradsync_FetchResponse_fields, &resp, 3000, 200),
                    GS_ETIMEDOUT);
   ck_assert_msg(strstr(gs_client_error(a), "Fetch"), "error: %s", gs_client_error(a));
@@ -463,7 +456,7 @@ static void on_abort(void *arg, const char *why)
 
   pthread_mutex_lock(&a->lock);
   a->count++;
-  a->at_ms = now_ms();
+  a->at_ms = gs_now_ms();
   snprintf(a->why, sizeof(a->why), "%s", why);
   pthread_cond_broadcast(&a->cond);
   pthread_mutex_unlock(&a->lock);
@@ -520,14 +513,14 @@ static gs_heartbeat_t *start_heartbeat(uint16_t port, const char *job, uint64_t 
 static void wait_valid(gs_heartbeat_t *hb, unsigned ms)
 {
   gs_directives_t d = {0};
-  uint64_t end = now_ms() + ms;
+  uint64_t end = gs_now_ms() + ms;
 
   do {
     gs_heartbeat_directives(hb, &d);
     if (d.valid)
       return;
     sleep_ms(10);
-  } while (now_ms() < end);
+  } while (gs_now_ms() < end);
   ck_abort_msg("no heartbeat reply within %u ms", ms);
 }
 
@@ -553,11 +546,11 @@ START_TEST(heartbeat_directives)
                            "{\"bcast_period\": 7, \"action\": \"checkpoint\"}", &body),
                    200);
   free(body);
-  end = now_ms() + 2000;
+  end = gs_now_ms() + 2000;
   do {
     sleep_ms(20);
     gs_heartbeat_directives(hb, &d);
-  } while ((d.bcast_period != 7 || d.checkpoint_seq != 1) && now_ms() < end);
+  } while ((d.bcast_period != 7 || d.checkpoint_seq != 1) && gs_now_ms() < end);
   ck_assert(d.valid);
   ck_assert_int_eq(d.bcast_period, 7);
   ck_assert_uint_eq(d.checkpoint_seq, 1);
@@ -594,7 +587,7 @@ START_TEST(heartbeat_abort)
   hb = start_heartbeat(co.rpc_port, "hba", j[0].r.generation, 0, 100, 5000, &rec);
   wait_valid(hb, 2000);
   ck_assert_int_eq(rec.count, 0);
-  t0 = now_ms();
+  t0 = gs_now_ms();
   joiner_free(&j[1]); /* rank 1's connection closes; it never heartbeats */
   ck_assert_int_eq(wait_abort(&rec, 3000), 1);
   ck_assert_uint_le(rec.at_ms - t0, 3000);
@@ -624,7 +617,7 @@ START_TEST(heartbeat_unreachable)
   hb = start_heartbeat(co.rpc_port, "hbu", g, 0, 100, 800, &rec);
   wait_valid(hb, 2000);
   sleep_ms(150);
-  t0 = now_ms();
+  t0 = gs_now_ms();
   th_coord_kill(&co);
   ck_assert_int_eq(wait_abort(&rec, 3000), 1);
   after = rec.at_ms - t0;
@@ -682,9 +675,9 @@ START_TEST(heartbeat_stop_latency)
   hb = start_heartbeat(co.rpc_port, "hbs", g, 0, 10000, 30000, &rec);
   wait_valid(hb, 2000); /* the first heartbeat goes out at once */
   sleep_ms(50);
-  t0 = now_ms();
+  t0 = gs_now_ms();
   gs_heartbeat_stop(hb);
-  ck_assert_uint_lt(now_ms() - t0, 200);
+  ck_assert_uint_lt(gs_now_ms() - t0, 200);
   gs_heartbeat_stop(NULL);
   gs_client_free(cl);
   ck_assert_int_eq(th_coord_stop(&co), 0);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "clock.h"
 
 #define MAX_W 5
 #define BIG 3000017 /* floats; prime, so the ring segments differ in length */
@@ -50,14 +51,6 @@ struct world {
   bool skip_init[MAX_W];         /* this rank never calls init (a silent peer) */
   uint64_t generation_of[MAX_W]; /* a stale rank's generation; 0: the world's */
 };
-
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void sleep_ms(unsigned ms)
 {
@@ -443,10 +436,10 @@ END_TEST
 static void timed_allreduce(rank_ctx_t *rc, size_t n)
 {
   float *buf = calloc(n, sizeof(float));
-  uint64_t t0 = now_ms();
+  uint64_t t0 = gs_now_ms();
 
   rc->err = buf ? gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) : GS_ENOMEM;
-  rc->took = now_ms() - t0;
+  rc->took = gs_now_ms() - t0;
   free(buf);
 }
 
@@ -498,7 +491,7 @@ END_TEST
 START_TEST(abort_during_init)
 {
   world_t *w = malloc(sizeof(*w));
-  uint64_t t0 = now_ms();
+  uint64_t t0 = gs_now_ms();
 
   world_open(w, 2, 1, 10000);
   w->skip_init[1] = true;
@@ -507,7 +500,7 @@ START_TEST(abort_during_init)
   gs_comm_abort(w->ranks[0].comm);
   world_join(w);
   ck_assert_int_eq(w->ranks[0].init_err, GS_EABORTED);
-  ck_assert_uint_lt(now_ms() - t0, 2000);
+  ck_assert_uint_lt(gs_now_ms() - t0, 2000);
   world_close(w);
   free(w);
 }
@@ -538,13 +531,13 @@ END_TEST
 START_TEST(timeout_in_init)
 {
   world_t *w = malloc(sizeof(*w));
-  uint64_t t0 = now_ms(), took;
+  uint64_t t0 = gs_now_ms(), took;
 
   world_open(w, 2, 1, 300);
   w->skip_init[1] = true;
   world_start(w, NULL);
   world_join(w);
-  took = now_ms() - t0;
+  took = gs_now_ms() - t0;
   ck_assert_int_eq(w->ranks[0].init_err, GS_ETIMEDOUT);
   ck_assert_msg(took >= 250 && took < 1500, "took %llu ms", (unsigned long long)took);
   world_close(w);

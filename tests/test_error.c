@@ -7,7 +7,9 @@
 #include <uv.h>
 
 #include "error.h"
+#include "wire.h"
 #include "log.h"
+#include "net.h" /* the coordinator's libuv boundary */
 
 START_TEST(table_names_messages_codes)
 {
@@ -23,12 +25,59 @@ START_TEST(table_names_messages_codes)
   ck_assert_str_eq(gs_err_name(12345), "GS_EUNKNOWN");
   ck_assert_str_eq(gs_grpc_code_name(16), "UNAUTHENTICATED");
   ck_assert_str_eq(gs_grpc_code_name(99), "UNKNOWN");
+  ck_assert_int_eq(GS_GRPC_OUT_OF_RANGE, 11);
   /* Every entry has a distinct name and a message. */
   for (int e = GS__ERRNO_FIRST + 1; e < GS__ERRNO_LAST; e++) {
     ck_assert_str_ne(gs_strerror(e), "unknown error");
     for (int f = e + 1; f < GS__ERRNO_LAST; f++)
       ck_assert_str_ne(gs_err_name(e), gs_err_name(f));
   }
+}
+END_TEST
+
+/* Every error survives the trip to a gRPC status and back as an error of
+ * the same status, and each status decodes to its first row. */
+START_TEST(grpc_status_round_trip)
+{
+  for (int e = GS__ERRNO_FIRST + 1; e < GS__ERRNO_LAST; e++) {
+    int code = gs_err_grpc_code(e);
+    int back = gs_err_from_grpc(code);
+
+    ck_assert_int_gt(code, 0);
+    ck_assert_int_eq(gs_err_grpc_code(back), code);
+    ck_assert_str_ne(gs_grpc_code_name(code), "UNKNOWN");
+    ck_assert_int_le(back, e); /* the first row of its status */
+  }
+  ck_assert_int_eq(gs_err_from_grpc(GS_GRPC_OK), GS_OK);
+  ck_assert_int_eq(gs_err_from_grpc(GS_GRPC_RESOURCE_EXHAUSTED), GS_ELIMIT);
+  ck_assert_int_eq(gs_err_from_grpc(GS_GRPC_UNAVAILABLE), GS_EUNAVAIL);
+  ck_assert_int_eq(gs_err_from_grpc(GS_GRPC_INTERNAL), GS_EINTERNAL);
+  ck_assert_int_eq(gs_err_from_grpc(GS_GRPC_OUT_OF_RANGE), GS_ERANGE);
+  ck_assert_int_eq(gs_err_from_grpc(GS_GRPC_DATA_LOSS), GS_EPROTO);
+  ck_assert_int_eq(gs_err_from_grpc(99), GS_EPROTO);
+  ck_assert_int_eq(gs_err_from_grpc(-1), GS_EPROTO);
+}
+END_TEST
+
+/* Method ids, names and paths agree, and only exact paths parse. */
+START_TEST(method_table_round_trip)
+{
+  gs_method_t m;
+
+  for (int i = 0; i < GS_METHOD_COUNT; i++) {
+    ck_assert(gs_method_from_path(gs_method_path((gs_method_t)i), &m));
+    ck_assert_int_eq(m, i);
+    ck_assert_str_eq(gs_method_path((gs_method_t)i) + strlen(GS_METHOD_PREFIX),
+                     gs_method_name((gs_method_t)i));
+  }
+  ck_assert_str_eq(gs_method_path(GS_METHOD_PUBLISH_PACK_LIST),
+                   "/gradsync.Coordinator/PublishPackList");
+  ck_assert(!gs_method_from_path("/gradsync.Coordinator/Jo", &m));
+  ck_assert(!gs_method_from_path("Join", &m));
+  ck_assert(!gs_method_from_path("/gradsync.Coordinator/Join/", &m));
+  ck_assert(!gs_method_from_path("", &m));
+  ck_assert_str_eq(gs_method_name(GS_METHOD_COUNT), "?");
+  ck_assert_str_eq(gs_method_path(GS_METHOD_COUNT), "");
 }
 END_TEST
 
@@ -82,6 +131,8 @@ int main(void)
   int failed;
 
   tcase_add_test(tc, table_names_messages_codes);
+  tcase_add_test(tc, grpc_status_round_trip);
+  tcase_add_test(tc, method_table_round_trip);
   tcase_add_test(tc, foreign_errors_convert);
   suite_add_tcase(s, tc);
   tc = tcase_create("log");

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "jobs.h"
+#include "list.h"
 #include "wire.h"
 
 #define MAX_REPLIES 256
@@ -25,7 +26,7 @@ typedef struct recorded {
 
 /* A responder that records replies and counts parked calls per peer. */
 typedef struct fake {
-  gs_responder_t responder; /* first: the fake is found from it by a cast */
+  gs_responder_t responder;
   recorded_t replies[MAX_REPLIES];
   uint32_t count;
   int parked[MAX_PEERS + 1];
@@ -39,7 +40,7 @@ static uint64_t next_request = 1;
 
 static void fake_reply(gs_responder_t *r, const gs_reply_t *rep)
 {
-  fake_t *f = (fake_t *)r;
+  fake_t *f = GS_CONTAINER_OF(r, fake_t, responder);
   recorded_t *rec;
 
   ck_assert_uint_lt(f->count, MAX_REPLIES);
@@ -59,13 +60,15 @@ static void fake_reply(gs_responder_t *r, const gs_reply_t *rep)
 
 static void fake_park(gs_responder_t *r, uint64_t peer)
 {
-  ((fake_t *)r)->parked[peer]++;
+  GS_CONTAINER_OF(r, fake_t, responder)->parked[peer]++;
 }
 
 static void fake_unpark(gs_responder_t *r, uint64_t peer)
 {
-  ck_assert_int_gt(((fake_t *)r)->parked[peer], 0);
-  ((fake_t *)r)->parked[peer]--;
+  fake_t *f = GS_CONTAINER_OF(r, fake_t, responder);
+
+  ck_assert_int_gt(f->parked[peer], 0);
+  f->parked[peer]--;
 }
 
 static void setup(void)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "mlp.h"
+#include "rng.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define MAXW 16 /* widths per net */
@@ -449,16 +450,6 @@ START_TEST(param_descs)
 }
 END_TEST
 
-/* splitmix64, written again here to pin down the init stream. */
-static uint64_t test_splitmix(uint64_t *s)
-{
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 START_TEST(init_params)
 {
   static const uint32_t sizes[] = {50, 20, 7};
@@ -502,7 +493,7 @@ START_TEST(init_params)
     double bound = 1.0 / sqrt(sizes[i / 2]);
 
     for (k = 0; k < net_elements(&a, i); k++) {
-      double u = (double)(test_splitmix(&s) >> 40) * 0x1p-24;
+      double u = (double)(gs_splitmix64(&s) >> 40) * 0x1p-24;
 
       ck_assert_float_eq(a.p[i][k], (float)(bound * (2.0 * u - 1.0)));
     }

@@ -17,6 +17,7 @@
 
 #include "device.h"
 #include "gpu_check.h"
+#include "rng.h"
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 #define TOLERANCE 1e-5
@@ -41,20 +42,10 @@ typedef struct twin {
   size_t bytes;
 } twin_t;
 
-/* splitmix64 (Vigna). */
-static uint64_t next(pair_t *p)
-{
-  uint64_t z = (p->rng += 0x9E3779B97F4A7C15ull);
-
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* Uniform in [lo, hi). */
 static float uniform(pair_t *p, float lo, float hi)
 {
-  return lo + (hi - lo) * (float)((double)(next(p) >> 40) * 0x1p-24);
+  return lo + (hi - lo) * (float)((double)(gs_splitmix64(&p->rng) >> 40) * 0x1p-24);
 }
 
 static float *random_floats(pair_t *p, size_t n, float lo, float hi)
@@ -283,7 +274,7 @@ static void run_xent(pair_t *p, uint32_t m, uint32_t c, bool nan_label)
 
   ck_assert_ptr_nonnull(y);
   for (uint32_t i = 0; i < m; i++)
-    y[i] = (uint8_t)(next(p) % labels);
+    y[i] = (uint8_t)(gs_splitmix64(&p->rng) % labels);
   if (c >= 3 && labels == c) {
     z[1] = z[c - 1] = 10.0f;
     y[0] = 1; /* a hit: index 1 comes first */
@@ -431,7 +422,7 @@ START_TEST(round_trip)
       for (size_t b = 0; b < sizes[s]; b++)
         ck_assert_msg(back[b] == 0, "%s: alloc byte %zu of %zu not zero", d->label, b, sizes[s]);
       for (size_t b = 0; b < sizes[s]; b++)
-        host[b] = (uint8_t)next(&p);
+        host[b] = (uint8_t)gs_splitmix64(&p.rng);
       ck_assert_int_eq(gs_device_upload(d, mem, host, sizes[s]), 0);
       ck_assert_int_eq(gs_device_download(d, back, mem, sizes[s]), 0);
       ck_assert_msg(memcmp(host, back, sizes[s]) == 0,

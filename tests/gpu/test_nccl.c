@@ -21,6 +21,8 @@
 #include "comm.h"
 #include "device.h"
 #include "gpu_check.h"
+#include "clock.h"
+#include "rng.h"
 
 #define TIMEOUT_MS 30000
 #define ID_CAP 512
@@ -35,28 +37,10 @@ typedef struct fixture {
   uint64_t rng;
 } fixture_t;
 
-static uint64_t now_ms(void)
-{
-  struct timespec ts;
-
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* splitmix64 (Vigna). */
-static uint64_t next(fixture_t *f)
-{
-  uint64_t z = (f->rng += 0x9E3779B97F4A7C15ull);
-
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* Uniform in [-1000, 1000). */
 static double uniform(fixture_t *f)
 {
-  return -1000.0 + 2000.0 * ((double)(next(f) >> 11) * 0x1p-53);
+  return -1000.0 + 2000.0 * ((double)(gs_splitmix64(&f->rng) >> 11) * 0x1p-53);
 }
 
 /* n random elements of dtype (float32 or float64); caller frees. */
@@ -232,7 +216,7 @@ START_TEST(broadcast_bytes)
     ck_assert_ptr_nonnull(out);
     ck_assert_ptr_nonnull(buf);
     for (size_t i = 0; i < n; i++)
-      in[i] = (unsigned char)next(&f);
+      in[i] = (unsigned char)gs_splitmix64(&f.rng);
     ck_assert_int_eq(gs_device_upload(f.dev, buf, in, n), 0);
     ck_assert_int_eq(gs_comm_broadcast(f.comm, buf, n, 0), 0);
     ck_assert_uint_eq(gs_comm_ticket(f.comm), t + 1);
@@ -449,10 +433,10 @@ START_TEST(make_id_then_init)
   ck_assert_msg(dev, "cuda device: %s", why);
   ck_assert_ptr_nonnull(a);
   ck_assert_ptr_nonnull(b);
-  t0 = now_ms();
+  t0 = gs_now_ms();
   ck_assert_int_eq(comm_start(a, dev, 1), 0);
-  ck_assert_msg(now_ms() - t0 < TIMEOUT_MS, "init took %llu ms",
-                (unsigned long long)(now_ms() - t0));
+  ck_assert_msg(gs_now_ms() - t0 < TIMEOUT_MS, "init took %llu ms",
+                (unsigned long long)(gs_now_ms() - t0));
   ck_assert_int_eq(comm_start(b, dev, 0), 0); /* max_queued 0 counts as 1 */
   buf = gs_device_alloc(dev, 100 * sizeof(double));
   ck_assert_ptr_nonnull(buf);
@@ -496,14 +480,14 @@ START_TEST(init_times_out)
   gs_log_t log = {GS_LOG_WARN, out, "test_nccl"};
   gs_device_t *dev = gs_device_open("cuda", 0, &log, why, sizeof(why));
   gs_comm_t *c = gs_comm_new("nccl", &log);
-  uint64_t t0 = now_ms(), took;
+  uint64_t t0 = gs_now_ms(), took;
   int err;
 
   ck_assert_ptr_nonnull(out);
   ck_assert_msg(dev, "cuda device: %s", why);
   ck_assert_ptr_nonnull(c);
   err = lonely_init(c, dev, 1500);
-  took = now_ms() - t0;
+  took = gs_now_ms() - t0;
   ck_assert_msg(err == GS_ETIMEDOUT, "init: %s", gs_err_name(err));
   ck_assert_msg(took >= 1500 && took < 15000, "init gave up after %llu ms",
                 (unsigned long long)took);
@@ -541,14 +525,14 @@ START_TEST(abort_during_init)
   gs_comm_t *c = gs_comm_new("nccl", &log);
   aborter_t a = {c, 300};
   pthread_t thread;
-  uint64_t t0 = now_ms(), took;
+  uint64_t t0 = gs_now_ms(), took;
   int err;
 
   ck_assert_msg(dev, "cuda device: %s", why);
   ck_assert_ptr_nonnull(c);
   ck_assert_int_eq(pthread_create(&thread, NULL, abort_later, &a), 0);
   err = lonely_init(c, dev, TIMEOUT_MS);
-  took = now_ms() - t0;
+  took = gs_now_ms() - t0;
   pthread_join(thread, NULL);
   ck_assert_msg(err == GS_EABORTED, "init: %s", gs_err_name(err));
   ck_assert_msg(took < TIMEOUT_MS / 2, "abort took %llu ms to end init", (unsigned long long)took);

@@ -1,4 +1,5 @@
-/* Small helpers for libuv TCP handles shared by the coordinator's servers. */
+/* The coordinator's libuv boundary: its error conversion, and small helpers
+ * for the TCP handles both of its servers use. */
 #ifndef GS_NET_H
 #define GS_NET_H
 
@@ -8,6 +9,9 @@
 
 #include "error.h"
 #include "log.h"
+
+/* Converts a (negative) libuv error code, once, at the libuv boundary. */
+int gs_err_from_uv(int uverr);
 
 /* Writes the peer's address as "1.2.3.4:5" or "[::1]:5" (for logs), or "?". */
 void gs_tcp_peer_name(const uv_tcp_t *tcp, char *out, size_t len);

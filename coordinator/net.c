@@ -5,6 +5,16 @@
 
 #define LISTEN_BACKLOG 1024
 
+int gs_err_from_uv(int uverr)
+{
+  if (uverr == UV_EOF)
+    return GS_ECLOSED;
+  if (uverr == UV_ETIMEDOUT)
+    return GS_ETIMEDOUT;
+  /* libuv codes on Unix are negated errno values. */
+  return uverr < 0 ? gs_err_from_errno(-uverr) : GS_OK;
+}
+
 static uint16_t port_of(const struct sockaddr_storage *ss)
 {
   if (ss->ss_family == AF_INET6)
