@@ -95,7 +95,7 @@ void gs__conn_close(gs_conn_t *conn, const char *why)
   conn->closing = true;
   idle_unlink(conn);
   gs_log(t->log, GS_LOG_DEBUG, NULL, -1, "rpc: closing %s: %s", conn->peer, why);
-  if (conn->data && t->cb.on_close)
+  if (conn->opened)
     t->cb.on_close(t->cb.ctx, conn);
   uv_close((uv_handle_t *)&conn->tcp, on_close);
 }
@@ -238,6 +238,7 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
     gs__conn_close(conn, "refused by its owner");
     return;
   }
+  conn->opened = true;
   t->accepted++;
   uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }

@@ -28,7 +28,8 @@ typedef struct gs_conn_callbacks {
    * closes once the owner's last frame (gs__conn_send_last), if any, is
    * written. */
   void (*on_oversized)(void *ctx, gs_conn_t *conn, size_t limit);
-  /* The connection is closing: no more frames, and sends are dropped. */
+  /* A connection on_open kept is closing: no more frames, and sends are
+   * dropped. */
   void (*on_close)(void *ctx, gs_conn_t *conn);
   /* The last connection was freed after gs__conns_close_all. */
   void (*on_drained)(void *ctx);
@@ -55,6 +56,7 @@ struct gs_conn {
    * parked), least recently active first. */
   gs_list_t idle_node;
   uint32_t waiting; /* calls parked until an event or deadline */
+  bool opened; /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
 };

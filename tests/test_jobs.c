@@ -172,7 +172,7 @@ static gradsync_JoinResponse join_reply(uint32_t peer)
 static void start_world_on(const char *job, uint32_t n, uint32_t first, uint64_t now)
 {
   for (uint32_t i = 0; i < n; i++) {
-    char node[8];
+    char node[16];
     gradsync_JoinRequest req;
 
     snprintf(node, sizeof(node), "n%u", i / 2);
