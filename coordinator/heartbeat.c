@@ -54,19 +54,40 @@ static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, co
               gradsync_HeartbeatResponse_fields, &resp);
 }
 
-/* The rank's liveness follows the connection its heartbeats come on: an
- * agent joins on one connection and heartbeats on another (its heartbeat
- * thread's own), and re-registers on that one after a coordinator restart.
- * So the first heartbeat moves the rank there; a later move means the
- * agent redialled, which the log tells. */
-static void follow_heartbeats(gs_member_t *m, gs_peer_t *peer)
+/* Ties a rank to the connection of its heartbeats. An agent joins on one
+ * connection and heartbeats on another, its heartbeat thread's own (after
+ * a coordinator restart it re-registers on that one, so the new member is
+ * born there). So the rank's first heartbeat moves its liveness from the
+ * Join connection to its own; from then on the rank belongs to that
+ * connection, and a heartbeat for it from any other is refused, as is one
+ * from a connection that carries another running rank: nobody takes a
+ * rank over in silence. Returns false when the call was refused (answered). */
+static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
 {
+  gs_peer_t *peer = call->peer;
+  const gs_member_t *other = peer->member;
+  gs_job_t *job = m->job;
+
   if (m->peer == peer)
-    return;
-  gs_log(m->job->jobs->cfg.log, m->heartbeats_seen && m->peer ? GS_LOG_INFO : GS_LOG_DEBUG,
-         m->job->name, (int)m->rank, "heartbeats now come from %s (were from %s)", peer->name,
-         m->peer ? m->peer->name : "a closed connection");
+    return true;
+  if (m->heartbeats_seen && m->peer) {
+    gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
+                      "rank %u of job %s sends its heartbeats on another connection (%s); "
+                      "a rank heartbeats on one connection",
+                      m->rank, job->name, m->peer->name);
+    return false;
+  }
+  if (other && other->heartbeats_seen && gs__member_active(other)) {
+    gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
+                      "this connection carries the heartbeats of rank %u of job %s; "
+                      "use one connection per rank",
+                      other->rank, other->job->name);
+    return false;
+  }
+  gs_log(job->jobs->cfg.log, GS_LOG_DEBUG, job->name, (int)m->rank,
+         "heartbeats come from %s: its liveness follows that connection", peer->name);
   gs__member_bind(m, peer);
+  return true;
 }
 
 void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req)
@@ -91,7 +112,8 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
     reply_heartbeat(call, job, m->state == GS_MEMBER_LOST, "this rank was declared lost");
     return;
   }
-  follow_heartbeats(m, call->peer);
+  if (!follow_heartbeats(m, call))
+    return;
   m->heartbeats_seen = true;
   gs__hb_touch(m, call->now_ms);
   m->step = req->step;

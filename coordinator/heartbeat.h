@@ -6,8 +6,10 @@
 #include "job.h"
 
 /* A Heartbeat for `job`. O(1) and allocation-free for a running rank. The
- * connection it arrives on becomes the one whose loss loses the rank (the
- * agent heartbeats on a connection of its own, not the one it joined on). */
+ * rank's first heartbeat makes its connection the one whose loss loses the
+ * rank (the agent heartbeats on a connection of its own, not the one it
+ * joined on); heartbeats for it from any other connection are then refused
+ * (FAILED_PRECONDITION). */
 void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req);
 /* Loses the rank silent for longer than the heartbeat timeout, if any:
  * only the head of the heartbeat list is read. */

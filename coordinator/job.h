@@ -78,7 +78,7 @@ struct gs_member {
    * list, oldest heartbeat first, so the silence check looks at one. */
   uint64_t last_heartbeat_ms;
   gs_list_t hb_node;
-  bool heartbeats_seen; /* a heartbeat moved its liveness to that connection */
+  bool heartbeats_seen; /* its heartbeats tied it to `peer` (see gs__heartbeat) */
   uint64_t step;
   float loss, samples_per_sec, compute_ms, comm_wait_ms;
 };

@@ -1069,12 +1069,14 @@ START_TEST(unknown_method_is_echoed)
 END_TEST
 
 /* An agent joins on one connection and heartbeats on another (its
- * heartbeat thread's own): the rank's liveness moves to the connection its
- * heartbeats come on. Closing the Join connection then loses nothing;
- * closing the heartbeat connection loses the rank. */
-START_TEST(liveness_follows_heartbeat_connection)
+ * heartbeat thread's own): the rank's first heartbeat ties it to that
+ * connection. Closing the Join connection then loses nothing; a heartbeat
+ * for the rank from a third connection is refused (FAILED_PRECONDITION)
+ * and takes nothing over; closing the heartbeat connection loses the rank. */
+START_TEST(heartbeats_tie_a_rank_to_their_connection)
 {
-  th_client_t cl[2], hb_conn;
+  th_client_t cl[2], hb_conn, intruder;
+  char msg[256];
   gradsync_JoinResponse resp[2] = {0};
   gradsync_HeartbeatResponse hb;
 
@@ -1088,6 +1090,22 @@ START_TEST(liveness_follows_heartbeat_connection)
   ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 1, &hb), OK);
   ck_assert(!hb.abort);
   ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 2, &hb), OK);
+  ck_assert(!hb.abort);
+  th_connect(&intruder, coord.rpc_port);
+  {
+    gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+
+    snprintf(req.job, sizeof(req.job), "hc");
+    req.generation = 1;
+    req.rank = resp[0].rank;
+    ck_assert_int_eq(th_call(&intruder, "Heartbeat", gradsync_HeartbeatRequest_fields, &req, NULL,
+                             NULL, msg, sizeof(msg)),
+                     9);
+    ck_assert_ptr_nonnull(strstr(msg, "another connection"));
+  }
+  th_close(&intruder);
+  usleep(100000);
+  ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 2, &hb), OK);
   ck_assert(!hb.abort);
   th_close(&hb_conn);
   usleep(100000);
@@ -1127,7 +1145,7 @@ static Suite *coordinator_suite(void)
       {"idle_parked", parked_join_outlives_idle_timeout},
       {"rendezvous_disconnect", waiting_agent_that_disconnects_is_replaced},
       {"unknown_method", unknown_method_is_echoed},
-      {"heartbeat_connection", liveness_follows_heartbeat_connection},
+      {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

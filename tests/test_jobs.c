@@ -388,24 +388,40 @@ START_TEST(heartbeat_loss_aborts_the_generation)
 }
 END_TEST
 
-/* A rank's liveness follows the connection its heartbeats come on: the
- * agent joins on one connection and heartbeats on its heartbeat thread's
- * own. Closing the Join connection afterwards loses nothing; closing the
+/* A rank's first heartbeat ties it to its connection: the agent joins on
+ * one connection and heartbeats on its heartbeat thread's own. Closing the
+ * Join connection afterwards loses nothing; heartbeats for the rank from
+ * any other connection are refused (no silent takeover), as is a first
+ * heartbeat from a connection that carries another rank's; closing the
  * heartbeat connection loses the rank. */
-START_TEST(liveness_follows_the_heartbeat_connection)
+START_TEST(heartbeats_tie_a_rank_to_their_connection)
 {
   gs_job_t *job;
   int err;
 
-  start_world("c", 2, 0);
+  start_world("c", 3, 0);
   job = gs__jobs_find(&jobs, "c");
   heartbeat(8, "c", 1, 0, 10, &err); /* rank 0's heartbeat thread */
   ck_assert_int_eq(err, 0);
   heartbeat(9, "c", 1, 1, 10, &err);
+  ck_assert_int_eq(err, 0);
   ck_assert_ptr_eq(job->ranks[0]->peer, &peers[8]);
   ck_assert_ptr_eq(peers[8].member, job->ranks[0]);
   ck_assert_ptr_null(peers[0].member);
+  heartbeat(10, "c", 1, 0, 15, &err);
+  ck_assert_int_eq(err, GS_EPRECOND);
+  ck_assert_ptr_nonnull(strstr(last_reply(10)->message, "another connection (peer8)"));
+  heartbeat(0, "c", 1, 0, 15, &err); /* its own Join connection, too */
+  ck_assert_int_eq(err, GS_EPRECOND);
+  heartbeat(9, "c", 1, 2, 15, &err);
+  ck_assert_int_eq(err, GS_EPRECOND);
+  ck_assert_ptr_nonnull(strstr(last_reply(9)->message, "heartbeats of rank 1"));
+  ck_assert_ptr_eq(job->ranks[0]->peer, &peers[8]);
+  ck_assert_ptr_eq(job->ranks[1]->peer, &peers[9]);
+  heartbeat(2, "c", 1, 2, 15, &err);
+  ck_assert_int_eq(err, 0);
   gs__jobs_peer_closed(&jobs, &peers[0]);
+  gs__jobs_peer_closed(&jobs, &peers[10]);
   ck_assert_int_eq(job->state, GS_JOB_RUNNING);
   ck_assert(!heartbeat(9, "c", 1, 1, 20, &err).abort);
   gs__jobs_peer_closed(&jobs, &peers[8]);
@@ -501,7 +517,7 @@ static Suite *jobs_suite(void)
       {"abort_rejoin", abort_then_rejoin_opens_the_next_generation},
       {"reregistration", reregistration_rebuilds_the_job},
       {"heartbeat_loss", heartbeat_loss_aborts_the_generation},
-      {"heartbeat_connection", liveness_follows_the_heartbeat_connection},
+      {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
       {"rendezvous_disconnect", closed_waiting_agent_leaves_the_rendezvous},
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"retention", finished_job_is_forgotten_after_retention},
