@@ -1,16 +1,36 @@
-/* The service: owns the listeners, the connection table, the jobs and the
- * one housekeeping timer that enforces every deadline. */
+/* The service: wires the loop. It owns the listeners and the one
+ * housekeeping timer that enforces every deadline, creates the layers
+ * (transport, RPC, jobs, HTTP routes) and registers the callbacks through
+ * which the lower ones report upward. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
-#include "coord.h"
+#include "conn.h"
+#include "coordinator.h"
 #include "frame.h"
-#include "job.h"
+#include "http_routes.h"
+#include "jobs.h"
+#include "list.h"
 #include "net.h"
+#include "rpc.h"
 
 #define HOUSEKEEPING_MS 50
+
+struct gs_coord {
+  uv_loop_t *loop;
+  gs_coord_config_t cfg;
+  uv_tcp_t listener;
+  uv_timer_t housekeeping;
+  gs_conns_t *conns;
+  gs_rpc_t rpc;
+  gs_jobs_t jobs;
+  gs_http_routes_t routes;
+  uint64_t started_ms;
+  uint32_t handles_open; /* listener + timer; freed when 0 and closing */
+  bool closing;
+};
 
 void gs_coord_config_defaults(gs_coord_config_t *cfg)
 {
@@ -31,6 +51,81 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->log.component = "coordinator";
 }
 
+/* The connection table must outlive the connections' close callbacks, so
+ * the coordinator is freed by whichever close callback runs last. */
+static void maybe_free(gs_coord_t *c)
+{
+  if (!c->closing || c->handles_open > 0 || c->conns->open > 0)
+    return;
+  gs__http_routes_close(&c->routes);
+  gs__rpc_free(&c->rpc);
+  gs__conns_free(c->conns);
+  free(c);
+}
+
+/* The transport's callbacks all get rpc.c's context; this one is the
+ * service's own, so it finds the service around it. */
+static void on_drained(void *ctx)
+{
+  maybe_free(GS_CONTAINER_OF(ctx, gs_coord_t, rpc));
+}
+
+/* What /status and /metrics show of the service itself. */
+static void service_info(void *ctx, gs_service_info_t *out)
+{
+  gs_coord_t *c = ctx;
+
+  *out = (gs_service_info_t){
+      .uptime_ms = uv_now(c->loop) - c->started_ms,
+      .connections = c->conns->open,
+      .requests = c->rpc.stats.requests,
+      .errors = c->rpc.stats.errors,
+      .bad_frames = c->rpc.stats.bad_frames,
+  };
+}
+
+/* Creates the layers bottom-up and registers the callbacks that carry
+ * events upward: connections report to rpc.c, which calls the jobs layer,
+ * which answers through rpc.c's responder. */
+static int wire_layers(gs_coord_t *c)
+{
+  gs_conn_callbacks_t cb = {
+      .ctx = &c->rpc,
+      .on_open = gs__rpc_on_open,
+      .on_frame = gs__rpc_on_frame,
+      .on_oversized = gs__rpc_on_oversized,
+      .on_close = gs__rpc_on_close,
+      .on_drained = on_drained,
+  };
+  gs_jobs_config_t jcfg = {
+      .heartbeat_interval_ms = c->cfg.heartbeat_interval_ms,
+      .heartbeat_timeout_ms = c->cfg.heartbeat_timeout_ms,
+      .rendezvous_timeout_ms = c->cfg.rendezvous_timeout_ms,
+      .job_retention_ms = c->cfg.job_retention_ms,
+      .max_world_size = c->cfg.max_world_size,
+      .log = &c->cfg.log,
+  };
+
+  if (getrandom(&jcfg.coordinator_id, sizeof(jcfg.coordinator_id), 0) !=
+      sizeof(jcfg.coordinator_id))
+    jcfg.coordinator_id = (uint64_t)uv_hrtime();
+  c->conns = gs__conns_new(c->loop, &c->cfg.log, c->cfg.max_frame, c->cfg.idle_timeout_ms, &cb);
+  if (!c->conns)
+    return GS_ENOMEM;
+  gs__jobs_init(&c->jobs, &jcfg, &c->rpc.responder);
+  gs__rpc_init(&c->rpc, c->loop, c->conns, &c->jobs, &c->cfg.log, c->cfg.token,
+               c->cfg.default_wait_ms);
+  c->routes = (gs_http_routes_t){
+      .jobs = &c->jobs,
+      .loop = c->loop,
+      .log = &c->cfg.log,
+      .token = c->cfg.token,
+      .service_info = service_info,
+      .ctx = c,
+  };
+  return 0;
+}
+
 gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
 {
   gs_coord_t *c = calloc(1, sizeof(*c));
@@ -41,8 +136,11 @@ gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
   }
   c->loop = loop;
   c->cfg = *cfg;
-  if (getrandom(&c->coordinator_id, sizeof(c->coordinator_id), 0) != sizeof(c->coordinator_id))
-    c->coordinator_id = (uint64_t)uv_hrtime();
+  if (wire_layers(c)) {
+    gs_log(&cfg->log, GS_LOG_ERROR, NULL, -1, "out of memory creating the coordinator");
+    free(c);
+    return NULL;
+  }
   c->started_ms = uv_now(loop);
   uv_tcp_init(loop, &c->listener);
   c->listener.data = c;
@@ -55,20 +153,35 @@ gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
 static void on_housekeeping(uv_timer_t *t)
 {
   gs_coord_t *c = t->data;
-  uint64_t now = gs__now_ms(c);
+  uint64_t now = uv_now(c->loop);
 
-  gs__state_changed(c);
-  gs__jobs_sweep(c, now);
-  gs__conn_sweep_idle(c, now);
+  gs__jobs_sweep(&c->jobs, now);
+  gs__conns_sweep_idle(c->conns, now);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+  gs_coord_t *c = server->data;
+
+  if (status < 0) {
+    gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: accept failed: %s%s", uv_strerror(status),
+           status == UV_EMFILE || status == UV_ENFILE
+               ? " (out of file descriptors: raise the open-file limit)"
+               : "");
+    return;
+  }
+  gs__conns_accept(c->conns, server);
 }
 
 int gs_coord_start(gs_coord_t *c)
 {
-  int err = gs__conn_listen(c);
+  int err = gs_tcp_listen(&c->listener, c->cfg.rpc_host, c->cfg.rpc_port, on_connection,
+                          &c->cfg.log, "rpc");
 
   if (err)
     return err;
-  err = gs__http_start(c);
+  err = gs__http_routes_start(&c->routes, c->cfg.http_host, c->cfg.http_port,
+                              c->cfg.idle_timeout_ms);
   if (err)
     return err;
   uv_timer_start(&c->housekeeping, on_housekeeping, HOUSEKEEPING_MS, HOUSEKEEPING_MS);
@@ -82,26 +195,7 @@ uint16_t gs_coord_rpc_port(const gs_coord_t *c)
 
 uint16_t gs_coord_http_port(const gs_coord_t *c)
 {
-  return c->http ? gs_http_server_port(c->http) : 0;
-}
-
-static void free_coord(gs_coord_t *c)
-{
-  free(c->conns.slots);
-  free(c->conns.gens);
-  free(c->conns.free_slots);
-  gs_buf_free(&c->wbuf);
-  gs_buf_free(&c->rbody);
-  gs_buf_free(&c->status_body);
-  free(c);
-}
-
-/* The connection table must outlive the connections' close callbacks, so
- * the coordinator is freed by whichever close callback runs last. */
-void gs__coord_maybe_free(gs_coord_t *c)
-{
-  if (c->closing && c->handles_open == 0 && c->conns.open == 0)
-    free_coord(c);
+  return c->routes.http ? gs_http_server_port(c->routes.http) : 0;
 }
 
 static void on_handle_closed(uv_handle_t *h)
@@ -109,7 +203,7 @@ static void on_handle_closed(uv_handle_t *h)
   gs_coord_t *c = h->data;
 
   c->handles_open--;
-  gs__coord_maybe_free(c);
+  maybe_free(c);
 }
 
 void gs_coord_close(gs_coord_t *c)
@@ -117,10 +211,11 @@ void gs_coord_close(gs_coord_t *c)
   if (c->closing)
     return;
   c->closing = true;
-  gs__jobs_free(c);
-  gs__conn_close_all(c);
-  if (c->http)
-    gs_http_server_close(c->http);
+  gs__jobs_free(&c->jobs);
+  gs__conns_close_all(c->conns);
+  if (c->routes.http)
+    gs_http_server_close(c->routes.http);
+  c->routes.http = NULL;
   uv_close((uv_handle_t *)&c->listener, on_handle_closed);
   uv_close((uv_handle_t *)&c->housekeeping, on_handle_closed);
 }

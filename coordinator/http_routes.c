@@ -8,9 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
-#include "job.h"
-#include "status.h"
+#include "auth.h"
+#include "http_routes.h"
 
 #define JSON "application/json"
 
@@ -69,19 +68,19 @@ static bool job_path(const char *path, char *name, size_t len, bool *control)
   return true;
 }
 
-static bool bearer_ok(const struct gs_coord *c, const char *auth)
+static bool bearer_ok(const gs_http_routes_t *r, const char *auth)
 {
   static const char prefix[] = "Bearer ";
 
-  if (!c->cfg.token[0])
+  if (!r->token[0])
     return true;
   if (!auth || strncmp(auth, prefix, sizeof(prefix) - 1) != 0)
     return false;
-  return gs__token_ok(c, auth + sizeof(prefix) - 1);
+  return gs__token_ok(r->token, auth + sizeof(prefix) - 1);
 }
 
 /* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}. */
-static void control(struct gs_coord *c, gs_job_t *job, const gs_http_request_t *req,
+static void control(gs_http_routes_t *r, gs_job_t *job, const gs_http_request_t *req,
                     gs_http_response_t *res)
 {
   cJSON *doc = cJSON_ParseWithLength(req->body, req->body_len), *item, *out;
@@ -122,22 +121,13 @@ static void control(struct gs_coord *c, gs_job_t *job, const gs_http_request_t *
     respond_error(res, 400, "action must be \"broadcast\", \"checkpoint\" or \"stop\"");
     return;
   }
-  gs__state_changed(c);
-  if (period) {
-    job->bcast_period = (int32_t)period->valuedouble;
-    job->bcast_period_overridden = true;
-    gs_log(&c->cfg.log, GS_LOG_INFO, job->name, -1, "control: bcast_period set to %d",
-           job->bcast_period);
-  }
-  if (action) {
-    if (strcmp(action->valuestring, "broadcast") == 0)
-      job->broadcast_seq++;
-    else if (strcmp(action->valuestring, "checkpoint") == 0)
-      job->checkpoint_seq++;
-    else
-      job->stop = true;
-    gs_log(&c->cfg.log, GS_LOG_INFO, job->name, -1, "control: %s requested", action->valuestring);
-  }
+  gs__jobs_control(job, period != NULL, period ? (int32_t)period->valuedouble : 0,
+                   !action                                           ? GS_JOB_ACTION_NONE
+                   : strcmp(action->valuestring, "broadcast") == 0  ? GS_JOB_ACTION_BROADCAST
+                   : strcmp(action->valuestring, "checkpoint") == 0 ? GS_JOB_ACTION_CHECKPOINT
+                                                                     : GS_JOB_ACTION_STOP);
+  if (action)
+    gs_log(r->log, GS_LOG_INFO, job->name, -1, "control: %s requested", action->valuestring);
   cJSON_Delete(doc);
   out = cJSON_CreateObject();
   cJSON_AddStringToObject(out, "job", job->name);
@@ -164,32 +154,36 @@ static bool wants_ranks(const char *query)
 }
 
 /* GET /status: the summary of every job, rendered once and reused while the
- * state is unchanged (see gs_coord.status_body); ?ranks=1 adds every rank,
+ * state is unchanged (see gs_http_routes_t); ?ranks=1 adds every rank,
  * and is rendered each time. */
-static void status(struct gs_coord *c, const gs_http_request_t *req, gs_http_response_t *res)
+static void status(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res)
 {
-  uint64_t now = uv_now(c->loop);
-  gs_buf_t *cache = &c->status_body;
+  uint64_t now = uv_now(r->loop);
+  gs_buf_t *cache = &r->status_body;
+  gs_service_info_t svc;
   char *body, *text;
 
+  r->service_info(r->ctx, &svc);
   if (wants_ranks(req->query)) {
-    respond_json(res, 200, gs__status_json(c, true));
+    respond_json(res, 200, gs__status_json(r->jobs, &svc, now, true));
     return;
   }
-  if (!c->status_valid || c->status_version != c->state_version || c->status_ms != now) {
-    cJSON *doc = gs__status_json(c, false);
+  if (!r->status_valid || r->status_version != r->jobs->version || r->status_ms != now ||
+      r->status_connections != svc.connections) {
+    cJSON *doc = gs__status_json(r->jobs, &svc, now, false);
 
     text = doc ? cJSON_PrintUnformatted(doc) : NULL;
     cJSON_Delete(doc);
     cache->len = 0;
-    c->status_valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
+    r->status_valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
     free(text);
-    if (!c->status_valid) {
+    if (!r->status_valid) {
       respond_error(res, 500, "out of memory");
       return;
     }
-    c->status_version = c->state_version;
-    c->status_ms = now;
+    r->status_version = r->jobs->version;
+    r->status_ms = now;
+    r->status_connections = svc.connections;
   }
   body = malloc(cache->len + 1);
   if (!body) {
@@ -200,11 +194,13 @@ static void status(struct gs_coord *c, const gs_http_request_t *req, gs_http_res
   respond(res, 200, JSON, body);
 }
 
-static void metrics(struct gs_coord *c, gs_http_response_t *res)
+static void metrics(gs_http_routes_t *r, gs_http_response_t *res)
 {
   gs_buf_t text = {0};
+  gs_service_info_t svc;
 
-  if (gs__metrics_text(c, &text) || gs_buf_append(&text, "", 1)) {
+  r->service_info(r->ctx, &svc);
+  if (gs__metrics_text(r->jobs, &svc, uv_now(r->loop), &text) || gs_buf_append(&text, "", 1)) {
     gs_buf_free(&text);
     respond_error(res, 500, "out of memory");
     return;
@@ -213,7 +209,7 @@ static void metrics(struct gs_coord *c, gs_http_response_t *res)
 }
 
 /* GET /healthz, /status or /metrics. */
-static void service_route(struct gs_coord *c, const gs_http_request_t *req, gs_http_response_t *res)
+static void service_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res)
 {
   if (strcmp(req->method, "GET") != 0) {
     res->allow = "GET";
@@ -221,14 +217,14 @@ static void service_route(struct gs_coord *c, const gs_http_request_t *req, gs_h
   } else if (strcmp(req->path, "/healthz") == 0) {
     respond(res, 200, JSON, strdup("{\"status\":\"ok\"}"));
   } else if (strcmp(req->path, "/status") == 0) {
-    status(c, req, res);
+    status(r, req, res);
   } else {
-    metrics(c, res);
+    metrics(r, res);
   }
 }
 
 /* GET /jobs/NAME or POST /jobs/NAME/control. */
-static void job_route(struct gs_coord *c, const gs_http_request_t *req, gs_http_response_t *res,
+static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res,
                       const char *name, bool is_control)
 {
   gs_job_t *job;
@@ -238,46 +234,55 @@ static void job_route(struct gs_coord *c, const gs_http_request_t *req, gs_http_
     respond_error(res, 405, "%s allows %s only", req->path, res->allow);
     return;
   }
-  if (is_control && !bearer_ok(c, req->authorization)) {
-    gs_log(&c->cfg.log, GS_LOG_WARN, name, -1, "http: control request with a %s token",
+  if (is_control && !bearer_ok(r, req->authorization)) {
+    gs_log(r->log, GS_LOG_WARN, name, -1, "http: control request with a %s token",
            req->authorization ? "wrong" : "missing");
     respond_error(res, 401, "control needs 'Authorization: Bearer TOKEN'");
     return;
   }
-  job = gs__job_find(c, name);
+  job = gs__jobs_find(r->jobs, name);
   if (!job)
     respond_error(res, 404, "no job named %s", name);
   else if (is_control)
-    control(c, job, req, res);
+    control(r, job, req, res);
   else
-    respond_json(res, 200, gs__job_json(job, uv_now(c->loop), true));
+    respond_json(res, 200, gs__job_json(job, uv_now(r->loop), true));
 }
 
 static void route(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)
 {
-  struct gs_coord *c = ctx;
+  gs_http_routes_t *r = ctx;
   bool is_control;
   char name[128];
 
   if (!strcmp(req->path, "/healthz") || !strcmp(req->path, "/status") ||
       !strcmp(req->path, "/metrics"))
-    service_route(c, req, res);
+    service_route(r, req, res);
   else if (job_path(req->path, name, sizeof(name), &is_control))
-    job_route(c, req, res, name, is_control);
+    job_route(r, req, res, name, is_control);
   else
     respond_error(res, 404, "no such path: %s", req->path);
 }
 
-int gs__http_start(struct gs_coord *c)
+int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
+                          uint64_t idle_timeout_ms)
 {
   gs_http_limits_t limits = {
       .max_header_bytes = 16 * 1024,
       .max_body_bytes = 64 * 1024,
-      .idle_timeout_ms = c->cfg.idle_timeout_ms,
+      .idle_timeout_ms = idle_timeout_ms,
   };
 
-  c->http = gs_http_server_new(c->loop, &c->cfg.log, &limits, route, c);
-  if (!c->http)
+  r->http = gs_http_server_new(r->loop, r->log, &limits, route, r);
+  if (!r->http)
     return GS_ENOMEM;
-  return gs_http_server_listen(c->http, c->cfg.http_host, c->cfg.http_port);
+  return gs_http_server_listen(r->http, host, port);
+}
+
+void gs__http_routes_close(gs_http_routes_t *r)
+{
+  if (r->http)
+    gs_http_server_close(r->http);
+  r->http = NULL;
+  gs_buf_free(&r->status_body);
 }

@@ -1,18 +1,136 @@
 /* RPC dispatch: decode the Envelope, authenticate, decode and check the
- * request, and hand it to the job module. Every failure here gets an error
- * reply naming what was wrong; none can harm another request or job. */
+ * request, and hand it to the jobs layer; encode its answers. Every
+ * failure here gets an error reply naming what was wrong; none can harm
+ * another request or job. */
+#include "rpc.h"
+
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
-#include "job.h"
+#include "auth.h"
+#include "list.h"
 #include "packlist.h"
 #include "pb_array.h"
 #include "wire.h"
 
 #define MAX_PARAMS (1u << 20)
+/* Scratch buffers larger than this are freed once used. */
+#define KEEP_BUF_BYTES (64 * 1024)
+
+#define RPC_OF(r) GS_CONTAINER_OF(r, gs_rpc_t, responder)
+
+/* Encodes `env` with its body and sends it on `conn`: the one place a
+ * frame is built. `last` closes the connection once it is written. The
+ * frame is encoded into the one scratch buffer (replies are built one at a
+ * time on the loop thread). */
+static void send_envelope(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *env,
+                          const gs_reply_t *rep, bool last)
+{
+  gs_buf_t *out = &rpc->wbuf;
+  int err;
+
+  out->len = 0;
+  if (rep && rep->body)
+    err = gs_wire_encode_frame_bytes(out, env, rep->body, rep->body_len, SIZE_MAX);
+  else
+    err = gs_wire_encode_frame(out, env, rep ? rep->fields : NULL, rep ? rep->msg : NULL,
+                               SIZE_MAX);
+  if (err) {
+    gs_log(rpc->log, GS_LOG_ERROR, NULL, -1, "rpc: cannot encode a reply to %s: %s", conn->peer,
+           gs_strerror(err));
+    gs__conn_close(conn, "encode failed");
+  } else if (last) {
+    gs__conn_send_last(conn, out->data, out->len);
+  } else {
+    gs__conn_send(conn, out->data, out->len);
+  }
+  if (out->cap > KEEP_BUF_BYTES)
+    gs_buf_free(out);
+}
+
+/* The Envelope of an answer: the method's path (or `path` as the request
+ * spelled it), the request id, and the error converted to its gRPC status
+ * here, once. */
+static void envelope_for(gradsync_Envelope *env, const char *path, uint64_t request_id, int err,
+                         const char *message)
+{
+  memset(env, 0, sizeof(*env));
+  snprintf(env->method, sizeof(env->method), "%s", path);
+  env->request_id = request_id;
+  env->status = gs_err_grpc_code(err);
+  if (err && message)
+    snprintf(env->message, sizeof(env->message), "%s", message);
+}
+
+static void reply(gs_responder_t *r, const gs_reply_t *rep)
+{
+  gs_rpc_t *rpc = RPC_OF(r);
+  gs_conn_t *conn = gs__conn_get(rpc->conns, rep->to);
+  gradsync_Envelope env;
+
+  if (rep->err && rep->method < GS_METHOD_COUNT)
+    rpc->stats.errors[rep->method]++;
+  if (!conn)
+    return; /* it closed while the call waited */
+  envelope_for(&env, gs_method_path(rep->method), rep->request_id, rep->err, rep->message);
+  send_envelope(rpc, conn, &env, rep->err ? NULL : rep, false);
+}
+
+static void park(gs_responder_t *r, uint64_t peer)
+{
+  gs_conn_t *conn = gs__conn_get(RPC_OF(r)->conns, peer);
+
+  if (conn)
+    gs__conn_park(conn);
+}
+
+static void unpark(gs_responder_t *r, uint64_t peer)
+{
+  gs_conn_t *conn = gs__conn_get(RPC_OF(r)->conns, peer);
+
+  if (conn)
+    gs__conn_unpark(conn);
+}
+
+void gs__rpc_init(gs_rpc_t *rpc, uv_loop_t *loop, gs_conns_t *conns, gs_jobs_t *jobs,
+                  const gs_log_t *log, const char *token, uint64_t default_wait_ms)
+{
+  memset(rpc, 0, sizeof(*rpc));
+  rpc->responder = (gs_responder_t){.reply = reply, .park = park, .unpark = unpark};
+  rpc->loop = loop;
+  rpc->conns = conns;
+  rpc->jobs = jobs;
+  rpc->log = log;
+  rpc->token = token;
+  rpc->default_wait_ms = default_wait_ms;
+}
+
+void gs__rpc_free(gs_rpc_t *rpc)
+{
+  gs_buf_free(&rpc->wbuf);
+  gs_buf_free(&rpc->rbody);
+}
+
+/* An error answer to a call that never reached the jobs layer. */
+static void reply_error(gs_rpc_t *rpc, const gs_call_t *call, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reply_error(gs_rpc_t *rpc, const gs_call_t *call, int err, const char *fmt, ...)
+{
+  char text[sizeof(((gradsync_Envelope *)0)->message)];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+  reply(&rpc->responder, &(gs_reply_t){.to = call->peer->id,
+                                       .method = call->method,
+                                       .request_id = call->request_id,
+                                       .err = err,
+                                       .message = text});
+}
 
 /* Job names appear in URLs and logs: keep them to a safe alphabet. */
 static bool job_name_ok(const char *name)
@@ -26,58 +144,65 @@ static bool job_name_ok(const char *name)
   return true;
 }
 
-static bool check_job_name(const gs_call_t *call, const char *name)
+static bool check_job_name(gs_rpc_t *rpc, const gs_call_t *call, const char *name)
 {
   if (job_name_ok(name))
     return true;
-  gs__reply_error(call->conn->coord, call->conn->ref, call->method, call->request_id,
-                  GS_GRPC_INVALID_ARGUMENT,
-                  "job name '%s' is invalid: use 1-127 letters, digits, '-', '_' or '.'", name);
+  reply_error(rpc, call, GS_EINVAL,
+              "job name '%s' is invalid: use 1-127 letters, digits, '-', '_' or '.'", name);
   return false;
 }
 
-static bool decode_body(const gs_call_t *call, const pb_msgdesc_t *fields, void *msg)
+/* A request body as it came, with the call it belongs to. */
+typedef struct request {
+  gs_call_t call;
+  const uint8_t *body;
+  size_t body_len;
+} request_t;
+
+static bool decode_body(gs_rpc_t *rpc, const request_t *rq, const pb_msgdesc_t *fields, void *msg)
 {
   char why[128];
 
-  if (gs_wire_decode(call->body, call->body_len, fields, msg, why, sizeof(why)) == 0)
+  if (gs_wire_decode(rq->body, rq->body_len, fields, msg, why, sizeof(why)) == 0)
     return true;
-  gs_log(&call->conn->coord->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable %s: %s",
-         call->conn->peer, gs_method_name(call->method), why);
-  gs__reply_error(call->conn->coord, call->conn->ref, call->method, call->request_id,
-                  GS_GRPC_INVALID_ARGUMENT, "cannot decode %sRequest: %s",
-                  gs_method_name(call->method), why);
+  gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable %s: %s", rq->call.peer->name,
+         gs_method_name(rq->call.method), why);
+  reply_error(rpc, &rq->call, GS_EINVAL, "cannot decode %sRequest: %s",
+              gs_method_name(rq->call.method), why);
   return false;
 }
 
-static void on_join(const gs_call_t *call)
+static void on_join(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_JoinRequest req = gradsync_JoinRequest_init_zero;
 
-  if (decode_body(call, gradsync_JoinRequest_fields, &req) && check_job_name(call, req.job))
-    gs__job_join(call, &req);
+  if (decode_body(rpc, rq, gradsync_JoinRequest_fields, &req) &&
+      check_job_name(rpc, &rq->call, req.job))
+    gs__jobs_join(rpc->jobs, &rq->call, &req);
 }
 
-static void on_publish(const gs_call_t *call)
+static void on_publish(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_PublishRequest *req = calloc(1, sizeof(*req));
 
   if (!req) {
-    gs__reply_error(call->conn->coord, call->conn->ref, call->method, call->request_id,
-                    GS_GRPC_RESOURCE_EXHAUSTED, "out of memory");
+    reply_error(rpc, &rq->call, GS_ENOMEM, "out of memory");
     return;
   }
-  if (decode_body(call, gradsync_PublishRequest_fields, req) && check_job_name(call, req->job))
-    gs__job_publish(call, req);
+  if (decode_body(rpc, rq, gradsync_PublishRequest_fields, req) &&
+      check_job_name(rpc, &rq->call, req->job))
+    gs__jobs_publish(rpc->jobs, &rq->call, req);
   free(req);
 }
 
-static void on_fetch(const gs_call_t *call)
+static void on_fetch(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_FetchRequest req = gradsync_FetchRequest_init_zero;
 
-  if (decode_body(call, gradsync_FetchRequest_fields, &req) && check_job_name(call, req.job))
-    gs__job_fetch(call, &req);
+  if (decode_body(rpc, rq, gradsync_FetchRequest_fields, &req) &&
+      check_job_name(rpc, &rq->call, req.job))
+    gs__jobs_fetch(rpc->jobs, &rq->call, &req);
 }
 
 /* The wire arrays of a PackList, and its view as a gs_packlist_t. */
@@ -154,9 +279,8 @@ out_free:
   return err;
 }
 
-static void on_publish_pack_list(const gs_call_t *call)
+static void on_publish_pack_list(gs_rpc_t *rpc, const request_t *rq)
 {
-  struct gs_coord *c = call->conn->coord;
   gradsync_PublishPackListRequest req = gradsync_PublishPackListRequest_init_zero;
   pack_list_arrays_t a;
   gs_pack_summary_t sum;
@@ -164,52 +288,52 @@ static void on_publish_pack_list(const gs_call_t *call)
   char why[256];
 
   pack_list_bind(&req.pack_list, &a);
-  if (!decode_body(call, gradsync_PublishPackListRequest_fields, &req) ||
-      !check_job_name(call, req.job))
+  if (!decode_body(rpc, rq, gradsync_PublishPackListRequest_fields, &req) ||
+      !check_job_name(rpc, &rq->call, req.job))
     goto out;
   if (!req.has_pack_list) {
-    gs__reply_error(c, call->conn->ref, call->method, call->request_id, GS_GRPC_INVALID_ARGUMENT,
-                    "PublishPackList without a pack_list");
+    reply_error(rpc, &rq->call, GS_EINVAL, "PublishPackList without a pack_list");
     goto out;
   }
   if (check_pack_list(&req.pack_list, &a, &body, &sum, why, sizeof(why))) {
-    gs_log(&c->cfg.log, GS_LOG_WARN, req.job, req.rank, "rpc: invalid pack list: %s", why);
-    gs__reply_error(c, call->conn->ref, call->method, call->request_id, GS_GRPC_INVALID_ARGUMENT,
-                    "invalid pack list: %s", why);
+    gs_log(rpc->log, GS_LOG_WARN, req.job, req.rank, "rpc: invalid pack list: %s", why);
+    reply_error(rpc, &rq->call, GS_EINVAL, "invalid pack list: %s", why);
     goto out;
   }
-  gs__job_publish_pack_list(call, &req, &body, &sum);
+  gs__jobs_publish_pack_list(rpc->jobs, &rq->call, req.job, req.generation, req.rank, &body, &sum);
 out:
   gs_buf_free(&body);
   pack_list_free(&a);
 }
 
-static void on_fetch_pack_list(const gs_call_t *call)
+static void on_fetch_pack_list(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_FetchPackListRequest req = gradsync_FetchPackListRequest_init_zero;
 
-  if (decode_body(call, gradsync_FetchPackListRequest_fields, &req) &&
-      check_job_name(call, req.job))
-    gs__job_fetch_pack_list(call, &req);
+  if (decode_body(rpc, rq, gradsync_FetchPackListRequest_fields, &req) &&
+      check_job_name(rpc, &rq->call, req.job))
+    gs__jobs_fetch_pack_list(rpc->jobs, &rq->call, &req);
 }
 
-static void on_heartbeat(const gs_call_t *call)
+static void on_heartbeat(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
 
-  if (decode_body(call, gradsync_HeartbeatRequest_fields, &req) && check_job_name(call, req.job))
-    gs__job_heartbeat(call, &req);
+  if (decode_body(rpc, rq, gradsync_HeartbeatRequest_fields, &req) &&
+      check_job_name(rpc, &rq->call, req.job))
+    gs__jobs_heartbeat(rpc->jobs, &rq->call, &req);
 }
 
-static void on_leave(const gs_call_t *call)
+static void on_leave(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
 
-  if (decode_body(call, gradsync_LeaveRequest_fields, &req) && check_job_name(call, req.job))
-    gs__job_leave(call, &req);
+  if (decode_body(rpc, rq, gradsync_LeaveRequest_fields, &req) &&
+      check_job_name(rpc, &rq->call, req.job))
+    gs__jobs_leave(rpc->jobs, &rq->call, &req);
 }
 
-static void (*const handlers[GS_METHOD_COUNT])(const gs_call_t *) = {
+static void (*const handlers[GS_METHOD_COUNT])(gs_rpc_t *, const request_t *) = {
     [GS_METHOD_JOIN] = on_join,
     [GS_METHOD_PUBLISH] = on_publish,
     [GS_METHOD_FETCH] = on_fetch,
@@ -219,44 +343,100 @@ static void (*const handlers[GS_METHOD_COUNT])(const gs_call_t *) = {
     [GS_METHOD_LEAVE] = on_leave,
 };
 
-void gs__rpc_dispatch(gs_conn_t *conn, const uint8_t *payload, size_t len)
+int gs__rpc_on_open(void *ctx, gs_conn_t *conn)
 {
-  struct gs_coord *c = conn->coord;
+  gs_peer_t *peer = calloc(1, sizeof(*peer));
+
+  (void)ctx;
+  if (!peer)
+    return GS_ENOMEM;
+  peer->id = conn->id;
+  peer->name = conn->peer;
+  conn->data = peer;
+  return 0;
+}
+
+void gs__rpc_on_close(void *ctx, gs_conn_t *conn)
+{
+  gs_rpc_t *rpc = ctx;
+
+  gs__jobs_peer_closed(rpc->jobs, conn->data);
+  free(conn->data);
+  conn->data = NULL;
+}
+
+/* Answers a frame the stream cannot recover from (request id 0, as there
+ * is no request to name) and closes the connection once it is written. */
+static void fail_stream(gs_rpc_t *rpc, gs_conn_t *conn, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail_stream(gs_rpc_t *rpc, gs_conn_t *conn, int err, const char *fmt, ...)
+{
+  char text[sizeof(((gradsync_Envelope *)0)->message)];
   gradsync_Envelope env;
-  gs_buf_t *body = &c->rbody; /* one request is dispatched at a time */
-  gs_call_t call = {.conn = conn};
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+  envelope_for(&env, "", 0, err, text);
+  send_envelope(rpc, conn, &env, NULL, true);
+}
+
+void gs__rpc_on_oversized(void *ctx, gs_conn_t *conn, size_t limit)
+{
+  gs_rpc_t *rpc = ctx;
+
+  rpc->stats.bad_frames++;
+  fail_stream(rpc, conn, GS_ETOOBIG, "frame exceeds the %zu-byte limit", limit);
+}
+
+/* An unknown method is answered with the method as the request spelled it
+ * (the contract: replies carry the request's method). */
+static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *req)
+{
+  gradsync_Envelope env;
+  char text[sizeof(env.message)];
+
+  rpc->stats.bad_frames++;
+  gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s called unknown method '%s'", conn->peer,
+         req->method);
+  snprintf(text, sizeof(text), "unknown method '%s'", req->method);
+  envelope_for(&env, req->method, req->request_id, GS_EUNIMPL, text);
+  send_envelope(rpc, conn, &env, NULL, false);
+}
+
+void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t len)
+{
+  gs_rpc_t *rpc = ctx;
+  gradsync_Envelope env;
+  gs_buf_t *body = &rpc->rbody; /* one request is dispatched at a time */
+  request_t rq = {.call = {.peer = conn->data, .now_ms = uv_now(rpc->loop)}};
   char why[128];
 
-  gs__state_changed(c);
   if (gs_wire_decode_envelope(payload, len, &env, body, why, sizeof(why))) {
-    c->stats.bad_frames++;
-    gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable envelope (%s); closing",
+    rpc->stats.bad_frames++;
+    gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable envelope (%s); closing",
            conn->peer, why);
-    gs__conn_fail(conn, GS_GRPC_INVALID_ARGUMENT, "cannot decode Envelope: %s", why);
+    fail_stream(rpc, conn, GS_EINVAL, "cannot decode Envelope: %s", why);
     goto out;
   }
-  if (!gs_method_from_path(env.method, &call.method)) {
-    c->stats.bad_frames++;
-    gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s called unknown method '%s'", conn->peer,
-           env.method);
-    gs__reply_error(c, conn->ref, GS_METHOD_COUNT, env.request_id, GS_GRPC_UNIMPLEMENTED,
-                    "unknown method '%s'", env.method);
+  if (!gs_method_from_path(env.method, &rq.call.method)) {
+    reply_unknown_method(rpc, conn, &env);
     goto out;
   }
-  call.request_id = env.request_id;
-  call.deadline_ms = gs__now_ms(c) + (env.timeout_ms ? env.timeout_ms : c->cfg.default_wait_ms);
-  call.body = body->data;
-  call.body_len = body->len;
-  c->stats.requests[call.method]++;
-  if (!gs__token_ok(c, env.token)) {
-    gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
-           gs_method_name(call.method), env.token[0] ? "wrong" : "missing");
-    gs__reply_error(c, conn->ref, call.method, call.request_id, GS_GRPC_UNAUTHENTICATED, "%s token",
-                    env.token[0] ? "wrong" : "missing");
+  rq.call.request_id = env.request_id;
+  rq.call.deadline_ms = rq.call.now_ms + (env.timeout_ms ? env.timeout_ms : rpc->default_wait_ms);
+  rq.body = body->data;
+  rq.body_len = body->len;
+  rpc->stats.requests[rq.call.method]++;
+  if (!gs__token_ok(rpc->token, env.token)) {
+    gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
+           gs_method_name(rq.call.method), env.token[0] ? "wrong" : "missing");
+    reply_error(rpc, &rq.call, GS_EUNAUTH, "%s token", env.token[0] ? "wrong" : "missing");
     goto out;
   }
-  handlers[call.method](&call);
+  handlers[rq.call.method](rpc, &rq);
 out:
-  if (body->cap > GS_COORD_KEEP_BUF_BYTES)
+  if (body->cap > KEEP_BUF_BYTES)
     gs_buf_free(body);
 }

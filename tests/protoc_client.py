@@ -49,9 +49,12 @@ class Client:
             buf += chunk
         return buf
 
-    def recv(self, response_type):
+    def recv_envelope(self):
         (n,) = struct.unpack(">I", self.recv_exact(4))
-        env = self.pb.Envelope.FromString(self.recv_exact(n))
+        return self.pb.Envelope.FromString(self.recv_exact(n))
+
+    def recv(self, response_type):
+        env = self.recv_envelope()
         if env.status != 0:
             raise RuntimeError(f"{env.method}: status {env.status}: {env.message}")
         return env, response_type.FromString(env.body)
@@ -74,7 +77,10 @@ def main():
             c.send("Join", pb.JoinRequest(job="py", world_size=4, node=node, local_rank=lr,
                                           device="cpu", model_signature=sig,
                                           comm_addr=f"{node}:{7000 + lr}"))
-        replies = [c.recv(pb.JoinResponse)[1] for c in clients]
+        joined = [c.recv(pb.JoinResponse) for c in clients]
+        # Replies carry the method of their request.
+        assert all(env.method == PREFIX + "Join" for env, _ in joined), joined
+        replies = [r for _, r in joined]
         ranks = [r.rank for r in replies]
         assert ranks == [3, 2, 1, 0], ranks
         for r in replies:
@@ -85,6 +91,10 @@ def main():
                                                     step=10, loss=0.5, samples_per_sec=100))
             _, hb = c.recv(pb.HeartbeatResponse)
             assert not hb.abort, hb
+        # An unknown method is UNIMPLEMENTED, and its reply names it too.
+        rid = clients[0].send("Dance", pb.LeaveRequest())
+        env = clients[0].recv_envelope()
+        assert (env.status, env.request_id, env.method) == (12, rid, PREFIX + "Dance"), env
         status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status"))
         job = status["jobs"][0]
         assert job["name"] == "py" and job["state"] == "running", job

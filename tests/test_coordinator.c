@@ -1046,6 +1046,77 @@ START_TEST(parked_join_outlives_idle_timeout)
 }
 END_TEST
 
+/* A reply carries the method of its request (proto/README.md), also when
+ * the method is unknown: a client matching replies by method and id can
+ * tell what was refused. */
+START_TEST(unknown_method_is_echoed)
+{
+  th_client_t a;
+  gradsync_Envelope env;
+  uint64_t id;
+
+  th_coord_start(&coord, NULL);
+  th_connect(&a, coord.rpc_port);
+  id = th_send(&a, "Dance", 0, NULL, NULL);
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(env.status, 12);
+  ck_assert_uint_eq(env.request_id, id);
+  ck_assert_str_eq(env.method, GS_METHOD_PREFIX "Dance");
+  ck_assert_ptr_nonnull(strstr(env.message, "unknown method"));
+  th_close(&a);
+  stop_and_check();
+}
+END_TEST
+
+/* An agent joins on one connection and heartbeats on another (its
+ * heartbeat thread's own): the rank's first heartbeat ties it to that
+ * connection. Closing the Join connection then loses nothing; a heartbeat
+ * for the rank from a third connection is refused (FAILED_PRECONDITION)
+ * and takes nothing over; closing the heartbeat connection loses the rank. */
+START_TEST(heartbeats_tie_a_rank_to_their_connection)
+{
+  th_client_t cl[2], hb_conn, intruder;
+  char msg[256];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "hc");
+  th_connect(&hb_conn, coord.rpc_port);
+  ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 1, &hb), OK);
+  ck_assert(!hb.abort);
+  th_close(&cl[0]);
+  usleep(100000);
+  ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 1, &hb), OK);
+  ck_assert(!hb.abort);
+  ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 2, &hb), OK);
+  ck_assert(!hb.abort);
+  th_connect(&intruder, coord.rpc_port);
+  {
+    gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+
+    snprintf(req.job, sizeof(req.job), "hc");
+    req.generation = 1;
+    req.rank = resp[0].rank;
+    ck_assert_int_eq(th_call(&intruder, "Heartbeat", gradsync_HeartbeatRequest_fields, &req, NULL,
+                             NULL, msg, sizeof(msg)),
+                     9);
+    ck_assert_ptr_nonnull(strstr(msg, "another connection"));
+  }
+  th_close(&intruder);
+  usleep(100000);
+  ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 2, &hb), OK);
+  ck_assert(!hb.abort);
+  th_close(&hb_conn);
+  usleep(100000);
+  ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 2, &hb), OK);
+  ck_assert(hb.abort);
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "connection closed"));
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
 static Suite *coordinator_suite(void)
 {
   Suite *s = suite_create("coordinator");
@@ -1073,6 +1144,8 @@ static Suite *coordinator_suite(void)
       {"framing", frames_split_or_batched_are_all_answered},
       {"idle_parked", parked_join_outlives_idle_timeout},
       {"rendezvous_disconnect", waiting_agent_that_disconnects_is_replaced},
+      {"unknown_method", unknown_method_is_echoed},
+      {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -194,7 +194,7 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   cJSON_AddNumberToObject(waiting, "world_size", job->waiting_count ? job->waiting_world_size : 0);
   cJSON_AddNumberToObject(o, "aborted_generation", (double)job->aborted_generation);
   cJSON_AddStringToObject(o, "abort_reason", job->abort_reason);
-  cJSON_AddItemToObject(o, "pack_list", pack_list_json(&job->pack_summary));
+  cJSON_AddItemToObject(o, "pack_list", pack_list_json(&job->store.pack_summary));
   cJSON_AddNumberToObject(o, "broadcast_seq", (double)job->broadcast_seq);
   cJSON_AddNumberToObject(o, "checkpoint_seq", (double)job->checkpoint_seq);
   cJSON_AddBoolToObject(o, "stop", job->stop);
@@ -212,24 +212,24 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   return o;
 }
 
-cJSON *gs__status_json(const struct gs_coord *c, bool with_ranks)
+cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
+                       bool with_ranks)
 {
-  uint64_t now = uv_now(c->loop);
-  cJSON *o = cJSON_CreateObject(), *svc, *jobs;
+  cJSON *o = cJSON_CreateObject(), *svc_o, *arr;
   char id[17];
 
   if (!o)
     return NULL;
-  snprintf(id, sizeof(id), "%016" PRIx64, c->coordinator_id);
-  svc = cJSON_AddObjectToObject(o, "coordinator");
-  cJSON_AddStringToObject(svc, "version", GS_VERSION);
-  cJSON_AddStringToObject(svc, "id", id);
-  cJSON_AddNumberToObject(svc, "uptime_s", (now - c->started_ms) / 1000.0);
-  cJSON_AddNumberToObject(svc, "connections", c->conns.open);
-  cJSON_AddNumberToObject(svc, "jobs", c->job_count);
-  jobs = cJSON_AddArrayToObject(o, "jobs");
-  for (const gs_job_t *j = c->jobs; j; j = j->next)
-    cJSON_AddItemToArray(jobs, gs__job_json(j, now, with_ranks));
+  snprintf(id, sizeof(id), "%016" PRIx64, jobs->cfg.coordinator_id);
+  svc_o = cJSON_AddObjectToObject(o, "coordinator");
+  cJSON_AddStringToObject(svc_o, "version", GS_VERSION);
+  cJSON_AddStringToObject(svc_o, "id", id);
+  cJSON_AddNumberToObject(svc_o, "uptime_s", svc->uptime_ms / 1000.0);
+  cJSON_AddNumberToObject(svc_o, "connections", svc->connections);
+  cJSON_AddNumberToObject(svc_o, "jobs", jobs->job_count);
+  arr = cJSON_AddArrayToObject(o, "jobs");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
+    cJSON_AddItemToArray(arr, gs__job_json(j, now, with_ranks));
   return o;
 }
 
@@ -261,34 +261,34 @@ static int family(gs_buf_t *out, const char *name, const char *type, const char 
   return emit(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-static int service_metrics(const struct gs_coord *c, gs_buf_t *out)
+static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, gs_buf_t *out)
 {
   int err = 0;
 
   err |= family(out, "gradsync_jobs", "gauge", "Jobs the coordinator knows.");
-  err |= emit(out, "gradsync_jobs %u\n", c->job_count);
+  err |= emit(out, "gradsync_jobs %u\n", jobs->job_count);
   err |= family(out, "gradsync_rpc_connections", "gauge", "Open RPC connections.");
-  err |= emit(out, "gradsync_rpc_connections %u\n", c->conns.open);
+  err |= emit(out, "gradsync_rpc_connections %u\n", svc->connections);
   err |= family(out, "gradsync_rpc_requests_total", "counter", "RPC requests by method.");
   for (int m = 0; m < GS_METHOD_COUNT; m++)
     err |= emit(out, "gradsync_rpc_requests_total{method=\"%s\"} %" PRIu64 "\n", gs_method_name(m),
-                c->stats.requests[m]);
+                svc->requests[m]);
   err |= family(out, "gradsync_rpc_errors_total", "counter", "RPC error replies by method.");
   for (int m = 0; m < GS_METHOD_COUNT; m++)
     err |= emit(out, "gradsync_rpc_errors_total{method=\"%s\"} %" PRIu64 "\n", gs_method_name(m),
-                c->stats.errors[m]);
+                svc->errors[m]);
   err |= family(out, "gradsync_bad_frames_total", "counter",
                 "Frames refused: oversized, undecodable or unknown method.");
-  err |= emit(out, "gradsync_bad_frames_total %" PRIu64 "\n", c->stats.bad_frames);
+  err |= emit(out, "gradsync_bad_frames_total %" PRIu64 "\n", svc->bad_frames);
   err |= family(out, "gradsync_ranks_lost_total", "counter", "Ranks declared lost.");
-  err |= emit(out, "gradsync_ranks_lost_total %" PRIu64 "\n", c->stats.ranks_lost);
+  err |= emit(out, "gradsync_ranks_lost_total %" PRIu64 "\n", jobs->stats.ranks_lost);
   err |= family(out, "gradsync_generations_aborted_total", "counter", "Generations aborted.");
   err |=
-      emit(out, "gradsync_generations_aborted_total %" PRIu64 "\n", c->stats.generations_aborted);
+      emit(out, "gradsync_generations_aborted_total %" PRIu64 "\n", jobs->stats.generations_aborted);
   return err ? GS_ENOMEM : 0;
 }
 
-static int job_metrics(const struct gs_coord *c, gs_buf_t *out)
+static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
 {
   static const struct {
     const char *name, *help;
@@ -298,24 +298,23 @@ static int job_metrics(const struct gs_coord *c, gs_buf_t *out)
       {"gradsync_rank_samples_per_second", "Training samples per second of the rank."},
       {"gradsync_rank_heartbeat_age_seconds", "Seconds since the rank's last heartbeat."},
   };
-  uint64_t now = uv_now(c->loop);
   int err = 0;
 
   err |= family(out, "gradsync_job_generation", "gauge", "Current generation of the job.");
-  for (const gs_job_t *j = c->jobs; j; j = j->next)
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_generation{job=\"%s\"} %" PRIu64 "\n", j->name, j->generation);
   err |= family(out, "gradsync_job_world_size", "gauge", "Ranks in the current generation.");
-  for (const gs_job_t *j = c->jobs; j; j = j->next)
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_world_size{job=\"%s\"} %u\n", j->name, j->world_size);
   err |= family(out, "gradsync_job_running", "gauge", "1 while the job is running.");
-  for (const gs_job_t *j = c->jobs; j; j = j->next)
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_running{job=\"%s\"} %d\n", j->name, j->state == GS_JOB_RUNNING);
   err |= family(out, "gradsync_job_bcast_period", "gauge", "Parameter broadcast period.");
-  for (const gs_job_t *j = c->jobs; j; j = j->next)
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_bcast_period{job=\"%s\"} %d\n", j->name, j->bcast_period);
   for (size_t k = 0; k < sizeof(per_rank) / sizeof(per_rank[0]); k++) {
     err |= family(out, per_rank[k].name, "gauge", per_rank[k].help);
-    for (const gs_job_t *j = c->jobs; j; j = j->next) {
+    for (const gs_job_t *j = jobs->jobs; j; j = j->next) {
       for (uint32_t r = 0; r < j->world_size; r++) {
         const gs_member_t *m = j->ranks[r];
         double v[] = {m ? (double)m->step : 0, m ? m->loss : 0, m ? m->samples_per_sec : 0,
@@ -335,9 +334,10 @@ static int job_metrics(const struct gs_coord *c, gs_buf_t *out)
   return err ? GS_ENOMEM : 0;
 }
 
-int gs__metrics_text(const struct gs_coord *c, gs_buf_t *out)
+int gs__metrics_text(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
+                     gs_buf_t *out)
 {
-  int err = service_metrics(c, out);
+  int err = service_metrics(jobs, svc, out);
 
-  return err ? err : job_metrics(c, out);
+  return err ? err : job_metrics(jobs, now, out);
 }

@@ -1,0 +1,108 @@
+/* RPC connections, the transport: accept, buffer bytes, cut frames, send
+ * frames, time idle connections out. It knows frames, not what they hold:
+ * it reports upward only through the callbacks its owner registered
+ * (coordinator.c), in the manner of libuv's connection_cb and read_cb. */
+#ifndef GS_CONN_H
+#define GS_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "buf.h"
+#include "error.h"
+#include "list.h"
+#include "log.h"
+
+typedef struct gs_conn gs_conn_t;
+
+/* What the owner hears. Every callback runs on the loop thread. */
+typedef struct gs_conn_callbacks {
+  void *ctx;
+  /* A connection was accepted; non-zero refuses (closes) it. */
+  int (*on_open)(void *ctx, gs_conn_t *conn);
+  /* One complete frame; `payload` is valid during the call only. */
+  void (*on_frame)(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t len);
+  /* A frame over the size limit arrived: the connection stops reading and
+   * closes once the owner's last frame (gs__conn_send_last), if any, is
+   * written. */
+  void (*on_oversized)(void *ctx, gs_conn_t *conn, size_t limit);
+  /* A connection on_open kept is closing: no more frames, and sends are
+   * dropped. */
+  void (*on_close)(void *ctx, gs_conn_t *conn);
+  /* The last connection was freed after gs__conns_close_all. */
+  void (*on_drained)(void *ctx);
+} gs_conn_callbacks_t;
+
+/* Reads land in one buffer shared by every connection (the loop is single
+ * threaded and a read is parsed before on_read returns); only the bytes of
+ * a frame not yet complete are copied into the connection's own rbuf. */
+#define GS_CONN_READ_CHUNK (64 * 1024)
+/* Read buffers larger than this are freed once used. */
+#define GS_CONN_KEEP_BUF_BYTES (64 * 1024)
+
+/* The transport's own state; the owner reads `id` and `peer` and keeps
+ * what it needs per connection in `data`. */
+struct gs_conn {
+  uv_tcp_t tcp;
+  struct gs_conns *conns;
+  uint64_t id;   /* slot and generation: never reused while the service runs, never 0 */
+  void *data;    /* the owner's */
+  char peer[64]; /* "127.0.0.1:40000", for logs */
+  gs_buf_t rbuf; /* an incomplete frame */
+  uint64_t last_activity_ms;
+  /* The idle list: connections that may time out (not closing, nothing
+   * parked), least recently active first. */
+  gs_list_t idle_node;
+  uint32_t waiting; /* calls parked until an event or deadline */
+  bool opened; /* on_open kept it: on_close will tell the owner */
+  bool closing;
+  bool close_when_written; /* a stream we can no longer trust */
+};
+
+/* Every RPC connection, by id. */
+typedef struct gs_conns {
+  uv_loop_t *loop;
+  const gs_log_t *log;
+  size_t max_frame;
+  uint64_t idle_timeout_ms;
+  gs_conn_callbacks_t cb;
+  gs_conn_t **slots;
+  uint32_t *gens;
+  uint32_t *free_slots;
+  uint32_t cap;
+  uint32_t free_count;
+  uint32_t open;
+  gs_list_t idle; /* see gs_conn */
+  bool closing;
+  uint64_t accepted, idle_closed;
+  uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */
+} gs_conns_t;
+
+/* A table with no connections; free with gs__conns_free once drained. */
+gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, size_t max_frame,
+                          uint64_t idle_timeout_ms, const gs_conn_callbacks_t *cb);
+void gs__conns_free(gs_conns_t *t);
+/* Accepts one connection from `server` (call from its connection_cb). */
+void gs__conns_accept(gs_conns_t *t, uv_stream_t *server);
+/* Closes every connection; on_drained follows the last close callback. */
+void gs__conns_close_all(gs_conns_t *t);
+/* Closes the connections idle for the idle timeout at `now`. */
+void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now);
+
+/* The open connection `id` names, or NULL (closed or closing). */
+gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id);
+/* Closes a connection (on_close runs now). Idempotent. */
+void gs__conn_close(gs_conn_t *conn, const char *why);
+/* Sends one encoded frame; the bytes are copied only if they must wait. */
+void gs__conn_send(gs_conn_t *conn, const uint8_t *frame, size_t len);
+/* Stops reading and sends a last frame, then closes: for streams we cannot
+ * trust. */
+void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len);
+/* A call parked on this connection started / ended waiting: a connection
+ * with a parked call is not idle. */
+void gs__conn_park(gs_conn_t *conn);
+void gs__conn_unpark(gs_conn_t *conn);
+
+#endif

@@ -1,0 +1,39 @@
+/* The HTTP API over the jobs layer: /healthz, /status, /jobs/NAME,
+ * /metrics and POST /jobs/NAME/control, served by http_server.c. */
+#ifndef GS_HTTP_ROUTES_H
+#define GS_HTTP_ROUTES_H
+
+#include <uv.h>
+
+#include "buf.h"
+#include "http_server.h"
+#include "jobs.h"
+#include "status.h"
+
+typedef struct gs_http_routes {
+  gs_jobs_t *jobs;
+  uv_loop_t *loop; /* its clock dates the status */
+  const gs_log_t *log;
+  const char *token; /* "" means control needs no token */
+  /* Fills in the service's own numbers; set by the owner. */
+  void (*service_info)(void *ctx, gs_service_info_t *out);
+  void *ctx;
+  gs_http_server_t *http;
+  /* GET /status is cached: the rendered document is reused while nothing
+   * it shows changed (the jobs' version and the connection count) within
+   * the same loop millisecond (its times have millisecond resolution). */
+  gs_buf_t status_body;
+  uint64_t status_version, status_ms;
+  uint32_t status_connections;
+  bool status_valid;
+} gs_http_routes_t;
+
+/* Creates the server and listens on host:port; the fields above the
+ * cache must be set. */
+int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
+                          uint64_t idle_timeout_ms) GS_WARN_UNUSED;
+/* Closes the server (its memory goes in its last close callback) and frees
+ * the cache. */
+void gs__http_routes_close(gs_http_routes_t *r);
+
+#endif

@@ -1,0 +1,140 @@
+/* Heartbeats and the liveness sweep (see heartbeat.h). */
+#include "heartbeat.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "wire.h"
+
+/* The body of a heartbeat reply without an abort, encoded again only when
+ * a directive changed since the last one. NULL if it cannot be encoded. */
+static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
+{
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  const gradsync_Directives *d = &job->hb_reply_for;
+
+  if (job->hb_reply_valid && d->bcast_period == job->bcast_period &&
+      d->broadcast_seq == job->broadcast_seq && d->checkpoint_seq == job->checkpoint_seq &&
+      d->stop == job->stop)
+    return &job->hb_reply;
+  resp.has_directives = true;
+  resp.directives.bcast_period = job->bcast_period;
+  resp.directives.broadcast_seq = job->broadcast_seq;
+  resp.directives.checkpoint_seq = job->checkpoint_seq;
+  resp.directives.stop = job->stop;
+  resp.coordinator_id = job->jobs->cfg.coordinator_id;
+  job->hb_reply.len = 0;
+  job->hb_reply_valid =
+      gs_wire_encode(&job->hb_reply, gradsync_HeartbeatResponse_fields, &resp) == 0;
+  job->hb_reply_for = resp.directives;
+  return job->hb_reply_valid ? &job->hb_reply : NULL;
+}
+
+static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
+{
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  const gs_buf_t *body = abort ? NULL : ok_heartbeat_body(job);
+  gs_responder_t *r = job->jobs->responder;
+
+  if (body) {
+    gs__respond_bytes(r, call->peer->id, GS_METHOD_HEARTBEAT, call->request_id, body->data,
+                      body->len);
+    return;
+  }
+  resp.has_directives = true;
+  resp.directives.bcast_period = job->bcast_period;
+  resp.directives.broadcast_seq = job->broadcast_seq;
+  resp.directives.checkpoint_seq = job->checkpoint_seq;
+  resp.directives.stop = job->stop;
+  resp.abort = abort;
+  if (why)
+    snprintf(resp.abort_reason, sizeof(resp.abort_reason), "%s", why);
+  resp.coordinator_id = job->jobs->cfg.coordinator_id;
+  gs__respond(r, call->peer->id, GS_METHOD_HEARTBEAT, call->request_id,
+              gradsync_HeartbeatResponse_fields, &resp);
+}
+
+/* Ties a rank to the connection of its heartbeats. An agent joins on one
+ * connection and heartbeats on another, its heartbeat thread's own (after
+ * a coordinator restart it re-registers on that one, so the new member is
+ * born there). So the rank's first heartbeat moves its liveness from the
+ * Join connection to its own; from then on the rank belongs to that
+ * connection, and a heartbeat for it from any other is refused, as is one
+ * from a connection that carries another running rank: nobody takes a
+ * rank over in silence. Returns false when the call was refused (answered). */
+static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
+{
+  gs_peer_t *peer = call->peer;
+  const gs_member_t *other = peer->member;
+  gs_job_t *job = m->job;
+
+  if (m->peer == peer)
+    return true;
+  if (m->heartbeats_seen && m->peer) {
+    gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
+                      "rank %u of job %s sends its heartbeats on another connection (%s); "
+                      "a rank heartbeats on one connection",
+                      m->rank, job->name, m->peer->name);
+    return false;
+  }
+  if (other && other->heartbeats_seen && gs__member_active(other)) {
+    gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
+                      "this connection carries the heartbeats of rank %u of job %s; "
+                      "use one connection per rank",
+                      other->rank, other->job->name);
+    return false;
+  }
+  gs_log(job->jobs->cfg.log, GS_LOG_DEBUG, job->name, (int)m->rank,
+         "heartbeats come from %s: its liveness follows that connection", peer->name);
+  gs__member_bind(m, peer);
+  return true;
+}
+
+void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req)
+{
+  gs_member_t *m;
+  char why[300];
+
+  if (req->generation < job->generation) {
+    snprintf(why, sizeof(why), "generation %llu was superseded by generation %llu",
+             (unsigned long long)req->generation, (unsigned long long)job->generation);
+    reply_heartbeat(call, job, true, why);
+    return;
+  }
+  m = gs__job_find_member(job, call, req->generation, req->rank);
+  if (!m)
+    return;
+  if (job->aborted_generation == job->generation) {
+    reply_heartbeat(call, job, true, job->abort_reason);
+    return;
+  }
+  if (m->state != GS_MEMBER_RUNNING) {
+    reply_heartbeat(call, job, m->state == GS_MEMBER_LOST, "this rank was declared lost");
+    return;
+  }
+  if (!follow_heartbeats(m, call))
+    return;
+  m->heartbeats_seen = true;
+  gs__hb_touch(m, call->now_ms);
+  m->step = req->step;
+  m->loss = req->loss;
+  m->samples_per_sec = req->samples_per_sec;
+  m->compute_ms = req->compute_ms;
+  m->comm_wait_ms = req->comm_wait_ms;
+  reply_heartbeat(call, job, false, NULL);
+}
+
+/* The rank silent for longest is the head of the heartbeat list; losing it
+ * aborts the generation, so the others need no check. */
+void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
+{
+  gs_list_t *oldest = gs_list_first(&job->hb_list);
+  gs_member_t *m = oldest ? GS_CONTAINER_OF(oldest, gs_member_t, hb_node) : NULL;
+  char how[64];
+
+  if (job->state != GS_JOB_RUNNING || !m ||
+      now - m->last_heartbeat_ms <= job->jobs->cfg.heartbeat_timeout_ms)
+    return;
+  snprintf(how, sizeof(how), "no heartbeat for %.1fs", (now - m->last_heartbeat_ms) / 1000.0);
+  gs__member_lost(m, how);
+}

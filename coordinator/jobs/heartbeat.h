@@ -1,0 +1,18 @@
+/* Heartbeats: progress reports from running ranks, the directives they
+ * get back, and the liveness sweep that loses a silent rank. */
+#ifndef GS_HEARTBEAT_H
+#define GS_HEARTBEAT_H
+
+#include "job.h"
+
+/* A Heartbeat for `job`. O(1) and allocation-free for a running rank. The
+ * rank's first heartbeat makes its connection the one whose loss loses the
+ * rank (the agent heartbeats on a connection of its own, not the one it
+ * joined on); heartbeats for it from any other connection are then refused
+ * (FAILED_PRECONDITION). */
+void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req);
+/* Loses the rank silent for longer than the heartbeat timeout, if any:
+ * only the head of the heartbeat list is read. */
+void gs__heartbeat_sweep(gs_job_t *job, uint64_t now);
+
+#endif

@@ -1,0 +1,240 @@
+/* One job: members and their connections, the heartbeat list, Join
+ * replies, aborting a generation, and leaving. */
+#include "job.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pb_array.h"
+
+const char *gs__job_state_name(gs_job_state_t s)
+{
+  static const char *const names[] = {"waiting", "running", "finished"};
+  return names[s];
+}
+
+const char *gs__member_state_name(gs_member_state_t s)
+{
+  static const char *const names[] = {"waiting", "running", "left", "lost"};
+  return names[s];
+}
+
+gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
+{
+  gs_job_t *job = calloc(1, sizeof(*job));
+
+  if (!job)
+    return NULL;
+  job->jobs = jobs;
+  snprintf(job->name, sizeof(job->name), "%s", name);
+  gs_list_init(&job->hb_list);
+  gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name);
+  return job;
+}
+
+void gs__job_free(gs_job_t *job)
+{
+  free(job->waiting);
+  gs__job_free_ranks(job);
+  gs__store_reset(&job->store);
+  gs_buf_free(&job->hb_reply);
+  free(job);
+}
+
+/* Detaches a member from its connection, if the connection still has it. */
+void gs__member_unbind(gs_member_t *m)
+{
+  if (m->peer && m->peer->member == m)
+    m->peer->member = NULL;
+  m->peer = NULL;
+}
+
+void gs__member_bind(gs_member_t *m, gs_peer_t *peer)
+{
+  if (peer->member && peer->member != m)
+    gs__member_unbind(peer->member);
+  gs__member_unbind(m);
+  m->peer = peer;
+  peer->member = m;
+}
+
+/* The heartbeat list holds the running members, oldest heartbeat first: a
+ * heartbeat moves its member to the end, so finding a silent rank reads the
+ * head only. O(1) per heartbeat and per sweep, whatever the world size. */
+void gs__hb_unlink(gs_member_t *m)
+{
+  if (gs_list_linked(&m->hb_node))
+    gs_list_remove(&m->hb_node);
+}
+
+/* The caller's clock never goes back, so appending keeps the list in order. */
+void gs__hb_touch(gs_member_t *m, uint64_t now)
+{
+  gs__hb_unlink(m);
+  m->last_heartbeat_ms = now;
+  gs_list_insert_tail(&m->job->hb_list, &m->hb_node);
+}
+
+gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  gs_member_t *m = calloc(1, sizeof(*m));
+
+  if (!m)
+    return NULL;
+  m->job = job;
+  m->req = *req;
+  m->join_request_id = call->request_id;
+  m->join_deadline_ms = call->deadline_ms;
+  m->last_heartbeat_ms = call->now_ms;
+  gs__member_bind(m, call->peer);
+  return m;
+}
+
+void gs__member_free(gs_member_t *m)
+{
+  if (!m)
+    return;
+  gs__member_unbind(m);
+  gs__hb_unlink(m);
+  free(m);
+}
+
+bool gs__member_active(const gs_member_t *m)
+{
+  const gs_job_t *job = m->job;
+
+  if (m->state == GS_MEMBER_WAITING)
+    return true;
+  return m->state == GS_MEMBER_RUNNING && job->state == GS_JOB_RUNNING &&
+         m->generation == job->generation && job->aborted_generation != job->generation;
+}
+
+void gs__member_lost(gs_member_t *m, const char *how)
+{
+  gs_job_t *job = m->job;
+
+  m->state = GS_MEMBER_LOST;
+  gs__hb_unlink(m);
+  job->jobs->stats.ranks_lost++;
+  gs__job_abort(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
+                m->req.local_rank, how);
+}
+
+void gs__job_free_ranks(gs_job_t *job)
+{
+  for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
+    gs__member_free(job->ranks[r]);
+  free(job->ranks);
+  free(job->peers);
+  job->ranks = NULL;
+  job->peers = NULL;
+  job->world_size = 0;
+  job->ranks_left = 0;
+}
+
+void gs__job_fill_peer(gs_job_t *job, uint32_t r)
+{
+  const gs_member_t *m = job->ranks[r];
+  gradsync_Peer *p = &job->peers[r];
+
+  memset(p, 0, sizeof(*p));
+  p->rank = r;
+  if (!m)
+    return;
+  memcpy(p->node, m->req.node, sizeof(p->node));
+  p->local_rank = m->req.local_rank;
+  memcpy(p->device, m->req.device, sizeof(p->device));
+  memcpy(p->comm_addr, m->req.comm_addr, sizeof(p->comm_addr));
+}
+
+void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id)
+{
+  const gs_jobs_config_t *cfg = &job->jobs->cfg;
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_Peer ring[2];
+  gs_pb_array_t peers;
+  uint32_t n = job->world_size;
+
+  if (!m->peer)
+    return; /* its connection closed: nobody to tell */
+  resp.rank = m->rank;
+  resp.world_size = n;
+  resp.generation = job->generation;
+  resp.bcast_period = job->bcast_period;
+  resp.heartbeat_interval_ms = (uint32_t)cfg->heartbeat_interval_ms;
+  resp.heartbeat_timeout_ms = (uint32_t)cfg->heartbeat_timeout_ms;
+  switch (m->req.peers) {
+  case gradsync_PeerSet_PEERS_RING:
+    ring[0] = job->peers[(m->rank + n - 1) % n];
+    ring[1] = job->peers[(m->rank + 1) % n];
+    gs_pb_array_view(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer), ring, n > 1 ? 2 : 1);
+    break;
+  case gradsync_PeerSet_PEERS_NONE:
+    gs_pb_array_view(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer), NULL, 0);
+    break;
+  default:
+    gs_pb_array_view(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer), job->peers, n);
+  }
+  gs_pb_array_bind_encode(&resp.peers, &peers);
+  gs__respond(job->jobs->responder, m->peer->id, GS_METHOD_JOIN, request_id,
+              gradsync_JoinResponse_fields, &resp);
+}
+
+void gs__job_abort(gs_job_t *job, const char *fmt, ...)
+{
+  va_list ap;
+
+  if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
+  va_end(ap);
+  job->aborted_generation = job->generation;
+  job->state = GS_JOB_WAITING;
+  job->jobs->stats.generations_aborted++;
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "generation %llu aborted: %s",
+         (unsigned long long)job->generation, job->abort_reason);
+  gs__store_fail_waiters(&job->store, GS_EABORTED, job->abort_reason);
+}
+
+gs_member_t *gs__job_find_member(gs_job_t *job, const gs_call_t *call, uint64_t g, uint32_t r)
+{
+  if (g > job->generation || r >= job->world_size || !job->ranks[r]) {
+    gs__respond_error(job->jobs->responder, call->peer->id, call->method, call->request_id,
+                      GS_ENOTFOUND,
+                      "job %s has no rank %u in generation %llu "
+                      "(re-register with rejoin_generation)",
+                      job->name, r, (unsigned long long)g);
+    return NULL;
+  }
+  return job->ranks[r];
+}
+
+void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveRequest *req)
+{
+  gs_member_t *m = gs__job_find_member(job, call, req->generation, req->rank);
+
+  if (!m)
+    return;
+  if (req->generation == job->generation && m->state == GS_MEMBER_RUNNING) {
+    m->state = GS_MEMBER_LEFT;
+    job->ranks_left++;
+    gs__member_unbind(m);
+    gs__hb_unlink(m);
+    if (!req->finished) {
+      gs__job_abort(job, "rank %u left: %s", req->rank, req->reason[0] ? req->reason : "failed");
+    } else {
+      gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, req->rank, "left (finished): %u of %u",
+             job->ranks_left, job->world_size);
+      if (job->ranks_left == job->world_size && job->state == GS_JOB_RUNNING) {
+        job->state = GS_JOB_FINISHED;
+        job->finished_ms = call->now_ms;
+      }
+    }
+  }
+  gs__respond(job->jobs->responder, call->peer->id, GS_METHOD_LEAVE, call->request_id,
+              gradsync_LeaveResponse_fields,
+              &(gradsync_LeaveResponse)gradsync_LeaveResponse_init_zero);
+}

@@ -1,0 +1,170 @@
+/* Jobs: the state machine of one training job on the coordinator, its
+ * members, and the context every job lives in (gs_jobs_t).
+ *
+ *   WAITING --(world_size agents joined)--> RUNNING (generation g)
+ *   RUNNING --(a rank lost or failed)--> WAITING (g aborted; next Join opens g+1)
+ *   RUNNING --(every rank left, finished)--> FINISHED
+ *
+ * Everything here is soft state, rebuilt from agents re-registering. The
+ * jobs layer answers through a responder (responder.h) and never sees a
+ * connection; time comes in with each call (gs_call_t.now_ms) or sweep. */
+#ifndef GS_JOB_H
+#define GS_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "job_store.h"
+#include "list.h"
+#include "log.h"
+#include "responder.h"
+
+typedef struct gs_job gs_job_t;
+
+typedef struct gs_jobs_config {
+  uint64_t heartbeat_interval_ms; /* told to agents at Join */
+  uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
+  uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
+  uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
+  uint32_t max_world_size;
+  uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
+  const gs_log_t *log;     /* borrowed */
+} gs_jobs_config_t;
+
+typedef struct gs_jobs_stats {
+  uint64_t ranks_lost;
+  uint64_t generations_aborted;
+} gs_jobs_stats_t;
+
+/* Every job of the service, and what they share. */
+typedef struct gs_jobs {
+  gs_jobs_config_t cfg;
+  gs_responder_t *responder; /* borrowed */
+  gs_job_t *jobs;
+  uint32_t job_count;
+  gs_jobs_stats_t stats;
+  /* Bumped by every change /status could show (its cache key). */
+  uint64_t version;
+} gs_jobs_t;
+
+typedef enum gs_job_state {
+  GS_JOB_WAITING = 0,
+  GS_JOB_RUNNING,
+  GS_JOB_FINISHED,
+} gs_job_state_t;
+
+typedef enum gs_member_state {
+  GS_MEMBER_WAITING = 0, /* in a rendezvous */
+  GS_MEMBER_RUNNING,
+  GS_MEMBER_LEFT,
+  GS_MEMBER_LOST,
+} gs_member_state_t;
+
+struct gs_member {
+  gs_job_t *job;
+  /* The connection whose loss loses this rank: the one it joined on, then
+   * the one its heartbeats come on (see gs__heartbeat). NULL once closed. */
+  gs_peer_t *peer;
+  gs_member_state_t state;
+  uint64_t generation;
+  uint32_t rank;
+  uint64_t join_seq;        /* arrival order in the rendezvous */
+  uint32_t waiting_index;   /* position in job->waiting, while WAITING */
+  uint64_t join_request_id; /* the parked Join, while WAITING */
+  uint64_t join_deadline_ms;
+  gradsync_JoinRequest req; /* node, local_rank, device, signature, ... */
+  /* Latest heartbeat. Running members are also on the job's heartbeat
+   * list, oldest heartbeat first, so the silence check looks at one. */
+  uint64_t last_heartbeat_ms;
+  gs_list_t hb_node;
+  bool heartbeats_seen; /* its heartbeats tied it to `peer` (see gs__heartbeat) */
+  uint64_t step;
+  float loss, samples_per_sec, compute_ms, comm_wait_ms;
+};
+
+struct gs_job {
+  gs_job_t *next;
+  gs_jobs_t *jobs;
+  char name[128];
+  gs_job_state_t state;
+  uint64_t generation; /* the latest completed rendezvous; 0: none yet */
+  uint32_t world_size; /* of the running generation */
+
+  /* The rendezvous being gathered (state WAITING). */
+  gs_member_t **waiting;
+  uint32_t waiting_count, waiting_cap, waiting_world_size;
+  uint64_t rendezvous_deadline_ms;
+  uint64_t next_join_deadline_ms; /* no waiting Join expires before this */
+  uint64_t join_seq;
+
+  /* The running (or last) generation, indexed by rank; entries may be NULL
+   * after a coordinator restart until every rank re-registered. */
+  gs_member_t **ranks;
+  gradsync_Peer *peers; /* rank order, for Join replies */
+  uint64_t started_ms;
+  uint64_t finished_ms; /* when it became FINISHED: forgotten after cfg.job_retention_ms */
+  uint32_t ranks_left;  /* members in state LEFT */
+  /* Running members by last heartbeat, oldest first (see gs_member). */
+  gs_list_t hb_list;
+
+  gs_job_store_t store; /* blobs and pack list of the current generation */
+
+  /* Directives for the heartbeat replies. */
+  int32_t bcast_period;
+  bool bcast_period_overridden; /* set by the control endpoint */
+  uint64_t broadcast_seq, checkpoint_seq;
+  bool stop;
+  /* The encoded reply to a heartbeat that needs no abort: the same for
+   * every rank until a directive changes, so it is built once. */
+  gs_buf_t hb_reply;
+  gradsync_Directives hb_reply_for;
+  bool hb_reply_valid;
+
+  uint64_t aborted_generation;
+  char abort_reason[256];
+};
+
+const char *gs__job_state_name(gs_job_state_t s);
+const char *gs__member_state_name(gs_member_state_t s);
+
+/* A new job (not yet in jobs->jobs); NULL when out of memory. */
+gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name);
+/* Frees the ranks, the store and the job; the rendezvous must be empty. */
+void gs__job_free(gs_job_t *job);
+
+/* A member for `req`, bound to the caller's connection; NULL when out of
+ * memory. Free with gs__member_free. */
+gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req);
+void gs__member_free(gs_member_t *m);
+/* Makes `peer` the connection whose loss loses `m`. */
+void gs__member_bind(gs_member_t *m, gs_peer_t *peer);
+void gs__member_unbind(gs_member_t *m);
+/* Whether a member still takes part in its job. */
+bool gs__member_active(const gs_member_t *m);
+/* The member is lost: the generation is aborted. */
+void gs__member_lost(gs_member_t *m, const char *how);
+
+/* The heartbeat list (see gs_member): a heartbeat at `now` moves `m` to
+ * its end; O(1) whatever the world size. */
+void gs__hb_touch(gs_member_t *m, uint64_t now);
+void gs__hb_unlink(gs_member_t *m);
+
+/* Frees the members of the last generation. */
+void gs__job_free_ranks(gs_job_t *job);
+/* Fills job->peers[r] from job->ranks[r]. */
+void gs__job_fill_peer(gs_job_t *job, uint32_t r);
+/* Answers a member's Join with its rank and peers. */
+void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id);
+/* Aborts the running generation of `job`; every rank learns it from its
+ * next heartbeat, and parked calls are answered ABORTED. */
+void gs__job_abort(gs_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The member a heartbeat or leave speaks for; answers NOT_FOUND and
+ * returns NULL when the generation or rank is unknown. */
+gs_member_t *gs__job_find_member(gs_job_t *job, const gs_call_t *call, uint64_t generation,
+                                 uint32_t rank);
+/* A Leave: the rank is done (finished) or failed (aborts the generation). */
+void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveRequest *req);
+
+#endif

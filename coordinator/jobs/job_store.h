@@ -1,0 +1,74 @@
+/* What a generation of a job stores for its ranks: small blobs (Publish,
+ * Fetch), the pack list, and the requests parked until these exist. It
+ * knows nothing of generations or members: the caller checks that a
+ * request speaks for the running generation before it gets here. */
+#ifndef GS_JOB_STORE_H
+#define GS_JOB_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "log.h"
+#include "responder.h"
+
+typedef struct gs_pack_summary {
+  bool published;
+  uint32_t packs;
+  uint32_t params;
+  uint64_t bytes;
+  uint64_t threshold_bytes;
+  uint64_t largest_pack_bytes;
+} gs_pack_summary_t;
+
+typedef struct gs_blob {
+  struct gs_blob *next;
+  char key[128];
+  size_t len;
+  uint8_t value[];
+} gs_blob_t;
+
+/* A Fetch or FetchPackList parked until its data exists or its deadline. */
+typedef struct gs_waiter {
+  struct gs_waiter *next;
+  gs_method_t method;
+  uint64_t peer;
+  uint64_t request_id;
+  uint64_t generation;
+  uint64_t deadline_ms;
+  char key[128];
+} gs_waiter_t;
+
+typedef struct gs_job_store {
+  gs_responder_t *responder;
+  const gs_log_t *log;
+  const char *job; /* the job's name, for messages */
+  gs_blob_t *blobs;
+  uint32_t blob_count;
+  gs_buf_t pack_list_body; /* encoded FetchPackListResponse */
+  gs_pack_summary_t pack_summary;
+  gs_waiter_t *waiters;
+} gs_job_store_t;
+
+/* An empty store answering through `r`; `log` and `job` are borrowed. */
+void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job);
+
+/* The RPCs, for a request already checked to name the running generation.
+ * Each answers now, or parks the call until its data or deadline. */
+void gs__store_publish(gs_job_store_t *s, const gs_call_t *call,
+                       const gradsync_PublishRequest *req);
+void gs__store_fetch(gs_job_store_t *s, const gs_call_t *call, const gradsync_FetchRequest *req);
+/* `body` is the FetchPackListResponse every fetch gets, encoded once. */
+void gs__store_publish_pack_list(gs_job_store_t *s, const gs_call_t *call, uint64_t generation,
+                                 const gs_buf_t *body, const gs_pack_summary_t *summary);
+void gs__store_fetch_pack_list(gs_job_store_t *s, const gs_call_t *call, uint64_t generation);
+
+/* Answers every parked request with `err` and `msg`. */
+void gs__store_fail_waiters(gs_job_store_t *s, int err, const char *msg);
+/* Answers parked requests whose deadline has passed. */
+void gs__store_sweep(gs_job_store_t *s, uint64_t now);
+/* Drops the blobs, the pack list and any parked request (answered ABORTED)
+ * when a generation ends. */
+void gs__store_reset(gs_job_store_t *s);
+
+#endif

@@ -1,0 +1,263 @@
+/* The registry of jobs and the jobs layer's entry points (see jobs.h). */
+#include "jobs.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "heartbeat.h"
+#include "rendezvous.h"
+
+void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t *r)
+{
+  memset(jobs, 0, sizeof(*jobs));
+  jobs->cfg = *cfg;
+  jobs->responder = r;
+}
+
+gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name)
+{
+  for (gs_job_t *j = jobs->jobs; j; j = j->next) {
+    if (strcmp(j->name, name) == 0)
+      return j;
+  }
+  return NULL;
+}
+
+static gs_job_t *get_or_create(gs_jobs_t *jobs, const char *name)
+{
+  gs_job_t *job = gs__jobs_find(jobs, name);
+
+  if (job)
+    return job;
+  job = gs__job_new(jobs, name);
+  if (!job)
+    return NULL;
+  job->next = jobs->jobs;
+  jobs->jobs = job;
+  jobs->job_count++;
+  return job;
+}
+
+/* The job a request names: the connection's own job when it is that one
+ * (every heartbeat of a joined agent: no search), else a lookup. */
+static gs_job_t *job_of_call(gs_jobs_t *jobs, const gs_call_t *call, const char *name)
+{
+  const gs_member_t *m = call->peer->member;
+
+  if (m && strcmp(m->job->name, name) == 0)
+    return m->job;
+  return gs__jobs_find(jobs, name);
+}
+
+static void reply_no_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name,
+                         const char *hint)
+{
+  gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ENOTFOUND,
+                    "no job named %s%s", name, hint);
+}
+
+/* The job of a request, checked to be running `generation`; answers with
+ * the reason and returns NULL otherwise. */
+static gs_job_t *running_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name,
+                             uint64_t generation)
+{
+  gs_job_t *job = gs__jobs_find(jobs, name);
+  int err = GS_EPRECOND;
+  char msg[400];
+
+  if (!job) {
+    reply_no_job(jobs, call, name, "");
+    return NULL;
+  }
+  if (generation == job->aborted_generation && generation) {
+    err = GS_EABORTED;
+    snprintf(msg, sizeof(msg), "generation %llu of job %s was aborted: %s",
+             (unsigned long long)generation, name, job->abort_reason);
+  } else if (generation < job->generation) {
+    err = GS_EABORTED;
+    snprintf(msg, sizeof(msg), "generation %llu of job %s was superseded by %llu",
+             (unsigned long long)generation, name, (unsigned long long)job->generation);
+  } else if (generation != job->generation || job->state == GS_JOB_WAITING) {
+    snprintf(msg, sizeof(msg),
+             "job %s is not running generation %llu (it is %s at generation %llu)", name,
+             (unsigned long long)generation, gs__job_state_name(job->state),
+             (unsigned long long)job->generation);
+  } else {
+    return job;
+  }
+  gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, err, "%s",
+                    msg);
+  return NULL;
+}
+
+void gs__jobs_join(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  gs_job_t *job;
+
+  jobs->version++;
+  if (!gs__rendezvous_check(jobs, call, req))
+    return;
+  job = get_or_create(jobs, req->job);
+  if (!job) {
+    gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
+                      "coordinator out of memory");
+    return;
+  }
+  gs__rendezvous_join(job, call, req);
+}
+
+void gs__jobs_publish(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_PublishRequest *req)
+{
+  gs_job_t *job = running_job(jobs, call, req->job, req->generation);
+
+  jobs->version++;
+  if (job)
+    gs__store_publish(&job->store, call, req);
+}
+
+void gs__jobs_fetch(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_FetchRequest *req)
+{
+  gs_job_t *job = running_job(jobs, call, req->job, req->generation);
+
+  jobs->version++;
+  if (job)
+    gs__store_fetch(&job->store, call, req);
+}
+
+void gs__jobs_publish_pack_list(gs_jobs_t *jobs, const gs_call_t *call, const char *name,
+                                uint64_t generation, uint32_t rank, const gs_buf_t *body,
+                                const gs_pack_summary_t *summary)
+{
+  gs_job_t *job = running_job(jobs, call, name, generation);
+  const gs_member_t *r0;
+
+  jobs->version++;
+  if (!job)
+    return;
+  r0 = job->ranks[0];
+  if (rank != 0) {
+    gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_EPERM,
+                      "only rank 0 publishes the pack list (got rank %u)", rank);
+    return;
+  }
+  if (r0 && r0->req.has_model_signature && r0->req.model_signature.param_count != summary->params) {
+    gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_EINVAL,
+                      "the pack list has %u params but rank 0 joined with a model of %u",
+                      summary->params, r0->req.model_signature.param_count);
+    return;
+  }
+  gs__store_publish_pack_list(&job->store, call, generation, body, summary);
+}
+
+void gs__jobs_fetch_pack_list(gs_jobs_t *jobs, const gs_call_t *call,
+                              const gradsync_FetchPackListRequest *req)
+{
+  gs_job_t *job = running_job(jobs, call, req->job, req->generation);
+
+  jobs->version++;
+  if (job)
+    gs__store_fetch_pack_list(&job->store, call, req->generation);
+}
+
+void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
+                        const gradsync_HeartbeatRequest *req)
+{
+  gs_job_t *job = job_of_call(jobs, call, req->job);
+
+  jobs->version++;
+  if (job)
+    gs__heartbeat(job, call, req);
+  else
+    reply_no_job(jobs, call, req->job,
+                 " (if the coordinator restarted, re-register with rejoin_generation)");
+}
+
+void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_LeaveRequest *req)
+{
+  gs_job_t *job = job_of_call(jobs, call, req->job);
+
+  jobs->version++;
+  if (job)
+    gs__job_leave(job, call, req);
+  else
+    reply_no_job(jobs, call, req->job,
+                 " (if the coordinator restarted, re-register with rejoin_generation)");
+}
+
+void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
+{
+  gs_member_t *m = peer->member;
+
+  jobs->version++;
+  if (!m)
+    return;
+  gs__member_unbind(m);
+  if (m->state == GS_MEMBER_WAITING)
+    gs__rendezvous_drop(m->job, m);
+  else if (gs__member_active(m))
+    gs__member_lost(m, "connection closed");
+}
+
+static void job_free(gs_job_t *job)
+{
+  gs__rendezvous_cancel(job);
+  gs__job_free(job);
+}
+
+/* A finished job nobody is joining again or waiting on has nothing left
+ * but its status: after the retention period it goes, so a long-lived
+ * coordinator does not grow with every job it ever ran. */
+static bool job_expired(const gs_job_t *job, uint64_t now)
+{
+  return job->state == GS_JOB_FINISHED && job->waiting_count == 0 && !job->store.waiters &&
+         now - job->finished_ms >= job->jobs->cfg.job_retention_ms;
+}
+
+void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
+{
+  jobs->version++;
+  for (gs_job_t **at = &jobs->jobs, *job; (job = *at);) {
+    gs__rendezvous_sweep(job, now);
+    gs__heartbeat_sweep(job, now);
+    gs__store_sweep(&job->store, now);
+    if (!job_expired(job, now)) {
+      at = &job->next;
+      continue;
+    }
+    gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1, "finished %.0f s ago; forgotten",
+           (now - job->finished_ms) / 1000.0);
+    *at = job->next;
+    jobs->job_count--;
+    job_free(job);
+  }
+}
+
+void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_action_t action)
+{
+  const gs_log_t *log = job->jobs->cfg.log;
+
+  job->jobs->version++;
+  if (set_period) {
+    job->bcast_period = period;
+    job->bcast_period_overridden = true;
+    gs_log(log, GS_LOG_INFO, job->name, -1, "control: bcast_period set to %d", period);
+  }
+  if (action == GS_JOB_ACTION_BROADCAST)
+    job->broadcast_seq++;
+  else if (action == GS_JOB_ACTION_CHECKPOINT)
+    job->checkpoint_seq++;
+  else if (action == GS_JOB_ACTION_STOP)
+    job->stop = true;
+}
+
+void gs__jobs_free(gs_jobs_t *jobs)
+{
+  gs_job_t *job = jobs->jobs, *next;
+
+  for (; job; job = next) {
+    next = job->next;
+    job_free(job);
+  }
+  jobs->jobs = NULL;
+  jobs->job_count = 0;
+}

@@ -1,0 +1,373 @@
+/* Rendezvous and re-registration (see rendezvous.h). */
+#include "rendezvous.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REPLY_ERR(job, call, err, ...)                                                             \
+  gs__respond_error((job)->jobs->responder, (call)->peer->id, (call)->method,                      \
+                    (call)->request_id, (err), __VA_ARGS__)
+
+/* Takes member `i` out of the rendezvous, answering its Join with `err`
+ * (0: no answer). The last member takes its place: the order of the
+ * waiting list does not matter (ranks are assigned by sorting), and
+ * removal stays O(1). */
+static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
+{
+  gs_member_t *m = job->waiting[i];
+  gs_responder_t *r = job->jobs->responder;
+
+  if (m->peer) {
+    r->unpark(r, m->peer->id);
+    if (err)
+      gs__respond_error(r, m->peer->id, GS_METHOD_JOIN, m->join_request_id, err, "%s", msg);
+  }
+  job->waiting[i] = job->waiting[--job->waiting_count];
+  job->waiting[i]->waiting_index = i;
+  gs__member_free(m);
+}
+
+static int member_order(const void *a, const void *b)
+{
+  const gs_member_t *x = *(gs_member_t *const *)a, *y = *(gs_member_t *const *)b;
+  int d = strcmp(x->req.node, y->req.node);
+
+  if (d)
+    return d;
+  if (x->req.local_rank != y->req.local_rank)
+    return x->req.local_rank < y->req.local_rank ? -1 : 1;
+  return x->join_seq < y->join_seq ? -1 : x->join_seq > y->join_seq;
+}
+
+/* Writes what differs between two signatures; false when they agree. */
+static bool signature_diff(const gradsync_ModelSignature *a, const gradsync_ModelSignature *b,
+                           char *out, size_t len)
+{
+  if (a->param_count != b->param_count)
+    snprintf(out, len, "param_count %u vs %u", a->param_count, b->param_count);
+  else if (a->total_elements != b->total_elements)
+    snprintf(out, len, "total_elements %llu vs %llu", (unsigned long long)a->total_elements,
+             (unsigned long long)b->total_elements);
+  else if (a->shapes_hash != b->shapes_hash)
+    snprintf(out, len, "parameter shapes differ (shapes_hash %016llx vs %016llx)",
+             (unsigned long long)a->shapes_hash, (unsigned long long)b->shapes_hash);
+  else if (a->dtypes_hash != b->dtypes_hash)
+    snprintf(out, len, "parameter dtypes differ (dtypes_hash %016llx vs %016llx)",
+             (unsigned long long)a->dtypes_hash, (unsigned long long)b->dtypes_hash);
+  else
+    return false;
+  return true;
+}
+
+/* Refuses the later of two agents claiming the same (node, local_rank). */
+static bool drop_duplicates(gs_job_t *job)
+{
+  char msg[512];
+
+  for (uint32_t i = 1; i < job->waiting_count; i++) {
+    const gs_member_t *a = job->waiting[i - 1], *b = job->waiting[i];
+
+    if (strcmp(a->req.node, b->req.node) || a->req.local_rank != b->req.local_rank)
+      continue;
+    snprintf(msg, sizeof(msg), "node '%s' local_rank %u already joined job %s", b->req.node,
+             b->req.local_rank, job->name);
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "join refused: %s", msg);
+    remove_waiting(job, i, GS_EEXIST, msg);
+    return true;
+  }
+  return false;
+}
+
+/* Fails the whole rendezvous when a member's model differs from rank 0's:
+ * a misconfigured job must not start, and every agent learns why. As
+ * proto/README.md says, the members whose model differs get
+ * INVALID_ARGUMENT; the others, whose rendezvous failed through no fault of
+ * theirs, FAILED_PRECONDITION (they may Join again). */
+static bool refuse_mismatched_models(gs_job_t *job)
+{
+  /* A copy: the loop below frees the members, rank 0 first. */
+  gradsync_ModelSignature ref = job->waiting[0]->req.model_signature;
+  const gs_member_t *r0 = job->waiting[0];
+  char diff[256], msg[1024];
+  uint32_t bad;
+
+  for (bad = 1; bad < job->waiting_count; bad++) {
+    if (signature_diff(&job->waiting[bad]->req.model_signature, &ref, diff, sizeof(diff)))
+      break;
+  }
+  if (bad == job->waiting_count)
+    return false;
+  snprintf(msg, sizeof(msg),
+           "rendezvous of job %s failed: rank %u (node '%s', local_rank %u) has a model unlike "
+           "rank 0's (node '%s', local_rank %u): %s",
+           job->name, bad, job->waiting[bad]->req.node, job->waiting[bad]->req.local_rank,
+           r0->req.node, r0->req.local_rank, diff);
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
+  while (job->waiting_count) {
+    char other[256];
+    bool differs =
+        signature_diff(&job->waiting[0]->req.model_signature, &ref, other, sizeof(other));
+
+    remove_waiting(job, 0, differs ? GS_EINVAL : GS_EPRECOND, msg);
+  }
+  return true;
+}
+
+/* The world is complete: assign ranks, start the next generation, answer
+ * every parked Join. */
+static void complete_rendezvous(gs_job_t *job, uint64_t now)
+{
+  gs_responder_t *r = job->jobs->responder;
+  uint32_t n = job->waiting_count;
+  gradsync_Peer *peers;
+
+  qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
+  for (uint32_t i = 0; i < n; i++)
+    job->waiting[i]->waiting_index = i;
+  if (drop_duplicates(job) || refuse_mismatched_models(job))
+    return;
+  peers = calloc(n, sizeof(*peers));
+  if (!peers) {
+    gs_log(job->jobs->cfg.log, GS_LOG_ERROR, job->name, -1, "out of memory starting a generation");
+    while (job->waiting_count)
+      remove_waiting(job, 0, GS_ENOMEM, "coordinator out of memory");
+    return;
+  }
+  gs__store_reset(&job->store);
+  gs__job_free_ranks(job);
+  job->generation =
+      (job->generation > job->aborted_generation ? job->generation : job->aborted_generation) + 1;
+  job->ranks = job->waiting;
+  job->peers = peers;
+  job->world_size = n;
+  job->waiting = NULL;
+  job->waiting_count = job->waiting_cap = 0;
+  job->state = GS_JOB_RUNNING;
+  job->started_ms = now;
+  job->stop = false;
+  if (!job->bcast_period_overridden)
+    job->bcast_period = job->ranks[0]->req.bcast_period;
+  for (uint32_t i = 0; i < n; i++) {
+    gs_member_t *m = job->ranks[i];
+
+    m->rank = i;
+    m->generation = job->generation;
+    m->state = GS_MEMBER_RUNNING;
+    gs__hb_touch(m, now);
+    gs__job_fill_peer(job, i);
+  }
+  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "generation %llu started with %u ranks",
+         (unsigned long long)job->generation, n);
+  for (uint32_t i = 0; i < n; i++) {
+    if (job->ranks[i]->peer)
+      r->unpark(r, job->ranks[i]->peer->id);
+    gs__job_reply_join(job, job->ranks[i], job->ranks[i]->join_request_id);
+  }
+}
+
+/* Starts generation `g` of `world_size` ranks from what re-registering
+ * agents say, after a coordinator restart; false when out of memory. */
+static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  gs__store_reset(&job->store);
+  gs__job_free_ranks(job);
+  job->ranks = calloc(req->world_size, sizeof(*job->ranks));
+  job->peers = calloc(req->world_size, sizeof(*job->peers));
+  if (!job->ranks || !job->peers) {
+    gs__job_free_ranks(job);
+    return false;
+  }
+  job->generation = req->rejoin_generation;
+  job->world_size = req->world_size;
+  job->state = GS_JOB_RUNNING;
+  job->started_ms = call->now_ms;
+  job->bcast_period = req->bcast_period;
+  return true;
+}
+
+/* An agent that already has a rank registers again, typically after a
+ * coordinator restart: the job is rebuilt from what the agents know. */
+static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  uint64_t g = req->rejoin_generation;
+  uint32_t r = req->rejoin_rank;
+  gs_member_t *m, *old;
+
+  if (r >= req->world_size) {
+    REPLY_ERR(job, call, GS_EINVAL, "rejoin_rank %u is not below world_size %u", r,
+              req->world_size);
+    return;
+  }
+  if (g < job->generation || g <= job->aborted_generation) {
+    REPLY_ERR(job, call, GS_EABORTED, "generation %llu of job %s is over%s%s; join again",
+              (unsigned long long)g, job->name, job->abort_reason[0] ? ": " : "",
+              job->abort_reason);
+    return;
+  }
+  if ((g > job->generation || job->state != GS_JOB_RUNNING) && !adopt_generation(job, call, req)) {
+    REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
+    return;
+  }
+  if (req->world_size != job->world_size) {
+    REPLY_ERR(job, call, GS_EINVAL, "world size %u disagrees with generation %llu's %u",
+              req->world_size, (unsigned long long)g, job->world_size);
+    return;
+  }
+  old = job->ranks[r];
+  if (old && old->state == GS_MEMBER_RUNNING && old->peer) {
+    REPLY_ERR(job, call, GS_EEXIST, "rank %u of generation %llu is already registered", r,
+              (unsigned long long)g);
+    return;
+  }
+  m = gs__member_new(job, call, req);
+  if (!m) {
+    REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
+    return;
+  }
+  if (old && old->state == GS_MEMBER_LEFT)
+    job->ranks_left--;
+  gs__member_free(old);
+  m->rank = r;
+  m->generation = g;
+  m->state = GS_MEMBER_RUNNING;
+  gs__hb_touch(m, call->now_ms);
+  job->ranks[r] = m;
+  gs__job_fill_peer(job, r);
+  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, r, "re-registered for generation %llu from %s",
+         (unsigned long long)g, call->peer->name);
+  gs__job_reply_join(job, m, call->request_id);
+}
+
+bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  gs_responder_t *r = jobs->responder;
+  const gs_member_t *bound = call->peer->member;
+
+  if (req->world_size == 0 || req->world_size > jobs->cfg.max_world_size) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
+                      "world_size %u is out of range 1..%u", req->world_size,
+                      jobs->cfg.max_world_size);
+    return false;
+  }
+  if (!req->node[0]) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
+                      "node must not be empty");
+    return false;
+  }
+  if (bound && gs__member_active(bound)) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EPRECOND,
+                      "this connection already joined job %s; use one connection per agent",
+                      bound->job->name);
+    return false;
+  }
+  return true;
+}
+
+/* Room for one more waiting member; false when out of memory. */
+static bool reserve_waiting(gs_job_t *job)
+{
+  uint32_t cap = job->waiting_cap ? job->waiting_cap * 2 : 8;
+  gs_member_t **w;
+
+  if (job->waiting_count < job->waiting_cap)
+    return true;
+  w = realloc(job->waiting, cap * sizeof(*w));
+  if (!w)
+    return false;
+  job->waiting = w;
+  job->waiting_cap = cap;
+  return true;
+}
+
+void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  gs_responder_t *r = job->jobs->responder;
+  gs_member_t *m;
+
+  if (req->rejoin_generation) {
+    rejoin(job, call, req);
+    return;
+  }
+  if (job->state == GS_JOB_RUNNING && job->aborted_generation != job->generation) {
+    REPLY_ERR(job, call, GS_EPRECOND,
+              "job %s is running generation %llu with all %u ranks; a new rendezvous "
+              "opens when it ends or is aborted",
+              job->name, (unsigned long long)job->generation, job->world_size);
+    return;
+  }
+  if (job->waiting_count && req->world_size != job->waiting_world_size) {
+    REPLY_ERR(job, call, GS_EINVAL,
+              "world size %u disagrees with %u, the world size of the %u agent(s) "
+              "already waiting in job %s",
+              req->world_size, job->waiting_world_size, job->waiting_count, job->name);
+    return;
+  }
+  if (!reserve_waiting(job) || !(m = gs__member_new(job, call, req))) {
+    REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
+    return;
+  }
+  if (job->waiting_count == 0 || m->join_deadline_ms < job->next_join_deadline_ms)
+    job->next_join_deadline_ms = m->join_deadline_ms;
+  if (job->waiting_count == 0) {
+    job->waiting_world_size = req->world_size;
+    job->rendezvous_deadline_ms = call->now_ms + job->jobs->cfg.rendezvous_timeout_ms;
+    if (job->state == GS_JOB_FINISHED)
+      job->state = GS_JOB_WAITING;
+  }
+  m->join_seq = ++job->join_seq;
+  m->waiting_index = job->waiting_count;
+  job->waiting[job->waiting_count++] = m;
+  r->park(r, call->peer->id);
+  gs_log(job->jobs->cfg.log, GS_LOG_DEBUG, job->name, -1,
+         "%s (node '%s', local_rank %u) joined: %u of %u", call->peer->name, req->node,
+         req->local_rank, job->waiting_count, req->world_size);
+  if (job->waiting_count == job->waiting_world_size)
+    complete_rendezvous(job, call->now_ms);
+}
+
+void gs__rendezvous_drop(gs_job_t *job, gs_member_t *m)
+{
+  if (m->waiting_index >= job->waiting_count || job->waiting[m->waiting_index] != m)
+    return;
+  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+         "node '%s' local_rank %u left the rendezvous (connection closed)", m->req.node,
+         m->req.local_rank);
+  remove_waiting(job, m->waiting_index, 0, NULL);
+}
+
+void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
+{
+  uint64_t next = UINT64_MAX;
+  char msg[256];
+
+  if (job->waiting_count && now >= job->rendezvous_deadline_ms) {
+    snprintf(msg, sizeof(msg), "rendezvous of job %s timed out: %u of %u agents joined", job->name,
+             job->waiting_count, job->waiting_world_size);
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
+    while (job->waiting_count)
+      remove_waiting(job, 0, GS_ETIMEDOUT, msg);
+    return;
+  }
+  /* Only scan when the earliest Join deadline has come. */
+  if (now < job->next_join_deadline_ms)
+    return;
+  for (uint32_t i = 0; i < job->waiting_count;) {
+    if (now < job->waiting[i]->join_deadline_ms) {
+      if (job->waiting[i]->join_deadline_ms < next)
+        next = job->waiting[i]->join_deadline_ms;
+      i++;
+      continue;
+    }
+    snprintf(msg, sizeof(msg), "join deadline passed with %u of %u agents in job %s",
+             job->waiting_count, job->waiting_world_size, job->name);
+    remove_waiting(job, i, GS_ETIMEDOUT, msg);
+  }
+  job->next_join_deadline_ms = next;
+}
+
+void gs__rendezvous_cancel(gs_job_t *job)
+{
+  while (job->waiting_count)
+    remove_waiting(job, 0, 0, NULL);
+}

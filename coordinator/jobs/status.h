@@ -1,0 +1,31 @@
+/* What the coordinator shows people: the status JSON and Prometheus text,
+ * read from the jobs layer and a few numbers of the service around it. */
+#ifndef GS_STATUS_H
+#define GS_STATUS_H
+
+#include <cJSON.h>
+
+#include "buf.h"
+#include "job.h"
+
+/* The service's own numbers, gathered by its owner (coordinator.c). */
+typedef struct gs_service_info {
+  uint64_t uptime_ms;
+  uint32_t connections;
+  const uint64_t *requests; /* [GS_METHOD_COUNT] */
+  const uint64_t *errors;   /* [GS_METHOD_COUNT] */
+  uint64_t bad_frames;
+} gs_service_info_t;
+
+/* One job as JSON (caller frees with cJSON_Delete); NULL when out of memory.
+ * The summary (counts, step range, stragglers, ...) is always there; the
+ * per-rank list only `with_ranks`: it grows with the world size. */
+cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks);
+/* The whole service as JSON (caller frees with cJSON_Delete). */
+cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
+                       bool with_ranks);
+/* Appends the Prometheus text exposition of every metric to `out`. */
+int gs__metrics_text(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
+                     gs_buf_t *out) GS_WARN_UNUSED;
+
+#endif

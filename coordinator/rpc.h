@@ -1,0 +1,47 @@
+/* The RPC layer: turns frames into calls and replies into frames. It owns
+ * the Envelope (decode, encode, the one conversion of GS_E* codes to gRPC
+ * statuses), authentication, the method table and request checks, and
+ * implements the responder the jobs layer answers through. coordinator.c
+ * registers its gs__rpc_on_* functions as the transport's callbacks. */
+#ifndef GS_RPC_H
+#define GS_RPC_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "buf.h"
+#include "conn.h"
+#include "jobs.h"
+#include "responder.h"
+
+typedef struct gs_rpc_stats {
+  uint64_t requests[GS_METHOD_COUNT];
+  uint64_t errors[GS_METHOD_COUNT];
+  uint64_t bad_frames; /* oversized, undecodable or unknown */
+} gs_rpc_stats_t;
+
+typedef struct gs_rpc {
+  gs_responder_t responder; /* what gs_jobs_t answers through */
+  uv_loop_t *loop;          /* its clock (uv_now) times the calls */
+  gs_conns_t *conns;
+  gs_jobs_t *jobs;
+  const gs_log_t *log;
+  const char *token; /* "" means no authentication */
+  uint64_t default_wait_ms;
+  gs_buf_t wbuf;  /* encodes one reply at a time */
+  gs_buf_t rbody; /* the body of the request being dispatched */
+  gs_rpc_stats_t stats;
+} gs_rpc_t;
+
+/* Sets up `rpc` over `conns` and `jobs` (borrowed). */
+void gs__rpc_init(gs_rpc_t *rpc, uv_loop_t *loop, gs_conns_t *conns, gs_jobs_t *jobs,
+                  const gs_log_t *log, const char *token, uint64_t default_wait_ms);
+void gs__rpc_free(gs_rpc_t *rpc);
+
+/* The transport's callbacks (see gs_conn_callbacks_t); ctx is the gs_rpc_t. */
+int gs__rpc_on_open(void *ctx, gs_conn_t *conn);
+void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t len);
+void gs__rpc_on_oversized(void *ctx, gs_conn_t *conn, size_t limit);
+void gs__rpc_on_close(void *ctx, gs_conn_t *conn);
+
+#endif

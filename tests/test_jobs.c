@@ -1,0 +1,545 @@
+/* The coordinator's jobs layer with no sockets at all: requests go in as
+ * calls from fake peers, on a clock the test sets, and a fake responder
+ * records every answer. Each test checks what each peer was told. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jobs.h"
+#include "list.h"
+#include "wire.h"
+
+#define MAX_REPLIES 256
+#define MAX_PEERS 16
+#define TIMEOUT_MS 10000 /* heartbeat timeout */
+#define RETENTION_MS 5000
+
+typedef struct recorded {
+  uint64_t to;
+  gs_method_t method;
+  uint64_t request_id;
+  int err;
+  char message[512];
+  gs_buf_t body; /* the response message, encoded */
+} recorded_t;
+
+/* A responder that records replies and counts parked calls per peer. */
+typedef struct fake {
+  gs_responder_t responder;
+  recorded_t replies[MAX_REPLIES];
+  uint32_t count;
+  int parked[MAX_PEERS + 1];
+} fake_t;
+
+static fake_t fake;
+static gs_jobs_t jobs;
+static gs_peer_t peers[MAX_PEERS];
+static gs_log_t quiet = {.level = GS_LOG_ERROR, .component = "test_jobs"};
+static uint64_t next_request = 1;
+
+static void fake_reply(gs_responder_t *r, const gs_reply_t *rep)
+{
+  fake_t *f = GS_CONTAINER_OF(r, fake_t, responder);
+  recorded_t *rec;
+
+  ck_assert_uint_lt(f->count, MAX_REPLIES);
+  rec = &f->replies[f->count++];
+  memset(rec, 0, sizeof(*rec));
+  rec->to = rep->to;
+  rec->method = rep->method;
+  rec->request_id = rep->request_id;
+  rec->err = rep->err;
+  if (rep->err)
+    snprintf(rec->message, sizeof(rec->message), "%s", rep->message);
+  else if (rep->body)
+    ck_assert_int_eq(gs_buf_append(&rec->body, rep->body, rep->body_len), 0);
+  else
+    ck_assert_int_eq(gs_wire_encode(&rec->body, rep->fields, rep->msg), 0);
+}
+
+static void fake_park(gs_responder_t *r, uint64_t peer)
+{
+  GS_CONTAINER_OF(r, fake_t, responder)->parked[peer]++;
+}
+
+static void fake_unpark(gs_responder_t *r, uint64_t peer)
+{
+  fake_t *f = GS_CONTAINER_OF(r, fake_t, responder);
+
+  ck_assert_int_gt(f->parked[peer], 0);
+  f->parked[peer]--;
+}
+
+static void setup(void)
+{
+  gs_jobs_config_t cfg = {
+      .heartbeat_interval_ms = 1000,
+      .heartbeat_timeout_ms = TIMEOUT_MS,
+      .rendezvous_timeout_ms = 300000,
+      .job_retention_ms = RETENTION_MS,
+      .max_world_size = 1024,
+      .coordinator_id = 0xc0ffee,
+      .log = &quiet,
+  };
+
+  memset(&fake, 0, sizeof(fake));
+  fake.responder = (gs_responder_t){.reply = fake_reply, .park = fake_park, .unpark = fake_unpark};
+  for (uint32_t i = 0; i < MAX_PEERS; i++) {
+    static char names[MAX_PEERS][16];
+
+    snprintf(names[i], sizeof(names[i]), "peer%u", i);
+    peers[i] = (gs_peer_t){.id = i + 1, .name = names[i]};
+  }
+  gs__jobs_init(&jobs, &cfg, &fake.responder);
+}
+
+static void teardown(void)
+{
+  gs__jobs_free(&jobs);
+  for (uint32_t i = 0; i < fake.count; i++)
+    gs_buf_free(&fake.replies[i].body);
+}
+
+static gs_call_t call_from(uint32_t peer, gs_method_t m, uint64_t now)
+{
+  return (gs_call_t){.peer = &peers[peer],
+                     .method = m,
+                     .request_id = next_request++,
+                     .now_ms = now,
+                     .deadline_ms = now + 60000};
+}
+
+/* The last reply to `peer`, or NULL. */
+static const recorded_t *last_reply(uint32_t peer)
+{
+  for (uint32_t i = fake.count; i > 0; i--) {
+    if (fake.replies[i - 1].to == peers[peer].id)
+      return &fake.replies[i - 1];
+  }
+  return NULL;
+}
+
+static uint32_t replies_to(uint32_t peer)
+{
+  uint32_t n = 0;
+
+  for (uint32_t i = 0; i < fake.count; i++)
+    n += fake.replies[i].to == peers[peer].id;
+  return n;
+}
+
+static gradsync_JoinRequest join_request(const char *job, uint32_t world, const char *node,
+                                         uint32_t local_rank)
+{
+  gradsync_JoinRequest r = gradsync_JoinRequest_init_zero;
+
+  snprintf(r.job, sizeof(r.job), "%s", job);
+  r.world_size = world;
+  snprintf(r.node, sizeof(r.node), "%s", node);
+  r.local_rank = local_rank;
+  r.has_model_signature = true;
+  r.model_signature.param_count = 6;
+  r.model_signature.total_elements = 1000;
+  return r;
+}
+
+static void join(uint32_t peer, const gradsync_JoinRequest *req, uint64_t now)
+{
+  gs_call_t call = call_from(peer, GS_METHOD_JOIN, now);
+
+  gs__jobs_join(&jobs, &call, req);
+}
+
+/* The JoinResponse `peer` got last (which must be one). */
+static gradsync_JoinResponse join_reply(uint32_t peer)
+{
+  const recorded_t *rec = last_reply(peer);
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  char why[128];
+
+  ck_assert_ptr_nonnull(rec);
+  ck_assert_int_eq(rec->method, GS_METHOD_JOIN);
+  ck_assert_msg(rec->err == 0, "join of peer %u: %s", peer, rec->message);
+  ck_assert_int_eq(gs_wire_decode(rec->body.data, rec->body.len, gradsync_JoinResponse_fields,
+                                  &resp, why, sizeof(why)),
+                   0);
+  return resp;
+}
+
+/* Joins peers first..first+n-1 to `job` as ranks 0..n-1 (rank i claims
+ * node "n<i/2>", local rank i%2). */
+static void start_world_on(const char *job, uint32_t n, uint32_t first, uint64_t now)
+{
+  for (uint32_t i = 0; i < n; i++) {
+    char node[16];
+    gradsync_JoinRequest req;
+
+    snprintf(node, sizeof(node), "n%u", i / 2);
+    req = join_request(job, n, node, i % 2);
+    join(first + i, &req, now);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    ck_assert_uint_eq(join_reply(first + i).rank, i);
+}
+
+static void start_world(const char *job, uint32_t n, uint64_t now)
+{
+  start_world_on(job, n, 0, now);
+}
+
+static gradsync_HeartbeatResponse heartbeat(uint32_t peer, const char *job, uint64_t generation,
+                                            uint32_t rank, uint64_t now, int *err)
+{
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  gs_call_t call = call_from(peer, GS_METHOD_HEARTBEAT, now);
+  const recorded_t *rec;
+  char why[128];
+
+  snprintf(req.job, sizeof(req.job), "%s", job);
+  req.generation = generation;
+  req.rank = rank;
+  req.step = now / 100;
+  gs__jobs_heartbeat(&jobs, &call, &req);
+  rec = last_reply(peer);
+  ck_assert_ptr_nonnull(rec);
+  ck_assert_uint_eq(rec->request_id, call.request_id);
+  *err = rec->err;
+  if (!rec->err)
+    ck_assert_int_eq(gs_wire_decode(rec->body.data, rec->body.len,
+                                    gradsync_HeartbeatResponse_fields, &resp, why, sizeof(why)),
+                     0);
+  return resp;
+}
+
+static void leave(uint32_t peer, const char *job, uint64_t generation, uint32_t rank,
+                  bool finished, uint64_t now)
+{
+  gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
+  gs_call_t call = call_from(peer, GS_METHOD_LEAVE, now);
+
+  snprintf(req.job, sizeof(req.job), "%s", job);
+  req.generation = generation;
+  req.rank = rank;
+  req.finished = finished;
+  snprintf(req.reason, sizeof(req.reason), "%s", finished ? "" : "out of memory");
+  gs__jobs_leave(&jobs, &call, &req);
+  ck_assert_int_eq(last_reply(peer)->err, 0);
+}
+
+/* Ranks follow (node, local_rank), not arrival; nobody hears anything
+ * until the world is complete, and every parked Join is then released. */
+START_TEST(rendezvous_sorts_ranks_when_the_world_is_complete)
+{
+  static const struct {
+    const char *node;
+    uint32_t local_rank, rank;
+  } who[5] = {{"b", 1, 4}, {"a", 2, 2}, {"b", 0, 3}, {"a", 0, 0}, {"a", 1, 1}};
+  gradsync_JoinRequest req;
+
+  for (uint32_t i = 0; i < 5; i++) {
+    req = join_request("r", 5, who[i].node, who[i].local_rank);
+    join(i, &req, 100 + i);
+    if (i < 4) {
+      ck_assert_uint_eq(fake.count, 0);
+      ck_assert_int_eq(fake.parked[peers[i].id], 1);
+    }
+  }
+  for (uint32_t i = 0; i < 5; i++) {
+    gradsync_JoinResponse resp = join_reply(i);
+
+    ck_assert_uint_eq(resp.rank, who[i].rank);
+    ck_assert_uint_eq(resp.world_size, 5);
+    ck_assert_uint_eq(resp.generation, 1);
+    ck_assert_uint_eq(resp.heartbeat_timeout_ms, TIMEOUT_MS);
+    ck_assert_int_eq(fake.parked[peers[i].id], 0);
+  }
+  ck_assert_int_eq(gs__jobs_find(&jobs, "r")->state, GS_JOB_RUNNING);
+  /* A sixth agent is refused while every rank runs. */
+  req = join_request("r", 5, "c", 0);
+  join(5, &req, 200);
+  ck_assert_int_eq(last_reply(5)->err, GS_EPRECOND);
+}
+END_TEST
+
+/* A disagreeing world size is refused at once. A model unlike rank 0's
+ * fails the whole rendezvous: as proto/README.md says, the members whose
+ * model differs get INVALID_ARGUMENT, the others FAILED_PRECONDITION (they
+ * may Join again); and the job can rendezvous again. */
+START_TEST(rendezvous_refusals)
+{
+  gradsync_JoinRequest req = join_request("m", 3, "n0", 0);
+
+  join(0, &req, 0);
+  req = join_request("m", 4, "n0", 1);
+  join(1, &req, 0);
+  ck_assert_int_eq(last_reply(1)->err, GS_EINVAL);
+  ck_assert_ptr_nonnull(strstr(last_reply(1)->message, "world size 4 disagrees with 3"));
+  req = join_request("m", 3, "n0", 1);
+  join(1, &req, 0);
+  req = join_request("m", 3, "n1", 0);
+  req.model_signature.param_count = 7;
+  join(2, &req, 0);
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_int_eq(last_reply(i)->err, i == 2 ? GS_EINVAL : GS_EPRECOND);
+    ck_assert_ptr_nonnull(strstr(last_reply(i)->message, "param_count 7 vs 6"));
+    ck_assert_int_eq(fake.parked[peers[i].id], 0);
+  }
+  ck_assert_uint_eq(gs__jobs_find(&jobs, "m")->waiting_count, 0);
+  start_world("m", 3, 10);
+}
+END_TEST
+
+/* A rank that leaves with an error aborts the generation: the others hear
+ * it in their next heartbeat, parked Fetches are answered ABORTED, and the
+ * next rendezvous opens generation 2, which supersedes generation 1. */
+START_TEST(abort_then_rejoin_opens_the_next_generation)
+{
+  gradsync_FetchRequest fetch = gradsync_FetchRequest_init_zero;
+  gs_call_t call = call_from(2, GS_METHOD_FETCH, 20);
+  gradsync_HeartbeatResponse hb;
+  int err;
+
+  start_world("a", 3, 0);
+  snprintf(fetch.job, sizeof(fetch.job), "a");
+  fetch.generation = 1;
+  snprintf(fetch.key, sizeof(fetch.key), "nccl_id");
+  gs__jobs_fetch(&jobs, &call, &fetch);
+  ck_assert_int_eq(fake.parked[peers[2].id], 1);
+  leave(1, "a", 1, 1, false, 30);
+  ck_assert_int_eq(last_reply(2)->err, GS_EABORTED);
+  ck_assert_int_eq(fake.parked[peers[2].id], 0);
+  hb = heartbeat(0, "a", 1, 0, 40, &err);
+  ck_assert_int_eq(err, 0);
+  ck_assert(hb.abort);
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "rank 1 left: out of memory"));
+  ck_assert_uint_eq(jobs.stats.generations_aborted, 1);
+  start_world("a", 3, 50);
+  ck_assert_uint_eq(join_reply(0).generation, 2);
+  hb = heartbeat(0, "a", 2, 0, 60, &err);
+  ck_assert(!hb.abort);
+  hb = heartbeat(0, "a", 1, 0, 60, &err);
+  ck_assert(hb.abort);
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "superseded"));
+}
+END_TEST
+
+/* After a coordinator restart the agents re-register (rejoin_generation)
+ * and the job is rebuilt from them; a rank still held by an open
+ * connection cannot be taken, and an aborted generation cannot be rejoined. */
+START_TEST(reregistration_rebuilds_the_job)
+{
+  gradsync_JoinRequest req = join_request("re", 2, "n0", 1);
+  gradsync_HeartbeatResponse hb;
+  int err;
+
+  req.rejoin_generation = 3;
+  req.rejoin_rank = 1;
+  join(0, &req, 0);
+  ck_assert_uint_eq(join_reply(0).rank, 1);
+  ck_assert_uint_eq(join_reply(0).generation, 3);
+  hb = heartbeat(0, "re", 3, 1, 10, &err);
+  ck_assert_int_eq(err, 0);
+  ck_assert(!hb.abort);
+  ck_assert_uint_eq(hb.coordinator_id, 0xc0ffee);
+  join(1, &req, 20);
+  ck_assert_int_eq(last_reply(1)->err, GS_EEXIST);
+  req.rejoin_rank = 0;
+  req.local_rank = 0;
+  join(1, &req, 20);
+  ck_assert_uint_eq(join_reply(1).rank, 0);
+  gs__jobs_peer_closed(&jobs, &peers[0]);
+  req.rejoin_rank = 1;
+  join(2, &req, 30);
+  ck_assert_int_eq(last_reply(2)->err, GS_EABORTED);
+}
+END_TEST
+
+/* The sweep loses the rank silent for longer than the timeout, on the
+ * clock the test gives it, and the generation is aborted. */
+START_TEST(heartbeat_loss_aborts_the_generation)
+{
+  gradsync_HeartbeatResponse hb;
+  int err;
+
+  start_world("h", 3, 0);
+  for (uint64_t t = 1000; t <= 9000; t += 4000) {
+    heartbeat(0, "h", 1, 0, t, &err);
+    heartbeat(1, "h", 1, 1, t, &err);
+    ck_assert_int_eq(err, 0);
+  }
+  gs__jobs_sweep(&jobs, TIMEOUT_MS); /* rank 2: silent exactly the timeout */
+  ck_assert_uint_eq(jobs.stats.ranks_lost, 0);
+  gs__jobs_sweep(&jobs, TIMEOUT_MS + 1);
+  ck_assert_uint_eq(jobs.stats.ranks_lost, 1);
+  ck_assert_int_eq(gs__jobs_find(&jobs, "h")->ranks[2]->state, GS_MEMBER_LOST);
+  hb = heartbeat(0, "h", 1, 0, TIMEOUT_MS + 2, &err);
+  ck_assert(hb.abort);
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "rank 2"));
+  ck_assert_ptr_nonnull(strstr(hb.abort_reason, "no heartbeat for 10.0s"));
+  hb = heartbeat(2, "h", 1, 2, TIMEOUT_MS + 3, &err);
+  ck_assert(hb.abort);
+  /* A heartbeat for a job or rank it does not know is NOT_FOUND. */
+  heartbeat(3, "ghost", 1, 0, TIMEOUT_MS + 4, &err);
+  ck_assert_int_eq(err, GS_ENOTFOUND);
+  heartbeat(3, "h", 1, 7, TIMEOUT_MS + 4, &err);
+  ck_assert_int_eq(err, GS_ENOTFOUND);
+}
+END_TEST
+
+/* A rank's first heartbeat ties it to its connection: the agent joins on
+ * one connection and heartbeats on its heartbeat thread's own. Closing the
+ * Join connection afterwards loses nothing; heartbeats for the rank from
+ * any other connection are refused (no silent takeover), as is a first
+ * heartbeat from a connection that carries another rank's; closing the
+ * heartbeat connection loses the rank. */
+START_TEST(heartbeats_tie_a_rank_to_their_connection)
+{
+  gs_job_t *job;
+  int err;
+
+  start_world("c", 3, 0);
+  job = gs__jobs_find(&jobs, "c");
+  heartbeat(8, "c", 1, 0, 10, &err); /* rank 0's heartbeat thread */
+  ck_assert_int_eq(err, 0);
+  heartbeat(9, "c", 1, 1, 10, &err);
+  ck_assert_int_eq(err, 0);
+  ck_assert_ptr_eq(job->ranks[0]->peer, &peers[8]);
+  ck_assert_ptr_eq(peers[8].member, job->ranks[0]);
+  ck_assert_ptr_null(peers[0].member);
+  heartbeat(10, "c", 1, 0, 15, &err);
+  ck_assert_int_eq(err, GS_EPRECOND);
+  ck_assert_ptr_nonnull(strstr(last_reply(10)->message, "another connection (peer8)"));
+  heartbeat(0, "c", 1, 0, 15, &err); /* its own Join connection, too */
+  ck_assert_int_eq(err, GS_EPRECOND);
+  heartbeat(9, "c", 1, 2, 15, &err);
+  ck_assert_int_eq(err, GS_EPRECOND);
+  ck_assert_ptr_nonnull(strstr(last_reply(9)->message, "heartbeats of rank 1"));
+  ck_assert_ptr_eq(job->ranks[0]->peer, &peers[8]);
+  ck_assert_ptr_eq(job->ranks[1]->peer, &peers[9]);
+  heartbeat(2, "c", 1, 2, 15, &err);
+  ck_assert_int_eq(err, 0);
+  gs__jobs_peer_closed(&jobs, &peers[0]);
+  gs__jobs_peer_closed(&jobs, &peers[10]);
+  ck_assert_int_eq(job->state, GS_JOB_RUNNING);
+  ck_assert(!heartbeat(9, "c", 1, 1, 20, &err).abort);
+  gs__jobs_peer_closed(&jobs, &peers[8]);
+  ck_assert_int_eq(job->state, GS_JOB_WAITING);
+  ck_assert_ptr_nonnull(strstr(job->abort_reason, "rank 0"));
+  ck_assert_ptr_nonnull(strstr(job->abort_reason, "connection closed"));
+}
+END_TEST
+
+/* An agent whose connection closes while it waits leaves the rendezvous;
+ * the world then needs another agent. */
+START_TEST(closed_waiting_agent_leaves_the_rendezvous)
+{
+  gradsync_JoinRequest req = join_request("w", 2, "n0", 0);
+
+  join(0, &req, 0);
+  gs__jobs_peer_closed(&jobs, &peers[0]);
+  ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
+  ck_assert_uint_eq(replies_to(0), 0);
+  req = join_request("w", 2, "n0", 1);
+  join(1, &req, 10);
+  ck_assert_uint_eq(replies_to(1), 0);
+  req = join_request("w", 2, "n1", 0);
+  join(2, &req, 10);
+  ck_assert_uint_eq(join_reply(1).rank, 0);
+  ck_assert_uint_eq(join_reply(2).rank, 1);
+}
+END_TEST
+
+/* A Fetch waits for its Publish, or ends at its deadline on the sweep. */
+START_TEST(fetch_waits_for_publish_or_deadline)
+{
+  gradsync_PublishRequest *pub = calloc(1, sizeof(*pub));
+  gradsync_FetchRequest fetch = gradsync_FetchRequest_init_zero;
+  gs_call_t call;
+
+  start_world("b", 2, 0);
+  snprintf(fetch.job, sizeof(fetch.job), "b");
+  fetch.generation = 1;
+  snprintf(fetch.key, sizeof(fetch.key), "k");
+  call = call_from(1, GS_METHOD_FETCH, 10);
+  gs__jobs_fetch(&jobs, &call, &fetch);
+  ck_assert_uint_eq(replies_to(1), 1); /* its Join only */
+  snprintf(pub->job, sizeof(pub->job), "b");
+  pub->generation = 1;
+  snprintf(pub->key, sizeof(pub->key), "k");
+  pub->value.size = 3;
+  call = call_from(0, GS_METHOD_PUBLISH, 20);
+  gs__jobs_publish(&jobs, &call, pub);
+  ck_assert_int_eq(last_reply(0)->err, 0);
+  ck_assert_int_eq(last_reply(1)->err, 0);
+  ck_assert_int_eq(last_reply(1)->method, GS_METHOD_FETCH);
+  snprintf(fetch.key, sizeof(fetch.key), "never");
+  call = call_from(1, GS_METHOD_FETCH, 30);
+  call.deadline_ms = 500;
+  gs__jobs_fetch(&jobs, &call, &fetch);
+  gs__jobs_sweep(&jobs, 499);
+  ck_assert_int_eq(last_reply(1)->err, 0);
+  gs__jobs_sweep(&jobs, 500);
+  ck_assert_int_eq(last_reply(1)->err, GS_ETIMEDOUT);
+  ck_assert_int_eq(fake.parked[peers[1].id], 0);
+  free(pub);
+}
+END_TEST
+
+/* A finished job is forgotten --job-retention after it finished; a running
+ * one is kept however long it runs. */
+START_TEST(finished_job_is_forgotten_after_retention)
+{
+  start_world("f", 2, 0);
+  start_world_on("keep", 2, 2, 0);
+  leave(0, "f", 1, 0, true, 1000);
+  leave(1, "f", 1, 1, true, 1000);
+  ck_assert_int_eq(gs__jobs_find(&jobs, "f")->state, GS_JOB_FINISHED);
+  gs__jobs_sweep(&jobs, 1000 + RETENTION_MS - 1);
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "f"));
+  gs__jobs_sweep(&jobs, 1000 + RETENTION_MS);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "f"));
+  ck_assert_uint_eq(jobs.job_count, 1);
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "keep"));
+}
+END_TEST
+
+static Suite *jobs_suite(void)
+{
+  Suite *s = suite_create("jobs");
+  struct {
+    const char *name;
+    const TTest *test;
+  } cases[] = {
+      {"rendezvous", rendezvous_sorts_ranks_when_the_world_is_complete},
+      {"refusals", rendezvous_refusals},
+      {"abort_rejoin", abort_then_rejoin_opens_the_next_generation},
+      {"reregistration", reregistration_rebuilds_the_job},
+      {"heartbeat_loss", heartbeat_loss_aborts_the_generation},
+      {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
+      {"rendezvous_disconnect", closed_waiting_agent_leaves_the_rendezvous},
+      {"blobs", fetch_waits_for_publish_or_deadline},
+      {"retention", finished_job_is_forgotten_after_retention},
+  };
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    TCase *tc = tcase_create(cases[i].name);
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, cases[i].test);
+    suite_add_tcase(s, tc);
+  }
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(jobs_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}
