@@ -48,13 +48,17 @@ cc=${CC:-cc}
 "$cc" -std=c11 -Wall -Wextra -Werror -o hello_shared hello_engine.c \
   $(pkg-config --cflags --libs gradsync) -Wl,-rpath,"$prefix/lib" ||
   die "cannot build against the installed libgradsync.so: $(pkg-config --cflags --libs gradsync)"
-ldd ./hello_shared | grep -q "$prefix/lib/libgradsync.so.0" || die "hello_shared does not load the installed libgradsync.so.0"
+# ldd's output is read whole first: `ldd | grep -q` under pipefail fails at
+# random when grep stops reading early and ldd gets SIGPIPE.
+deps=$(ldd ./hello_shared)
+grep -q "$prefix/lib/libgradsync.so.0" <<<"$deps" || die "hello_shared does not load the installed libgradsync.so.0"
 static_libs=$(pkg-config --static --libs gradsync | sed 's/-lgradsync\b/-l:libgradsync.a/')
 # shellcheck disable=SC2046,SC2086
 "$cc" -std=c11 -Wall -Wextra -Werror -o hello_static hello_engine.c \
   $(pkg-config --cflags gradsync) $static_libs ||
   die "cannot build against the installed libgradsync.a: $static_libs"
-if ldd ./hello_static | grep -q libgradsync; then die "hello_static loads libgradsync.so"; fi
+deps=$(ldd ./hello_static)
+if grep -q libgradsync <<<"$deps"; then die "hello_static loads libgradsync.so"; fi
 
 "$coord" --listen 127.0.0.1:0 --http 127.0.0.1:0 --log-level warn >coord.out 2>coord.err &
 pids+=($!)
