@@ -56,7 +56,7 @@ struct gs_conn {
    * parked), least recently active first. */
   gs_list_t idle_node;
   uint32_t waiting; /* calls parked until an event or deadline */
-  bool opened; /* on_open kept it: on_close will tell the owner */
+  bool opened;      /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
 };

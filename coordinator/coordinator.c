@@ -180,8 +180,8 @@ int gs_coord_start(gs_coord_t *c)
 
   if (err)
     return err;
-  err = gs__http_routes_start(&c->routes, c->cfg.http_host, c->cfg.http_port,
-                              c->cfg.idle_timeout_ms);
+  err =
+      gs__http_routes_start(&c->routes, c->cfg.http_host, c->cfg.http_port, c->cfg.idle_timeout_ms);
   if (err)
     return err;
   uv_timer_start(&c->housekeeping, on_housekeeping, HOUSEKEEPING_MS, HOUSEKEEPING_MS);

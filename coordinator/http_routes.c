@@ -122,10 +122,10 @@ static void control(gs_http_routes_t *r, gs_job_t *job, const gs_http_request_t 
     return;
   }
   gs__jobs_control(job, period != NULL, period ? (int32_t)period->valuedouble : 0,
-                   !action                                           ? GS_JOB_ACTION_NONE
+                   !action                                          ? GS_JOB_ACTION_NONE
                    : strcmp(action->valuestring, "broadcast") == 0  ? GS_JOB_ACTION_BROADCAST
                    : strcmp(action->valuestring, "checkpoint") == 0 ? GS_JOB_ACTION_CHECKPOINT
-                                                                     : GS_JOB_ACTION_STOP);
+                                                                    : GS_JOB_ACTION_STOP);
   if (action)
     gs_log(r->log, GS_LOG_INFO, job->name, -1, "control: %s requested", action->valuestring);
   cJSON_Delete(doc);
@@ -209,7 +209,8 @@ static void metrics(gs_http_routes_t *r, gs_http_response_t *res)
 }
 
 /* GET /healthz, /status or /metrics. */
-static void service_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res)
+static void service_route(gs_http_routes_t *r, const gs_http_request_t *req,
+                          gs_http_response_t *res)
 {
   if (strcmp(req->method, "GET") != 0) {
     res->allow = "GET";

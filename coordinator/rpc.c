@@ -36,8 +36,7 @@ static void send_envelope(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelop
   if (rep && rep->body)
     err = gs_wire_encode_frame_bytes(out, env, rep->body, rep->body_len, SIZE_MAX);
   else
-    err = gs_wire_encode_frame(out, env, rep ? rep->fields : NULL, rep ? rep->msg : NULL,
-                               SIZE_MAX);
+    err = gs_wire_encode_frame(out, env, rep ? rep->fields : NULL, rep ? rep->msg : NULL, SIZE_MAX);
   if (err) {
     gs_log(rpc->log, GS_LOG_ERROR, NULL, -1, "rpc: cannot encode a reply to %s: %s", conn->peer,
            gs_strerror(err));

@@ -260,7 +260,8 @@ int th_http(uint16_t port, const char *method, const char *path, const char *hea
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     ssize_t r;
 
-    if (deadline - (long)gs_now_ms() <= 0 || poll(&pfd, 1, (int)(deadline - (long)gs_now_ms())) <= 0)
+    if (deadline - (long)gs_now_ms() <= 0 ||
+        poll(&pfd, 1, (int)(deadline - (long)gs_now_ms())) <= 0)
       break;
     if (len + 4096 > cap)
       buf = realloc(buf, cap *= 2);

@@ -213,8 +213,8 @@ static gradsync_HeartbeatResponse heartbeat(uint32_t peer, const char *job, uint
   return resp;
 }
 
-static void leave(uint32_t peer, const char *job, uint64_t generation, uint32_t rank,
-                  bool finished, uint64_t now)
+static void leave(uint32_t peer, const char *job, uint64_t generation, uint32_t rank, bool finished,
+                  uint64_t now)
 {
   gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
   gs_call_t call = call_from(peer, GS_METHOD_LEAVE, now);

@@ -30,14 +30,12 @@ static void reply_blob(gs_job_store_t *s, uint64_t peer, uint64_t request_id, co
   gradsync_FetchResponse *resp = calloc(1, sizeof(*resp));
 
   if (!resp) {
-    gs__respond_error(s->responder, peer, GS_METHOD_FETCH, request_id, GS_ENOMEM,
-                      "out of memory");
+    gs__respond_error(s->responder, peer, GS_METHOD_FETCH, request_id, GS_ENOMEM, "out of memory");
     return;
   }
   resp->value.size = (pb_size_t)b->len;
   memcpy(resp->value.bytes, b->value, b->len);
-  gs__respond(s->responder, peer, GS_METHOD_FETCH, request_id, gradsync_FetchResponse_fields,
-              resp);
+  gs__respond(s->responder, peer, GS_METHOD_FETCH, request_id, gradsync_FetchResponse_fields, resp);
   free(resp);
 }
 

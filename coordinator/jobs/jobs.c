@@ -49,8 +49,7 @@ static gs_job_t *job_of_call(gs_jobs_t *jobs, const gs_call_t *call, const char 
   return gs__jobs_find(jobs, name);
 }
 
-static void reply_no_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name,
-                         const char *hint)
+static void reply_no_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name, const char *hint)
 {
   gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ENOTFOUND,
                     "no job named %s%s", name, hint);

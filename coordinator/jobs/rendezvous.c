@@ -6,8 +6,8 @@
 #include <string.h>
 
 #define REPLY_ERR(job, call, err, ...)                                                             \
-  gs__respond_error((job)->jobs->responder, (call)->peer->id, (call)->method,                      \
-                    (call)->request_id, (err), __VA_ARGS__)
+  gs__respond_error((job)->jobs->responder, (call)->peer->id, (call)->method, (call)->request_id,  \
+                    (err), __VA_ARGS__)
 
 /* Takes member `i` out of the rendezvous, answering its Join with `err`
  * (0: no answer). The last member takes its place: the order of the

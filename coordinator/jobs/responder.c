@@ -20,8 +20,8 @@ void gs__respond_bytes(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t r
   r->reply(r, &rep);
 }
 
-void gs__respond_error(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t request_id,
-                       int err, const char *fmt, ...)
+void gs__respond_error(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t request_id, int err,
+                       const char *fmt, ...)
 {
   /* As long as gradsync.Envelope.message holds. */
   char text[sizeof(((gradsync_Envelope *)0)->message)];

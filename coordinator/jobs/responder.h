@@ -19,9 +19,9 @@ typedef struct gs_member gs_member_t;
  * keeps one per connection, sets `id` and `name`, and tells the jobs layer
  * when the connection closes (gs_jobs_peer_closed). */
 typedef struct gs_peer {
-  uint64_t id;          /* what replies are addressed to; never 0 */
-  const char *name;     /* "127.0.0.1:40000", for logs */
-  gs_member_t *member;  /* the rank whose liveness this connection carries */
+  uint64_t id;         /* what replies are addressed to; never 0 */
+  const char *name;    /* "127.0.0.1:40000", for logs */
+  gs_member_t *member; /* the rank whose liveness this connection carries */
 } gs_peer_t;
 
 /* One request as the jobs layer sees it. */
@@ -64,7 +64,7 @@ void gs__respond(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t request
                  const pb_msgdesc_t *fields, const void *msg);
 void gs__respond_bytes(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t request_id,
                        const uint8_t *body, size_t len);
-void gs__respond_error(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t request_id,
-                       int err, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void gs__respond_error(gs_responder_t *r, uint64_t to, gs_method_t m, uint64_t request_id, int err,
+                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 #endif

@@ -283,8 +283,8 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
   err |= family(out, "gradsync_ranks_lost_total", "counter", "Ranks declared lost.");
   err |= emit(out, "gradsync_ranks_lost_total %" PRIu64 "\n", jobs->stats.ranks_lost);
   err |= family(out, "gradsync_generations_aborted_total", "counter", "Generations aborted.");
-  err |=
-      emit(out, "gradsync_generations_aborted_total %" PRIu64 "\n", jobs->stats.generations_aborted);
+  err |= emit(out, "gradsync_generations_aborted_total %" PRIu64 "\n",
+              jobs->stats.generations_aborted);
   return err ? GS_ENOMEM : 0;
 }
 
