@@ -125,6 +125,13 @@ void gs_flags_help(const gs_flags_t *spec, const void *base, FILE *out);
 /* Writes the README table: | flag | default | meaning |, one row per flag. */
 void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out);
 
+/* Answers what the command line asked for instead of running: --help,
+ * --help-markdown, or --version ("PROG VERSION", VERSION given by the
+ * caller), on stdout. True when it answered and the program should exit 0;
+ * false for GS_FLAGS_RUN. */
+bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t action,
+                     const char *version);
+
 /* The default of `flag` as shown (its .def, or the target's value as
  * text: "10MiB", "5m", "0.05", ":7070", "none", "off"), into buf. */
 void gs_flags_show_default(const gs_flag_t *flag, const void *base, char *buf, size_t len);

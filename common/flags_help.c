@@ -367,3 +367,22 @@ void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out)
   }
   fputs("| `--version`, `-h/--help` | | |\n", out);
 }
+
+bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t action,
+                     const char *version)
+{
+  switch (action) {
+  case GS_FLAGS_HELP:
+    gs_flags_help(spec, base, stdout);
+    return true;
+  case GS_FLAGS_MARKDOWN:
+    gs_flags_markdown(spec, base, stdout);
+    return true;
+  case GS_FLAGS_VERSION:
+    printf("%s %s\n", spec->prog, version);
+    return true;
+  case GS_FLAGS_RUN:
+    break;
+  }
+  return false;
+}

@@ -3,6 +3,7 @@
 
 #include "error.h"
 
+#include <ctype.h>
 #include <stdarg.h>
 #include <string.h>
 #include <strings.h>
@@ -63,4 +64,25 @@ int gs_log_level_parse(const char *s, gs_log_level_t *out)
     return 0;
   }
   return GS_EINVAL;
+}
+
+int gs_log_level_flag_parse(const char *value, void *target, char *expect, size_t expect_len)
+{
+  int err = gs_log_level_parse(value, target);
+
+  if (err)
+    snprintf(expect, expect_len, "error, warn, info or debug");
+  return err;
+}
+
+void gs_log_level_flag_show(const void *target, char *buf, size_t len)
+{
+  const char *name = level_names[*(const gs_log_level_t *)target];
+  size_t i;
+
+  if (len == 0)
+    return;
+  for (i = 0; i + 1 < len && name[i]; i++)
+    buf[i] = (char)tolower((unsigned char)name[i]);
+  buf[i] = '\0';
 }

@@ -3,6 +3,7 @@
 #ifndef GS_LOG_H
 #define GS_LOG_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 typedef enum gs_log_level {
@@ -23,8 +24,13 @@ typedef struct gs_log {
 void gs_log(const gs_log_t *log, gs_log_level_t level, const char *job, long rank, const char *fmt,
             ...) __attribute__((format(printf, 5, 6)));
 
-/* Parses "error", "warn", "info" or "debug". */
+/* Parses "error", "warn" (or "warning"), "info" or "debug", in any case. */
 int gs_log_level_parse(const char *s, gs_log_level_t *out) __attribute__((warn_unused_result));
+
+/* The --log-level row of a flag table (common/flags.h, GS_FLAG_CUSTOM):
+ * parses into the gs_log_level_t at `target`, and shows it. */
+int gs_log_level_flag_parse(const char *value, void *target, char *expect, size_t expect_len);
+void gs_log_level_flag_show(const void *target, char *buf, size_t len);
 
 #define GS_LOG_ERR(log, ...) gs_log((log), GS_LOG_ERROR, NULL, -1, __VA_ARGS__)
 #define GS_LOG_WARNING(log, ...) gs_log((log), GS_LOG_WARN, NULL, -1, __VA_ARGS__)

@@ -11,8 +11,6 @@
 #include "frame.h"
 #include "parse.h"
 
-static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL};
-
 /* The flags: one row each (common/flags.h); --help and the README table
  * are made from these rows and the defaults gs_coord_config_defaults sets.
  * Kept out of clang-format so each flag stays one block of a few lines. */
@@ -57,7 +55,8 @@ static const gs_flag_t flag_rows[] = {
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
   {.name = "--max-world-size", .kind = GS_FLAG_INT, CFG(max_world_size), .min = 1,
    .max = 1 << 24, .metavar = "N", .help = "largest world size accepted"},
-  {.name = "--log-level", .kind = GS_FLAG_ENUM, CFG(log.level), .names = log_levels,
+  {.name = "--log-level", .kind = GS_FLAG_CUSTOM, CFG(log.level),
+   .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",
    .doc = "`error`, `warn`, `info` or `debug`"},
 };
@@ -89,19 +88,8 @@ static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
     fprintf(stderr, "%s: %s\n", flags.prog, why);
     return 2;
   }
-  switch (action) {
-  case GS_FLAGS_HELP:
-    gs_flags_help(&flags, cfg, stdout);
+  if (gs_flags_answer(&flags, cfg, action, GS_VERSION))
     return -1;
-  case GS_FLAGS_MARKDOWN:
-    gs_flags_markdown(&flags, cfg, stdout);
-    return -1;
-  case GS_FLAGS_VERSION:
-    printf("gradsync-coordinator %s\n", GS_VERSION);
-    return -1;
-  case GS_FLAGS_RUN:
-    break;
-  }
   if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms) {
     fprintf(stderr, "gradsync-coordinator: --heartbeat-timeout must exceed --heartbeat-interval\n");
     return 2;

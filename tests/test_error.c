@@ -123,6 +123,26 @@ START_TEST(log_line_format_and_level)
 }
 END_TEST
 
+/* The --log-level row of the flag tables parses through the same parser
+ * and shows the level as the flag spells it. */
+START_TEST(log_level_flag_row)
+{
+  gs_log_level_t lvl = GS_LOG_INFO;
+  char expect[64] = "", shown[8];
+
+  ck_assert_int_eq(gs_log_level_flag_parse("Warning", &lvl, expect, sizeof(expect)), 0);
+  ck_assert_int_eq(lvl, GS_LOG_WARN);
+  ck_assert_int_eq(gs_log_level_flag_parse("loud", &lvl, expect, sizeof(expect)), GS_EINVAL);
+  ck_assert_int_eq(lvl, GS_LOG_WARN);
+  ck_assert_str_eq(expect, "error, warn, info or debug");
+  lvl = GS_LOG_DEBUG;
+  gs_log_level_flag_show(&lvl, shown, sizeof(shown));
+  ck_assert_str_eq(shown, "debug");
+  gs_log_level_flag_show(&lvl, shown, 3);
+  ck_assert_str_eq(shown, "de");
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("error");
@@ -137,6 +157,7 @@ int main(void)
   suite_add_tcase(s, tc);
   tc = tcase_create("log");
   tcase_add_test(tc, log_line_format_and_level);
+  tcase_add_test(tc, log_level_flag_row);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -104,19 +104,8 @@ static int take_token(char *token)
  * grace period as text for messages, the token. */
 static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action)
 {
-  switch (action) {
-  case GS_FLAGS_HELP:
-    gs_flags_help(&flags, cfg, stdout);
+  if (gs_flags_answer(&flags, cfg, action, GS_VERSION))
     return -1;
-  case GS_FLAGS_MARKDOWN:
-    gs_flags_markdown(&flags, cfg, stdout);
-    return -1;
-  case GS_FLAGS_VERSION:
-    printf("gradsync-run %s\n", GS_VERSION);
-    return -1;
-  case GS_FLAGS_RUN:
-    break;
-  }
   for (int i = 0; i < cfg->npass; i++) {
     if (is_reserved(cfg->pass[i])) {
       fprintf(stderr, "gradsync-run: agent flag '%s' is set by the launcher (see --help)\n",

@@ -77,7 +77,6 @@ static const char *const devices[] = {"cpu", "cuda", "auto", NULL};
 static const char *const backends[] = {"host", "nccl", "auto", NULL};
 static const char *const reduce_ops[] = {"sum", "mean", NULL};
 static const char *const schedules[] = {"constant", "step", "cosine", NULL};
-static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL};
 _Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
 _Static_assert(GS_LR_CONSTANT == 0 && GS_LR_STEP == 1 && GS_LR_COSINE == 2,
                "schedules follows gs_lr_schedule_t");
@@ -212,7 +211,8 @@ static const gs_flag_t flag_rows[] = {
    .help = "no progress in a collective", .doc = "no progress inside a collective is an error"},
   {.name = "--log-interval", .kind = GS_FLAG_DURATION, F(t.log_interval_ms), .metavar = "DUR",
    .help = "progress line period", .doc = "progress line period (rank 0)"},
-  {.name = "--log-level", .kind = GS_FLAG_ENUM, F(log.level), .names = log_levels,
+  {.name = "--log-level", .kind = GS_FLAG_CUSTOM, F(log.level),
+   .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",
    .doc = "`error`, `warn`, `info`, `debug`"},
 };
@@ -333,27 +333,17 @@ static int parse_flags(int argc, char **argv, flags_t *f)
 {
   gs_flags_opts_t opts = {.getenv = getenv};
   gs_flags_action_t action;
-  char why[512];
+  char why[512], version[128];
 
   if (gs_flags_parse(&flags, f, argc, argv, &opts, &action, why, sizeof(why))) {
     fprintf(stderr, "%s: %s\n", flags.prog, why);
     return 2;
   }
-  switch (action) {
-  case GS_FLAGS_HELP:
-    gs_flags_help(&flags, f, stdout);
-    return -1;
-  case GS_FLAGS_MARKDOWN:
-    gs_flags_markdown(&flags, f, stdout);
-    return -1;
-  case GS_FLAGS_VERSION:
-    printf("gradsync-agent %s (devices: %s; backends: %s)\n", GS_VERSION,
+  snprintf(version, sizeof(version), "%s (devices: %s; backends: %s)", GS_VERSION,
            gs_device_cuda_built() ? "cpu, cuda" : "cpu",
            gs_device_cuda_built() ? "host, nccl" : "host");
+  if (gs_flags_answer(&flags, f, action, version))
     return -1;
-  case GS_FLAGS_RUN:
-    break;
-  }
   return finish_flags(f);
 }
 
