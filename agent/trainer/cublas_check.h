@@ -12,6 +12,7 @@
 extern "C" {
 #endif
 
+#include "cuda_check.h" /* GS__RETURN_IF */
 #include "error.h"
 #include "log.h"
 
@@ -24,11 +25,6 @@ int gs__cublas_status(const gs_log_t *log, const char *file, int line, const cha
 #endif
 
 #define GS_CUBLAS_STATUS(log, call) gs__cublas_status((log), __FILE__, __LINE__, #call, (int)(call))
-#define GS_CUBLAS_CHECK(log, call)                                                                 \
-  do {                                                                                             \
-    int gs_status_ = GS_CUBLAS_STATUS(log, call);                                                  \
-    if (gs_status_)                                                                                \
-      return gs_status_;                                                                           \
-  } while (0)
+#define GS_CUBLAS_CHECK(log, call) GS__RETURN_IF(GS_CUBLAS_STATUS(log, call))
 
 #endif
