@@ -1,5 +1,5 @@
 /* Host collective backend: ring reduce-scatter + allgather, and a chain
- * broadcast, over TCP between agents (DESIGN.md "Collective backends"),
+ * broadcast, over TCP between agents (docs/design.md, "Data plane"),
  * with shared-memory pipes between ranks of one machine. This file is the
  * backend object (create, abort, destroy, failure); host_internal.h says
  * what the other files do. */

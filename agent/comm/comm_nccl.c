@@ -1,4 +1,4 @@
-/* NCCL collective backend (DESIGN.md "Collective backends"): allreduce and
+/* NCCL collective backend (docs/design.md, "Data plane"): allreduce and
  * broadcast between GPUs, queued on a stream of our own and ordered against
  * the device's compute stream with events, so the caller never blocks on a
  * collective until gs_comm_sync.

@@ -1,5 +1,5 @@
-/* The host collective backend's shared state (DESIGN.md "Collective
- * backends"): ring reduce-scatter + allgather, and a chain broadcast, over
+/* The host collective backend's shared state (docs/design.md,
+ * "Data plane"): ring reduce-scatter + allgather, and a chain broadcast, over
  * TCP between agents.
  *
  * Each rank holds two connections: the one it dialed to the next rank in the

@@ -1,6 +1,6 @@
 /* Collective backends: allreduce and broadcast among the ranks of one
- * generation. One interface, several backends (DESIGN.md "Collective
- * backends"): `host` (ring over TCP or shared memory between agents,
+ * generation. One interface, several backends (docs/design.md,
+ * "Data plane"): `host` (ring over TCP or shared memory between agents,
  * comm_host.c and host_*.c) and, with CUDA, `nccl` (comm_nccl.c).
  *
  * Threading: one thread at a time calls init/allreduce/broadcast (the
