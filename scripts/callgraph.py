@@ -35,6 +35,8 @@ def build_graph(dirs):
     defined = {}
     for obj in objs:
         for sym in symbols(obj, "--defined-only", "-g"):
+            if sym.startswith("DW.ref."):  # the C++ runtime's, in every nvcc object
+                continue
             if sym in defined and defined[sym] != node_name(obj):
                 print(f"warning: {sym} defined in {defined[sym]} and {node_name(obj)} "
                       "(a stale object? build afresh)", file=sys.stderr)

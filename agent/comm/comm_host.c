@@ -1,7 +1,7 @@
 /* Host collective backend: ring reduce-scatter + allgather, and a chain
  * broadcast, over TCP between agents (docs/design.md, "Data plane"),
  * with shared-memory pipes between ranks of one machine. This file is the
- * backend object (create, abort, destroy, failure); host_internal.h says
+ * backend object (create, abort, destroy); host_internal.h says
  * what the other files do. */
 #include "host_internal.h"
 
@@ -22,48 +22,6 @@
 
 #include "clock.h"
 
-/* Milliseconds left of `timeout` since `since`, as a poll() timeout. */
-int gs__host_wait_ms(uint64_t since, uint64_t timeout, uint64_t now)
-{
-  uint64_t spent = now - since;
-
-  if (spent >= timeout)
-    return 0;
-  return timeout - spent > MAX_WAIT_MS ? MAX_WAIT_MS : (int)(timeout - spent);
-}
-
-/* Shuts both ring sockets down (the fds stay open until destroy), which
- * unblocks this rank's poll() and makes the neighbours fail promptly. */
-static void shutdown_ring(host_comm_t *c)
-{
-  int fd = atomic_load(&c->next_fd);
-
-  if (fd >= 0)
-    shutdown(fd, SHUT_RDWR);
-  fd = atomic_load(&c->prev_fd);
-  if (fd >= 0)
-    shutdown(fd, SHUT_RDWR);
-}
-
-/* Marks the comm broken by `err` (an abort wins) and shuts its sockets down
- * so that the neighbours fail promptly too. Returns the error to report. */
-int gs__host_fail(host_comm_t *c, int err)
-{
-
-  if (gs__host_aborted(c))
-    err = GS_EABORTED;
-  c->err = err;
-  shutdown_ring(c);
-  return err;
-}
-
-void gs__host_close_fd(int *fd)
-{
-  if (*fd >= 0)
-    close(*fd);
-  *fd = -1;
-}
-
 /* Safe from any thread: sets the flag, wakes poll() through the eventfd and
  * shuts the sockets down (the fds stay open until destroy). */
 static void host_abort(gs_comm_t *base)
@@ -75,7 +33,7 @@ static void host_abort(gs_comm_t *base)
   if (write(c->wake_fd, &one, sizeof(one)) < 0) {
     /* EAGAIN: the counter is already far from zero, which is all we need. */
   }
-  shutdown_ring(c);
+  gs__host_shutdown_ring(c);
 }
 
 static void host_destroy(gs_comm_t *base)

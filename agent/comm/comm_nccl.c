@@ -355,8 +355,8 @@ static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
     return err;
   if ((dtype != GS_DTYPE_FLOAT32 && dtype != GS_DTYPE_FLOAT64) ||
       (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) || (count && !buf)) {
-    GS_LOG_ERR(base->log, "nccl comm: allreduce of %zu %s (op %s): unsupported arguments", count,
-               gs_dtype_name(dtype), gs_reduce_op_name(op));
+    GS_LOG_ERR(base->log, "nccl comm: allreduce of %zu %s (op %d): unsupported arguments", count,
+               gs_dtype_name(dtype), (int)op);
     return GS_EINVAL;
   }
   err = queue_begin(c, "allreduce");

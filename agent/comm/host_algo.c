@@ -202,18 +202,6 @@ static uint8_t *ring_item_ptr(const ring_t *g, uint32_t item, bool recv)
   return g->buf + seg_off(g->count, g->w, ring_seg(g, item, recv)) * g->esz;
 }
 
-/* Bytes of the send stream that may go out now. */
-size_t gs__host_send_limit(const xfer_t *x)
-{
-  size_t lim;
-
-  if (x->ring) {
-    lim = x->ring->lead + x->ring->done;
-    return lim < x->send_len ? lim : x->send_len;
-  }
-  return x->forward ? x->recvd : x->send_len;
-}
-
 /* send_some for the ring: what may go out of the current send item. */
 static int ring_send_some(host_comm_t *c, xfer_t *x)
 {
@@ -396,8 +384,8 @@ int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
   if ((dtype != GS_DTYPE_FLOAT32 && dtype != GS_DTYPE_FLOAT64) ||
       (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) || (count && !buf) ||
       count > SIZE_MAX / gs_dtype_size(dtype)) {
-    GS_LOG_ERR(base->log, "host comm: allreduce of %zu %s (op %s): unsupported arguments", count,
-               gs_dtype_name(dtype), gs_reduce_op_name(op));
+    GS_LOG_ERR(base->log, "host comm: allreduce of %zu %s (op %d): unsupported arguments", count,
+               gs_dtype_name(dtype), (int)op);
     return GS_EINVAL;
   }
   if (w == 1 || count == 0)

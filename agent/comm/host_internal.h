@@ -102,10 +102,10 @@ typedef struct ring {
 } ring_t;
 
 /* The files of the host backend, one concept each: comm_host.c (the
- * backend object: create, abort, destroy, failure), host_connect.c
- * (listen, rendezvous and handshake, shared-memory offer: init),
- * host_link.c (a link's slow path: exact exchanges, errors, sleeping until
- * a link moves) and host_algo.c (the collectives and their data path:
+ * backend object: create, abort, destroy), host_connect.c (listen,
+ * rendezvous and handshake, shared-memory offer: init), host_link.c (a
+ * link's slow path: exact exchanges, errors and failure, sleeping until a
+ * link moves) and host_algo.c (the collectives and their data path:
  * the pipelined ring, the small gather, the broadcast chain, with the
  * reduction loops in the same translation unit as the transfer loop that
  * calls them). */
@@ -115,16 +115,15 @@ static inline bool gs__host_aborted(host_comm_t *c)
   return atomic_load(&c->aborted);
 }
 
-/* comm_host.c */
-int gs__host_wait_ms(uint64_t since, uint64_t timeout, uint64_t now);
-int gs__host_fail(host_comm_t *c, int err);
-void gs__host_close_fd(int *fd);
-
 /* host_connect.c */
 int gs__host_listen(gs_comm_t *base, const char *host, char *addr, size_t addr_len);
 int gs__host_init(gs_comm_t *base, const gs_comm_setup_t *s);
 
 /* host_link.c */
+int gs__host_wait_ms(uint64_t since, uint64_t timeout, uint64_t now);
+int gs__host_fail(host_comm_t *c, int err);
+void gs__host_shutdown_ring(host_comm_t *c);
+void gs__host_close_fd(int *fd);
 int gs__host_io_all(host_comm_t *c, int fd, uint8_t *buf, size_t len, bool out, const char *what);
 int gs__host_io_error(host_comm_t *c, int errnum, uint32_t peer, const char *addr,
                       const char *what);
@@ -132,7 +131,19 @@ int gs__host_xfer_timeout(host_comm_t *c, const xfer_t *x);
 int gs__host_sleep_on_pipes(host_comm_t *c, xfer_t *x, int timeout_ms);
 
 /* host_algo.c */
-size_t gs__host_send_limit(const xfer_t *x);
+/* Bytes of the send stream that may go out now: the ring's lead item and
+ * what has been reduced since, or all of it (a forwarded stream: what has
+ * come in). Inline: both the link's waits and the ring's sends ask. */
+static inline size_t gs__host_send_limit(const xfer_t *x)
+{
+  size_t lim;
+
+  if (x->ring) {
+    lim = x->ring->lead + x->ring->done;
+    return lim < x->send_len ? lim : x->send_len;
+  }
+  return x->forward ? x->recvd : x->send_len;
+}
 int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                        gs_reduce_op_t op);
 int gs__host_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root);

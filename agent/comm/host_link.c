@@ -1,7 +1,7 @@
 /* Host backend, a link's slow path: exact small exchanges after the
- * handshake, the errors of a link, and sleeping until a link can move
- * (poll() on the sockets, the abort eventfd and the shared-memory pipes'
- * wake-up bytes). */
+ * handshake, the errors of a link and the comm's failure (sockets shut
+ * down), and sleeping until a link can move (poll() on the sockets, the
+ * abort eventfd and the shared-memory pipes' wake-up bytes). */
 #include "host_internal.h"
 
 #include <errno.h>
@@ -20,6 +20,47 @@
 #include <unistd.h>
 
 #include "clock.h"
+
+/* Milliseconds left of `timeout` since `since`, as a poll() timeout. */
+int gs__host_wait_ms(uint64_t since, uint64_t timeout, uint64_t now)
+{
+  uint64_t spent = now - since;
+
+  if (spent >= timeout)
+    return 0;
+  return timeout - spent > MAX_WAIT_MS ? MAX_WAIT_MS : (int)(timeout - spent);
+}
+
+/* Shuts both ring sockets down (the fds stay open until destroy), which
+ * unblocks this rank's poll() and makes the neighbours fail promptly. */
+void gs__host_shutdown_ring(host_comm_t *c)
+{
+  int fd = atomic_load(&c->next_fd);
+
+  if (fd >= 0)
+    shutdown(fd, SHUT_RDWR);
+  fd = atomic_load(&c->prev_fd);
+  if (fd >= 0)
+    shutdown(fd, SHUT_RDWR);
+}
+
+/* Marks the comm broken by `err` (an abort wins) and shuts its sockets down
+ * so that the neighbours fail promptly too. Returns the error to report. */
+int gs__host_fail(host_comm_t *c, int err)
+{
+  if (gs__host_aborted(c))
+    err = GS_EABORTED;
+  c->err = err;
+  gs__host_shutdown_ring(c);
+  return err;
+}
+
+void gs__host_close_fd(int *fd)
+{
+  if (*fd >= 0)
+    close(*fd);
+  *fd = -1;
+}
 
 /* Converts a send/recv errno on the connection to `peer` into an error. */
 int gs__host_io_error(host_comm_t *c, int errnum, uint32_t peer, const char *addr, const char *what)

@@ -8,6 +8,7 @@
 
 #include "clock.h"
 #include "engine_internal.h"
+#include "why.h"
 
 int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
 {
@@ -53,7 +54,7 @@ static void *comm_main(void *arg)
 int gs__engine_comm_start(gs_engine_t *e)
 {
   if (pthread_create(&e->thread, NULL, comm_main, e)) {
-    gs__engine_set_error(e, "cannot start the comm thread");
+    gs_set_why(e->error, sizeof(e->error), "cannot start the comm thread");
     return GS_ENOMEM;
   }
   e->thread_running = true;
@@ -107,11 +108,13 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
     nanosleep(&ts, NULL);
   }
   if (why[0])
-    gs__engine_set_error(e, "%s failed: the coordinator aborted generation %" PRIu64 ": %s", what,
-                         e->join.generation, why);
+    gs_set_why(e->error, sizeof(e->error),
+               "%s failed: the coordinator aborted generation %" PRIu64 ": %s", what,
+               e->join.generation, why);
   else
-    gs__engine_set_error(e, "%s failed: %s (a peer rank failed or is unreachable; see its log)",
-                         what, gs_strerror(err));
+    gs_set_why(e->error, sizeof(e->error),
+               "%s failed: %s (a peer rank failed or is unreachable; see its log)", what,
+               gs_strerror(err));
   return err;
 }
 

@@ -3,21 +3,12 @@
  * the accessors, finish and free. The step, the comm thread and the
  * syncs outside a step have their own files (engine_internal.h). */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine_internal.h"
-
-void gs__engine_set_error(gs_engine_t *e, const char *fmt, ...)
-{
-  va_list ap;
-
-  va_start(ap, fmt);
-  vsnprintf(e->error, sizeof(e->error), fmt, ap);
-  va_end(ap);
-}
+#include "why.h"
 
 /* A copy of `s` in *copy (NULL stays NULL); false when out of memory. */
 static bool copy_string(const char *s, char **copy)
@@ -71,8 +62,8 @@ int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements, bool
   int idx = gs_packs_register(&e->packs, name, elements, is_bias);
 
   if (idx < 0)
-    gs__engine_set_error(e, "cannot register parameter '%s': %s", name ? name : "?",
-                         gs_strerror(idx));
+    gs_set_why(e->error, sizeof(e->error), "cannot register parameter '%s': %s", name ? name : "?",
+               gs_strerror(idx));
   return idx;
 }
 
@@ -127,13 +118,14 @@ static int agree_packlist(gs_engine_t *e)
   if (e->join.rank == 0) {
     err = gs_packlist_compute(params, n, e->cfg.pack_threshold, &list);
     if (err) {
-      gs__engine_set_error(e, "cannot compute the pack list: %s", gs_strerror(err));
+      gs_set_why(e->error, sizeof(e->error), "cannot compute the pack list: %s", gs_strerror(err));
       return err;
     }
     err = gs_client_publish_packlist(e->client, e->join.generation, 0, &list, params, n,
                                      e->cfg.rpc_timeout_ms);
     if (err) {
-      gs__engine_set_error(e, "cannot publish the pack list: %s", gs_client_error(e->client));
+      gs_set_why(e->error, sizeof(e->error), "cannot publish the pack list: %s",
+                 gs_client_error(e->client));
       gs_packlist_free(&list);
       return err;
     }
@@ -141,8 +133,8 @@ static int agree_packlist(gs_engine_t *e)
     err = gs_client_fetch_packlist(e->client, e->join.generation, &list, &params, &n,
                                    e->cfg.join_timeout_ms);
     if (err) {
-      gs__engine_set_error(e, "cannot fetch the pack list from the coordinator: %s",
-                           gs_client_error(e->client));
+      gs_set_why(e->error, sizeof(e->error), "cannot fetch the pack list from the coordinator: %s",
+                 gs_client_error(e->client));
       return err;
     }
     fetched = true;
@@ -152,7 +144,7 @@ static int agree_packlist(gs_engine_t *e)
   if (fetched)
     gs_client_params_free(params, n);
   if (err)
-    gs__engine_set_error(e, "rank 0's pack list does not fit this model: %s", why);
+    gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
   return err;
 }
 
@@ -175,7 +167,7 @@ static int join(gs_engine_t *e, const char *comm_addr)
          e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
   err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
   if (err) {
-    gs__engine_set_error(e, "join failed: %s", gs_client_error(e->client));
+    gs_set_why(e->error, sizeof(e->error), "join failed: %s", gs_client_error(e->client));
     return err;
   }
   e->joined = true;
@@ -202,8 +194,8 @@ static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
   if (e->join.rank == 0) {
     err = gs_comm_make_id(e->comm, id, COMM_ID_MAX, len);
     if (err) {
-      gs__engine_set_error(e, "the %s backend cannot make its rendezvous id: %s",
-                           gs_comm_name(e->comm), gs_strerror(err));
+      gs_set_why(e->error, sizeof(e->error), "the %s backend cannot make its rendezvous id: %s",
+                 gs_comm_name(e->comm), gs_strerror(err));
       return err;
     }
     err = gs_client_publish(e->client, e->join.generation, COMM_ID_KEY, id, *len,
@@ -213,9 +205,9 @@ static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
                           e->cfg.join_timeout_ms);
   }
   if (err)
-    gs__engine_set_error(e, "cannot %s the %s rendezvous id through the coordinator: %s",
-                         e->join.rank == 0 ? "publish" : "fetch", gs_comm_name(e->comm),
-                         gs_client_error(e->client));
+    gs_set_why(
+        e->error, sizeof(e->error), "cannot %s the %s rendezvous id through the coordinator: %s",
+        e->join.rank == 0 ? "publish" : "fetch", gs_comm_name(e->comm), gs_client_error(e->client));
   return err;
 }
 
@@ -252,8 +244,8 @@ static int connect_ranks(gs_engine_t *e)
   err = gs_comm_init(e->comm, &setup);
   free(addrs);
   if (err)
-    gs__engine_set_error(e, "cannot connect to the other ranks (%s backend): %s",
-                         gs_comm_name(e->comm), gs_strerror(err));
+    gs_set_why(e->error, sizeof(e->error), "cannot connect to the other ranks (%s backend): %s",
+               gs_comm_name(e->comm), gs_strerror(err));
   return err;
 }
 
@@ -270,7 +262,7 @@ static int alloc_step_state(gs_engine_t *e)
   e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl * sizeof(float));
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
   if (!e->jobs || !e->queue || !e->ready || !e->launched || !e->ticket || !e->ctl || !e->aux_dev) {
-    gs__engine_set_error(e, "out of memory");
+    gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }
   return 0;
@@ -309,7 +301,7 @@ static int start_threads(gs_engine_t *e)
     return err;
   e->hb = gs_heartbeat_start(&hc);
   if (!e->hb) {
-    gs__engine_set_error(e, "cannot start the heartbeat thread");
+    gs_set_why(e->error, sizeof(e->error), "cannot start the heartbeat thread");
     return GS_ENOMEM;
   }
   return 0;
@@ -325,12 +317,12 @@ static int open_device(gs_engine_t *e)
   int index = 0;
 
   if (!cpu && strcmp(name, "cuda") != 0 && (sscanf(name, "cuda:%d", &index) != 1 || index < 0)) {
-    gs__engine_set_error(e, "unknown device '%s' (cpu, cuda or cuda:N)", name);
+    gs_set_why(e->error, sizeof(e->error), "unknown device '%s' (cpu, cuda or cuda:N)", name);
     return GS_EINVAL;
   }
   e->cfg.dev = gs_device_open(cpu ? "cpu" : "cuda", index, e->cfg.log, why, sizeof(why));
   if (!e->cfg.dev) {
-    gs__engine_set_error(e, "cannot open device %s: %s", name, why);
+    gs_set_why(e->error, sizeof(e->error), "cannot open device %s: %s", name, why);
     return GS_EUNAVAIL;
   }
   e->owns_dev = true;
@@ -344,11 +336,11 @@ int gs_engine_start(gs_engine_t *e)
   int err;
 
   if (e->packs.nparams == 0) {
-    gs__engine_set_error(e, "no parameters registered");
+    gs_set_why(e->error, sizeof(e->error), "no parameters registered");
     return GS_EINVAL;
   }
   if (gs_sgd_config_check(&e->cfg.sgd, why, sizeof(why))) {
-    gs__engine_set_error(e, "%s", why);
+    gs_set_why(e->error, sizeof(e->error), "%s", why);
     return GS_EINVAL;
   }
   if (!e->cfg.dev) {
@@ -363,21 +355,22 @@ int gs_engine_start(gs_engine_t *e)
   }
   e->comm = gs_comm_new(e->cfg.backend, e->cfg.log);
   if (!e->client || !e->comm) {
-    gs__engine_set_error(e, e->comm ? "out of memory" : "unknown backend '%s'", e->cfg.backend);
+    gs_set_why(e->error, sizeof(e->error), e->comm ? "out of memory" : "unknown backend '%s'",
+               e->cfg.backend);
     return GS_EINVAL;
   }
   /* Blocking backends move host memory, stream-ordered ones device memory. */
   if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
-    gs__engine_set_error(
-        e, "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
-        gs_comm_name(e->comm), e->cfg.dev->label, e->cfg.dev->host_memory ? "host" : "nccl",
-        e->cfg.dev->host_memory ? "cpu" : "cuda");
+    gs_set_why(e->error, sizeof(e->error),
+               "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
+               gs_comm_name(e->comm), e->cfg.dev->label, e->cfg.dev->host_memory ? "host" : "nccl",
+               e->cfg.dev->host_memory ? "cpu" : "cuda");
     return GS_EINVAL;
   }
   err = gs_comm_listen(e->comm, e->cfg.comm_host, comm_addr, sizeof(comm_addr));
   if (err) {
-    gs__engine_set_error(e, "cannot listen for peers on %s: %s", e->cfg.comm_host,
-                         gs_strerror(err));
+    gs_set_why(e->error, sizeof(e->error), "cannot listen for peers on %s: %s", e->cfg.comm_host,
+               gs_strerror(err));
     return err;
   }
   err = join(e, comm_addr);

@@ -88,10 +88,6 @@ struct gs_engine {
 
 #define AUX_BYTES 256 /* the largest host buffer staged for a device backend */
 
-/* Records the reason for a failure, for gs_engine_error. */
-void gs__engine_set_error(gs_engine_t *e, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
 /* comm_thread.c: the comm thread and the collectives it runs. */
 int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;
 void gs__engine_comm_stop(gs_engine_t *e, bool abort);

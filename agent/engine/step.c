@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "engine_internal.h"
+#include "why.h"
 
 /* Fills this rank's part of the control vector: rank 0 passes on the
  * coordinator's requests it has not passed on yet. */
@@ -152,9 +153,9 @@ static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
     char ranks[256];
 
     nonfinite_ranks(e, ranks, sizeof(ranks));
-    gs__engine_set_error(
-        e, "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; every rank stops", step,
-        ranks);
+    gs_set_why(e->error, sizeof(e->error),
+               "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; every rank stops",
+               step, ranks);
     return GS_ERANGE;
   }
   if (c.period_changed) {
@@ -193,11 +194,10 @@ static int missing_gradient(gs_engine_t *e, uint64_t step)
 {
   for (uint32_t i = 0; i < e->packs.nparams; i++)
     if (!e->ready[i]) {
-      gs__engine_set_error(e,
-                           "step %" PRIu64
-                           ": parameter '%s' received no gradient (every registered "
-                           "parameter must get one each step; unused parameters are not supported)",
-                           step, e->packs.params[i].name);
+      gs_set_why(e->error, sizeof(e->error),
+                 "step %" PRIu64 ": parameter '%s' received no gradient (every registered "
+                 "parameter must get one each step; unused parameters are not supported)",
+                 step, e->packs.params[i].name);
       return GS_EPRECOND;
     }
   return 0;
@@ -216,8 +216,9 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   memset(out, 0, sizeof(*out));
   e->in_step = false;
   if (e->repeated_param >= 0) {
-    gs__engine_set_error(e, "step %" PRIu64 ": gradient of parameter %" PRId64 " reported twice",
-                         step, e->repeated_param);
+    gs_set_why(e->error, sizeof(e->error),
+               "step %" PRIu64 ": gradient of parameter %" PRId64 " reported twice", step,
+               e->repeated_param);
     return GS_EPRECOND;
   }
   if (e->nlaunched < e->packs.list.pack_count)
@@ -249,8 +250,9 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
   optimizer += gs_now_ms_f() - t0;
   if (err) {
-    gs__engine_set_error(e, "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
-                         e->cfg.dev->label, gs_strerror(err));
+    gs_set_why(e->error, sizeof(e->error),
+               "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
+               e->cfg.dev->label, gs_strerror(err));
     return err;
   }
   out->comm_wait_ms = waited;

@@ -8,6 +8,7 @@
 
 #include "checkpoint.h"
 #include "engine_internal.h"
+#include "why.h"
 
 /* Broadcasts every pack's params (and momentum) from rank 0. */
 int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum)
@@ -100,15 +101,17 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
     return 0;
   st.bufs = ckpt_buffers(e, true);
   if (!st.bufs) {
-    gs__engine_set_error(
-        e, "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host", pos->step);
+    gs_set_why(e->error, sizeof(e->error),
+               "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host",
+               pos->step);
     return GS_ENOMEM;
   }
   err = gs_checkpoint_save(e->cfg.checkpoint_dir, &st, e->cfg.checkpoint_keep, path, sizeof(path),
                            why, sizeof(why));
   ckpt_release(e, st.bufs, false);
   if (err) {
-    gs__engine_set_error(e, "checkpoint at step %" PRIu64 " failed: %s", pos->step, why);
+    gs_set_why(e->error, sizeof(e->error), "checkpoint at step %" PRIu64 " failed: %s", pos->step,
+               why);
     return err;
   }
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "checkpoint: step %" PRIu64 " -> %s",
@@ -140,7 +143,7 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
     return 0;
   }
   if (err) {
-    gs__engine_set_error(e, "cannot resume from %s: %s", e->cfg.checkpoint_dir, why);
+    gs_set_why(e->error, sizeof(e->error), "cannot resume from %s: %s", e->cfg.checkpoint_dir, why);
     return err;
   }
   *found = true;
