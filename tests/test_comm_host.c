@@ -19,6 +19,7 @@
 
 #include "comm.h"
 #include "clock.h"
+#include "why.h"
 
 #define MAX_W 5
 #define BIG 3000017 /* floats; prime, so the ring segments differ in length */
@@ -70,7 +71,7 @@ static void mismatch(rank_ctx_t *rc, const char *fmt, ...)
   if (rc->why[0])
     return;
   va_start(ap, fmt);
-  vsnprintf(rc->why, sizeof(rc->why), fmt, ap);
+  gs_set_whyv(rc->why, sizeof(rc->why), fmt, ap);
   va_end(ap);
 }
 

@@ -9,6 +9,7 @@
 #include "jobs.h"
 #include "list.h"
 #include "wire.h"
+#include "harness.h"
 
 #define MAX_REPLIES 256
 #define MAX_PEERS 16
@@ -129,21 +130,6 @@ static uint32_t replies_to(uint32_t peer)
   return n;
 }
 
-static gradsync_JoinRequest join_request(const char *job, uint32_t world, const char *node,
-                                         uint32_t local_rank)
-{
-  gradsync_JoinRequest r = gradsync_JoinRequest_init_zero;
-
-  snprintf(r.job, sizeof(r.job), "%s", job);
-  r.world_size = world;
-  snprintf(r.node, sizeof(r.node), "%s", node);
-  r.local_rank = local_rank;
-  r.has_model_signature = true;
-  r.model_signature.param_count = 6;
-  r.model_signature.total_elements = 1000;
-  return r;
-}
-
 static void join(uint32_t peer, const gradsync_JoinRequest *req, uint64_t now)
 {
   gs_call_t call = call_from(peer, GS_METHOD_JOIN, now);
@@ -176,7 +162,7 @@ static void start_world_on(const char *job, uint32_t n, uint32_t first, uint64_t
     gradsync_JoinRequest req;
 
     snprintf(node, sizeof(node), "n%u", i / 2);
-    req = join_request(job, n, node, i % 2);
+    req = th_join_request(job, n, node, i % 2);
     join(first + i, &req, now);
   }
   for (uint32_t i = 0; i < n; i++)
@@ -239,7 +225,7 @@ START_TEST(rendezvous_sorts_ranks_when_the_world_is_complete)
   gradsync_JoinRequest req;
 
   for (uint32_t i = 0; i < 5; i++) {
-    req = join_request("r", 5, who[i].node, who[i].local_rank);
+    req = th_join_request("r", 5, who[i].node, who[i].local_rank);
     join(i, &req, 100 + i);
     if (i < 4) {
       ck_assert_uint_eq(fake.count, 0);
@@ -257,7 +243,7 @@ START_TEST(rendezvous_sorts_ranks_when_the_world_is_complete)
   }
   ck_assert_int_eq(gs__jobs_find(&jobs, "r")->state, GS_JOB_RUNNING);
   /* A sixth agent is refused while every rank runs. */
-  req = join_request("r", 5, "c", 0);
+  req = th_join_request("r", 5, "c", 0);
   join(5, &req, 200);
   ck_assert_int_eq(last_reply(5)->err, GS_EPRECOND);
 }
@@ -269,16 +255,16 @@ END_TEST
  * may Join again); and the job can rendezvous again. */
 START_TEST(rendezvous_refusals)
 {
-  gradsync_JoinRequest req = join_request("m", 3, "n0", 0);
+  gradsync_JoinRequest req = th_join_request("m", 3, "n0", 0);
 
   join(0, &req, 0);
-  req = join_request("m", 4, "n0", 1);
+  req = th_join_request("m", 4, "n0", 1);
   join(1, &req, 0);
   ck_assert_int_eq(last_reply(1)->err, GS_EINVAL);
   ck_assert_ptr_nonnull(strstr(last_reply(1)->message, "world size 4 disagrees with 3"));
-  req = join_request("m", 3, "n0", 1);
+  req = th_join_request("m", 3, "n0", 1);
   join(1, &req, 0);
-  req = join_request("m", 3, "n1", 0);
+  req = th_join_request("m", 3, "n1", 0);
   req.model_signature.param_count = 7;
   join(2, &req, 0);
   for (uint32_t i = 0; i < 3; i++) {
@@ -330,7 +316,7 @@ END_TEST
  * connection cannot be taken, and an aborted generation cannot be rejoined. */
 START_TEST(reregistration_rebuilds_the_job)
 {
-  gradsync_JoinRequest req = join_request("re", 2, "n0", 1);
+  gradsync_JoinRequest req = th_join_request("re", 2, "n0", 1);
   gradsync_HeartbeatResponse hb;
   int err;
 
@@ -435,16 +421,16 @@ END_TEST
  * the world then needs another agent. */
 START_TEST(closed_waiting_agent_leaves_the_rendezvous)
 {
-  gradsync_JoinRequest req = join_request("w", 2, "n0", 0);
+  gradsync_JoinRequest req = th_join_request("w", 2, "n0", 0);
 
   join(0, &req, 0);
   gs__jobs_peer_closed(&jobs, &peers[0]);
   ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
   ck_assert_uint_eq(replies_to(0), 0);
-  req = join_request("w", 2, "n0", 1);
+  req = th_join_request("w", 2, "n0", 1);
   join(1, &req, 10);
   ck_assert_uint_eq(replies_to(1), 0);
-  req = join_request("w", 2, "n1", 0);
+  req = th_join_request("w", 2, "n1", 0);
   join(2, &req, 10);
   ck_assert_uint_eq(join_reply(1).rank, 0);
   ck_assert_uint_eq(join_reply(2).rank, 1);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "pb_array.h"
+#include "why.h"
 
 const char *gs__job_state_name(gs_job_state_t s)
 {
@@ -189,7 +190,7 @@ void gs__job_abort(gs_job_t *job, const char *fmt, ...)
   if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation)
     return;
   va_start(ap, fmt);
-  vsnprintf(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
+  gs_set_whyv(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
   va_end(ap);
   job->aborted_generation = job->generation;
   job->state = GS_JOB_WAITING;
