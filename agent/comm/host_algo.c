@@ -71,27 +71,21 @@ static void scale(uint8_t *p, size_t n, gs_dtype_t dtype, uint32_t w)
  * unknown length scalar), compiled for AVX-512 and AVX2 too (GS_WIDE). */
 #define REDUCE_BLOCK 32
 
-GS_WIDE static void reduce_f32(float *restrict dst, const float *restrict src, size_t n)
-{
-  size_t i = 0;
+/* One definition for each element type, so both get the same loop. */
+#define GS__DEFINE_REDUCE(name, type)                                                              \
+  GS_WIDE static void name(type *restrict dst, const type *restrict src, size_t n)                 \
+  {                                                                                                \
+    size_t i = 0;                                                                                  \
+                                                                                                   \
+    for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)                                               \
+      for (size_t j = 0; j < REDUCE_BLOCK; j++)                                                    \
+        dst[i + j] += src[i + j];                                                                  \
+    for (; i < n; i++)                                                                             \
+      dst[i] += src[i];                                                                            \
+  }
 
-  for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)
-    for (size_t j = 0; j < REDUCE_BLOCK; j++)
-      dst[i + j] += src[i + j];
-  for (; i < n; i++)
-    dst[i] += src[i];
-}
-
-GS_WIDE static void reduce_f64(double *restrict dst, const double *restrict src, size_t n)
-{
-  size_t i = 0;
-
-  for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)
-    for (size_t j = 0; j < REDUCE_BLOCK; j++)
-      dst[i + j] += src[i + j];
-  for (; i < n; i++)
-    dst[i] += src[i];
-}
+GS__DEFINE_REDUCE(reduce_f32, float)
+GS__DEFINE_REDUCE(reduce_f64, double)
 
 static void reduce_into(uint8_t *dst, const uint8_t *src, size_t bytes, gs_dtype_t dtype)
 {
