@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "control.h"
+#include "error.h"
 
 #define MAX_LEN 64
 
@@ -160,6 +161,93 @@ START_TEST(short_vector)
 }
 END_TEST
 
+/* Ranks that agree on their step and collective counts pass the check,
+ * however large the counts. */
+START_TEST(in_step_ranks_pass)
+{
+  gs_control_local_t in[5];
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(5);
+  char why[256] = "";
+
+  for (uint32_t r = 0; r < 5; r++)
+    in[r] = (gs_control_local_t){.rank = r, .step = 1000003, .collectives = 777777};
+  sum_ranks(in, 5, sum, n);
+  for (uint32_t r = 0; r < 5; r++)
+    ck_assert_msg(gs_control_check(sum, n, &in[r], 5, why, sizeof(why)) == 0, "rank %u: %s", r,
+                  why);
+}
+END_TEST
+
+/* One rank a step ahead: every rank whose count differs from the mean
+ * sees it, and the error names the problem. */
+START_TEST(step_mismatch_is_named)
+{
+  gs_control_local_t in[4];
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(4);
+  char why[256] = "";
+
+  for (uint32_t r = 0; r < 4; r++)
+    in[r] = (gs_control_local_t){.rank = r, .step = 41, .collectives = 90};
+  in[2].step = 42;
+  sum_ranks(in, 4, sum, n);
+  for (uint32_t r = 0; r < 4; r++) {
+    ck_assert_int_eq(gs_control_check(sum, n, &in[r], 4, why, sizeof(why)), GS_EPROTO);
+    ck_assert_msg(strstr(why, "not at the same step"), "%s", why);
+  }
+}
+END_TEST
+
+/* One rank ran an extra collective (a metric allreduce the others skipped). */
+START_TEST(collective_count_mismatch_is_named)
+{
+  gs_control_local_t in[3];
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(3);
+  char why[256] = "";
+
+  for (uint32_t r = 0; r < 3; r++)
+    in[r] = (gs_control_local_t){.rank = r, .step = 7, .collectives = 14};
+  in[0].collectives = 15;
+  sum_ranks(in, 3, sum, n);
+  ck_assert_int_eq(gs_control_check(sum, n, &in[1], 3, why, sizeof(why)), GS_EPROTO);
+  ck_assert_msg(strstr(why, "different numbers of collectives"), "%s", why);
+  /* A check slot summed with gradients instead of counts fails too. */
+  sum_ranks(in, 3, sum, n);
+  sum[GS_CTL_STEP] = NAN;
+  ck_assert_int_eq(gs_control_check(sum, n, &in[1], 3, why, sizeof(why)), GS_EPROTO);
+}
+END_TEST
+
+/* At the largest world the sums are still exact in float32, in whatever
+ * order they are added: equal counts pass and a count one off fails. */
+START_TEST(check_exact_at_max_world)
+{
+  const uint32_t world = GS_CTL_CHECK_MAX_WORLD;
+  gs_control_local_t mine = {.step = GS_CTL_SEQ_MOD - 1, .collectives = 2 * GS_CTL_SEQ_MOD - 1};
+  gs_control_local_t off = mine;
+  size_t n = GS_CTL_FIXED;
+  float v[GS_CTL_FIXED + 1], w[GS_CTL_FIXED + 1], fwd[GS_CTL_FIXED], back[GS_CTL_FIXED];
+  char why[256] = "";
+
+  off.step--;
+  gs_control_encode(&mine, v, n);
+  gs_control_encode(&off, w, n);
+  memset(fwd, 0, sizeof(fwd));
+  memset(back, 0, sizeof(back));
+  for (uint32_t r = 0; r < world; r++)
+    for (size_t i = 0; i < n; i++) {
+      fwd[i] += v[i];
+      back[i] += r == 0 ? w[i] : v[i]; /* rank 0 one step behind */
+    }
+  ck_assert_msg(gs_control_check(fwd, n, &mine, world, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_int_eq(gs_control_check(back, n, &mine, world, why, sizeof(why)), GS_EPROTO);
+  /* Past the exact range the check gives up rather than cry wolf. */
+  ck_assert_int_eq(gs_control_check(back, n, &mine, world + 1, why, sizeof(why)), 0);
+}
+END_TEST
+
 static Suite *control_suite(void)
 {
   Suite *s = suite_create("control");
@@ -174,6 +262,10 @@ static Suite *control_suite(void)
       {"term_any_rank", term_any_rank},
       {"nonfinite_bits", nonfinite_bits},
       {"short_vector", short_vector},
+      {"in_step_ranks_pass", in_step_ranks_pass},
+      {"step_mismatch_is_named", step_mismatch_is_named},
+      {"collective_count_mismatch_is_named", collective_count_mismatch_is_named},
+      {"check_exact_at_max_world", check_exact_at_max_world},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -1,7 +1,11 @@
 /* The control vector's encoding (see control.h). */
 #include "control.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "error.h"
 
 size_t gs_control_len(uint32_t world_size)
 {
@@ -21,6 +25,8 @@ void gs_control_encode(const gs_control_local_t *in, float *v, size_t n)
   v[GS_CTL_BROADCAST] = in->broadcast;
   v[GS_CTL_CHECKPOINT] = in->checkpoint;
   v[GS_CTL_TERM] = in->term;
+  v[GS_CTL_STEP] = (float)(in->step % GS_CTL_SEQ_MOD);
+  v[GS_CTL_SEQ] = (float)(in->collectives % GS_CTL_SEQ_MOD);
   if (in->nonfinite) {
     v[GS_CTL_NONFINITE] = 1;
     if (slot < n)
@@ -40,6 +46,34 @@ void gs_control_decode(const float *v, size_t n, gs_control_t *out)
   out->broadcast = v[GS_CTL_BROADCAST] > 0;
   out->checkpoint = v[GS_CTL_CHECKPOINT] > 0;
   out->nonfinite = v[GS_CTL_NONFINITE] > 0;
+}
+
+int gs_control_check(const float *v, size_t n, const gs_control_local_t *mine, uint32_t world,
+                     char *why, size_t why_len)
+{
+  float step = (float)((double)world * (double)(mine->step % GS_CTL_SEQ_MOD));
+  float seq = (float)((double)world * (double)(mine->collectives % GS_CTL_SEQ_MOD));
+
+  if (n < GS_CTL_FIXED || world > GS_CTL_CHECK_MAX_WORLD)
+    return 0;
+  if (v[GS_CTL_STEP] != step) {
+    snprintf(why, why_len,
+             "the ranks are not at the same step: the step check summed to %g where %" PRIu32
+             " ranks at this rank's step (%" PRIu64 " mod %u) give %g; a rank skipped or "
+             "repeated a step, or the control vector was summed with other data",
+             v[GS_CTL_STEP], world, mine->step % GS_CTL_SEQ_MOD, GS_CTL_SEQ_MOD, step);
+    return GS_EPROTO;
+  }
+  if (v[GS_CTL_SEQ] != seq) {
+    snprintf(why, why_len,
+             "the ranks ran different numbers of collectives: the check summed to %g where %" PRIu32
+             " ranks with this rank's count (%" PRIu64 " mod %u) give %g; a collective (a metric "
+             "allreduce, a broadcast) ran on some ranks only, so buffers were summed with the "
+             "wrong partners",
+             v[GS_CTL_SEQ], world, mine->collectives % GS_CTL_SEQ_MOD, GS_CTL_SEQ_MOD, seq);
+    return GS_EPROTO;
+  }
+  return 0;
 }
 
 bool gs_control_rank_nonfinite(const float *v, size_t n, uint32_t rank)

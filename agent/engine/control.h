@@ -9,6 +9,15 @@
  * float32, and the allreduce is always a sum). Only rank 0 writes the
  * coordinator's requests, so their sums are rank 0's values.
  *
+ * Two slots check that the ranks are in step: every rank adds its step
+ * count and its count of collectives issued before the step, each modulo
+ * GS_CTL_SEQ_MOD, so the sums are world x (count mod 256) exactly when
+ * every rank agrees. A rank that skipped a step, ran a collective the
+ * others did not (its packs were then summed with the wrong partners), or
+ * whose control vector met another pack's gradients fails the check. The
+ * sums stay below 2^24, so exact in float32, for worlds up to
+ * GS_CTL_CHECK_MAX_WORLD ranks whatever the order of summation.
+ *
  * Encoding and decoding are pure functions of their arguments: no engine,
  * no I/O (tests/test_control.c). */
 #ifndef GS_CONTROL_H
@@ -25,10 +34,15 @@ enum {
   GS_CTL_CHECKPOINT, /* rank 0: checkpoint now */
   GS_CTL_TERM,       /* every rank: 1 if it got SIGTERM */
   GS_CTL_NONFINITE,  /* every rank: 1 if its loss is NaN or Inf */
+  GS_CTL_STEP,       /* every rank: steps begun since start, mod GS_CTL_SEQ_MOD */
+  GS_CTL_SEQ,        /* every rank: collectives issued before this step, mod GS_CTL_SEQ_MOD */
   GS_CTL_FIXED,      /* the first per-rank bit slot */
 };
 #define GS_CTL_RANKS_PER_SLOT 16
 #define GS_CTL_PERIOD_MAX (1 << 23) /* keeps period + 2 exact in a float */
+#define GS_CTL_SEQ_MOD 256u
+/* 65536 x 255 < 2^24: every partial sum of the check slots is exact. */
+#define GS_CTL_CHECK_MAX_WORLD 65536u
 
 /* What one rank contributes to a step's vector. */
 typedef struct gs_control_local {
@@ -40,8 +54,10 @@ typedef struct gs_control_local {
   bool broadcast;
   bool checkpoint;
   /* Every rank. */
-  bool term;      /* SIGTERM arrived */
-  bool nonfinite; /* this rank's loss is NaN or infinite */
+  bool term;            /* SIGTERM arrived */
+  bool nonfinite;       /* this rank's loss is NaN or infinite */
+  uint64_t step;        /* steps this rank has begun before this one */
+  uint64_t collectives; /* collectives this rank issued before this step */
 } gs_control_local_t;
 
 /* What the summed vector says: the same on every rank. */
@@ -64,6 +80,14 @@ void gs_control_encode(const gs_control_local_t *in, float *v, size_t n);
 
 /* Reads the vector summed over the ranks. */
 void gs_control_decode(const float *v, size_t n, gs_control_t *out);
+
+/* Checks the summed vector's step and collective counts against this
+ * rank's own (`mine`, as encoded) in a job of `world` ranks: 0 when they
+ * agree, GS_EPROTO with the problem named in `why` when some rank is at
+ * another step or ran another number of collectives. Always 0 above
+ * GS_CTL_CHECK_MAX_WORLD ranks, where the sums are no longer exact. */
+int gs_control_check(const float *v, size_t n, const gs_control_local_t *mine, uint32_t world,
+                     char *why, size_t why_len);
 
 /* Whether rank `rank`'s non-finite bit is set in the summed vector. */
 bool gs_control_rank_nonfinite(const float *v, size_t n, uint32_t rank);
