@@ -115,7 +115,30 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
     gs_set_why(e->error, sizeof(e->error),
                "%s failed: %s (a peer rank failed or is unreachable; see its log)", what,
                gs_strerror(err));
+  return gs__engine_fail(e, err);
+}
+
+/* Makes `err` (whose words are in e->error) the engine's last: after a
+ * failed collective, or a step the ranks did not run alike, the buffers
+ * and the communicator are in an unknown state, so every later step,
+ * collective and checkpoint is refused. The first failure sticks. */
+int gs__engine_fail(gs_engine_t *e, int err)
+{
+  if (!e->failed) {
+    e->failed = err;
+    snprintf(e->failure, sizeof(e->failure), "%s", e->error);
+  }
   return err;
+}
+
+/* The sticky error, for a call made after the engine failed. */
+int gs__engine_refuse(gs_engine_t *e, const char *what)
+{
+  gs_set_why(e->error, sizeof(e->error),
+             "%s refused: the engine stopped at an earlier failure (%s); finish it and start a "
+             "new one",
+             what, e->failure);
+  return e->failed;
 }
 
 /* Runs one collective now and waits for it (outside a step). `buf` is in
@@ -128,6 +151,8 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
   void *at = buf;
   int err = 0;
 
+  if (e->failed)
+    return gs__engine_refuse(e, what);
   if (!gs_comm_stream_ordered(e->comm)) {
     /* Outside a step the comm thread is idle: run it on this thread. */
     comm_job_t job = {.op = op, .buf = buf, .count = count};

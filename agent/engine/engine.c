@@ -1,5 +1,6 @@
-/* The sync engine's lifecycle: new, start (join the job, agree on the
- * pack list, allocate the packs, connect the ranks, start the threads),
+/* The sync engine's lifecycle: new, start (join the job, start the
+ * heartbeat, agree on the pack list, allocate the packs, connect the
+ * ranks, start the comm thread),
  * the accessors, finish and free. The step, the comm thread and the
  * syncs outside a step have their own files (engine_internal.h). */
 #include <inttypes.h>
@@ -243,10 +244,15 @@ static int connect_ranks(gs_engine_t *e)
   setup.peer_addrs = addrs;
   err = gs_comm_init(e->comm, &setup);
   free(addrs);
-  if (err)
-    gs_set_why(e->error, sizeof(e->error), "cannot connect to the other ranks (%s backend): %s",
-               gs_comm_name(e->comm), gs_strerror(err));
-  return err;
+  if (err) {
+    char what[64];
+
+    /* The heartbeat runs already: name the coordinator's abort if there was one. */
+    snprintf(what, sizeof(what), "connecting to the other ranks (%s backend)",
+             gs_comm_name(e->comm));
+    return gs__engine_comm_failed(e, err, what);
+  }
+  return 0;
 }
 
 static int alloc_step_state(gs_engine_t *e)
@@ -257,11 +263,10 @@ static int alloc_step_state(gs_engine_t *e)
   e->qcap = packs + 1;
   e->queue = calloc(e->qcap, sizeof(*e->queue));
   e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
-  e->launched = calloc(packs + 1, sizeof(*e->launched));
   e->ticket = calloc(packs + 1, sizeof(*e->ticket));
   e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl * sizeof(float));
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
-  if (!e->jobs || !e->queue || !e->ready || !e->launched || !e->ticket || !e->ctl || !e->aux_dev) {
+  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }
@@ -282,7 +287,13 @@ static gs_client_config_t client_config(const gs_engine_t *e)
   return c;
 }
 
-static int start_threads(gs_engine_t *e)
+/* Starts heartbeating right after Join: the coordinator's timeout runs
+ * from the Join, and agreeing on the pack list and connecting the ranks
+ * (an NCCL init takes seconds to a minute on a real cluster) must neither
+ * look like a lost rank nor keep a coordinator's abort from reaching this
+ * rank: the abort callback aborts the communicator, which the backends'
+ * init waits watch. */
+static int start_heartbeat(gs_engine_t *e)
 {
   gs_heartbeat_config_t hc = {
       .client = client_config(e),
@@ -295,10 +306,6 @@ static int start_threads(gs_engine_t *e)
       .rejoin = &e->join_req,
   };
 
-  int err = gs__engine_comm_start(e);
-
-  if (err)
-    return err;
   e->hb = gs_heartbeat_start(&hc);
   if (!e->hb) {
     gs_set_why(e->error, sizeof(e->error), "cannot start the heartbeat thread");
@@ -376,6 +383,9 @@ int gs_engine_start(gs_engine_t *e)
   err = join(e, comm_addr);
   if (err)
     return err;
+  err = start_heartbeat(e);
+  if (err)
+    return err;
   e->nctl = gs_control_len(e->join.world_size);
   e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
   err = agree_packlist(e);
@@ -392,7 +402,7 @@ int gs_engine_start(gs_engine_t *e)
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
          "%u params in %u packs (threshold %" PRIu64 " bytes), %s backend connected",
          e->packs.nparams, e->packs.list.pack_count, e->cfg.pack_threshold, gs_comm_name(e->comm));
-  return start_threads(e);
+  return gs__engine_comm_start(e);
 }
 
 void gs_engine_report(gs_engine_t *e, const gs_progress_t *p)
@@ -434,7 +444,6 @@ void gs_engine_free(gs_engine_t *e)
   free(e->jobs);
   free(e->queue);
   free(e->ready);
-  free(e->launched);
   free(e->ticket);
   if (e->cfg.dev) {
     gs_device_host_free(e->cfg.dev, e->ctl);

@@ -69,18 +69,29 @@ struct gs_engine {
   bool aborted;
   char abort_reason[300];
 
+  /* The first failed collective or broken step (0: none) and its words:
+   * the ranks' buffers and the communicator are then in an unknown state,
+   * so every later step, collective and checkpoint is refused with it. */
+  int failed;
+  char failure[768];
+
   /* The step in progress (training thread only). */
   bool in_step;
-  bool *ready;        /* per param */
-  uint32_t *launched; /* pack indices in launch order */
-  uint32_t nlaunched;
+  bool *ready; /* per param */
+  /* Packs 0 .. nissued-1 are issued. Packs are issued strictly in pack-list
+   * order, on every rank the same whatever order backward reports the
+   * gradients in: a pack whose gradients are all in waits for the packs
+   * before it (see issue_ready() in step.c). */
+  uint32_t nissued;
   int64_t repeated_param; /* reported twice in this step, or -1 */
   uint64_t *ticket;       /* per pack: its allreduce's number (stream-ordered backends) */
   int launch_err;         /* the first failure to queue an allreduce this step */
   float *ctl;             /* host copy of the control vector */
   float *ctl_dev;         /* where it rides: after the grads of the last pack */
   size_t nctl;
-  void *aux_dev; /* device staging for small host buffers (stream-ordered) */
+  void *aux_dev;               /* device staging for small host buffers (stream-ordered) */
+  gs_control_local_t ctl_mine; /* what this rank wrote, for the in-step check */
+  uint64_t steps_begun;        /* begin_step calls since start */
   gs_position_t after;
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
@@ -98,6 +109,8 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
                        const char *what) GS_WARN_UNUSED;
 void gs__engine_on_abort(void *arg, const char *reason);
+int gs__engine_fail(gs_engine_t *e, int err);
+int gs__engine_refuse(gs_engine_t *e, const char *what);
 
 /* sync.c: params (and momentum) of every pack broadcast from rank 0. */
 int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum) GS_WARN_UNUSED;

@@ -1,8 +1,11 @@
 /* One training step of the engine: begin_step writes this rank's part of
- * the control vector; each pack's allreduce is launched as its last
- * gradient is reported; end_step completes them in launch order, runs each
- * pack's fused SGD as soon as its gradients are in, and acts on the summed
- * control vector, identically on every rank. */
+ * the control vector; each pack's allreduce is launched once its last
+ * gradient is reported and every pack before it in the pack list is
+ * launched (the same collectives in the same order on every rank, whatever
+ * order backward reports in); end_step completes them in that order, runs
+ * each pack's fused SGD as soon as its gradients are in, checks that the
+ * ranks ran the step alike, and acts on the summed control vector,
+ * identically on every rank. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +23,10 @@ static void write_control(gs_engine_t *e, float loss)
       .rank = e->join.rank,
       .term = e->cfg.term_flag && *e->cfg.term_flag,
       .nonfinite = !isfinite(loss),
+      .step = e->steps_begun,
+      /* Every collective of the previous steps is complete here (end_step
+       * waited for them), so the count is final and no thread writes it. */
+      .collectives = gs_comm_ticket(e->comm),
   };
 
   if (in.rank == 0) {
@@ -46,19 +53,23 @@ static void write_control(gs_engine_t *e, float loss)
     }
   }
   gs_control_encode(&in, e->ctl, e->nctl);
+  e->ctl_mine = in;
 }
 
 void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after)
 {
+  e->after = *after;
+  if (e->failed)
+    return; /* end_step says why; grad_ready launches nothing outside a step */
   memset(e->ready, 0, e->packs.nparams * sizeof(*e->ready));
   for (uint32_t k = 0; k < e->packs.list.pack_count; k++)
     e->packs.packs[k].pending = e->packs.packs[k].nparams;
-  e->nlaunched = 0;
+  e->nissued = 0;
   e->repeated_param = -1;
-  e->after = *after;
   e->loss = loss;
   e->launch_err = 0;
   write_control(e, loss);
+  e->steps_begun++;
   /* Queued before backward, so it is in place before the last pack's allreduce. */
   e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
   e->in_step = true;
@@ -78,7 +89,7 @@ static void launch(gs_engine_t *e, uint32_t k)
     /* The training thread waits for the last pack right after backward;
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
-    if (e->nlaunched == e->packs.list.pack_count && e->join.world_size > 1) {
+    if (e->nissued == e->packs.list.pack_count && e->join.world_size > 1) {
       *job = (comm_job_t){.op = OP_ALLREDUCE,
                           .buf = pk->grads,
                           .count = pk->elements + pk->extra,
@@ -110,23 +121,36 @@ static int complete(gs_engine_t *e, uint32_t k)
   return gs_comm_order_after(e->comm, e->ticket[k]);
 }
 
+/* Launches the packs whose gradients are all in, strictly in pack-list
+ * order: a pack completed early waits for the packs before it, as DDP's
+ * buckets do. Every rank so issues the same collectives in the same order
+ * whatever order its backward reports gradients in (collectives matched
+ * in another order would hang, or silently sum two packs of one size).
+ * Backward usually finishes pack 0 first (it holds the last parameters),
+ * so in the usual order each pack still starts as soon as it is complete.
+ * Each pack is launched once per step: O(1) per grad_ready amortised. */
+static void issue_ready(gs_engine_t *e)
+{
+  uint32_t packs = e->packs.list.pack_count;
+
+  while (e->nissued < packs && e->packs.packs[e->nissued].pending == 0) {
+    uint32_t k = e->nissued++;
+
+    launch(e, k);
+  }
+}
+
 void gs_engine_grad_ready(void *engine, uint32_t i)
 {
   gs_engine_t *e = engine;
-  gs_pack_t *pk;
-  uint32_t k;
 
   if (!e->in_step || i >= e->packs.nparams || e->ready[i]) {
     e->repeated_param = i;
     return;
   }
   e->ready[i] = true;
-  k = e->packs.pack_of[i];
-  pk = &e->packs.packs[k];
-  if (--pk->pending == 0) {
-    e->launched[e->nlaunched++] = k;
-    launch(e, k);
-  }
+  if (--e->packs.packs[e->packs.pack_of[i]].pending == 0)
+    issue_ready(e);
 }
 
 /* Names the ranks whose bit is set in the non-finite slots. */
@@ -144,9 +168,15 @@ static void nonfinite_ranks(const gs_engine_t *e, char *out, size_t len)
 static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
 {
   gs_control_t c;
+  char why[512];
   bool bcast;
   int err;
 
+  err = gs_control_check(e->ctl, e->nctl, &e->ctl_mine, e->join.world_size, why, sizeof(why));
+  if (err) {
+    gs_set_why(e->error, sizeof(e->error), "step %" PRIu64 ": %s", step, why);
+    return gs__engine_fail(e, err);
+  }
   gs_control_decode(e->ctl, e->nctl, &c);
   bcast = c.broadcast;
   if (c.nonfinite) {
@@ -198,7 +228,7 @@ static int missing_gradient(gs_engine_t *e, uint64_t step)
                  "step %" PRIu64 ": parameter '%s' received no gradient (every registered "
                  "parameter must get one each step; unused parameters are not supported)",
                  step, e->packs.params[i].name);
-      return GS_EPRECOND;
+      return gs__engine_fail(e, GS_EPRECOND);
     }
   return 0;
 }
@@ -215,25 +245,29 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
 
   memset(out, 0, sizeof(*out));
   e->in_step = false;
+  if (e->failed) {
+    snprintf(what, sizeof(what), "step %" PRIu64, step);
+    return gs__engine_refuse(e, what);
+  }
   if (e->repeated_param >= 0) {
     gs_set_why(e->error, sizeof(e->error),
                "step %" PRIu64 ": gradient of parameter %" PRId64 " reported twice", step,
                e->repeated_param);
-    return GS_EPRECOND;
+    return gs__engine_fail(e, GS_EPRECOND);
   }
-  if (e->nlaunched < e->packs.list.pack_count)
+  if (e->nissued < e->packs.list.pack_count)
     return missing_gradient(e, step);
   snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of the gradients", step);
   if (e->launch_err)
     return gs__engine_comm_failed(e, e->launch_err, what);
-  for (uint32_t j = 0; j < e->nlaunched; j++) {
-    gs_pack_t *pk = &e->packs.packs[e->launched[j]];
+  for (uint32_t k = 0; k < e->nissued; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
 
     t0 = gs_now_ms_f();
-    err = complete(e, e->launched[j]);
+    err = complete(e, k);
     waited += gs_now_ms_f() - t0;
     if (err) {
-      snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, e->launched[j]);
+      snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, k);
       return gs__engine_comm_failed(e, err, what);
     }
     t0 = gs_now_ms_f();
@@ -253,7 +287,7 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
     gs_set_why(e->error, sizeof(e->error),
                "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
                e->cfg.dev->label, gs_strerror(err));
-    return err;
+    return gs__engine_fail(e, err);
   }
   out->comm_wait_ms = waited;
   out->optimizer_ms = optimizer;

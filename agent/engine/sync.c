@@ -97,6 +97,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
   char path[4096], why[512];
   int err;
 
+  if (e->failed)
+    return gs__engine_refuse(e, "checkpoint");
   if (e->join.rank != 0 || !e->cfg.checkpoint_dir)
     return 0;
   st.bufs = ckpt_buffers(e, true);

@@ -190,8 +190,9 @@ GS_ENGINE_API const char *gs_engine_strerror(int err);
 GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements,
                                      bool is_bias);
 
-/* Joins the job, agrees on the pack list, allocates the packs, connects the
- * ranks and starts the heartbeat. */
+/* Joins the job, starts the heartbeat (at once, so that a slow collective
+ * init neither looks like a lost rank nor misses a coordinator's abort),
+ * agrees on the pack list, allocates the packs and connects the ranks. */
 GS_ENGINE_API int gs_engine_start(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
 
 GS_ENGINE_API uint32_t gs_engine_rank(const gs_engine_t *e);
@@ -217,14 +218,19 @@ GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_
 GS_ENGINE_API void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after);
 
 /* Backward reports parameter i's gradient as final (a gs_grad_ready_fn:
- * `engine` is the gs_engine_t). The pack's allreduce starts when its last
- * gradient is in. */
+ * `engine` is the gs_engine_t), in any order. The pack's allreduce starts
+ * when its last gradient is in and every pack before it in the pack list
+ * has started, so every rank runs the same allreduces in the same order;
+ * reporting the last parameters first (backward's order) overlaps most. */
 GS_ENGINE_API void gs_engine_grad_ready(void *engine, uint32_t i);
 
 /* Waits for every pack's allreduce, applies SGD pack by pack as each is
  * done, then acts on the control vector. Errors (a parameter without a
- * gradient, a non-finite loss on any rank, a failed or aborted collective)
- * are returned with gs_engine_error saying what happened. */
+ * gradient, a non-finite loss on any rank, a failed or aborted collective,
+ * ranks at different steps or with different numbers of collectives) are
+ * returned with gs_engine_error saying what happened. After any of them
+ * but the non-finite loss the engine refuses every later step, collective
+ * and checkpoint with the same error: finish it. */
 GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
 
 /* Sums `n` floats over all ranks in place (metrics such as validation
