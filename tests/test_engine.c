@@ -14,14 +14,25 @@
 #include <gradsync/engine.h>
 
 #include "checkpoint.h"
+#include "client.h"
+#include "clock.h"
+#include "comm.h"
 #include "device.h"
 #include "harness.h"
+#include "heartbeat.h"
+#include "packs.h"
 
 #define MAX_WORLD 4
 #define NPARAMS 3
 static const uint64_t sizes[NPARAMS] = {10, 3, 7}; /* w0, b0 (bias), w1 */
 
 typedef struct rank_run rank_run_t;
+
+/* The order a rank's backward reports its gradients in. */
+typedef enum grad_order {
+  ORDER_BACKWARD = 0, /* last parameter first, as backward produces them */
+  ORDER_MIXED,        /* rank 0 backward, rank 1 forward, rank 2 shuffled anew each step */
+} grad_order_t;
 
 /* What a test asks of every rank, and what the ranks saw. */
 typedef struct scenario {
@@ -38,6 +49,12 @@ typedef struct scenario {
   const char *checkpoint_dir;
   uint64_t checkpoint_every;
   bool resume;
+  uint64_t pack_threshold;  /* 0: 48 bytes (two packs) */
+  uint64_t comm_timeout_ms; /* 0: 10 s */
+  grad_order_t order;
+  bool start_only;        /* each rank starts and finishes, nothing more */
+  bool probe_after_error; /* after a failed step, try a step, a checkpoint and a sum */
+  uint32_t engine_ranks;  /* ranks run as engines (the rest by hand); 0: all */
   struct rank_run {
     pthread_t thread;
     uint32_t local_rank, rank;
@@ -48,6 +65,10 @@ typedef struct scenario {
     int32_t period;
     float params[NPARAMS][16];
     gs_position_t start;
+    uint32_t packs;
+    double start_ms;                 /* how long gs_engine_start took */
+    int step_err, ckpt_err, sum_err; /* probe_after_error */
+    char step_error[768], ckpt_error[768], sum_error[768];
     struct scenario *sc;
   } ranks[MAX_WORLD];
 } scenario_t;
@@ -84,7 +105,7 @@ static void engine_config(scenario_t *sc, gs_engine_config_t *c)
   snprintf(c->device, sizeof(c->device), "cpu");
   snprintf(c->backend, sizeof(c->backend), "host");
   snprintf(c->comm_host, sizeof(c->comm_host), "127.0.0.1");
-  c->pack_threshold = 48; /* w1 alone, then b0 + w0: two packs */
+  c->pack_threshold = sc->pack_threshold ? sc->pack_threshold : 48; /* 48: w1, then b0 + w0 */
   c->reduce = GS_REDUCE_MEAN;
   gs_sgd_config_default(&c->sgd);
   c->sgd.lr = 0.1f;
@@ -96,7 +117,7 @@ static void engine_config(scenario_t *sc, gs_engine_config_t *c)
   c->resume = sc->resume;
   c->join_timeout_ms = 10000;
   c->rpc_timeout_ms = 5000;
-  c->comm_timeout_ms = 10000;
+  c->comm_timeout_ms = sc->comm_timeout_ms ? sc->comm_timeout_ms : 10000;
   c->log = &quiet_log;
 }
 
@@ -109,23 +130,62 @@ static uint64_t min_step(scenario_t *sc)
   return m;
 }
 
-/* One training step with test gradients, reported last parameter first. */
+/* The order rank `rank` reports its gradients in at `step` (see grad_order_t). */
+static void report_order(const scenario_t *sc, uint32_t rank, uint64_t step, uint32_t *order)
+{
+  uint64_t x = step * 2654435761u + rank;
+
+  for (uint32_t k = 0; k < NPARAMS; k++)
+    order[k] = NPARAMS - 1 - k;
+  if (sc->order == ORDER_BACKWARD || rank % 3 == 0)
+    return;
+  for (uint32_t k = 0; k < NPARAMS; k++)
+    order[k] = k;
+  for (uint32_t k = NPARAMS - 1; rank % 3 == 2 && k > 0; k--) {
+    uint32_t j, t;
+
+    x = x * 6364136223846793005u + 1442695040888963407u;
+    j = (uint32_t)((x >> 33) % (k + 1));
+    t = order[k], order[k] = order[j], order[j] = t;
+  }
+}
+
+/* One training step with test gradients, reported in the scenario's order. */
 static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_result_t *res)
 {
   scenario_t *sc = rr->sc;
   gs_position_t after = {step + 1, 0, 42};
   bool nan = rr->rank == sc->nan_rank && step == sc->nan_step;
+  uint32_t order[NPARAMS];
 
   gs_engine_begin_step(e, nan ? NAN : 1.0f, &after);
-  for (int p = NPARAMS - 1; p >= 0; p--) {
-    float *g = gs_engine_grad(e, (uint32_t)p);
+  report_order(sc, rr->rank, step, order);
+  for (uint32_t k = 0; k < NPARAMS; k++) {
+    uint32_t p = order[k];
+    float *g = gs_engine_grad(e, p);
 
     for (uint32_t i = 0; i < sizes[p]; i++)
-      g[i] = grad_value(step, (uint32_t)p, i);
+      g[i] = grad_value(step, p, i);
     if (!(rr->rank == sc->skip_param_on_rank && p == 1))
-      gs_engine_grad_ready(e, (uint32_t)p);
+      gs_engine_grad_ready(e, p);
   }
   return gs_engine_end_step(e, res);
+}
+
+/* After a failed step: another step, a checkpoint and a metric sum must
+ * each be refused with the engine's first failure. */
+static void probe_after_error(gs_engine_t *e, rank_run_t *rr, uint64_t step)
+{
+  gs_position_t pos = {step + 1, 0, 42};
+  gs_step_result_t res;
+  float sum = 1.0f;
+
+  rr->step_err = fake_step(e, rr, step + 1, &res);
+  snprintf(rr->step_error, sizeof(rr->step_error), "%s", gs_engine_error(e));
+  rr->ckpt_err = gs_engine_checkpoint(e, &pos);
+  snprintf(rr->ckpt_error, sizeof(rr->ckpt_error), "%s", gs_engine_error(e));
+  rr->sum_err = gs_engine_allreduce_sum(e, &sum, 1);
+  snprintf(rr->sum_error, sizeof(rr->sum_error), "%s", gs_engine_error(e));
 }
 
 static void *rank_main(void *arg)
@@ -136,6 +196,7 @@ static void *rank_main(void *arg)
   gs_engine_t *e;
   gs_position_t pos = {0, 0, 42};
   gs_step_result_t res;
+  double t0;
   int err;
 
   engine_config(sc, &cfg);
@@ -149,10 +210,13 @@ static void *rank_main(void *arg)
     snprintf(name, sizeof(name), "p%u", p);
     (void)gs_engine_register(e, name, sizes[p], p == 1);
   }
+  t0 = gs_now_ms_f();
   err = gs_engine_start(e);
-  if (err)
-    goto out;
+  rr->start_ms = gs_now_ms_f() - t0;
   rr->rank = gs_engine_rank(e);
+  if (err || sc->start_only)
+    goto out;
+  rr->packs = gs_engine_pack_count(e);
   for (uint32_t p = 0; p < NPARAMS; p++)
     for (uint32_t i = 0; i < sizes[p]; i++)
       gs_engine_param(e, p)[i] = (float)(p + 1) * 0.1f * (float)i + (float)rr->rank * 5.0f;
@@ -164,6 +228,12 @@ static void *rank_main(void *arg)
     gs_engine_param(e, 0)[0] += 1.0f;
   for (uint64_t s = pos.step; s < sc->max_steps; s++) {
     err = fake_step(e, rr, s, &res);
+    if (err && sc->probe_after_error) {
+      snprintf(rr->error, sizeof(rr->error), "%s", gs_engine_error(e));
+      probe_after_error(e, rr, s);
+      rr->err = err;
+      goto out_failed;
+    }
     if (err)
       goto out;
     rr->steps = s + 1;
@@ -183,7 +253,8 @@ out:
   rr->err = err;
   if (err)
     snprintf(rr->error, sizeof(rr->error), "%s", gs_engine_error(e));
-  gs_engine_finish(e, err == 0, err ? gs_engine_error(e) : "done");
+out_failed:
+  gs_engine_finish(e, err == 0, err ? rr->error : "done");
   gs_engine_free(e);
   gs_device_destroy(cfg.dev);
   return NULL;
@@ -191,7 +262,9 @@ out:
 
 static void run_ranks(scenario_t *sc)
 {
-  for (uint32_t r = 0; r < sc->world; r++) {
+  uint32_t n = sc->engine_ranks ? sc->engine_ranks : sc->world;
+
+  for (uint32_t r = 0; r < n; r++) {
     sc->ranks[r].local_rank = r;
     sc->ranks[r].sc = sc;
     ck_assert_int_eq(pthread_create(&sc->ranks[r].thread, NULL, rank_main, &sc->ranks[r]), 0);
@@ -200,7 +273,9 @@ static void run_ranks(scenario_t *sc)
 
 static void join_ranks(scenario_t *sc)
 {
-  for (uint32_t r = 0; r < sc->world; r++)
+  uint32_t n = sc->engine_ranks ? sc->engine_ranks : sc->world;
+
+  for (uint32_t r = 0; r < n; r++)
     pthread_join(sc->ranks[r].thread, NULL);
   th_coord_stop(&sc->coord);
 }
@@ -431,6 +506,228 @@ START_TEST(checkpoint_resume_is_bit_identical)
 }
 END_TEST
 
+/* Ranks that report their gradients in different orders (forward,
+ * backward, shuffled anew each step) issue the same collectives in the
+ * same order, and end bit-identical to a run where every rank reports in
+ * backward's order. Three packs, one parameter each. */
+START_TEST(grad_order_does_not_matter)
+{
+  scenario_t a, b;
+
+  scenario_init(&a, "order", 3);
+  a.pack_threshold = 4;
+  run_ranks(&a);
+  join_ranks(&a);
+  expect_ok(&a);
+  ck_assert_uint_eq(a.ranks[0].packs, NPARAMS);
+  scenario_init(&b, "order", 3);
+  b.pack_threshold = 4;
+  b.order = ORDER_MIXED;
+  run_ranks(&b);
+  join_ranks(&b);
+  expect_ok(&b);
+  for (uint32_t r = 0; r < 3; r++)
+    ck_assert_msg(params_equal(&a.ranks[r], &b.ranks[r]), "rank %u: params differ", r);
+  ck_assert(params_equal(&b.ranks[0], &b.ranks[2]));
+}
+END_TEST
+
+/* After a failed step (rank 1: a missing gradient; rank 0: the allreduce
+ * its peer never joined) each engine refuses another step, a checkpoint
+ * and a metric sum, naming its first failure, instead of running
+ * collectives the other ranks will never match. */
+START_TEST(failure_is_sticky)
+{
+  char dir[] = "/tmp/gs_engine_sticky_XXXXXX";
+  char cmd[128];
+  scenario_t sc;
+
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  scenario_init(&sc, "sticky", 2);
+  sc.skip_param_on_rank = 1;
+  sc.probe_after_error = true;
+  sc.checkpoint_dir = dir;
+  run_ranks(&sc);
+  join_ranks(&sc);
+  ck_assert_msg(strstr(sc.ranks[1].error, "'p1' received no gradient"), "%s", sc.ranks[1].error);
+  for (uint32_t r = 0; r < 2; r++) {
+    rank_run_t *rr = &sc.ranks[r];
+
+    ck_assert_int_ne(rr->err, 0);
+    ck_assert_int_eq(rr->step_err, rr->err);
+    ck_assert_int_eq(rr->ckpt_err, rr->err);
+    ck_assert_int_eq(rr->sum_err, rr->err);
+    ck_assert_msg(
+        strstr(rr->step_error, "step 2 refused: the engine stopped at an earlier failure"),
+        "rank %u: %s", r, rr->step_error);
+    ck_assert_msg(strstr(rr->step_error, rr->error), "rank %u: '%s' does not name '%s'", r,
+                  rr->step_error, rr->error);
+    ck_assert_msg(strstr(rr->ckpt_error, "checkpoint refused"), "rank %u: %s", r, rr->ckpt_error);
+    ck_assert_msg(strstr(rr->sum_error, "allreduce of metrics refused"), "rank %u: %s", r,
+                  rr->sum_error);
+  }
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A rank built by hand from the engine's parts (client, heartbeat, host
+ * comm) that joins like an engine and then takes `delay_ms` before it
+ * connects to the ring: an NCCL init that takes seconds. With `fail` it
+ * leaves with an error instead of connecting. */
+typedef struct slow_rank {
+  scenario_t *sc;
+  uint32_t delay_ms;
+  bool fail;
+  pthread_t thread;
+  int join_err, init_err;
+  bool aborted; /* its heartbeat saw the generation aborted before it connected */
+  char why[512];
+  double left_at_ms; /* when it left with an error */
+} slow_rank_t;
+
+/* Its Join: what the engine sends for the same model. */
+static gradsync_JoinRequest slow_rank_join(const scenario_t *sc, const char *comm_addr)
+{
+  gradsync_JoinRequest req = th_join_request(sc->job, sc->world, "node", sc->world - 1);
+  gs_packs_t packs;
+
+  gs_packs_init(&packs);
+  for (uint32_t p = 0; p < NPARAMS; p++) {
+    char name[16];
+
+    snprintf(name, sizeof(name), "p%u", p);
+    ck_assert_int_ge(gs_packs_register(&packs, name, sizes[p], p == 1), 0);
+  }
+  gs_packs_signature(&packs, &req.model_signature);
+  gs_packs_free(&packs);
+  snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", comm_addr);
+  req.peers = gradsync_PeerSet_PEERS_RING;
+  req.bcast_period = sc->bcast_period;
+  return req;
+}
+
+/* Connects to the ring as rank res->rank. */
+static int slow_rank_connect(gs_comm_t *comm, const gs_join_result_t *res)
+{
+  const char *addrs[MAX_WORLD];
+  gs_comm_setup_t setup = {.rank = res->rank,
+                           .world_size = res->world_size,
+                           .generation = res->generation,
+                           .timeout_ms = 10000,
+                           .peer_addrs = addrs};
+
+  for (uint32_t r = 0; r < res->world_size && r < MAX_WORLD; r++)
+    addrs[res->peers[r].rank] = res->peers[r].comm_addr;
+  return gs_comm_init(comm, &setup);
+}
+
+static void *slow_rank_main(void *arg)
+{
+  slow_rank_t *sr = arg;
+  gs_client_config_t cc = {.port = sr->sc->coord.rpc_port, .job = sr->sc->job, .log = &quiet_log};
+  gs_comm_t *comm = gs_comm_new("host", &quiet_log);
+  gs_join_result_t res = {0};
+  gradsync_JoinRequest req;
+  gs_heartbeat_t *hb;
+  gs_client_t *cl;
+  char addr[256];
+
+  snprintf(cc.host, sizeof(cc.host), "127.0.0.1");
+  ck_assert_int_eq(gs_comm_listen(comm, "127.0.0.1", addr, sizeof(addr)), 0);
+  req = slow_rank_join(sr->sc, addr);
+  cl = gs_client_new(&cc);
+  sr->join_err = gs_client_join(cl, &req, 10000, &res);
+  ck_assert_msg(sr->join_err == 0, "join: %s", gs_client_error(cl));
+  hb = gs_heartbeat_start(&(gs_heartbeat_config_t){.client = cc,
+                                                   .generation = res.generation,
+                                                   .rank = res.rank,
+                                                   .interval_ms = res.heartbeat_interval_ms,
+                                                   .timeout_ms = res.heartbeat_timeout_ms});
+  ck_assert_ptr_nonnull(hb);
+  usleep(sr->delay_ms * 1000);
+  if (sr->fail) {
+    sr->left_at_ms = gs_now_ms_f();
+    ck_assert_int_eq(
+        gs_client_leave(cl, res.generation, res.rank, false, "init failed on purpose", 2000), 0);
+  } else {
+    sr->aborted = gs_heartbeat_aborted(hb, sr->why, sizeof(sr->why));
+    sr->init_err = slow_rank_connect(comm, &res);
+    if (!sr->aborted)
+      sr->aborted = gs_heartbeat_aborted(hb, sr->why, sizeof(sr->why));
+    if (gs_client_leave(cl, res.generation, res.rank, true, "done", 2000)) {
+      /* The engines may have finished the job already: nothing to check. */
+    }
+  }
+  gs_heartbeat_stop(hb);
+  gs_comm_destroy(comm);
+  gs_join_result_free(&res);
+  gs_client_free(cl);
+  return NULL;
+}
+
+/* World 3: two engines and a rank that connects 2.5 s after the Join,
+ * under a coordinator that declares a rank lost after 1 s without a
+ * heartbeat. The engines heartbeat while they wait in their connect, so
+ * the generation is not aborted and every rank connects. */
+START_TEST(heartbeat_runs_during_a_slow_init)
+{
+  slow_rank_t sr = {.delay_ms = 2500};
+  scenario_t sc;
+
+  memset(&sc, 0, sizeof(sc));
+  snprintf(sc.job, sizeof(sc.job), "slowinit");
+  sc.world = 3;
+  sc.engine_ranks = 2;
+  sc.start_only = true;
+  sr.sc = &sc;
+  th_coord_start(&sc.coord, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s",
+                 "--log-level", "warn", NULL);
+  ck_assert_int_eq(pthread_create(&sr.thread, NULL, slow_rank_main, &sr), 0);
+  run_ranks(&sc);
+  pthread_join(sr.thread, NULL);
+  join_ranks(&sc);
+  ck_assert_msg(!sr.aborted, "the generation was aborted while a rank initialised: %s", sr.why);
+  ck_assert_int_eq(sr.init_err, 0);
+  expect_ok(&sc);
+  for (uint32_t r = 0; r < 2; r++)
+    ck_assert_msg(sc.ranks[r].start_ms >= 2000, "rank %u started in %.0f ms, before the slow rank",
+                  r, sc.ranks[r].start_ms);
+}
+END_TEST
+
+/* The same, but the slow rank fails its init and leaves: the coordinator
+ * aborts the generation, and the engines waiting in their connect learn
+ * it from their heartbeat and fail at once, naming the cause, instead of
+ * waiting out their 30 s connect timeout. */
+START_TEST(abort_reaches_a_rank_in_init)
+{
+  slow_rank_t sr = {.delay_ms = 500, .fail = true};
+  scenario_t sc;
+
+  memset(&sc, 0, sizeof(sc));
+  snprintf(sc.job, sizeof(sc.job), "initabort");
+  sc.world = 3;
+  sc.engine_ranks = 2;
+  sc.start_only = true;
+  sc.comm_timeout_ms = 30000;
+  sr.sc = &sc;
+  th_coord_start(&sc.coord, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "3s",
+                 "--log-level", "warn", NULL);
+  ck_assert_int_eq(pthread_create(&sr.thread, NULL, slow_rank_main, &sr), 0);
+  run_ranks(&sc);
+  pthread_join(sr.thread, NULL);
+  join_ranks(&sc);
+  for (uint32_t r = 0; r < 2; r++) {
+    rank_run_t *rr = &sc.ranks[r];
+
+    ck_assert_int_eq(rr->err, GS_EABORTED);
+    ck_assert_msg(strstr(rr->error, "init failed on purpose"), "rank %u: %s", r, rr->error);
+    ck_assert_msg(rr->start_ms < 5000, "rank %u: start failed after %.0f ms", r, rr->start_ms);
+  }
+}
+END_TEST
+
 static Suite *engine_suite(void)
 {
   Suite *s = suite_create("engine");
@@ -449,6 +746,10 @@ static Suite *engine_suite(void)
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
   ADD(checkpoint_resume_is_bit_identical);
+  ADD(grad_order_does_not_matter);
+  ADD(failure_is_sticky);
+  ADD(heartbeat_runs_during_a_slow_init);
+  ADD(abort_reaches_a_rank_in_init);
   return s;
 }
 
