@@ -190,9 +190,9 @@ GS_ENGINE_API const char *gs_engine_strerror(int err);
 GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements,
                                      bool is_bias);
 
-/* Joins the job, starts the heartbeat (at once, so that a slow collective
- * init neither looks like a lost rank nor misses a coordinator's abort),
- * agrees on the pack list, allocates the packs and connects the ranks. */
+/* Joins the job, agrees on the pack list, allocates the packs, connects the
+ * ranks. The heartbeat starts right after the Join, so that a slow
+ * collective init neither looks like a lost rank nor misses an abort. */
 GS_ENGINE_API int gs_engine_start(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
 
 GS_ENGINE_API uint32_t gs_engine_rank(const gs_engine_t *e);
