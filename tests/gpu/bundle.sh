@@ -11,7 +11,8 @@
 #
 # Layout of OUT_DIR:
 #   bin/        gradsync-agent, gradsync-run, gradsync-coordinator, test_kernels,
-#               test_nccl (when built), run.sh; rpath set to $ORIGIN/../lib
+#               test_nccl, test_nccl_ranks (when built), run.sh; rpath set to
+#               $ORIGIN/../lib
 #   lib/        every shared library they need except the ones every Linux has
 #               (glibc, libgcc_s, libstdc++) and the CUDA ones the GPU machine has
 #   tests/gpu/  tests/gpu/*.py and run.sh, as in the repository, and the
@@ -34,7 +35,7 @@ pos=()
 for a in "$@"; do
   case "$a" in
     --allow-cpu) allow_cpu=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $a" ;;
     *) pos+=("$a") ;;
   esac
@@ -86,7 +87,7 @@ for b in gradsync-agent gradsync-run gradsync-coordinator; do
   cp -L "$build/bin/$b" "$out/bin/$b"
   bins+=("$out/bin/$b")
 done
-for t in test_kernels test_nccl; do
+for t in test_kernels test_nccl test_nccl_ranks; do
   src=""
   for cand in "$build/tests/$t" "$build/bin/$t"; do
     if [ -x "$cand" ]; then src=$cand; break; fi
