@@ -1,9 +1,8 @@
 /* Tests for agent/comm/comm_nccl.c on GPU 0, world size 1: allreduce (sum and
  * mean) and broadcast (single and grouped) leave the data as it was, the
  * collectives are ordered against the device's compute stream both ways,
- * tickets count up, the
- * queue bound, abort and bad setups fail cleanly. A last suite starts a
- * world of 2 whose second rank never comes: init must time out (or be
+ * tickets count up, the queue bound, abort and bad setups fail cleanly. A
+ * last suite starts a world of 2 whose second rank never comes: init must time out (or be
  * aborted) instead of hanging; it runs after the others have reported, in
  * case NCCL does hang there.
  *
