@@ -2,9 +2,9 @@
  * mean) and broadcast (single and grouped) leave the data as it was, the
  * collectives are ordered against the device's compute stream both ways,
  * tickets count up, the queue bound, abort and bad setups fail cleanly. A
- * last suite starts a world of 2 whose second rank never comes: init must time out (or be
- * aborted) instead of hanging; it runs after the others have reported, in
- * case NCCL does hang there.
+ * last suite starts a world of 2 whose second rank never comes: init must
+ * time out (or be aborted) instead of hanging; it runs after the others
+ * have reported, in case NCCL does hang there.
  *
  * Exits 77 (ctest's "skipped") without a visible GPU. The runner does not
  * fork: CUDA is initialized by main's device count and cannot be used again
