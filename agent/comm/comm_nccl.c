@@ -35,15 +35,17 @@
 
 /* Pacing of wait_ready, the wait for a non-blocking NCCL call to leave
  * ncclInProgress. NCCL 2.28 runs each collective's group launch on a thread
- * it spawns and answers ncclInProgress almost every time; that launch takes
- * tens of microseconds, so a flat 1 ms sleep stalled the training thread
- * (and starved the GPU) once per pack in the middle of backward. Now it
- * polls without sleeping for WAIT_SPIN_NS (most launches end inside it),
- * then sleeps WAIT_SLEEP_MIN_US doubling to a cap: 1 ms for a collective
- * or finalize (a launch that slow is already an outlier; no more than one
- * late poll lost), 10 ms for init, which takes seconds at a large world
- * and has nothing behind it to starve. Each poll still watches the abort
- * flag and the timeout. */
+ * it spawns and answers ncclInProgress almost every time, so the old flat
+ * 1 ms sleep stalled the training thread (and let the GPU run dry) once per
+ * pack in the middle of backward, though the launch itself (a thread start,
+ * the plan, a kernel launch) should take tens of microseconds. Now it polls
+ * without sleeping for WAIT_SPIN_NS, then sleeps from WAIT_SLEEP_MIN_US
+ * (timer slack makes that ~60 us in practice), doubling to a cap: 1 ms for
+ * a collective or finalize (a launch still running then is an outlier, and
+ * a stall costs at most one late poll), 10 ms for init, which takes seconds
+ * at a large world and has nothing behind it to starve. Each poll still
+ * watches the abort flag and the timeout. test_nccl_ranks measures the
+ * per-call cost on a GPU (its "cost" case). */
 #define WAIT_SPIN_NS 50000u        /* 50 us */
 #define WAIT_SLEEP_MIN_US 10L      /* the first sleep after the spin */
 #define WAIT_OP_SLEEP_MAX_US 1000L /* collectives, group launches, finalize */
