@@ -70,8 +70,8 @@ static bool expect(const rank_ctx_t *r, bool ok, const char *what, long long got
   return ok;
 }
 
-/* Queues an allreduce or broadcast result check: order the compute stream
- * after the last collective, sync, download. */
+/* Brings the last collective's result to the host: the compute stream
+ * waits for it, the comm syncs, then the download. */
 static int finish_into(rank_ctx_t *r, void *host, const void *dev_buf, size_t bytes)
 {
   int err = gs_comm_order_after(r->comm, gs_comm_ticket(r->comm) - 1);
