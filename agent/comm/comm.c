@@ -144,6 +144,23 @@ int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root)
   return err;
 }
 
+/* One ticket for the whole group. A backend without a group call
+ * broadcasts the spans in turn, stopping at the first failure. */
+int gs_comm_broadcast_group(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n, uint32_t root)
+{
+  int err = 0;
+
+  if (!comm || (n && !spans))
+    return GS_EINVAL;
+  if (comm->ops->broadcast_group)
+    err = comm->ops->broadcast_group(comm, spans, n, root);
+  else
+    for (size_t i = 0; i < n && !err; i++)
+      err = comm->ops->broadcast(comm, spans[i].buf, spans[i].bytes, root);
+  comm->ticket++;
+  return err;
+}
+
 void gs_comm_abort(gs_comm_t *comm)
 {
   if (comm)

@@ -15,12 +15,17 @@
  * inside NCCL. */
 #include "comm.h"
 
+#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
+#include <ifaddrs.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <nccl.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,8 +33,32 @@
 #include "cuda_check.h"
 #include "clock.h"
 
-#define WAIT_POLL_US 1000 /* between polls of a non-blocking NCCL call */
-#define SYNC_SPINS 200    /* event queries before sync starts to sleep */
+/* Pacing of wait_ready, the wait for a non-blocking NCCL call to leave
+ * ncclInProgress. NCCL 2.28 runs each collective's group launch on a thread
+ * it spawns and answers ncclInProgress almost every time, so the old flat
+ * 1 ms sleep stalled the training thread (and let the GPU run dry) once per
+ * pack in the middle of backward, though the launch itself (a thread start,
+ * the plan, a kernel launch) should take tens of microseconds. Now it polls
+ * without sleeping for WAIT_SPIN_NS, then sleeps from WAIT_SLEEP_MIN_US
+ * (timer slack makes that ~60 us in practice), doubling to a cap: 1 ms for
+ * a collective or finalize (a launch still running then is an outlier, and
+ * a stall costs at most one late poll), 10 ms for init, which takes seconds
+ * at a large world and has nothing behind it to starve. Each poll still
+ * watches the abort flag and the timeout. test_nccl_ranks measures the
+ * per-call cost on a GPU (its "cost" case). */
+#define WAIT_SPIN_NS 50000u        /* 50 us */
+#define WAIT_SLEEP_MIN_US 10L      /* the first sleep after the spin */
+#define WAIT_OP_SLEEP_MAX_US 1000L /* collectives, group launches, finalize */
+#define WAIT_INIT_SLEEP_MAX_US 10000L
+/* The oldest NCCL we accept at run time. Every call this file makes
+ * (non-blocking communicators, ncclCommFinalize, ncclCommGetAsyncError
+ * answering ncclInProgress, non-blocking group launches) exists since 2.14;
+ * 2.18 is the oldest line PyTorch's CUDA 12 wheels shipped (torch 2.1), so
+ * it is the oldest a GPU machine is likely to hand us. The library we have
+ * actually run is 2.28 (docs/gpu-results.md); below 2.18 is refused rather
+ * than guessed at. */
+#define NCCL_MIN_VERSION 21800
+#define SYNC_SPINS 200 /* event queries before sync starts to sleep */
 #define SYNC_POLL_US 100
 #define NO_TICKET UINT64_MAX
 #define MAX_QUEUED 65536 /* done events kept: max_queued + 1 */
@@ -115,13 +144,16 @@ static int async_failed(nccl_comm_t *c, const char *what, ncclResult_t async_err
 }
 
 /* Polls the communicator until it leaves ncclInProgress (init, an enqueue
- * or finalize that answered ncclInProgress), every ~1 ms. Gives up on
- * gs_comm_abort or after timeout_ms, aborting the communicator; `hint`
- * ends the timeout message. */
-static int wait_ready(nccl_comm_t *c, const char *what, const char *hint)
+ * or finalize that answered ncclInProgress): spins for WAIT_SPIN_NS when
+ * `spin`, then sleeps from WAIT_SLEEP_MIN_US doubling to sleep_max_us.
+ * Gives up on gs_comm_abort or after timeout_ms, aborting the
+ * communicator; `hint` ends the timeout message. */
+static int wait_ready(nccl_comm_t *c, const char *what, const char *hint, bool spin,
+                      long sleep_max_us)
 {
-  uint64_t start = gs_now_ms();
+  uint64_t start = gs_now_ms(), spin_until = gs_now_ns() + (spin ? WAIT_SPIN_NS : 0);
   ncclResult_t async_error = ncclInProgress;
+  long sleep = WAIT_SLEEP_MIN_US;
   int err;
 
   for (;;) {
@@ -140,9 +172,52 @@ static int wait_ready(nccl_comm_t *c, const char *what, const char *hint)
                  c->rank, what, c->timeout_ms, hint);
       return comm_fail(c, GS_ETIMEDOUT);
     }
-    sleep_us(WAIT_POLL_US);
+    if (gs_now_ns() < spin_until)
+      continue;
+    sleep_us(sleep);
+    sleep = sleep * 2 < sleep_max_us ? sleep * 2 : sleep_max_us;
   }
   return async_error == ncclSuccess ? 0 : async_failed(c, what, async_error);
+}
+
+/* A collective's launch: spin first, sleep at most 1 ms at a time. */
+static int wait_launch(nccl_comm_t *c, const char *what)
+{
+  return wait_ready(c, what, "", true, WAIT_OP_SLEEP_MAX_US);
+}
+
+/* "2.28.9" from a version code (2.9 and later: 10000 * major + 100 * minor
+ * + patch; before: 1000 * major + 100 * minor + patch). */
+static void version_text(int code, char *out, size_t len)
+{
+  if (code >= 20900)
+    snprintf(out, len, "%d.%d.%d", code / 10000, code / 100 % 100, code % 100);
+  else
+    snprintf(out, len, "%d.%d.%d", code / 1000, code / 100 % 10, code % 100);
+}
+
+/* Refuses an NCCL library older than NCCL_MIN_VERSION (the one loaded at
+ * run time, which need not be the one we were built with); with `say`,
+ * logs both versions. */
+static int check_version(const gs_log_t *log, bool say)
+{
+  char found[32], built[32], least[32];
+  int code = 0;
+
+  GS_NCCL_CHECK(log, ncclGetVersion(&code));
+  version_text(code, found, sizeof(found));
+  version_text(NCCL_VERSION_CODE, built, sizeof(built));
+  version_text(NCCL_MIN_VERSION, least, sizeof(least));
+  if (code < NCCL_MIN_VERSION) {
+    GS_LOG_ERR(log,
+               "nccl comm: NCCL %s found at run time (built with %s); gradsync needs %s or "
+               "newer: put a newer libnccl.so.2 first on LD_LIBRARY_PATH",
+               found, built, least);
+    return GS_EPRECOND;
+  }
+  if (say)
+    GS_LOG_INF(log, "nccl comm: NCCL %s at run time (built with %s)", found, built);
+  return 0;
 }
 
 /* Fails at once when aborted (aborting the communicator here, on the comm
@@ -163,15 +238,72 @@ static int op_begin(nccl_comm_t *c, const char *what)
 static int nccl_make_id(gs_comm_t *base, void *buf, size_t cap, size_t *len)
 {
   ncclUniqueId id;
+  int err;
 
   if (!buf || cap < sizeof(id)) {
     GS_LOG_ERR(base->log, "nccl comm: an NCCL id needs %zu bytes, the buffer has %zu", sizeof(id),
                buf ? cap : 0);
     return GS_EINVAL;
   }
+  err = check_version(base->log, false);
+  if (err)
+    return err;
   GS_NCCL_CHECK(base->log, ncclGetUniqueId(&id));
   memcpy(buf, &id, sizeof(id));
   *len = sizeof(id);
+  return 0;
+}
+
+/* Whether interface address `a` is the address `want` (family `family`,
+ * 4 or 16 bytes of `want`). */
+static bool same_address(const struct sockaddr *a, int family, const void *want)
+{
+  if (!a || a->sa_family != family)
+    return false;
+  if (family == AF_INET)
+    return memcmp(&((const struct sockaddr_in *)a)->sin_addr, want, 4) == 0;
+  return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, want, 16) == 0;
+}
+
+/* The name of the interface that holds numeric address `host` to `name`;
+ * false for a host name, a wildcard address or no such interface. */
+static bool interface_of(const char *host, char *name, size_t len)
+{
+  unsigned char addr[16], any[16] = {0};
+  int family = strchr(host, ':') ? AF_INET6 : AF_INET;
+  struct ifaddrs *list, *i;
+  bool found = false;
+
+  if (inet_pton(family, host, addr) != 1 || memcmp(addr, any, family == AF_INET ? 4 : 16) == 0 ||
+      getifaddrs(&list) != 0)
+    return false;
+  for (i = list; i && !found; i = i->ifa_next)
+    if (same_address(i->ifa_addr, family, addr))
+      found = snprintf(name, len, "%s", i->ifa_name) < (int)len;
+  freeifaddrs(list);
+  return found;
+}
+
+/* NCCL picks its own interface for its sockets (bootstrap, and the Socket
+ * transport), which on a machine with several can be one the peers cannot
+ * reach. The engine calls listen with the address the host backend would
+ * use (--comm-host), before any NCCL call and before it starts a thread:
+ * when the user has not set NCCL_SOCKET_IFNAME, name the interface holding
+ * that address ("=" asks NCCL for that exact name). NCCL reads the variable
+ * only in the process's first bootstrap, hence the environment. No listening
+ * socket: addr is "". */
+static int nccl_listen(gs_comm_t *base, const char *host, char *addr, size_t addr_len)
+{
+  char name[IF_NAMESIZE + 1], value[IF_NAMESIZE + 2];
+
+  addr[0] = '\0';
+  (void)addr_len;
+  if (!host || getenv("NCCL_SOCKET_IFNAME") || !interface_of(host, name, sizeof(name)))
+    return 0;
+  snprintf(value, sizeof(value), "=%s", name);
+  if (setenv("NCCL_SOCKET_IFNAME", value, 0) != 0)
+    return 0; /* NCCL picks one itself, as before */
+  GS_LOG_INF(base->log, "nccl comm: NCCL_SOCKET_IFNAME=%s (the interface holding %s)", value, host);
   return 0;
 }
 
@@ -263,6 +395,8 @@ static int nccl_init(gs_comm_t *base, const gs_comm_setup_t *s)
   if (is_aborted(c))
     return comm_fail(c, GS_EABORTED);
   err = check_setup(c, s);
+  if (!err)
+    err = check_version(base->log, true);
   if (err)
     return err; /* nothing done: init may be called again */
   c->init_called = true;
@@ -284,7 +418,8 @@ static int nccl_init(gs_comm_t *base, const gs_comm_setup_t *s)
     c->nccl = NULL; /* NCCL frees it when the call itself fails */
     goto out_release_cuda;
   }
-  err = wait_ready(c, "init", ": a rank is missing or its GPU is unreachable");
+  err = wait_ready(c, "init", ": a rank is missing or its GPU is unreachable", false,
+                   WAIT_INIT_SLEEP_MAX_US);
   if (err)
     goto out_release_cuda;
   c->ready = true;
@@ -329,7 +464,7 @@ static int queue_end(nccl_comm_t *c, const char *what, int err, bool in_progress
   if (err)
     return comm_fail(c, err);
   if (in_progress) {
-    err = wait_ready(c, what, "");
+    err = wait_launch(c, what);
     if (err)
       return err;
   }
@@ -391,6 +526,44 @@ static int nccl_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t roo
                        ncclBroadcast(buf, buf, bytes, ncclUint8, (int)root, c->nccl, c->stream),
                        &in_progress);
   return queue_end(c, "broadcast enqueue", err, in_progress);
+}
+
+/* The spans' broadcasts as one NCCL group: one launch (one wait for
+ * NCCL's launch thread) and one done event for all of them. */
+static int nccl_broadcast_group(gs_comm_t *base, const gs_comm_span_t *spans, size_t n,
+                                uint32_t root)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  bool in_progress = false, ignored;
+  int err = op_begin(c, "broadcast group"), end;
+
+  if (err)
+    return err;
+  for (size_t i = 0; i < n; i++)
+    if (spans[i].bytes && !spans[i].buf)
+      err = GS_EINVAL;
+  if (err || root >= c->world) {
+    GS_LOG_ERR(base->log,
+               "nccl comm: broadcast group of %zu buffers from root %" PRIu32
+               " in a world of %" PRIu32 ": invalid arguments",
+               n, root, c->world);
+    return GS_EINVAL;
+  }
+  err = queue_begin(c, "broadcast group");
+  if (err)
+    return err;
+  err = GS_NCCL_STATUS(base->log, ncclGroupStart());
+  if (err)
+    return comm_fail(c, err);
+  for (size_t i = 0; i < n && !err; i++)
+    if (spans[i].bytes)
+      err = NCCL_STARTED(base->log,
+                         ncclBroadcast(spans[i].buf, spans[i].buf, spans[i].bytes, ncclUint8,
+                                       (int)root, c->nccl, c->stream),
+                         &ignored);
+  /* The group must be closed even after a failed call in it. */
+  end = NCCL_STARTED(base->log, ncclGroupEnd(), &in_progress);
+  return queue_end(c, "broadcast group launch", err ? err : end, in_progress);
 }
 
 /* Compute-stream work queued from now on waits for collective `ticket`.
@@ -477,6 +650,13 @@ static int nccl_sync(gs_comm_t *base)
     if (++spins > SYNC_SPINS)
       sleep_us(SYNC_POLL_US);
   }
+  /* The events can complete while the communicator has failed (a peer's
+   * error reported after our kernels ran): never call that a success. */
+  err = GS_NCCL_STATUS(base->log, ncclCommGetAsyncError(c->nccl, &async_error));
+  if (err)
+    return comm_fail(c, err);
+  if (async_error != ncclSuccess && async_error != ncclInProgress)
+    return async_failed(c, "collective", async_error);
   c->pending = false;
   c->window = base->ticket;
   return 0;
@@ -500,7 +680,7 @@ static void shut_down(nccl_comm_t *c)
   if (!err)
     err = NCCL_STARTED(c->base.log, ncclCommFinalize(c->nccl), &in_progress);
   if (!err && in_progress)
-    err = wait_ready(c, "finalize", "");
+    err = wait_ready(c, "finalize", "", false, WAIT_OP_SLEEP_MAX_US);
   if (err) {
     comm_fail(c, err);
     return;
@@ -526,11 +706,13 @@ static const gs_comm_ops_t nccl_ops = {
     .name = "nccl",
     .stream_ordered = true,
     .make_id = nccl_make_id,
+    .listen = nccl_listen,
     .order_after = nccl_order_after,
     .sync = nccl_sync,
     .init = nccl_init,
     .allreduce = nccl_allreduce,
     .broadcast = nccl_broadcast,
+    .broadcast_group = nccl_broadcast_group,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
 };

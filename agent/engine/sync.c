@@ -10,21 +10,36 @@
 #include "engine_internal.h"
 #include "why.h"
 
-/* Broadcasts every pack's params (and momentum) from rank 0. */
+/* Broadcasts every pack's params (and momentum) from rank 0 as one
+ * grouped collective and waits for it once: a stream-ordered backend
+ * launches them together (one round trip instead of one per buffer), a
+ * blocking one runs them in turn on this thread (the comm thread is idle
+ * outside a step). */
 int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum)
 {
-  for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
-    gs_pack_t *pk = &e->packs.packs[k];
-    int err = gs__engine_run_now(e, OP_BROADCAST, pk->params, pk->elements * sizeof(float), true,
-                                 "broadcast of params");
+  uint32_t packs = e->packs.list.pack_count, n = 0;
+  gs_comm_span_t *spans = malloc((2 * (size_t)packs + 1) * sizeof(*spans));
+  const char *what = momentum ? "broadcast of params and momentum" : "broadcast of params";
+  int err;
 
-    if (!err && momentum)
-      err = gs__engine_run_now(e, OP_BROADCAST, pk->momentum, pk->elements * sizeof(float), true,
-                               "broadcast of momentum");
-    if (err)
-      return err;
+  if (!spans) {
+    gs_set_why(e->error, sizeof(e->error), "%s: out of memory", what);
+    return GS_ENOMEM;
   }
-  return 0;
+  for (uint32_t k = 0; k < packs; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+
+    spans[n++] = (gs_comm_span_t){pk->params, pk->elements * sizeof(float)};
+    if (momentum)
+      spans[n++] = (gs_comm_span_t){pk->momentum, pk->elements * sizeof(float)};
+  }
+  err = gs_comm_broadcast_group(e->comm, spans, n, 0);
+  free(spans);
+  if (!err)
+    err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
+  if (!err)
+    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+  return err ? gs__engine_comm_failed(e, err, what) : 0;
 }
 
 /* The checkpoint's view of the packs, params then momentum of each pack,

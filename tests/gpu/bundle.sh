@@ -11,11 +11,12 @@
 #
 # Layout of OUT_DIR:
 #   bin/        gradsync-agent, gradsync-run, gradsync-coordinator, test_kernels,
-#               test_nccl (when built), run.sh; rpath set to $ORIGIN/../lib
+#               test_nccl, test_nccl_ranks (when built), run.sh; rpath set to
+#               $ORIGIN/../lib
 #   lib/        every shared library they need except the ones every Linux has
 #               (glibc, libgcc_s, libstdc++) and the CUDA ones the GPU machine has
-#   tests/gpu/  tests/gpu/*.py and run.sh, as in the repository, and the
-#               tests/checkpoints.py they import
+#   tests/gpu/  tests/gpu/*.py, run.sh and one_gpu_ranks.sh, as in the
+#               repository, and the tests/checkpoints.py they import
 #   bench/      bench/gpu_*.py, bench/torch_mlp.py and bench/benchlib.py, as in the repository
 #   MANIFEST.txt
 # and OUT_DIR.tar.gz beside it. On the GPU machine: tar xzf the tarball, then
@@ -34,7 +35,7 @@ pos=()
 for a in "$@"; do
   case "$a" in
     --allow-cpu) allow_cpu=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $a" ;;
     *) pos+=("$a") ;;
   esac
@@ -86,7 +87,7 @@ for b in gradsync-agent gradsync-run gradsync-coordinator; do
   cp -L "$build/bin/$b" "$out/bin/$b"
   bins+=("$out/bin/$b")
 done
-for t in test_kernels test_nccl; do
+for t in test_kernels test_nccl test_nccl_ranks; do
   src=""
   for cand in "$build/tests/$t" "$build/bin/$t"; do
     if [ -x "$cand" ]; then src=$cand; break; fi
@@ -101,13 +102,15 @@ done
 
 # --- scripts -----------------------------------------------------------------
 shopt -s nullglob
-for f in "$repo"/tests/gpu/*.py "$repo"/tests/gpu/run.sh; do cp "$f" "$out/tests/gpu/"; done
+for f in "$repo"/tests/gpu/*.py "$repo"/tests/gpu/run.sh "$repo"/tests/gpu/one_gpu_ranks.sh; do
+  cp "$f" "$out/tests/gpu/"
+done
 # tests/gpu/*.py import helpers from tests/ (checkpoints.py).
 if [ -f "$repo/tests/checkpoints.py" ]; then cp "$repo/tests/checkpoints.py" "$out/tests/"; fi
 cp "$repo/tests/gpu/run.sh" "$out/bin/run.sh"
 for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py "$repo"/bench/benchlib.py; do cp "$f" "$out/bench/"; done
 shopt -u nullglob
-chmod +x "$out/bin/run.sh" "$out/tests/gpu/run.sh"
+chmod +x "$out/bin/run.sh" "$out/tests/gpu/run.sh" "$out/tests/gpu/one_gpu_ranks.sh"
 [ -e "$out/tests/gpu/test_gpu_agent.py" ] || note "warning: no tests/gpu/test_gpu_agent.py yet; run.sh will SKIP its cases"
 
 # --- shared libraries --------------------------------------------------------

@@ -9,7 +9,7 @@
 #   --data DIR  Fashion-MNIST IDX files (default: $GS_DATA, else
 #               BUNDLE/../data/fashion-mnist, BUNDLE/data/fashion-mnist,
 #               /usr/share/datasets/fashion-mnist)
-#   --only LIST comma-separated subset of: kernels, nccl, bench and the cases
+#   --only LIST comma-separated subset of: kernels, nccl, nccl_ranks, bench and the cases
 #               tests/gpu/test_gpu_agent.py lists (parity, nccl1, training, ...)
 # Environment: PYTHON (default: a python3 that imports torch), GS_BENCH_ARGS
 # (extra arguments for bench/gpu_vs_torch.py, e.g. "--pairs 1").
@@ -105,7 +105,7 @@ say "libnccl:   $nccl"
 # --- every binary must resolve every library ---------------------------------
 unresolved=""
 for b in "$bin"/gradsync-agent "$bin"/gradsync-run "$bin"/gradsync-coordinator \
-         "$bin"/test_kernels "$bin"/test_nccl; do
+         "$bin"/test_kernels "$bin"/test_nccl "$bin"/test_nccl_ranks; do
   [ -x "$b" ] || continue
   nf=$(ldd "$b" 2>&1 | grep 'not found')
   [ -n "$nf" ] && unresolved="$unresolved$(basename "$b"):\n$nf\n"
@@ -230,13 +230,14 @@ write_report() {
 
 write_report
 
-# a, b: the CUDA unit tests.
-for t in kernels nccl; do
-  tb=""
+# a, b: the CUDA unit tests; nccl_ranks starts worlds of 1 to 4 ranks on GPU 0.
+for t in kernels nccl nccl_ranks; do
+  tb="" limit=120
+  [ "$t" = nccl_ranks ] && limit=900
   for cand in "$bin/test_$t" "$bundle/tests/test_$t"; do
     if [ -x "$cand" ]; then tb=$cand; break; fi
   done
-  if [ -n "$tb" ]; then run_case "$t" 120 "$tb"; else skip_case "$t" "test_$t not in the bundle"; fi
+  if [ -n "$tb" ]; then run_case "$t" "$limit" "$tb"; else skip_case "$t" "test_$t not in the bundle"; fi
 done
 
 # c: whole-process GPU agent tests (the python file is the lead's).

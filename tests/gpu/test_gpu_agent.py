@@ -3,16 +3,25 @@
 the nccl backend, checked against the cpu device. They need a GPU and a
 CUDA build; without either they exit 77 (ctest's skip code) with the reason.
 
+The ranks_* cases run 2 ranks on GPU 0 with the nccl backend: gradsync-run
+starts them through tests/gpu/one_gpu_ranks.sh (--agent-bin), which gives
+each rank a NCCL_HOSTID of its own so NCCL talks between them over loopback
+sockets as between hosts.
+
 usage: test_gpu_agent.py CASE BIN_DIR [DATA_DIR]
-cases: parity, nccl1, training, duplicate_gpu
+cases: parity, nccl1, training, duplicate_gpu, ranks_equivalence, ranks_checkpoint, ranks_control, ranks_sigterm, ranks_validate, ranks_kill, ranks_stop
 """
+import glob
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
@@ -21,7 +30,12 @@ CASE, BIN_DIR = sys.argv[1], sys.argv[2]
 DATA = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
 RUN = os.path.join(BIN_DIR, "gradsync-run")
 AGENT = os.path.join(BIN_DIR, "gradsync-agent")
+COORD = os.path.join(BIN_DIR, "gradsync-coordinator")
+ONE_GPU = os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_gpu_ranks.sh")
+RANKS = ["--agent-bin", ONE_GPU, "--reduce", "mean"]  # 2 ranks on GPU 0 (see above)
+FAST = ["--no-validate", "--log-interval", "200ms"]
 SKIP = 77
+os.environ["GS_AGENT_BIN"] = AGENT  # for one_gpu_ranks.sh
 
 
 def skip_without_gpu():
@@ -130,6 +144,203 @@ def case_duplicate_gpu(tmp):
     print("\n".join(line for line in err.splitlines() if "error" in line.lower())[-1500:])
     assert code != 0, "two ranks on one GPU should fail"
     assert took < 120, took
+
+
+def ranks_to_checkpoint(tmp, name, nproc, steps, extra):
+    d = os.path.join(tmp, name)
+    agent = RANKS if nproc > 1 else ["--device", "cuda", "--backend", "nccl"]
+    run(["--nproc", str(nproc), "--steps", str(steps), "--checkpoint-dir", d,
+         "--checkpoint-every", str(steps)] + FAST + agent + extra)
+    ck = read_checkpoint(newest_checkpoint(d))
+    assert ck["step"] == steps, ck["step"]
+    return ck
+
+
+def case_ranks_equivalence(tmp):
+    """2 ranks on one GPU with mean and batch b equal 1 rank with batch 2b
+    (params within 1e-5 relative)."""
+    common = ["--no-shuffle", "--seed", "3", "--lr", "0.1"]
+    two = ranks_to_checkpoint(tmp, "two", 2, 30, common + ["--batch", "16"])
+    one = ranks_to_checkpoint(tmp, "one", 1, 30, common + ["--batch", "32"])
+    init = ranks_to_checkpoint(tmp, "init", 1, 1, common + ["--batch", "32", "--lr", "0"])
+    err = rel_error(params_of(two), params_of(one))
+    moved = rel_error(params_of(one), params_of(init))
+    print(f"nccl, one GPU: mean(2 x 16) vs 1 x 32 after 30 steps: params relative error "
+          f"{err:.2e}; params moved {moved:.2e}")
+    assert moved > 1e-2, "training did not move the params; the comparison would be empty"
+    assert err < 1e-5, err
+
+
+def case_ranks_checkpoint(tmp):
+    """2 ranks with a broadcast every 7 steps and checkpoints: resuming at
+    step 20 ends at step 40 with bit-identical params and momentum."""
+    args = ["--nproc", "2", "--steps", "40", "--checkpoint-every", "20", "--checkpoint-keep",
+            "5", "--bcast-period", "7"] + FAST + RANKS
+    full = os.path.join(tmp, "full")
+    _, out, err, _ = run(args + ["--checkpoint-dir", full])
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(full, "ckpt-*.gsck")))
+    assert names == ["ckpt-000000000020.gsck", "ckpt-000000000040.gsck"], names
+    want = read_checkpoint(os.path.join(full, names[1]))
+    part = os.path.join(tmp, "part")
+    os.mkdir(part)
+    shutil.copy(os.path.join(full, names[0]), part)
+    _, out, _, _ = run(args + ["--checkpoint-dir", part, "--resume"])
+    assert "resumed at step 20" in out, out
+    got = read_checkpoint(os.path.join(part, names[1]))
+    if got["bufs"] != want["bufs"]:
+        sys.exit("resumed run ended with different params or momentum: relative error "
+                 f"{rel_error(params_of(got), params_of(want)):.2e}")
+    print("nccl, 2 ranks on one GPU, broadcast every 7 steps: resume from step 20 gives "
+          "bit-identical params and momentum at step 40")
+
+
+def start_launcher(args):
+    """gradsync-run in the background; returns (process, status URL, lines read)."""
+    p = subprocess.Popen([RUN, "--data", DATA] + args, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    lines = []
+    while True:
+        line = p.stdout.readline()
+        assert line, "launcher ended early:\n" + "".join(lines)
+        lines.append(line)
+        m = re.search(r"status at (http://\S+)/status", line)
+        if m:
+            return p, m.group(1), lines
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+
+
+def wait_for(p, lines, pattern, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return m
+    raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines[-40:]))
+
+
+def case_ranks_control(tmp):
+    """A new period and a stop posted to the coordinator act on both ranks at one step."""
+    p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--steps", "10000000"] +
+                                   FAST + RANKS)
+    try:
+        wait_for(p, lines, r"\[rank 0\] step \d+")
+        assert post(url + "/jobs/ctl/control", {"bcast_period": 7}) == 200
+        wait_for(p, lines, r"broadcast period set to 7")
+        assert post(url + "/jobs/ctl/control", {"action": "stop"}) == 200
+        lines.append(p.stdout.read())
+        p.wait(timeout=120)
+    finally:
+        p.kill()
+    text = "".join(lines)
+    steps = {r: re.findall(rf"\[rank {r}\].*step (\d+): broadcast period set to 7", text)
+             for r in (0, 1)}
+    assert steps[0] and steps[0] == steps[1], (steps, text[-4000:])
+    stop = re.search(r"stopped after step (\d+): the coordinator asked", text)
+    assert stop, text[-3000:]
+    assert p.returncode == 0, p.returncode
+    print(f"nccl, 2 ranks: period changed at step {steps[0][0]} on both; stopped after step "
+          f"{stop.group(1)}")
+
+
+def case_ranks_sigterm(tmp):
+    """SIGTERM to the launcher stops both ranks at one step, with a checkpoint there."""
+    d = os.path.join(tmp, "ck")
+    p, url, lines = start_launcher(["--nproc", "2", "--steps", "10000000", "--checkpoint-dir",
+                                    d] + FAST + RANKS)
+    try:
+        wait_for(p, lines, r"\[rank 0\] step \d+")
+        p.send_signal(signal.SIGTERM)
+        lines.append(p.stdout.read())
+        p.wait(timeout=120)
+    finally:
+        p.kill()
+    text = "".join(lines)
+    stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
+    assert stop, text[-3000:]
+    ck = read_checkpoint(newest_checkpoint(d))
+    assert ck["step"] == int(stop.group(1)), (ck["step"], stop.group(1))
+    assert "rank 1 exited" not in text, text[-3000:]
+    print(f"nccl, 2 ranks: stopped after step {stop.group(1)} with a checkpoint there")
+
+
+def case_ranks_validate(tmp):
+    """Validation sums its counts over the ranks (an allreduce on the nccl
+    path): the final accuracy is reported and sensible."""
+    # 2 x 64 a step: step 469 ends epoch 1 (its validation), 500 the run (the final one).
+    _, out, _, took = run(["--nproc", "2", "--steps", "500", "--batch", "64", "--lr", "0.1",
+                           "--log-interval", "5s"] + RANKS)
+    assert re.search(r"epoch 1 validation: accuracy", out), out[-3000:]
+    m = re.search(r"final: test accuracy ([\d.]+)", out)
+    assert m, out[-3000:]
+    acc = float(m.group(1))
+    print(f"nccl, 2 ranks on one GPU, 500 steps: test accuracy {acc:.4f} in {took:.1f} s")
+    assert acc >= 0.7, acc
+
+
+def start_ranks(job, coord_args, agent_args):
+    """A coordinator and 2 agents through one_gpu_ranks.sh, started by hand
+    (so one can be signalled); returns (coordinator, agents)."""
+    coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                              "--log-level", "warn"] + coord_args, stdout=subprocess.PIPE,
+                             text=True)
+    rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
+    agents = [subprocess.Popen([ONE_GPU, "--coordinator", rpc, "--job", job, "--world-size",
+                                "2", "--local-rank", str(i), "--reduce", "mean", "--steps",
+                                "10000000", "--log-interval", "200ms", "--data", DATA] +
+                               agent_args, env=dict(os.environ, LOCAL_RANK=str(i)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in range(2)]
+    return coord, agents
+
+
+def lose_rank_1(job, sig, coord_args, agent_args):
+    """Signals rank 1 once rank 0 trains; returns (rank 0's exit, stderr, seconds)."""
+    coord, agents = start_ranks(job, coord_args, agent_args)
+    try:
+        for _ in range(1000):  # NCCL_DEBUG may print first
+            line = agents[0].stdout.readline()
+            if not line or line.startswith("step"):
+                break
+        assert line.startswith("step"), "rank 0 did not train:\n" + agents[0].stderr.read()[-3000:]
+        agents[1].send_signal(sig)
+        t0 = time.time()
+        _, err = agents[0].communicate(timeout=120)
+        took = time.time() - t0
+    finally:
+        for a in agents:
+            a.kill()
+        coord.kill()
+    print(f"rank 0 exited {agents[0].returncode} {took:.1f} s after signal {int(sig)} to "
+          f"rank 1:\n{err[-800:]}")
+    return agents[0].returncode, err, took
+
+
+def case_ranks_kill(tmp):
+    """kill -9 of rank 1: rank 0 ends with a clear error within the heartbeat timeout."""
+    code, err, took = lose_rank_1("kill", signal.SIGKILL, ["--heartbeat-timeout", "5s"], [])
+    assert code == 1, code
+    assert took < 5.0 + 2.0, took
+    assert "error:" in err and "failed" in err, err
+
+
+def case_ranks_stop(tmp):
+    """SIGSTOP of rank 1 (the coordinator still counts it alive for 60 s):
+    rank 0 ends at the comm timeout (8 s), with an error that says so."""
+    code, err, took = lose_rank_1("stop", signal.SIGSTOP, ["--heartbeat-timeout", "60s"],
+                                  ["--comm-timeout", "8s"])
+    assert code == 1, code
+    assert 8.0 <= took < 8.0 + 10.0, took
+    assert "did not complete within 8000 ms" in err, err
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 /* Tests for agent/comm/comm_nccl.c on GPU 0, world size 1: allreduce (sum and
- * mean) and broadcast leave the data as it was, the collectives are ordered
- * against the device's compute stream both ways, tickets count up, the
- * queue bound, abort and bad setups fail cleanly. A last suite starts a
- * world of 2 whose second rank never comes: init must time out (or be
- * aborted) instead of hanging; it runs after the others have reported, in
- * case NCCL does hang there.
+ * mean) and broadcast (single and grouped) leave the data as it was, the
+ * collectives are ordered against the device's compute stream both ways,
+ * tickets count up, the queue bound, abort and bad setups fail cleanly. A
+ * last suite starts a world of 2 whose second rank never comes: init must
+ * time out (or be aborted) instead of hanging; it runs after the others
+ * have reported, in case NCCL does hang there.
  *
  * Exits 77 (ctest's "skipped") without a visible GPU. The runner does not
  * fork: CUDA is initialized by main's device count and cannot be used again
@@ -231,6 +231,57 @@ START_TEST(broadcast_bytes)
   /* Root past the world; the comm stays usable. */
   ck_assert_int_eq(gs_comm_broadcast(f.comm, &f, 1, 1), GS_EINVAL);
   ck_assert_int_eq(gs_comm_sync(f.comm), 0);
+  fixture_close(&f);
+}
+END_TEST
+
+/* A grouped broadcast is one collective (one ticket, one done event) over
+ * several buffers, some empty; with one rank it leaves them as they were.
+ * Bad arguments are refused and leave the comm usable. */
+START_TEST(broadcast_group_bytes)
+{
+  static const size_t sizes[] = {4099, 0, 1, (size_t)2 << 20};
+  enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+  fixture_t f;
+  gs_comm_span_t spans[N];
+  unsigned char *in[N], *out = malloc(sizes[N - 1]);
+  void *first;
+  uint64_t t;
+
+  fixture_open(&f, 4);
+  ck_assert_ptr_nonnull(out);
+  for (size_t s = 0; s < N; s++) {
+    in[s] = malloc(sizes[s] + 1);
+    spans[s] = (gs_comm_span_t){gs_device_alloc(f.dev, sizes[s] + 1), sizes[s]};
+    ck_assert_ptr_nonnull(in[s]);
+    ck_assert_ptr_nonnull(spans[s].buf);
+    for (size_t i = 0; i < sizes[s]; i++)
+      in[s][i] = (unsigned char)gs_splitmix64(&f.rng);
+    ck_assert_int_eq(gs_device_upload(f.dev, spans[s].buf, in[s], sizes[s]), 0);
+  }
+  t = gs_comm_ticket(f.comm);
+  ck_assert_int_eq(gs_comm_broadcast_group(f.comm, spans, N, 0), 0);
+  ck_assert_uint_eq(gs_comm_ticket(f.comm), t + 1);
+  ck_assert_int_eq(gs_comm_order_after(f.comm, t), 0);
+  for (size_t s = 0; s < N; s++) {
+    ck_assert_int_eq(gs_device_download(f.dev, out, spans[s].buf, sizes[s]), 0);
+    ck_assert_msg(memcmp(in[s], out, sizes[s]) == 0, "grouped broadcast changed buffer %zu", s);
+  }
+  ck_assert_int_eq(gs_comm_sync(f.comm), 0);
+  ck_assert_int_eq(gs_comm_broadcast_group(f.comm, spans, 0, 0), 0);         /* empty group */
+  ck_assert_int_eq(gs_comm_broadcast_group(f.comm, spans, N, 1), GS_EINVAL); /* root */
+  first = spans[0].buf;
+  spans[0].buf = NULL;
+  ck_assert_int_eq(gs_comm_broadcast_group(f.comm, spans, N, 0), GS_EINVAL);
+  ck_assert_int_eq(gs_comm_broadcast_group(f.comm, NULL, 1, 0), GS_EINVAL);
+  ck_assert_int_eq(gs_comm_sync(f.comm), 0);
+  spans[0].buf = first;
+  for (size_t s = 0; s < N; s++) {
+    if (spans[s].buf)
+      gs_device_free(f.dev, spans[s].buf);
+    free(in[s]);
+  }
+  free(out);
   fixture_close(&f);
 }
 END_TEST
@@ -549,6 +600,7 @@ static Suite *nccl_suite(void)
   suite_add_tcase(s, gs_gpu_tcase("allreduce_values", allreduce_values));
   suite_add_tcase(s, gs_gpu_tcase("waits_for_compute_stream", waits_for_compute_stream));
   suite_add_tcase(s, gs_gpu_tcase("broadcast_bytes", broadcast_bytes));
+  suite_add_tcase(s, gs_gpu_tcase("broadcast_group_bytes", broadcast_group_bytes));
   suite_add_tcase(s, gs_gpu_tcase("tickets_count_up", tickets_count_up));
   suite_add_tcase(s, gs_gpu_tcase("queue_bound", queue_bound));
   suite_add_tcase(s, gs_gpu_tcase("abort_fails_ops", abort_fails_ops));

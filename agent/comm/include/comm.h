@@ -94,6 +94,19 @@ int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype
 /* In place: every rank's `buf` of `bytes` bytes becomes root's. */
 int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root) GS_WARN_UNUSED;
 
+/* One buffer of a grouped broadcast. */
+typedef struct gs_comm_span {
+  void *buf;
+  size_t bytes;
+} gs_comm_span_t;
+
+/* In place, as gs_comm_broadcast on each of n buffers, as one collective
+ * with one ticket: a stream-ordered backend launches them as one group
+ * (nccl: ncclGroupStart/End), so a caller that then syncs waits once
+ * instead of once per buffer; other backends broadcast them in turn. */
+int gs_comm_broadcast_group(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n,
+                            uint32_t root) GS_WARN_UNUSED;
+
 /* Thread-safe, idempotent, never blocks: unblocks and fails the operation in
  * progress and every later one with GS_EABORTED. */
 void gs_comm_abort(gs_comm_t *comm);
@@ -115,6 +128,8 @@ typedef struct gs_comm_ops {
   int (*init)(gs_comm_t *comm, const gs_comm_setup_t *setup);
   int (*allreduce)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op);
   int (*broadcast)(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root);
+  /* NULL: gs_comm_broadcast_group calls broadcast once per span. */
+  int (*broadcast_group)(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n, uint32_t root);
   void (*abort)(gs_comm_t *comm);
   void (*destroy)(gs_comm_t *comm); /* closes and frees the whole object */
 } gs_comm_ops_t;
