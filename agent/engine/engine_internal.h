@@ -24,6 +24,7 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "packs.h"
+#include "pb_array.h"
 #include "sgd.h"
 
 /* DEFERRED: the step's last pack, run by the training thread itself when
@@ -52,6 +53,7 @@ struct gs_engine {
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
   gradsync_JoinRequest join_req; /* kept to re-register after a coordinator restart */
+  gs_pb_array_t settings;        /* gradsync_Setting, sent with join_req (config.c) */
   gs_join_result_t join;
   bool joined;
   int32_t period;
@@ -98,6 +100,9 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
                        const char *what) GS_WARN_UNUSED;
 void gs__engine_on_abort(void *arg, const char *reason);
+
+/* config.c: adds the engine's own settings to e->settings (at join). */
+int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 
 /* sync.c: params (and momentum) of every pack broadcast from rank 0. */
 int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum) GS_WARN_UNUSED;
