@@ -547,8 +547,8 @@ START_TEST(settings_unlike_rank_0s_are_refused)
     const char *const *odd;
     const char *text;
   } cases[] = {
-      {batch, "rank 2 (node 'n2', local_rank 0) has settings unlike rank 0's (node 'n0', "
-              "local_rank 0): setting 'batch' is '32' vs '64'"},
+      {batch, "rank 2 has settings unlike rank 0's: setting 'batch' is '32' vs '64' (rank 2: "
+              "node 'n2', local_rank 0; rank 0: node 'n0', local_rank 0)"},
       {missing, "setting 'steps' is not sent vs '100'"},
       {extra, "setting 'seed' is '7' vs not sent"},
   };
@@ -606,8 +606,9 @@ START_TEST(joins_without_settings_are_not_compared)
     ck_assert_int_eq(last_reply(4)->err, GS_EPRECOND);
     ck_assert_int_eq(last_reply(5)->err, GS_EPRECOND);
     ck_assert_int_eq(last_reply(6)->err, GS_EINVAL);
-    ck_assert_ptr_nonnull(strstr(last_reply(6)->message,
-                                 "rank 2 (node 'n2', local_rank 0) has settings unlike rank 1's"));
+    ck_assert_ptr_nonnull(
+        strstr(last_reply(6)->message,
+               "rank 2 has settings unlike rank 1's: setting 'batch' is '32' vs '64'"));
   }
   start_world_on("o3", 2, 7, 0);
 }
@@ -651,9 +652,9 @@ START_TEST(mixed_device_kinds_are_refused)
   for (uint32_t i = 0; i < 3; i++) {
     ck_assert_int_eq(last_reply(i)->err, i == 2 ? GS_EINVAL : GS_EPRECOND);
     ck_assert_msg(strstr(last_reply(i)->message,
-                         "rank 2 (node 'n2', local_rank 0) has a device kind unlike rank 0's "
-                         "(node 'n0', local_rank 0): device 'cpu' vs 'cuda:0': a job cannot mix "
-                         "cpu and cuda ranks"),
+                         "rank 2 has a device kind unlike rank 0's: device 'cpu' vs 'cuda:0': "
+                         "a job cannot mix cpu and cuda ranks (rank 2: node 'n2', local_rank 0; "
+                         "rank 0: node 'n0', local_rank 0)"),
                   "%s", last_reply(i)->message);
   }
   join_with("d", 3, 0, NULL, gpus, 10);

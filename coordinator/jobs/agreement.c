@@ -165,11 +165,13 @@ bool gs__agreement_find(gs_member_t *const *m, uint32_t n, const char *job, gs_d
     if (!find_in(d->comparison, m, n, d, detail, sizeof(detail)))
       continue;
     r = m[d->ref], b = m[d->bad];
+    /* The difference before the node names: a reply's message is cut at
+     * 511 bytes (proto/gradsync.options), and node names may be long. */
     snprintf(d->message, sizeof(d->message),
-             "rendezvous of job %s failed: rank %u (node '%s', local_rank %u) has %s unlike "
-             "rank %u's (node '%s', local_rank %u): %s",
-             job, d->bad, b->req.node, b->req.local_rank, comparisons[d->comparison].what, d->ref,
-             r->req.node, r->req.local_rank, detail);
+             "rendezvous of job %s failed: rank %u has %s unlike rank %u's: %s (rank %u: node "
+             "'%s', local_rank %u; rank %u: node '%s', local_rank %u)",
+             job, d->bad, comparisons[d->comparison].what, d->ref, detail, d->bad, b->req.node,
+             b->req.local_rank, d->ref, r->req.node, r->req.local_rank);
     return true;
   }
   return false;
