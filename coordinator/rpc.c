@@ -175,10 +175,15 @@ static bool decode_body(gs_rpc_t *rpc, const request_t *rq, const pb_msgdesc_t *
 static void on_join(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_JoinRequest req = gradsync_JoinRequest_init_zero;
+  gs_pb_array_t settings; /* the jobs layer reads it through req.settings.arg */
 
+  gs_pb_array_init(&settings, gradsync_Setting_fields, sizeof(gradsync_Setting),
+                   GS_JOB_MAX_SETTINGS);
+  gs_pb_array_bind_decode(&req.settings, &settings);
   if (decode_body(rpc, rq, gradsync_JoinRequest_fields, &req) &&
       check_job_name(rpc, &rq->call, req.job))
     gs__jobs_join(rpc->jobs, &rq->call, &req);
+  gs_pb_array_free(&settings);
 }
 
 static void on_publish(gs_rpc_t *rpc, const request_t *rq)

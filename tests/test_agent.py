@@ -216,6 +216,54 @@ def case_kill(tmp):
     assert "error:" in err and "failed" in err, err
 
 
+def case_settings(tmp):
+    """Ranks that disagree on a setting that decides the collectives or the
+    arithmetic are refused at Join, promptly (not at a timeout), with an
+    error naming the setting and both values; each run starts a fresh
+    job."""
+    coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                              "--log-level", "warn"], stdout=subprocess.PIPE, text=True)
+    rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
+    common = ["--coordinator", rpc, "--world-size", "2", "--join-timeout", "60s",
+              "--steps", "5"] + FAST
+    try:
+        for job, flags, named in [
+                ("batch", [["--reduce", "mean", "--batch", "64"],
+                           ["--reduce", "mean", "--batch", "32"]],
+                 "setting 'batch' is '32' vs '64'"),
+                ("reduce", [["--reduce", "mean"], ["--reduce", "sum"]],
+                 "setting 'reduce' is 'sum' vs 'mean'"),
+                ("steps", [["--reduce", "mean"], ["--reduce", "mean", "--steps", "6"]],
+                 "setting 'steps' is '6' vs '5'")]:
+            t0 = time.time()
+            agents = [subprocess.Popen([AGENT] + common + ["--job", job, "--local-rank", str(i)]
+                                       + flags[i], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+                      for i in range(2)]
+            errs = [a.communicate(timeout=60)[1] for a in agents]
+            took = time.time() - t0
+            print(f"{job}: refused after {took:.1f}s: {errs[1].strip().splitlines()[-1]}")
+            assert took < 30, took
+            for i, a in enumerate(agents):
+                assert a.returncode == 1, (i, a.returncode, errs[i])
+                assert "rendezvous of job " + job + " failed" in errs[i], errs[i]
+                assert named in errs[i], errs[i]
+            assert "rank 1 has settings unlike rank 0's" in errs[0], errs[0]
+            assert "(rank 1: node" in errs[0], errs[0]
+        # Equal settings in another order of flags train.
+        agents = [subprocess.Popen([AGENT] + common + ["--job", "same", "--local-rank", str(i),
+                                                       "--reduce", "mean", "--batch", "16"]
+                                   + (["--seed", "1"] if i else []),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for i in range(2)]
+        for a in agents:
+            _, err = a.communicate(timeout=120)
+            assert a.returncode == 0, err
+    finally:
+        coord.kill()
+        coord.wait()
+
+
 def case_launcher(tmp):
     """gradsync-run: help, bad usage, and a failing rank stops the job with a non-zero exit."""
     p = subprocess.run([RUN, "--help"], capture_output=True, text=True)

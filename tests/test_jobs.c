@@ -491,6 +491,181 @@ START_TEST(finished_job_is_forgotten_after_retention)
 }
 END_TEST
 
+/* A Join's settings as the RPC layer hands them over (see jobs.h): `kv`
+ * holds name, value pairs; `items` and `a` must outlive the call. */
+typedef struct settings {
+  gradsync_Setting items[8];
+  gs_pb_array_t a;
+} settings_t;
+
+static void set_settings(gradsync_JoinRequest *req, settings_t *st, const char *const *kv)
+{
+  size_t n = 0;
+
+  for (; kv[2 * n]; n++) {
+    ck_assert_uint_lt(n, 8);
+    snprintf(st->items[n].name, sizeof(st->items[n].name), "%s", kv[2 * n]);
+    snprintf(st->items[n].value, sizeof(st->items[n].value), "%s", kv[2 * n + 1]);
+  }
+  gs_pb_array_view(&st->a, gradsync_Setting_fields, sizeof(gradsync_Setting), st->items, n);
+  req->settings.arg = &st->a;
+}
+
+/* Joins peers first.. as ranks 0.. of `job` (rank i on node "n<i>"),
+ * member i sending the settings kv[i] (NULL: none) and device dev[i]. */
+static void join_with(const char *job, uint32_t n, uint32_t first, const char *const *const *kv,
+                      const char *const *dev, uint64_t now)
+{
+  for (uint32_t i = 0; i < n; i++) {
+    char node[16];
+    settings_t st;
+    gradsync_JoinRequest req;
+
+    snprintf(node, sizeof(node), "n%u", i);
+    req = th_join_request(job, n, node, 0);
+    if (kv && kv[i])
+      set_settings(&req, &st, kv[i]);
+    if (dev)
+      snprintf(req.device, sizeof(req.device), "%s", dev[i]);
+    join(first + i, &req, now);
+  }
+}
+
+/* Every member must send rank 0's settings: the first difference is named
+ * with both values; the members that differ get INVALID_ARGUMENT, the
+ * others FAILED_PRECONDITION, and nobody is left waiting. Settings compare
+ * by name, whatever their order. */
+START_TEST(settings_unlike_rank_0s_are_refused)
+{
+  static const char *const base[] = {"batch", "64", "steps", "100", "reduce", "mean", NULL};
+  static const char *const batch[] = {"reduce", "mean", "batch", "32", "steps", "100", NULL};
+  static const char *const missing[] = {"batch", "64", "reduce", "mean", NULL};
+  static const char *const extra[] = {"batch", "64",   "steps", "100", "reduce",
+                                      "mean",  "seed", "7",     NULL};
+  static const char *const reordered[] = {"steps", "100", "reduce", "mean", "batch", "64", NULL};
+  const struct {
+    const char *const *odd;
+    const char *text;
+  } cases[] = {
+      {batch, "rank 2 has settings unlike rank 0's: setting 'batch' is '32' vs '64' (rank 2: "
+              "node 'n2', local_rank 0; rank 0: node 'n0', local_rank 0)"},
+      {missing, "setting 'steps' is not sent vs '100'"},
+      {extra, "setting 'seed' is '7' vs not sent"},
+  };
+
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    const char *const *kv[] = {base, base, cases[c].odd};
+
+    join_with("s", 3, 0, kv, NULL, c);
+    for (uint32_t i = 0; i < 3; i++) {
+      ck_assert_int_eq(last_reply(i)->err, i == 2 ? GS_EINVAL : GS_EPRECOND);
+      ck_assert_msg(strstr(last_reply(i)->message, cases[c].text), "%s", last_reply(i)->message);
+      ck_assert_int_eq(fake.parked[peers[i].id], 0);
+    }
+    ck_assert_uint_eq(gs__jobs_find(&jobs, "s")->waiting_count, 0);
+  }
+  /* Rank 0 is the odd one out: everyone else differs from it. */
+  {
+    const char *const *kv[] = {batch, base, base};
+
+    join_with("s", 3, 0, kv, NULL, 10);
+    ck_assert_int_eq(last_reply(0)->err, GS_EPRECOND);
+    ck_assert_int_eq(last_reply(1)->err, GS_EINVAL);
+    ck_assert_int_eq(last_reply(2)->err, GS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(last_reply(1)->message, "setting 'batch' is '64' vs '32'"));
+  }
+  {
+    const char *const *kv[] = {base, reordered, base};
+
+    join_with("s", 3, 0, kv, NULL, 20);
+    for (uint32_t i = 0; i < 3; i++)
+      ck_assert_uint_eq(join_reply(i).rank, i);
+  }
+}
+END_TEST
+
+/* A client that sends no settings (one older than them) is not compared,
+ * so old and new agents still rendezvous; nor is a job where nobody sends
+ * any. The first member that sends settings is the reference. */
+START_TEST(joins_without_settings_are_not_compared)
+{
+  static const char *const a[] = {"batch", "64", NULL};
+  static const char *const b[] = {"batch", "32", NULL};
+
+  {
+    const char *const *kv[] = {NULL, a, NULL, a};
+
+    join_with("o", 4, 0, kv, NULL, 0);
+    for (uint32_t i = 0; i < 4; i++)
+      ck_assert_uint_eq(join_reply(i).rank, i);
+  }
+  {
+    const char *const *kv[] = {NULL, a, b};
+
+    join_with("o2", 3, 4, kv, NULL, 0);
+    ck_assert_int_eq(last_reply(4)->err, GS_EPRECOND);
+    ck_assert_int_eq(last_reply(5)->err, GS_EPRECOND);
+    ck_assert_int_eq(last_reply(6)->err, GS_EINVAL);
+    ck_assert_ptr_nonnull(
+        strstr(last_reply(6)->message,
+               "rank 2 has settings unlike rank 1's: setting 'batch' is '32' vs '64'"));
+  }
+  start_world_on("o3", 2, 7, 0);
+}
+END_TEST
+
+/* Settings whose names cannot be compared are refused at once. */
+START_TEST(invalid_settings_are_refused_at_once)
+{
+  static const char *const twice[] = {"batch", "64", "batch", "64", NULL};
+  static const char *const bad[] = {"batch size", "64", NULL};
+  static const char *const empty[] = {"", "64", NULL};
+  const char *const *const kv[] = {twice, bad, empty};
+  const char *const text[] = {"setting 'batch' is sent twice",
+                              "setting name 'batch size' is invalid", "setting name '' is invalid"};
+
+  for (uint32_t i = 0; i < 3; i++) {
+    gradsync_JoinRequest req = th_join_request("v", 2, "n0", i);
+    settings_t st;
+
+    set_settings(&req, &st, kv[i]);
+    join(i, &req, 0);
+    ck_assert_int_eq(last_reply(i)->err, GS_EINVAL);
+    ck_assert_ptr_nonnull(strstr(last_reply(i)->message, text[i]));
+    ck_assert_int_eq(fake.parked[peers[i].id], 0);
+  }
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "v")); /* refused before the job exists */
+}
+END_TEST
+
+/* cpu and cuda ranks cannot share a collective backend: such a job is
+ * refused at the rendezvous, naming both ranks and devices, instead of
+ * hanging until the comm timeout. Different GPUs of one kind are fine, and
+ * a member that names no device is not compared. */
+START_TEST(mixed_device_kinds_are_refused)
+{
+  static const char *const mixed[] = {"cuda:0", "cuda:1", "cpu"};
+  static const char *const gpus[] = {"cuda:0", "cuda:1", "cuda"};
+  static const char *const unnamed[] = {"", "cpu", "cpu"};
+
+  join_with("d", 3, 0, NULL, mixed, 0);
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_int_eq(last_reply(i)->err, i == 2 ? GS_EINVAL : GS_EPRECOND);
+    ck_assert_msg(strstr(last_reply(i)->message,
+                         "rank 2 has a device kind unlike rank 0's: device 'cpu' vs 'cuda:0': "
+                         "a job cannot mix cpu and cuda ranks (rank 2: node 'n2', local_rank 0; "
+                         "rank 0: node 'n0', local_rank 0)"),
+                  "%s", last_reply(i)->message);
+  }
+  join_with("d", 3, 0, NULL, gpus, 10);
+  for (uint32_t i = 0; i < 3; i++)
+    ck_assert_uint_eq(join_reply(i).rank, i);
+  join_with("u", 3, 3, NULL, unnamed, 10);
+  for (uint32_t i = 0; i < 3; i++)
+    ck_assert_uint_eq(join_reply(3 + i).rank, i);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -507,6 +682,10 @@ static Suite *jobs_suite(void)
       {"rendezvous_disconnect", closed_waiting_agent_leaves_the_rendezvous},
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"retention", finished_job_is_forgotten_after_retention},
+      {"settings_unlike", settings_unlike_rank_0s_are_refused},
+      {"settings_absent", joins_without_settings_are_not_compared},
+      {"settings_invalid", invalid_settings_are_refused_at_once},
+      {"device_kinds", mixed_device_kinds_are_refused},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

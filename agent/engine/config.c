@@ -1,9 +1,17 @@
-/* The engine's public configuration: its defaults (gradsync/engine.h). */
+/* The engine's public configuration: its defaults, and the settings sent
+ * at Join for the coordinator to compare across ranks (gradsync/engine.h,
+ * proto/README.md). */
 #include <gradsync/engine.h>
 
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "engine_internal.h"
+#include "why.h"
 
 void gs_engine_config_defaults(gs_engine_config_t *cfg)
 {
@@ -25,4 +33,98 @@ void gs_engine_config_defaults(gs_engine_config_t *cfg)
   cfg->join_timeout_ms = 5 * 60 * 1000;
   cfg->rpc_timeout_ms = 30 * 1000;
   cfg->comm_timeout_ms = 2 * 60 * 1000;
+}
+
+static bool setting_name_ok(const char *s)
+{
+  size_t n = strlen(s);
+
+  if (n == 0 || n >= sizeof(((gradsync_Setting *)0)->name))
+    return false;
+  for (; *s; s++) {
+    if (!isalnum((unsigned char)*s) && !strchr("._-", *s))
+      return false;
+  }
+  return true;
+}
+
+static bool setting_exists(const gs_engine_t *e, const char *name)
+{
+  const gradsync_Setting *s = e->settings.items;
+
+  for (size_t i = 0; i < e->settings.count; i++) {
+    if (!strcmp(s[i].name, name))
+      return true;
+  }
+  return false;
+}
+
+int gs_engine_add_setting(gs_engine_t *e, const char *name, const char *value)
+{
+  gradsync_Setting s = gradsync_Setting_init_zero;
+  int err;
+
+  if (!e->settings.item_size)
+    gs_pb_array_init(&e->settings, gradsync_Setting_fields, sizeof(gradsync_Setting),
+                     GS_ENGINE_MAX_SETTINGS);
+  if (e->joined)
+    err = GS_EPRECOND;
+  else if (!name || !value || !setting_name_ok(name) || strlen(value) >= sizeof(s.value))
+    err = GS_EINVAL;
+  else if (setting_exists(e, name))
+    err = GS_EEXIST;
+  else {
+    snprintf(s.name, sizeof(s.name), "%s", name);
+    snprintf(s.value, sizeof(s.value), "%s", value);
+    err = gs_pb_array_push(&e->settings, &s);
+  }
+  if (err)
+    gs_set_why(e->error, sizeof(e->error), "cannot add setting '%s': %s%s", name ? name : "?",
+               gs_strerror(err),
+               err == GS_EINVAL   ? " (names: 1-63 of [A-Za-z0-9._-]; values: up to 127 bytes)"
+               : err == GS_EEXIST ? " (added twice, or one of the engine's own)"
+                                  : "");
+  return err;
+}
+
+/* Adds one of the engine's own settings, formatted like printf. */
+__attribute__((format(printf, 3, 4))) static int own(gs_engine_t *e, const char *name,
+                                                     const char *fmt, ...)
+{
+  char value[sizeof(((gradsync_Setting *)0)->value)];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(value, sizeof(value), fmt, ap);
+  va_end(ap);
+  return gs_engine_add_setting(e, name, value);
+}
+
+/* Floats as "%.9g": nine digits tell every float apart, so two ranks whose
+ * values print alike do the same arithmetic. Only the settings a schedule
+ * uses are sent: a gamma without a step schedule changes nothing. */
+int gs__engine_add_own_settings(gs_engine_t *e)
+{
+  const gs_sgd_config_t *c = &e->cfg.sgd;
+  int err = own(e, "backend", "%s", e->cfg.backend);
+
+  err = err ? err : own(e, "reduce", "%s", gs_reduce_op_name(e->cfg.reduce));
+  err = err ? err : own(e, "pack-threshold", "%" PRIu64, e->cfg.pack_threshold);
+  err = err ? err : own(e, "lr", "%.9g", c->lr);
+  err = err ? err : own(e, "momentum", "%.9g", c->momentum);
+  err = err ? err : own(e, "weight-decay", "%.9g", c->weight_decay);
+  err = err ? err : own(e, "nesterov", "%s", c->nesterov ? "true" : "false");
+  err = err ? err : own(e, "bias-lr-mult", "%.9g", c->bias_lr_mult);
+  err = err ? err : own(e, "bias-wd", "%.9g", c->bias_wd);
+  err = err ? err : own(e, "warmup-steps", "%" PRIu64, c->warmup_steps);
+  if (c->warmup_steps)
+    err = err ? err : own(e, "warmup-factor", "%.9g", c->warmup_factor);
+  err = err ? err : own(e, "schedule", "%s", gs_lr_schedule_name(c->schedule));
+  if (c->schedule == GS_LR_STEP) {
+    err = err ? err : own(e, "lr-step-size", "%" PRIu64, c->step_size);
+    err = err ? err : own(e, "lr-gamma", "%.9g", c->gamma);
+  }
+  if (c->schedule == GS_LR_COSINE)
+    err = err ? err : own(e, "lr-total-steps", "%" PRIu64, c->total_steps);
+  return err;
 }

@@ -163,6 +163,10 @@ static int join(gs_engine_t *e, const char *comm_addr)
   snprintf(req->comm_addr, sizeof(req->comm_addr), "%s", comm_addr);
   req->peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
   req->bcast_period = e->cfg.bcast_period;
+  err = gs__engine_add_own_settings(e);
+  if (err)
+    return err;
+  gs_pb_array_bind_encode(&req->settings, &e->settings);
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
          "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
          e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
@@ -441,6 +445,7 @@ void gs_engine_free(gs_engine_t *e)
   gs_client_free(e->client);
   gs_join_result_free(&e->join);
   gs_packs_free(&e->packs);
+  gs_pb_array_free(&e->settings);
   free(e->jobs);
   free(e->queue);
   free(e->ready);

@@ -24,6 +24,7 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "packs.h"
+#include "pb_array.h"
 #include "sgd.h"
 
 /* DEFERRED: the step's last pack, run by the training thread itself when
@@ -52,6 +53,7 @@ struct gs_engine {
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
   gradsync_JoinRequest join_req; /* kept to re-register after a coordinator restart */
+  gs_pb_array_t settings;        /* gradsync_Setting, sent with join_req (config.c) */
   gs_join_result_t join;
   bool joined;
   int32_t period;
@@ -111,6 +113,9 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
 void gs__engine_on_abort(void *arg, const char *reason);
 int gs__engine_fail(gs_engine_t *e, int err);
 int gs__engine_refuse(gs_engine_t *e, const char *what);
+
+/* config.c: adds the engine's own settings to e->settings (at join). */
+int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 
 /* sync.c: params (and momentum) of every pack broadcast from rank 0. */
 int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum) GS_WARN_UNUSED;

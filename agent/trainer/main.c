@@ -114,8 +114,9 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--device", .kind = GS_FLAG_STRBUF, F(t.device), .names = devices,
    .help = "compute device: cuda when a GPU is visible and this build has CUDA, else cpu",
    .doc = "compute device: `cuda` (cuBLAS + our kernels) when the build has CUDA and a GPU is "
-          "visible, else `cpu` (OpenBLAS); `auto` also picks `cpu` when `LOCAL_WORLD_SIZE` (set "
-          "by `gradsync-run`) exceeds the GPUs visible, since NCCL needs a GPU per rank"},
+          "visible, else `cpu` (OpenBLAS); `auto` also picks `cpu` (with a warning) when "
+          "`LOCAL_WORLD_SIZE` (set by `gradsync-run`) exceeds the GPUs visible, since NCCL needs "
+          "a GPU per rank, unless `CUDA_VISIBLE_DEVICES` gives the process one GPU of its own"},
   {.name = "--gpu", .kind = GS_FLAG_INT, F(t.gpu), .min = 0, .max = 1023, .metavar = "N",
    .def = "local rank mod GPUs visible", .help = "which GPU",
    .doc = "which GPU (`CUDA_VISIBLE_DEVICES` numbering)"},

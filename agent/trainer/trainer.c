@@ -3,11 +3,13 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "device_choice.h"
 #include "idx.h"
 #include "mlp.h"
 #include "sampler.h"
@@ -211,24 +213,27 @@ static int load_data(trainer_t *t)
   return 0;
 }
 
-/* Opens the compute device (--device, --gpu) and picks the backend that
- * works on its memory when --backend is auto. */
+/* Opens the compute device (--device, --gpu; device_choice.h) and picks
+ * the backend that works on its memory when --backend is auto. */
 static int open_device(trainer_t *t, gs_engine_config_t *ec)
 {
   const gs_trainer_config_t *c = t->cfg;
-  const char *name = c->device;
-  int gpu = c->gpu, count = gs_device_cuda_count();
+  gs_device_env_t env = {
+      .device = c->device,
+      .gpu = c->gpu,
+      .cuda_built = gs_device_cuda_built(),
+      .visible = gs_device_cuda_count(),
+      .cuda_visible_devices = getenv("CUDA_VISIBLE_DEVICES"),
+      .local_world = c->local_world,
+      .local_rank = ec->local_rank,
+  };
+  gs_device_choice_t pick;
   char why[256];
 
-  if (gpu < 0)
-    gpu = count > 0 ? (int)(ec->local_rank % (uint32_t)count) : 0;
-  if (strcmp(name, "auto") == 0 && count > 0 && c->local_world > (uint32_t)count) {
-    gs_log(t->log, GS_LOG_INFO, t->job, -1,
-           "--device auto: %u ranks on this machine but %d GPU(s); using the cpu device",
-           c->local_world, count);
-    name = "cpu";
-  }
-  t->dev = gs_device_open(name, gpu, t->log, why, sizeof(why));
+  gs_device_choose(&env, &pick);
+  if (strcmp(c->device, "auto") == 0)
+    gs_log(t->log, pick.warn ? GS_LOG_WARN : GS_LOG_INFO, t->job, -1, "%s", pick.reason);
+  t->dev = gs_device_open(pick.name, pick.gpu, t->log, why, sizeof(why));
   if (!t->dev) {
     fprintf(stderr, "gradsync-agent: error: cannot open device '%s': %s\n", c->device, why);
     return GS_EUNAVAIL;
@@ -278,6 +283,50 @@ static void free_slots(trainer_t *t)
   }
 }
 
+/* One setting for the coordinator to compare across ranks, like printf. */
+__attribute__((format(printf, 3, 4))) static int setting(trainer_t *t, const char *name,
+                                                         const char *fmt, ...)
+{
+  char value[128];
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(value, sizeof(value), fmt, ap);
+  va_end(ap);
+  return gs_engine_add_setting(t->engine, name, value); /* gs_trainer_run prints the error */
+}
+
+/* What decides this rank's sequence of collectives (steps, epochs and
+ * their validation allreduces, all from the data size and the batch) and
+ * its arithmetic (batch, seed, shuffling, layers): the coordinator refuses
+ * a job whose ranks disagree on any, naming it, instead of letting one
+ * hang the others or drift. The engine adds its own (reduce, SGD, ...). */
+static int add_settings(trainer_t *t)
+{
+  const gs_trainer_config_t *c = t->cfg;
+  char layers[128];
+  size_t used = 0;
+  int err;
+
+  for (uint32_t i = 0; i < c->nlayers && used < sizeof(layers); i++)
+    used +=
+        (size_t)snprintf(layers + used, sizeof(layers) - used, "%s%u", i ? "," : "", c->layers[i]);
+  err = setting(t, "batch", "%u", c->batch);
+  if (!err && c->steps)
+    err = setting(t, "steps", "%" PRIu64, c->steps);
+  if (!err && !c->steps)
+    err = setting(t, "epochs", "%" PRIu64, c->epochs);
+  err = err ? err : setting(t, "validate", "%s", c->validate ? "true" : "false");
+  err = err ? err : setting(t, "train-examples", "%u", t->train.count);
+  err = err ? err : setting(t, "test-examples", "%u", t->test.count);
+  err = err ? err : setting(t, "seed", "%" PRIu64, c->seed);
+  err = err ? err : setting(t, "shuffle", "%s", c->shuffle ? "true" : "false");
+  /* Too many widths to fit: the model signature still compares the shapes. */
+  if (!err && used < sizeof(layers))
+    err = setting(t, "layers", "%s", layers);
+  return err;
+}
+
 /* Builds the model on the engine's packs: register, start (join + packs),
  * bind the views, initialise from the seed, then agree on a start state. */
 static int setup(trainer_t *t, gs_position_t *pos)
@@ -311,6 +360,9 @@ static int setup(trainer_t *t, gs_position_t *pos)
     if (gs_engine_register(t->engine, d.name, d.elements, gs_mlp_param_is_bias(t->mlp, i)) < 0)
       return GS_EINVAL;
   }
+  err = add_settings(t);
+  if (err)
+    return err;
   err = gs_engine_start(t->engine);
   if (err)
     return err;

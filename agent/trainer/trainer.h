@@ -16,8 +16,7 @@ typedef struct gs_trainer_config {
   gs_engine_config_t engine; /* engine.dev is opened by the trainer */
   char device[16];           /* "cpu", "cuda" or "auto" (cuda when a GPU is visible) */
   int gpu;                   /* GPU index; -1: the local rank modulo the GPUs visible */
-  uint32_t local_world;      /* ranks on this machine (0: unknown); "auto" picks cpu when
-                                there are fewer GPUs, as NCCL needs one GPU per rank */
+  uint32_t local_world;      /* ranks on this machine (0: unknown); see device_choice.h */
   uint32_t layers[GS_TRAINER_MAX_LAYERS];
   uint32_t nlayers;
   const char *data_dir;

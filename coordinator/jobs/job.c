@@ -86,6 +86,7 @@ gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync
     return NULL;
   m->job = job;
   m->req = *req;
+  m->req.settings = (pb_callback_t){0}; /* the caller's; rendezvous.c keeps a copy */
   m->join_request_id = call->request_id;
   m->join_deadline_ms = call->deadline_ms;
   m->last_heartbeat_ms = call->now_ms;
@@ -99,6 +100,7 @@ void gs__member_free(gs_member_t *m)
     return;
   gs__member_unbind(m);
   gs__hb_unlink(m);
+  free(m->settings);
   free(m);
 }
 

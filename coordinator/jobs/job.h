@@ -22,6 +22,10 @@
 
 typedef struct gs_job gs_job_t;
 
+/* How many settings one Join may carry (JoinRequest.settings): the RPC
+ * layer's decode refuses more. */
+#define GS_JOB_MAX_SETTINGS 64
+
 typedef struct gs_jobs_config {
   uint64_t heartbeat_interval_ms; /* told to agents at Join */
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
@@ -73,7 +77,12 @@ struct gs_member {
   uint32_t waiting_index;   /* position in job->waiting, while WAITING */
   uint64_t join_request_id; /* the parked Join, while WAITING */
   uint64_t join_deadline_ms;
-  gradsync_JoinRequest req; /* node, local_rank, device, signature, ... */
+  gradsync_JoinRequest req; /* node, local_rank, device, signature, ... (no settings) */
+  /* Its Join's settings, compared with rank 0's at the rendezvous: packed
+   * "name\0value\0" pairs in the order sent; NULL when it sent none. */
+  char *settings;
+  size_t settings_len;
+  uint32_t settings_count;
   /* Latest heartbeat. Running members are also on the job's heartbeat
    * list, oldest heartbeat first, so the silence check looks at one. */
   uint64_t last_heartbeat_ms;

@@ -18,6 +18,8 @@ gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name);
 
 /* The RPCs (rpc.c decoded the body and checked the job name). Each answers
  * the call now or parks it. */
+/* A Join's `req->settings.arg` is NULL (none sent) or the gs_pb_array_t of
+ * gradsync_Setting its settings were decoded into (borrowed). */
 void gs__jobs_join(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRequest *req);
 void gs__jobs_publish(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_PublishRequest *req);
 void gs__jobs_fetch(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_FetchRequest *req);

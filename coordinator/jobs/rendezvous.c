@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agreement.h"
+
 #define REPLY_ERR(job, call, err, ...)                                                             \
   gs__respond_error((job)->jobs->responder, (call)->peer->id, (call)->method, (call)->request_id,  \
                     (err), __VA_ARGS__)
@@ -40,26 +42,6 @@ static int member_order(const void *a, const void *b)
   return x->join_seq < y->join_seq ? -1 : x->join_seq > y->join_seq;
 }
 
-/* Writes what differs between two signatures; false when they agree. */
-static bool signature_diff(const gradsync_ModelSignature *a, const gradsync_ModelSignature *b,
-                           char *out, size_t len)
-{
-  if (a->param_count != b->param_count)
-    snprintf(out, len, "param_count %u vs %u", a->param_count, b->param_count);
-  else if (a->total_elements != b->total_elements)
-    snprintf(out, len, "total_elements %llu vs %llu", (unsigned long long)a->total_elements,
-             (unsigned long long)b->total_elements);
-  else if (a->shapes_hash != b->shapes_hash)
-    snprintf(out, len, "parameter shapes differ (shapes_hash %016llx vs %016llx)",
-             (unsigned long long)a->shapes_hash, (unsigned long long)b->shapes_hash);
-  else if (a->dtypes_hash != b->dtypes_hash)
-    snprintf(out, len, "parameter dtypes differ (dtypes_hash %016llx vs %016llx)",
-             (unsigned long long)a->dtypes_hash, (unsigned long long)b->dtypes_hash);
-  else
-    return false;
-  return true;
-}
-
 /* Refuses the later of two agents claiming the same (node, local_rank). */
 static bool drop_duplicates(gs_job_t *job)
 {
@@ -79,37 +61,26 @@ static bool drop_duplicates(gs_job_t *job)
   return false;
 }
 
-/* Fails the whole rendezvous when a member's model differs from rank 0's:
- * a misconfigured job must not start, and every agent learns why. As
- * proto/README.md says, the members whose model differs get
- * INVALID_ARGUMENT; the others, whose rendezvous failed through no fault of
- * theirs, FAILED_PRECONDITION (they may Join again). */
-static bool refuse_mismatched_models(gs_job_t *job)
+/* Fails the whole rendezvous when a member differs from the others in its
+ * model, device kind or settings (agreement.h): a misconfigured job must
+ * not start, and every agent learns why. As proto/README.md says, the
+ * members that differ get INVALID_ARGUMENT; the others, whose rendezvous
+ * failed through no fault of theirs, FAILED_PRECONDITION (they may Join
+ * again). */
+static bool refuse_disagreement(gs_job_t *job)
 {
-  /* A copy: the loop below frees the members, rank 0 first. */
-  gradsync_ModelSignature ref = job->waiting[0]->req.model_signature;
-  const gs_member_t *r0 = job->waiting[0];
-  char diff[256], msg[1024];
-  uint32_t bad;
+  gs_disagreement_t d;
 
-  for (bad = 1; bad < job->waiting_count; bad++) {
-    if (signature_diff(&job->waiting[bad]->req.model_signature, &ref, diff, sizeof(diff)))
-      break;
-  }
-  if (bad == job->waiting_count)
+  if (!gs__agreement_find(job->waiting, job->waiting_count, job->name, &d))
     return false;
-  snprintf(msg, sizeof(msg),
-           "rendezvous of job %s failed: rank %u (node '%s', local_rank %u) has a model unlike "
-           "rank 0's (node '%s', local_rank %u): %s",
-           job->name, bad, job->waiting[bad]->req.node, job->waiting[bad]->req.local_rank,
-           r0->req.node, r0->req.local_rank, diff);
-  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", d.message);
+  /* From the last: the reference is freed only after every member that
+   * sorts after it was compared with it. */
   while (job->waiting_count) {
-    char other[256];
-    bool differs =
-        signature_diff(&job->waiting[0]->req.model_signature, &ref, other, sizeof(other));
+    uint32_t i = job->waiting_count - 1;
+    bool differs = gs__agreement_differs(&d, job->waiting, i);
 
-    remove_waiting(job, 0, differs ? GS_EINVAL : GS_EPRECOND, msg);
+    remove_waiting(job, i, differs ? GS_EINVAL : GS_EPRECOND, d.message);
   }
   return true;
 }
@@ -125,7 +96,7 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
   for (uint32_t i = 0; i < n; i++)
     job->waiting[i]->waiting_index = i;
-  if (drop_duplicates(job) || refuse_mismatched_models(job))
+  if (drop_duplicates(job) || refuse_disagreement(job))
     return;
   peers = calloc(n, sizeof(*peers));
   if (!peers) {
@@ -243,6 +214,7 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
 {
   gs_responder_t *r = jobs->responder;
   const gs_member_t *bound = call->peer->member;
+  char why[256];
 
   if (req->world_size == 0 || req->world_size > jobs->cfg.max_world_size) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
@@ -253,6 +225,10 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
   if (!req->node[0]) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
                       "node must not be empty");
+    return false;
+  }
+  if (!gs__settings_valid(req, why, sizeof(why))) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL, "%s", why);
     return false;
   }
   if (bound && gs__member_active(bound)) {
@@ -304,6 +280,11 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
     return;
   }
   if (!reserve_waiting(job) || !(m = gs__member_new(job, call, req))) {
+    REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
+    return;
+  }
+  if (!gs__settings_take(m, req)) {
+    gs__member_free(m);
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
     return;
   }

@@ -190,6 +190,25 @@ GS_ENGINE_API const char *gs_engine_strerror(int err);
 GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements,
                                      bool is_bias);
 
+/* The most settings an engine sends at Join, its own included. */
+#define GS_ENGINE_MAX_SETTINGS 64
+
+/* Adds a setting that decides this rank's sequence of collectives or its
+ * arithmetic (batch size, step count, validation, data size, ...). Every
+ * setting is sent at Join, and the coordinator refuses a job whose ranks
+ * disagree, naming the setting and both values: a rank with one more
+ * collective would hang the job, one with another batch drift silently.
+ * Call before start; `name` (1-63 characters of [A-Za-z0-9._-]) and
+ * `value` (up to 127 bytes) are copied. The engine adds its own at start
+ * (backend, reduce, pack-threshold and the SGD settings: lr, momentum,
+ * weight-decay, nesterov, bias-lr-mult, bias-wd, warmup-steps,
+ * warmup-factor, schedule, lr-step-size, lr-gamma, lr-total-steps), so a
+ * front end must not use those names. A negative code, with
+ * gs_engine_error saying why, for a bad name or value, a name already
+ * added, one past GS_ENGINE_MAX_SETTINGS, or a call after start. */
+GS_ENGINE_API int gs_engine_add_setting(gs_engine_t *e, const char *name,
+                                        const char *value) GS_ENGINE_WARN_UNUSED;
+
 /* Joins the job, agrees on the pack list, allocates the packs, connects the
  * ranks. The heartbeat starts right after the Join, so that a slow
  * collective init neither looks like a lost rank nor misses an abort. */
