@@ -54,6 +54,29 @@ START_TEST(a_gpu_of_its_own_is_trusted)
 }
 END_TEST
 
+/* gradsync-run hands every rank the same list: one GPU in it is shared by
+ * all of them, not each one's own; a wrapper that gives a rank another list
+ * is trusted again. */
+START_TEST(the_launchers_shared_list_is_not_a_gpu_of_its_own)
+{
+  gs_device_env_t env = {.device = "auto",
+                         .gpu = -1,
+                         .cuda_built = true,
+                         .visible = 1,
+                         .cuda_visible_devices = "0",
+                         .launcher_cuda_visible_devices = "0",
+                         .local_world = 2,
+                         .local_rank = 1};
+  gs_device_choice_t c;
+
+  gs_device_choose(&env, &c);
+  CHOSEN(c, "cpu", 0, true, "2 ranks on this machine (LOCAL_WORLD_SIZE) but 1 GPU(s) visible");
+  env.cuda_visible_devices = "1"; /* a per-rank wrapper's own list */
+  gs_device_choose(&env, &c);
+  CHOSEN(c, "cuda", 0, false, "CUDA_VISIBLE_DEVICES='1' gives this process one GPU of its own");
+}
+END_TEST
+
 /* Ranks that would share GPUs fall back to the cpu, loudly. */
 START_TEST(shared_gpus_fall_back_with_a_warning)
 {
@@ -107,8 +130,11 @@ int main(void)
     const char *name;
     const TTest *test;
   } cases[] = {
-      {"visible_count", visible_device_lists_are_counted}, {"own_gpu", a_gpu_of_its_own_is_trusted},
-      {"shared", shared_gpus_fall_back_with_a_warning},    {"enough", enough_gpus_are_shared_out},
+      {"visible_count", visible_device_lists_are_counted},
+      {"own_gpu", a_gpu_of_its_own_is_trusted},
+      {"launcher_list", the_launchers_shared_list_is_not_a_gpu_of_its_own},
+      {"shared", shared_gpus_fall_back_with_a_warning},
+      {"enough", enough_gpus_are_shared_out},
       {"explicit", explicit_devices_are_obeyed},
   };
   SRunner *sr;

@@ -74,6 +74,13 @@ child_exec(const gs_run_t *r, const gs_run_child_t *c, char *const argv[], int o
     snprintf(num, sizeof(num), "%ld", r->cfg.nproc);
     setenv("WORLD_SIZE", num, 1);
     setenv("LOCAL_WORLD_SIZE", num, 1); /* every rank runs on this machine */
+    /* Every rank inherits the same GPU list: say so, so that an agent
+     * seeing one GPU does not take it for a GPU of its own (a wrapper
+     * given as --agent-bin may still hand each rank its own list). */
+    if (getenv("CUDA_VISIBLE_DEVICES"))
+      setenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES", getenv("CUDA_VISIBLE_DEVICES"), 1);
+    else
+      unsetenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES");
   }
   signal(SIGPIPE, SIG_DFL);
   if (r->nofile_raised)

@@ -40,7 +40,8 @@ void gs_device_choose(const gs_device_env_t *env, gs_device_choice_t *out)
 {
   const char *cvd = env->cuda_visible_devices;
   uint32_t listed = gs_cuda_visible_count(cvd);
-  bool own_gpu = cvd && env->visible == 1 && listed == 1;
+  const char *shared = env->launcher_cuda_visible_devices;
+  bool own_gpu = cvd && env->visible == 1 && listed == 1 && !(shared && strcmp(shared, cvd) == 0);
   char why[320];
 
   memset(out, 0, sizeof(*out));

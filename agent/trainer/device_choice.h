@@ -15,7 +15,11 @@ typedef struct gs_device_env {
   bool cuda_built;                  /* this build has CUDA */
   int visible;                      /* GPUs this process sees */
   const char *cuda_visible_devices; /* $CUDA_VISIBLE_DEVICES; NULL when unset */
-  uint32_t local_world;             /* ranks on this machine ($LOCAL_WORLD_SIZE); 0: unknown */
+  /* $GRADSYNC_RUN_CUDA_VISIBLE_DEVICES: the CUDA_VISIBLE_DEVICES that
+   * gradsync-run handed every rank alike (NULL: not started by it, or it
+   * had none). A list equal to it is shared, not this process's own. */
+  const char *launcher_cuda_visible_devices;
+  uint32_t local_world; /* ranks on this machine ($LOCAL_WORLD_SIZE); 0: unknown */
   uint32_t local_rank;
 } gs_device_env_t;
 
@@ -37,7 +41,8 @@ uint32_t gs_cuda_visible_count(const char *list);
  * visible), or CUDA_VISIBLE_DEVICES names exactly the one GPU this
  * process sees, as schedulers that give each task its own GPU set it
  * (SLURM --gpus-per-task=1, a Kubernetes pod per rank): that GPU is this
- * rank's. Otherwise cpu, with `warn` on a CUDA build. */
+ * rank's (unless it is the list gradsync-run gave every rank alike).
+ * Otherwise cpu, with `warn` on a CUDA build. */
 void gs_device_choose(const gs_device_env_t *env, gs_device_choice_t *out);
 
 #endif

@@ -224,6 +224,7 @@ static int open_device(trainer_t *t, gs_engine_config_t *ec)
       .cuda_built = gs_device_cuda_built(),
       .visible = gs_device_cuda_count(),
       .cuda_visible_devices = getenv("CUDA_VISIBLE_DEVICES"),
+      .launcher_cuda_visible_devices = getenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES"),
       .local_world = c->local_world,
       .local_rank = ec->local_rank,
   };
