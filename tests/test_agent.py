@@ -7,7 +7,6 @@ these tests also hold that document to the code.
 usage: test_agent.py CASE BIN_DIR COORDINATOR_BIN
 """
 import glob
-import json
 import os
 import re
 import shutil
@@ -16,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
+from agentlib import post, wait_for  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -112,25 +111,6 @@ def start_launcher(args):
             status = m.group(1)
     return p, status, lines
 
-
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.status
-
-
-def wait_for(p, lines, pattern, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(pattern, line)
-        if m:
-            return m
-    raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines[-40:]))
 
 
 def case_control(tmp):

@@ -16,7 +16,7 @@
 #   lib/        every shared library they need except the ones every Linux has
 #               (glibc, libgcc_s, libstdc++) and the CUDA ones the GPU machine has
 #   tests/gpu/  tests/gpu/*.py, run.sh and one_gpu_ranks.sh, as in the
-#               repository, and the tests/checkpoints.py they import
+#               repository, and the tests/checkpoints.py and agentlib.py they import
 #   bench/      bench/gpu_*.py, bench/torch_mlp.py and bench/benchlib.py, as in the repository
 #   MANIFEST.txt
 # and OUT_DIR.tar.gz beside it. On the GPU machine: tar xzf the tarball, then
@@ -105,8 +105,10 @@ shopt -s nullglob
 for f in "$repo"/tests/gpu/*.py "$repo"/tests/gpu/run.sh "$repo"/tests/gpu/one_gpu_ranks.sh; do
   cp "$f" "$out/tests/gpu/"
 done
-# tests/gpu/*.py import helpers from tests/ (checkpoints.py).
-if [ -f "$repo/tests/checkpoints.py" ]; then cp "$repo/tests/checkpoints.py" "$out/tests/"; fi
+# tests/gpu/*.py import helpers from tests/ (checkpoints.py, agentlib.py).
+for f in checkpoints.py agentlib.py; do
+  if [ -f "$repo/tests/$f" ]; then cp "$repo/tests/$f" "$out/tests/"; fi
+done
 cp "$repo/tests/gpu/run.sh" "$out/bin/run.sh"
 for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py "$repo"/bench/benchlib.py; do cp "$f" "$out/bench/"; done
 shopt -u nullglob

@@ -12,7 +12,6 @@ usage: test_gpu_agent.py CASE BIN_DIR [DATA_DIR]
 cases: parity, nccl1, training, duplicate_gpu, ranks_equivalence, ranks_checkpoint, ranks_control, ranks_sigterm, ranks_validate, ranks_kill, ranks_stop
 """
 import glob
-import json
 import os
 import re
 import shutil
@@ -21,10 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
+from agentlib import post, wait_for  # noqa: E402
 
 CASE, BIN_DIR = sys.argv[1], sys.argv[2]
 DATA = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
@@ -208,34 +207,15 @@ def start_launcher(args):
             return p, m.group(1), lines
 
 
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.status
-
-
-def wait_for(p, lines, pattern, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = p.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        m = re.search(pattern, line)
-        if m:
-            return m
-    raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines[-40:]))
-
 
 def case_ranks_control(tmp):
     """A new period and a stop posted to the coordinator act on both ranks at one step."""
     p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--steps", "10000000"] +
                                    FAST + RANKS)
     try:
-        wait_for(p, lines, r"\[rank 0\] step \d+")
+        wait_for(p, lines, r"\[rank 0\] step \d+", timeout=120)
         assert post(url + "/jobs/ctl/control", {"bcast_period": 7}) == 200
-        wait_for(p, lines, r"broadcast period set to 7")
+        wait_for(p, lines, r"broadcast period set to 7", timeout=120)
         assert post(url + "/jobs/ctl/control", {"action": "stop"}) == 200
         lines.append(p.stdout.read())
         p.wait(timeout=120)
@@ -258,7 +238,7 @@ def case_ranks_sigterm(tmp):
     p, url, lines = start_launcher(["--nproc", "2", "--steps", "10000000", "--checkpoint-dir",
                                     d] + FAST + RANKS)
     try:
-        wait_for(p, lines, r"\[rank 0\] step \d+")
+        wait_for(p, lines, r"\[rank 0\] step \d+", timeout=120)
         p.send_signal(signal.SIGTERM)
         lines.append(p.stdout.read())
         p.wait(timeout=120)
