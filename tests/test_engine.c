@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gradsync/engine.h>
@@ -728,6 +730,51 @@ START_TEST(abort_reaches_a_rank_in_init)
 }
 END_TEST
 
+/* Rank 0's checkpoint I/O does not count against the other ranks' comm
+ * timeout: its temporary file is a FIFO nobody reads, so the write blocks
+ * for three comm timeouts while both ranks go on stepping. Once the test
+ * drains the FIFO the write ends (in a failure: a FIFO cannot be fsynced),
+ * which rank 0 learns when it finishes, not before. */
+START_TEST(checkpoint_io_does_not_hold_the_other_ranks)
+{
+  char dir[] = "/tmp/gs_engine_slowckpt_XXXXXX", fifo[128], buf[65536], cmd[128];
+  scenario_t sc;
+  size_t got = 0;
+  int fd;
+
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(fifo, sizeof(fifo), "%s/.ckpt-%012d.tmp", dir, 2);
+  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  scenario_init(&sc, "slowck", 2);
+  sc.checkpoint_dir = dir;
+  sc.checkpoint_every = 2; /* one checkpoint: after step 2 */
+  sc.max_steps = 3;
+  sc.comm_timeout_ms = 500;
+  run_ranks(&sc);
+  usleep(1500 * 1000);
+  fd = open(fifo, O_RDONLY | O_NONBLOCK);
+  ck_assert_int_ge(fd, 0);
+  for (uint64_t deadline = gs_now_ms() + 10000; gs_now_ms() < deadline;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+
+    if (n > 0)
+      got += (size_t)n;
+    else if (n == 0 && got > 0)
+      break; /* the writer closed it */
+    else
+      usleep(10 * 1000);
+  }
+  close(fd);
+  join_ranks(&sc);
+  ck_assert_msg(got > 0, "the checkpoint was never written to the FIFO");
+  expect_ok(&sc); /* neither rank timed out while rank 0's write was blocked */
+  for (uint32_t r = 0; r < 2; r++)
+    ck_assert_uint_eq(sc.ranks[r].steps, 3);
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *engine_suite(void)
 {
   Suite *s = suite_create("engine");
@@ -750,6 +797,7 @@ static Suite *engine_suite(void)
   ADD(failure_is_sticky);
   ADD(heartbeat_runs_during_a_slow_init);
   ADD(abort_reaches_a_rank_in_init);
+  ADD(checkpoint_io_does_not_hold_the_other_ranks);
   return s;
 }
 

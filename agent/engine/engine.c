@@ -43,6 +43,8 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
     e->cfg.coord.log = e->cfg.log;
   e->repeated_param = -1;
   gs_packs_init(&e->packs);
+  gs__ckpt_writer_init(&e->ckpt_writer, e->cfg.checkpoint_dir, e->cfg.checkpoint_keep, e->cfg.log,
+                       e->cfg.coord.job);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   return e;
@@ -419,6 +421,15 @@ void gs_engine_report(gs_engine_t *e, const gs_progress_t *p)
  * running rank's connection closing as that rank lost. */
 void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
 {
+  char why[640];
+
+  /* A checkpoint still being written (the one taken at a stop, say) is
+   * complete before this rank leaves; the writer logged a failure. */
+  if (gs__ckpt_writer_wait(&e->ckpt_writer, why, sizeof(why)) && finished) {
+    finished = false;
+    reason = "the last checkpoint could not be written";
+    gs_set_why(e->error, sizeof(e->error), "%s", why);
+  }
   gs__engine_comm_stop(e, !finished);
   if (e->joined && e->client) {
     int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,
@@ -439,6 +450,7 @@ void gs_engine_free(gs_engine_t *e)
 {
   if (!e)
     return;
+  gs__ckpt_writer_stop(&e->ckpt_writer);
   gs_heartbeat_stop(e->hb);
   gs__engine_comm_stop(e, true);
   gs_comm_destroy(e->comm);

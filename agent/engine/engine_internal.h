@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt_writer.h"
 #include "client.h"
 #include "comm.h"
 #include "control.h"
@@ -48,6 +49,7 @@ struct gs_engine {
   gs_log_t log;  /* cfg.log when the caller gave none */
   bool owns_dev; /* cfg.dev was opened by start (from cfg.device) */
   char error[768];
+  gs_ckpt_writer_t ckpt_writer; /* rank 0's checkpoints, written in the background */
   gs_packs_t packs;
   gs_client_t *client;
   gs_heartbeat_t *hb;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "ckpt_writer.h"
 #include "engine_internal.h"
 #include "why.h"
 
@@ -42,15 +43,22 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum)
   return err ? gs__engine_comm_failed(e, err, what) : 0;
 }
 
+/* How ckpt_buffers fills the host view of the packs. */
+typedef enum ckpt_view {
+  CKPT_TO_LOAD,  /* room to load a checkpoint into (the packs themselves on host memory) */
+  CKPT_SNAPSHOT, /* a copy of the packs as they are now, always a copy: it outlives the step */
+} ckpt_view_t;
+
 /* The checkpoint's view of the packs, params then momentum of each pack,
- * in host memory: the pack buffers themselves on a host-memory device,
- * else copies (downloaded from the device when `download`). Release with
- * ckpt_release. NULL when out of memory or the download failed. */
-static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, bool download)
+ * in host memory (see ckpt_view_t). Release with ckpt_release, or hand a
+ * snapshot to the checkpoint writer, which frees it. NULL when out of
+ * memory or the download failed. */
+static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, ckpt_view_t view)
 {
   uint32_t packs = e->packs.list.pack_count;
   gs_ckpt_buffer_t *b = calloc(2 * packs, sizeof(*b));
-  bool host = e->cfg.dev->host_memory;
+  bool host = e->cfg.dev->host_memory && view == CKPT_TO_LOAD;
+  bool download = view == CKPT_SNAPSHOT && !e->cfg.dev->host_memory;
 
   for (uint32_t k = 0; b && k < packs; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
@@ -62,6 +70,8 @@ static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, bool download)
     float *src = b[i].data;
 
     b[i].data = malloc(b[i].count * sizeof(float) + 1);
+    if (b[i].data && view == CKPT_SNAPSHOT && !download)
+      memcpy(b[i].data, src, b[i].count * sizeof(float));
     if (!b[i].data ||
         (download && gs_device_download(e->cfg.dev, b[i].data, src, b[i].count * sizeof(float)))) {
       for (uint32_t j = 0; j <= i; j++)
@@ -109,31 +119,36 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         gs_packs_layout_hash(&e->packs),
                         2 * e->packs.list.pack_count,
                         NULL};
-  char path[4096], why[512];
+  char why[640];
   int err;
 
   if (e->failed)
     return gs__engine_refuse(e, "checkpoint");
   if (e->join.rank != 0 || !e->cfg.checkpoint_dir)
     return 0;
-  st.bufs = ckpt_buffers(e, true);
+  st.bufs = ckpt_buffers(e, CKPT_SNAPSHOT);
   if (!st.bufs) {
     gs_set_why(e->error, sizeof(e->error),
                "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host",
                pos->step);
     return GS_ENOMEM;
   }
-  err = gs_checkpoint_save(e->cfg.checkpoint_dir, &st, e->cfg.checkpoint_keep, path, sizeof(path),
-                           why, sizeof(why));
-  ckpt_release(e, st.bufs, false);
-  if (err) {
-    gs_set_why(e->error, sizeof(e->error), "checkpoint at step %" PRIu64 " failed: %s", pos->step,
-               why);
-    return err;
-  }
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "checkpoint: step %" PRIu64 " -> %s",
-         pos->step, path);
-  return 0;
+  /* Written in the background: the other ranks' next collective must not
+   * wait on this rank's disk. */
+  err = gs__ckpt_writer_submit(&e->ckpt_writer, &st, why, sizeof(why));
+  if (err)
+    gs_set_why(e->error, sizeof(e->error), "%s", why);
+  return err;
+}
+
+int gs_engine_checkpoint_wait(gs_engine_t *e)
+{
+  char why[640];
+  int err = gs__ckpt_writer_wait(&e->ckpt_writer, why, sizeof(why));
+
+  if (err)
+    gs_set_why(e->error, sizeof(e->error), "%s", why);
+  return err;
 }
 
 /* Rank 0 loads the newest valid checkpoint; true when one was loaded. */
@@ -145,7 +160,7 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   int err;
 
   *found = false;
-  st.bufs = ckpt_buffers(e, false);
+  st.bufs = ckpt_buffers(e, CKPT_TO_LOAD);
   if (!st.bufs)
     return GS_ENOMEM;
   err = gs_checkpoint_load_latest(e->cfg.checkpoint_dir, &st, e->cfg.log, path, sizeof(path), why,

@@ -257,10 +257,18 @@ GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_E
 GS_ENGINE_API int gs_engine_allreduce_sum(gs_engine_t *e, float *buf,
                                           size_t n) GS_ENGINE_WARN_UNUSED;
 
-/* Rank 0 writes a checkpoint of the current params and momentum at `pos`
- * (no-op elsewhere, and without a checkpoint dir). */
+/* Rank 0 takes a checkpoint of the current params and momentum at `pos`
+ * (no-op elsewhere, and without a checkpoint dir): it copies them and
+ * writes the file on a thread of its own, so that a slow disk never holds
+ * the other ranks in their next collective. One write is in flight at a
+ * time: this waits for the previous one and returns its error if it
+ * failed. The file is complete once gs_engine_checkpoint_wait or
+ * gs_engine_finish returns. */
 GS_ENGINE_API int gs_engine_checkpoint(gs_engine_t *e,
                                        const gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
+
+/* Waits for the checkpoint being written; its error, if it failed. */
+GS_ENGINE_API int gs_engine_checkpoint_wait(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
 
 /* Progress for the coordinator (copied; sent with the next heartbeat). */
 GS_ENGINE_API void gs_engine_report(gs_engine_t *e, const gs_progress_t *p);
