@@ -3,17 +3,19 @@
 FROM debian:12 AS build
 RUN apt-get update && apt-get install -y --no-install-recommends \
       build-essential cmake pkg-config libuv1-dev libcjson-dev libhttp-parser-dev \
-      zlib1g-dev nanopb libnanopb-dev protobuf-compiler python3-protobuf check \
-    && rm -rf /var/lib/apt/lists/*
+      nanopb libnanopb-dev protobuf-compiler python3-protobuf \
+    && apt-get clean && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
+# The coordinator alone: no OpenBLAS, zlib, CUDA or check needed (ctest
+# coordinator_only_build checks this configuration).
+RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DGS_BUILD_AGENT=OFF -DGS_BUILD_TESTS=OFF \
     && cmake --build /build -j"$(nproc)" --target gradsync-coordinator
 
 FROM debian:12-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
       libuv1 libcjson1 libhttp-parser2.9 \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && useradd --system --no-create-home gradsync
 COPY --from=build /build/bin/gradsync-coordinator /usr/local/bin/
 USER gradsync
