@@ -1,6 +1,7 @@
 """Helpers the whole-process agent tests share (tests/test_agent.py and
 tests/gpu/test_gpu_agent.py): steering a job over the coordinator's HTTP
-API and reading a launcher's output until a line appears."""
+API, reading a launcher's output until a line appears, and the control
+scenario both run on their own device."""
 import json
 import re
 import time
@@ -28,3 +29,27 @@ def wait_for(p, lines, pattern, timeout=60):
         if m:
             return m
     raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines[-40:]))
+
+
+def check_control(p, url, lines, timeout=60):
+    """On a running job `ctl` started by gradsync-run (p, its status URL and
+    the lines read so far): a new broadcast period and then a stop, posted
+    to the coordinator, act on ranks 0 and 1 at one step each, and the
+    launcher exits 0. Returns (step of the period change, step of the stop)."""
+    try:
+        wait_for(p, lines, r"\[rank 0\] step \d+", timeout)
+        assert post(url + "/jobs/ctl/control", {"bcast_period": 7}) == 200
+        wait_for(p, lines, r"broadcast period set to 7", timeout)
+        assert post(url + "/jobs/ctl/control", {"action": "stop"}) == 200
+        lines.append(p.stdout.read())  # not communicate(): it would skip what readline buffered
+        p.wait(timeout=timeout)
+    finally:
+        p.kill()
+    text = "".join(lines)
+    steps = {r: re.findall(rf"\[rank {r}\].*step (\d+): broadcast period set to 7", text)
+             for r in (0, 1)}
+    assert steps[0] and steps[0] == steps[1], (steps, text[-4000:])
+    stop = re.search(r"stopped after step (\d+): the coordinator asked", text)
+    assert stop, text[-3000:]
+    assert p.returncode == 0, p.returncode
+    return steps[0][0], stop.group(1)

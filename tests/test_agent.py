@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
-from agentlib import post, wait_for  # noqa: E402
+from agentlib import check_control, wait_for  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -112,29 +112,12 @@ def start_launcher(args):
     return p, status, lines
 
 
-
 def case_control(tmp):
     """A new period and a stop posted to the coordinator act on every rank at one step."""
     p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--reduce", "mean",
                                     "--steps", "10000000"] + FAST)
-    try:
-        wait_for(p, lines, r"\[rank 0\] step \d+")
-        assert post(url + "/jobs/ctl/control", {"bcast_period": 7}) == 200
-        wait_for(p, lines, r"broadcast period set to 7")
-        assert post(url + "/jobs/ctl/control", {"action": "stop"}) == 200
-        lines.append(p.stdout.read())  # not communicate(): it would skip what readline buffered
-        p.wait(timeout=60)
-    finally:
-        p.kill()
-    text = "".join(lines)
-    steps = {r: re.findall(rf"\[rank {r}\].*step (\d+): broadcast period set to 7", text)
-             for r in (0, 1)}
-    assert steps[0] and steps[0] == steps[1], (steps, text[-4000:])
-    stop = re.search(r"stopped after step (\d+): the coordinator asked", text)
-    assert stop, text[-3000:]
-    assert p.returncode == 0, p.returncode
-    print(f"period changed at step {steps[0][0]} on both ranks; stopped after step "
-          f"{stop.group(1)}")
+    period_step, stop_step = check_control(p, url, lines)
+    print(f"period changed at step {period_step} on both ranks; stopped after step {stop_step}")
 
 
 def case_sigterm(tmp):

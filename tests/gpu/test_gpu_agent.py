@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
-from agentlib import post, wait_for  # noqa: E402
+from agentlib import check_control, wait_for  # noqa: E402
 
 CASE, BIN_DIR = sys.argv[1], sys.argv[2]
 DATA = sys.argv[3] if len(sys.argv) > 3 else "/usr/share/datasets/fashion-mnist"
@@ -212,24 +212,9 @@ def case_ranks_control(tmp):
     """A new period and a stop posted to the coordinator act on both ranks at one step."""
     p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--steps", "10000000"] +
                                    FAST + RANKS)
-    try:
-        wait_for(p, lines, r"\[rank 0\] step \d+", timeout=120)
-        assert post(url + "/jobs/ctl/control", {"bcast_period": 7}) == 200
-        wait_for(p, lines, r"broadcast period set to 7", timeout=120)
-        assert post(url + "/jobs/ctl/control", {"action": "stop"}) == 200
-        lines.append(p.stdout.read())
-        p.wait(timeout=120)
-    finally:
-        p.kill()
-    text = "".join(lines)
-    steps = {r: re.findall(rf"\[rank {r}\].*step (\d+): broadcast period set to 7", text)
-             for r in (0, 1)}
-    assert steps[0] and steps[0] == steps[1], (steps, text[-4000:])
-    stop = re.search(r"stopped after step (\d+): the coordinator asked", text)
-    assert stop, text[-3000:]
-    assert p.returncode == 0, p.returncode
-    print(f"nccl, 2 ranks: period changed at step {steps[0][0]} on both; stopped after step "
-          f"{stop.group(1)}")
+    period_step, stop_step = check_control(p, url, lines, timeout=120)
+    print(f"nccl, 2 ranks: period changed at step {period_step} on both; stopped after step "
+          f"{stop_step}")
 
 
 def case_ranks_sigterm(tmp):
