@@ -164,7 +164,7 @@ START_TEST(join_refusals_name_the_difference)
   ck_assert_int_eq(
       th_call(&b, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 3);
   ck_assert_ptr_nonnull(strstr(msg, "world_size 0"));
-  /* A duplicate (node, local_rank) is refused when the world fills. */
+  /* A duplicate (node, local_rank) is refused at once. */
   req = th_join_request("j", 2, "n0", 0);
   th_send(&b, "Join", 0, gradsync_JoinRequest_fields, &req);
   ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, 5000), 0);

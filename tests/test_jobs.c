@@ -666,6 +666,49 @@ START_TEST(mixed_device_kinds_are_refused)
 }
 END_TEST
 
+/* Every later claimant of a (node, local_rank) already waiting (pods on
+ * the host network share a host name) is refused at its Join, at once and
+ * with the same message naming the node, local rank and job; the
+ * duplicates never take a place, so the rendezvous completes as soon as
+ * the rightful ranks are there. */
+START_TEST(duplicate_claims_are_refused_at_join)
+{
+  static const struct {
+    const char *node;
+    uint32_t local_rank;
+    bool dup;
+  } who[7] = {{"h", 0, false}, {"h", 0, true},  {"h", 1, false}, {"h", 1, true},
+              {"h", 0, true},  {"g", 0, false}, {"g", 1, false}};
+  gradsync_JoinRequest req;
+  char want[128];
+
+  for (uint32_t i = 0; i < 7; i++) {
+    req = th_join_request("dup", 4, who[i].node, who[i].local_rank);
+    join(i, &req, 100 + i);
+    if (!who[i].dup)
+      continue;
+    snprintf(want, sizeof(want), "node '%s' local_rank %u already joined job dup", who[i].node,
+             who[i].local_rank);
+    ck_assert_uint_eq(replies_to(i), 1);
+    ck_assert_int_eq(last_reply(i)->err, GS_EEXIST);
+    ck_assert_str_eq(last_reply(i)->message, want);
+    ck_assert_int_eq(fake.parked[peers[i].id], 0);
+  }
+  ck_assert_int_eq(gs__jobs_find(&jobs, "dup")->state, GS_JOB_RUNNING);
+  ck_assert_uint_eq(join_reply(0).rank, 2);
+  ck_assert_uint_eq(join_reply(2).rank, 3);
+  ck_assert_uint_eq(join_reply(5).rank, 0);
+  ck_assert_uint_eq(join_reply(6).rank, 1);
+  /* Once the first claimant's connection closed, the pair is free again. */
+  req = th_join_request("dup2", 2, "h", 0);
+  join(7, &req, 200);
+  gs__jobs_peer_closed(&jobs, &peers[7]);
+  join(8, &req, 201);
+  ck_assert_uint_eq(replies_to(8), 0);
+  ck_assert_int_eq(fake.parked[peers[8].id], 1);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -686,6 +729,7 @@ static Suite *jobs_suite(void)
       {"settings_absent", joins_without_settings_are_not_compared},
       {"settings_invalid", invalid_settings_are_refused_at_once},
       {"device_kinds", mixed_device_kinds_are_refused},
+      {"duplicate_claims", duplicate_claims_are_refused_at_join},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -42,23 +42,34 @@ static int member_order(const void *a, const void *b)
   return x->join_seq < y->join_seq ? -1 : x->join_seq > y->join_seq;
 }
 
-/* Refuses the later of two agents claiming the same (node, local_rank). */
-static bool drop_duplicates(gs_job_t *job)
+/* A waiting member already claiming (node, local_rank), or NULL. Two
+ * agents on one (node, local_rank) would get ranks that both believe
+ * they own the same device, so the later claimant is refused at its Join,
+ * at once: it never takes a place in the world, and every later claimant
+ * is refused alike. O(waiting) per Join, with no allocation. */
+static const gs_member_t *claimant(const gs_job_t *job, const gradsync_JoinRequest *req)
+{
+  for (uint32_t i = 0; i < job->waiting_count; i++) {
+    const gs_member_t *m = job->waiting[i];
+
+    if (m->req.local_rank == req->local_rank && strcmp(m->req.node, req->node) == 0)
+      return m;
+  }
+  return NULL;
+}
+
+static bool refuse_duplicate(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
 {
   char msg[512];
 
-  for (uint32_t i = 1; i < job->waiting_count; i++) {
-    const gs_member_t *a = job->waiting[i - 1], *b = job->waiting[i];
-
-    if (strcmp(a->req.node, b->req.node) || a->req.local_rank != b->req.local_rank)
-      continue;
-    snprintf(msg, sizeof(msg), "node '%s' local_rank %u already joined job %s", b->req.node,
-             b->req.local_rank, job->name);
-    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "join refused: %s", msg);
-    remove_waiting(job, i, GS_EEXIST, msg);
-    return true;
-  }
-  return false;
+  if (!claimant(job, req))
+    return false;
+  snprintf(msg, sizeof(msg), "node '%s' local_rank %u already joined job %s", req->node,
+           req->local_rank, job->name);
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "join refused: %s (from %s)", msg,
+         call->peer->name);
+  REPLY_ERR(job, call, GS_EEXIST, "%s", msg);
+  return true;
 }
 
 /* Fails the whole rendezvous when a member differs from the others in its
@@ -96,7 +107,7 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
   for (uint32_t i = 0; i < n; i++)
     job->waiting[i]->waiting_index = i;
-  if (drop_duplicates(job) || refuse_disagreement(job))
+  if (refuse_disagreement(job))
     return;
   peers = calloc(n, sizeof(*peers));
   if (!peers) {
@@ -279,6 +290,8 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
               req->world_size, job->waiting_world_size, job->waiting_count, job->name);
     return;
   }
+  if (refuse_duplicate(job, call, req))
+    return;
   if (!reserve_waiting(job) || !(m = gs__member_new(job, call, req))) {
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
     return;
