@@ -709,6 +709,41 @@ START_TEST(duplicate_claims_are_refused_at_join)
 }
 END_TEST
 
+/* A rank that said it finished is never lost afterwards: neither its
+ * Join connection nor its heartbeat connection closing aborts anything,
+ * nor does its heartbeat silence; a repeated Leave (clients retry it) is
+ * answered OK and counts once; the job is finished when every rank is. */
+START_TEST(finished_rank_is_never_lost)
+{
+  gs_job_t *job;
+  int err;
+
+  start_world("fin", 2, 0);
+  job = gs__jobs_find(&jobs, "fin");
+  heartbeat(8, "fin", 1, 0, 10, &err);
+  ck_assert_int_eq(err, 0);
+  leave(0, "fin", 1, 0, true, 20);
+  leave(0, "fin", 1, 0, true, 21); /* retried */
+  ck_assert_uint_eq(job->ranks_left, 1);
+  gs__jobs_peer_closed(&jobs, &peers[8]);
+  gs__jobs_peer_closed(&jobs, &peers[0]);
+  ck_assert(!heartbeat(1, "fin", 1, 1, 30, &err).abort);
+  gs__jobs_sweep(&jobs, 30 + TIMEOUT_MS);
+  ck_assert(!heartbeat(1, "fin", 1, 1, 30 + TIMEOUT_MS, &err).abort);
+  gs__jobs_sweep(&jobs, 31 + TIMEOUT_MS);
+  ck_assert_uint_eq(jobs.stats.ranks_lost, 0);
+  ck_assert_uint_eq(jobs.stats.generations_aborted, 0);
+  ck_assert_int_eq(job->ranks[0]->state, GS_MEMBER_LEFT);
+  ck_assert_int_eq(job->state, GS_JOB_RUNNING);
+  leave(1, "fin", 1, 1, true, 40);
+  gs__jobs_peer_closed(&jobs, &peers[1]);
+  leave(1, "fin", 1, 1, true, 41); /* retried on a new connection */
+  ck_assert_int_eq(job->state, GS_JOB_FINISHED);
+  ck_assert_uint_eq(job->ranks_left, 2);
+  ck_assert_uint_eq(jobs.stats.ranks_lost, 0);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -730,6 +765,7 @@ static Suite *jobs_suite(void)
       {"settings_invalid", invalid_settings_are_refused_at_once},
       {"device_kinds", mixed_device_kinds_are_refused},
       {"duplicate_claims", duplicate_claims_are_refused_at_join},
+      {"finished_rank", finished_rank_is_never_lost},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
