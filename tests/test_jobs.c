@@ -8,6 +8,7 @@
 
 #include "jobs.h"
 #include "list.h"
+#include "status.h"
 #include "wire.h"
 #include "harness.h"
 
@@ -411,7 +412,7 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
   ck_assert_int_eq(job->state, GS_JOB_RUNNING);
   ck_assert(!heartbeat(9, "c", 1, 1, 20, &err).abort);
   gs__jobs_peer_closed(&jobs, &peers[8]);
-  ck_assert_int_eq(job->state, GS_JOB_WAITING);
+  ck_assert_int_eq(job->state, GS_JOB_FAILED);
   ck_assert_ptr_nonnull(strstr(job->abort_reason, "rank 0"));
   ck_assert_ptr_nonnull(strstr(job->abort_reason, "connection closed"));
 }
@@ -744,6 +745,64 @@ START_TEST(finished_rank_is_never_lost)
 }
 END_TEST
 
+/* What /status says of `name` (state and reason), and whether /metrics
+ * holds `line`. */
+static void check_views(const char *name, const char *state, const char *reason, const char *line)
+{
+  static const uint64_t zero[GS_METHOD_COUNT];
+  gs_service_info_t svc = {.requests = zero, .errors = zero};
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), 0, false);
+  gs_buf_t text = {0};
+
+  ck_assert_ptr_nonnull(o);
+  ck_assert_str_eq(cJSON_GetObjectItem(o, "state")->valuestring, state);
+  ck_assert_ptr_nonnull(strstr(cJSON_GetObjectItem(o, "reason")->valuestring, reason));
+  cJSON_Delete(o);
+  ck_assert_int_eq(gs__metrics_text(&jobs, &svc, 0, &text), 0);
+  ck_assert_int_eq(gs_buf_append(&text, "", 1), 0);
+  ck_assert_msg(strstr((const char *)text.data, line), "no '%s' in:\n%s", line,
+                (const char *)text.data);
+  gs_buf_free(&text);
+}
+
+/* A job whose generation was aborted is `failed`, with the reason, in
+ * /status and /metrics, until a rendezvous gathers again (`waiting`); a
+ * rendezvous that empties again (timeout) leaves it `failed`, one that
+ * completes makes it `running`. A job that never ran stays `waiting`. */
+START_TEST(aborted_job_is_failed_until_it_rejoins)
+{
+  gs_job_t *job;
+  gradsync_JoinRequest req = th_join_request("x", 2, "n0", 0);
+
+  start_world("x", 2, 0);
+  job = gs__jobs_find(&jobs, "x");
+  check_views("x", "running", "", "gradsync_job_state{job=\"x\",state=\"running\"} 1");
+  leave(1, "x", 1, 1, false, 10);
+  ck_assert_int_eq(job->state, GS_JOB_FAILED);
+  check_views("x", "failed", "rank 1 left: out of memory",
+              "gradsync_job_failed{job=\"x\",reason=\"rank 1 left: out of memory\"} 1");
+  check_views("x", "failed", "", "gradsync_job_state{job=\"x\",state=\"failed\"} 1");
+  join(2, &req, 20);
+  ck_assert_int_eq(job->state, GS_JOB_WAITING);
+  check_views("x", "waiting", "", "gradsync_job_state{job=\"x\",state=\"waiting\"} 1");
+  gs__jobs_sweep(&jobs, 20 + 300000);
+  ck_assert_int_eq(last_reply(2)->err, GS_ETIMEDOUT);
+  ck_assert_int_eq(job->state, GS_JOB_FAILED);
+  start_world_on("x", 2, 3, 400000);
+  ck_assert_int_eq(job->state, GS_JOB_RUNNING);
+  ck_assert_uint_eq(job->generation, 2);
+  check_views("x", "running", "", "gradsync_job_state{job=\"x\",state=\"failed\"} 0");
+  /* Lost, not left: failed too. */
+  gs__jobs_peer_closed(&jobs, &peers[3]);
+  check_views("x", "failed", "rank 0 (node 'n0', local_rank 0) lost: connection closed",
+              "gradsync_job_failed{job=\"x\",reason=\"rank 0 (node 'n0', local_rank 0) lost");
+  req = th_join_request("new", 2, "n0", 0);
+  join(5, &req, 500000);
+  gs__jobs_sweep(&jobs, 500000 + 300000);
+  ck_assert_int_eq(gs__jobs_find(&jobs, "new")->state, GS_JOB_WAITING);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -766,6 +825,7 @@ static Suite *jobs_suite(void)
       {"device_kinds", mixed_device_kinds_are_refused},
       {"duplicate_claims", duplicate_claims_are_refused_at_join},
       {"finished_rank", finished_rank_is_never_lost},
+      {"failed_state", aborted_job_is_failed_until_it_rejoins},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -12,7 +12,7 @@
 
 const char *gs__job_state_name(gs_job_state_t s)
 {
-  static const char *const names[] = {"waiting", "running", "finished"};
+  static const char *const names[] = {"waiting", "running", "finished", "failed"};
   return names[s];
 }
 
@@ -137,6 +137,15 @@ void gs__job_free_ranks(gs_job_t *job)
   job->ranks_left = 0;
 }
 
+gs_job_state_t gs__job_resting_state(const gs_job_t *job)
+{
+  if (job->generation && job->aborted_generation == job->generation)
+    return GS_JOB_FAILED;
+  if (job->world_size && job->ranks_left == job->world_size)
+    return GS_JOB_FINISHED;
+  return GS_JOB_WAITING;
+}
+
 void gs__job_fill_peer(gs_job_t *job, uint32_t r)
 {
   const gs_member_t *m = job->ranks[r];
@@ -195,7 +204,7 @@ void gs__job_abort(gs_job_t *job, const char *fmt, ...)
   gs_set_whyv(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
   va_end(ap);
   job->aborted_generation = job->generation;
-  job->state = GS_JOB_WAITING;
+  job->state = GS_JOB_FAILED;
   job->jobs->stats.generations_aborted++;
   gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "generation %llu aborted: %s",
          (unsigned long long)job->generation, job->abort_reason);

@@ -2,8 +2,11 @@
  * members, and the context every job lives in (gs_jobs_t).
  *
  *   WAITING --(world_size agents joined)--> RUNNING (generation g)
- *   RUNNING --(a rank lost or failed)--> WAITING (g aborted; next Join opens g+1)
+ *   RUNNING --(a rank lost or left failing)--> FAILED (g aborted, with the reason)
  *   RUNNING --(every rank left, finished)--> FINISHED
+ *   FAILED, FINISHED --(a Join)--> WAITING (the next rendezvous opens g+1)
+ *   WAITING --(its rendezvous emptied: timeout, refusal)--> what it was
+ *     before: FAILED or FINISHED, or WAITING for a job that never ran
  *
  * Everything here is soft state, rebuilt from agents re-registering. The
  * jobs layer answers through a responder (responder.h) and never sees a
@@ -56,6 +59,7 @@ typedef enum gs_job_state {
   GS_JOB_WAITING = 0,
   GS_JOB_RUNNING,
   GS_JOB_FINISHED,
+  GS_JOB_FAILED, /* its generation was aborted and no rendezvous is gathering */
 } gs_job_state_t;
 
 typedef enum gs_member_state {
@@ -161,6 +165,9 @@ void gs__hb_unlink(gs_member_t *m);
 
 /* Frees the members of the last generation. */
 void gs__job_free_ranks(gs_job_t *job);
+/* The state of a job with no rendezvous gathering: what its last
+ * generation became (WAITING when it never ran). */
+gs_job_state_t gs__job_resting_state(const gs_job_t *job);
 /* Fills job->peers[r] from job->ranks[r]. */
 void gs__job_fill_peer(gs_job_t *job, uint32_t r);
 /* Answers a member's Join with its rank and peers. */

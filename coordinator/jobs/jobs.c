@@ -76,7 +76,8 @@ static gs_job_t *running_job(gs_jobs_t *jobs, const gs_call_t *call, const char 
     err = GS_EABORTED;
     snprintf(msg, sizeof(msg), "generation %llu of job %s was superseded by %llu",
              (unsigned long long)generation, name, (unsigned long long)job->generation);
-  } else if (generation != job->generation || job->state == GS_JOB_WAITING) {
+  } else if (generation != job->generation || job->state == GS_JOB_WAITING ||
+             job->state == GS_JOB_FAILED) {
     snprintf(msg, sizeof(msg),
              "job %s is not running generation %llu (it is %s at generation %llu)", name,
              (unsigned long long)generation, gs__job_state_name(job->state),

@@ -28,6 +28,8 @@ static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
   job->waiting[i] = job->waiting[--job->waiting_count];
   job->waiting[i]->waiting_index = i;
   gs__member_free(m);
+  if (job->waiting_count == 0 && job->state == GS_JOB_WAITING)
+    job->state = gs__job_resting_state(job);
 }
 
 static int member_order(const void *a, const void *b)
@@ -306,7 +308,7 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   if (job->waiting_count == 0) {
     job->waiting_world_size = req->world_size;
     job->rendezvous_deadline_ms = call->now_ms + job->jobs->cfg.rendezvous_timeout_ms;
-    if (job->state == GS_JOB_FINISHED)
+    if (job->state == GS_JOB_FINISHED || job->state == GS_JOB_FAILED)
       job->state = GS_JOB_WAITING;
   }
   m->join_seq = ++job->join_seq;

@@ -186,6 +186,7 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   rank_stats(job, &st);
   cJSON_AddStringToObject(o, "name", job->name);
   cJSON_AddStringToObject(o, "state", gs__job_state_name(job->state));
+  cJSON_AddStringToObject(o, "reason", job->state == GS_JOB_FAILED ? job->abort_reason : "");
   cJSON_AddNumberToObject(o, "generation", (double)job->generation);
   cJSON_AddNumberToObject(o, "world_size", job->world_size);
   cJSON_AddNumberToObject(o, "bcast_period", job->bcast_period);
@@ -261,6 +262,48 @@ static int family(gs_buf_t *out, const char *name, const char *type, const char 
   return emit(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static int emit_label(gs_buf_t *out, const char *v)
+{
+  int err = 0;
+
+  for (; *v && !err; v++) {
+    if (*v == '\\' || *v == '"')
+      err = emit(out, "\\%c", *v);
+    else if (*v == '\n')
+      err = emit(out, "\\n");
+    else
+      err = emit(out, "%c", *v);
+  }
+  return err;
+}
+
+/* One line per job and state, 1 for the job's own: a job's state is one
+ * series per state, as Prometheus spells an enum; and the reason of each
+ * failed job as a label. */
+static int state_metrics(const gs_jobs_t *jobs, gs_buf_t *out)
+{
+  int err = 0;
+
+  err |= family(out, "gradsync_job_state", "gauge",
+                "1 for the job's state (waiting, running, finished, failed), else 0.");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next) {
+    for (int s = GS_JOB_WAITING; s <= GS_JOB_FAILED; s++)
+      err |= emit(out, "gradsync_job_state{job=\"%s\",state=\"%s\"} %d\n", j->name,
+                  gs__job_state_name((gs_job_state_t)s), j->state == (gs_job_state_t)s);
+  }
+  err |= family(out, "gradsync_job_failed", "gauge",
+                "1 for each failed job, with the reason its generation was aborted.");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next) {
+    if (j->state != GS_JOB_FAILED)
+      continue;
+    err |= emit(out, "gradsync_job_failed{job=\"%s\",reason=\"", j->name);
+    err |= emit_label(out, j->abort_reason);
+    err |= emit(out, "\"} 1\n");
+  }
+  return err;
+}
+
 static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, gs_buf_t *out)
 {
   int err = 0;
@@ -309,6 +352,7 @@ static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
   err |= family(out, "gradsync_job_running", "gauge", "1 while the job is running.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_running{job=\"%s\"} %d\n", j->name, j->state == GS_JOB_RUNNING);
+  err |= state_metrics(jobs, out);
   err |= family(out, "gradsync_job_bcast_period", "gauge", "Parameter broadcast period.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_bcast_period{job=\"%s\"} %d\n", j->name, j->bcast_period);
