@@ -803,6 +803,59 @@ START_TEST(aborted_job_is_failed_until_it_rejoins)
 }
 END_TEST
 
+/* The lines `log` wrote to its file, from the start, NUL-terminated into buf. */
+static const char *log_text(const gs_log_t *log, char *buf, size_t len)
+{
+  size_t n;
+
+  fflush(log->out);
+  rewind(log->out);
+  n = fread(buf, 1, len - 1, log->out);
+  buf[n] = 0;
+  return buf;
+}
+
+/* While a rendezvous waits, the sweep logs about every 10 s who joined and
+ * how many are missing (the member list capped), and warns when it
+ * expires, naming who had joined. */
+START_TEST(waiting_rendezvous_logs_its_progress)
+{
+  gs_log_t log = {.level = GS_LOG_INFO, .component = "test_jobs", .out = tmpfile()};
+  static char text[16384];
+  gradsync_JoinRequest req;
+  const char *at;
+  uint32_t lines = 0;
+
+  ck_assert_ptr_nonnull(log.out);
+  jobs.cfg.log = &log;
+  for (uint32_t i = 0; i < 10; i++) {
+    char node[16];
+
+    snprintf(node, sizeof(node), "n%u", i);
+    req = th_join_request("slow", 12, node, i % 2);
+    join(i, &req, 1000);
+  }
+  for (uint64_t t = 1000; t <= 31000; t += 1000)
+    gs__jobs_sweep(&jobs, t);
+  log_text(&log, text, sizeof(text));
+  for (at = text; (at = strstr(at, "waiting for 2 more rank(s) of 12")); at++)
+    lines++;
+  ck_assert_uint_eq(lines, 3); /* at 11, 21 and 31 s */
+  ck_assert_ptr_nonnull(
+      strstr(text, "job slow: waiting for 2 more rank(s) of 12 (joined: node n0/0, node n1/1, "));
+  ck_assert_ptr_nonnull(strstr(text, "node n7/1 and 2 more)"));
+  ck_assert_ptr_null(strstr(text, "node n8/0"));
+  ck_assert_ptr_null(strstr(text, "timed out"));
+  gs__jobs_sweep(&jobs, 1000 + 300000);
+  log_text(&log, text, sizeof(text));
+  ck_assert_ptr_nonnull(strstr(text, "WARN"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "rendezvous of job slow timed out: 10 of 12 agents joined (joined: node n0/0"));
+  jobs.cfg.log = &quiet;
+  fclose(log.out);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -826,6 +879,7 @@ static Suite *jobs_suite(void)
       {"duplicate_claims", duplicate_claims_are_refused_at_join},
       {"finished_rank", finished_rank_is_never_lost},
       {"failed_state", aborted_job_is_failed_until_it_rejoins},
+      {"rendezvous_progress", waiting_rendezvous_logs_its_progress},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -109,6 +109,7 @@ struct gs_job {
   uint32_t waiting_count, waiting_cap, waiting_world_size;
   uint64_t rendezvous_deadline_ms;
   uint64_t next_join_deadline_ms; /* no waiting Join expires before this */
+  uint64_t next_progress_log_ms;  /* when the sweep next logs who it waits for */
   uint64_t join_seq;
 
   /* The running (or last) generation, indexed by rank; entries may be NULL

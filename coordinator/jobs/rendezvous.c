@@ -7,6 +7,12 @@
 
 #include "agreement.h"
 
+/* While a rendezvous waits, the sweep says every this often who joined,
+ * so an operator sees a world that will not fill before it times out. */
+#define PROGRESS_LOG_MS 10000
+/* Members a progress line names; the rest are counted. */
+#define PROGRESS_LOG_MEMBERS 8
+
 #define REPLY_ERR(job, call, err, ...)                                                             \
   gs__respond_error((job)->jobs->responder, (call)->peer->id, (call)->method, (call)->request_id,  \
                     (err), __VA_ARGS__)
@@ -308,6 +314,7 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   if (job->waiting_count == 0) {
     job->waiting_world_size = req->world_size;
     job->rendezvous_deadline_ms = call->now_ms + job->jobs->cfg.rendezvous_timeout_ms;
+    job->next_progress_log_ms = call->now_ms + PROGRESS_LOG_MS;
     if (job->state == GS_JOB_FINISHED || job->state == GS_JOB_FAILED)
       job->state = GS_JOB_WAITING;
   }
@@ -332,19 +339,54 @@ void gs__rendezvous_drop(gs_job_t *job, gs_member_t *m)
   remove_waiting(job, m->waiting_index, 0, NULL);
 }
 
+/* "node a/0, node b/1 and 3 more": the first few members waiting. */
+static void format_joined(const gs_job_t *job, char *buf, size_t len)
+{
+  size_t at = 0;
+  uint32_t shown =
+      job->waiting_count < PROGRESS_LOG_MEMBERS ? job->waiting_count : PROGRESS_LOG_MEMBERS;
+
+  buf[0] = 0;
+  for (uint32_t i = 0; i < shown && at < len; i++) {
+    const gs_member_t *m = job->waiting[i];
+    int n =
+        snprintf(buf + at, len - at, "%snode %s/%u", i ? ", " : "", m->req.node, m->req.local_rank);
+
+    at = n < 0 ? len : at + (size_t)n;
+  }
+  if (shown < job->waiting_count && at < len)
+    snprintf(buf + at, len - at, " and %u more", job->waiting_count - shown);
+}
+
+/* One info line every PROGRESS_LOG_MS while a rendezvous waits. */
+static void log_progress(gs_job_t *job, uint64_t now)
+{
+  char joined[400];
+
+  if (!job->waiting_count || now < job->next_progress_log_ms)
+    return;
+  job->next_progress_log_ms = now + PROGRESS_LOG_MS;
+  format_joined(job, joined, sizeof(joined));
+  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+         "job %s: waiting for %u more rank(s) of %u (joined: %s)", job->name,
+         job->waiting_world_size - job->waiting_count, job->waiting_world_size, joined);
+}
+
 void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
 {
   uint64_t next = UINT64_MAX;
-  char msg[256];
+  char msg[256], joined[400];
 
   if (job->waiting_count && now >= job->rendezvous_deadline_ms) {
     snprintf(msg, sizeof(msg), "rendezvous of job %s timed out: %u of %u agents joined", job->name,
              job->waiting_count, job->waiting_world_size);
-    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
+    format_joined(job, joined, sizeof(joined));
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s (joined: %s)", msg, joined);
     while (job->waiting_count)
       remove_waiting(job, 0, GS_ETIMEDOUT, msg);
     return;
   }
+  log_progress(job, now);
   /* Only scan when the earliest Join deadline has come. */
   if (now < job->next_join_deadline_ms)
     return;
@@ -357,6 +399,8 @@ void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
     }
     snprintf(msg, sizeof(msg), "join deadline passed with %u of %u agents in job %s",
              job->waiting_count, job->waiting_world_size, job->name);
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "node %s/%u: %s",
+           job->waiting[i]->req.node, job->waiting[i]->req.local_rank, msg);
     remove_waiting(job, i, GS_ETIMEDOUT, msg);
   }
   job->next_join_deadline_ms = next;
