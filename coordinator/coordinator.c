@@ -45,6 +45,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->idle_timeout_ms = 60000;
   cfg->default_wait_ms = 60000;
   cfg->job_retention_ms = 3600000;
+  cfg->stall_timeout_ms = 300000;
   cfg->max_frame = GS_FRAME_DEFAULT_MAX;
   cfg->max_world_size = 65536;
   cfg->log.level = GS_LOG_INFO;
@@ -102,6 +103,7 @@ static int wire_layers(gs_coord_t *c)
       .heartbeat_timeout_ms = c->cfg.heartbeat_timeout_ms,
       .rendezvous_timeout_ms = c->cfg.rendezvous_timeout_ms,
       .job_retention_ms = c->cfg.job_retention_ms,
+      .stall_timeout_ms = c->cfg.stall_timeout_ms,
       .max_world_size = c->cfg.max_world_size,
       .log = &c->cfg.log,
   };

@@ -23,6 +23,7 @@ typedef struct gs_coord_config {
   uint64_t idle_timeout_ms;       /* a connection with nothing to do is closed */
   uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
   uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
+  uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
   size_t max_frame;               /* largest accepted frame payload */
   uint32_t max_world_size;
   gs_log_t log;

@@ -50,6 +50,12 @@ static const gs_flag_t flag_rows[] = {
            "until then)",
    .doc = "a finished job (every rank left, finished) stays in the status this long, then is "
           "forgotten; a job of that name may start again at any time"},
+  {.name = "--stall-timeout", .kind = GS_FLAG_DURATION, CFG(stall_timeout_ms),
+   .metavar = "DUR",
+   .help = "flag a job stalled when its step has not advanced this long (0s: never)",
+   .doc = "a running job whose step has not advanced this long while its heartbeats are fresh "
+          "is flagged `stalled` in `/status` and `/metrics`, with the ranks that lag; `0s` "
+          "disables"},
   {.name = "--max-frame", .kind = GS_FLAG_SIZE, CFG(max_frame), .umin = 1024, .umax = 1u << 30,
    .metavar = "SIZE", .help = "largest RPC frame accepted",
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},

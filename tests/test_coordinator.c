@@ -541,6 +541,9 @@ START_TEST(status_json_field_by_field)
   job = cJSON_GetArrayItem(jobs, 0);
   ck_assert_str_eq(cJSON_GetObjectItem(job, "name")->valuestring, "s");
   ck_assert_str_eq(cJSON_GetObjectItem(job, "state")->valuestring, "running");
+  ck_assert_str_eq(cJSON_GetObjectItem(job, "reason")->valuestring, "");
+  ck_assert(cJSON_IsFalse(cJSON_GetObjectItem(job, "stalled")));
+  ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(job, "stalled_ranks")), 0);
   ck_assert_int_eq(cJSON_GetObjectItem(job, "generation")->valueint, 1);
   ck_assert_int_eq(cJSON_GetObjectItem(job, "world_size")->valueint, 2);
   ck_assert_int_eq(cJSON_GetObjectItem(job, "bcast_period")->valueint, 0);
@@ -607,6 +610,8 @@ START_TEST(metrics_text)
   ck_assert_ptr_nonnull(strstr(body, "gradsync_rpc_requests_total{method=\"Heartbeat\"} 1\n"));
   ck_assert_ptr_nonnull(strstr(body, "gradsync_job_world_size{job=\"m\"} 2\n"));
   ck_assert_ptr_nonnull(strstr(body, "gradsync_job_running{job=\"m\"} 1\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_job_state{job=\"m\",state=\"running\"} 1\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_job_stalled{job=\"m\"} 0\n"));
   {
     char line[64];
 

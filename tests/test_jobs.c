@@ -39,6 +39,7 @@ static gs_jobs_t jobs;
 static gs_peer_t peers[MAX_PEERS];
 static gs_log_t quiet = {.level = GS_LOG_ERROR, .component = "test_jobs"};
 static uint64_t next_request = 1;
+static uint64_t jobs_now; /* the clock the views are rendered at */
 
 static void fake_reply(gs_responder_t *r, const gs_reply_t *rep)
 {
@@ -86,6 +87,7 @@ static void setup(void)
   };
 
   memset(&fake, 0, sizeof(fake));
+  jobs_now = 0;
   fake.responder = (gs_responder_t){.reply = fake_reply, .park = fake_park, .unpark = fake_unpark};
   for (uint32_t i = 0; i < MAX_PEERS; i++) {
     static char names[MAX_PEERS][16];
@@ -175,8 +177,20 @@ static void start_world(const char *job, uint32_t n, uint64_t now)
   start_world_on(job, n, 0, now);
 }
 
+static gradsync_HeartbeatResponse heartbeat_step(uint32_t peer, const char *job,
+                                                 uint64_t generation, uint32_t rank, uint64_t step,
+                                                 uint64_t now, int *err);
+
 static gradsync_HeartbeatResponse heartbeat(uint32_t peer, const char *job, uint64_t generation,
                                             uint32_t rank, uint64_t now, int *err)
+{
+  return heartbeat_step(peer, job, generation, rank, now / 100, now, err);
+}
+
+/* A heartbeat reporting `step`; *err gets the reply's error. */
+static gradsync_HeartbeatResponse heartbeat_step(uint32_t peer, const char *job,
+                                                 uint64_t generation, uint32_t rank, uint64_t step,
+                                                 uint64_t now, int *err)
 {
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
@@ -187,7 +201,7 @@ static gradsync_HeartbeatResponse heartbeat(uint32_t peer, const char *job, uint
   snprintf(req.job, sizeof(req.job), "%s", job);
   req.generation = generation;
   req.rank = rank;
-  req.step = now / 100;
+  req.step = step;
   gs__jobs_heartbeat(&jobs, &call, &req);
   rec = last_reply(peer);
   ck_assert_ptr_nonnull(rec);
@@ -751,14 +765,14 @@ static void check_views(const char *name, const char *state, const char *reason,
 {
   static const uint64_t zero[GS_METHOD_COUNT];
   gs_service_info_t svc = {.requests = zero, .errors = zero};
-  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), 0, false);
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), jobs_now, false);
   gs_buf_t text = {0};
 
   ck_assert_ptr_nonnull(o);
   ck_assert_str_eq(cJSON_GetObjectItem(o, "state")->valuestring, state);
   ck_assert_ptr_nonnull(strstr(cJSON_GetObjectItem(o, "reason")->valuestring, reason));
   cJSON_Delete(o);
-  ck_assert_int_eq(gs__metrics_text(&jobs, &svc, 0, &text), 0);
+  ck_assert_int_eq(gs__metrics_text(&jobs, &svc, jobs_now, &text), 0);
   ck_assert_int_eq(gs_buf_append(&text, "", 1), 0);
   ck_assert_msg(strstr((const char *)text.data, line), "no '%s' in:\n%s", line,
                 (const char *)text.data);
@@ -856,6 +870,63 @@ START_TEST(waiting_rendezvous_logs_its_progress)
 }
 END_TEST
 
+/* Whether /status shows `name` stalled, with stalled_since_s and the
+ * lagging ranks in `ranks` (a JSON array, as printed). */
+static void check_stall(const char *name, bool stalled, double since_s, const char *ranks)
+{
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), jobs_now, false);
+  char *printed;
+
+  ck_assert_ptr_nonnull(o);
+  ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(o, "stalled")) == stalled);
+  ck_assert_double_eq_tol(cJSON_GetObjectItem(o, "stalled_since_s")->valuedouble, since_s, 1e-9);
+  printed = cJSON_PrintUnformatted(cJSON_GetObjectItem(o, "stalled_ranks"));
+  ck_assert_str_eq(printed, ranks);
+  free(printed);
+  cJSON_Delete(o);
+}
+
+/* Heartbeats for ranks 0..2 of "s" every 5 s from `from` to `to`: ranks 0
+ * and 1 at `step`, rank 2 at `lag`. */
+static void beat(uint64_t from, uint64_t to, uint64_t step, uint64_t lag)
+{
+  int err;
+
+  for (uint64_t t = from; t <= to; t += 5000) {
+    for (uint32_t r = 0; r < 3; r++) {
+      heartbeat_step(r, "s", 1, r, r == 2 ? lag : step, t, &err);
+      ck_assert_int_eq(err, 0);
+    }
+    gs__jobs_sweep(&jobs, t);
+  }
+}
+
+/* A running job whose highest step has not advanced for --stall-timeout
+ * while its heartbeats are fresh is stalled, in /status (since when, and
+ * the ranks at the lowest step) and /metrics; an advancing step clears
+ * it; a stall timeout of 0 never flags one. */
+START_TEST(job_whose_step_stops_is_stalled)
+{
+  jobs.cfg.stall_timeout_ms = 60000;
+  start_world("s", 3, 0);
+  beat(5000, 60000, 10, 7); /* step 10 reached at 5 s */
+  jobs_now = 64999;
+  beat(64999, 64999, 10, 7);
+  check_stall("s", false, 0, "[]");
+  jobs_now = 65000;
+  beat(65000, 65000, 10, 7);
+  check_stall("s", true, 60, "[2]");
+  check_views("s", "running", "", "gradsync_job_stalled{job=\"s\"} 1");
+  jobs_now = 70000;
+  beat(70000, 70000, 11, 11);
+  check_stall("s", false, 0, "[]");
+  check_views("s", "running", "", "gradsync_job_stalled{job=\"s\"} 0");
+  jobs.cfg.stall_timeout_ms = 0;
+  beat(75000, 200000, 11, 11);
+  check_stall("s", false, 0, "[]");
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -880,6 +951,7 @@ static Suite *jobs_suite(void)
       {"finished_rank", finished_rank_is_never_lost},
       {"failed_state", aborted_job_is_failed_until_it_rejoins},
       {"rendezvous_progress", waiting_rendezvous_logs_its_progress},
+      {"stalled", job_whose_step_stops_is_stalled},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

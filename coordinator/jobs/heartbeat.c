@@ -117,6 +117,15 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
   m->heartbeats_seen = true;
   gs__hb_touch(m, call->now_ms);
   m->step = req->step;
+  if (req->step > job->step_max) {
+    job->step_max = req->step;
+    job->step_advanced_ms = call->now_ms;
+    if (job->stalled) {
+      job->stalled = false;
+      gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "no longer stalled: step %llu",
+             (unsigned long long)req->step);
+    }
+  }
   m->loss = req->loss;
   m->samples_per_sec = req->samples_per_sec;
   m->compute_ms = req->compute_ms;
@@ -124,8 +133,25 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
   reply_heartbeat(call, job, false, NULL);
 }
 
+/* A running job whose highest step has not grown for the stall timeout
+ * while every rank still heartbeats (a silent one is lost first, above) is
+ * stalled: a hung collective, a rank stuck in I/O. O(1): the heartbeats
+ * keep the step's high-water mark and its time. */
+static void stall_sweep(gs_job_t *job, uint64_t now)
+{
+  uint64_t limit = job->jobs->cfg.stall_timeout_ms;
+
+  if (!limit || job->stalled || job->state != GS_JOB_RUNNING || now - job->step_advanced_ms < limit)
+    return;
+  job->stalled = true;
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
+         "stalled: step %llu has not advanced for %.0f s while heartbeats are fresh",
+         (unsigned long long)job->step_max, (now - job->step_advanced_ms) / 1000.0);
+}
+
 /* The rank silent for longest is the head of the heartbeat list; losing it
- * aborts the generation, so the others need no check. */
+ * aborts the generation, so the others need no check. Only a job whose
+ * heartbeats are all fresh is checked for a stall. */
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
 {
   gs_list_t *oldest = gs_list_first(&job->hb_list);
@@ -133,8 +159,10 @@ void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
   char how[64];
 
   if (job->state != GS_JOB_RUNNING || !m ||
-      now - m->last_heartbeat_ms <= job->jobs->cfg.heartbeat_timeout_ms)
+      now - m->last_heartbeat_ms <= job->jobs->cfg.heartbeat_timeout_ms) {
+    stall_sweep(job, now);
     return;
+  }
   snprintf(how, sizeof(how), "no heartbeat for %.1fs", (now - m->last_heartbeat_ms) / 1000.0);
   gs__member_lost(m, how);
 }

@@ -146,6 +146,13 @@ gs_job_state_t gs__job_resting_state(const gs_job_t *job)
   return GS_JOB_WAITING;
 }
 
+void gs__job_stall_reset(gs_job_t *job, uint64_t now)
+{
+  job->step_max = 0;
+  job->step_advanced_ms = now;
+  job->stalled = false;
+}
+
 void gs__job_fill_peer(gs_job_t *job, uint32_t r)
 {
   const gs_member_t *m = job->ranks[r];

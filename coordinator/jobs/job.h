@@ -34,6 +34,7 @@ typedef struct gs_jobs_config {
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
   uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
+  uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
   uint32_t max_world_size;
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
   const gs_log_t *log;     /* borrowed */
@@ -137,6 +138,13 @@ struct gs_job {
 
   uint64_t aborted_generation;
   char abort_reason[256];
+
+  /* Stall detection: the highest step any rank reported in this
+   * generation and when it last grew (kept by each heartbeat in O(1)); the
+   * sweep flags the job stalled when that is over cfg.stall_timeout_ms ago. */
+  uint64_t step_max;
+  uint64_t step_advanced_ms;
+  bool stalled;
 };
 
 const char *gs__job_state_name(gs_job_state_t s);
@@ -169,6 +177,8 @@ void gs__job_free_ranks(gs_job_t *job);
 /* The state of a job with no rendezvous gathering: what its last
  * generation became (WAITING when it never ran). */
 gs_job_state_t gs__job_resting_state(const gs_job_t *job);
+/* A generation starts at `now`: its step and stall clock start afresh. */
+void gs__job_stall_reset(gs_job_t *job, uint64_t now);
 /* Fills job->peers[r] from job->ranks[r]. */
 void gs__job_fill_peer(gs_job_t *job, uint32_t r);
 /* Answers a member's Join with its rank and peers. */

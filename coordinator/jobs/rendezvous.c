@@ -136,6 +136,7 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   job->state = GS_JOB_RUNNING;
   job->started_ms = now;
   job->stop = false;
+  gs__job_stall_reset(job, now);
   if (!job->bcast_period_overridden)
     job->bcast_period = job->ranks[0]->req.bcast_period;
   for (uint32_t i = 0; i < n; i++) {
@@ -173,6 +174,7 @@ static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsyn
   job->state = GS_JOB_RUNNING;
   job->started_ms = call->now_ms;
   job->bcast_period = req->bcast_period;
+  gs__job_stall_reset(job, call->now_ms);
   return true;
 }
 

@@ -119,6 +119,42 @@ static cJSON *stragglers_json(const gs_job_t *job, const rank_stats_t *st, uint3
   return arr;
 }
 
+/* The ranks at the lowest step while the job is stalled: the ones the
+ * others wait for. The first `max_listed` go into the array. */
+static cJSON *lagging_json(const gs_job_t *job, const rank_stats_t *st, uint32_t max_listed)
+{
+  cJSON *arr = cJSON_CreateArray();
+  uint32_t listed = 0;
+
+  for (uint32_t r = 0; arr && r < job->world_size && listed < max_listed; r++) {
+    const gs_member_t *m = job->ranks[r];
+
+    if (m && m->state == GS_MEMBER_RUNNING && m->step == st->step_min) {
+      cJSON_AddItemToArray(arr, cJSON_CreateNumber(r));
+      listed++;
+    }
+  }
+  return arr;
+}
+
+/* Whether the job shows as stalled (see heartbeat.c's stall sweep). */
+static bool job_stalled(const gs_job_t *job)
+{
+  return job->stalled && job->state == GS_JOB_RUNNING;
+}
+
+static void stall_json(cJSON *o, const gs_job_t *job, const rank_stats_t *st, uint64_t now,
+                       uint32_t max_listed)
+{
+  bool stalled = job_stalled(job);
+
+  cJSON_AddBoolToObject(o, "stalled", stalled);
+  cJSON_AddNumberToObject(o, "stalled_since_s",
+                          stalled ? (now - job->step_advanced_ms) / 1000.0 : 0);
+  cJSON_AddItemToObject(o, "stalled_ranks",
+                        stalled ? lagging_json(job, st, max_listed) : cJSON_CreateArray());
+}
+
 static cJSON *rank_summary_json(const gs_job_t *job, const rank_stats_t *st, uint64_t now)
 {
   cJSON *o = cJSON_CreateObject();
@@ -204,6 +240,7 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
       o, "stragglers",
       stragglers_json(job, &st, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS, &stragglers));
   cJSON_AddNumberToObject(o, "straggler_count", stragglers);
+  stall_json(o, job, &st, now, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS);
   cJSON_AddItemToObject(o, "rank_summary", rank_summary_json(job, &st, now));
   if (!with_ranks)
     return o;
@@ -353,6 +390,10 @@ static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_running{job=\"%s\"} %d\n", j->name, j->state == GS_JOB_RUNNING);
   err |= state_metrics(jobs, out);
+  err |= family(out, "gradsync_job_stalled", "gauge",
+                "1 while the job's step has not advanced for --stall-timeout.");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
+    err |= emit(out, "gradsync_job_stalled{job=\"%s\"} %d\n", j->name, job_stalled(j));
   err |= family(out, "gradsync_job_bcast_period", "gauge", "Parameter broadcast period.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_bcast_period{job=\"%s\"} %d\n", j->name, j->bcast_period);
