@@ -490,6 +490,8 @@ START_TEST(dropped_connection_aborts_generation)
   th_client_t cl[2];
   gradsync_JoinResponse resp[2] = {0};
   gradsync_HeartbeatResponse hb;
+  char *body;
+  cJSON *doc;
 
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 2, "d");
@@ -498,7 +500,58 @@ START_TEST(dropped_connection_aborts_generation)
   ck_assert_int_eq(heartbeat(&cl[0], "d", 1, resp[0].rank, 1, &hb), OK);
   ck_assert(hb.abort);
   ck_assert_ptr_nonnull(strstr(hb.abort_reason, "connection closed"));
+  /* The job is failed, with the reason, until agents Join again. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/d", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  ck_assert_ptr_nonnull(doc);
+  ck_assert_str_eq(cJSON_GetObjectItem(doc, "state")->valuestring, "failed");
+  ck_assert_ptr_nonnull(
+      strstr(cJSON_GetObjectItem(doc, "reason")->valuestring, "lost: connection closed"));
+  cJSON_Delete(doc);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/metrics", NULL, NULL, &body), 200);
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_job_state{job=\"d\",state=\"failed\"} 1\n"));
+  ck_assert_ptr_nonnull(strstr(body, "gradsync_job_failed{job=\"d\",reason=\"rank "));
+  free(body);
   th_close(&cl[0]);
+  stop_and_check();
+}
+END_TEST
+
+/* A rank that sends its final Leave(finished) and closes its connection at
+ * once, without waiting for the answer, is not lost: the other rank goes
+ * on, and when it finishes too the job is finished. */
+START_TEST(leave_then_close_loses_nothing)
+{
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
+  gradsync_HeartbeatResponse hb;
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+  char *body;
+  cJSON *doc;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 2, "lc");
+  snprintf(lv.job, sizeof(lv.job), "lc");
+  lv.generation = 1;
+  lv.finished = true;
+  lv.rank = resp[0].rank;
+  th_send(&cl[0], "Leave", 0, gradsync_LeaveRequest_fields, &lv);
+  th_close(&cl[0]);
+  usleep(100000);
+  ck_assert_int_eq(heartbeat(&cl[1], "lc", 1, resp[1].rank, 1, &hb), OK);
+  ck_assert(!hb.abort);
+  lv.rank = resp[1].rank;
+  for (int i = 0; i < 2; i++) /* a retried Leave is OK */
+    ck_assert_int_eq(
+        th_call(&cl[1], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
+  th_close(&cl[1]);
+  usleep(100000);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/lc", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  ck_assert_str_eq(cJSON_GetObjectItem(doc, "state")->valuestring, "finished");
+  cJSON_Delete(doc);
+  free(body);
   stop_and_check();
 }
 END_TEST
@@ -1137,6 +1190,7 @@ static Suite *coordinator_suite(void)
       {"pack_list", pack_list_published_by_rank0_reaches_all},
       {"heartbeat_timeout", silent_rank_aborts_generation_then_rejoin},
       {"dropped_connection", dropped_connection_aborts_generation},
+      {"leave_then_close", leave_then_close_loses_nothing},
       {"rendezvous_timeout", rendezvous_times_out},
       {"status", status_json_field_by_field},
       {"metrics", metrics_text},
