@@ -7,10 +7,10 @@
 
 #include "parse.h"
 
-/* torchrun's WORLD_SIZE counts processes, as --world-size does; Kubeflow
- * PyTorchJob sets it to pods × processes per pod. PET_* are torchrun's
- * own arguments as Kubeflow Trainer sets them. SLURM_NTASKS counts tasks,
- * one agent each. */
+/* torchrun's WORLD_SIZE counts processes, as --world-size does (a
+ * PyTorchJob that starts one agent per pod, without torchrun, is read the
+ * same way). PET_* are torchrun's own arguments as Kubeflow Trainer sets
+ * them. SLURM_NTASKS counts tasks, one agent each. */
 const char *const gs_launch_coordinator_envs[] = {"GRADSYNC_COORDINATOR", "MASTER_ADDR",
                                                   "PET_MASTER_ADDR", NULL};
 const char *const gs_launch_job_envs[] = {"GRADSYNC_JOB", "SLURM_JOB_ID", NULL};
