@@ -49,6 +49,10 @@ static const char *row_problem(const gs_flag_t *f)
     return f->help ? NULL : "a heading needs its text";
   if (!f->name || strncmp(f->name, "--", 2) != 0 || !f->name[2])
     return "a name must start with --";
+  if (f->env && f->envs)
+    return "a row has .env or .envs, not both";
+  if (f->envs && !f->envs[0])
+    return "an .envs list needs a name";
   switch (f->kind) {
   case GS_FLAG_BOOL:
     return f->size == sizeof(bool) ? NULL : "a bool flag needs a bool target";
@@ -416,9 +420,56 @@ static int walk(const gs_flags_t *spec, char *base, int argc, char **argv,
     if (!do_apply)
       continue;
     given[f - spec->flags] = true;
+    if (opts && opts->sources)
+      opts->sources[f - spec->flags] = "flag";
     err = apply(f, v, NULL, base, why, why_len);
     if (err)
       return err;
+  }
+  return 0;
+}
+
+/* The value of source `name`: through the lookup, else getenv; NULL when
+ * unset or empty. */
+const char *gs__flags_env(const gs_flags_opts_t *opts, const char *name)
+{
+  const char *v = NULL;
+
+  if (opts && opts->lookup)
+    v = opts->lookup(opts->ctx, name);
+  else if (opts && opts->getenv)
+    v = opts->getenv(name);
+  return v && *v ? v : NULL;
+}
+
+/* The row's sources: its .envs list, or its one .env as a list of one
+ * (into `one`, which must hold two entries). */
+const char *const *gs__flags_sources(const gs_flag_t *f, const char **one)
+{
+  if (f->envs)
+    return f->envs;
+  one[0] = f->env;
+  one[1] = NULL;
+  return one;
+}
+
+/* Row i's value from the first of its sources that is set, if any. */
+static int from_env(const gs_flags_t *spec, size_t i, char *base, const gs_flags_opts_t *opts,
+                    bool *given, char *why, size_t why_len)
+{
+  const gs_flag_t *f = &spec->flags[i];
+  const char *one[2], *const *names = gs__flags_sources(f, one);
+
+  for (size_t k = 0; names[k]; k++) {
+    const char *v = gs__flags_env(opts, names[k]);
+
+    if (!v)
+      continue;
+    given[i] = true;
+    if (opts->sources)
+      opts->sources[i] = names[k];
+    /* Stored (STR rows borrow it), never written through. */
+    return apply(f, (char *)v, names[k], base, why, why_len);
   }
   return 0;
 }
@@ -430,16 +481,11 @@ static int finish(const gs_flags_t *spec, char *base, const gs_flags_opts_t *opt
 {
   for (size_t i = 0; i < spec->count; i++) {
     const gs_flag_t *f = &spec->flags[i];
-    char *v;
     int err;
 
-    if (f->kind == GS_FLAG_SECTION || given[i] || !f->env || !opts || !opts->getenv)
+    if (f->kind == GS_FLAG_SECTION || given[i] || (!f->env && !f->envs) || !opts)
       continue;
-    v = opts->getenv(f->env);
-    if (!v || !*v)
-      continue;
-    given[i] = true;
-    err = apply(f, v, f->env, base, why, why_len);
+    err = from_env(spec, i, base, opts, given, why, why_len);
     if (err)
       return err;
   }
@@ -470,6 +516,9 @@ int gs_flags_parse(const gs_flags_t *spec, void *base, int argc, char **argv,
     return err;
   if (opts && opts->pass)
     *opts->npass = 0;
+  if (opts && opts->sources)
+    for (size_t i = 0; i < spec->count; i++)
+      opts->sources[i] = NULL;
   err = walk(spec, base, argc, argv, opts, false, given, action, why, why_len);
   if (err || *action != GS_FLAGS_RUN)
     return err;

@@ -1,6 +1,7 @@
 /* Table-driven command-line flags. Each binary describes its flags once, as
  * a static table of gs_flag_t rows (name, kind, where the value goes, its
- * range, the default shown, an environment fallback, help and README text);
+ * range, the default shown, its environment fallbacks, help and README
+ * text);
  * the parser, --help and the README's flag table are all generated from
  * that table, so they cannot drift apart.
  *
@@ -58,11 +59,16 @@ typedef struct gs_flag {
   bool secret;              /* never echo the value (tokens) */
   size_t given_off;         /* GS_FLAG_GIVEN: a bool set when the flag (or env) is given */
   const char *env;          /* environment variable used when the flag is absent */
-  const char *metavar;      /* "N", "HOST:PORT"; ENUM/choices default to "a|b|c" */
-  const char *def;          /* default as shown (markdown); NULL: the target's value */
-  const char *expect;       /* error text for a bad value; NULL: made from kind and range */
-  const char *help;         /* --help text (backticks are dropped there) */
-  const char *doc;          /* README "meaning" column (markdown); NULL: help */
+  /* Or an ordered, NULL-terminated list of sources tried when the flag is
+   * absent, the first one set winning; --help and the README show the list.
+   * A name is a variable, or one the caller's lookup derives (see
+   * gs_flags_opts_t.lookup). A row has .env or .envs, not both. */
+  const char *const *envs;
+  const char *metavar; /* "N", "HOST:PORT"; ENUM/choices default to "a|b|c" */
+  const char *def;     /* default as shown (markdown); NULL: the target's value */
+  const char *expect;  /* error text for a bad value; NULL: made from kind and range */
+  const char *help;    /* --help text (backticks are dropped there) */
+  const char *doc;     /* README "meaning" column (markdown); NULL: help */
 } gs_flag_t;
 
 /* Designated-initializer helpers for table rows. */
@@ -95,6 +101,15 @@ typedef enum gs_flags_action {
 typedef struct gs_flags_opts {
   /* Looks up .env variables (getenv); NULL: no environment fallback. */
   char *(*getenv)(const char *name);
+  /* When set, looks up .env and .envs names instead of getenv, with `ctx`:
+   * it may translate a scheduler's variable into the flag's form. What it
+   * returns must live as long as the parsed values (STR rows borrow it);
+   * NULL or "" is unset. */
+  const char *(*lookup)(void *ctx, const char *name);
+  void *ctx;
+  /* Non-NULL: spec->count entries, each set to where its row's value came
+   * from: "flag", the variable's name, or NULL (the default). */
+  const char **sources;
   /* Non-NULL: arguments that are no flag of the table (unknown flags,
    * plain arguments, everything after "--") are appended here, in order,
    * instead of being errors. The array needs room for argc entries. */
@@ -106,10 +121,11 @@ typedef struct gs_flags_opts {
  * Flags take their value as "--flag VALUE" or "--flag=VALUE"; the last of a
  * repeated flag wins. -h/--help, --help-markdown and --version end the
  * parse before any value is applied (*action says which). Values of flags
- * absent from argv come from their .env variable when it is set and not
- * empty. Returns 0, or GS_EINVAL with one line in `why` (no program name):
- * an unknown flag, a missing or bad value, a missing required flag, or a
- * table row that does not fit its kind. STR targets borrow argv/environ. */
+ * absent from argv come from their .env variable, or the first of their
+ * .envs sources, that is set and not empty (precedence: flag, then the
+ * sources in order, then the default). Returns 0, or GS_EINVAL with one line in `why` (no program
+ * name): an unknown flag, a missing or bad value, a missing required flag, or a table row that does
+ * not fit its kind. STR targets borrow argv, environ or the lookup's strings. */
 int gs_flags_parse(const gs_flags_t *spec, void *base, int argc, char **argv,
                    const gs_flags_opts_t *opts, gs_flags_action_t *action, char *why,
                    size_t why_len) GS_WARN_UNUSED;
@@ -131,6 +147,13 @@ void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out);
  * false for GS_FLAGS_RUN. */
 bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t action,
                      const char *version);
+
+/* Writes every flag's resolved value and where it came from (the
+ * `sources` that gs_flags_parse filled through `opts`), one line each, for
+ * --print-config; a row's sources that are set but lost to an earlier one
+ * are named after it. Secret values are never written. */
+void gs_flags_print_config(const gs_flags_t *spec, const void *base, const gs_flags_opts_t *opts,
+                           FILE *out);
 
 /* The default of `flag` as shown (its .def, or the target's value as
  * text: "10MiB", "5m", "0.05", ":7070", "none", "off"), into buf. */

@@ -133,9 +133,9 @@ static void show_addr(const gs_flag_t *f, const char *base, char *buf, size_t le
     snprintf(buf, len, "%s:%u", host, port);
 }
 
-/* The default as text; true when it is a literal value (shown as code in
- * the README) rather than words ("none", "off", a .def). */
-static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t len)
+/* The value `base` holds as text; true when it is a literal value (shown
+ * as code in the README) rather than words ("none", "off"). */
+static bool show_value(const gs_flag_t *f, const void *base, char *buf, size_t len)
 {
   const char *b = base, *t = b + f->off, *s;
   double d;
@@ -143,13 +143,9 @@ static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t
   uint64_t u = 0;
 
   buf[0] = '\0';
-  if (f->def) {
-    snprintf(buf, len, "%s", f->def);
-    return false;
-  }
   switch (f->kind) {
   case GS_FLAG_BOOL:
-    snprintf(buf, len, "off");
+    snprintf(buf, len, "%s", *(const bool *)t != f->negate ? "on" : "off");
     return false;
   case GS_FLAG_STR:
   case GS_FLAG_STRBUF:
@@ -193,6 +189,18 @@ static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t
     break;
   }
   return false;
+}
+
+/* The default as text; true when it is a literal value (shown as code in
+ * the README) rather than words ("none", "off", a .def). A switch's
+ * default is "off" whatever it sets. */
+static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t len)
+{
+  if (f->def || f->kind == GS_FLAG_BOOL) {
+    snprintf(buf, len, "%s", f->def ? f->def : "off");
+    return false;
+  }
+  return show_value(f, base, buf, len);
 }
 
 void gs_flags_show_default(const gs_flag_t *flag, const void *base, char *buf, size_t len)
@@ -263,15 +271,50 @@ static void keep_suffix_together(char *text)
       *p = HELP_NBSP;
 }
 
+/* One source's name as shown: "$A", or "$A×$B" for a product "A*B"; in
+ * code spans for the README. */
+static size_t source_name(const char *name, bool markdown, char *buf, size_t len)
+{
+  const char *tick = markdown ? "`" : "";
+  size_t n = strcspn(name, "*");
+  int w;
+
+  if (name[n])
+    w = snprintf(buf, len, "%s$%.*s%s×%s$%s%s", tick, (int)n, name, tick, tick, name + n + 1, tick);
+  else
+    w = snprintf(buf, len, "%s$%s%s", tick, name, tick);
+  return w < 0 ? 0 : (size_t)w;
+}
+
+/* A .envs row's sources in order: "$A, $B or $C". */
+static void source_list(const gs_flag_t *f, bool markdown, char *buf, size_t len)
+{
+  size_t used = 0;
+
+  buf[0] = '\0';
+  for (size_t i = 0; f->envs[i] && used + 1 < len; i++) {
+    const char *sep = i == 0 ? "" : f->envs[i + 1] ? ", " : " or ";
+
+    used += (size_t)snprintf(buf + used, len - used, "%s", sep);
+    if (used + 1 < len)
+      used += source_name(f->envs[i], markdown, buf + used, len - used);
+  }
+}
+
 /* One flag's help: label, then its text and default from column col. */
 static void help_row(const gs_flag_t *f, const void *base, size_t col, FILE *out)
 {
-  char label[192], def[256], text[1024], shown[1024];
+  char label[192], def[256], text[1024], shown[1024], from[512];
   size_t at;
 
   flag_label(f, label, sizeof(label));
   show_default(f, base, def, sizeof(def));
-  if (f->required)
+  if (f->envs) {
+    source_list(f, false, from, sizeof(from));
+    snprintf(text, sizeof(text), "%s (from %s; %s%s)", f->help, from,
+             f->required || !strncmp(def, "required", 8) ? "" : "default: ",
+             f->required ? "required" : def);
+  } else if (f->required)
     snprintf(text, sizeof(text), "%s (required)", f->help);
   else if (!strncmp(def, "required", 8))
     snprintf(text, sizeof(text), "%s (%s)", f->help, def);
@@ -355,6 +398,12 @@ void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out)
     fputs("| `", out);
     cell(out, label);
     fputs("` | ", out);
+    if (f->envs) {
+      char from[512];
+
+      source_list(f, true, from, sizeof(from));
+      fprintf(out, "%s, else ", from);
+    }
     if (f->required)
       fputs("required", out);
     else if (literal)
@@ -366,6 +415,89 @@ void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out)
     fputs(" |\n", out);
   }
   fputs("| `--version`, `-h/--help` | | |\n", out);
+}
+
+/* Whether a secret row holds a value (a non-NULL or non-empty string). */
+static bool secret_set(const gs_flag_t *f, const void *base)
+{
+  const char *t = (const char *)base + f->off, *s;
+
+  if (f->kind != GS_FLAG_STR)
+    return f->kind == GS_FLAG_STRBUF ? t[0] != '\0' : true;
+  memcpy(&s, t, sizeof(s));
+  return s && *s;
+}
+
+/* "; unused: $B=8, $C" : the row's sources set but lost to an earlier one
+ * (values of secret rows left out). */
+static void unused_sources(const gs_flag_t *f, const gs_flags_opts_t *opts, const char *used,
+                           FILE *out)
+{
+  const char *one[2], *const *names = gs__flags_sources(f, one);
+  bool first = true;
+  char name[256];
+
+  for (size_t k = 0; names[k]; k++) {
+    const char *v = gs__flags_env(opts, names[k]);
+
+    if (!v || names[k] == used)
+      continue;
+    source_name(names[k], false, name, sizeof(name));
+    fprintf(out, "%s%s", first ? "; unused: " : ", ", name);
+    if (!f->secret)
+      fprintf(out, "=%s", v);
+    first = false;
+  }
+}
+
+/* A row's value for --print-config. A default the row describes in words
+ * (.def: "none", "local rank mod GPUs visible") is shown as those words,
+ * unless it is a string the code filled in (the host name). */
+static void config_value(const gs_flag_t *f, const void *base, const char *src, char *buf,
+                         size_t len)
+{
+  bool required = f->required || (f->def && !strncmp(f->def, "required", 8));
+
+  if (!src && required)
+    snprintf(buf, len, "(not set)");
+  else if (f->secret)
+    snprintf(buf, len, "%s", secret_set(f, base) ? "(hidden)" : "none");
+  else if (show_value(f, base, buf, len) && src == NULL && f->def && f->kind != GS_FLAG_STR &&
+           f->kind != GS_FLAG_STRBUF)
+    plain(f->def, buf, len);
+  else if (!src && f->def && !strcmp(buf, "none"))
+    plain(f->def, buf, len);
+}
+
+void gs_flags_print_config(const gs_flags_t *spec, const void *base, const gs_flags_opts_t *opts,
+                           FILE *out)
+{
+  char value[512], name[256];
+  size_t width = 0;
+
+  for (size_t i = 0; i < spec->count; i++)
+    if (spec->flags[i].kind != GS_FLAG_SECTION && strlen(spec->flags[i].name) > width)
+      width = strlen(spec->flags[i].name);
+  for (size_t i = 0; i < spec->count; i++) {
+    const gs_flag_t *f = &spec->flags[i];
+    const char *src = opts && opts->sources ? opts->sources[i] : NULL;
+
+    if (f->kind == GS_FLAG_SECTION)
+      continue;
+    config_value(f, base, src, value, sizeof(value));
+    if (!src && !strcmp(value, "(not set)"))
+      plain(f->required || !f->def ? "required" : f->def, name, sizeof(name));
+    else if (!src)
+      snprintf(name, sizeof(name), "default");
+    else if (!strcmp(src, "flag"))
+      snprintf(name, sizeof(name), "flag");
+    else
+      source_name(src, false, name, sizeof(name));
+    fprintf(out, "%-*s  %-24s  %s", (int)width, f->name, value, name);
+    if (opts && (f->env || f->envs))
+      unused_sources(f, opts, src, out);
+    fputc('\n', out);
+  }
 }
 
 bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t action,

@@ -286,6 +286,40 @@ def case_errors(tmp):
             assert code != 0 and "cannot open device 'cuda': no CUDA device 0" in err, err
 
 
+def case_environment(tmp):
+    """Under SLURM the agent takes its job settings from SLURM's variables;
+    --print-config names each source and exits 0 without the token."""
+    dialects = ("GRADSYNC_", "SLURM", "MASTER_", "PET_", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dialects)}
+    env.update(SLURM_JOB_ID="4242", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_PROCID="5",
+               SLURM_NODEID="1", SLURMD_NODENAME="gpu-07", GRADSYNC_COORDINATOR="head:7171",
+               GRADSYNC_TOKEN="s3cret-token")
+    p = subprocess.run([AGENT, "--print-config", "--lr", "0.1"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 0, p
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in p.stdout.splitlines()
+            if line.startswith("--")}
+    assert rows["--coordinator"] == ["head:7171", "$GRADSYNC_COORDINATOR"], rows
+    assert rows["--job"] == ["slurm-4242", "$SLURM_JOB_ID"], rows
+    assert rows["--world-size"] == ["8", "$SLURM_NTASKS"], rows
+    assert rows["--local-rank"] == ["1", "$SLURM_LOCALID"], rows
+    assert rows["--node"] == ["gpu-07", "$SLURMD_NODENAME"], rows
+    assert rows["--token"] == ["(hidden)", "$GRADSYNC_TOKEN"], rows
+    assert rows["--lr"] == ["0.1", "flag"], rows
+    assert rows["--batch"] == ["64", "default"], rows
+    assert "ignored: $SLURM_PROCID=5" in p.stdout, p.stdout
+    assert "s3cret-token" not in p.stdout + p.stderr, p.stdout
+    # A flag wins over GRADSYNC_*, which wins over SLURM's; the lost ones are named.
+    env.update(GRADSYNC_WORLD_SIZE="4")
+    p = subprocess.run([AGENT, "--print-config", "--job", "mine"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert p.returncode == 0, p
+    assert re.search(r"^--job +mine +flag; unused: \$SLURM_JOB_ID=slurm-4242$", p.stdout,
+                     re.M), p.stdout
+    assert re.search(r"^--world-size +4 +\$GRADSYNC_WORLD_SIZE; unused: \$SLURM_NTASKS=8$",
+                     p.stdout, re.M), p.stdout
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="gs_agent_") as tmp:
         globals()["case_" + CASE](tmp)

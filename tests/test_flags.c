@@ -1,6 +1,7 @@
 /* Tests for common/flags.c and flags_help.c: the table-driven parser, its
- * messages, the environment fallback, pass-through, and the help and
- * README text made from the same table. */
+ * messages, the environment fallbacks (one variable, or an ordered list of
+ * sources through a lookup), pass-through, --print-config, and the help
+ * and README text made from the same table. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,10 +30,12 @@ typedef struct opts {
   char host[64];
   uint16_t port;
   int even;
+  char zone[16];
 } opts_t;
 
 static const char *const colors[] = {"red", "green", "blue", NULL};
 static const char *const devices[] = {"cpu", "cuda", "auto", NULL};
+static const char *const zone_envs[] = {"T_ZONE", "T_AREA", "T_A*T_B", NULL};
 
 /* A custom kind: an even integer. */
 static int parse_even(const char *v, void *target, char *expect, size_t expect_len)
@@ -162,6 +165,13 @@ static const gs_flag_t rows[] = {
      .metavar = "L",
      GS_FLAG_GIVEN(opts_t, have_level),
      .help = "a level"},
+    {.name = "--zone",
+     .kind = GS_FLAG_STRBUF,
+     AT(zone),
+     .max = 8,
+     .envs = zone_envs,
+     .metavar = "Z",
+     .help = "a zone"},
 };
 
 static const gs_flags_t spec = {
@@ -188,8 +198,9 @@ static void defaults(opts_t *o)
   o->big = 1;
 }
 
-/* The environment the tests give: only T_TOKEN and T_COUNT, from statics. */
-static char env_token[32], env_count[32];
+/* The environment the tests give: T_TOKEN, T_COUNT, T_ZONE and T_AREA,
+ * from statics. */
+static char env_token[32], env_count[32], env_zone[32], env_area[32];
 
 static char *fake_env(const char *name)
 {
@@ -197,7 +208,43 @@ static char *fake_env(const char *name)
     return env_token;
   if (!strcmp(name, "T_COUNT"))
     return env_count;
+  if (!strcmp(name, "T_ZONE"))
+    return env_zone;
+  if (!strcmp(name, "T_AREA"))
+    return env_area;
   return NULL;
+}
+
+/* A lookup with context: name=value pairs, and "T_A*T_B" derived from
+ * them as "A-B" when both are there (as a scheduler dialect would). */
+typedef struct lookup_ctx {
+  const char *pairs[8][2];
+  char derived[32];
+  int calls;
+} lookup_ctx_t;
+
+static const char *pair(lookup_ctx_t *c, const char *name)
+{
+  for (size_t i = 0; i < 8 && c->pairs[i][0]; i++)
+    if (!strcmp(c->pairs[i][0], name))
+      return c->pairs[i][1];
+  return NULL;
+}
+
+static const char *fake_lookup(void *ctx, const char *name)
+{
+  lookup_ctx_t *c = ctx;
+  const char *a, *b;
+
+  c->calls++;
+  if (strcmp(name, "T_A*T_B") != 0)
+    return pair(c, name);
+  a = pair(c, "T_A");
+  b = pair(c, "T_B");
+  if (!a || !b)
+    return NULL;
+  snprintf(c->derived, sizeof(c->derived), "%s-%s", a, b);
+  return c->derived;
 }
 
 /* Parses a NULL-terminated list of arguments (copied: values are borrowed). */
@@ -441,7 +488,15 @@ START_TEST(table_checked)
       {.name = "--n", .kind = GS_FLAG_BOOL, GS_FLAG_AT(opts_t, count)}};
   static const gs_flag_t bad_enum[] = {
       {.name = "--n", .kind = GS_FLAG_ENUM, GS_FLAG_AT(opts_t, color)}};
-  const gs_flag_t *tables[] = {bad_int, bad_name, bad_bool, bad_enum};
+  static const char *const no_names[] = {NULL};
+  static const gs_flag_t both_envs[] = {{.name = "--n",
+                                         .kind = GS_FLAG_STRBUF,
+                                         GS_FLAG_AT(opts_t, zone),
+                                         .env = "T_ZONE",
+                                         .envs = zone_envs}};
+  static const gs_flag_t empty_envs[] = {
+      {.name = "--n", .kind = GS_FLAG_STRBUF, GS_FLAG_AT(opts_t, zone), .envs = no_names}};
+  const gs_flag_t *tables[] = {bad_int, bad_name, bad_bool, bad_enum, both_envs, empty_envs};
   char why[256];
 
   ck_assert_int_eq(gs_flags_check_table(&spec, why, sizeof(why)), 0);
@@ -451,6 +506,79 @@ START_TEST(table_checked)
     ck_assert_int_eq(gs_flags_check_table(&s, why, sizeof(why)), GS_EINVAL);
     ck_assert_msg(strstr(why, "flag table row 0"), "%s", why);
   }
+}
+END_TEST
+
+START_TEST(env_sources)
+{
+  const char *sources[sizeof(rows) / sizeof(rows[0])];
+  gs_flags_opts_t fo = {.getenv = fake_env, .sources = sources};
+  size_t zone = sizeof(rows) / sizeof(rows[0]) - 1, count = 6, big = 9;
+  gs_flags_action_t action;
+  char why[256];
+  opts_t o;
+
+  ck_assert_str_eq(rows[zone].name, "--zone");
+  ck_assert_str_eq(rows[count].name, "--count");
+  ck_assert_str_eq(rows[big].name, "--big");
+  /* The first source that is set wins; the later ones are not applied. */
+  env_token[0] = env_count[0] = '\0';
+  snprintf(env_zone, sizeof(env_zone), "z1");
+  snprintf(env_area, sizeof(env_area), "far-too-long-area");
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1")), 0);
+  ck_assert_str_eq(o.zone, "z1");
+  ck_assert_str_eq(sources[zone], "T_ZONE");
+  ck_assert_str_eq(sources[big], "flag");
+  ck_assert_ptr_null(sources[count]);
+  /* An empty first source counts as unset: the next one is used, and its
+   * bad value is named with its variable. */
+  env_zone[0] = '\0';
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1")), GS_EINVAL);
+  ck_assert_str_eq(why, "invalid value 'far-too-long-area' for --zone (from $T_AREA): expected at "
+                        "most 8 bytes");
+  snprintf(env_area, sizeof(env_area), "a1");
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1")), 0);
+  ck_assert_str_eq(o.zone, "a1");
+  ck_assert_str_eq(sources[zone], "T_AREA");
+  /* The flag wins over every source. */
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1", "--zone=f")), 0);
+  ck_assert_str_eq(o.zone, "f");
+  ck_assert_str_eq(sources[zone], "flag");
+  /* Nothing set: the default stays, and its source is NULL. */
+  env_area[0] = '\0';
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1")), 0);
+  ck_assert_str_eq(o.zone, "");
+  ck_assert_ptr_null(sources[zone]);
+}
+END_TEST
+
+START_TEST(env_lookup)
+{
+  const char *sources[sizeof(rows) / sizeof(rows[0])];
+  lookup_ctx_t c = {.pairs = {{"T_A", "x"}, {"T_B", "y"}, {"T_COUNT", "8"}, {"T_TOKEN", ""}}};
+  gs_flags_opts_t fo = {.getenv = fake_env, .lookup = fake_lookup, .ctx = &c, .sources = sources};
+  size_t zone = sizeof(rows) / sizeof(rows[0]) - 1;
+  gs_flags_action_t action;
+  char why[256];
+  opts_t o;
+
+  /* The lookup replaces getenv for .env and .envs alike, and may derive a
+   * source from others. */
+  snprintf(env_zone, sizeof(env_zone), "not-this");
+  snprintf(env_count, sizeof(env_count), "99");
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1")), 0);
+  ck_assert_str_eq(o.zone, "x-y");
+  ck_assert_str_eq(sources[zone], "T_A*T_B");
+  ck_assert_uint_eq(o.count, 8);
+  ck_assert_ptr_null(o.token); /* "" is unset */
+  ck_assert_int_gt(c.calls, 3);
+  env_zone[0] = env_count[0] = '\0';
 }
 END_TEST
 
@@ -493,6 +621,9 @@ START_TEST(help_text)
   ck_assert_ptr_nonnull(strstr(help, "a learning rate (default: 0.05)"));
   ck_assert_ptr_nonnull(strstr(help, "where to listen (default: :7070)"));
   ck_assert_ptr_nonnull(strstr(help, "a color (default: green)"));
+  ck_assert_ptr_nonnull(strstr(
+      help, "  --zone Z                a zone (from $T_ZONE, $T_AREA or $T_A×$T_B; default:\n"
+            "                          none)\n"));
   ck_assert_ptr_nonnull(strstr(help, "  --version               print the version and exit\n"));
   ck_assert_ptr_nonnull(
       strstr(help, "  -h, --help              print this help and exit\n\nThat is all.\n"));
@@ -519,9 +650,41 @@ START_TEST(markdown_table)
   ck_assert_ptr_nonnull(strstr(md, "| `--lr LR` | `0.05` | the base learning rate, `lr` |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--period P` | `0` | how often |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--even N` | `0` | an even number |\n"));
+  ck_assert_ptr_nonnull(
+      strstr(md, "| `--zone Z` | `$T_ZONE`, `$T_AREA` or `$T_A`×`$T_B`, else none | a zone |\n"));
   ck_assert_msg(strstr(md, "| `--version`, `-h/--help` | | |\n") + 33 == md + strlen(md), "%s", md);
   ck_assert_ptr_null(strstr(md, "General"));
   free(md);
+}
+END_TEST
+
+START_TEST(print_config)
+{
+  const char *sources[sizeof(rows) / sizeof(rows[0])];
+  lookup_ctx_t c = {.pairs = {{"T_ZONE", "z"}, {"T_AREA", "a"}, {"T_TOKEN", "s3cret"}}};
+  gs_flags_opts_t fo = {.lookup = fake_lookup, .ctx = &c, .sources = sources};
+  gs_flags_action_t action;
+  char why[256], *text = NULL;
+  size_t len = 0;
+  FILE *f;
+  opts_t o;
+
+  defaults(&o);
+  ck_assert_int_eq(parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "7", "--verbose")), 0);
+  f = open_memstream(&text, &len);
+  ck_assert_ptr_nonnull(f);
+  gs_flags_print_config(&spec, &o, &fo, f);
+  fclose(f);
+  ck_assert_ptr_nonnull(strstr(text, "--big         7                         flag\n"));
+  ck_assert_ptr_nonnull(strstr(text, "--verbose     on                        flag\n"));
+  ck_assert_ptr_nonnull(strstr(text, "--no-shuffle  off                       default\n"));
+  ck_assert_ptr_nonnull(strstr(text, "--count       3                         default\n"));
+  ck_assert_ptr_nonnull(
+      strstr(text, "--zone        z                         $T_ZONE; unused: $T_AREA=a\n"));
+  /* A secret says where it came from, never what it is. */
+  ck_assert_ptr_nonnull(strstr(text, "--token       (hidden)                  $T_TOKEN\n"));
+  ck_assert_ptr_null(strstr(text, "s3cret"));
+  free(text);
 }
 END_TEST
 
@@ -577,6 +740,9 @@ static Suite *flags_suite(void)
   suite_add_tcase(s, tcase("usage_errors", usage_errors));
   suite_add_tcase(s, tcase("actions_first", actions_first));
   suite_add_tcase(s, tcase("env_fallback", env_fallback));
+  suite_add_tcase(s, tcase("env_sources", env_sources));
+  suite_add_tcase(s, tcase("env_lookup", env_lookup));
+  suite_add_tcase(s, tcase("print_config", print_config));
   suite_add_tcase(s, tcase("pass_through", pass_through));
   suite_add_tcase(s, tcase("given_marks", given_marks));
   suite_add_tcase(s, tcase("table_checked", table_checked));

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "flags.h"
+#include "launch_env.h"
 #include "mlp.h"
 #include "parse.h"
 #include "trainer.h"
@@ -51,8 +52,9 @@ static void default_comm_host(const char *coord_host, char *out, size_t len)
 typedef struct flags {
   gs_trainer_config_t t;
   gs_log_t log;
-  bool have_coord, have_world, have_reduce, have_bias_wd, have_comm_host;
+  bool have_coord, have_world, have_reduce, have_bias_wd, have_comm_host, print_config;
   long threads;
+  gs_launch_env_t env; /* scheduler variables; --job may borrow its string */
 } flags_t;
 
 /* --layers: the MLP's widths, parsed by the model itself. */
@@ -92,18 +94,23 @@ static const gs_flag_t flag_rows[] = {
   GS_FLAG_HEADING("Job:"),
   {.name = "--coordinator", .kind = GS_FLAG_ADDR, E(coord.host),
    GS_FLAG_PORT_AT(flags_t, t.engine.coord.port), .min = 1, GS_FLAG_GIVEN(flags_t, have_coord),
-   .metavar = "HOST:PORT", .def = "required", .help = "the coordinator's RPC address"},
-  {.name = "--job", .kind = GS_FLAG_STR, E(coord.job), .min = 1, .max = 127, .metavar = "NAME",
-   .help = "job name"},
+   .envs = gs_launch_coordinator_envs, .metavar = "HOST:PORT", .def = "required",
+   .help = "the coordinator's RPC address",
+   .doc = "the coordinator's RPC address; `$MASTER_ADDR` with port `$GRADSYNC_COORDINATOR_PORT` "
+          "or 7070 (`$MASTER_PORT` is torch's store port, not ours)"},
+  {.name = "--job", .kind = GS_FLAG_STR, E(coord.job), .min = 1, .max = 127,
+   .envs = gs_launch_job_envs, .metavar = "NAME", .help = "job name",
+   .doc = "job name (`$SLURM_JOB_ID` as `slurm-ID`)"},
   {.name = "--world-size", .kind = GS_FLAG_INT, E(world_size), .min = 1, .max = 65536,
-   GS_FLAG_GIVEN(flags_t, have_world), .metavar = "N", .def = "required",
-   .help = "number of ranks in the job", .doc = "ranks in the job"},
+   GS_FLAG_GIVEN(flags_t, have_world), .envs = gs_launch_world_size_envs, .metavar = "N",
+   .def = "required", .help = "number of ranks (processes) in the job",
+   .doc = "ranks (processes) in the job"},
   {.name = "--local-rank", .kind = GS_FLAG_INT, E(local_rank), .min = 0, .max = 1 << 20,
-   .env = "LOCAL_RANK", .metavar = "I", .def = "`$LOCAL_RANK` or 0",
-   .help = "this agent's index on its node",
-   .doc = "this agent's index on its node (ranks are ordered by node, then local rank)"},
-  {.name = "--node", .kind = GS_FLAG_STRBUF, E(node), .metavar = "NAME", .def = "host name",
-   .help = "this machine's name"},
+   .envs = gs_launch_local_rank_envs, .metavar = "I", .help = "this agent's index on its node",
+   .doc = "this agent's index on its node (ranks are ordered by node, then local rank; "
+          "`$RANK` and `$SLURM_PROCID` are not used)"},
+  {.name = "--node", .kind = GS_FLAG_STRBUF, E(node), .envs = gs_launch_node_envs,
+   .metavar = "NAME", .def = "host name", .help = "this machine's name"},
   {.name = "--token", .kind = GS_FLAG_STR, E(coord.token), .secret = true,
    .env = "GRADSYNC_TOKEN", .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`",
    .help = "the coordinator's shared secret"},
@@ -216,6 +223,11 @@ static const gs_flag_t flag_rows[] = {
    .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",
    .doc = "`error`, `warn`, `info`, `debug`"},
+  {.name = "--print-config", .kind = GS_FLAG_BOOL, F(print_config),
+   .help = "print each setting, its value and where it came from (flag, variable, default), "
+           "then exit",
+   .doc = "print each setting, its value and where it came from (flag, variable or default; "
+          "never the token's value), then exit 0 without checking that they fit together"},
 };
 /* clang-format on */
 
@@ -230,14 +242,16 @@ static const gs_flags_t flags = {
              "Most people start agents through gradsync-run (one machine) instead.\n"
              "\n",
     .epilog = "Durations take a unit (250ms, 5s, 2m); sizes take B, KiB, MiB, GiB.\n"
+              "Precedence: a flag, then its GRADSYNC_* variable, then the scheduler's (torchrun,\n"
+              "Kubeflow, SLURM); --print-config shows what was resolved and from where.\n"
               "SIGTERM or SIGINT: every rank stops at the same step (and checkpoints if it "
               "can).\n",
     .flags = flag_rows,
     .count = sizeof(flag_rows) / sizeof(flag_rows[0]),
 };
 
-/* The defaults; the environment ($LOCAL_RANK, $GRADSYNC_TOKEN) comes in
- * through the flag table after the command line. */
+/* The defaults; the environment ($GRADSYNC_*, the schedulers' variables)
+ * comes in through the flag table after the command line. */
 static void defaults(flags_t *f)
 {
   gs_engine_config_t *e = &f->t.engine;
@@ -328,14 +342,16 @@ static int finish_flags(flags_t *f)
   return 0;
 }
 
-/* Parses the command line into f; returns 0 to run, or an exit status
- * (-1: exit 0). */
+/* Parses the command line, then the environment, into f; returns 0 to
+ * run, or an exit status (-1: exit 0). */
 static int parse_flags(int argc, char **argv, flags_t *f)
 {
-  gs_flags_opts_t opts = {.getenv = getenv};
+  const char *sources[sizeof(flag_rows) / sizeof(flag_rows[0])];
+  gs_flags_opts_t opts = {.lookup = gs_launch_env_lookup, .ctx = &f->env, .sources = sources};
   gs_flags_action_t action;
   char why[512], version[128];
 
+  gs_launch_env_init(&f->env, getenv);
   if (gs_flags_parse(&flags, f, argc, argv, &opts, &action, why, sizeof(why))) {
     fprintf(stderr, "%s: %s\n", flags.prog, why);
     return 2;
@@ -345,6 +361,11 @@ static int parse_flags(int argc, char **argv, flags_t *f)
            gs_device_cuda_built() ? "host, nccl" : "host");
   if (gs_flags_answer(&flags, f, action, version))
     return -1;
+  if (f->print_config) {
+    gs_flags_print_config(&flags, f, &opts, stdout);
+    gs_launch_env_notes(&f->env, stdout);
+    return -1;
+  }
   return finish_flags(f);
 }
 

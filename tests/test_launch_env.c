@@ -1,0 +1,297 @@
+/* Tests for agent/trainer/launch_env.c: scheduler variables translated
+ * into gradsync-agent flag values, and the precedence the agent's flag
+ * table gives them (flag, then GRADSYNC_*, then the schedulers'), run
+ * through gs_flags_parse with a table of the same sources as the agent's. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flags.h"
+#include "launch_env.h"
+
+/* The environment a test gives: name=value pairs, NULL-terminated. */
+static const char *const *test_env;
+
+static char *fake_getenv(const char *name)
+{
+  size_t n = strlen(name);
+
+  for (size_t i = 0; test_env && test_env[i]; i++)
+    if (!strncmp(test_env[i], name, n) && test_env[i][n] == '=')
+      return (char *)test_env[i] + n + 1;
+  return NULL;
+}
+
+#define ENV(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* The job settings, as gradsync-agent's table has them. */
+typedef struct job {
+  char host[256];
+  uint16_t port;
+  const char *job;
+  uint32_t world;
+  uint32_t local_rank;
+  char node[64];
+} job_t;
+
+#define J(m) GS_FLAG_AT(job_t, m)
+static const gs_flag_t rows[] = {
+    {.name = "--coordinator",
+     .kind = GS_FLAG_ADDR,
+     J(host),
+     GS_FLAG_PORT_AT(job_t, port),
+     .min = 1,
+     .envs = gs_launch_coordinator_envs},
+    {.name = "--job",
+     .kind = GS_FLAG_STR,
+     J(job),
+     .min = 1,
+     .max = 127,
+     .envs = gs_launch_job_envs},
+    {.name = "--world-size",
+     .kind = GS_FLAG_INT,
+     J(world),
+     .min = 1,
+     .max = 65536,
+     .envs = gs_launch_world_size_envs},
+    {.name = "--local-rank",
+     .kind = GS_FLAG_INT,
+     J(local_rank),
+     .min = 0,
+     .max = 1 << 20,
+     .envs = gs_launch_local_rank_envs},
+    {.name = "--node", .kind = GS_FLAG_STRBUF, J(node), .envs = gs_launch_node_envs},
+};
+enum { COORD, JOB, WORLD, LOCAL_RANK, NODE, NROWS };
+
+static const gs_flags_t spec = {.prog = "t", .usage = "", .flags = rows, .count = NROWS};
+
+typedef struct resolved {
+  gs_launch_env_t le;
+  job_t j;
+  const char *sources[NROWS];
+  char why[256];
+} resolved_t;
+
+/* Parses args against env into r; returns gs_flags_parse's result. */
+static int resolve(resolved_t *r, const char *const *env, char **args)
+{
+  gs_flags_opts_t fo = {.lookup = gs_launch_env_lookup, .ctx = &r->le, .sources = r->sources};
+  gs_flags_action_t action;
+  char *argv[16];
+  int argc = 0;
+
+  test_env = env;
+  memset(r, 0, sizeof(*r));
+  r->j.job = "local";
+  snprintf(r->j.node, sizeof(r->j.node), "host");
+  gs_launch_env_init(&r->le, fake_getenv);
+  argv[argc++] = "t";
+  while (args && *args)
+    argv[argc++] = *args++;
+  argv[argc] = NULL;
+  return gs_flags_parse(&spec, &r->j, argc, argv, &fo, &action, r->why, sizeof(r->why));
+}
+
+#define NOARGS ((char *[]){NULL})
+#define ARGS(...) ((char *[]){__VA_ARGS__, NULL})
+
+static void expect_source(const resolved_t *r, int row, const char *want)
+{
+  if (!want)
+    ck_assert_msg(!r->sources[row], "%s from %s", rows[row].name, r->sources[row]);
+  else
+    ck_assert_msg(r->sources[row] && !strcmp(r->sources[row], want), "%s from %s, not %s",
+                  rows[row].name, r->sources[row] ? r->sources[row] : "default", want);
+}
+
+START_TEST(slurm_only)
+{
+  resolved_t r;
+
+  ck_assert_int_eq(resolve(&r,
+                           ENV("SLURM_JOB_ID=4242", "SLURM_NTASKS=8", "SLURM_LOCALID=3",
+                               "SLURM_PROCID=7", "SLURM_NODEID=1", "SLURMD_NODENAME=gpu-07"),
+                           NOARGS),
+                   0);
+  ck_assert_str_eq(r.j.job, "slurm-4242");
+  ck_assert_uint_eq(r.j.world, 8);
+  ck_assert_uint_eq(r.j.local_rank, 3);
+  ck_assert_str_eq(r.j.node, "gpu-07");
+  /* SLURM names no coordinator: it stays unset. */
+  expect_source(&r, COORD, NULL);
+  ck_assert_str_eq(r.j.host, "");
+  expect_source(&r, JOB, "SLURM_JOB_ID");
+  expect_source(&r, WORLD, "SLURM_NTASKS");
+  expect_source(&r, LOCAL_RANK, "SLURM_LOCALID");
+  expect_source(&r, NODE, "SLURMD_NODENAME");
+}
+END_TEST
+
+START_TEST(torchrun_only)
+{
+  resolved_t r;
+
+  ck_assert_int_eq(resolve(&r,
+                           ENV("MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500", "WORLD_SIZE=16",
+                               "RANK=9", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=8"),
+                           NOARGS),
+                   0);
+  /* MASTER_PORT is torch's store port: the coordinator gets 7070. */
+  ck_assert_str_eq(r.j.host, "10.0.0.1");
+  ck_assert_uint_eq(r.j.port, 7070);
+  ck_assert_uint_eq(r.j.world, 16);
+  ck_assert_uint_eq(r.j.local_rank, 1);
+  ck_assert_str_eq(r.j.job, "local");
+  ck_assert_str_eq(r.j.node, "host");
+  expect_source(&r, COORD, "MASTER_ADDR");
+  expect_source(&r, WORLD, "WORLD_SIZE");
+  expect_source(&r, NODE, NULL);
+  /* $GRADSYNC_COORDINATOR_PORT names ours; an IPv6 address is bracketed. */
+  ck_assert_int_eq(
+      resolve(&r, ENV("MASTER_ADDR=fd00::1", "GRADSYNC_COORDINATOR_PORT=9000"), NOARGS), 0);
+  ck_assert_str_eq(r.j.host, "fd00::1");
+  ck_assert_uint_eq(r.j.port, 9000);
+}
+END_TEST
+
+START_TEST(kubeflow_trainer)
+{
+  resolved_t r;
+
+  ck_assert_int_eq(resolve(&r,
+                           ENV("PET_MASTER_ADDR=job-node-0-0.job", "PET_NNODES=2",
+                               "PET_NPROC_PER_NODE=4", "PET_NODE_RANK=1"),
+                           NOARGS),
+                   0);
+  ck_assert_str_eq(r.j.host, "job-node-0-0.job");
+  ck_assert_uint_eq(r.j.port, 7070);
+  ck_assert_uint_eq(r.j.world, 8);
+  expect_source(&r, WORLD, "PET_NNODES*PET_NPROC_PER_NODE");
+  /* torchrun's "auto" or an elastic "1:4" is no count: no world size. */
+  ck_assert_int_eq(resolve(&r, ENV("PET_NNODES=2", "PET_NPROC_PER_NODE=auto"), NOARGS), 0);
+  expect_source(&r, WORLD, NULL);
+  ck_assert_int_eq(resolve(&r, ENV("PET_NNODES=1:4", "PET_NPROC_PER_NODE=2"), NOARGS), 0);
+  expect_source(&r, WORLD, NULL);
+}
+END_TEST
+
+START_TEST(precedence)
+{
+  const char *const *all =
+      ENV("GRADSYNC_COORDINATOR=coord:7171", "GRADSYNC_JOB=mine", "GRADSYNC_WORLD_SIZE=2",
+          "GRADSYNC_LOCAL_RANK=0", "GRADSYNC_NODE=n0", "MASTER_ADDR=10.0.0.1", "WORLD_SIZE=16",
+          "LOCAL_RANK=5", "SLURM_JOB_ID=1", "SLURM_NTASKS=8", "SLURM_LOCALID=3",
+          "SLURMD_NODENAME=gpu-07", "PET_NNODES=3", "PET_NPROC_PER_NODE=3");
+  resolved_t r;
+
+  /* GRADSYNC_* before every scheduler's variable. */
+  ck_assert_int_eq(resolve(&r, all, NOARGS), 0);
+  ck_assert_str_eq(r.j.host, "coord");
+  ck_assert_uint_eq(r.j.port, 7171);
+  ck_assert_str_eq(r.j.job, "mine");
+  ck_assert_uint_eq(r.j.world, 2);
+  ck_assert_uint_eq(r.j.local_rank, 0);
+  ck_assert_str_eq(r.j.node, "n0");
+  expect_source(&r, LOCAL_RANK, "GRADSYNC_LOCAL_RANK");
+  /* The flag before everything. */
+  ck_assert_int_eq(resolve(&r, all,
+                           ARGS("--coordinator", "h:1", "--job", "j", "--world-size", "4",
+                                "--local-rank", "2", "--node", "n")),
+                   0);
+  ck_assert_uint_eq(r.j.world, 4);
+  ck_assert_uint_eq(r.j.local_rank, 2);
+  ck_assert_str_eq(r.j.job, "j");
+  for (int i = 0; i < NROWS; i++)
+    expect_source(&r, i, "flag");
+}
+END_TEST
+
+START_TEST(conflicts)
+{
+  resolved_t r;
+
+  /* torchrun inside a SLURM allocation: torchrun's variables describe the
+   * processes it started, so they win over SLURM's; the job name still
+   * comes from SLURM, which alone names one. */
+  ck_assert_int_eq(resolve(&r,
+                           ENV("WORLD_SIZE=16", "LOCAL_RANK=5", "SLURM_NTASKS=2", "SLURM_LOCALID=0",
+                               "SLURM_JOB_ID=77", "PET_NNODES=9", "PET_NPROC_PER_NODE=9"),
+                           NOARGS),
+                   0);
+  ck_assert_uint_eq(r.j.world, 16);
+  ck_assert_uint_eq(r.j.local_rank, 5);
+  ck_assert_str_eq(r.j.job, "slurm-77");
+  /* An empty variable counts as unset; a bad one is an error naming it,
+   * never silently passed over for the next source. */
+  ck_assert_int_eq(
+      resolve(&r, ENV("GRADSYNC_WORLD_SIZE=", "WORLD_SIZE=x", "SLURM_NTASKS=2"), NOARGS),
+      GS_EINVAL);
+  ck_assert_msg(strstr(r.why, "--world-size (from $WORLD_SIZE)"), "%s", r.why);
+  ck_assert_int_eq(resolve(&r, ENV("PET_NNODES=65536", "PET_NPROC_PER_NODE=2"), NOARGS), GS_EINVAL);
+  ck_assert_msg(strstr(r.why, "(from $PET_NNODES*PET_NPROC_PER_NODE)"), "%s", r.why);
+}
+END_TEST
+
+/* Renders the notes for env into a string (caller frees). */
+static char *notes(const char *const *env)
+{
+  gs_launch_env_t le;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+
+  ck_assert_ptr_nonnull(f);
+  test_env = env;
+  gs_launch_env_init(&le, fake_getenv);
+  gs_launch_env_notes(&le, f);
+  fclose(f);
+  return text;
+}
+
+START_TEST(ignored_noted)
+{
+  char *text = notes(ENV("RANK=3", "SLURM_PROCID=5", "MASTER_PORT=29500", "LOCAL_RANK=1"));
+
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $RANK=3 (gradsync numbers ranks itself"));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_PROCID=5 ("));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $MASTER_PORT=29500 (torch's store port"));
+  ck_assert_ptr_null(strstr(text, "LOCAL_RANK"));
+  free(text);
+  text = notes(ENV("LOCAL_RANK=1"));
+  ck_assert_str_eq(text, "");
+  free(text);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *test)
+{
+  TCase *tc = tcase_create(name);
+
+  tcase_add_test(tc, test);
+  return tc;
+}
+
+static Suite *launch_env_suite(void)
+{
+  Suite *s = suite_create("launch_env");
+
+  suite_add_tcase(s, tcase("slurm_only", slurm_only));
+  suite_add_tcase(s, tcase("torchrun_only", torchrun_only));
+  suite_add_tcase(s, tcase("kubeflow_trainer", kubeflow_trainer));
+  suite_add_tcase(s, tcase("precedence", precedence));
+  suite_add_tcase(s, tcase("conflicts", conflicts));
+  suite_add_tcase(s, tcase("ignored_noted", ignored_noted));
+  return s;
+}
+
+int main(void)
+{
+  SRunner *sr = srunner_create(launch_env_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
