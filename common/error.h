@@ -55,7 +55,8 @@ typedef enum gs_grpc_status {
   XX(UNAVAIL, UNAVAILABLE, "unavailable")                                                          \
   XX(IO, UNAVAILABLE, "input/output error")                                                        \
   XX(CLOSED, UNAVAILABLE, "connection closed")                                                     \
-  XX(UNAUTH, UNAUTHENTICATED, "unauthenticated")
+  XX(UNAUTH, UNAUTHENTICATED, "unauthenticated")                                                   \
+  XX(INTR, CANCELLED, "interrupted by a signal")
 
 typedef enum gs_errno {
   GS_OK = 0,

@@ -246,6 +246,77 @@ def case_launcher(tmp):
     assert "exited with status" in err, err
 
 
+def start_coordinator():
+    """A coordinator on free ports: (process, rpc port, http port)."""
+    c = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    m = re.search(r"listening rpc=\S+:(\d+) http=\S+:(\d+)", c.stdout.readline())
+    assert m, "the coordinator did not say where it listens"
+    return c, int(m.group(1)), int(m.group(2))
+
+
+def interrupt_in_rendezvous(rpc_port, sig, job):
+    """An agent of a 2-rank job alone in the rendezvous ends within about a
+    second of `sig`, saying what it waited for, and exits as for that signal."""
+    a = subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
+                          "--reduce", "mean", "--job", job, "--steps", "5"] + FAST,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in a.stderr:
+            lines.append(line)
+            if "joining " in line:
+                break
+        time.sleep(0.3)  # parked in the coordinator's rendezvous by now
+        t0 = time.monotonic()
+        a.send_signal(sig)
+        code = a.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        a.kill()
+    err = "".join(lines) + a.stderr.read()
+    name = signal.Signals(sig).name
+    assert took < 1.5, f"{name}: exited {took:.2f} s after the signal"
+    assert code == 128 + sig, (code, err)
+    assert f"interrupted by {name} while waiting for the other ranks of job {job}" in err, err
+    assert "no error" not in err, err
+    return took
+
+
+def case_signals(tmp):
+    """SIGTERM and SIGINT end an agent waiting in the rendezvous at once;
+    each is named as what it is."""
+    c, rpc, _ = start_coordinator()
+    try:
+        for sig, job in ((signal.SIGTERM, "sigterm"), (signal.SIGINT, "sigint")):
+            took = interrupt_in_rendezvous(rpc, sig, job)
+            print(f"{signal.Signals(sig).name} in the rendezvous: exited after {took:.2f} s")
+    finally:
+        c.kill()
+        c.wait()
+
+
+def case_messages(tmp):
+    """Misleading messages: an agent pointed at the HTTP port says so; an
+    error the trainer reports is not followed by the engine's 'no error';
+    a long wait says every interval that it still waits."""
+    c, rpc, http = start_coordinator()
+    try:
+        p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{http}", "--world-size", "1",
+                            "--steps", "1", "--join-timeout", "5s"] + FAST,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and "answered like an HTTP server" in p.stderr, p.stderr
+        assert "--listen" in p.stderr and "byte limit" not in p.stderr, p.stderr
+        p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--world-size", "1",
+                            "--batch", "100000", "--job", "big", "--steps", "1"] + FAST,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and "--batch 100000 on 1 ranks needs" in p.stderr, p.stderr
+        assert "no error" not in p.stderr, p.stderr
+    finally:
+        c.kill()
+        c.wait()
+
+
 def case_errors(tmp):
     """The agent's own flag errors are clear and exit 2."""
     p = subprocess.run([AGENT, "--help"], capture_output=True, text=True)

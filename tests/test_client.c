@@ -7,6 +7,7 @@
 #include <check.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -685,6 +686,175 @@ START_TEST(heartbeat_stop_latency)
 }
 END_TEST
 
+/* The log lines a client or heartbeat wrote to a temporary file. */
+static char *log_text(FILE *f)
+{
+  long n;
+  char *text;
+
+  fflush(f);
+  n = ftell(f);
+  text = calloc(1, (size_t)n + 1);
+  ck_assert_ptr_nonnull(text);
+  rewind(f);
+  ck_assert_uint_eq(fread(text, 1, (size_t)n, f), (size_t)n);
+  return text;
+}
+
+/* Sets a signal flag from another thread after a delay, as a handler would. */
+typedef struct raiser {
+  pthread_t thread;
+  volatile sig_atomic_t flag;
+  unsigned after_ms;
+  int sig;
+} raiser_t;
+
+static void *raise_thread(void *arg)
+{
+  raiser_t *r = arg;
+
+  sleep_ms(r->after_ms);
+  r->flag = r->sig;
+  return NULL;
+}
+
+/* A Join alone in a world of 2 says every interval that it still waits,
+ * and a signal ends it within a slice, naming the signal and the job. */
+START_TEST(join_progress_interrupted)
+{
+  th_coord_t co;
+  FILE *f = tmpfile();
+  gs_log_t log = {.level = GS_LOG_INFO, .out = f, .component = "test"};
+  raiser_t r = {.after_ms = 700, .sig = SIGTERM};
+  gs_client_config_t cfg;
+  gs_client_t *cl;
+  gradsync_JoinRequest req = th_join_request("x", 2, "n0", 0);
+  gs_join_result_t res;
+  uint64_t t0, elapsed;
+  char *text;
+
+  th_coord_start(&co, NULL);
+  cfg = client_config(co.rpc_port, "lonely", NULL);
+  cfg.log = &log;
+  cfg.interrupt = &r.flag;
+  cl = gs_client_new(&cfg);
+  ck_assert_ptr_nonnull(cl);
+  gs_client_set_progress_interval(cl, 200);
+  ck_assert_int_eq(pthread_create(&r.thread, NULL, raise_thread, &r), 0);
+  t0 = gs_now_ms();
+  ck_assert_int_eq(gs_client_join(cl, &req, 10000, &res), GS_EINTR);
+  elapsed = gs_now_ms() - t0;
+  ck_assert_int_eq(pthread_join(r.thread, NULL), 0);
+  ck_assert_msg(elapsed >= 650 && elapsed < 700 + 2 * GS_CLIENT_SLICE_MS, "ended after %llu ms",
+                (unsigned long long)elapsed);
+  ck_assert_str_eq(gs_client_error(cl),
+                   "interrupted by SIGTERM while waiting for the other ranks of job lonely "
+                   "(world 2)");
+  text = log_text(f);
+  ck_assert_msg(strstr(text, "still waiting for the other ranks of job lonely (world 2) after"),
+                "log: %s", text);
+  free(text);
+  /* Leave is the rank's last word: a signal does not end it. */
+  ck_assert_int_ne(gs_client_leave(cl, 1, 0, false, "stopped", 2000), GS_EINTR);
+  gs_client_free(cl);
+  fclose(f);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
+/* With nothing listening, the client says every interval that the
+ * coordinator is unreachable, and why; SIGINT ends the redials. */
+START_TEST(unreachable_progress_interrupted)
+{
+  uint16_t port = reserve_port();
+  FILE *f = tmpfile();
+  gs_log_t log = {.level = GS_LOG_INFO, .out = f, .component = "test"};
+  raiser_t r = {.after_ms = 800, .sig = SIGINT};
+  gs_client_config_t cfg = client_config(port, "void", NULL);
+  gs_client_t *cl;
+  gradsync_JoinRequest req = th_join_request("x", 1, "n0", 0);
+  gs_join_result_t res;
+  char want[128], *text;
+  uint64_t t0;
+
+  cfg.log = &log;
+  cfg.interrupt = &r.flag;
+  cl = gs_client_new(&cfg);
+  ck_assert_ptr_nonnull(cl);
+  gs_client_set_progress_interval(cl, 200);
+  ck_assert_int_eq(pthread_create(&r.thread, NULL, raise_thread, &r), 0);
+  t0 = gs_now_ms();
+  ck_assert_int_eq(gs_client_join(cl, &req, 10000, &res), GS_EINTR);
+  ck_assert_uint_lt(gs_now_ms() - t0, 800 + 2 * GS_CLIENT_SLICE_MS);
+  ck_assert_int_eq(pthread_join(r.thread, NULL), 0);
+  ck_assert_msg(strstr(gs_client_error(cl), "interrupted by SIGINT while waiting for the other "
+                                            "ranks of job void (world 1)"),
+                "error: %s", gs_client_error(cl));
+  text = log_text(f);
+  snprintf(want, sizeof(want),
+           "coordinator unreachable at 127.0.0.1:%u (connect 127.0.0.1:%u: ", port, port);
+  ck_assert_msg(strstr(text, want), "log: %s", text);
+  ck_assert_msg(strstr(text, "), retrying"), "log: %s", text);
+  free(text);
+  gs_client_free(cl);
+  fclose(f);
+}
+END_TEST
+
+/* A Leave sent while a restarted coordinator does not know the job yet is
+ * tried again until the rank's heartbeat has re-registered it; the
+ * heartbeat says when it works again after failing. */
+START_TEST(leave_after_restart)
+{
+  uint16_t port = reserve_port();
+  char listen[32];
+  th_coord_t co;
+  FILE *f = tmpfile();
+  gs_log_t log = {.level = GS_LOG_INFO, .out = f, .component = "test"};
+  gradsync_JoinRequest req = th_join_request("leaver", 1, "n0", 0);
+  gs_heartbeat_config_t hc;
+  gs_heartbeat_t *hb;
+  gs_client_t *cl;
+  gs_join_result_t r;
+  abort_rec_t rec;
+  char *text;
+
+  abort_rec_init(&rec);
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+  th_coord_start(&co, "--listen", listen, NULL);
+  cl = new_client(port, "leaver", NULL);
+  ck_assert_msg(gs_client_join(cl, &req, 5000, &r) == 0, "join: %s", gs_client_error(cl));
+  hc = (gs_heartbeat_config_t){
+      .client = client_config(port, "leaver", NULL),
+      .generation = r.generation,
+      .interval_ms = 100,
+      .timeout_ms = 10000,
+      .on_abort = on_abort,
+      .arg = &rec,
+      .rejoin = &req,
+  };
+  hc.client.log = &log;
+  hb = gs_heartbeat_start(&hc);
+  ck_assert_ptr_nonnull(hb);
+  wait_valid(hb, 2000);
+  th_coord_kill(&co);
+  sleep_ms(400); /* a few heartbeats fail */
+  th_coord_start(&co, "--listen", listen, NULL);
+  ck_assert_msg(gs_client_leave(cl, r.generation, 0, true, "done", 5000) == 0, "leave: %s",
+                gs_client_error(cl));
+  gs_heartbeat_stop(hb);
+  text = log_text(f);
+  ck_assert_msg(strstr(text, "heartbeats recovered: the coordinator 127.0.0.1:"), "log: %s", text);
+  ck_assert_msg(strstr(text, " s without a reply"), "log: %s", text);
+  free(text);
+  ck_assert_int_eq(rec.count, 0);
+  gs_join_result_free(&r);
+  gs_client_free(cl);
+  fclose(f);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *test)
 {
   TCase *tc = tcase_create(name);
@@ -713,6 +883,9 @@ static Suite *client_suite(void)
   suite_add_tcase(s, tcase("heartbeat_unreachable", heartbeat_unreachable));
   suite_add_tcase(s, tcase("heartbeat_restart_not_abort", heartbeat_restart_not_abort));
   suite_add_tcase(s, tcase("heartbeat_stop_latency", heartbeat_stop_latency));
+  suite_add_tcase(s, tcase("join_progress_interrupted", join_progress_interrupted));
+  suite_add_tcase(s, tcase("unreachable_progress_interrupted", unreachable_progress_interrupted));
+  suite_add_tcase(s, tcase("leave_after_restart", leave_after_restart));
   return s;
 }
 

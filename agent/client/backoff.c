@@ -1,10 +1,6 @@
 /* Redial pacing for the coordinator client (see backoff.h). */
 #include "backoff.h"
 
-#include <time.h>
-
-#include "clock.h"
-#include "error.h"
 #include "rng.h"
 
 void gs__backoff_init(gs_backoff_t *b, uint64_t seed)
@@ -25,17 +21,4 @@ void gs__backoff_failed(gs_backoff_t *b, uint64_t now_ms)
 
   b->next_ms = now_ms + ms - ms / 4 + gs_splitmix64(&b->rng) % (span + 1);
   b->ms = ms * 2 < GS_BACKOFF_MAX_MS ? ms * 2 : GS_BACKOFF_MAX_MS;
-}
-
-int gs__backoff_wait(const gs_backoff_t *b, uint64_t deadline_ms)
-{
-  uint64_t until = b->next_ms < deadline_ms ? b->next_ms : deadline_ms;
-
-  for (uint64_t now = gs_now_ms(); now < until; now = gs_now_ms()) {
-    struct timespec ts = {.tv_sec = (until - now) / 1000,
-                          .tv_nsec = (long)((until - now) % 1000) * 1000000};
-
-    nanosleep(&ts, NULL);
-  }
-  return b->next_ms < deadline_ms ? 0 : GS_ETIMEDOUT;
 }

@@ -28,8 +28,4 @@ void gs__backoff_reset(gs_backoff_t *b);
  * current delay +-25%, and the delay doubles up to its cap. */
 void gs__backoff_failed(gs_backoff_t *b, uint64_t now_ms);
 
-/* Sleeps until the next redial may start: 0, or GS_ETIMEDOUT (after
- * sleeping until `deadline_ms`) when that is past the deadline. */
-int gs__backoff_wait(const gs_backoff_t *b, uint64_t deadline_ms) GS_WARN_UNUSED;
-
 #endif

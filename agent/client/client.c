@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,20 @@ void gs__client_set_err(gs_client_t *cl, const char *fmt, ...)
   memcpy(cl->err, text, sizeof(cl->err));
 }
 
+void gs__client_waiting(gs_client_t *cl, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start(ap, fmt);
+  vsnprintf(cl->waiting, sizeof(cl->waiting), fmt, ap);
+  va_end(ap);
+}
+
+void gs_client_set_progress_interval(gs_client_t *cl, uint32_t ms)
+{
+  cl->progress_ms = ms ? ms : GS_CLIENT_PROGRESS_MS;
+}
+
 /* One gs_client_call in progress. */
 typedef struct call {
   const char *method;
@@ -47,9 +62,12 @@ typedef struct call {
   uint32_t wait_ms;
   uint64_t timeout_ms;
   uint64_t deadline;
-  bool failed_once; /* a dial or connection failed: cl->err says how */
-  bool timed_out;   /* our own deadline passed (not the coordinator's) */
-  unsigned sends;   /* how often the request was sent */
+  bool failed_once;   /* a dial or connection failed: cl->err says how */
+  bool timed_out;     /* our own deadline passed (not the coordinator's) */
+  bool interruptible; /* the owner's signal ends it (not Heartbeat, Leave) */
+  unsigned sends;     /* how often the request was sent */
+  uint64_t start_ms;
+  uint64_t progress_at; /* when to say next that we still wait */
 } call_t;
 
 gs_client_t *gs_client_new(const gs_client_config_t *cfg)
@@ -73,6 +91,8 @@ gs_client_t *gs_client_new(const gs_client_config_t *cfg)
   cl->log = cfg->log ? cfg->log : &cl->default_log;
   cl->fd = -1;
   cl->next_id = 1;
+  cl->interrupt = cfg->interrupt;
+  cl->progress_ms = GS_CLIENT_PROGRESS_MS;
   clock_gettime(CLOCK_REALTIME, &ts);
   gs__backoff_init(&cl->backoff, (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^
                                      (uint64_t)getpid() << 40 ^ (uint64_t)(uintptr_t)cl);
@@ -104,18 +124,57 @@ const char *gs_client_error(const gs_client_t *cl)
   return cl->err;
 }
 
+/* Called between the slices of every wait of a call: GS_EINTR once the
+ * owner's signal came (for a call it may end), and every progress
+ * interval one info line saying what the call still waits for. */
+static int tick(gs_client_t *cl)
+{
+  call_t *c = cl->cur;
+  uint64_t now;
+
+  if (!c)
+    return 0;
+  if (c->interruptible && cl->interrupt && *cl->interrupt)
+    return GS_EINTR;
+  now = gs_now_ms();
+  if (now < c->progress_at)
+    return 0;
+  c->progress_at = now + cl->progress_ms;
+  if (cl->fd < 0 && c->failed_once)
+    gs_log(cl->log, GS_LOG_INFO, cl->job, -1, "coordinator unreachable at %s (%s), retrying",
+           cl->addr, cl->err);
+  else if (cl->waiting[0])
+    gs_log(cl->log, GS_LOG_INFO, cl->job, -1, "still waiting for %s after %llu s", cl->waiting,
+           (unsigned long long)((now - c->start_ms + 500) / 1000));
+  else
+    gs_log(cl->log, GS_LOG_INFO, cl->job, -1, "still waiting for the %s reply from %s after %llu s",
+           c->name, cl->addr, (unsigned long long)((now - c->start_ms + 500) / 1000));
+  return 0;
+}
+
+/* How long the next slice of a wait may be: short while a call is in
+ * progress, so that tick runs often enough. */
+static int slice_ms(const gs_client_t *cl, uint64_t now, uint64_t until)
+{
+  uint64_t cap = cl->cur ? GS_CLIENT_SLICE_MS : 60000;
+
+  return until - now > cap ? (int)cap : (int)(until - now);
+}
+
 /* Waits until `fd` is ready for `events` or the deadline passes: 0,
- * GS_ETIMEDOUT, or the poll error. */
-static int wait_fd(int fd, short events, uint64_t deadline)
+ * GS_ETIMEDOUT, GS_EINTR, or the poll error. */
+static int wait_fd(gs_client_t *cl, int fd, short events, uint64_t deadline)
 {
   for (;;) {
     struct pollfd pfd = {.fd = fd, .events = events};
     uint64_t now = gs_now_ms();
-    int n;
+    int n = tick(cl);
 
+    if (n)
+      return n;
     if (now >= deadline)
       return GS_ETIMEDOUT;
-    n = poll(&pfd, 1, deadline - now > 60000 ? 60000 : (int)(deadline - now));
+    n = poll(&pfd, 1, slice_ms(cl, now, deadline));
     if (n > 0)
       return 0;
     if (n < 0 && errno != EINTR)
@@ -139,10 +198,11 @@ static int dial_one(gs_client_t *cl, const struct addrinfo *ai, uint64_t deadlin
       soerr = errno;
       goto out_close_socket;
     }
-    err = wait_fd(fd, POLLOUT, deadline);
+    err = wait_fd(cl, fd, POLLOUT, deadline);
     if (err) {
-      gs__client_set_err(cl, "connect %s: %s", cl->addr,
-                         err == GS_ETIMEDOUT ? "timed out" : gs_strerror(err));
+      if (err != GS_EINTR) /* keep the last failure: the interruption has its own words */
+        gs__client_set_err(cl, "connect %s: %s", cl->addr,
+                           err == GS_ETIMEDOUT ? "timed out" : gs_strerror(err));
       close(fd);
       return err;
     }
@@ -177,7 +237,7 @@ static int dial(gs_client_t *cl, uint64_t deadline)
   }
   for (ai = res; ai; ai = ai->ai_next) {
     err = dial_one(cl, ai, deadline);
-    if (!err || err == GS_ETIMEDOUT)
+    if (!err || err == GS_ETIMEDOUT || err == GS_EINTR)
       break;
   }
   freeaddrinfo(res);
@@ -219,9 +279,9 @@ static int send_all(gs_client_t *cl, uint64_t deadline)
       gs__client_set_err(cl, "send to %s: %s", cl->addr, strerror(errno));
       return GS_ECLOSED;
     }
-    err = wait_fd(cl->fd, POLLOUT, deadline);
+    err = wait_fd(cl, cl->fd, POLLOUT, deadline);
     if (err)
-      return err == GS_ETIMEDOUT ? err : GS_ECLOSED;
+      return err == GS_ETIMEDOUT || err == GS_EINTR ? err : GS_ECLOSED;
   }
   return 0;
 }
@@ -253,10 +313,18 @@ static int fill(gs_client_t *cl, uint64_t deadline)
       gs__client_set_err(cl, "recv from %s: %s", cl->addr, strerror(errno));
       return GS_ECLOSED;
     }
-    err = wait_fd(cl->fd, POLLIN, deadline);
+    err = wait_fd(cl, cl->fd, POLLIN, deadline);
     if (err)
-      return err == GS_ETIMEDOUT ? err : GS_ECLOSED;
+      return err == GS_ETIMEDOUT || err == GS_EINTR ? err : GS_ECLOSED;
   }
+}
+
+/* Whether the bytes received start like an HTTP response: an agent
+ * pointed at the coordinator's HTTP port reads one where a frame's length
+ * should be. */
+static bool looks_like_http(const gs_buf_t *b)
+{
+  return b->len >= 5 && memcmp(b->data, "HTTP/", 5) == 0;
 }
 
 /* Waits for one whole frame in rbuf; *used is what it occupies. */
@@ -270,6 +338,14 @@ static int read_frame(gs_client_t *cl, uint64_t deadline, const uint8_t **payloa
     if (n > 0) {
       *used = (size_t)n;
       return 0;
+    }
+    if (n < 0 && looks_like_http(&cl->rbuf)) {
+      gs__client_set_err(cl,
+                         "%s answered like an HTTP server, not the coordinator's RPC port: is "
+                         "that the coordinator's --http address? --coordinator takes the "
+                         "address of its --listen",
+                         cl->addr);
+      return GS_EPROTO;
     }
     if (n < 0) {
       gs__client_set_err(cl, "coordinator %s sent a frame over the %u-byte limit", cl->addr,
@@ -324,7 +400,9 @@ static int await_reply(gs_client_t *cl, call_t *c)
     if (err == GS_ETIMEDOUT || err == GS_ECLOSED)
       return err;
     if (err) {
-      close_conn(cl); /* an oversized frame: the stream cannot be resynchronised */
+      /* An oversized frame: the stream cannot be resynchronised; an
+       * interruption: the coordinator may drop the parked call. */
+      close_conn(cl);
       return err;
     }
     err = gs_wire_decode_envelope(payload, len, &env, &body, why, sizeof(why));
@@ -397,6 +475,22 @@ static int conn_failed(gs_client_t *cl, call_t *c)
   return GS_ECLOSED;
 }
 
+/* Sleeps in slices until the next redial may start: 0, GS_EINTR, or
+ * GS_ETIMEDOUT (after sleeping until `deadline`) when that is past it. */
+static int backoff_wait(gs_client_t *cl, uint64_t deadline)
+{
+  uint64_t until = cl->backoff.next_ms < deadline ? cl->backoff.next_ms : deadline;
+
+  for (uint64_t now = gs_now_ms(); now < until; now = gs_now_ms()) {
+    int err = tick(cl);
+
+    if (err)
+      return err;
+    poll(NULL, 0, slice_ms(cl, now, until));
+  }
+  return cl->backoff.next_ms < deadline ? 0 : GS_ETIMEDOUT;
+}
+
 /* One try of a call on the current connection (dialled first if needed).
  * GS_ECLOSED: try again on a new connection. */
 static int attempt(gs_client_t *cl, call_t *c)
@@ -406,13 +500,15 @@ static int attempt(gs_client_t *cl, call_t *c)
   if (cl->fd >= 0 && !conn_alive(cl))
     close_conn(cl);
   if (cl->fd < 0) {
-    err = gs__backoff_wait(&cl->backoff, c->deadline);
+    err = backoff_wait(cl, c->deadline);
     if (!err)
       err = dial(cl, c->deadline);
     if (err == GS_ETIMEDOUT) {
       c->failed_once = c->timed_out = true; /* cl->err has the last failure */
       return err;
     }
+    if (err == GS_EINTR)
+      return err;
     if (err)
       return conn_failed(cl, c);
   }
@@ -420,15 +516,33 @@ static int attempt(gs_client_t *cl, call_t *c)
   if (err)
     return err;
   err = send_all(cl, c->deadline);
-  if (err == GS_ETIMEDOUT) {
+  if (err == GS_ETIMEDOUT || err == GS_EINTR) {
     close_conn(cl); /* part of a frame may have gone out: the stream is unusable */
-    c->timed_out = true;
+    c->timed_out = err == GS_ETIMEDOUT;
     return err;
   }
   if (err)
     return conn_failed(cl, c);
   err = await_reply(cl, c);
   return err == GS_ECLOSED ? conn_failed(cl, c) : err;
+}
+
+/* The error of a call the owner's signal ended. */
+static void interrupted(gs_client_t *cl, const call_t *c)
+{
+  int sig = *cl->interrupt;
+  char name[16];
+
+  snprintf(name, sizeof(name), "%s",
+           sig == SIGTERM  ? "SIGTERM"
+           : sig == SIGINT ? "SIGINT"
+           : sig == SIGHUP ? "SIGHUP"
+                           : "a signal");
+  if (cl->waiting[0])
+    gs__client_set_err(cl, "interrupted by %s while waiting for %s", name, cl->waiting);
+  else
+    gs__client_set_err(cl, "%s: interrupted by %s while waiting for coordinator %s", c->name, name,
+                       cl->addr);
 }
 
 int gs_client_call(gs_client_t *cl, gs_method_t method, const pb_msgdesc_t *req_fields,
@@ -445,20 +559,28 @@ int gs_client_call(gs_client_t *cl, gs_method_t method, const pb_msgdesc_t *req_
       .resp = resp,
       .wait_ms = wait_ms,
       .timeout_ms = timeout_ms,
+      .interruptible = method != GS_METHOD_HEARTBEAT && method != GS_METHOD_LEAVE,
   };
   char cause[sizeof(cl->err)];
   int err;
 
-  c.deadline = gs_now_ms();
-  c.deadline = timeout_ms > UINT64_MAX - c.deadline ? UINT64_MAX : c.deadline + timeout_ms;
+  c.start_ms = gs_now_ms();
+  c.progress_at = c.start_ms + cl->progress_ms;
+  c.deadline = timeout_ms > UINT64_MAX - c.start_ms ? UINT64_MAX : c.start_ms + timeout_ms;
   if (method >= GS_METHOD_COUNT ||
       (cl->token && strlen(cl->token) >= sizeof(((gradsync_Envelope *)0)->token))) {
     gs__client_set_err(cl, "%s: unknown method, or the token is too long", c.name);
+    cl->waiting[0] = '\0';
     return GS_EINVAL;
   }
+  cl->cur = &c;
   do {
     err = attempt(cl, &c);
   } while (err == GS_ECLOSED);
+  cl->cur = NULL;
+  if (err == GS_EINTR)
+    interrupted(cl, &c);
+  cl->waiting[0] = '\0';
   if (!c.timed_out)
     return err; /* a DEADLINE_EXCEEDED from the coordinator keeps its message */
   memcpy(cause, cl->err, sizeof(cause));

@@ -5,6 +5,7 @@
 #ifndef GS_CLIENT_INTERNAL_H
 #define GS_CLIENT_INTERNAL_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "backoff.h"
@@ -28,7 +29,17 @@ struct gs_client {
   gs_buf_t rbuf;        /* bytes received and not yet parsed */
   gs_buf_t wbuf;        /* the encoded request frame */
   char err[768];
+  volatile sig_atomic_t *interrupt; /* the owner's signal flag, or NULL */
+  uint32_t progress_ms;             /* how often a long wait says so */
+  struct call *cur;                 /* the call in progress, for the waits */
+  char waiting[320];                /* what the next call waits for, for messages */
 };
+
+/* Names what the next call waits for ("the other ranks of job J (world
+ * 2)"), for its progress lines and an interruption's error; the call
+ * clears it. */
+void gs__client_waiting(gs_client_t *cl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* How long a parking RPC (Join, Fetch, FetchPackList) asks the coordinator
  * to wait: a little less than our own deadline, so that its explanation

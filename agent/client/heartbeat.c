@@ -153,6 +153,17 @@ static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
   return err;
 }
 
+/* Says once that heartbeats work again after one or more failed, and
+ * for how long the coordinator did not hear from this rank. */
+static void log_recovery(const gs_heartbeat_t *hb, uint64_t last_ok)
+{
+  const gs_client_config_t *cc = &hb->cfg.client;
+
+  gs_log(cc->log, GS_LOG_INFO, cc->job, hb->cfg.rank,
+         "heartbeats recovered: the coordinator %s:%u answers again after %.1f s without a reply",
+         cc->host, cc->port, (gs_now_ms() - last_ok) / 1000.0);
+}
+
 /* Checks whether the coordinator has been unreachable for too long; fires
  * the abort when it has. */
 static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok)
@@ -191,6 +202,8 @@ static void *run(void *arg)
       }
     }
     if (!err) {
+      if (failing)
+        log_recovery(hb, last_ok);
       last_ok = gs_now_ms();
       failing = false;
       if (abort) {

@@ -1,10 +1,12 @@
 /* The coordinator client's RPC methods: each builds its request, makes one
  * gs_client_call and checks what came back before the caller sees it. */
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
+#include "clock.h"
 #include "pb_array.h"
 #include "wire.h"
 
@@ -86,6 +88,7 @@ int gs_client_join(gs_client_t *cl, gradsync_JoinRequest *req, uint64_t timeout_
   gs_pb_array_init(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer),
                    req->world_size ? req->world_size : 1);
   gs_pb_array_bind_decode(&resp.peers, &peers);
+  gs__client_waiting(cl, "the other ranks of job %s (world %u)", req->job, req->world_size);
   err = gs_client_call(cl, GS_METHOD_JOIN, gradsync_JoinRequest_fields, req,
                        gradsync_JoinResponse_fields, &resp, gs__client_wait_for(timeout_ms),
                        timeout_ms);
@@ -154,6 +157,8 @@ int gs_client_fetch(gs_client_t *cl, uint64_t generation, const char *key, void 
     goto out_free_resp;
   req.generation = generation;
   snprintf(req.key, sizeof(req.key), "%s", key);
+  gs__client_waiting(cl, "blob '%s' of job %s (generation %llu) from rank 0", key, cl->job,
+                     (unsigned long long)generation);
   err = gs_client_call(cl, GS_METHOD_FETCH, gradsync_FetchRequest_fields, &req,
                        gradsync_FetchResponse_fields, resp, gs__client_wait_for(timeout_ms),
                        timeout_ms);
@@ -304,6 +309,8 @@ int gs_client_fetch_packlist(gs_client_t *cl, uint64_t generation, gs_packlist_t
   gs_pb_array_bind_decode(&resp.pack_list.params, &infos);
   gs_pb_array_bind_decode(&resp.pack_list.pack_sizes, &sizes);
   gs_pb_array_bind_decode(&resp.pack_list.pack_params, &order);
+  gs__client_waiting(cl, "rank 0's pack list of job %s (generation %llu)", cl->job,
+                     (unsigned long long)generation);
   err = gs_client_call(cl, GS_METHOD_FETCH_PACK_LIST, gradsync_FetchPackListRequest_fields, &req,
                        gradsync_FetchPackListResponse_fields, &resp,
                        gs__client_wait_for(timeout_ms), timeout_ms);
@@ -332,12 +339,26 @@ int gs_client_heartbeat(gs_client_t *cl, const gradsync_HeartbeatRequest *req,
                         gradsync_HeartbeatResponse_fields, resp, 0, timeout_ms);
 }
 
+#define LEAVE_RETRY_MS 100u
+
+/* Whether a Leave that failed so may work a little later: a coordinator
+ * that restarted knows the job only once the rank's heartbeat thread has
+ * re-registered it (NOT_FOUND, or FAILED_PRECONDITION for a generation it
+ * has not rebuilt yet), and one shutting down or overloaded answers
+ * UNAVAILABLE. The rank's last word is worth its whole deadline. */
+static bool leave_again(int err)
+{
+  return err == GS_ENOTFOUND || err == GS_EPRECOND || err == GS_EUNAVAIL || err == GS_ECLOSED ||
+         err == GS_EIO;
+}
+
 int gs_client_leave(gs_client_t *cl, uint64_t generation, uint32_t rank, bool finished,
                     const char *reason, uint64_t timeout_ms)
 {
   gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
   gradsync_LeaveResponse resp = gradsync_LeaveResponse_init_zero;
   int err = put_job(cl, req.job, sizeof(req.job));
+  uint64_t deadline;
 
   if (err)
     return err;
@@ -345,6 +366,17 @@ int gs_client_leave(gs_client_t *cl, uint64_t generation, uint32_t rank, bool fi
   req.rank = rank;
   req.finished = finished;
   snprintf(req.reason, sizeof(req.reason), "%s", reason ? reason : ""); /* truncation is fine */
-  return gs_client_call(cl, GS_METHOD_LEAVE, gradsync_LeaveRequest_fields, &req,
-                        gradsync_LeaveResponse_fields, &resp, 0, timeout_ms);
+  deadline = gs_now_ms() + timeout_ms;
+  for (;;) {
+    uint64_t now = gs_now_ms();
+
+    err = gs_client_call(cl, GS_METHOD_LEAVE, gradsync_LeaveRequest_fields, &req,
+                         gradsync_LeaveResponse_fields, &resp, 0,
+                         deadline > now ? deadline - now : 1);
+    now = gs_now_ms();
+    if (!leave_again(err) || now + LEAVE_RETRY_MS >= deadline)
+      return err;
+    gs_log(cl->log, GS_LOG_DEBUG, cl->job, (int)rank, "Leave: %s; trying again", cl->err);
+    poll(NULL, 0, LEAVE_RETRY_MS);
+  }
 }

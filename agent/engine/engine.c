@@ -174,7 +174,9 @@ static int join(gs_engine_t *e, const char *comm_addr)
          e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
   err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
   if (err) {
-    gs_set_why(e->error, sizeof(e->error), "join failed: %s", gs_client_error(e->client));
+    /* A signal is no failure of the join: its message says what was waited for. */
+    gs_set_why(e->error, sizeof(e->error), "%s%s",
+               err == GS_EINTR ? "" : "join failed: ", gs_client_error(e->client));
     return err;
   }
   e->joined = true;
@@ -364,6 +366,7 @@ int gs_engine_start(gs_engine_t *e)
   {
     gs_client_config_t cc = client_config(e);
 
+    cc.interrupt = e->cfg.term_flag; /* the waits of start end at a signal; Leave does not */
     e->client = gs_client_new(&cc);
   }
   e->comm = gs_comm_new(e->cfg.backend, e->cfg.log);

@@ -8,6 +8,7 @@
  * identically on every rank. */
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -207,7 +208,10 @@ static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
     out->stop = true;
     snprintf(out->stop_reason, sizeof(out->stop_reason), "%s",
              c.stop ? "the coordinator asked every rank to stop"
-                    : "SIGTERM received; every rank stops");
+             : e->cfg.term_flag && *e->cfg.term_flag == SIGINT ? "SIGINT received; every rank stops"
+             : e->cfg.term_flag && *e->cfg.term_flag == SIGTERM
+                 ? "SIGTERM received; every rank stops"
+                 : "a rank received SIGTERM or SIGINT; every rank stops");
   }
   if (c.checkpoint || (e->cfg.checkpoint_every && step % e->cfg.checkpoint_every == 0) ||
       (out->stop && e->cfg.checkpoint_dir)) {

@@ -16,15 +16,16 @@
 #include "parse.h"
 #include "trainer.h"
 
-/* Set by SIGTERM/SIGINT; the engine turns it into a stop every rank takes
- * at the same step. A second signal exits at once. */
+/* Set to the signal's number by SIGTERM/SIGINT; the engine turns it into
+ * a stop every rank takes at the same step, and ends its waits for the
+ * coordinator with it. A second signal exits at once. */
 static volatile sig_atomic_t term_requested;
 
 static void on_term(int sig)
 {
   if (term_requested)
     _exit(128 + sig);
-  term_requested = 1;
+  term_requested = sig;
 }
 
 /* The address of this host on the route to the coordinator (a connected
@@ -385,5 +386,10 @@ int main(int argc, char **argv)
   sigaction(SIGINT, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
   f.t.engine.term_flag = &term_requested;
-  return gs_trainer_run(&f.t) ? 1 : 0;
+  err = gs_trainer_run(&f.t);
+  /* A signal that ended a wait exits as the shell reports a signal; one
+   * that stopped training at a step is a clean stop. */
+  if (err && term_requested)
+    return 128 + term_requested;
+  return err ? 1 : 0;
 }

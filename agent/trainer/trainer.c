@@ -42,9 +42,23 @@ typedef struct trainer {
   /* Where the time of a step goes, summed over the timed steps. */
   double sum_step_ms, sum_data_ms, sum_comm_ms, sum_opt_ms;
   uint64_t timed_steps;
+  bool reported; /* an error was printed: the engine's "no error" need not follow */
 } trainer_t;
 
 #define UNTIMED_STEPS 10 /* warm-up steps left out of the timing summary */
+
+/* Prints an error the trainer found itself ("gradsync-agent: error: ..."),
+ * so that the engine's error is not printed after it. */
+__attribute__((format(printf, 2, 3))) static void report(trainer_t *t, const char *fmt, ...)
+{
+  va_list ap;
+
+  fputs("gradsync-agent: error: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  t->reported = true;
+}
 
 /* Copies the examples `idx` into slot's host buffer and queues the copy to
  * the device. */
@@ -97,7 +111,7 @@ static int train_step(trainer_t *t, uint64_t s, const gs_position_t *after, gs_s
   err = load_train_batch(t, s);
   *data_ms = gs_now_ms_f() - t0;
   if (err) {
-    fprintf(stderr, "gradsync-agent: error: cannot copy a batch to %s\n", t->dev->label);
+    report(t, "cannot copy a batch to %s\n", t->dev->label);
     return err;
   }
   loss = gs_mlp_forward(t->mlp, b->x, b->y, t->cfg->batch, NULL);
@@ -153,7 +167,7 @@ static int evaluate(trainer_t *t, float *accuracy, float *loss)
   if (n && !err)
     err = val_step(t, &t->test, idx, n, sums);
   if (err) {
-    fprintf(stderr, "gradsync-agent: error: cannot copy a test batch to %s\n", t->dev->label);
+    report(t, "cannot copy a test batch to %s\n", t->dev->label);
     return err;
   }
   err = gs_engine_allreduce_sum(t->engine, sums, 3);
@@ -198,16 +212,16 @@ static int load_data(trainer_t *t)
 
   if (gs_dataset_load(t->cfg->data_dir, "train", &t->train, why, sizeof(why)) ||
       gs_dataset_load(t->cfg->data_dir, "t10k", &t->test, why, sizeof(why))) {
-    fprintf(stderr, "gradsync-agent: error: %s\n", why);
+    report(t, "%s\n", why);
     return GS_EINVAL;
   }
   if (t->train.features != t->cfg->layers[0] || t->test.features != t->cfg->layers[0] ||
       t->train.classes > t->cfg->layers[t->cfg->nlayers - 1]) {
-    fprintf(stderr,
-            "gradsync-agent: error: --layers %u,...,%u does not fit the data in %s "
-            "(%u features, %u classes)\n",
-            t->cfg->layers[0], t->cfg->layers[t->cfg->nlayers - 1], t->cfg->data_dir,
-            t->train.features, t->train.classes);
+    report(t,
+           "--layers %u,...,%u does not fit the data in %s "
+           "(%u features, %u classes)\n",
+           t->cfg->layers[0], t->cfg->layers[t->cfg->nlayers - 1], t->cfg->data_dir,
+           t->train.features, t->train.classes);
     return GS_EINVAL;
   }
   return 0;
@@ -236,7 +250,7 @@ static int open_device(trainer_t *t, gs_engine_config_t *ec)
     gs_log(t->log, pick.warn ? GS_LOG_WARN : GS_LOG_INFO, t->job, -1, "%s", pick.reason);
   t->dev = gs_device_open(pick.name, pick.gpu, t->log, why, sizeof(why));
   if (!t->dev) {
-    fprintf(stderr, "gradsync-agent: error: cannot open device '%s': %s\n", c->device, why);
+    report(t, "cannot open device '%s': %s\n", c->device, why);
     return GS_EUNAVAIL;
   }
   ec->dev = t->dev;
@@ -262,8 +276,7 @@ static int alloc_slots(trainer_t *t, uint32_t rows)
     b->x_host = t->dev->host_memory ? b->x : gs_device_host_alloc(t->dev, xbytes);
     b->y_host = t->dev->host_memory ? b->y : gs_device_host_alloc(t->dev, rows);
     if (!b->x || !b->y || !b->x_host || !b->y_host) {
-      fprintf(stderr, "gradsync-agent: error: cannot allocate batch buffers on %s\n",
-              t->dev->label);
+      report(t, "cannot allocate batch buffers on %s\n", t->dev->label);
       return GS_ENOMEM;
     }
   }
@@ -349,7 +362,7 @@ static int setup(trainer_t *t, gs_position_t *pos)
   t->mlp = gs_mlp_new(t->dev, c->layers, c->nlayers, eval_batch, why, sizeof(why));
   t->engine = gs_engine_new(&ec);
   if (!t->mlp || !t->engine) {
-    fprintf(stderr, "gradsync-agent: error: %s\n", t->mlp ? "out of memory" : why);
+    report(t, "%s\n", t->mlp ? "out of memory" : why);
     return GS_ENOMEM;
   }
   err = alloc_slots(t, eval_batch);
@@ -373,17 +386,16 @@ static int setup(trainer_t *t, gs_position_t *pos)
     gs_mlp_bind(t->mlp, i, gs_engine_param(t->engine, i), gs_engine_grad(t->engine, i));
   err = gs_mlp_init_params(t->mlp, c->seed);
   if (err) {
-    fprintf(stderr, "gradsync-agent: error: cannot initialise the parameters on %s: %s\n",
-            t->dev->label, gs_strerror(err));
+    report(t, "cannot initialise the parameters on %s: %s\n", t->dev->label, gs_strerror(err));
     return err;
   }
   err = gs_sampler_init(&t->sampler, t->train.count, c->batch, t->rank, t->world, c->seed,
                         c->shuffle);
   if (err) {
-    fprintf(stderr,
-            "gradsync-agent: error: --batch %u on %u ranks needs %u training examples per "
-            "step; %s has %u\n",
-            c->batch, t->world, c->batch * t->world, c->data_dir, t->train.count);
+    report(t,
+           "--batch %u on %u ranks needs %u training examples per "
+           "step; %s has %u\n",
+           c->batch, t->world, c->batch * t->world, c->data_dir, t->train.count);
     return err;
   }
   t->steps_per_epoch = gs_sampler_steps_per_epoch(&t->sampler);
@@ -497,8 +509,8 @@ int gs_trainer_run(const gs_trainer_config_t *cfg)
     if (!err)
       summary(&t, pos.step, done);
   }
-  if (err && t.engine)
-    fprintf(stderr, "gradsync-agent: error: %s\n", gs_engine_error(t.engine));
+  if (err && t.engine && !t.reported)
+    report(&t, "%s\n", gs_engine_error(t.engine));
   fflush(stdout);
   if (t.engine)
     gs_engine_finish(t.engine, err == 0, err ? gs_engine_error(t.engine) : "finished");

@@ -9,6 +9,7 @@
 #ifndef GS_CLIENT_H
 #define GS_CLIENT_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,7 +26,17 @@ typedef struct gs_client_config {
   const char *token; /* shared secret or NULL; never logged */
   const char *job;
   const gs_log_t *log;
+  /* Set (to the signal's number) by the owner's SIGTERM/SIGINT handler:
+   * every call but Heartbeat and Leave then gives up within
+   * GS_CLIENT_SLICE_MS with GS_EINTR, and the error names the signal and
+   * what the call waited for. Borrowed; NULL: never interrupted. */
+  volatile sig_atomic_t *interrupt;
 } gs_client_config_t;
+
+/* How often a waiting call looks at the interrupt flag. */
+#define GS_CLIENT_SLICE_MS 100u
+/* How often a waiting call says what it waits for (an info line). */
+#define GS_CLIENT_PROGRESS_MS 10000u
 
 typedef struct gs_client gs_client_t;
 
@@ -34,6 +45,10 @@ typedef struct gs_client gs_client_t;
 gs_client_t *gs_client_new(const gs_client_config_t *cfg);
 /* Closes the connection and frees the client (NULL is a no-op). */
 void gs_client_free(gs_client_t *cl);
+
+/* Sets how often a waiting call logs that it still waits (tests use a
+ * short interval; the default is GS_CLIENT_PROGRESS_MS). */
+void gs_client_set_progress_interval(gs_client_t *cl, uint32_t ms);
 
 /* The last error text: the coordinator's message for a refused call, or
  * what failed locally ("connect 127.0.0.1:7070: connection refused"). */

@@ -118,8 +118,10 @@ typedef struct gs_engine_config {
   uint64_t join_timeout_ms;   /* waiting for the other ranks (default 5 min) */
   uint64_t rpc_timeout_ms;    /* any other coordinator call (default 30 s) */
   uint64_t comm_timeout_ms;   /* no progress inside a collective (default 2 min) */
-  /* Set by the owner's SIGTERM handler to stop every rank at the same
-   * step; borrowed; may be NULL. */
+  /* Set (to the signal's number) by the owner's SIGTERM/SIGINT handler:
+   * during training every rank stops at the same step; during start the
+   * waits for the coordinator (Join, the pack list, the comm id) end
+   * within 100 ms with an error naming the signal. Borrowed; may be NULL. */
   volatile sig_atomic_t *term_flag;
   const struct gs_log *log; /* borrowed; NULL: info and above to stderr */
 } gs_engine_config_t;
