@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "auth.h"
 #include "http_routes.h"
@@ -68,15 +69,21 @@ static bool job_path(const char *path, char *name, size_t len, bool *control)
   return true;
 }
 
+/* "Bearer TOKEN": the scheme in any case and then one or more spaces, as
+ * RFC 7235 has it ("bearer" is as good as "Bearer"). */
 static bool bearer_ok(const gs_http_routes_t *r, const char *auth)
 {
-  static const char prefix[] = "Bearer ";
+  static const char scheme[] = "Bearer";
 
   if (!r->token[0])
     return true;
-  if (!auth || strncmp(auth, prefix, sizeof(prefix) - 1) != 0)
+  if (!auth || strncasecmp(auth, scheme, sizeof(scheme) - 1) != 0 ||
+      auth[sizeof(scheme) - 1] != ' ')
     return false;
-  return gs__token_ok(r->token, auth + sizeof(prefix) - 1);
+  auth += sizeof(scheme) - 1;
+  while (*auth == ' ')
+    auth++;
+  return gs__token_ok(r->token, auth);
 }
 
 /* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}. */

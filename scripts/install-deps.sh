@@ -11,6 +11,7 @@ packages=(
   check
   libopenblas-dev dataset-fashion-mnist
   patchelf clang-format
+  curl
   "$@"
 )
 

@@ -704,6 +704,19 @@ START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
                    401);
   free(body);
   ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Basic tok\r\n", "{\"bcast_period\": 5}", &body),
+                   401);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: Bearertok\r\n", "{\"bcast_period\": 5}", &body),
+                   401);
+  free(body);
+  /* RFC 7235: the scheme is case-insensitive, and may be followed by several spaces. */
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
+                           "Authorization: bearer  tok\r\n", "{\"bcast_period\": 5}", &body),
+                   200);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
                            "Authorization: Bearer tok\r\n", "{\"bcast_period\": 5", &body),
                    400);
   ck_assert_ptr_nonnull(strstr(body, "\"error\""));
