@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "claims.h"
+#include "job.h"
 #include "jobs.h"
+#include "rng.h"
 #include "list.h"
 #include "status.h"
 #include "wire.h"
@@ -927,6 +930,51 @@ START_TEST(job_whose_step_stops_is_stalled)
 }
 END_TEST
 
+/* The claims set against a plain list: members on a few nodes in a small
+ * table (so probes collide and wrap), found, removed in a scrambled order
+ * with backward shifts, and grown while in use, always agreeing with the
+ * list. */
+START_TEST(claims_set_agrees_with_a_list)
+{
+  enum { KEYS = 4000, ACTIVE = 30 }; /* at most 30 claims: a 64-slot table */
+  static gs_member_t m[KEYS];
+  static bool in[KEYS];
+  gs_claims_t c = {0};
+  uint64_t rng = 7;
+  uint32_t wrapped = 0;
+
+  for (uint32_t i = 0; i < KEYS; i++) {
+    snprintf(m[i].req.node, sizeof(m[i].req.node), "node-%u", i % 7);
+    m[i].req.local_rank = i / 7;
+  }
+  for (uint32_t round = 0; round < 20000; round++) {
+    uint32_t i = (uint32_t)(gs_splitmix64(&rng) % KEYS), held = 0;
+
+    if (in[i]) {
+      gs__claims_remove(&c, &m[i]);
+      in[i] = false;
+    } else if (c.count < ACTIVE) {
+      ck_assert(gs__claims_reserve(&c, c.count + 1)); /* grows while in use */
+      gs__claims_add(&c, &m[i]);
+      in[i] = true;
+    }
+    wrapped += c.slot && c.slot[0] && c.slot[c.mask];
+    for (uint32_t j = 0; j < KEYS; j++) {
+      if (!in[j] && j % 50)
+        continue; /* every claim, and a sample of the rest */
+      ck_assert_ptr_eq(gs__claims_find(&c, m[j].req.node, m[j].req.local_rank),
+                       in[j] ? &m[j] : NULL);
+      held += in[j];
+    }
+    ck_assert_uint_eq(c.count, held);
+  }
+  ck_assert_uint_gt(wrapped, 100); /* probes did run past the table's end */
+  ck_assert_ptr_null(gs__claims_find(&c, "node-99", 0));
+  gs__claims_free(&c);
+  ck_assert_ptr_null(gs__claims_find(&c, "node-1", 0));
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -948,6 +996,7 @@ static Suite *jobs_suite(void)
       {"settings_invalid", invalid_settings_are_refused_at_once},
       {"device_kinds", mixed_device_kinds_are_refused},
       {"duplicate_claims", duplicate_claims_are_refused_at_join},
+      {"claims_set", claims_set_agrees_with_a_list},
       {"finished_rank", finished_rank_is_never_lost},
       {"failed_state", aborted_job_is_failed_until_it_rejoins},
       {"rendezvous_progress", waiting_rendezvous_logs_its_progress},

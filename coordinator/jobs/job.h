@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "claims.h"
 #include "buf.h"
 #include "job_store.h"
 #include "list.h"
@@ -108,6 +109,7 @@ struct gs_job {
   /* The rendezvous being gathered (state WAITING). */
   gs_member_t **waiting;
   uint32_t waiting_count, waiting_cap, waiting_world_size;
+  gs_claims_t claims; /* the waiting members by (node, local_rank) */
   uint64_t rendezvous_deadline_ms;
   uint64_t next_join_deadline_ms; /* no waiting Join expires before this */
   uint64_t next_progress_log_ms;  /* when the sweep next logs who it waits for */

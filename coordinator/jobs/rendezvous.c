@@ -31,6 +31,7 @@ static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
     if (err)
       gs__respond_error(r, m->peer->id, GS_METHOD_JOIN, m->join_request_id, err, "%s", msg);
   }
+  gs__claims_remove(&job->claims, m);
   job->waiting[i] = job->waiting[--job->waiting_count];
   job->waiting[i]->waiting_index = i;
   gs__member_free(m);
@@ -54,16 +55,10 @@ static int member_order(const void *a, const void *b)
  * agents on one (node, local_rank) would get ranks that both believe
  * they own the same device, so the later claimant is refused at its Join,
  * at once: it never takes a place in the world, and every later claimant
- * is refused alike. O(waiting) per Join, with no allocation. */
+ * is refused alike. O(1) per Join (claims.h). */
 static const gs_member_t *claimant(const gs_job_t *job, const gradsync_JoinRequest *req)
 {
-  for (uint32_t i = 0; i < job->waiting_count; i++) {
-    const gs_member_t *m = job->waiting[i];
-
-    if (m->req.local_rank == req->local_rank && strcmp(m->req.node, req->node) == 0)
-      return m;
-  }
-  return NULL;
+  return gs__claims_find(&job->claims, req->node, req->local_rank);
 }
 
 static bool refuse_duplicate(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
@@ -133,6 +128,7 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   job->world_size = n;
   job->waiting = NULL;
   job->waiting_count = job->waiting_cap = 0;
+  gs__claims_free(&job->claims);
   job->state = GS_JOB_RUNNING;
   job->started_ms = now;
   job->stop = false;
@@ -261,12 +257,15 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
   return true;
 }
 
-/* Room for one more waiting member; false when out of memory. */
+/* Room for one more waiting member and its claim; false when out of
+ * memory. */
 static bool reserve_waiting(gs_job_t *job)
 {
   uint32_t cap = job->waiting_cap ? job->waiting_cap * 2 : 8;
   gs_member_t **w;
 
+  if (!gs__claims_reserve(&job->claims, job->waiting_count + 1))
+    return false;
   if (job->waiting_count < job->waiting_cap)
     return true;
   w = realloc(job->waiting, cap * sizeof(*w));
@@ -323,6 +322,7 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   m->join_seq = ++job->join_seq;
   m->waiting_index = job->waiting_count;
   job->waiting[job->waiting_count++] = m;
+  gs__claims_add(&job->claims, m);
   r->park(r, call->peer->id);
   gs_log(job->jobs->cfg.log, GS_LOG_DEBUG, job->name, -1,
          "%s (node '%s', local_rank %u) joined: %u of %u", call->peer->name, req->node,
