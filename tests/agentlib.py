@@ -1,11 +1,14 @@
 """Helpers the whole-process agent tests share (tests/test_agent.py and
 tests/gpu/test_gpu_agent.py): steering a job over the coordinator's HTTP
 API, reading a launcher's output until a line appears, and the control
-scenario both run on their own device."""
+and SIGTERM scenarios both run on their own device."""
 import json
 import re
+import signal
 import time
 import urllib.request
+
+from checkpoints import newest_checkpoint, read_checkpoint
 
 
 def post(url, body):
@@ -53,3 +56,24 @@ def check_control(p, url, lines, timeout=60):
     assert stop, text[-3000:]
     assert p.returncode == 0, p.returncode
     return steps[0][0], stop.group(1)
+
+
+def check_sigterm(p, lines, ckpt_dir, timeout=60):
+    """On a running job started by gradsync-run with --checkpoint-dir
+    `ckpt_dir`: SIGTERM to the launcher stops every rank at one step, with
+    a checkpoint of that step, and no rank exits on its own. Returns the
+    step it stopped after."""
+    try:
+        wait_for(p, lines, r"\[rank 0\] step \d+", timeout)
+        p.send_signal(signal.SIGTERM)
+        lines.append(p.stdout.read())
+        p.wait(timeout=timeout)
+    finally:
+        p.kill()
+    text = "".join(lines)
+    stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
+    assert stop, text[-3000:]
+    ck = read_checkpoint(newest_checkpoint(ckpt_dir))
+    assert ck["step"] == int(stop.group(1)), (ck["step"], stop.group(1))
+    assert "rank 1 exited" not in text, text[-3000:]
+    return stop.group(1)

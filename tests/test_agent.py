@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
-from agentlib import check_control, wait_for  # noqa: E402
+from agentlib import check_control, check_sigterm  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -125,20 +125,8 @@ def case_sigterm(tmp):
     d = os.path.join(tmp, "ck")
     p, url, lines = start_launcher(["--nproc", "2", "--reduce", "mean", "--steps", "10000000",
                                     "--checkpoint-dir", d] + FAST)
-    try:
-        wait_for(p, lines, r"\[rank 0\] step \d+")
-        p.send_signal(signal.SIGTERM)
-        lines.append(p.stdout.read())
-        p.wait(timeout=60)
-    finally:
-        p.kill()
-    text = "".join(lines)
-    stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
-    assert stop, text[-3000:]
-    ck = read_checkpoint(newest_checkpoint(d))
-    assert ck["step"] == int(stop.group(1)), (ck["step"], stop.group(1))
-    assert "rank 1 exited" not in text, text[-3000:]
-    print(f"stopped after step {stop.group(1)} with a checkpoint there; launcher exit "
+    stop_step = check_sigterm(p, lines, d)
+    print(f"stopped after step {stop_step} with a checkpoint there; launcher exit "
           f"{p.returncode}")
 
 
