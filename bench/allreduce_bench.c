@@ -291,7 +291,8 @@ int main(int argc, char **argv)
   }
   for (uint32_t r = 0; r < o.ranks; r++) {
     comms[r] = gs_comm_new("host", &log);
-    if (!comms[r] || gs_comm_listen(comms[r], "127.0.0.1", addrs[r], ADDR_LEN)) {
+    if (!comms[r] ||
+        gs_comm_listen(comms[r], &(gs_comm_endpoint_t){.bind = "127.0.0.1"}, addrs[r], ADDR_LEN)) {
       fprintf(stderr, "allreduce_bench: cannot set up rank %u's listener\n", r);
       return 1;
     }

@@ -3,6 +3,9 @@
  * whitespace, sign or trailing junk, and writes its result only on success. */
 #include "parse.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <strings.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <string.h>
@@ -266,4 +269,63 @@ int gs_parse_long(const char *s, long min, long max, long *out)
     return GS_ERANGE;
   *out = v;
   return 0;
+}
+
+int gs_parse_port_range(const char *s, uint16_t *first, uint16_t *last)
+{
+  const char *dash = s ? strchr(s, '-') : NULL;
+  char head[8];
+  long a, b;
+  int err;
+
+  if (!s)
+    return GS_EINVAL;
+  if (!dash) {
+    err = gs_parse_long(s, 1, 65535, &a);
+    b = a;
+  } else {
+    if ((size_t)(dash - s) >= sizeof(head))
+      return GS_EINVAL;
+    memcpy(head, s, (size_t)(dash - s));
+    head[dash - s] = '\0';
+    err = gs_parse_long(head, 1, 65535, &a);
+    if (!err)
+      err = gs_parse_long(dash + 1, 1, 65535, &b);
+  }
+  if (err)
+    return err;
+  if (a > b)
+    return GS_ERANGE;
+  *first = (uint16_t)a;
+  *last = (uint16_t)b;
+  return 0;
+}
+
+bool gs_addr_is_loopback(const char *addr)
+{
+  char host[64];
+  const char *end, *colon = strrchr(addr, ':');
+  unsigned char v4[4];
+  struct in6_addr v6;
+  size_t n;
+
+  if (addr[0] == '[') { /* "[v6]" or "[v6]:port" */
+    end = strchr(addr, ']');
+    if (!end)
+      return false;
+    addr++;
+  } else {
+    /* one colon: "host:port"; none, or several (a bare v6 address): all host */
+    end = colon && strchr(addr, ':') == colon ? colon : addr + strlen(addr);
+  }
+  n = (size_t)(end - addr);
+  if (n == 0 || n >= sizeof(host))
+    return false;
+  memcpy(host, addr, n);
+  host[n] = '\0';
+  if (inet_pton(AF_INET, host, v4) == 1)
+    return v4[0] == 127;
+  if (inet_pton(AF_INET6, host, &v6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  return !strcasecmp(host, "localhost");
 }

@@ -4,6 +4,7 @@
 #ifndef GS_PARSE_H
 #define GS_PARSE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,5 +26,13 @@ int gs_parse_addr(const char *s, char *host, size_t host_len, uint16_t *port) GS
 
 /* A decimal integer in [min, max] with nothing after it. */
 int gs_parse_long(const char *s, long min, long max, long *out) GS_WARN_UNUSED;
+
+/* "PORT" or "FIRST-LAST" (1..65535, FIRST <= LAST) into *first, *last. */
+int gs_parse_port_range(const char *s, uint16_t *first, uint16_t *last) GS_WARN_UNUSED;
+
+/* Whether the host of "host:port", "[v6]:port" or a bare host is a
+ * loopback address (127.0.0.0/8, ::1, ::ffff:127.x, "localhost"): one a
+ * peer on another machine cannot reach. */
+bool gs_addr_is_loopback(const char *addr);
 
 #endif

@@ -90,7 +90,9 @@ static void world_open(world_t *w, uint32_t size, uint64_t generation, uint64_t 
     rc->log = (gs_log_t){GS_LOG_WARN, NULL, "comm-test"};
     rc->comm = gs_comm_new("host", &rc->log);
     ck_assert_ptr_nonnull(rc->comm);
-    ck_assert_int_eq(gs_comm_listen(rc->comm, "127.0.0.1", w->addrs[r], sizeof(w->addrs[r])), 0);
+    ck_assert_int_eq(gs_comm_listen(rc->comm, &(gs_comm_endpoint_t){.bind = "127.0.0.1"},
+                                    w->addrs[r], sizeof(w->addrs[r])),
+                     0);
     ck_assert_msg(strncmp(w->addrs[r], "127.0.0.1:", 10) == 0, "addr %s", w->addrs[r]);
     w->addr_ptrs[r] = w->addrs[r];
   }
@@ -758,9 +760,12 @@ START_TEST(bad_arguments)
 
   ck_assert_int_eq(gs_comm_allreduce(c, &x, 1, GS_DTYPE_FLOAT32, GS_REDUCE_SUM), GS_EINVAL);
   ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINVAL); /* no listen yet */
-  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", tiny, sizeof(tiny)), GS_ERANGE);
-  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", addr, sizeof(addr)), 0);
-  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", addr, sizeof(addr)), GS_EINVAL);
+  ck_assert_int_eq(
+      gs_comm_listen(c, &(gs_comm_endpoint_t){.bind = "127.0.0.1"}, tiny, sizeof(tiny)), GS_ERANGE);
+  ck_assert_int_eq(
+      gs_comm_listen(c, &(gs_comm_endpoint_t){.bind = "127.0.0.1"}, addr, sizeof(addr)), 0);
+  ck_assert_int_eq(
+      gs_comm_listen(c, &(gs_comm_endpoint_t){.bind = "127.0.0.1"}, addr, sizeof(addr)), GS_EINVAL);
   setup.rank = 2;
   ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINVAL);
   setup.rank = 0;
@@ -769,6 +774,106 @@ START_TEST(bad_arguments)
   gs_comm_destroy(c);
   run_world(2, body_bad_args);
   run_world(1, body_bad_args);
+}
+END_TEST
+
+/* A free TCP port on 127.0.0.1 (bound, then released). */
+static uint16_t free_port(void)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* Listens as `ep` says; returns the comm (destroy it) with the address in addr. */
+static gs_comm_t *listen_as(const gs_comm_endpoint_t *ep, int want, char *addr, size_t len)
+{
+  static gs_log_t log = {GS_LOG_ERROR, NULL, "comm-test"};
+  gs_comm_t *c = gs_comm_new("host", &log);
+  int err = gs_comm_listen(c, ep, addr, len);
+
+  ck_assert_msg(err == want, "listen on %s: got %s, want %s (%s)", ep->bind, gs_err_name(err),
+                gs_err_name(want), gs_comm_why(c));
+  return c;
+}
+
+/* Bind and advertised addresses, port ranges, and their errors. */
+START_TEST(endpoints)
+{
+  char addr[128], want[128];
+  uint16_t p = free_port();
+  gs_comm_t *a, *b;
+  unsigned port;
+
+  /* A range skips ports in use. */
+  a = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1", .port_min = p, .port_max = p}, 0, addr,
+                sizeof(addr));
+  snprintf(want, sizeof(want), "127.0.0.1:%u", p);
+  ck_assert_str_eq(addr, want);
+  b = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1", .port_min = p, .port_max = p + 3}, 0,
+                addr, sizeof(addr));
+  ck_assert_int_eq(sscanf(addr, "127.0.0.1:%u", &port), 1);
+  ck_assert(port > p && port <= p + 3u);
+  gs_comm_destroy(b);
+  b = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1", .port_min = p, .port_max = p},
+                GS_EUNAVAIL, addr, sizeof(addr));
+  snprintf(want, sizeof(want), "cannot listen on 127.0.0.1, port %u: ", p);
+  ck_assert_msg(strstr(gs_comm_why(b), want), "%s", gs_comm_why(b));
+  gs_comm_destroy(b);
+  gs_comm_destroy(a);
+  /* The advertised address, with the bound port or its own. */
+  a = listen_as(&(gs_comm_endpoint_t){.bind = "0.0.0.0", .advertise = "192.0.2.7"}, 0, addr,
+                sizeof(addr));
+  ck_assert_int_eq(sscanf(addr, "192.0.2.7:%u", &port), 1);
+  gs_comm_destroy(a);
+  a = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1", .advertise = "192.0.2.7:31000"}, 0, addr,
+                sizeof(addr));
+  ck_assert_str_eq(addr, "192.0.2.7:31000");
+  gs_comm_destroy(a);
+  a = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1", .advertise = "2001:db8::5"}, 0, addr,
+                sizeof(addr));
+  ck_assert_int_eq(sscanf(addr, "[2001:db8::5]:%u", &port), 1);
+  gs_comm_destroy(a);
+  /* Every interface, but nothing to tell the peers; an address not ours. */
+  a = listen_as(&(gs_comm_endpoint_t){.bind = "0.0.0.0"}, GS_EINVAL, addr, sizeof(addr));
+  ck_assert_msg(strstr(gs_comm_why(a), "--comm-advertise"), "%s", gs_comm_why(a));
+  gs_comm_destroy(a);
+  a = listen_as(&(gs_comm_endpoint_t){.bind = "192.0.2.1"}, GS_EUNAVAIL, addr, sizeof(addr));
+  ck_assert_msg(strstr(gs_comm_why(a), "no interface of this host has that address"), "%s",
+                gs_comm_why(a));
+  gs_comm_destroy(a);
+}
+END_TEST
+
+/* A peer that cannot be reached fails within the connect timeout, with a
+ * message naming both ranks, the address and the likely cause. */
+START_TEST(unreachable_peer_fails_within_connect_timeout)
+{
+  char self[64], peer[64], want[160];
+  const char *addrs[2] = {self, peer};
+  gs_comm_t *c = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1"}, 0, self, sizeof(self));
+  gs_comm_setup_t setup = {.rank = 0,
+                           .world_size = 2,
+                           .generation = 1,
+                           .peer_addrs = addrs,
+                           .timeout_ms = 60000,
+                           .connect_timeout_ms = 300};
+  uint64_t t0;
+
+  snprintf(peer, sizeof(peer), "127.0.0.1:%u", free_port()); /* nothing listens there */
+  t0 = gs_now_ms();
+  ck_assert_int_eq(gs_comm_init(c, &setup), GS_ETIMEDOUT);
+  ck_assert_uint_lt(gs_now_ms() - t0, 5000);
+  snprintf(want, sizeof(want),
+           "rank 0 could not connect to rank 1 at %s within 0.3 s: connection refused", peer);
+  ck_assert_msg(strstr(gs_comm_why(c), want), "%s", gs_comm_why(c));
+  gs_comm_destroy(c);
 }
 END_TEST
 
@@ -791,7 +896,8 @@ START_TEST(ipv6_loopback)
   close(fd);
   for (int r = 0; r < 2; r++) {
     c[r] = gs_comm_new("host", &log);
-    ck_assert_int_eq(gs_comm_listen(c[r], "::1", addr[r], sizeof(addr[r])), 0);
+    ck_assert_int_eq(
+        gs_comm_listen(c[r], &(gs_comm_endpoint_t){.bind = "::1"}, addr[r], sizeof(addr[r])), 0);
     ck_assert_msg(strncmp(addr[r], "[::1]:", 6) == 0, "addr %s", addr[r]);
   }
   /* Run it through a world whose comms are these two. */
@@ -814,12 +920,12 @@ END_TEST
 
 /* Ranks in one process can map each other's pipes, so every link goes
  * through shared memory, unless GRADSYNC_HOST_SHM=0 keeps it on TCP (the
- * whole suite runs both ways, see main). The debug log names the transport. */
+ * whole suite runs both ways, see main). The log names the transport. */
 START_TEST(transport_as_configured)
 {
   const char *env = getenv("GRADSYNC_HOST_SHM");
-  const char *want = env && strcmp(env, "0") == 0 ? "to rank 1 over TCP, from rank 2 over TCP"
-                                                  : "to rank 1 over shared memory, from rank 2 "
+  const char *want = env && strcmp(env, "0") == 0 ? ") over TCP, from rank 2 over TCP"
+                                                  : ") over shared memory, from rank 2 "
                                                     "over shared memory";
   world_t *w = malloc(sizeof(*w));
   char text[4096];
@@ -888,6 +994,8 @@ static Suite *comm_host_suite(void)
   suite_add_tcase(s, tcase("handshake_stale_rank", handshake_stale_rank, 10));
   suite_add_tcase(s, tcase("unknown_backend", unknown_backend, 10));
   suite_add_tcase(s, tcase("bad_arguments", bad_arguments, 10));
+  suite_add_tcase(s, tcase("endpoints", endpoints, 10));
+  suite_add_tcase(s, tcase("unreachable_peer", unreachable_peer_fails_within_connect_timeout, 10));
   suite_add_tcase(s, tcase("ipv6_loopback", ipv6_loopback, 10));
   suite_add_tcase(s, tcase("transport_as_configured", transport_as_configured, 10));
   return s;

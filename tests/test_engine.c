@@ -106,7 +106,7 @@ static void engine_config(scenario_t *sc, gs_engine_config_t *c)
   snprintf(c->node, sizeof(c->node), "node");
   snprintf(c->device, sizeof(c->device), "cpu");
   snprintf(c->backend, sizeof(c->backend), "host");
-  snprintf(c->comm_host, sizeof(c->comm_host), "127.0.0.1");
+  snprintf(c->comm_bind, sizeof(c->comm_bind), "127.0.0.1");
   c->pack_threshold = sc->pack_threshold ? sc->pack_threshold : 48; /* 48: w1, then b0 + w0 */
   c->reduce = GS_REDUCE_MEAN;
   gs_sgd_config_default(&c->sgd);
@@ -636,7 +636,8 @@ static void *slow_rank_main(void *arg)
   char addr[256];
 
   snprintf(cc.host, sizeof(cc.host), "127.0.0.1");
-  ck_assert_int_eq(gs_comm_listen(comm, "127.0.0.1", addr, sizeof(addr)), 0);
+  ck_assert_int_eq(
+      gs_comm_listen(comm, &(gs_comm_endpoint_t){.bind = "127.0.0.1"}, addr, sizeof(addr)), 0);
   req = slow_rank_join(sr->sc, addr);
   cl = gs_client_new(&cc);
   sr->join_err = gs_client_join(cl, &req, 10000, &res);

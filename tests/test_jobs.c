@@ -727,6 +727,41 @@ START_TEST(duplicate_claims_are_refused_at_join)
 }
 END_TEST
 
+/* A world on several nodes where a member gave its peers a loopback
+ * address is refused whole, naming the rank, its node and what to set;
+ * the member at fault gets INVALID_ARGUMENT, the others
+ * FAILED_PRECONDITION. On one node loopback is right. */
+START_TEST(loopback_address_across_nodes_is_refused)
+{
+  static const struct {
+    const char *node, *addr;
+  } who[3] = {{"a", "10.0.0.2:9000"}, {"b", "127.0.0.1:9001"}, {"c", "[::1]:9002"}};
+  gradsync_JoinRequest req;
+
+  for (uint32_t i = 0; i < 3; i++) {
+    req = th_join_request("lo", 3, who[i].node, 0);
+    snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", who[i].addr);
+    join(i, &req, 100);
+  }
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_int_eq(last_reply(i)->err, i == 0 ? GS_EPRECOND : GS_EINVAL);
+    ck_assert_msg(strstr(last_reply(i)->message,
+                         "rank 1 (node b, local_rank 0) gave its peers the loopback address "
+                         "127.0.0.1:9001, but job lo spans several nodes (and other ranks did the "
+                         "same): set --comm-iface"),
+                  "%s", last_reply(i)->message);
+  }
+  ck_assert_int_ne(gs__jobs_find(&jobs, "lo")->state, GS_JOB_RUNNING);
+  for (uint32_t i = 0; i < 2; i++) {
+    req = th_join_request("one-node", 2, "a", i);
+    snprintf(req.comm_addr, sizeof(req.comm_addr), "127.0.0.1:%u", 9000 + i);
+    join(3 + i, &req, 200);
+  }
+  for (uint32_t i = 0; i < 2; i++)
+    ck_assert_uint_eq(join_reply(3 + i).rank, i);
+}
+END_TEST
+
 /* A rank that said it finished is never lost afterwards: neither its
  * Join connection nor its heartbeat connection closing aborts anything,
  * nor does its heartbeat silence; a repeated Leave (clients retry it) is
@@ -996,6 +1031,7 @@ static Suite *jobs_suite(void)
       {"settings_invalid", invalid_settings_are_refused_at_once},
       {"device_kinds", mixed_device_kinds_are_refused},
       {"duplicate_claims", duplicate_claims_are_refused_at_join},
+      {"loopback_across_nodes", loopback_address_across_nodes_is_refused},
       {"claims_set", claims_set_agrees_with_a_list},
       {"finished_rank", finished_rank_is_never_lost},
       {"failed_state", aborted_job_is_failed_until_it_rejoins},

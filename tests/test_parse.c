@@ -403,6 +403,48 @@ START_TEST(long_errors)
 }
 END_TEST
 
+START_TEST(port_ranges)
+{
+  static const struct {
+    const char *in;
+    int err;
+    uint16_t first, last;
+  } cases[] = {
+      {"29500", 0, 29500, 29500}, {"29500-29510", 0, 29500, 29510},
+      {"1-65535", 0, 1, 65535},   {"0", GS_ERANGE, 0, 0},
+      {"65536", GS_ERANGE, 0, 0}, {"10-9", GS_ERANGE, 0, 0},
+      {"", GS_EINVAL, 0, 0},      {"-5", GS_EINVAL, 0, 0},
+      {"5-", GS_EINVAL, 0, 0},    {"5-6-7", GS_EINVAL, 0, 0},
+      {"a-b", GS_EINVAL, 0, 0},   {"123456789-2", GS_EINVAL, 0, 0},
+  };
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    uint16_t first = 7, last = 7;
+    int err = gs_parse_port_range(cases[i].in, &first, &last);
+
+    ck_assert_msg(err == cases[i].err, "\"%s\": got %s, want %s", cases[i].in, gs_err_name(err),
+                  gs_err_name(cases[i].err));
+    ck_assert_uint_eq(first, err ? 7 : cases[i].first);
+    ck_assert_uint_eq(last, err ? 7 : cases[i].last);
+  }
+}
+END_TEST
+
+START_TEST(loopback_addresses)
+{
+  static const char *const yes[] = {"127.0.0.1:9000",       "127.1.2.3",      "[::1]:80", "::1",
+                                    "[::ffff:127.0.0.1]:5", "localhost:7070", "LOCALHOST"};
+  static const char *const no[] = {"10.0.0.2:9000", "[fe80::1]:80", "2001:db8::1",
+                                   "128.0.0.1:1",   "node-a:9000",  "",
+                                   "[::1",          "127.example:5"};
+
+  for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+    ck_assert_msg(gs_addr_is_loopback(yes[i]), "%s", yes[i]);
+  for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+    ck_assert_msg(!gs_addr_is_loopback(no[i]), "%s", no[i]);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *test)
 {
   TCase *tc = tcase_create(name);
@@ -428,6 +470,8 @@ static Suite *parse_suite(void)
   suite_add_tcase(s, tcase("addr_host_len", addr_host_len));
   suite_add_tcase(s, tcase("long_values", long_values));
   suite_add_tcase(s, tcase("long_errors", long_errors));
+  suite_add_tcase(s, tcase("port_ranges", port_ranges));
+  suite_add_tcase(s, tcase("loopback_addresses", loopback_addresses));
   return s;
 }
 

@@ -65,15 +65,20 @@ gs_comm_t *gs_comm_new(const char *backend, const gs_log_t *log)
   return NULL;
 }
 
-int gs_comm_listen(gs_comm_t *comm, const char *host, char *addr, size_t addr_len)
+int gs_comm_listen(gs_comm_t *comm, const gs_comm_endpoint_t *ep, char *addr, size_t addr_len)
 {
-  if (!comm || !addr || addr_len == 0)
+  if (!comm || !ep || !addr || addr_len == 0 || ep->port_min > ep->port_max)
     return GS_EINVAL;
   if (!comm->ops->listen) {
     addr[0] = '\0';
     return 0;
   }
-  return comm->ops->listen(comm, host, addr, addr_len);
+  return comm->ops->listen(comm, ep, addr, addr_len);
+}
+
+const char *gs_comm_why(const gs_comm_t *comm)
+{
+  return comm ? comm->why : "";
 }
 
 int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup)

@@ -15,9 +15,7 @@
  * inside NCCL. */
 #include "comm.h"
 
-#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
-#include <ifaddrs.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <nccl.h>
@@ -31,6 +29,7 @@
 #include <time.h>
 
 #include "cuda_check.h"
+#include "netif.h"
 #include "clock.h"
 
 /* Pacing of wait_ready, the wait for a non-blocking NCCL call to leave
@@ -254,51 +253,22 @@ static int nccl_make_id(gs_comm_t *base, void *buf, size_t cap, size_t *len)
   return 0;
 }
 
-/* Whether interface address `a` is the address `want` (family `family`,
- * 4 or 16 bytes of `want`). */
-static bool same_address(const struct sockaddr *a, int family, const void *want)
-{
-  if (!a || a->sa_family != family)
-    return false;
-  if (family == AF_INET)
-    return memcmp(&((const struct sockaddr_in *)a)->sin_addr, want, 4) == 0;
-  return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, want, 16) == 0;
-}
-
-/* The name of the interface that holds numeric address `host` to `name`;
- * false for a host name, a wildcard address or no such interface. */
-static bool interface_of(const char *host, char *name, size_t len)
-{
-  unsigned char addr[16], any[16] = {0};
-  int family = strchr(host, ':') ? AF_INET6 : AF_INET;
-  struct ifaddrs *list, *i;
-  bool found = false;
-
-  if (inet_pton(family, host, addr) != 1 || memcmp(addr, any, family == AF_INET ? 4 : 16) == 0 ||
-      getifaddrs(&list) != 0)
-    return false;
-  for (i = list; i && !found; i = i->ifa_next)
-    if (same_address(i->ifa_addr, family, addr))
-      found = snprintf(name, len, "%s", i->ifa_name) < (int)len;
-  freeifaddrs(list);
-  return found;
-}
-
 /* NCCL picks its own interface for its sockets (bootstrap, and the Socket
  * transport), which on a machine with several can be one the peers cannot
  * reach. The engine calls listen with the address the host backend would
- * use (--comm-host), before any NCCL call and before it starts a thread:
+ * bind (--comm-iface, --comm-bind), before any NCCL call and before it starts a thread:
  * when the user has not set NCCL_SOCKET_IFNAME, name the interface holding
  * that address ("=" asks NCCL for that exact name). NCCL reads the variable
  * only in the process's first bootstrap, hence the environment. No listening
  * socket: addr is "". */
-static int nccl_listen(gs_comm_t *base, const char *host, char *addr, size_t addr_len)
+static int nccl_listen(gs_comm_t *base, const gs_comm_endpoint_t *ep, char *addr, size_t addr_len)
 {
   char name[IF_NAMESIZE + 1], value[IF_NAMESIZE + 2];
+  const char *host = ep->bind;
 
   addr[0] = '\0';
   (void)addr_len;
-  if (!host || getenv("NCCL_SOCKET_IFNAME") || !interface_of(host, name, sizeof(name)))
+  if (!host || getenv("NCCL_SOCKET_IFNAME") || !gs_netif_of_address(host, name, sizeof(name)))
     return 0;
   snprintf(value, sizeof(value), "=%s", name);
   if (setenv("NCCL_SOCKET_IFNAME", value, 0) != 0)

@@ -158,61 +158,112 @@ static int strip_brackets(const char *host, size_t len, char *out, size_t out_le
   return 0;
 }
 
-/* Binds a listening socket on host, port 0, and writes "host:port". */
-int gs__host_listen(gs_comm_t *base, const char *host, char *addr, size_t addr_len)
+/* A listening socket on numeric address `name`, `port`; -1 with errno in
+ * *err when it cannot be had. */
+static int listen_on(const char *name, uint16_t port, int *err)
 {
-  host_comm_t *c = (host_comm_t *)base;
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
   struct addrinfo *res, *ai;
-  struct sockaddr_storage sa;
-  socklen_t salen = sizeof(sa);
-  char name[ADDR_MAX], port[NI_MAXSERV];
-  int fd = -1, err = 0, rc, n;
+  char service[8];
+  int fd = -1;
 
-  if (c->listen_fd >= 0 || c->init_called) {
-    GS_LOG_ERR(base->log, "host comm: listen called twice (already listening or initialized)");
-    return GS_EINVAL;
-  }
-  if (!host || strip_brackets(host, strlen(host), name, sizeof(name))) {
-    GS_LOG_ERR(base->log, "host comm: invalid listen host '%s'", host ? host : "(null)");
-    return GS_EINVAL;
-  }
-  rc = getaddrinfo(name, "0", &hints, &res);
-  if (rc) {
-    GS_LOG_ERR(base->log, "host comm: cannot resolve listen host '%s': %s", name, gai_strerror(rc));
-    return GS_ENOTFOUND;
+  snprintf(service, sizeof(service), "%u", port);
+  if (getaddrinfo(name, service, &hints, &res)) {
+    *err = EINVAL; /* not a name of this host's */
+    return -1;
   }
   for (ai = res; ai && fd < 0; ai = ai->ai_next) {
     fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-      err = errno;
+      *err = errno;
       continue;
     }
     tune_socket(fd); /* accepted sockets inherit the buffer sizes */
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) || listen(fd, 64)) {
-      err = errno;
+      *err = errno;
       gs__host_close_fd(&fd);
     }
   }
   freeaddrinfo(res);
+  return fd;
+}
+
+/* Whether a numeric address means every interface. */
+static bool is_wildcard(const char *name)
+{
+  return !strcmp(name, "0.0.0.0") || !strcmp(name, "::");
+}
+
+/* "host:port" for the peers: the advertised host (with its own port, or
+ * the bound one), else the bound address. */
+static int advertised(host_comm_t *c, const gs_comm_endpoint_t *ep, const char *name,
+                      const char *port, char *addr, size_t addr_len)
+{
+  const char *adv = ep->advertise && ep->advertise[0] ? ep->advertise : NULL;
+  const char *host = adv ? adv : name, *colon = adv ? strrchr(adv, ':') : NULL;
+  /* "[v6]:p" and "h:p" carry a port; "v6" (two colons or more) and "[v6]" do not. */
+  bool has_port =
+      colon && (adv[0] == '[' ? colon > adv && colon[-1] == ']' : strchr(adv, ':') == colon);
+  bool bare_v6 = !has_port && strchr(host, ':') && host[0] != '[';
+  int n;
+
+  if (!adv && is_wildcard(name))
+    return gs__comm_fail(&c->base, GS_EINVAL,
+                         "listening on every interface (%s) needs an address for the peers to "
+                         "dial (--comm-advertise)",
+                         name);
+  if (has_port)
+    n = snprintf(addr, addr_len, "%s", adv);
+  else
+    n = snprintf(addr, addr_len, bare_v6 ? "[%s]:%s" : "%s:%s", host, port);
+  if (n < 0 || (size_t)n >= addr_len)
+    return gs__comm_fail(&c->base, GS_ERANGE, "address %s (port %s) does not fit in %zu bytes",
+                         host, port, addr_len);
+  return 0;
+}
+
+/* Binds the listening socket on ep->bind, at the first free port of ep's
+ * range (any free port without one), and writes what the peers dial. */
+int gs__host_listen(gs_comm_t *base, const gs_comm_endpoint_t *ep, char *addr, size_t addr_len)
+{
+  host_comm_t *c = (host_comm_t *)base;
+  struct sockaddr_storage sa;
+  socklen_t salen = sizeof(sa);
+  char name[ADDR_MAX], port[NI_MAXSERV];
+  uint32_t p = ep->port_min;
+  int fd, err = 0;
+
+  if (c->listen_fd >= 0 || c->init_called)
+    return gs__comm_fail(base, GS_EINVAL, "listen called twice (already listening or initialized)");
+  if (!ep->bind || strip_brackets(ep->bind, strlen(ep->bind), name, sizeof(name)))
+    return gs__comm_fail(base, GS_EINVAL, "invalid listen address '%s'",
+                         ep->bind ? ep->bind : "(null)");
+  while ((fd = listen_on(name, (uint16_t)p, &err)) < 0 && err == EADDRINUSE && p < ep->port_max)
+    p++;
   if (fd < 0) {
-    GS_LOG_ERR(base->log, "host comm: cannot listen on %s: %s", name, strerror(err));
-    return gs_err_from_errno(err);
+    char ports[40] = "";
+
+    if (ep->port_max > ep->port_min)
+      snprintf(ports, sizeof(ports), ", ports %u-%u", ep->port_min, ep->port_max);
+    else if (ep->port_min)
+      snprintf(ports, sizeof(ports), ", port %u", ep->port_min);
+    return gs__comm_fail(base, gs_err_from_errno(err), "cannot listen on %s%s: %s", name, ports,
+                         err == EADDRNOTAVAIL || err == EINVAL
+                             ? "no interface of this host has that address"
+                             : strerror(err));
   }
   if (getsockname(fd, (struct sockaddr *)&sa, &salen) ||
       getnameinfo((struct sockaddr *)&sa, salen, NULL, 0, port, sizeof(port), NI_NUMERICSERV)) {
-    GS_LOG_ERR(base->log, "host comm: cannot read the port bound on %s", name);
     close(fd);
-    return GS_EIO;
+    return gs__comm_fail(base, GS_EIO, "cannot read the port bound on %s", name);
   }
-  n = snprintf(addr, addr_len, strchr(name, ':') ? "[%s]:%s" : "%s:%s", name, port);
-  if (n < 0 || (size_t)n >= addr_len) {
-    GS_LOG_ERR(base->log, "host comm: address %s:%s does not fit in %zu bytes", name, port,
-               addr_len);
+  err = advertised(c, ep, name, port, addr, addr_len);
+  if (err) {
     close(fd);
-    return GS_ERANGE;
+    return err;
   }
+  snprintf(c->listen_addr, sizeof(c->listen_addr), "%s", addr);
   c->listen_fd = fd;
   return 0;
 }
@@ -436,20 +487,45 @@ static void rendezvous_close(rendezvous_t *rv)
     pending_remove(rv, rv->npending - 1, true);
 }
 
+/* What a dial's last error most likely means, for the message that ends
+ * the wait. */
+static const char *dial_cause(const dial_t *d)
+{
+  switch (d->last_errno) {
+  case ECONNREFUSED:
+    return "connection refused: nothing listens at that address (a firewall rejecting the port, or "
+           "an address of another host: check --comm-advertise and --comm-iface there)";
+  case EHOSTUNREACH:
+  case ENETUNREACH:
+    return "no route to that address from this host (a wrong --comm-iface or --comm-advertise on "
+           "that rank, or a network this host is not on)";
+  case 0:
+    return d->state == DIAL_REPLY ? "it accepted the connection but never answered our hello (not "
+                                    "a gradsync agent, or a proxy in between)"
+                                  : "no answer at all: a firewall dropping packets to that port "
+                                    "(open the --comm-port range), or an address not reachable "
+                                    "from this host";
+  default:
+    return strerror(d->last_errno);
+  }
+}
+
+/* The ring did not form in time: says which half is missing, between
+ * which ranks, and the likely cause. */
 static int rendezvous_timeout(host_comm_t *c, const rendezvous_t *rv)
 {
+  double s = (double)c->connect_timeout_ms / 1000.0;
+
   if (rv->dial.state != DIAL_DONE)
-    GS_LOG_ERR(c->base.log,
-               "host comm: rank %" PRIu32 ": timed out after %" PRIu64
-               " ms connecting to rank %" PRIu32 " at %s (last error: %s)",
-               c->rank, c->timeout_ms, c->next, c->next_addr,
-               rv->dial.last_errno ? strerror(rv->dial.last_errno) : "no answer to our hello");
-  if (atomic_load(&c->prev_fd) < 0)
-    GS_LOG_ERR(c->base.log,
-               "host comm: rank %" PRIu32 ": timed out after %" PRIu64
-               " ms waiting for rank %" PRIu32 " (%s) to connect",
-               c->rank, c->timeout_ms, c->prev, c->prev_addr);
-  return GS_ETIMEDOUT;
+    return gs__comm_fail(&c->base, GS_ETIMEDOUT,
+                         "rank %" PRIu32 " could not connect to rank %" PRIu32
+                         " at %s within %.3g s: %s",
+                         c->rank, c->next, c->next_addr, s, dial_cause(&rv->dial));
+  return gs__comm_fail(&c->base, GS_ETIMEDOUT,
+                       "rank %" PRIu32 " (at %s) was never reached by rank %" PRIu32
+                       " (at %s) within %.3g s: that rank cannot reach this one's address (see "
+                       "its log; a firewall on this rank's port, or a wrong --comm-advertise)",
+                       c->rank, c->listen_addr, c->prev, c->prev_addr, s);
 }
 
 /* Dials the next rank and accepts the previous one, both at once, until
@@ -470,7 +546,7 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
     if (rv->dial.state == DIAL_DONE && atomic_load(&c->prev_fd) >= 0)
       return 0;
     now = gs_now_ms();
-    if (now - start >= c->timeout_ms)
+    if (now - start >= c->connect_timeout_ms)
       return rendezvous_timeout(c, rv);
     nfd = 0;
     pfd[nfd++] = (struct pollfd){c->wake_fd, POLLIN, 0};
@@ -488,7 +564,7 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
     pend_idx = nfd;
     for (i = 0; i < rv->npending; i++)
       pfd[nfd++] = (struct pollfd){rv->pending[i].fd, POLLIN, 0};
-    i = gs__host_wait_ms(start, c->timeout_ms, now);
+    i = gs__host_wait_ms(start, c->connect_timeout_ms, now);
     if (rv->dial.state == DIAL_WAIT && rv->dial.retry_at < now + (uint64_t)i)
       i = rv->dial.retry_at > now ? (int)(rv->dial.retry_at - now) : 0;
     if (poll(pfd, (nfds_t)nfd, i) < 0 && errno != EINTR) {
@@ -564,10 +640,10 @@ static int connect_pipes(host_comm_t *c)
     c->out_pipe = NULL;
   }
   if (!err)
-    GS_LOG_DBG(c->base.log,
-               "host comm: rank %" PRIu32 ": to rank %" PRIu32 " over %s, from rank %" PRIu32
+    GS_LOG_INF(c->base.log,
+               "host comm: rank %" PRIu32 ": to rank %" PRIu32 " (%s) over %s, from rank %" PRIu32
                " over %s",
-               c->rank, c->next, c->out_pipe ? "shared memory" : "TCP", c->prev,
+               c->rank, c->next, c->next_addr, c->out_pipe ? "shared memory" : "TCP", c->prev,
                c->in_pipe ? "shared memory" : "TCP");
   return err;
 }
@@ -587,6 +663,7 @@ int gs__host_init(gs_comm_t *base, const gs_comm_setup_t *s)
   c->prev = (s->rank + s->world_size - 1) % s->world_size;
   c->generation = s->generation;
   c->timeout_ms = s->timeout_ms;
+  c->connect_timeout_ms = s->connect_timeout_ms ? s->connect_timeout_ms : s->timeout_ms;
   if (c->world == 1)
     goto out_close_listen; /* a ring of one: no sockets, every operation a no-op */
   snprintf(c->next_addr, sizeof(c->next_addr), "%s", s->peer_addrs[c->next]);

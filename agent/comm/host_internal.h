@@ -56,8 +56,8 @@ typedef struct host_comm {
   int err; /* sticky error of a failed init or operation */
   bool init_called, ready;
   uint32_t rank, world, next, prev;
-  uint64_t generation, timeout_ms;
-  char next_addr[ADDR_MAX], prev_addr[ADDR_MAX];
+  uint64_t generation, timeout_ms, connect_timeout_ms;
+  char next_addr[ADDR_MAX], prev_addr[ADDR_MAX], listen_addr[ADDR_MAX];
   uint8_t *scratch; /* CHUNK_BYTES: one received chunk before it is reduced */
   uint8_t *gather;  /* small allreduces: every rank's buffer, rank order */
   size_t gather_cap;
@@ -116,7 +116,7 @@ static inline bool gs__host_aborted(host_comm_t *c)
 }
 
 /* host_connect.c */
-int gs__host_listen(gs_comm_t *base, const char *host, char *addr, size_t addr_len);
+int gs__host_listen(gs_comm_t *base, const gs_comm_endpoint_t *ep, char *addr, size_t addr_len);
 int gs__host_init(gs_comm_t *base, const gs_comm_setup_t *s);
 
 /* host_link.c */

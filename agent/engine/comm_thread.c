@@ -111,6 +111,8 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
     gs_set_why(e->error, sizeof(e->error),
                "%s failed: the coordinator aborted generation %" PRIu64 ": %s", what,
                e->join.generation, why);
+  else if (gs_comm_why(e->comm)[0])
+    gs_set_why(e->error, sizeof(e->error), "%s failed: %s", what, gs_comm_why(e->comm));
   else
     gs_set_why(e->error, sizeof(e->error),
                "%s failed: %s (a peer rank failed or is unreachable; see its log)", what,

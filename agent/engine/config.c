@@ -24,7 +24,6 @@ void gs_engine_config_defaults(gs_engine_config_t *cfg)
   cfg->node[sizeof(cfg->node) - 1] = '\0'; /* gethostname may truncate without one */
   snprintf(cfg->device, sizeof(cfg->device), "cpu");
   snprintf(cfg->backend, sizeof(cfg->backend), "host");
-  snprintf(cfg->comm_host, sizeof(cfg->comm_host), "127.0.0.1");
   cfg->pack_threshold = 10 << 20;
   cfg->reduce = GS_REDUCE_MEAN;
   gs_sgd_config_default(&cfg->sgd);
@@ -33,6 +32,7 @@ void gs_engine_config_defaults(gs_engine_config_t *cfg)
   cfg->join_timeout_ms = 5 * 60 * 1000;
   cfg->rpc_timeout_ms = 30 * 1000;
   cfg->comm_timeout_ms = 2 * 60 * 1000;
+  cfg->connect_timeout_ms = 15 * 1000;
 }
 
 static bool setting_name_ok(const char *s)

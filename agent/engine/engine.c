@@ -230,6 +230,7 @@ static int connect_ranks(gs_engine_t *e)
       .world_size = w,
       .generation = e->join.generation,
       .timeout_ms = e->cfg.comm_timeout_ms,
+      .connect_timeout_ms = e->cfg.connect_timeout_ms,
       .device = e->cfg.dev,
       .id = id,
       /* a step queues one allreduce per pack; a broadcast of the packs two per pack */
@@ -383,12 +384,9 @@ int gs_engine_start(gs_engine_t *e)
                e->cfg.dev->host_memory ? "cpu" : "cuda");
     return GS_EINVAL;
   }
-  err = gs_comm_listen(e->comm, e->cfg.comm_host, comm_addr, sizeof(comm_addr));
-  if (err) {
-    gs_set_why(e->error, sizeof(e->error), "cannot listen for peers on %s: %s", e->cfg.comm_host,
-               gs_strerror(err));
+  err = gs__engine_listen(e, comm_addr, sizeof(comm_addr));
+  if (err)
     return err;
-  }
   err = join(e, comm_addr);
   if (err)
     return err;

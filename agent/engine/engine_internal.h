@@ -116,6 +116,10 @@ void gs__engine_on_abort(void *arg, const char *reason);
 int gs__engine_fail(gs_engine_t *e, int err);
 int gs__engine_refuse(gs_engine_t *e, const char *what);
 
+/* endpoint.c: listens for the other ranks as cfg's comm_* settings say;
+ * writes the address they dial (the reason in e->error on failure). */
+int gs__engine_listen(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
+
 /* config.c: adds the engine's own settings to e->settings (at join). */
 int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 

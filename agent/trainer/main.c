@@ -1,13 +1,10 @@
 /* gradsync-agent: flags, signals, then the reference trainer. */
-#include <arpa/inet.h>
 #include <cblas.h>
 #include <limits.h>
-#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "flags.h"
@@ -28,32 +25,33 @@ static void on_term(int sig)
   term_requested = sig;
 }
 
-/* The address of this host on the route to the coordinator (a connected
- * UDP socket sends nothing), so peers on other nodes can dial us. */
-static void default_comm_host(const char *coord_host, char *out, size_t len)
+/* --comm-port: "PORT" or "FIRST-LAST". */
+static int parse_port_range(const char *value, void *target, char *expect, size_t len)
 {
-  struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *ai = NULL;
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof(ss);
-  int fd = -1;
+  gs_port_range_t *r = target;
+  int err = gs_parse_port_range(value, &r->first, &r->last);
 
-  snprintf(out, len, "127.0.0.1");
-  if (getaddrinfo(coord_host, "9", &hints, &ai) || !ai)
-    return;
-  fd = socket(ai->ai_family, SOCK_DGRAM, 0);
-  if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-      getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-      getnameinfo((struct sockaddr *)&ss, sl, out, (socklen_t)len, NULL, 0, NI_NUMERICHOST))
-    snprintf(out, len, "127.0.0.1");
-  if (fd >= 0)
-    close(fd);
-  freeaddrinfo(ai);
+  if (err)
+    snprintf(expect, len, "a port or a range FIRST-LAST, 1..65535");
+  return err;
+}
+
+static void show_port_range(const void *target, char *buf, size_t len)
+{
+  const gs_port_range_t *r = target;
+
+  if (!r->first)
+    snprintf(buf, len, "any free port");
+  else if (r->first == r->last)
+    snprintf(buf, len, "%u", r->first);
+  else
+    snprintf(buf, len, "%u-%u", r->first, r->last);
 }
 
 typedef struct flags {
   gs_trainer_config_t t;
   gs_log_t log;
-  bool have_coord, have_world, have_reduce, have_bias_wd, have_comm_host, print_config;
+  bool have_coord, have_world, have_reduce, have_bias_wd, print_config;
   long threads;
   gs_launch_env_t env; /* scheduler variables; --job may borrow its string */
 } flags_t;
@@ -115,10 +113,6 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--token", .kind = GS_FLAG_STR, E(coord.token), .secret = true,
    .env = "GRADSYNC_TOKEN", .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`",
    .help = "the coordinator's shared secret"},
-  {.name = "--comm-host", .kind = GS_FLAG_STRBUF, E(comm_host),
-   GS_FLAG_GIVEN(flags_t, have_comm_host), .metavar = "ADDR",
-   .def = "this host's address toward the coordinator",
-   .help = "address peers reach this agent on", .doc = "where the other ranks dial this one"},
   {.name = "--device", .kind = GS_FLAG_STRBUF, F(t.device), .names = devices,
    .help = "compute device: cuda when a GPU is visible and this build has CUDA, else cpu",
    .doc = "compute device: `cuda` (cuBLAS + our kernels) when the build has CUDA and a GPU is "
@@ -211,6 +205,31 @@ static const gs_flag_t flag_rows[] = {
    .help = "skip the validation pass at each epoch end"},
   {.name = "--threads", .kind = GS_FLAG_INT, F(threads), .min = 1, .max = 1024, .metavar = "N",
    .help = "OpenBLAS threads per agent"},
+  GS_FLAG_HEADING("Network between the ranks:"),
+  {.name = "--comm-iface", .kind = GS_FLAG_STRBUF, E(comm_iface), .env = "GRADSYNC_COMM_IFACE",
+   .metavar = "NAME", .def = "the interface toward the coordinator",
+   .help = "network interface whose address the ranks use to reach this one",
+   .doc = "network interface whose address the other ranks dial (like `NCCL_SOCKET_IFNAME`; "
+          "also points NCCL there)"},
+  {.name = "--comm-bind", .kind = GS_FLAG_STRBUF, E(comm_bind), .env = "GRADSYNC_COMM_BIND",
+   .metavar = "ADDR", .def = "`--comm-iface`'s address",
+   .help = "address to listen on for the other ranks (0.0.0.0: every interface)",
+   .doc = "address to listen on for the other ranks (`0.0.0.0`: every interface, then "
+          "`--comm-advertise` or the default says what peers dial)"},
+  {.name = "--comm-advertise", .kind = GS_FLAG_STRBUF, E(comm_advertise),
+   .env = "GRADSYNC_COMM_ADVERTISE", .metavar = "HOST[:PORT]", .def = "the bound address",
+   .help = "address the other ranks dial, when it differs from the bound one (NAT)",
+   .doc = "address the other ranks dial when it is not the bound one (a NAT'd container: "
+          "the host's address and the published port)"},
+  {.name = "--comm-port", .kind = GS_FLAG_CUSTOM, E(comm_ports), .parse = parse_port_range,
+   .show = show_port_range, .env = "GRADSYNC_COMM_PORT", .metavar = "PORT|FIRST-LAST",
+   .help = "port, or range whose first free port, to listen on (firewalls)",
+   .doc = "port to listen on, or a range whose first free port is taken (for firewalls and "
+          "NetworkPolicies)"},
+  {.name = "--connect-timeout", .kind = GS_FLAG_DURATION, E(connect_timeout_ms), .umin = 1,
+   .metavar = "DUR", .help = "the ranks' connections not formed within this long is an error",
+   .doc = "the ranks' connections not formed within this long is an error naming both ranks, "
+          "the address and the likely cause"},
   GS_FLAG_HEADING("Timeouts and output:"),
   {.name = "--join-timeout", .kind = GS_FLAG_DURATION, E(join_timeout_ms), .metavar = "DUR",
    .help = "wait for the other ranks to join"},
@@ -260,24 +279,15 @@ static void defaults(flags_t *f)
   long v;
 
   memset(f, 0, sizeof(*f));
+  gs_engine_config_defaults(e);
   f->log = (gs_log_t){GS_LOG_INFO, stderr, "agent"};
-  e->coord.job = "local";
   e->coord.log = &f->log;
   e->log = &f->log;
   if (lws && gs_parse_long(lws, 1, 1 << 20, &v) == 0)
     f->t.local_world = (uint32_t)v;
-  if (gethostname(e->node, sizeof(e->node)) != 0)
-    snprintf(e->node, sizeof(e->node), "localhost");
   snprintf(e->backend, sizeof(e->backend), "auto");
   snprintf(f->t.device, sizeof(f->t.device), "auto");
   f->t.gpu = -1;
-  e->pack_threshold = 10 << 20;
-  e->reduce = GS_REDUCE_MEAN;
-  gs_sgd_config_default(&e->sgd);
-  e->checkpoint_keep = 3;
-  e->join_timeout_ms = 5 * 60 * 1000;
-  e->rpc_timeout_ms = 30 * 1000;
-  e->comm_timeout_ms = 2 * 60 * 1000;
   f->t.nlayers = 4;
   memcpy(f->t.layers, (uint32_t[]){784, 256, 128, 10}, 4 * sizeof(uint32_t));
   f->t.data_dir = "/usr/share/datasets/fashion-mnist";
@@ -338,8 +348,6 @@ static int finish_flags(flags_t *f)
     fprintf(stderr, "gradsync-agent: --resume needs --checkpoint-dir\n");
     return 2;
   }
-  if (!f->have_comm_host)
-    default_comm_host(e->coord.host, e->comm_host, sizeof(e->comm_host));
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agreement.h"
+#include "parse.h"
 
 /* While a rendezvous waits, the sweep says every this often who joined,
  * so an operator sees a world that will not fill before it times out. */
@@ -99,6 +100,46 @@ static bool refuse_disagreement(gs_job_t *job)
   return true;
 }
 
+/* Refuses a world that spans several nodes while a member advertises a
+ * loopback address for its peers (it reached the coordinator through
+ * 127.0.0.1, a tunnel or port-forward, and nothing said otherwise): the
+ * ranks on other nodes would dial themselves and fail minutes later with
+ * an error that does not name the cause. The members sort by node, so
+ * the world spans several iff the first and last differ. Those at fault
+ * get INVALID_ARGUMENT, the others FAILED_PRECONDITION. */
+static bool refuse_loopback(gs_job_t *job)
+{
+  uint32_t n = job->waiting_count, bad = n, count = 0;
+  const gs_member_t *m;
+  char msg[1024];
+
+  if (n < 2 || !strcmp(job->waiting[0]->req.node, job->waiting[n - 1]->req.node))
+    return false;
+  for (uint32_t i = 0; i < n; i++) {
+    if (job->waiting[i]->req.comm_addr[0] && gs_addr_is_loopback(job->waiting[i]->req.comm_addr)) {
+      bad = bad < n ? bad : i;
+      count++;
+    }
+  }
+  if (!count)
+    return false;
+  m = job->waiting[bad];
+  snprintf(msg, sizeof(msg),
+           "rank %u (node %s, local_rank %u) gave its peers the loopback address %s, but "
+           "job %s spans several nodes%s: set --comm-iface (or $GRADSYNC_COMM_IFACE), "
+           "--comm-bind or --comm-advertise on that node to an address the other nodes reach",
+           bad, m->req.node, m->req.local_rank, m->req.comm_addr, job->name,
+           count > 1 ? " (and other ranks did the same)" : "");
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
+  while (job->waiting_count) {
+    uint32_t i = job->waiting_count - 1;
+    const char *addr = job->waiting[i]->req.comm_addr;
+
+    remove_waiting(job, i, addr[0] && gs_addr_is_loopback(addr) ? GS_EINVAL : GS_EPRECOND, msg);
+  }
+  return true;
+}
+
 /* The world is complete: assign ranks, start the next generation, answer
  * every parked Join. */
 static void complete_rendezvous(gs_job_t *job, uint64_t now)
@@ -110,7 +151,7 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
   for (uint32_t i = 0; i < n; i++)
     job->waiting[i]->waiting_index = i;
-  if (refuse_disagreement(job))
+  if (refuse_disagreement(job) || refuse_loopback(job))
     return;
   peers = calloc(n, sizeof(*peers));
   if (!peers) {

@@ -415,7 +415,8 @@ START_TEST(bad_setup)
   ck_assert_ptr_nonnull(gpu);
   ck_assert_ptr_nonnull(cpu);
   ck_assert_ptr_nonnull(c);
-  ck_assert_int_eq(gs_comm_listen(c, "127.0.0.1", addr, sizeof(addr)), 0);
+  ck_assert_int_eq(
+      gs_comm_listen(c, &(gs_comm_endpoint_t){.bind = "127.0.0.1"}, addr, sizeof(addr)), 0);
   ck_assert_str_eq(addr, "");
   ck_assert_int_eq(gs_comm_make_id(c, tiny, sizeof(tiny), &id_len), GS_EINVAL);
   ck_assert_int_eq(gs_comm_make_id(c, id, sizeof(id), &id_len), 0);

@@ -28,9 +28,13 @@ typedef struct gs_comm_setup {
   uint64_t generation; /* connections of another generation are refused */
   /* Every rank's comm address ("host:port"), in rank order; host backend. */
   const char *const *peer_addrs;
-  /* No progress for this long inside one operation (or connecting) is
-   * GS_ETIMEDOUT: a silent peer is an error, never a hang. */
+  /* No progress for this long inside one operation is GS_ETIMEDOUT: a
+   * silent peer is an error, never a hang. */
   uint64_t timeout_ms;
+  /* Host backend: the ring not formed within this long (a peer that does
+   * not answer at its address, or never dials ours) fails with a message
+   * naming both ranks and the likely cause; 0: timeout_ms. */
+  uint64_t connect_timeout_ms;
   /* Stream-ordered backends (nccl): the device the buffers live on (its
    * compute stream orders the collectives), rank 0's rendezvous id
    * (gs_comm_make_id, passed to every rank), and the most collectives
@@ -47,10 +51,28 @@ typedef struct gs_comm gs_comm_t;
  * unknown name. `log` must outlive the comm. Free with gs_comm_destroy. */
 gs_comm_t *gs_comm_new(const char *backend, const gs_log_t *log);
 
-/* Host backend: binds a listening socket on `host` (port 0: any free port)
- * before the rendezvous, and writes the address the other ranks should dial
- * ("127.0.0.1:40123") to addr. Other backends: 0 with addr "". */
-int gs_comm_listen(gs_comm_t *comm, const char *host, char *addr, size_t addr_len) GS_WARN_UNUSED;
+/* Where a rank listens for its peers, and what they dial. */
+typedef struct gs_comm_endpoint {
+  const char *bind; /* numeric address to listen on; "0.0.0.0" or "::": every interface */
+  /* What the peers dial: "host" or "host:port" (a NAT's public side);
+   * NULL or "": the bound address (then bind must not be a wildcard). */
+  const char *advertise;
+  /* The ports bind tries, in order (a firewall's or NetworkPolicy's
+   * range); 0 and 0: any free port. */
+  uint16_t port_min, port_max;
+} gs_comm_endpoint_t;
+
+/* Host backend: binds a listening socket as `ep` says before the
+ * rendezvous, and writes the address the other ranks should dial
+ * ("10.0.0.2:40123") to addr. nccl: points NCCL's sockets at the
+ * interface holding the address (NCCL_SOCKET_IFNAME) and writes "". */
+int gs_comm_listen(gs_comm_t *comm, const gs_comm_endpoint_t *ep, char *addr,
+                   size_t addr_len) GS_WARN_UNUSED;
+
+/* Why the last listen, init or collective failed, in words naming the
+ * ranks and addresses involved ("" when it did not, or said nothing more
+ * than its error code). Valid until the comm is destroyed. */
+const char *gs_comm_why(const gs_comm_t *comm);
 
 /* Connects this rank to the others of setup->generation (host: to the next
  * rank in the ring, and accepts the previous one). Blocks until connected,
@@ -124,7 +146,7 @@ typedef struct gs_comm_ops {
   int (*make_id)(gs_comm_t *comm, void *buf, size_t cap, size_t *len); /* NULL: no id */
   int (*order_after)(gs_comm_t *comm, uint64_t ticket);                /* stream-ordered */
   int (*sync)(gs_comm_t *comm);                                        /* stream-ordered */
-  int (*listen)(gs_comm_t *comm, const char *host, char *addr, size_t addr_len);
+  int (*listen)(gs_comm_t *comm, const gs_comm_endpoint_t *ep, char *addr, size_t addr_len);
   int (*init)(gs_comm_t *comm, const gs_comm_setup_t *setup);
   int (*allreduce)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op);
   int (*broadcast)(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root);
@@ -139,7 +161,12 @@ struct gs_comm {
   const gs_comm_ops_t *ops;
   const gs_log_t *log;
   uint64_t ticket; /* collectives started since init (comm.c counts them) */
+  char why[512];   /* gs_comm_why; a backend sets it with gs__comm_fail */
 };
+
+/* Logs an error, keeps its words as gs_comm_why, and returns err. */
+int gs__comm_fail(gs_comm_t *comm, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Backend constructors (comm.c calls them by name). */
 gs_comm_t *gs__comm_host_new(const gs_log_t *log);

@@ -83,6 +83,11 @@ typedef struct gs_sgd_config {
 } gs_sgd_config_t;
 
 /* Where the coordinator is and which job to join. */
+/* Ports `first`..`last`, both included; {0, 0}: any free port. */
+typedef struct gs_port_range {
+  uint16_t first, last;
+} gs_port_range_t;
+
 typedef struct gs_engine_coord {
   char host[256];           /* address (default "127.0.0.1") */
   uint16_t port;            /* its RPC port (required) */
@@ -104,20 +109,27 @@ typedef struct gs_engine_config {
    * device named by `device` ("cpu", "cuda" or "cuda:N") and closes it in
    * gs_engine_free. */
   struct gs_device *dev;
-  char device[64];         /* "cpu" (default), "cuda:0" (also shown in status) */
-  char backend[16];        /* "host" (default; cpu device) or "nccl" (cuda device) */
-  char comm_host[256];     /* address the backend listens on and peers dial (default "127.0.0.1") */
-  uint64_t pack_threshold; /* largest gradient pack in bytes (default 10 MiB) */
-  gs_reduce_op_t reduce;   /* default GS_REDUCE_MEAN */
+  char device[64];  /* "cpu" (default), "cuda:0" (also shown in status) */
+  char backend[16]; /* "host" (default; cpu device) or "nccl" (cuda device) */
+  /* Where the other ranks reach this one (host backend; nccl: which
+   * interface NCCL's sockets use). Default: this host's address on its
+   * route to the coordinator. */
+  char comm_iface[64];        /* "": none; else use this interface's address */
+  char comm_bind[256];        /* address to listen on ("0.0.0.0": every interface); "": the above */
+  char comm_advertise[256];   /* "host" or "host:port" peers dial (NAT); "": the bound address */
+  gs_port_range_t comm_ports; /* ports to listen on, the first free one ({0, 0}: any) */
+  uint64_t pack_threshold;    /* largest gradient pack in bytes (default 10 MiB) */
+  gs_reduce_op_t reduce;      /* default GS_REDUCE_MEAN */
   gs_sgd_config_t sgd;
-  int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
-  const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
-  uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
-  uint32_t checkpoint_keep;   /* default 3 */
-  bool resume;                /* start from the newest valid checkpoint */
-  uint64_t join_timeout_ms;   /* waiting for the other ranks (default 5 min) */
-  uint64_t rpc_timeout_ms;    /* any other coordinator call (default 30 s) */
-  uint64_t comm_timeout_ms;   /* no progress inside a collective (default 2 min) */
+  int32_t bcast_period;        /* -1 never, 0 once at start (default), P after every P-th step */
+  const char *checkpoint_dir;  /* NULL: no checkpoints; copied by gs_engine_new */
+  uint64_t checkpoint_every;   /* steps; 0: only when asked (default) */
+  uint32_t checkpoint_keep;    /* default 3 */
+  bool resume;                 /* start from the newest valid checkpoint */
+  uint64_t join_timeout_ms;    /* waiting for the other ranks (default 5 min) */
+  uint64_t rpc_timeout_ms;     /* any other coordinator call (default 30 s) */
+  uint64_t comm_timeout_ms;    /* no progress inside a collective (default 2 min) */
+  uint64_t connect_timeout_ms; /* the ranks' connections not formed (default 15 s) */
   /* Set (to the signal's number) by the owner's SIGTERM/SIGINT handler:
    * during training every rank stops at the same step; during start the
    * waits for the coordinator (Join, the pack list, the comm id) end

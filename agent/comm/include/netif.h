@@ -1,0 +1,24 @@
+/* This host's network interfaces, as the backends and the engine choose
+ * the address a rank listens on and the peers dial (docs/design.md,
+ * "Choosing the peer address"). */
+#ifndef GS_NETIF_H
+#define GS_NETIF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The name of the interface that holds numeric address `host`, into
+ * name; false for a host name, a wildcard address or no such interface. */
+bool gs_netif_of_address(const char *host, char *name, size_t len);
+
+/* The numeric address of interface `iface` (its first IPv4 address, else
+ * its first IPv6 address that is not link-local), into addr. 0, or
+ * GS_ENOTFOUND with a reason naming the interfaces this host has. */
+int gs_netif_address(const char *iface, char *addr, size_t len, char *why, size_t why_len);
+
+/* The address of this host on its route to `host` (a host name or
+ * address): what a peer that reaches `host` most likely reaches us at.
+ * Nothing is sent. 0, or a negative code when there is no route. */
+int gs_netif_route_to(const char *host, char *addr, size_t len);
+
+#endif
