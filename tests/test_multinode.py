@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Several nodes on one machine: a coordinator and two nodes of two agents
+each, every node a network namespace of its own (with its own host name and
+its own /dev/shm) on a private bridge, so that the agents find their
+addresses, links and shared memory as on real hosts.
+
+Checks, each on a fresh job:
+  - without any address flag, links inside a node use shared memory and
+    links across nodes TCP, and the final parameters equal those of the
+    same job on one host, bit for bit;
+  - the job rides through node B's link going down for 5 s;
+  - a partition longer than the heartbeat timeout ends every agent with an
+    error that names the lost rank;
+  - agents that give their peers a loopback address, in a job that spans
+    nodes, are refused at rendezvous with a message saying what to set;
+  - nothing is left running, nor in any node's /dev/shm.
+
+Needs root (namespaces, mounts); exits 77 with the reason where it cannot
+make them.
+
+usage: test_multinode.py BIN_DIR COORDINATOR_BIN
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoints import newest_checkpoint, params_of, read_checkpoint  # noqa: E402
+
+BIN_DIR, COORD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+AGENT = os.path.join(BIN_DIR, "gradsync-agent")
+SUBNET = "10.77.0"
+ADDR = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3"}
+# A small model, so that a job is seconds long on two cores.
+TRAIN = ["--reduce", "mean", "--layers", "784,64,10", "--no-validate", "--log-interval", "250ms",
+         "--seed", "7"]
+
+
+def sh(*argv, check=True):
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if check and p.returncode:
+        raise RuntimeError(f"{' '.join(argv)}: {p.stderr.strip()}")
+    return p
+
+
+class Cluster:
+    """Namespaces tag-s (the switch: a bridge), tag-c, tag-a, tag-b, each
+    node with a process holding its mount and UTS namespaces (a tmpfs on
+    /dev/shm, host name node-X) that the node's programs enter."""
+
+    def __init__(self):
+        self.tag = f"gsmn{os.getpid() % 100000}"
+        self.nets, self.holders, self.procs = [], {}, []
+
+    def ns(self, n):
+        return f"{self.tag}-{n}"
+
+    def __enter__(self):
+        try:
+            for n in "scab":
+                sh("ip", "netns", "add", self.ns(n))
+                self.nets.append(self.ns(n))
+            sw = self.ns("s")
+            sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+            sh("ip", "-n", sw, "link", "set", "br0", "up")
+            for n in "cab":
+                sh("ip", "-n", sw, "link", "add", f"p-{n}", "type", "veth", "peer", "name", "eth0",
+                   "netns", self.ns(n))
+                sh("ip", "-n", sw, "link", "set", f"p-{n}", "master", "br0", "up")
+                sh("ip", "-n", self.ns(n), "addr", "add", f"{ADDR[n]}/24", "dev", "eth0")
+                sh("ip", "-n", self.ns(n), "link", "set", "eth0", "up")
+                sh("ip", "-n", self.ns(n), "link", "set", "lo", "up")
+                self.hold(n)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def hold(self, n):
+        h = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns(n), "unshare", "-mu", "--propagation", "private",
+             "sh", "-c", f"mount -t tmpfs -o size=256m gs-shm-{n} /dev/shm && hostname node-{n} "
+             "&& echo ready && exec sleep 3600"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.holders[n] = h
+        if h.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"node {n}: {h.stderr.read().strip()}")
+
+    def run(self, n, argv, **kw):
+        """Starts argv on node n (its network, mounts and host name)."""
+        p = subprocess.Popen(["nsenter", "-t", str(self.holders[n].pid), "-n", "-m", "-u", "--"]
+                             + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             **kw)
+        self.procs.append(p)
+        return p
+
+    def exec(self, n, argv):
+        return sh("nsenter", "-t", str(self.holders[n].pid), "-n", "-m", "-u", "--", *argv)
+
+    def link(self, n, state):
+        """Node n's cable: the switch side of its veth up or down."""
+        sh("ip", "-n", self.ns("s"), "link", "set", f"p-{n}", state)
+
+    def shm_files(self):
+        return {n: self.exec(n, ["ls", "-A", "/dev/shm"]).stdout.split() for n in "ab"}
+
+    def __exit__(self, *exc):
+        for p in self.procs + list(self.holders.values()):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for ns in self.nets:
+            sh("ip", "netns", "del", ns, check=False)
+
+
+class Output:
+    """Collects a process's lines in a thread (so that a pipe never fills)."""
+
+    def __init__(self, p, name):
+        self.p, self.name, self.lines = p, name, []
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append(line)
+
+    def text(self):
+        return "".join(self.lines)
+
+    def wait_for(self, pattern, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(pattern, self.text())
+            if m:
+                return m
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}: no {pattern!r} within {timeout} s:\n{self.text()[-3000:]}")
+
+    def finish(self, timeout):
+        self.p.wait(timeout=timeout)
+        self.t.join(5)
+        return self.p.returncode
+
+
+def start_coordinator(cl, extra=()):
+    c = cl.run("c", [COORD, "--listen", f"{ADDR['c']}:7070", "--http", f"{ADDR['c']}:8080"]
+               + list(extra))
+    out = Output(c, "coordinator")
+    out.wait_for(r"listening rpc=", 10)
+    return out
+
+
+def start_agents(cl, job, steps, placement, extra=(), ckpt=None):
+    """One agent per (node, --node name or None, local rank) of placement."""
+    agents = []
+    for i, (n, name, lr) in enumerate(placement):
+        argv = [AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", job, "--world-size",
+                str(len(placement)), "--local-rank", str(lr), "--steps", str(steps),
+                "--join-timeout", "30s"] + TRAIN + list(extra)
+        if name:
+            argv += ["--node", name]
+        if ckpt:
+            argv += ["--checkpoint-dir", ckpt, "--checkpoint-every", str(steps)]
+        agents.append(Output(cl.run(n, argv), f"agent {n}/{lr}"))
+    return agents
+
+
+def finish_all(agents, timeout):
+    return [a.finish(timeout) for a in agents]
+
+
+TWO_NODES = [("a", None, 0), ("a", None, 1), ("b", None, 0), ("b", None, 1)]
+# The same ranks, all on node a's host.
+ONE_HOST = [("a", "node-a", 0), ("a", "node-a", 1), ("a", "node-b", 0), ("a", "node-b", 1)]
+
+
+def check_equal_params_and_transports(cl, tmp):
+    steps = 1200
+    coord = start_coordinator(cl)
+    ref = start_agents(cl, "one-host", steps, ONE_HOST, ckpt=os.path.join(tmp, "one"))
+    assert finish_all(ref, 60) == [0] * 4, ref[0].text()[-3000:]
+    spread = start_agents(cl, "two-nodes", steps, TWO_NODES, ckpt=os.path.join(tmp, "two"))
+    codes = finish_all(spread, 60)
+    assert codes == [0] * 4, [a.text()[-2000:] for a in spread]
+    # Ranks 0,1 on node-a and 2,3 on node-b: 0->1 and 2->3 inside a node.
+    want = {0: ("shared memory", "TCP"), 1: ("TCP", "shared memory"),
+            2: ("shared memory", "TCP"), 3: ("TCP", "shared memory")}
+    for r, (out_t, in_t) in want.items():
+        text = spread[r].text()
+        m = re.search(rf"rank {r}: to rank \d+ \((\S+)\) over ([a-zA-Z ]+?), from rank \d+ over "
+                      r"([a-zA-Z ]+)\n", text)
+        assert m and (m.group(2), m.group(3)) == (out_t, in_t), (r, text[-2000:])
+        assert not m.group(1).startswith("127."), m.group(1)
+    a = params_of(read_checkpoint(newest_checkpoint(os.path.join(tmp, "one"))))
+    b = params_of(read_checkpoint(newest_checkpoint(os.path.join(tmp, "two"))))
+    assert a == b, "the two-node job's parameters differ from the one-host job's"
+    coord.p.terminate()
+    coord.finish(10)
+    print(f"transports and parameters: ok ({len(a)} parameters equal)")
+
+
+def check_link_down(cl):
+    coord = start_coordinator(cl)
+    agents = start_agents(cl, "flaky", 6000, TWO_NODES)
+    agents[0].wait_for(r"step \d+/6000", 30)
+    cl.link("b", "down")
+    down_at = time.monotonic()
+    time.sleep(5)
+    cl.link("b", "up")
+    up_at = time.monotonic()
+    codes = finish_all(agents, 60)
+    done = time.monotonic()
+    assert codes == [0] * 4, [a.text()[-2000:] for a in agents]
+    assert done - up_at > 0.5, "the job ended before the link came back: make it longer"
+    coord.p.terminate()
+    coord.finish(10)
+    print(f"link down {up_at - down_at:.1f} s: ridden through, job finished "
+          f"{done - up_at:.1f} s after")
+
+
+def check_partition(cl):
+    coord = start_coordinator(cl, ["--heartbeat-timeout", "2s"])
+    agents = start_agents(cl, "cut", 1000000, TWO_NODES, extra=["--comm-timeout", "20s"])
+    agents[0].wait_for(r"step \d+/1000000", 30)
+    cl.link("b", "down")
+    t0 = time.monotonic()
+    # Node a's ranks learn from the coordinator that node b is lost.
+    codes = [a.finish(30) for a in agents[:2]]
+    took = time.monotonic() - t0
+    cl.link("b", "up")
+    codes += finish_all(agents[2:], 30)
+    assert all(c != 0 for c in codes), codes
+    text = agents[0].text()
+    assert re.search(r"rank [23] \(node 'node-b', local_rank [01]\) lost: no heartbeat", text), \
+        text[-2000:]
+    coord.p.terminate()
+    coord.finish(10)
+    print(f"partition: node a's ranks ended {took:.1f} s after the cut, naming the lost rank")
+
+
+def check_loopback_refused(cl):
+    coord = start_coordinator(cl)
+    agents = start_agents(cl, "lo", 10, [("a", None, 0), ("b", None, 0)],
+                          extra=["--comm-bind", "127.0.0.1"])
+    codes = finish_all(agents, 30)
+    assert all(c != 0 for c in codes), codes
+    for a in agents:
+        assert "gave its peers the loopback address 127.0.0.1:" in a.text() and \
+            "--comm-iface" in a.text(), a.text()[-2000:]
+    coord.p.terminate()
+    coord.finish(10)
+    print("loopback address across nodes: refused at rendezvous")
+
+
+def main():
+    if os.geteuid() != 0:
+        print("skipped: needs root for network namespaces and mounts")
+        return 77
+    for tool in ("ip", "nsenter", "unshare"):
+        if subprocess.run(["which", tool], capture_output=True).returncode:
+            print(f"skipped: {tool} is not installed")
+            return 77
+    t0 = time.monotonic()
+    try:
+        cl = Cluster().__enter__()
+    except RuntimeError as e:
+        print(f"skipped: cannot make network namespaces here: {e}")
+        return 77
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            check_equal_params_and_transports(cl, tmp)
+            check_link_down(cl)
+            check_partition(cl)
+            check_loopback_refused(cl)
+            left = cl.shm_files()
+            assert not any(left.values()), f"left in /dev/shm: {left}"
+    finally:
+        cl.__exit__()
+    still = [p.pid for p in cl.procs if p.poll() is None]
+    assert not still, still
+    print(f"multi-node: ok in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
