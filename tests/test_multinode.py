@@ -11,6 +11,8 @@ Checks, each on a fresh job:
   - the job rides through node B's link going down for 5 s;
   - a partition longer than the heartbeat timeout ends every agent with an
     error that names the lost rank;
+  - a firewall dropping the ring's ports on node B (--comm-port) fails
+    every rank within --connect-timeout, naming both ranks and the cause;
   - agents that give their peers a loopback address, in a job that spans
     nodes, are refused at rendezvous with a message saying what to set;
   - nothing is left running, nor in any node's /dev/shm.
@@ -243,6 +245,34 @@ def check_partition(cl):
     print(f"partition: node a's ranks ended {took:.1f} s after the cut, naming the lost rank")
 
 
+def check_firewall(cl):
+    """Node b drops the ring's ports: every rank fails within the connect
+    timeout, a rank dialing node b naming both ranks, the address and the
+    likely cause."""
+    if subprocess.run(["which", "iptables"], capture_output=True).returncode:
+        print("firewall: skipped (no iptables)")
+        return
+    coord = start_coordinator(cl)
+    drop = ["-p", "tcp", "--dport", "29500:29509", "-j", "DROP"]
+    cl.exec("b", ["iptables", "-A", "INPUT"] + drop)
+    try:
+        t0 = time.monotonic()
+        agents = start_agents(cl, "walled", 10, TWO_NODES,
+                              extra=["--comm-port", "29500-29509", "--connect-timeout", "3s"])
+        codes = finish_all(agents, 30)
+        took = time.monotonic() - t0
+    finally:
+        cl.exec("b", ["iptables", "-D", "INPUT"] + drop)
+    assert all(c != 0 for c in codes), codes
+    text = agents[1].text()  # rank 1 (node-a) dials rank 2 on node-b
+    assert re.search(r"rank 1 could not connect to rank 2 at 10\.77\.0\.3:2950\d within 3 s: "
+                     r"no answer at all: a firewall dropping packets", text), text[-2000:]
+    assert took < 20, took
+    coord.p.terminate()
+    coord.finish(10)
+    print(f"firewall on node b's ring ports: every rank failed in {took:.1f} s, cause named")
+
+
 def check_loopback_refused(cl):
     coord = start_coordinator(cl)
     agents = start_agents(cl, "lo", 10, [("a", None, 0), ("b", None, 0)],
@@ -276,6 +306,7 @@ def main():
             check_equal_params_and_transports(cl, tmp)
             check_link_down(cl)
             check_partition(cl)
+            check_firewall(cl)
             check_loopback_refused(cl)
             left = cl.shm_files()
             assert not any(left.values()), f"left in /dev/shm: {left}"
