@@ -1,5 +1,6 @@
 #include "why.h"
 
+#include <signal.h>
 #include <stdio.h>
 
 void gs_set_whyv(char *why, size_t why_len, const char *fmt, va_list ap)
@@ -25,4 +26,12 @@ int gs_why(int err, char *why, size_t why_len, const char *fmt, ...)
   gs_set_whyv(why, why_len, fmt, ap);
   va_end(ap);
   return err;
+}
+
+const char *gs_signal_name(int sig)
+{
+  return sig == SIGTERM  ? "SIGTERM"
+         : sig == SIGINT ? "SIGINT"
+         : sig == SIGHUP ? "SIGHUP"
+                         : "a signal";
 }

@@ -18,4 +18,7 @@ void gs_set_whyv(char *why, size_t why_len, const char *fmt, va_list ap)
 int gs_why(int err, char *why, size_t why_len, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* "SIGTERM", "SIGINT", "SIGHUP", or "a signal": for "interrupted by ...". */
+const char *gs_signal_name(int sig);
+
 #endif

@@ -271,14 +271,48 @@ def interrupt_in_rendezvous(rpc_port, sig, job):
     return took
 
 
+def interrupt_while_connecting(rpc_port, tmp):
+    """Rank 1 advertises an address nobody listens on, so rank 0 keeps
+    dialing it: SIGTERM ends rank 0 within about a second (not at the
+    connect timeout), saying what it was doing."""
+    common = [AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
+              "--reduce", "mean", "--job", "ring", "--steps", "5", "--connect-timeout", "60s"]
+    r1 = subprocess.Popen(common + ["--local-rank", "1", "--comm-advertise", "127.0.0.1:1"] + FAST,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r0 = subprocess.Popen(common + ["--local-rank", "0"] + FAST, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in r0.stderr:
+            lines.append(line)
+            if "joined generation" in line:
+                break
+        time.sleep(0.5)  # dialing 127.0.0.1:1 by now
+        t0 = time.monotonic()
+        r0.send_signal(signal.SIGTERM)
+        code = r0.wait(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        r0.kill()
+        r1.kill()
+        r1.wait()
+    err = "".join(lines) + r0.stderr.read()
+    assert took < 1.5, f"exited {took:.2f} s after SIGTERM:\n{err}"
+    assert code == 128 + signal.SIGTERM, (code, err)
+    assert "interrupted by SIGTERM while connecting to rank 1" in err, err
+    return took
+
+
 def case_signals(tmp):
-    """SIGTERM and SIGINT end an agent waiting in the rendezvous at once;
-    each is named as what it is."""
+    """SIGTERM and SIGINT end an agent waiting in the rendezvous, or
+    connecting to its peers, at once; each is named as what it is."""
     c, rpc, _ = start_coordinator()
     try:
         for sig, job in ((signal.SIGTERM, "sigterm"), (signal.SIGINT, "sigint")):
             took = interrupt_in_rendezvous(rpc, sig, job)
             print(f"{signal.Signals(sig).name} in the rendezvous: exited after {took:.2f} s")
+        took = interrupt_while_connecting(rpc, tmp)
+        print(f"SIGTERM while connecting to the ranks: exited after {took:.2f} s")
     finally:
         c.kill()
         c.wait()

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -877,6 +878,47 @@ START_TEST(unreachable_peer_fails_within_connect_timeout)
 }
 END_TEST
 
+static volatile sig_atomic_t term_flag;
+
+static void *raise_term_later(void *arg)
+{
+  struct timespec ts = {0, 200 * 1000 * 1000};
+
+  (void)arg;
+  nanosleep(&ts, NULL);
+  term_flag = SIGTERM;
+  return NULL;
+}
+
+/* The owner's signal ends a rendezvous whose peer is missing within
+ * about 100 ms, not at the connect timeout. */
+START_TEST(signal_ends_connecting)
+{
+  char self[64], peer[64];
+  const char *addrs[2] = {self, peer};
+  gs_comm_t *c = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1"}, 0, self, sizeof(self));
+  gs_comm_setup_t setup = {.rank = 0,
+                           .world_size = 2,
+                           .generation = 1,
+                           .peer_addrs = addrs,
+                           .timeout_ms = 60000,
+                           .interrupt = &term_flag};
+  pthread_t t;
+  uint64_t t0;
+
+  snprintf(peer, sizeof(peer), "127.0.0.1:%u", free_port());
+  term_flag = 0;
+  ck_assert_int_eq(pthread_create(&t, NULL, raise_term_later, NULL), 0);
+  t0 = gs_now_ms();
+  ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINTR);
+  ck_assert_uint_lt(gs_now_ms() - t0, 1000);
+  ck_assert_msg(strstr(gs_comm_why(c), "rank 0: interrupted by SIGTERM while connecting to rank 1"),
+                "%s", gs_comm_why(c));
+  pthread_join(t, NULL);
+  gs_comm_destroy(c);
+}
+END_TEST
+
 /* Over IPv6 loopback, where the machine has it. */
 START_TEST(ipv6_loopback)
 {
@@ -995,6 +1037,7 @@ static Suite *comm_host_suite(void)
   suite_add_tcase(s, tcase("unknown_backend", unknown_backend, 10));
   suite_add_tcase(s, tcase("bad_arguments", bad_arguments, 10));
   suite_add_tcase(s, tcase("endpoints", endpoints, 10));
+  suite_add_tcase(s, tcase("signal_ends_connecting", signal_ends_connecting, 10));
   suite_add_tcase(s, tcase("unreachable_peer", unreachable_peer_fails_within_connect_timeout, 10));
   suite_add_tcase(s, tcase("ipv6_loopback", ipv6_loopback, 10));
   suite_add_tcase(s, tcase("transport_as_configured", transport_as_configured, 10));

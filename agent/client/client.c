@@ -20,6 +20,7 @@
 #include "clock.h"
 #include "client_internal.h"
 #include "frame.h"
+#include "why.h"
 #include "wire.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -530,14 +531,8 @@ static int attempt(gs_client_t *cl, call_t *c)
 /* The error of a call the owner's signal ended. */
 static void interrupted(gs_client_t *cl, const call_t *c)
 {
-  int sig = *cl->interrupt;
-  char name[16];
+  const char *name = gs_signal_name(*cl->interrupt);
 
-  snprintf(name, sizeof(name), "%s",
-           sig == SIGTERM  ? "SIGTERM"
-           : sig == SIGINT ? "SIGINT"
-           : sig == SIGHUP ? "SIGHUP"
-                           : "a signal");
   if (cl->waiting[0])
     gs__client_set_err(cl, "interrupted by %s while waiting for %s", name, cl->waiting);
   else

@@ -30,6 +30,7 @@
 
 #include "cuda_check.h"
 #include "netif.h"
+#include "why.h"
 #include "clock.h"
 
 /* Pacing of wait_ready, the wait for a non-blocking NCCL call to leave
@@ -69,6 +70,7 @@ typedef struct nccl_comm {
   int err; /* sticky error of a failed init or operation */
   uint32_t rank, world, max_queued, nevents;
   uint64_t timeout_ms;
+  volatile sig_atomic_t *interrupt; /* during init only (gs_comm_setup_t) */
   int cuda_dev;
   ncclComm_t nccl;       /* NULL before init and once aborted or destroyed */
   cudaStream_t compute;  /* the device's stream; not ours */
@@ -145,10 +147,11 @@ static int async_failed(nccl_comm_t *c, const char *what, ncclResult_t async_err
 /* Polls the communicator until it leaves ncclInProgress (init, an enqueue
  * or finalize that answered ncclInProgress): spins for WAIT_SPIN_NS when
  * `spin`, then sleeps from WAIT_SLEEP_MIN_US doubling to sleep_max_us.
- * Gives up on gs_comm_abort or after timeout_ms, aborting the
- * communicator; `hint` ends the timeout message. */
+ * Gives up on gs_comm_abort, the owner's signal (c->interrupt, during
+ * init) or after `timeout_ms`, aborting the communicator; `hint` ends the
+ * timeout message. */
 static int wait_ready(nccl_comm_t *c, const char *what, const char *hint, bool spin,
-                      long sleep_max_us)
+                      long sleep_max_us, uint64_t timeout_ms)
 {
   uint64_t start = gs_now_ms(), spin_until = gs_now_ns() + (spin ? WAIT_SPIN_NS : 0);
   ncclResult_t async_error = ncclInProgress;
@@ -165,12 +168,15 @@ static int wait_ready(nccl_comm_t *c, const char *what, const char *hint, bool s
       GS_LOG_WARNING(c->base.log, "nccl comm: rank %" PRIu32 ": NCCL %s aborted", c->rank, what);
       return comm_fail(c, GS_EABORTED);
     }
-    if (gs_now_ms() - start >= c->timeout_ms) {
-      GS_LOG_ERR(c->base.log,
-                 "nccl comm: rank %" PRIu32 ": NCCL %s did not complete within %" PRIu64 " ms%s",
-                 c->rank, what, c->timeout_ms, hint);
-      return comm_fail(c, GS_ETIMEDOUT);
-    }
+    if (c->interrupt && *c->interrupt)
+      return comm_fail(c, gs__comm_fail(&c->base, GS_EINTR,
+                                        "rank %" PRIu32 ": NCCL %s interrupted by %s", c->rank,
+                                        what, gs_signal_name(*c->interrupt)));
+    if (gs_now_ms() - start >= timeout_ms)
+      return comm_fail(c, gs__comm_fail(&c->base, GS_ETIMEDOUT,
+                                        "rank %" PRIu32 ": NCCL %s did not complete within %" PRIu64
+                                        " ms%s",
+                                        c->rank, what, timeout_ms, hint));
     if (gs_now_ns() < spin_until)
       continue;
     sleep_us(sleep);
@@ -182,7 +188,7 @@ static int wait_ready(nccl_comm_t *c, const char *what, const char *hint, bool s
 /* A collective's launch: spin first, sleep at most 1 ms at a time. */
 static int wait_launch(nccl_comm_t *c, const char *what)
 {
-  return wait_ready(c, what, "", true, WAIT_OP_SLEEP_MAX_US);
+  return wait_ready(c, what, "", true, WAIT_OP_SLEEP_MAX_US, c->timeout_ms);
 }
 
 /* "2.28.9" from a version code (2.9 and later: 10000 * major + 100 * minor
@@ -388,8 +394,13 @@ static int nccl_init(gs_comm_t *base, const gs_comm_setup_t *s)
     c->nccl = NULL; /* NCCL frees it when the call itself fails */
     goto out_release_cuda;
   }
-  err = wait_ready(c, "init", ": a rank is missing or its GPU is unreachable", false,
-                   WAIT_INIT_SLEEP_MAX_US);
+  c->interrupt = s->interrupt;
+  err = wait_ready(c, "init",
+                   ": a rank is missing, or its GPU or network unreachable (NCCL_SOCKET_IFNAME, "
+                   "--comm-iface)",
+                   false, WAIT_INIT_SLEEP_MAX_US,
+                   s->connect_timeout_ms ? s->connect_timeout_ms : s->timeout_ms);
+  c->interrupt = NULL;
   if (err)
     goto out_release_cuda;
   c->ready = true;
@@ -650,7 +661,7 @@ static void shut_down(nccl_comm_t *c)
   if (!err)
     err = NCCL_STARTED(c->base.log, ncclCommFinalize(c->nccl), &in_progress);
   if (!err && in_progress)
-    err = wait_ready(c, "finalize", "", false, WAIT_OP_SLEEP_MAX_US);
+    err = wait_ready(c, "finalize", "", false, WAIT_OP_SLEEP_MAX_US, c->timeout_ms);
   if (err) {
     comm_fail(c, err);
     return;

@@ -20,6 +20,9 @@
 
 #include "byteorder.h"
 #include "clock.h"
+#include "why.h"
+
+#define INTERRUPT_POLL_MS 100
 
 /* The handshake, both ways: the dialer's hello, then the acceptor's reply
  * (the same layout, with HELLO_ACCEPTED set if it keeps the connection). */
@@ -529,8 +532,9 @@ static int rendezvous_timeout(host_comm_t *c, const rendezvous_t *rv)
 }
 
 /* Dials the next rank and accepts the previous one, both at once, until
- * both handshakes are done, the deadline passes, or the comm is aborted. */
-static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
+ * both handshakes are done, the deadline passes, the comm is aborted or
+ * the owner's signal comes (looked at every INTERRUPT_POLL_MS). */
+static int rendezvous_run(host_comm_t *c, rendezvous_t *rv, volatile sig_atomic_t *interrupt)
 {
   struct pollfd pfd[3 + MAX_PENDING];
   uint64_t start = gs_now_ms(), now = start;
@@ -540,6 +544,11 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
   for (;;) {
     if (gs__host_aborted(c))
       return GS_EABORTED;
+    if (interrupt && *interrupt)
+      return gs__comm_fail(&c->base, GS_EINTR,
+                           "rank %" PRIu32 ": interrupted by %s while connecting to rank %" PRIu32
+                           " and %" PRIu32,
+                           c->rank, gs_signal_name(*interrupt), c->next, c->prev);
     err = dial_advance(c, &rv->dial, dial_revents, now);
     if (err)
       return err;
@@ -565,6 +574,8 @@ static int rendezvous_run(host_comm_t *c, rendezvous_t *rv)
     for (i = 0; i < rv->npending; i++)
       pfd[nfd++] = (struct pollfd){rv->pending[i].fd, POLLIN, 0};
     i = gs__host_wait_ms(start, c->connect_timeout_ms, now);
+    if (interrupt && i > INTERRUPT_POLL_MS)
+      i = INTERRUPT_POLL_MS;
     if (rv->dial.state == DIAL_WAIT && rv->dial.retry_at < now + (uint64_t)i)
       i = rv->dial.retry_at > now ? (int)(rv->dial.retry_at - now) : 0;
     if (poll(pfd, (nfds_t)nfd, i) < 0 && errno != EINTR) {
@@ -677,7 +688,7 @@ int gs__host_init(gs_comm_t *base, const gs_comm_setup_t *s)
   our_hello(c, 0, rv.dial.out);
   err = resolve_peer(c, c->next_addr, &rv.dial);
   if (!err)
-    err = rendezvous_run(c, &rv);
+    err = rendezvous_run(c, &rv, s->interrupt);
   rendezvous_close(&rv);
   if (!err)
     err = connect_pipes(c);

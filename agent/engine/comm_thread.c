@@ -102,7 +102,9 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
                  (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
   char why[300] = "";
 
-  while (e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && gs_now_ms_f() < until) {
+  /* A signal's interruption is not a peer's fault: nothing to wait for. */
+  while (err != GS_EINTR && e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) &&
+         gs_now_ms_f() < until) {
     struct timespec ts = {0, 20 * 1000 * 1000};
 
     nanosleep(&ts, NULL);

@@ -231,6 +231,7 @@ static int connect_ranks(gs_engine_t *e)
       .generation = e->join.generation,
       .timeout_ms = e->cfg.comm_timeout_ms,
       .connect_timeout_ms = e->cfg.connect_timeout_ms,
+      .interrupt = e->cfg.term_flag,
       .device = e->cfg.dev,
       .id = id,
       /* a step queues one allreduce per pack; a broadcast of the packs two per pack */

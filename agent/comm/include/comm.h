@@ -10,6 +10,7 @@
 #ifndef GS_COMM_H
 #define GS_COMM_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,10 +32,14 @@ typedef struct gs_comm_setup {
   /* No progress for this long inside one operation is GS_ETIMEDOUT: a
    * silent peer is an error, never a hang. */
   uint64_t timeout_ms;
-  /* Host backend: the ring not formed within this long (a peer that does
-   * not answer at its address, or never dials ours) fails with a message
-   * naming both ranks and the likely cause; 0: timeout_ms. */
+  /* The ranks not connected within this long (host: a peer that does not
+   * answer at its address, or never dials ours; nccl: its init) fails
+   * with a message naming the ranks and the likely cause; 0: timeout_ms. */
   uint64_t connect_timeout_ms;
+  /* Set by the owner's signal handler: init gives up within 100 ms with
+   * GS_EINTR (a rank told to stop while its peers are still missing).
+   * Collectives ignore it. May be NULL. */
+  volatile sig_atomic_t *interrupt;
   /* Stream-ordered backends (nccl): the device the buffers live on (its
    * compute stream orders the collectives), rank 0's rendezvous id
    * (gs_comm_make_id, passed to every rank), and the most collectives
