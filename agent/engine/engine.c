@@ -105,6 +105,11 @@ float *gs_engine_grad(const gs_engine_t *e, uint32_t i)
   return gs_packs_grad(&e->packs, i);
 }
 
+uint32_t gs_engine_param_pack(const gs_engine_t *e, uint32_t i)
+{
+  return i < e->packs.nparams && e->packs.pack_of ? e->packs.pack_of[i] : 0;
+}
+
 /* ---- start -------------------------------------------------------------- */
 
 /* Rank 0 computes and publishes the pack list; the others fetch it. Either

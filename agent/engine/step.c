@@ -76,6 +76,17 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   e->in_step = true;
 }
 
+void gs_engine_set_loss(gs_engine_t *e, float loss)
+{
+  if (!e->in_step || e->failed)
+    return;
+  e->loss = loss;
+  e->ctl_mine.nonfinite = !isfinite(loss);
+  gs_control_encode(&e->ctl_mine, e->ctl, e->nctl);
+  if (!e->launch_err)
+    e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
+}
+
 /* Starts pack k's allreduce: queued on the comm thread for a blocking
  * backend, on the comm stream (after the gradients queued so far) for a
  * stream-ordered one. */

@@ -129,9 +129,11 @@ static const struct {
   has_fn has;
   diff_fn diff;
 } comparisons[] = {
-    {"a model", NULL, model_diff},
+    /* Named differences before the model's hashes: a front end that sends
+     * its layout as settings (gradsync.torch) gets the parameter named. */
     {"a device kind", has_device, device_diff},
     {"settings", has_settings, settings_diff},
+    {"a model", NULL, model_diff},
 };
 
 #define NCOMPARISONS (sizeof(comparisons) / sizeof(comparisons[0]))

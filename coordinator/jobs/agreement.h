@@ -1,13 +1,14 @@
 /* What the members of a rendezvous must agree on before a generation
  * starts, each compared with the reference member (rank 0, or the first
- * member in rank order that takes part in the comparison):
+ * member in rank order that takes part in the comparison), in this order
+ * (the first difference found is the one reported):
  *
- *   - the model signature (every member; a missing one counts as zeros);
  *   - the kind of device, what comes before ':' in JoinRequest.device
  *     (members that name one): cpu and cuda ranks cannot share a backend;
  *   - the settings (members that send any; older clients send none): the
  *     values that decide the collective sequence and the arithmetic, by
- *     name, whatever their order.
+ *     name, whatever their order;
+ *   - the model signature (every member; a missing one counts as zeros).
  *
  * Pure functions of the members: rendezvous.c answers the Joins. */
 #ifndef GS_AGREEMENT_H

@@ -238,6 +238,10 @@ GS_ENGINE_API int32_t gs_engine_bcast_period(const gs_engine_t *e);
  * device's memory: plain host memory on the cpu device. */
 GS_ENGINE_API float *gs_engine_param(const gs_engine_t *e, uint32_t i);
 GS_ENGINE_API float *gs_engine_grad(const gs_engine_t *e, uint32_t i);
+/* The pack parameter i lives in (after start). The last pack of the pack
+ * list (gs_engine_pack_count() - 1) carries the control vector, with the
+ * loss's verdict: see gs_engine_set_loss. */
+GS_ENGINE_API uint32_t gs_engine_param_pack(const gs_engine_t *e, uint32_t i);
 
 /* Makes every rank start from the same state: with resume rank 0 loads
  * the newest valid checkpoint and broadcasts params, momentum and position
@@ -249,6 +253,12 @@ GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_
  * one stops every rank at this step), `after` the position once this step
  * is done (what a checkpoint at its end records). */
 GS_ENGINE_API void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after);
+
+/* For front ends that know the loss only after backward (a framework's
+ * loss.backward() then optimizer.step(loss)): replaces the loss given to
+ * begin_step. Call it before reporting the last gradient of the last
+ * pack, which carries the verdict on the loss to every rank. */
+GS_ENGINE_API void gs_engine_set_loss(gs_engine_t *e, float loss);
 
 /* Backward reports parameter i's gradient as final (a gs_grad_ready_fn:
  * `engine` is the gs_engine_t), in any order. The pack's allreduce starts

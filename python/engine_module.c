@@ -1,0 +1,843 @@
+/* gradsync._engine: libgradsync for Python, a thin CPython extension over
+ * the public API (gradsync/engine.h). One type, Engine, with a method per
+ * engine call; the blocking ones (start, sync_initial, end_step,
+ * allreduce_sum, checkpoint waits, finish) release the GIL. Parameter and
+ * gradient memory is handed out as Buffer objects (the buffer protocol),
+ * each holding a reference to its Engine, so a tensor viewing pack memory
+ * keeps the engine, and so that memory, alive. Every engine error becomes
+ * a gradsync.Error (or subclass) carrying the engine's words; nothing here
+ * can abort the interpreter. The pure-Python layer (gradsync/torch.py)
+ * builds the optimizer on top. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <gradsync/engine.h>
+
+/* The exceptions (module state would be cleaner; one interpreter only). */
+static PyObject *error_base, *error_peer_lost, *error_model_mismatch, *error_timeout,
+    *error_interrupted;
+
+/* Set by our SIGTERM handler (and by SIGINT while a blocking call waits):
+ * the engine's term_flag. A process has one. */
+static volatile sig_atomic_t term_flag;
+
+static void on_term(int sig)
+{
+  if (term_flag == SIGTERM && sig == SIGTERM)
+    _exit(128 + sig); /* a second SIGTERM: no more waiting */
+  term_flag = sig;
+}
+
+typedef struct {
+  PyObject_HEAD gs_engine_t *engine;
+  bool started, finished;
+  uint32_t nparams;
+  uint64_t *numel; /* per registered param */
+} EngineObject;
+
+/* ---- errors --------------------------------------------------------- */
+
+/* The exception class for a failure: the engine's words decide it where
+ * its code alone cannot (a refused Join is INVALID_ARGUMENT whatever the
+ * difference was). */
+static PyObject *error_class(int err, const char *why)
+{
+  if (term_flag && (strstr(why, "interrupted by") || strstr(why, "SIGTERM") ||
+                    strstr(why, "SIGINT")))
+    return error_interrupted;
+  if (strstr(why, "model unlike") || strstr(why, "model signature"))
+    return error_model_mismatch;
+  if (strstr(why, " lost") || strstr(why, "aborted generation") ||
+      strstr(why, "peer rank failed") || strstr(why, "connection to rank"))
+    return error_peer_lost;
+  if (strstr(why, "timed out") || strstr(why, "deadline exceeded") || strstr(why, "within"))
+    return error_timeout;
+  (void)err;
+  return error_base;
+}
+
+/* Raises the engine's last error for `err`; returns NULL. */
+static PyObject *raise_engine(EngineObject *self, int err)
+{
+  const char *why = self->engine ? gs_engine_error(self->engine) : "";
+  char text[1024];
+
+  if (!why || !why[0])
+    why = gs_engine_strerror(err);
+  snprintf(text, sizeof(text), "%s", why);
+  PyErr_SetString(error_class(err, text), text);
+  return NULL;
+}
+
+static bool check_open(EngineObject *self, bool want_started)
+{
+  if (!self->engine) {
+    PyErr_SetString(error_base, "the engine is closed");
+    return false;
+  }
+  if (want_started && !self->started) {
+    PyErr_SetString(error_base, "the engine has not started (call start() first)");
+    return false;
+  }
+  return true;
+}
+
+/* ---- Buffer: pack memory with its engine alive ------------------------ */
+
+typedef struct {
+  PyObject_HEAD PyObject *owner; /* the EngineObject */
+  void *ptr;
+  Py_ssize_t len;
+} BufferObject;
+
+static int buffer_get(PyObject *obj, Py_buffer *view, int flags)
+{
+  BufferObject *b = (BufferObject *)obj;
+
+  return PyBuffer_FillInfo(view, obj, b->ptr, b->len, 0, flags);
+}
+
+static PyBufferProcs buffer_procs = {.bf_getbuffer = buffer_get};
+
+static void buffer_dealloc(BufferObject *b)
+{
+  Py_XDECREF(b->owner);
+  Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static PyObject *buffer_address(BufferObject *b, PyObject *unused)
+{
+  (void)unused;
+  return PyLong_FromVoidPtr(b->ptr);
+}
+
+static PyMethodDef buffer_methods[] = {
+    {"address", (PyCFunction)buffer_address, METH_NOARGS, "the memory's address"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gradsync._engine.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "float32 pack memory (params or grads of one parameter); keeps its engine alive",
+    .tp_dealloc = (destructor)buffer_dealloc,
+    .tp_as_buffer = &buffer_procs,
+    .tp_methods = buffer_methods,
+};
+
+static PyObject *buffer_new(EngineObject *owner, void *ptr, Py_ssize_t len)
+{
+  BufferObject *b = PyObject_New(BufferObject, &BufferType);
+
+  if (!b)
+    return NULL;
+  Py_INCREF(owner);
+  b->owner = (PyObject *)owner;
+  b->ptr = ptr;
+  b->len = len;
+  return (PyObject *)b;
+}
+
+/* ---- configuration from keyword arguments ---------------------------- */
+
+static int copy_str(PyObject *v, char *out, size_t len, const char *key)
+{
+  const char *s = PyUnicode_AsUTF8(v);
+
+  if (!s)
+    return -1;
+  if (strlen(s) >= len) {
+    PyErr_Format(PyExc_ValueError, "%s: '%s' is longer than %zu bytes", key, s, len - 1);
+    return -1;
+  }
+  snprintf(out, len, "%s", s);
+  return 0;
+}
+
+/* Seconds (a number) into milliseconds. */
+static int seconds_ms(PyObject *v, uint64_t *ms, const char *key)
+{
+  double s = PyFloat_AsDouble(v);
+
+  if (s == -1.0 && PyErr_Occurred())
+    return -1;
+  if (!(s > 0) || s > 1e9) {
+    PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds", key);
+    return -1;
+  }
+  *ms = (uint64_t)(s * 1000.0 + 0.5);
+  return 0;
+}
+
+static int set_u64(PyObject *v, uint64_t *out)
+{
+  unsigned long long x = PyLong_AsUnsignedLongLong(v);
+
+  if (x == (unsigned long long)-1 && PyErr_Occurred())
+    return -1;
+  *out = x;
+  return 0;
+}
+
+static int set_float(PyObject *v, float *out)
+{
+  double x = PyFloat_AsDouble(v);
+
+  if (x == -1.0 && PyErr_Occurred())
+    return -1;
+  *out = (float)x;
+  return 0;
+}
+
+/* "host:port" into the coordinator's address. */
+static int set_coordinator(PyObject *v, gs_engine_coord_t *c)
+{
+  const char *s = PyUnicode_AsUTF8(v), *colon;
+  char *end;
+  long port;
+  size_t n;
+
+  if (!s)
+    return -1;
+  colon = strrchr(s, ':');
+  port = colon ? strtol(colon + 1, &end, 10) : 0;
+  if (!colon || !colon[1] || *end || port < 1 || port > 65535) {
+    PyErr_Format(PyExc_ValueError, "coordinator: expected HOST:PORT, got '%s'", s);
+    return -1;
+  }
+  n = (size_t)(colon - s);
+  if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+    s++;
+    n -= 2;
+  }
+  if (n == 0 || n >= sizeof(c->host)) {
+    PyErr_Format(PyExc_ValueError, "coordinator: bad host in '%s'", PyUnicode_AsUTF8(v));
+    return -1;
+  }
+  memcpy(c->host, s, n);
+  c->host[n] = '\0';
+  c->port = (uint16_t)port;
+  return 0;
+}
+
+/* Strings that must outlive gs_engine_new (it copies them). */
+typedef struct {
+  PyObject *job, *token, *checkpoint_dir;
+} borrowed_t;
+
+static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, PyObject *v)
+{
+  gs_sgd_config_t *s = &c->sgd;
+
+  if (!strcmp(key, "coordinator"))
+    return set_coordinator(v, &c->coord);
+  if (!strcmp(key, "job") || !strcmp(key, "token") || !strcmp(key, "checkpoint_dir")) {
+    const char *str = PyUnicode_AsUTF8(v);
+    PyObject **slot = key[0] == 'j' ? &keep->job : key[0] == 't' ? &keep->token
+                                                                 : &keep->checkpoint_dir;
+
+    if (!str)
+      return -1;
+    Py_INCREF(v);
+    Py_XSETREF(*slot, v);
+    if (key[0] == 'j')
+      c->coord.job = str;
+    else if (key[0] == 't')
+      c->coord.token = str;
+    else
+      c->checkpoint_dir = str;
+    return 0;
+  }
+  if (!strcmp(key, "world_size") || !strcmp(key, "local_rank") ||
+      !strcmp(key, "checkpoint_keep") || !strcmp(key, "bcast_period")) {
+    long x = PyLong_AsLong(v);
+
+    if (x == -1 && PyErr_Occurred())
+      return -1;
+    if (key[0] == 'b') {
+      if (x < -1 || x > INT32_MAX)
+        return PyErr_Format(PyExc_ValueError, "bcast_period must be -1, 0 or a period"), -1;
+      c->bcast_period = (int32_t)x;
+    } else if (x < 0 || x > (1L << 30)) {
+      return PyErr_Format(PyExc_ValueError, "%s out of range: %ld", key, x), -1;
+    } else if (key[0] == 'w') {
+      c->world_size = (uint32_t)x;
+    } else if (key[0] == 'l') {
+      c->local_rank = (uint32_t)x;
+    } else {
+      c->checkpoint_keep = (uint32_t)x;
+    }
+    return 0;
+  }
+  if (!strcmp(key, "node"))
+    return copy_str(v, c->node, sizeof(c->node), key);
+  if (!strcmp(key, "device"))
+    return copy_str(v, c->device, sizeof(c->device), key);
+  if (!strcmp(key, "backend"))
+    return copy_str(v, c->backend, sizeof(c->backend), key);
+  if (!strcmp(key, "comm_iface"))
+    return copy_str(v, c->comm_iface, sizeof(c->comm_iface), key);
+  if (!strcmp(key, "comm_bind"))
+    return copy_str(v, c->comm_bind, sizeof(c->comm_bind), key);
+  if (!strcmp(key, "comm_advertise"))
+    return copy_str(v, c->comm_advertise, sizeof(c->comm_advertise), key);
+  if (!strcmp(key, "pack_threshold") || !strcmp(key, "checkpoint_every"))
+    return set_u64(v, key[0] == 'p' ? &c->pack_threshold : &c->checkpoint_every);
+  if (!strcmp(key, "warmup_steps") || !strcmp(key, "step_size") || !strcmp(key, "total_steps"))
+    return set_u64(v, key[0] == 'w'   ? &s->warmup_steps
+                      : key[0] == 's' ? &s->step_size
+                                      : &s->total_steps);
+  if (!strcmp(key, "reduce")) {
+    const char *str = PyUnicode_AsUTF8(v);
+
+    if (!str)
+      return -1;
+    if (gs_reduce_op_parse(str, &c->reduce))
+      return PyErr_Format(PyExc_ValueError, "reduce must be 'sum' or 'mean', not '%s'", str), -1;
+    return 0;
+  }
+  if (!strcmp(key, "schedule")) {
+    const char *str = PyUnicode_AsUTF8(v);
+
+    if (!str)
+      return -1;
+    if (gs_lr_schedule_parse(str, &s->schedule))
+      return PyErr_Format(PyExc_ValueError,
+                          "schedule must be 'constant', 'step' or 'cosine', not '%s'", str),
+             -1;
+    return 0;
+  }
+  if (!strcmp(key, "resume") || !strcmp(key, "nesterov")) {
+    int t = PyObject_IsTrue(v);
+
+    if (t < 0)
+      return -1;
+    if (key[0] == 'r')
+      c->resume = t;
+    else
+      s->nesterov = t;
+    return 0;
+  }
+  if (!strcmp(key, "lr"))
+    return set_float(v, &s->lr);
+  if (!strcmp(key, "momentum"))
+    return set_float(v, &s->momentum);
+  if (!strcmp(key, "weight_decay"))
+    return set_float(v, &s->weight_decay);
+  if (!strcmp(key, "bias_lr_mult"))
+    return set_float(v, &s->bias_lr_mult);
+  if (!strcmp(key, "bias_wd"))
+    return set_float(v, &s->bias_wd);
+  if (!strcmp(key, "warmup_factor"))
+    return set_float(v, &s->warmup_factor);
+  if (!strcmp(key, "gamma"))
+    return set_float(v, &s->gamma);
+  if (!strcmp(key, "join_timeout"))
+    return seconds_ms(v, &c->join_timeout_ms, key);
+  if (!strcmp(key, "rpc_timeout"))
+    return seconds_ms(v, &c->rpc_timeout_ms, key);
+  if (!strcmp(key, "comm_timeout"))
+    return seconds_ms(v, &c->comm_timeout_ms, key);
+  if (!strcmp(key, "connect_timeout"))
+    return seconds_ms(v, &c->connect_timeout_ms, key);
+  PyErr_Format(PyExc_TypeError, "Engine() got an unexpected option '%s'", key);
+  return -1;
+}
+
+/* ---- Engine ------------------------------------------------------------ */
+
+static void engine_dealloc(EngineObject *self)
+{
+  if (self->engine) {
+    if (self->started && !self->finished)
+      gs_engine_finish(self->engine, false, "the Python engine object was released unfinished");
+    gs_engine_free(self->engine);
+  }
+  PyMem_Free(self->numel);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
+{
+  gs_engine_config_t cfg;
+  borrowed_t keep = {NULL, NULL, NULL};
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  bool bias_wd_given = false;
+  char why[256];
+  int rc = -1;
+
+  if (PyTuple_GET_SIZE(args)) {
+    PyErr_SetString(PyExc_TypeError, "Engine() takes keyword arguments only");
+    return -1;
+  }
+  if (self->engine) {
+    PyErr_SetString(PyExc_RuntimeError, "Engine() initialised twice");
+    return -1;
+  }
+  gs_engine_config_defaults(&cfg);
+  while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
+    const char *k = PyUnicode_AsUTF8(key);
+
+    if (!k || set_option(&cfg, &keep, k, value))
+      goto out;
+    bias_wd_given |= !strcmp(k, "bias_wd");
+  }
+  if (!bias_wd_given)
+    cfg.sgd.bias_wd = cfg.sgd.weight_decay;
+  if (gs_sgd_config_check(&cfg.sgd, why, sizeof(why))) {
+    PyErr_SetString(PyExc_ValueError, why);
+    goto out;
+  }
+  if (!cfg.coord.port) {
+    PyErr_SetString(PyExc_ValueError, "coordinator='HOST:PORT' is required");
+    goto out;
+  }
+  cfg.term_flag = &term_flag;
+  self->engine = gs_engine_new(&cfg);
+  if (!self->engine) {
+    PyErr_NoMemory();
+    goto out;
+  }
+  rc = 0;
+out:
+  Py_XDECREF(keep.job);
+  Py_XDECREF(keep.token);
+  Py_XDECREF(keep.checkpoint_dir);
+  return rc;
+}
+
+static PyObject *engine_register(EngineObject *self, PyObject *args)
+{
+  const char *name;
+  unsigned long long numel;
+  int is_bias = 0, idx;
+  uint64_t *grown;
+
+  if (!PyArg_ParseTuple(args, "sK|p", &name, &numel, &is_bias) || !check_open(self, false))
+    return NULL;
+  idx = gs_engine_register(self->engine, name, numel, is_bias);
+  if (idx < 0)
+    return raise_engine(self, idx);
+  grown = PyMem_Realloc(self->numel, ((size_t)idx + 1) * sizeof(*grown));
+  if (!grown)
+    return PyErr_NoMemory();
+  self->numel = grown;
+  self->numel[idx] = numel;
+  self->nparams = (uint32_t)idx + 1;
+  return PyLong_FromLong(idx);
+}
+
+static PyObject *engine_add_setting(EngineObject *self, PyObject *args)
+{
+  const char *name, *value;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "ss", &name, &value) || !check_open(self, false))
+    return NULL;
+  err = gs_engine_add_setting(self->engine, name, value);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+/* Around a blocking engine call: lets go of the GIL, and makes SIGINT,
+ * like SIGTERM, end the call's waits (Python's own handler could not run
+ * until it returns); the caller raises KeyboardInterrupt after. */
+typedef struct {
+  PyThreadState *ts;
+  struct sigaction old_int;
+} blocking_t;
+
+static void blocking_begin(blocking_t *b)
+{
+  struct sigaction sa = {.sa_handler = on_term};
+
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &b->old_int);
+  b->ts = PyEval_SaveThread();
+}
+
+/* Back with the GIL; true when SIGINT came meanwhile (it is consumed). */
+static bool blocking_end(blocking_t *b)
+{
+  PyEval_RestoreThread(b->ts);
+  sigaction(SIGINT, &b->old_int, NULL);
+  if (term_flag != SIGINT)
+    return false;
+  term_flag = 0;
+  return true;
+}
+
+/* The error of a blocking call: KeyboardInterrupt when SIGINT ended it. */
+static PyObject *raise_blocking(EngineObject *self, int err, bool sigint)
+{
+  if (sigint) {
+    PyErr_SetString(PyExc_KeyboardInterrupt, gs_engine_error(self->engine));
+    return NULL;
+  }
+  return raise_engine(self, err);
+}
+
+static PyObject *engine_start(EngineObject *self, PyObject *unused)
+{
+  blocking_t b;
+  bool sigint;
+  int err;
+
+  (void)unused;
+  if (!check_open(self, false))
+    return NULL;
+  if (self->started) {
+    PyErr_SetString(error_base, "start() called twice");
+    return NULL;
+  }
+  blocking_begin(&b);
+  err = gs_engine_start(self->engine);
+  sigint = blocking_end(&b);
+  if (err)
+    return raise_blocking(self, err, sigint);
+  self->started = true;
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_info(EngineObject *self, PyObject *unused)
+{
+  (void)unused;
+  if (!check_open(self, true))
+    return NULL;
+  return Py_BuildValue("{s:I,s:I,s:K,s:I,s:i}", "rank", gs_engine_rank(self->engine),
+                       "world_size", gs_engine_world_size(self->engine), "generation",
+                       (unsigned long long)gs_engine_generation(self->engine), "packs",
+                       gs_engine_pack_count(self->engine), "bcast_period",
+                       gs_engine_bcast_period(self->engine));
+}
+
+static PyObject *param_or_grad(EngineObject *self, PyObject *args, bool grad)
+{
+  unsigned int i;
+  float *p;
+
+  if (!PyArg_ParseTuple(args, "I", &i) || !check_open(self, true))
+    return NULL;
+  if (i >= self->nparams) {
+    PyErr_Format(PyExc_IndexError, "no parameter %u (%u registered)", i, self->nparams);
+    return NULL;
+  }
+  p = grad ? gs_engine_grad(self->engine, i) : gs_engine_param(self->engine, i);
+  if (!p)
+    return raise_engine(self, -1);
+  return buffer_new(self, p, (Py_ssize_t)(self->numel[i] * sizeof(float)));
+}
+
+static PyObject *engine_param(EngineObject *self, PyObject *args)
+{
+  return param_or_grad(self, args, false);
+}
+
+static PyObject *engine_grad(EngineObject *self, PyObject *args)
+{
+  return param_or_grad(self, args, true);
+}
+
+static PyObject *engine_param_pack(EngineObject *self, PyObject *args)
+{
+  unsigned int i;
+
+  if (!PyArg_ParseTuple(args, "I", &i) || !check_open(self, true))
+    return NULL;
+  return PyLong_FromUnsignedLong(gs_engine_param_pack(self->engine, i));
+}
+
+static PyObject *engine_sync_initial(EngineObject *self, PyObject *unused)
+{
+  gs_position_t pos = {0};
+  blocking_t b;
+  bool sigint;
+  int err;
+
+  (void)unused;
+  if (!check_open(self, true))
+    return NULL;
+  blocking_begin(&b);
+  err = gs_engine_sync_initial(self->engine, &pos);
+  sigint = blocking_end(&b);
+  if (err)
+    return raise_blocking(self, err, sigint);
+  return Py_BuildValue("(KK)", (unsigned long long)pos.step, (unsigned long long)pos.epoch);
+}
+
+static PyObject *engine_begin_step(EngineObject *self, PyObject *args)
+{
+  double loss;
+  unsigned long long step, epoch;
+  gs_position_t after = {0};
+
+  if (!PyArg_ParseTuple(args, "dKK", &loss, &step, &epoch) || !check_open(self, true))
+    return NULL;
+  after.step = step;
+  after.epoch = epoch;
+  gs_engine_begin_step(self->engine, (float)loss, &after);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_set_loss(EngineObject *self, PyObject *args)
+{
+  double loss;
+
+  if (!PyArg_ParseTuple(args, "d", &loss) || !check_open(self, true))
+    return NULL;
+  gs_engine_set_loss(self->engine, (float)loss);
+  Py_RETURN_NONE;
+}
+
+/* Called from autograd's hooks: cheap, and never blocks (a blocking
+ * backend hands the pack to the comm thread). */
+static PyObject *engine_grad_ready(EngineObject *self, PyObject *arg)
+{
+  unsigned long i = PyLong_AsUnsignedLong(arg);
+
+  if (i == (unsigned long)-1 && PyErr_Occurred())
+    return NULL;
+  if (!self->engine || i >= self->nparams) {
+    PyErr_Format(PyExc_IndexError, "no parameter %lu", i);
+    return NULL;
+  }
+  gs_engine_grad_ready(self->engine, (uint32_t)i);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
+{
+  gs_step_result_t r;
+  int err;
+
+  (void)unused;
+  if (!check_open(self, true))
+    return NULL;
+  memset(&r, 0, sizeof(r));
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_end_step(self->engine, &r);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
+  return Py_BuildValue("{s:O,s:s,s:i,s:O,s:O,s:O,s:d,s:d}", "stop", r.stop ? Py_True : Py_False,
+                       "stop_reason", r.stop_reason, "bcast_period", r.bcast_period,
+                       "period_changed", r.period_changed ? Py_True : Py_False, "broadcast",
+                       r.broadcast ? Py_True : Py_False, "checkpoint",
+                       r.checkpoint ? Py_True : Py_False, "comm_wait_ms", r.comm_wait_ms,
+                       "optimizer_ms", r.optimizer_ms);
+}
+
+/* Sums a writable float32 buffer over the ranks, in place. */
+static PyObject *engine_allreduce_sum(EngineObject *self, PyObject *arg)
+{
+  Py_buffer view;
+  int err;
+
+  if (!check_open(self, true) || PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+    return NULL;
+  if (view.len % (Py_ssize_t)sizeof(float)) {
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_ValueError, "allreduce_sum needs float32 memory");
+    return NULL;
+  }
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_allreduce_sum(self->engine, view.buf, (size_t)view.len / sizeof(float));
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&view);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_checkpoint(EngineObject *self, PyObject *args)
+{
+  unsigned long long step, epoch;
+  gs_position_t pos = {0};
+  int err;
+
+  if (!PyArg_ParseTuple(args, "KK", &step, &epoch) || !check_open(self, true))
+    return NULL;
+  pos.step = step;
+  pos.epoch = epoch;
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_checkpoint(self->engine, &pos);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_report(EngineObject *self, PyObject *args)
+{
+  gs_progress_t p = {0};
+  unsigned long long step;
+  double loss, sps, compute, comm;
+
+  if (!PyArg_ParseTuple(args, "Kdddd", &step, &loss, &sps, &compute, &comm) ||
+      !check_open(self, true))
+    return NULL;
+  p.step = step;
+  p.loss = (float)loss;
+  p.samples_per_sec = (float)sps;
+  p.compute_ms = (float)compute;
+  p.comm_wait_ms = (float)comm;
+  gs_engine_report(self->engine, &p);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_finish(EngineObject *self, PyObject *args)
+{
+  int finished = 1;
+  const char *reason = "";
+
+  if (!PyArg_ParseTuple(args, "|ps", &finished, &reason) || !check_open(self, false))
+    return NULL;
+  if (self->started && !self->finished) {
+    Py_BEGIN_ALLOW_THREADS
+    gs_engine_finish(self->engine, finished, reason);
+    Py_END_ALLOW_THREADS
+  }
+  self->finished = true;
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_error(EngineObject *self, PyObject *unused)
+{
+  (void)unused;
+  return PyUnicode_FromString(self->engine ? gs_engine_error(self->engine) : "");
+}
+
+static PyMethodDef engine_methods[] = {
+    {"register", (PyCFunction)engine_register, METH_VARARGS,
+     "register(name, numel, is_bias=False) -> index: a float32 parameter, in forward order"},
+    {"add_setting", (PyCFunction)engine_add_setting, METH_VARARGS,
+     "add_setting(name, value): a value every rank must share, compared at Join"},
+    {"start", (PyCFunction)engine_start, METH_NOARGS,
+     "joins the job, agrees on the pack list, connects the ranks (blocks)"},
+    {"info", (PyCFunction)engine_info, METH_NOARGS,
+     "{'rank', 'world_size', 'generation', 'packs', 'bcast_period'} once started"},
+    {"param", (PyCFunction)engine_param, METH_VARARGS, "param(i) -> Buffer of its pack memory"},
+    {"grad", (PyCFunction)engine_grad, METH_VARARGS, "grad(i) -> Buffer of its gradient memory"},
+    {"param_pack", (PyCFunction)engine_param_pack, METH_VARARGS,
+     "param_pack(i) -> the pack parameter i lives in"},
+    {"sync_initial", (PyCFunction)engine_sync_initial, METH_NOARGS,
+     "every rank takes rank 0's params (or its checkpoint with resume): (step, epoch)"},
+    {"begin_step", (PyCFunction)engine_begin_step, METH_VARARGS,
+     "begin_step(loss, step_after, epoch_after)"},
+    {"set_loss", (PyCFunction)engine_set_loss, METH_VARARGS,
+     "set_loss(loss): the step's loss, before the last pack's last gradient"},
+    {"grad_ready", (PyCFunction)engine_grad_ready, METH_O, "grad_ready(i): gradient i is final"},
+    {"end_step", (PyCFunction)engine_end_step, METH_NOARGS,
+     "waits for the allreduces, applies SGD: the step's decisions as a dict"},
+    {"allreduce_sum", (PyCFunction)engine_allreduce_sum, METH_O,
+     "allreduce_sum(buffer): sums float32 memory over the ranks, in place"},
+    {"checkpoint", (PyCFunction)engine_checkpoint, METH_VARARGS,
+     "checkpoint(step, epoch): rank 0 writes one (in the background)"},
+    {"report", (PyCFunction)engine_report, METH_VARARGS,
+     "report(step, loss, samples_per_sec, compute_ms, comm_wait_ms) for the status page"},
+    {"finish", (PyCFunction)engine_finish, METH_VARARGS,
+     "finish(finished=True, reason=''): leaves the job"},
+    {"error", (PyCFunction)engine_error, METH_NOARGS, "the engine's last error in words"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gradsync._engine.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "libgradsync's sync engine (gradsync/engine.h); keyword options as its config",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)engine_init,
+    .tp_dealloc = (destructor)engine_dealloc,
+    .tp_methods = engine_methods,
+};
+
+/* ---- module ------------------------------------------------------------ */
+
+/* Our SIGTERM handler, unless the program installed its own: a SIGTERM
+ * (scancel, pod deletion) then stops every rank at the same step. */
+static PyObject *install_sigterm(PyObject *mod, PyObject *unused)
+{
+  struct sigaction old, sa = {.sa_handler = on_term};
+
+  (void)mod;
+  (void)unused;
+  if (sigaction(SIGTERM, NULL, &old) == 0 && old.sa_handler == SIG_DFL) {
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
+}
+
+static PyObject *signal_received(PyObject *mod, PyObject *unused)
+{
+  (void)mod;
+  (void)unused;
+  return PyLong_FromLong(term_flag);
+}
+
+static PyMethodDef module_methods[] = {
+    {"install_sigterm", install_sigterm, METH_NOARGS,
+     "handle SIGTERM as a stop every rank takes at one step (when no handler is set)"},
+    {"signal_received", signal_received, METH_NOARGS, "the signal that asked to stop, or 0"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "gradsync._engine",
+    .m_doc = "libgradsync's engine for Python",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+static int add_error(PyObject *m, PyObject **slot, const char *name, PyObject *base,
+                     const char *doc)
+{
+  char full[64];
+
+  snprintf(full, sizeof(full), "gradsync.%s", name);
+  *slot = PyErr_NewExceptionWithDoc(full, doc, base, NULL);
+  if (!*slot)
+    return -1;
+  Py_INCREF(*slot);
+  return PyModule_AddObject(m, name, *slot);
+}
+
+PyMODINIT_FUNC PyInit__engine(void)
+{
+  PyObject *m;
+
+  if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&BufferType) < 0)
+    return NULL;
+  m = PyModule_Create(&module_def);
+  if (!m)
+    return NULL;
+  Py_INCREF(&EngineType);
+  Py_INCREF(&BufferType);
+  if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) ||
+      PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) ||
+      add_error(m, &error_base, "Error", PyExc_RuntimeError, "a gradsync engine error") ||
+      add_error(m, &error_peer_lost, "PeerLost", error_base,
+                "another rank was lost, or the coordinator aborted the job") ||
+      add_error(m, &error_model_mismatch, "ModelMismatch", error_base,
+                "the ranks' models differ") ||
+      add_error(m, &error_timeout, "Timeout", error_base,
+                "a wait (join, coordinator, collective) timed out") ||
+      add_error(m, &error_interrupted, "Interrupted", error_base,
+                "a signal (SIGTERM, SIGINT) ended a wait")) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}
