@@ -524,6 +524,15 @@ def case_command(tmp):
                         "sh", "-c", "exit $((3 + LOCAL_RANK))"],
                        capture_output=True, text=True, timeout=60, env=clean_env())
     assert p.returncode in (3, 4) and "exited with status" in p.stderr, p
+    # One local rank failing stops the others on its node (SIGTERM), at once.
+    t0 = time.monotonic()
+    p = subprocess.run([RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--", "sh", "-c",
+                        '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 60'],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    took = time.monotonic() - t0
+    assert p.returncode == 5 and "stopping the other ranks" in p.stderr, p
+    assert "rank 0 killed by signal SIGTERM" in p.stderr, p.stderr
+    assert took < 10, took
     p = subprocess.run([RUN, "--nproc", "1", "--coordinator", "127.0.0.1:9", "--",
                         "no-such-program-gs"], capture_output=True, text=True, timeout=60,
                        env=clean_env())

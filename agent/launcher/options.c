@@ -28,7 +28,7 @@ static const gs_flag_t flag_rows[] = {
           "one per GPU SLURM gave the node"},
   {.name = "--nnodes", .kind = GS_FLAG_INT, CFG(nnodes), .min = 1, .max = GS_RUN_MAX_NNODES,
    GIVEN(have_nnodes), .envs = gs_launch_nnodes_envs, .metavar = "N",
-   .help = "nodes in the job (each runs gradsync-run with the same flags but --node-rank)",
+   .help = "nodes in the job (each runs gradsync-run with the same job settings)",
    .doc = "nodes in the job (world size: N × `--nproc-per-node`); more than 1 needs "
           "`--coordinator`"},
   {.name = "--node-rank", .kind = GS_FLAG_INT, CFG(node_rank), .min = 0,
