@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -236,9 +237,9 @@ def case_launcher(tmp):
     assert "exited with status" in err, err
 
 
-def start_coordinator():
-    """A coordinator on free ports: (process, rpc port, http port)."""
-    c = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+def start_coordinator(host="127.0.0.1"):
+    """A coordinator on free ports of `host`: (process, rpc port, http port)."""
+    c = subprocess.Popen([COORD, "--listen", f"{host}:0", "--http", "127.0.0.1:0"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     m = re.search(r"listening rpc=\S+:(\d+) http=\S+:(\d+)", c.stdout.readline())
     assert m, "the coordinator did not say where it listens"
@@ -426,6 +427,18 @@ def clean_env(**extra):
     return env
 
 
+def node_address():
+    """An address of this machine that is not loopback, as another node
+    would reach it (agents advertise the address they reach the
+    coordinator from), or 127.0.0.1 when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
 def job_state(http, job):
     """The job's state at the coordinator's /jobs/NAME."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http}/jobs/{job}", timeout=10) as r:
@@ -447,16 +460,17 @@ def case_multinode(tmp):
     """gradsync-run's multi-node form: two "nodes" (distinct --node names)
     join one coordinator started apart, by flags and by SLURM's variables
     alone; the job finishes with a world of 2."""
-    c, rpc, http = start_coordinator()
+    host = node_address()
+    c, rpc, http = start_coordinator(host)
     train = ["--reduce", "mean", "--steps", "10"] + FAST
     try:
         out = run_nodes([["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
-                          "--coordinator", f"127.0.0.1:{rpc}", "--node", f"node-{i}",
+                          "--coordinator", f"{host}:{rpc}", "--node", f"node-{i}",
                           "--job", "mn", "--"] + train for i in range(2)],
                         [clean_env()] * 2)
         for i, (text, code) in enumerate(out):
             assert code == 0, (i, code, text)
-            assert f"node {i} of 2: 1 agent joining 127.0.0.1:{rpc} as job mn" in text, text
+            assert f"node {i} of 2: 1 agent joining {host}:{rpc} as job mn" in text, text
             assert f"as node 'node-{i}' local rank 0 (world size 2)" in text, text
             assert f"the 1 local rank of node {i} finished" in text, text
         assert "[local rank 0] final: test accuracy" in out[0][0], out[0][0]
@@ -469,7 +483,7 @@ def case_multinode(tmp):
         envs = [clean_env(SLURM_JOB_ID="4242", SLURM_NNODES="2", SLURM_NODEID=str(i),
                           SLURMD_NODENAME=f"slurm-{i}", SLURM_NTASKS="2",
                           SLURM_NTASKS_PER_NODE="1", SLURM_GPUS_ON_NODE="1",
-                          SLURM_PROCID=str(i), SLURM_LOCALID="0", MASTER_ADDR="127.0.0.1",
+                          SLURM_PROCID=str(i), SLURM_LOCALID="0", MASTER_ADDR=host,
                           GRADSYNC_COORDINATOR_PORT=str(rpc)) for i in range(2)]
         p = subprocess.run([RUN, "--print-config"], capture_output=True, text=True, env=envs[1],
                            timeout=30)
@@ -477,7 +491,7 @@ def case_multinode(tmp):
         for flag, value, source in [("--nproc", "1", "$SLURM_GPUS_ON_NODE"),
                                     ("--nnodes", "2", "$SLURM_NNODES"),
                                     ("--node-rank", "1", "$SLURM_NODEID"),
-                                    ("--coordinator", f"127.0.0.1:{rpc}", "$MASTER_ADDR"),
+                                    ("--coordinator", f"{host}:{rpc}", "$MASTER_ADDR"),
                                     ("--job", "slurm-4242", "$SLURM_JOB_ID"),
                                     ("--node", "slurm-1", "$SLURMD_NODENAME")]:
             assert re.search(rf"^{flag} +{re.escape(value)} +{re.escape(source)}$", p.stdout,
@@ -487,7 +501,7 @@ def case_multinode(tmp):
         out = run_nodes([train] * 2, envs)
         for i, (text, code) in enumerate(out):
             assert code == 0, (i, code, text)
-            assert f"node {i} of 2: 1 agent joining 127.0.0.1:{rpc} as job slurm-4242" in text
+            assert f"node {i} of 2: 1 agent joining {host}:{rpc} as job slurm-4242" in text
             assert f"as node 'slurm-{i}' local rank 0 (world size 2)" in text, text
         assert job_state(http, "slurm-4242") == "finished"
         print("SLURM variables only: 2 nodes joined as job slurm-4242 and finished")

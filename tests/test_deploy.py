@@ -276,7 +276,18 @@ rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit $rc
 """
-FAKE_SCONTROL = "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo 127.0.0.1\n"
+FAKE_SCONTROL = "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo {host}\n"
+
+
+def node_address():
+    """An address of this machine that is not loopback, as another node
+    would reach it, or 127.0.0.1 when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 def sbatch_commands():
@@ -312,7 +323,8 @@ def case_slurm():
     with tempfile.TemporaryDirectory(prefix="gs_sbatch_") as tmp:
         fake = os.path.join(tmp, "bin")
         os.mkdir(fake)
-        for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        host = node_address()
+        for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL.format(host=host))):
             with open(os.path.join(fake, name), "w") as f:
                 f.write(text)
             os.chmod(os.path.join(fake, name), 0o755)
@@ -329,7 +341,7 @@ def case_slurm():
         assert p.returncode == 0, out
         port = env["GRADSYNC_COORDINATOR_PORT"]
         for i in range(2):
-            assert f"node {i} of 2: 1 agent joining 127.0.0.1:{port} as job slurm-5151" in out, out
+            assert f"node {i} of 2: 1 agent joining {host}:{port} as job slurm-5151" in out, out
             assert f"as node 'fake-{i}' local rank 0 (world size 2)" in out, out
         assert "final: test accuracy" in out, out
         with open(os.path.join(tmp, "coordinator-5151.log")) as f:
@@ -337,7 +349,7 @@ def case_slurm():
         assert "listening rpc=" in log, log
         # The coordinator went with the script, and the token stayed out of sight.
         with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", int(port))) != 0, "the coordinator outlived the job"
+            assert s.connect_ex((host, int(port))) != 0, "the coordinator outlived the job"
         token = re.search(r"[0-9a-f]{64}", out + log)
         assert token is None, "a token-like string was printed"
     print("train.sbatch under stand-ins for srun and scontrol: 2 nodes trained as job "
