@@ -49,6 +49,8 @@ static const char *row_problem(const gs_flag_t *f)
     return f->help ? NULL : "a heading needs its text";
   if (!f->name || strncmp(f->name, "--", 2) != 0 || !f->name[2])
     return "a name must start with --";
+  if (f->alias && (strncmp(f->alias, "--", 2) != 0 || !f->alias[2]))
+    return "an alias must start with --";
   if (f->env && f->envs)
     return "a row has .env or .envs, not both";
   if (f->envs && !f->envs[0])
@@ -327,7 +329,14 @@ static int apply(const gs_flag_t *f, char *v, const char *env, char *base, char 
                 f->secret ? "(hidden)" : v, f->name, from, expect);
 }
 
-/* The row named by argument `a` ("--name" or "--name=value"), or NULL. */
+/* Whether `name` is the first n bytes of argument a. */
+static bool names(const char *name, const char *a, size_t n)
+{
+  return name && strlen(name) == n && strncmp(name, a, n) == 0;
+}
+
+/* The row named by argument `a` ("--name" or "--name=value", or its alias),
+ * or NULL. */
 static const gs_flag_t *find_flag(const gs_flags_t *spec, const char *a)
 {
   size_t n = strcspn(a, "=");
@@ -335,7 +344,7 @@ static const gs_flag_t *find_flag(const gs_flags_t *spec, const char *a)
   for (size_t i = 0; i < spec->count; i++) {
     const gs_flag_t *f = &spec->flags[i];
 
-    if (f->kind != GS_FLAG_SECTION && strlen(f->name) == n && strncmp(f->name, a, n) == 0)
+    if (f->kind != GS_FLAG_SECTION && (names(f->name, a, n) || names(f->alias, a, n)))
       return f;
   }
   return NULL;

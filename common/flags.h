@@ -43,7 +43,8 @@ typedef int (*gs_flag_parse_fn)(const char *value, void *target, char *expect, s
 typedef void (*gs_flag_show_fn)(const void *target, char *buf, size_t len);
 
 typedef struct gs_flag {
-  const char *name; /* "--lr" */
+  const char *name;  /* "--lr" */
+  const char *alias; /* another name of the same flag ("--nproc-per-node"), or NULL */
   gs_flag_kind_t kind;
   size_t off;               /* target: offset in the caller's struct (GS_FLAG_AT) */
   size_t size;              /* sizeof the target */

@@ -208,16 +208,18 @@ void gs_flags_show_default(const gs_flag_t *flag, const void *base, char *buf, s
   show_default(flag, base, buf, len);
 }
 
-/* "--name META", or "--name" for a switch. */
+/* "--name META", or "--name" for a switch; "--name, --alias META" with an
+ * alias. */
 static void flag_label(const gs_flag_t *f, char *buf, size_t len)
 {
   char meta[128];
+  const char *sep = f->alias ? ", " : "", *alias = f->alias ? f->alias : "";
 
   gs__flags_metavar(f, meta, sizeof(meta));
   if (f->kind == GS_FLAG_BOOL)
-    snprintf(buf, len, "%s", f->name);
+    snprintf(buf, len, "%s%s%s", f->name, sep, alias);
   else
-    snprintf(buf, len, "%s %s", f->name, meta);
+    snprintf(buf, len, "%s%s%s %s", f->name, sep, alias, meta);
 }
 
 /* Copies s without backticks (markdown code spans) for the terminal. */

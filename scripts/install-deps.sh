@@ -11,7 +11,7 @@ packages=(
   check
   libopenblas-dev dataset-fashion-mnist
   patchelf clang-format
-  curl
+  curl python3-yaml
   "$@"
 )
 

@@ -7,14 +7,17 @@ these tests also hold that document to the code.
 usage: test_agent.py CASE BIN_DIR COORDINATOR_BIN
 """
 import glob
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
@@ -234,9 +237,9 @@ def case_launcher(tmp):
     assert "exited with status" in err, err
 
 
-def start_coordinator():
-    """A coordinator on free ports: (process, rpc port, http port)."""
-    c = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+def start_coordinator(host="127.0.0.1"):
+    """A coordinator on free ports of `host`: (process, rpc port, http port)."""
+    c = subprocess.Popen([COORD, "--listen", f"{host}:0", "--http", "127.0.0.1:0"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     m = re.search(r"listening rpc=\S+:(\d+) http=\S+:(\d+)", c.stdout.readline())
     assert m, "the coordinator did not say where it listens"
@@ -411,6 +414,183 @@ def case_environment(tmp):
                      re.M), p.stdout
     assert re.search(r"^--world-size +4 +\$GRADSYNC_WORLD_SIZE; unused: \$SLURM_NTASKS=8$",
                      p.stdout, re.M), p.stdout
+
+
+DIALECTS = ("GRADSYNC_", "SLURM", "MASTER_", "PET_", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE", "JOB_COMPLETION_INDEX")
+
+
+def clean_env(**extra):
+    """This environment without any scheduler's variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(DIALECTS)}
+    env.update(extra)
+    return env
+
+
+def node_address():
+    """An address of this machine that is not loopback, as another node
+    would reach it (agents advertise the address they reach the
+    coordinator from, and a job of two node names on loopback is refused),
+    or 127.0.0.1 when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def job_state(http, job):
+    """The job's state at the coordinator's /jobs/NAME."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/jobs/{job}", timeout=10) as r:
+        return json.load(r)["state"]
+
+
+def run_nodes(argvs, envs, timeout=120):
+    """Runs one gradsync-run per node at once; their (exit code, output)."""
+    procs = [subprocess.Popen([RUN] + a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=e) for a, e in zip(argvs, envs)]
+    try:
+        return [(p.communicate(timeout=timeout)[0], p.returncode) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def case_multinode(tmp):
+    """gradsync-run's multi-node form: two "nodes" (distinct --node names)
+    join one coordinator started apart, by flags and by SLURM's variables
+    alone; the job finishes with a world of 2."""
+    host = node_address()
+    if host == "127.0.0.1":
+        # Two node names on loopback addresses are refused at rendezvous.
+        print("skipped: two nodes on one machine need an address other than loopback")
+        sys.exit(77)
+    c, rpc, http = start_coordinator(host)
+    train = ["--reduce", "mean", "--steps", "10"] + FAST
+    try:
+        out = run_nodes([["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
+                          "--coordinator", f"{host}:{rpc}", "--node", f"node-{i}",
+                          "--job", "mn", "--"] + train for i in range(2)],
+                        [clean_env()] * 2)
+        for i, (text, code) in enumerate(out):
+            assert code == 0, (i, code, text)
+            assert f"node {i} of 2: 1 agent joining {host}:{rpc} as job mn" in text, text
+            assert f"as node 'node-{i}' local rank 0 (world size 2)" in text, text
+            assert f"the 1 local rank of node {i} finished" in text, text
+        assert "[local rank 0] final: test accuracy" in out[0][0], out[0][0]
+        assert job_state(http, "mn") == "finished"
+        print("flags: 2 nodes x 1 agent joined one coordinator and finished")
+
+        # SLURM's variables alone (one gradsync-run task per node), the
+        # coordinator where $MASTER_ADDR points, agents per node from the GPUs
+        # SLURM gave the node.
+        envs = [clean_env(SLURM_JOB_ID="4242", SLURM_NNODES="2", SLURM_NODEID=str(i),
+                          SLURMD_NODENAME=f"slurm-{i}", SLURM_NTASKS="2",
+                          SLURM_NTASKS_PER_NODE="1", SLURM_GPUS_ON_NODE="1",
+                          SLURM_PROCID=str(i), SLURM_LOCALID="0", MASTER_ADDR=host,
+                          GRADSYNC_COORDINATOR_PORT=str(rpc)) for i in range(2)]
+        p = subprocess.run([RUN, "--print-config"], capture_output=True, text=True, env=envs[1],
+                           timeout=30)
+        assert p.returncode == 0, p
+        for flag, value, source in [("--nproc", "1", "$SLURM_GPUS_ON_NODE"),
+                                    ("--nnodes", "2", "$SLURM_NNODES"),
+                                    ("--node-rank", "1", "$SLURM_NODEID"),
+                                    ("--coordinator", f"{host}:{rpc}", "$MASTER_ADDR"),
+                                    ("--job", "slurm-4242", "$SLURM_JOB_ID"),
+                                    ("--node", "slurm-1", "$SLURMD_NODENAME")]:
+            assert re.search(rf"^{flag} +{re.escape(value)} +{re.escape(source)}$", p.stdout,
+                             re.M), (flag, p.stdout)
+        assert "world size: 2 (2 nodes x 1)" in p.stdout, p.stdout
+        assert "ignored: $SLURM_NTASKS_PER_NODE=1" in p.stdout, p.stdout
+        out = run_nodes([train] * 2, envs)
+        for i, (text, code) in enumerate(out):
+            assert code == 0, (i, code, text)
+            assert f"node {i} of 2: 1 agent joining {host}:{rpc} as job slurm-4242" in text
+            assert f"as node 'slurm-{i}' local rank 0 (world size 2)" in text, text
+        assert job_state(http, "slurm-4242") == "finished"
+        print("SLURM variables only: 2 nodes joined as job slurm-4242 and finished")
+    finally:
+        c.kill()
+        c.wait()
+
+
+def case_command(tmp):
+    """A first pass-through argument that is no flag is a program, run with
+    the job in its environment and no flags added; its failure is the run's."""
+    script = ("import os, sys; keys = ('GRADSYNC_COORDINATOR', 'GRADSYNC_JOB', "
+              "'GRADSYNC_WORLD_SIZE', 'GRADSYNC_LOCAL_RANK', 'GRADSYNC_NODE', 'GRADSYNC_NNODES', "
+              "'GRADSYNC_NODE_RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE'); "
+              "print('ARGS', sys.argv[1:]); "
+              "print('ENV', ' '.join(k + '=' + os.environ.get(k, '-') for k in keys))")
+    # The coordinator is never dialled: the command does not join.
+    p = subprocess.run([RUN, "--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "2",
+                        "--coordinator", "127.0.0.1:9", "--node", "cmd-node", "--job", "cmd",
+                        "--", sys.executable, "-c", script, "--lr", "1"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    assert p.returncode == 0, p
+    for i in range(2):
+        assert f"[local rank {i}] ARGS ['--lr', '1']" in p.stdout, p.stdout
+        want = (f"[local rank {i}] ENV GRADSYNC_COORDINATOR=127.0.0.1:9 GRADSYNC_JOB=cmd "
+                f"GRADSYNC_WORLD_SIZE=6 GRADSYNC_LOCAL_RANK={i} GRADSYNC_NODE=cmd-node "
+                f"GRADSYNC_NNODES=3 GRADSYNC_NODE_RANK=2 LOCAL_RANK={i} WORLD_SIZE=6 "
+                f"LOCAL_WORLD_SIZE=2")
+        assert want in p.stdout, (want, p.stdout)
+    assert "node 2 of 3: 2 copies of " in p.stderr, p.stderr
+    # A command that fails gives its status; one that cannot run fails the
+    # run (1: a status above 125 is the shell's, not the rank's).
+    p = subprocess.run([RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--",
+                        "sh", "-c", "exit $((3 + LOCAL_RANK))"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    assert p.returncode in (3, 4) and "exited with status" in p.stderr, p
+    # One local rank failing stops the others on its node (SIGTERM), at once.
+    t0 = time.monotonic()
+    p = subprocess.run([RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--", "sh", "-c",
+                        '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 60'],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    took = time.monotonic() - t0
+    assert p.returncode == 5 and "stopping the other ranks" in p.stderr, p
+    assert "rank 0 killed by signal SIGTERM" in p.stderr, p.stderr
+    assert took < 10, took
+    p = subprocess.run([RUN, "--nproc", "1", "--coordinator", "127.0.0.1:9", "--",
+                        "no-such-program-gs"], capture_output=True, text=True, timeout=60,
+                       env=clean_env())
+    assert p.returncode == 1 and "cannot execute no-such-program-gs" in p.stderr, p
+    assert "rank 0 exited with status 127" in p.stderr, p
+    print("a command ran with the job in its environment; its exit status is the run's")
+
+
+def case_launcher_errors(tmp):
+    """Settings of the multi-node form that cannot fit are refused before
+    anything starts, naming the flag and where its value came from."""
+    env = clean_env()
+    for args, extra, code, text in [
+            (["--nproc", "1", "--nnodes", "2", "--node-rank", "2", "--coordinator", "h:1"], {},
+             2, "--node-rank 2 must be below --nnodes 2"),
+            (["--nproc", "1", "--coordinator", "h:1"], {"JOB_COMPLETION_INDEX": "1"},
+             2, "--node-rank 1 (from $JOB_COMPLETION_INDEX) must be below --nnodes 1"),
+            (["--nproc", "1", "--nnodes", "2"], {}, 2, "--nnodes 2 needs --coordinator"),
+            (["--nproc", "1", "--coordinator", "h:1", "--http", "127.0.0.1:0"], {}, 2,
+             "--http is for the coordinator gradsync-run starts"),
+            (["--nproc-per-node", "0"], {}, 2,
+             "for --nproc: expected an integer from 1 to 1024"),
+            (["--nproc", "1"], {"GRADSYNC_NNODES": "two"}, 2,
+             "'two' for --nnodes (from $GRADSYNC_NNODES)"),
+            (["--nproc", "1", "--coordinator", "h:0"], {}, 2, "for --coordinator"),
+            (["--nproc", "1024", "--nnodes", "65", "--coordinator", "h:1"], {}, 2,
+             "is 66560 ranks; at most 65536"),
+            ([], {"PET_NNODES": "2"}, 2, "--nproc N is required"),
+            (["--nproc", "1", "--coordinator", "h:1", "--", "--node", "x"], {}, 2,
+             "'--node' is set by the launcher")]:
+        p = subprocess.run([RUN] + args, capture_output=True, text=True, timeout=30,
+                           env=dict(env, **extra))
+        assert p.returncode == code and text in p.stderr, (args, extra, p)
+    # A coordinator nobody serves: the agents' own error, the run fails.
+    p = subprocess.run([RUN, "--nproc", "1", "--coordinator", "127.0.0.1:9", "--",
+                        "--steps", "1", "--join-timeout", "1s", "--rpc-timeout", "1s"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode != 0 and "[local rank 0]" in p.stderr, p
+    print("bad multi-node settings are refused with the flag and its source")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ static const gs_flag_t rows[] = {
      .env = "T_COUNT",
      .help = "how many"},
     {.name = "--period",
+     .alias = "--every",
      .kind = GS_FLAG_INT,
      AT(period),
      .min = -1,
@@ -302,6 +303,11 @@ START_TEST(value_forms)
   expect_ok(&o, ARGS("--big=1", "--count", "2", "--count", "9", "--name", "-x"));
   ck_assert_uint_eq(o.count, 9);
   ck_assert_str_eq(o.name, "-x");
+  /* An alias is the same flag, in both forms; the last one given wins. */
+  expect_ok(&o, ARGS("--big=1", "--every", "4"));
+  ck_assert_int_eq(o.period, 4);
+  expect_ok(&o, ARGS("--big=1", "--period", "3", "--every=-1"));
+  ck_assert_int_eq(o.period, -1);
 }
 END_TEST
 
@@ -496,7 +502,10 @@ START_TEST(table_checked)
                                          .envs = zone_envs}};
   static const gs_flag_t empty_envs[] = {
       {.name = "--n", .kind = GS_FLAG_STRBUF, GS_FLAG_AT(opts_t, zone), .envs = no_names}};
-  const gs_flag_t *tables[] = {bad_int, bad_name, bad_bool, bad_enum, both_envs, empty_envs};
+  static const gs_flag_t bad_alias[] = {
+      {.name = "--n", .alias = "n", .kind = GS_FLAG_BOOL, GS_FLAG_AT(opts_t, verbose)}};
+  const gs_flag_t *tables[] = {bad_int,   bad_name,   bad_bool, bad_enum,
+                               both_envs, empty_envs, bad_alias};
   char why[256];
 
   ck_assert_int_eq(gs_flags_check_table(&spec, why, sizeof(why)), 0);
@@ -613,6 +622,7 @@ START_TEST(help_text)
             "                          on about long enough to wrap (default: 0.5)\n"));
   ck_assert_ptr_nonnull(strstr(help, "  --count N               how many (default: 17)\n"));
   ck_assert_ptr_nonnull(strstr(help, "  --verbose               say more\n"));
+  ck_assert_ptr_nonnull(strstr(help, "  --period, --every P     how often (default: "));
   ck_assert_ptr_nonnull(strstr(help, "  --big N                 a big number (required)\n"));
   ck_assert_ptr_nonnull(strstr(help, "the secret (default: $T_TOKEN)\n"));
   ck_assert_ptr_nonnull(strstr(help, "  --device cpu|cuda|auto  where to run (default: auto)\n"));
@@ -648,7 +658,7 @@ START_TEST(markdown_table)
   ck_assert_ptr_nonnull(strstr(md, "| `--device cpu\\|cuda\\|auto` | `auto` | where to run |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--big N` | required | a big number |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--lr LR` | `0.05` | the base learning rate, `lr` |\n"));
-  ck_assert_ptr_nonnull(strstr(md, "| `--period P` | `0` | how often |\n"));
+  ck_assert_ptr_nonnull(strstr(md, "| `--period, --every P` | `0` | how often |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--even N` | `0` | an even number |\n"));
   ck_assert_ptr_nonnull(
       strstr(md, "| `--zone Z` | `$T_ZONE`, `$T_AREA` or `$T_A`×`$T_B`, else none | a zone |\n"));

@@ -1,4 +1,4 @@
-/* Tests for agent/trainer/launch_env.c: scheduler variables translated
+/* Tests for agent/launch/launch_env.c: scheduler variables translated
  * into gradsync-agent flag values, and the precedence the agent's flag
  * table gives them (flag, then GRADSYNC_*, then the schedulers'), run
  * through gs_flags_parse with a table of the same sources as the agent's. */
@@ -233,8 +233,9 @@ START_TEST(conflicts)
 }
 END_TEST
 
-/* Renders the notes for env into a string (caller frees). */
-static char *notes(const char *const *env)
+/* Renders the notes for env into a string (caller frees): the agent's,
+ * or gradsync-run's with `run`. */
+static char *notes_of(const char *const *env, bool run)
 {
   gs_launch_env_t le;
   char *text = NULL;
@@ -244,9 +245,17 @@ static char *notes(const char *const *env)
   ck_assert_ptr_nonnull(f);
   test_env = env;
   gs_launch_env_init(&le, fake_getenv);
-  gs_launch_env_notes(&le, f);
+  if (run)
+    gs_launch_env_run_notes(&le, f);
+  else
+    gs_launch_env_notes(&le, f);
   fclose(f);
   return text;
+}
+
+static char *notes(const char *const *env)
+{
+  return notes_of(env, false);
 }
 
 START_TEST(ignored_noted)
@@ -261,6 +270,57 @@ START_TEST(ignored_noted)
   text = notes(ENV("LOCAL_RANK=1"));
   ck_assert_str_eq(text, "");
   free(text);
+}
+END_TEST
+
+/* gradsync-run reads the node variables the agent ignores, and ignores
+ * the per-process ones it sets itself. */
+START_TEST(run_ignored_noted)
+{
+  char *text = notes_of(ENV("SLURM_NODEID=1", "PET_NODE_RANK=1", "SLURM_NTASKS=2",
+                            "SLURM_NTASKS_PER_NODE=1", "LOCAL_RANK=0"),
+                        true);
+
+  ck_assert_ptr_null(strstr(text, "SLURM_NODEID"));
+  ck_assert_ptr_null(strstr(text, "PET_NODE_RANK"));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_NTASKS=2 (the world size is --nnodes"));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_NTASKS_PER_NODE=1 (counts gradsync-run"));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $LOCAL_RANK=0 (gradsync-run sets"));
+  free(text);
+}
+END_TEST
+
+/* The node sources in their order: gradsync's, SLURM's, Kubeflow's, then
+ * an Indexed Job's completion index. */
+START_TEST(run_node_rank_sources)
+{
+  static const gs_flag_t run_rows[] = {
+      {.name = "--node-rank",
+       .kind = GS_FLAG_INT,
+       J(world),
+       .min = 0,
+       .max = 65535,
+       .envs = gs_launch_node_rank_envs},
+  };
+  static const gs_flags_t run_spec = {.prog = "t", .usage = "", .flags = run_rows, .count = 1};
+  const char *sources[1];
+  gs_flags_opts_t fo = {.sources = sources};
+  gs_flags_action_t action;
+  gs_launch_env_t le;
+  job_t j = {.world = 0};
+  char why[256];
+
+  fo.lookup = gs_launch_env_lookup;
+  fo.ctx = &le;
+  gs_launch_env_init(&le, fake_getenv);
+  test_env = ENV("JOB_COMPLETION_INDEX=3");
+  ck_assert_int_eq(gs_flags_parse(&run_spec, &j, 1, NOARGS, &fo, &action, why, sizeof(why)), 0);
+  ck_assert_uint_eq(j.world, 3);
+  ck_assert_str_eq(sources[0], "JOB_COMPLETION_INDEX");
+  test_env = ENV("JOB_COMPLETION_INDEX=3", "SLURM_NODEID=2", "GRADSYNC_NODE_RANK=1");
+  ck_assert_int_eq(gs_flags_parse(&run_spec, &j, 1, NOARGS, &fo, &action, why, sizeof(why)), 0);
+  ck_assert_uint_eq(j.world, 1);
+  ck_assert_str_eq(sources[0], "GRADSYNC_NODE_RANK");
 }
 END_TEST
 
@@ -282,6 +342,8 @@ static Suite *launch_env_suite(void)
   suite_add_tcase(s, tcase("precedence", precedence));
   suite_add_tcase(s, tcase("conflicts", conflicts));
   suite_add_tcase(s, tcase("ignored_noted", ignored_noted));
+  suite_add_tcase(s, tcase("run_ignored_noted", run_ignored_noted));
+  suite_add_tcase(s, tcase("run_node_rank_sources", run_node_rank_sources));
   return s;
 }
 

@@ -14,12 +14,15 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include "launch_env.h"
 #include "lines.h"
 
 #define GS_RUN_MAX_NPROC 1024
-#define GS_RUN_READY_MS 10000 /* how long the coordinator has to print its address */
-#define GS_RUN_DRAIN_MS 1000  /* how long a reaped child's pipes get to reach EOF */
-#define GS_RUN_TOKEN_MAX 255  /* the coordinator's limit */
+#define GS_RUN_MAX_NNODES 65536
+#define GS_RUN_MAX_WORLD 65536 /* gradsync-agent's --world-size limit */
+#define GS_RUN_READY_MS 10000  /* how long the coordinator has to print its address */
+#define GS_RUN_DRAIN_MS 1000   /* how long a reaped child's pipes get to reach EOF */
+#define GS_RUN_TOKEN_MAX 255   /* the coordinator's limit */
 #define GS_RUN_USAGE_ERR 2
 
 typedef struct gs_run_stream gs_run_stream_t;
@@ -49,7 +52,19 @@ typedef struct gs_run_child {
 } gs_run_child_t;
 
 typedef struct gs_run_config {
-  long nproc;
+  long nproc; /* agents on this node (--nproc, --nproc-per-node) */
+  long nnodes, node_rank;
+  long world; /* nnodes × nproc */
+  /* Join mode (--coordinator given): the coordinator runs elsewhere and
+   * gradsync-run starts only this node's agents. */
+  bool join, have_nnodes, have_node_rank, have_http, print_config;
+  char coord_host[256];
+  uint16_t coord_port;
+  char rpc[300];    /* the coordinator's RPC address handed to the agents */
+  const char *node; /* --node for the agents, or NULL: their default */
+  /* The first pass-through argument is a program, not a flag: run it
+   * (searched in $PATH) with the environment only, instead of agents. */
+  bool command;
   const char *job;
   char http_host[256];
   uint16_t http_port;
@@ -61,6 +76,7 @@ typedef struct gs_run_config {
   char agent_bin[PATH_MAX];
   char **pass; /* arguments passed to every agent */
   int npass;
+  gs_launch_env_t env; /* the environment sources; STR values may borrow its strings */
 } gs_run_config_t;
 
 typedef enum gs_run_phase {
@@ -116,6 +132,7 @@ int gs__run_next_timeout(const gs_run_t *r);
 
 /* supervise.c: lines from children, starting the agents, reaping. */
 void gs__run_on_line(gs_run_stream_t *s, const char *line, size_t len);
+void gs__run_start_agents(gs_run_t *r);
 void gs__run_reap(gs_run_t *r);
 void gs__run_kill_and_reap_all(gs_run_t *r);
 
@@ -126,8 +143,9 @@ void gs__run_reap_adopted(pid_t self);
 int gs__run_setup_signals(gs_run_t *r);
 int gs__run_loop(gs_run_t *r);
 
-/* options.c: flags and the programs to start. Returns 0 to run, or an exit
- * status (-1: exit 0). cfg->pass is allocated; the caller frees it. */
+/* options.c: flags (and their environment sources, launch_env.h) and the
+ * programs to start. Returns 0 to run, or an exit status (-1: exit 0).
+ * cfg->pass is allocated; the caller frees it. */
 int gs__run_parse_args(int argc, char **argv, gs_run_config_t *cfg);
 int gs__run_resolve_bins(gs_run_config_t *cfg);
 

@@ -1,5 +1,7 @@
-/* gradsync-run: the local launcher (like `torchrun --standalone`). It starts a
- * coordinator on a free port and N agents pointed at it, forwards their output
+/* gradsync-run: the launcher (like `torchrun --standalone`, or torchrun's
+ * multi-node form with --coordinator). It starts a coordinator on a free
+ * port and N agents pointed at it (or, joining a coordinator that runs
+ * elsewhere, only this node's agents), forwards their output
  * line by line with a "[rank i] " prefix, forwards stop signals, and stops
  * every process when one rank fails. Children never outlive it: each runs in
  * its own process group (so a terminal's Ctrl-C reaches only the launcher,
@@ -26,13 +28,33 @@ static void child_init(gs_run_t *r, gs_run_child_t *c, int rank)
   c->rank = rank;
   if (rank < 0)
     snprintf(c->prefix, sizeof(c->prefix), "[coordinator] ");
+  else if (r->cfg.join) /* the global rank is the coordinator's to give */
+    snprintf(c->prefix, sizeof(c->prefix), "[local rank %d] ", rank);
   else
     snprintf(c->prefix, sizeof(c->prefix), "[rank %d] ", rank);
   gs__run_stream_init(&c->out, gs__run_on_line, c);
   gs__run_stream_init(&c->err, gs__run_on_line, c);
 }
 
-/* Sets up and starts the coordinator; on failure nothing is left running. */
+/* Joining a coordinator that runs elsewhere: says so and starts this
+ * node's ranks at once. */
+static int join(gs_run_t *r)
+{
+  const gs_run_config_t *cfg = &r->cfg;
+
+  if (cfg->command)
+    gs__run_say("node %ld of %ld: %ld cop%s of %s joining %s as job %s", cfg->node_rank,
+                cfg->nnodes, cfg->nproc, cfg->nproc == 1 ? "y" : "ies", cfg->pass[0], cfg->rpc,
+                cfg->job);
+  else
+    gs__run_say("node %ld of %ld: %ld agent%s joining %s as job %s", cfg->node_rank, cfg->nnodes,
+                cfg->nproc, cfg->nproc == 1 ? "" : "s", cfg->rpc, cfg->job);
+  gs__run_start_agents(r);
+  return 0;
+}
+
+/* Sets up and starts the coordinator (or, joining one, the ranks); on
+ * failure nothing is left running. */
 static int start(gs_run_t *r)
 {
   char world[24], http[300];
@@ -69,6 +91,8 @@ static int start(gs_run_t *r)
     gs__run_say("cannot set up signal handling: %s", gs_strerror(rc));
     return rc;
   }
+  if (r->cfg.join)
+    return join(r);
   rc = gs__run_spawn(r, &r->coord, argv);
   if (rc)
     return rc;
@@ -104,7 +128,10 @@ int main(int argc, char **argv)
   }
   gs__run_reap_adopted(r.self);
   rc = r.exit_code;
-  if (rc == 0)
+  if (rc == 0 && r.cfg.join)
+    gs__run_say("%s %ld local rank%s of node %ld finished", r.cfg.nproc == 1 ? "the" : "all",
+                r.cfg.nproc, r.cfg.nproc == 1 ? "" : "s", r.cfg.node_rank);
+  else if (rc == 0)
     gs__run_say("all %ld ranks finished", r.cfg.nproc);
 out_close:
   if (r.sigfd >= 0)

@@ -1,5 +1,7 @@
-/* gradsync-run's flags (one table, common/flags.h) and the programs it
- * starts. Arguments that are no launcher flag go to every agent. */
+/* gradsync-run's flags (one table, common/flags.h, with the environment
+ * sources of agent/launch/launch_env.h) and the programs it starts.
+ * Arguments that are no launcher flag go to every agent, or are the
+ * command to run. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,18 +18,43 @@
  * and the defaults set_defaults() writes. Kept out of clang-format so each
  * flag stays one block of a few lines. */
 #define CFG(member) GS_FLAG_AT(gs_run_config_t, member)
+#define GIVEN(member) GS_FLAG_GIVEN(gs_run_config_t, member)
 /* clang-format off */
 static const gs_flag_t flag_rows[] = {
-  {.name = "--nproc", .kind = GS_FLAG_INT, CFG(nproc), .min = 1, .max = GS_RUN_MAX_NPROC,
-   .required = true, .metavar = "N", .help = "number of agents, 1.." XSTR(GS_RUN_MAX_NPROC),
-   .doc = "number of agents (ranks), 1.." XSTR(GS_RUN_MAX_NPROC)},
-  /* The agents' limit: refused here rather than by every rank. */
-  {.name = "--job", .kind = GS_FLAG_STR, CFG(job), .min = 1, .max = 127, .metavar = "NAME",
-   .help = "job name", .doc = "job name at the coordinator"},
+  {.name = "--nproc", .alias = "--nproc-per-node", .kind = GS_FLAG_INT, CFG(nproc), .min = 1,
+   .max = GS_RUN_MAX_NPROC, .required = true, .envs = gs_launch_nproc_envs, .metavar = "N",
+   .help = "agents on this node, 1.." XSTR(GS_RUN_MAX_NPROC),
+   .doc = "agents (ranks) on this node, 1.." XSTR(GS_RUN_MAX_NPROC) "; `$SLURM_GPUS_ON_NODE`: "
+          "one per GPU SLURM gave the node"},
+  {.name = "--nnodes", .kind = GS_FLAG_INT, CFG(nnodes), .min = 1, .max = GS_RUN_MAX_NNODES,
+   GIVEN(have_nnodes), .envs = gs_launch_nnodes_envs, .metavar = "N",
+   .help = "nodes in the job (each runs gradsync-run with the same job settings)",
+   .doc = "nodes in the job (world size: N × `--nproc-per-node`); more than 1 needs "
+          "`--coordinator`"},
+  {.name = "--node-rank", .kind = GS_FLAG_INT, CFG(node_rank), .min = 0,
+   .max = GS_RUN_MAX_NNODES - 1, GIVEN(have_node_rank), .envs = gs_launch_node_rank_envs,
+   .metavar = "I", .help = "this node's index, 0..N-1",
+   .doc = "this node's index, below `--nnodes` (checked and shown; ranks are ordered by "
+          "`--node`, then local rank)"},
+  {.name = "--coordinator", .kind = GS_FLAG_ADDR, CFG(coord_host),
+   GS_FLAG_PORT_AT(gs_run_config_t, coord_port), .min = 1, GIVEN(join),
+   .envs = gs_launch_coordinator_envs, .metavar = "HOST:PORT", .def = "none: start one here",
+   .help = "join this coordinator's RPC address instead of starting one",
+   .doc = "join the coordinator at this RPC address (the multi-node form) instead of starting "
+          "one; `$MASTER_ADDR` with port `$GRADSYNC_COORDINATOR_PORT` or 7070"},
+  /* The agents' limits: refused here rather than by every rank. */
+  {.name = "--job", .kind = GS_FLAG_STR, CFG(job), .min = 1, .max = 127,
+   .envs = gs_launch_job_envs, .metavar = "NAME", .help = "job name",
+   .doc = "job name at the coordinator (`$SLURM_JOB_ID` as `slurm-ID`)"},
+  {.name = "--node", .kind = GS_FLAG_STR, CFG(node), .min = 1, .max = 255,
+   .envs = gs_launch_node_envs, .metavar = "NAME", .def = "host name",
+   .help = "this node's name, passed to the agents",
+   .doc = "this node's name, passed to the agents (distinct per node)"},
   {.name = "--http", .kind = GS_FLAG_ADDR, CFG(http_host),
-   GS_FLAG_PORT_AT(gs_run_config_t, http_port), .metavar = "HOST:PORT",
-   .help = "coordinator HTTP address (port 0: any free port)",
-   .doc = "the coordinator's HTTP address (port 0: any free port; the status URL is printed)"},
+   GS_FLAG_PORT_AT(gs_run_config_t, http_port), GIVEN(have_http), .metavar = "HOST:PORT",
+   .help = "HTTP address of the coordinator it starts (port 0: any free port)",
+   .doc = "the HTTP address of the coordinator it starts (port 0: any free port; the status URL "
+          "is printed)"},
   {.name = "--token", .kind = GS_FLAG_STR, CFG(token), .min = 1, .max = GS_RUN_TOKEN_MAX,
    .secret = true, .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`",
    .help = "shared secret; handed to the coordinator and agents in $GRADSYNC_TOKEN",
@@ -42,23 +69,37 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--agent-bin", .kind = GS_FLAG_STR, CFG(agent_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "agent program",
    .doc = "the agent program to start"},
+  {.name = "--print-config", .kind = GS_FLAG_BOOL, CFG(print_config),
+   .help = "print each setting, its value and where it came from, then exit",
+   .doc = "print each setting, its value and its source (flag, variable or default; never the "
+          "token), the world size and the mode, then exit 0"},
 };
 /* clang-format on */
 
 static const gs_flags_t flags = {
     .prog = "gradsync-run",
     .usage = "usage: gradsync-run --nproc N [options] [--] [agent flags...]\n"
+             "       gradsync-run --nnodes N --node-rank I --coordinator HOST:PORT\n"
+             "                    --nproc-per-node K [options] [--] [agent flags | command]\n"
              "\n"
              "Starts a gradsync coordinator on this machine and N agents joined to it, and\n"
              "prints each line they write prefixed with \"[rank i] \" (\"[coordinator] \").\n"
+             "With --coordinator it starts only this node's K agents, joined to that\n"
+             "coordinator (\"[local rank i] \"): run it on each of the N nodes.\n"
              "When one rank fails the others are stopped. Exit status: 0 when every rank\n"
              "finished; the failing rank's status (1..125) or 1 when one failed; 128+N when\n"
              "stopped by signal N.\n"
              "\n",
     .epilog = "Every other argument, and everything after \"--\", goes to each agent unchanged,\n"
-              "after --coordinator H:P --job NAME --world-size N --local-rank i. Agents also\n"
-              "get LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE in their environment; with\n"
-              "fewer GPUs than --nproc they pick the cpu device unless told --device.\n"
+              "after --coordinator H:P --job NAME --world-size N --local-rank i (and --node\n"
+              "NAME when given). When the first of them is not a flag, it is a program to run\n"
+              "instead of gradsync-agent, with no flags added. Either gets in its environment\n"
+              "GRADSYNC_COORDINATOR, GRADSYNC_JOB, GRADSYNC_WORLD_SIZE, GRADSYNC_LOCAL_RANK,\n"
+              "GRADSYNC_NODE (when known), GRADSYNC_NNODES, GRADSYNC_NODE_RANK, LOCAL_RANK,\n"
+              "WORLD_SIZE and LOCAL_WORLD_SIZE. With fewer GPUs than --nproc agents pick\n"
+              "the cpu device unless told --device.\n"
+              "Flags left out are read from the environment: GRADSYNC_* first, then the\n"
+              "scheduler's (SLURM, torchrun, Kubeflow, a Kubernetes Indexed Job).\n"
               "SIGINT, SIGTERM and SIGHUP stop the agents with SIGTERM, then the coordinator;\n"
               "a SIGINT while stopping kills everything at once.\n",
     .flags = flag_rows,
@@ -67,6 +108,7 @@ static const gs_flags_t flags = {
 
 static void set_defaults(gs_run_config_t *cfg)
 {
+  cfg->nnodes = 1;
   cfg->job = "local";
   snprintf(cfg->http_host, sizeof(cfg->http_host), "127.0.0.1");
   cfg->http_port = 0;
@@ -76,7 +118,8 @@ static void set_defaults(gs_run_config_t *cfg)
 /* Agent flags the launcher sets itself: passing them again would override it. */
 static bool is_reserved(const char *arg)
 {
-  static const char *const reserved[] = {"--coordinator", "--job", "--world-size", "--local-rank"};
+  static const char *const reserved[] = {"--coordinator", "--job", "--world-size", "--local-rank",
+                                         "--node"};
 
   for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
     size_t n = strlen(reserved[i]);
@@ -99,20 +142,109 @@ static int take_token(char *token)
   return 0;
 }
 
-/* What the table parse leaves to code: --help/--version (cfg still holds
- * the defaults then), the agent flags the launcher sets itself, the
- * grace period as text for messages, the token. */
-static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action)
+/* Where row `name` got its value, for messages: " (from $VAR)" or "". */
+static const char *from(const char *const *sources, const char *name, char *buf, size_t len)
 {
-  if (gs_flags_answer(&flags, cfg, action, GS_VERSION))
-    return -1;
-  for (int i = 0; i < cfg->npass; i++) {
+  buf[0] = '\0';
+  for (size_t i = 0; i < flags.count; i++)
+    if (flag_rows[i].name && !strcmp(flag_rows[i].name, name) && sources[i] &&
+        strcmp(sources[i], "flag") != 0)
+      snprintf(buf, len, " (from $%s)", sources[i]);
+  return buf;
+}
+
+/* The settings must fit together: a node rank below the node count, one
+ * coordinator for several nodes, a world the agents accept. */
+static int check_fit(const gs_run_config_t *cfg, const char *const *sources)
+{
+  char a[80], b[80];
+
+  if (cfg->node_rank >= cfg->nnodes) {
+    fprintf(stderr, "gradsync-run: --node-rank %ld%s must be below --nnodes %ld%s\n",
+            cfg->node_rank, from(sources, "--node-rank", a, sizeof(a)), cfg->nnodes,
+            from(sources, "--nnodes", b, sizeof(b)));
+    return GS_RUN_USAGE_ERR;
+  }
+  if (cfg->nnodes > 1 && !cfg->join) {
+    fprintf(stderr,
+            "gradsync-run: --nnodes %ld%s needs --coordinator HOST:PORT: the nodes join one "
+            "coordinator (start gradsync-coordinator first; without --coordinator gradsync-run "
+            "starts its own, for this node alone)\n",
+            cfg->nnodes, from(sources, "--nnodes", a, sizeof(a)));
+    return GS_RUN_USAGE_ERR;
+  }
+  if (cfg->world > GS_RUN_MAX_WORLD) {
+    fprintf(stderr, "gradsync-run: --nnodes %ld x --nproc-per-node %ld is %ld ranks; at most %d\n",
+            cfg->nnodes, cfg->nproc, cfg->world, GS_RUN_MAX_WORLD);
+    return GS_RUN_USAGE_ERR;
+  }
+  if (cfg->join && cfg->have_http) {
+    fprintf(stderr, "gradsync-run: --http is for the coordinator gradsync-run starts; with "
+                    "--coordinator it runs elsewhere (its own --http)\n");
+    return GS_RUN_USAGE_ERR;
+  }
+  if (cfg->join && !cfg->coord_host[0]) {
+    fprintf(stderr, "gradsync-run: --coordinator needs a host: HOST:PORT\n");
+    return GS_RUN_USAGE_ERR;
+  }
+  return 0;
+}
+
+/* Agent flags the launcher sets itself may not be passed again; a command
+ * gets no flags, so anything goes. */
+static int check_pass(gs_run_config_t *cfg)
+{
+  cfg->command = cfg->npass > 0 && cfg->pass[0][0] != '-';
+  for (int i = 0; !cfg->command && i < cfg->npass; i++) {
     if (is_reserved(cfg->pass[i])) {
       fprintf(stderr, "gradsync-run: agent flag '%s' is set by the launcher (see --help)\n",
               cfg->pass[i]);
       return GS_RUN_USAGE_ERR;
     }
   }
+  return 0;
+}
+
+/* --print-config: the table's rows, then what follows from them. */
+static void print_config(const gs_run_config_t *cfg, const gs_flags_opts_t *opts,
+                         gs_launch_env_t *le)
+{
+  gs_flags_print_config(&flags, cfg, opts, stdout);
+  printf("world size: %ld (%ld node%s x %ld)\n", cfg->world, cfg->nnodes,
+         cfg->nnodes == 1 ? "" : "s", cfg->nproc);
+  if (cfg->join)
+    printf("mode: join the coordinator at %s\n", cfg->rpc);
+  else
+    printf("mode: start a coordinator on this machine\n");
+  if (cfg->npass)
+    printf("runs: %s\n", cfg->command ? cfg->pass[0] : "gradsync-agent");
+  gs_launch_env_run_notes(le, stdout);
+}
+
+/* What the table parse leaves to code: --help/--version (cfg still holds
+ * the defaults then), the world size and the coordinator's address, the
+ * checks, the grace period as text for messages, the token. */
+static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action, const gs_flags_opts_t *opts,
+                       gs_launch_env_t *le)
+{
+  int rc;
+
+  if (gs_flags_answer(&flags, cfg, action, GS_VERSION))
+    return -1;
+  cfg->world = cfg->nnodes * cfg->nproc;
+  if (cfg->join)
+    snprintf(cfg->rpc, sizeof(cfg->rpc), strchr(cfg->coord_host, ':') ? "[%s]:%u" : "%s:%u",
+             cfg->coord_host, cfg->coord_port);
+  rc = check_pass(cfg);
+  if (rc)
+    return rc;
+  if (cfg->print_config) {
+    print_config(cfg, opts, le);
+    return -1;
+  }
+  rc = check_fit(cfg, opts->sources);
+  if (rc)
+    return rc;
   for (size_t i = 0; i < flags.count; i++)
     if (!strcmp(flag_rows[i].name, "--grace"))
       gs_flags_show_default(&flag_rows[i], cfg, cfg->grace_text, sizeof(cfg->grace_text));
@@ -121,11 +253,14 @@ static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action)
 
 int gs__run_parse_args(int argc, char **argv, gs_run_config_t *cfg)
 {
-  gs_flags_opts_t opts = {.pass = NULL, .npass = &cfg->npass};
+  const char *sources[sizeof(flag_rows) / sizeof(flag_rows[0])];
+  gs_flags_opts_t opts = {
+      .lookup = gs_launch_env_lookup, .ctx = &cfg->env, .sources = sources, .npass = &cfg->npass};
   gs_flags_action_t action;
   char why[512];
 
   set_defaults(cfg);
+  gs_launch_env_init(&cfg->env, getenv);
   cfg->pass = calloc((size_t)argc, sizeof(*cfg->pass));
   if (!cfg->pass) {
     fprintf(stderr, "gradsync-run: out of memory\n");
@@ -136,7 +271,7 @@ int gs__run_parse_args(int argc, char **argv, gs_run_config_t *cfg)
     fprintf(stderr, "%s: %s\n", flags.prog, why);
     return GS_RUN_USAGE_ERR;
   }
-  return after_parse(cfg, action);
+  return after_parse(cfg, action, &opts, &cfg->env);
 }
 
 /* Fills `out` with the program to run: the flag's value, or `name` in the
@@ -183,12 +318,15 @@ static int resolve_bin(const char *flag_value, const char *flag, const char *nam
   return 0;
 }
 
+/* The programs this run starts: the coordinator unless it joins one, the
+ * agent unless it runs a command (found in $PATH when it starts). */
 int gs__run_resolve_bins(gs_run_config_t *cfg)
 {
-  return resolve_bin(cfg->coord_flag, "--coordinator-bin", "gradsync-coordinator", cfg->coord_bin,
-                     sizeof(cfg->coord_bin)) ||
-                 resolve_bin(cfg->agent_flag, "--agent-bin", "gradsync-agent", cfg->agent_bin,
-                             sizeof(cfg->agent_bin))
-             ? 1
-             : 0;
+  if (!cfg->join && resolve_bin(cfg->coord_flag, "--coordinator-bin", "gradsync-coordinator",
+                                cfg->coord_bin, sizeof(cfg->coord_bin)))
+    return 1;
+  if (!cfg->command && resolve_bin(cfg->agent_flag, "--agent-bin", "gradsync-agent", cfg->agent_bin,
+                                   sizeof(cfg->agent_bin)))
+    return 1;
+  return 0;
 }

@@ -54,13 +54,50 @@ int gs__run_raise_nofile(gs_run_t *r)
   return 0;
 }
 
+/* setenv of a number. */
+static void setenv_long(const char *name, long v)
+{
+  char num[24];
+
+  snprintf(num, sizeof(num), "%ld", v);
+  setenv(name, num, 1);
+}
+
+/* In the forked child of rank c: the job in the environment, in gradsync's
+ * names (which the agent, and a command, read before any scheduler's) and
+ * torchrun's. */
+static void rank_env(const gs_run_t *r, const gs_run_child_t *c)
+{
+  const gs_run_config_t *cfg = &r->cfg;
+
+  setenv_long("LOCAL_RANK", c->rank);
+  setenv_long("WORLD_SIZE", cfg->world);
+  setenv_long("LOCAL_WORLD_SIZE", cfg->nproc);
+  setenv_long("GRADSYNC_LOCAL_RANK", c->rank);
+  setenv_long("GRADSYNC_WORLD_SIZE", cfg->world);
+  setenv_long("GRADSYNC_NNODES", cfg->nnodes);
+  setenv_long("GRADSYNC_NODE_RANK", cfg->node_rank);
+  setenv("GRADSYNC_COORDINATOR", cfg->rpc, 1);
+  setenv("GRADSYNC_JOB", cfg->job, 1);
+  if (cfg->node)
+    setenv("GRADSYNC_NODE", cfg->node, 1);
+  /* Every rank inherits the same GPU list: say so, so that an agent
+   * seeing one GPU does not take it for a GPU of its own (a wrapper
+   * given as --agent-bin may still hand each rank its own list). */
+  if (getenv("CUDA_VISIBLE_DEVICES"))
+    setenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES", getenv("CUDA_VISIBLE_DEVICES"), 1);
+  else
+    unsetenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES");
+}
+
 /* In the forked child: ties its life to the launcher, moves it to its own
  * process group, wires stdin to /dev/null and stdout/stderr to the pipes,
- * restores the signal mask and runs argv; exits 127 if it cannot. */
+ * restores the signal mask and runs argv (a command: searched in $PATH);
+ * exits 127 if it cannot. */
 static void __attribute__((noreturn))
 child_exec(const gs_run_t *r, const gs_run_child_t *c, char *const argv[], int out_fd, int err_fd)
 {
-  char msg[PATH_MAX + 128], num[24];
+  char msg[PATH_MAX + 128];
   int n, err;
 
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != r->self)
@@ -68,25 +105,16 @@ child_exec(const gs_run_t *r, const gs_run_child_t *c, char *const argv[], int o
   setpgid(0, 0);
   if (dup2(r->devnull, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
     _exit(127);
-  if (c->rank >= 0) {
-    snprintf(num, sizeof(num), "%d", c->rank);
-    setenv("LOCAL_RANK", num, 1);
-    snprintf(num, sizeof(num), "%ld", r->cfg.nproc);
-    setenv("WORLD_SIZE", num, 1);
-    setenv("LOCAL_WORLD_SIZE", num, 1); /* every rank runs on this machine */
-    /* Every rank inherits the same GPU list: say so, so that an agent
-     * seeing one GPU does not take it for a GPU of its own (a wrapper
-     * given as --agent-bin may still hand each rank its own list). */
-    if (getenv("CUDA_VISIBLE_DEVICES"))
-      setenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES", getenv("CUDA_VISIBLE_DEVICES"), 1);
-    else
-      unsetenv("GRADSYNC_RUN_CUDA_VISIBLE_DEVICES");
-  }
+  if (c->rank >= 0)
+    rank_env(r, c);
   signal(SIGPIPE, SIG_DFL);
   if (r->nofile_raised)
     setrlimit(RLIMIT_NOFILE, &r->orig_nofile);
   sigprocmask(SIG_SETMASK, &r->orig_mask, NULL);
-  execv(argv[0], argv);
+  if (c->rank >= 0 && r->cfg.command)
+    execvp(argv[0], argv);
+  else
+    execv(argv[0], argv);
   err = errno;
   n = snprintf(msg, sizeof(msg), "gradsync-run: cannot execute %s: %s%s\n", argv[0], strerror(err),
                err == ENOENT && access(argv[0], F_OK) == 0 ? " (is its #! interpreter missing?)"

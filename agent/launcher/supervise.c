@@ -1,5 +1,6 @@
 /* What the children say and do: their lines (the coordinator's address
- * starts the agents), and their exits, reaped in order. */
+ * starts the agents, or the start does when joining one), and their
+ * exits, reaped in order. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -10,32 +11,52 @@
 #include "clock.h"
 #include "launcher.h"
 
-/* Starts the N agents once the coordinator's RPC address is known. */
-static void start_agents(gs_run_t *r, const char *rpc)
+/* The argv every local rank runs (allocated; the caller frees it): the
+ * agent with the job flags before the pass-through ones, or the command
+ * alone. `rank` is the buffer the caller writes each local rank into. */
+static char **rank_argv(gs_run_t *r, char *world, char *rank)
+{
+  char **argv = calloc((size_t)r->cfg.npass + 12, sizeof(*argv));
+  int k = 0;
+
+  if (!argv)
+    return NULL;
+  if (!r->cfg.command) {
+    argv[k++] = r->cfg.agent_bin;
+    argv[k++] = "--coordinator";
+    argv[k++] = r->cfg.rpc;
+    argv[k++] = "--job";
+    argv[k++] = (char *)r->cfg.job;
+    argv[k++] = "--world-size";
+    argv[k++] = world;
+    argv[k++] = "--local-rank";
+    argv[k++] = rank;
+    if (r->cfg.node) {
+      argv[k++] = "--node";
+      argv[k++] = (char *)r->cfg.node;
+    }
+  }
+  memcpy(argv + k, r->cfg.pass, (size_t)r->cfg.npass * sizeof(*argv));
+  return argv;
+}
+
+/* Starts this node's agents (or commands) once the coordinator's RPC
+ * address is in cfg.rpc. */
+void gs__run_start_agents(gs_run_t *r)
 {
   char world[24], rank[24];
   char **argv;
-  int k = 0, rc;
+  int rc;
 
   r->phase = GS_RUN_RUNNING;
-  argv = calloc((size_t)r->cfg.npass + 10, sizeof(*argv));
+  snprintf(world, sizeof(world), "%ld", r->cfg.world);
+  argv = rank_argv(r, world, rank);
   if (!argv) {
     gs__run_say("out of memory starting the ranks");
     gs__run_fail(r, 1);
     gs__run_begin_stop(r);
     return;
   }
-  snprintf(world, sizeof(world), "%ld", r->cfg.nproc);
-  argv[k++] = r->cfg.agent_bin;
-  argv[k++] = "--coordinator";
-  argv[k++] = (char *)rpc;
-  argv[k++] = "--job";
-  argv[k++] = (char *)r->cfg.job;
-  argv[k++] = "--world-size";
-  argv[k++] = world;
-  argv[k++] = "--local-rank";
-  argv[k++] = rank;
-  memcpy(argv + k, r->cfg.pass, (size_t)r->cfg.npass * sizeof(*argv));
   for (long i = 0; i < r->cfg.nproc; i++) {
     snprintf(rank, sizeof(rank), "%ld", i);
     rc = gs__run_spawn(r, &r->agents[i], argv);
@@ -77,7 +98,8 @@ static bool coordinator_ready(gs_run_t *r, const char *data, size_t len)
     snprintf(shown, sizeof(shown), "%s", host);
   gs__run_say("coordinator rpc=%s, status at http://%s%s/status", rpc, shown, colon);
   r->ready_deadline = 0;
-  start_agents(r, rpc);
+  snprintf(r->cfg.rpc, sizeof(r->cfg.rpc), "%s", rpc);
+  gs__run_start_agents(r);
   return true;
 }
 

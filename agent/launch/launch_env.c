@@ -1,4 +1,5 @@
-/* Scheduler variables into gradsync-agent flag values (launch_env.h). */
+/* Scheduler variables into gradsync-agent and gradsync-run flag values
+ * (launch_env.h). */
 #include "launch_env.h"
 
 #include <stdbool.h>
@@ -19,6 +20,16 @@ const char *const gs_launch_world_size_envs[] = {
 const char *const gs_launch_local_rank_envs[] = {"GRADSYNC_LOCAL_RANK", "LOCAL_RANK",
                                                  "SLURM_LOCALID", NULL};
 const char *const gs_launch_node_envs[] = {"GRADSYNC_NODE", "SLURMD_NODENAME", NULL};
+
+/* A Kubernetes Indexed Job numbers its pods 0..completions-1 in
+ * $JOB_COMPLETION_INDEX: with one pod per node that is the node rank.
+ * SLURM's per-node count is the GPUs it gave the node, one agent each:
+ * $SLURM_NTASKS_PER_NODE counts gradsync-run tasks, not agents. */
+const char *const gs_launch_nnodes_envs[] = {"GRADSYNC_NNODES", "SLURM_NNODES", "PET_NNODES", NULL};
+const char *const gs_launch_node_rank_envs[] = {"GRADSYNC_NODE_RANK", "SLURM_NODEID",
+                                                "PET_NODE_RANK", "JOB_COMPLETION_INDEX", NULL};
+const char *const gs_launch_nproc_envs[] = {"GRADSYNC_NPROC_PER_NODE", "PET_NPROC_PER_NODE",
+                                            "SLURM_GPUS_ON_NODE", NULL};
 
 void gs_launch_env_init(gs_launch_env_t *le, gs_launch_getenv_fn getenv)
 {
@@ -79,25 +90,55 @@ const char *gs_launch_env_lookup(void *ctx, const char *name)
   return get(le, name);
 }
 
-/* Set variables gradsync reads no value from, and why. */
-static const struct {
+/* Set variables a program reads no value from, and why. */
+typedef struct ignored {
   const char *name, *why;
-} ignored[] = {
-    {"RANK", "gradsync numbers ranks itself, by --node then --local-rank"},
-    {"SLURM_PROCID", "gradsync numbers ranks itself, by --node then --local-rank"},
-    {"PET_NODE_RANK", "gradsync numbers ranks itself, by --node then --local-rank"},
-    {"SLURM_NODEID", "gradsync numbers ranks itself, by --node then --local-rank"},
-    {"MASTER_PORT", "torch's store port; the coordinator's is $GRADSYNC_COORDINATOR_PORT or 7070"},
-    {"PET_MASTER_PORT",
-     "torch's store port; the coordinator's is $GRADSYNC_COORDINATOR_PORT or 7070"},
+} ignored_t;
+
+#define NUMBERS_RANKS "gradsync numbers ranks itself, by --node then --local-rank"
+#define STORE_PORT "torch's store port; the coordinator's is $GRADSYNC_COORDINATOR_PORT or 7070"
+#define RUN_SETS "gradsync-run sets each agent's"
+#define RUN_WORLD "the world size is --nnodes x --nproc-per-node"
+
+static const ignored_t agent_ignores[] = {
+    {"RANK", NUMBERS_RANKS},
+    {"SLURM_PROCID", NUMBERS_RANKS},
+    {"PET_NODE_RANK", NUMBERS_RANKS},
+    {"SLURM_NODEID", NUMBERS_RANKS},
+    {"MASTER_PORT", STORE_PORT},
+    {"PET_MASTER_PORT", STORE_PORT},
+    {NULL, NULL},
 };
+
+static const ignored_t run_ignores[] = {
+    {"RANK", NUMBERS_RANKS},
+    {"SLURM_PROCID", NUMBERS_RANKS},
+    {"LOCAL_RANK", RUN_SETS},
+    {"SLURM_LOCALID", RUN_SETS},
+    {"WORLD_SIZE", RUN_WORLD},
+    {"SLURM_NTASKS", RUN_WORLD},
+    {"SLURM_NTASKS_PER_NODE", "counts gradsync-run tasks, not agents; see --nproc-per-node"},
+    {"MASTER_PORT", STORE_PORT},
+    {"PET_MASTER_PORT", STORE_PORT},
+    {NULL, NULL},
+};
+
+static void notes(gs_launch_env_t *le, const ignored_t *list, FILE *out)
+{
+  for (; list->name; list++) {
+    const char *v = get(le, list->name);
+
+    if (v)
+      fprintf(out, "ignored: $%s=%s (%s)\n", list->name, v, list->why);
+  }
+}
 
 void gs_launch_env_notes(gs_launch_env_t *le, FILE *out)
 {
-  for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++) {
-    const char *v = get(le, ignored[i].name);
+  notes(le, agent_ignores, out);
+}
 
-    if (v)
-      fprintf(out, "ignored: $%s=%s (%s)\n", ignored[i].name, v, ignored[i].why);
-  }
+void gs_launch_env_run_notes(gs_launch_env_t *le, FILE *out)
+{
+  notes(le, run_ignores, out);
 }

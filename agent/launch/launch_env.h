@@ -1,9 +1,10 @@
-/* The agent's launch environment: the variables schedulers already set
- * (torchrun and Kubeflow PyTorchJob, Kubeflow Trainer's PET_*, SLURM)
- * translated into gradsync-agent's flag values. The flag table names the
- * sources of each flag in order (GRADSYNC_* first); this module is the
- * lookup gs_flags_parse calls for them (gs_flags_opts_t.lookup), so the
- * table stays the one place that says which variable feeds which flag.
+/* The launch environment: the variables schedulers already set (torchrun
+ * and Kubeflow PyTorchJob, Kubeflow Trainer's PET_*, SLURM, a Kubernetes
+ * Indexed Job) translated into the flag values of gradsync-agent and
+ * gradsync-run. Each flag table names the sources of each flag in order
+ * (GRADSYNC_* first) with the lists below; this module is the lookup
+ * gs_flags_parse calls for them (gs_flags_opts_t.lookup), so the tables
+ * stay the one place that says which variable feeds which flag.
  *
  * Pure: it reads the environment only through the getenv it is given. */
 #ifndef GS_LAUNCH_ENV_H
@@ -26,6 +27,12 @@ extern const char *const gs_launch_job_envs[];
 extern const char *const gs_launch_world_size_envs[];
 extern const char *const gs_launch_local_rank_envs[];
 extern const char *const gs_launch_node_envs[];
+
+/* gradsync-run's own: nodes in the job, this node's index among them, and
+ * agents per node (--nnodes, --node-rank, --nproc-per-node). */
+extern const char *const gs_launch_nnodes_envs[];
+extern const char *const gs_launch_node_rank_envs[];
+extern const char *const gs_launch_nproc_envs[];
 
 /* The lookup's state: the getenv it reads through and the buffers its
  * translated values live in (as long as the struct). */
@@ -51,8 +58,12 @@ void gs_launch_env_init(gs_launch_env_t *le, gs_launch_getenv_fn getenv);
 const char *gs_launch_env_lookup(void *ctx, const char *name);
 
 /* Writes one line for each scheduler variable that is set but that
- * gradsync does not use ($RANK, $SLURM_PROCID, $MASTER_PORT, ...), and
- * why, for --print-config. */
+ * gradsync-agent does not use ($RANK, $SLURM_PROCID, $MASTER_PORT, ...),
+ * and why, for --print-config. */
 void gs_launch_env_notes(gs_launch_env_t *le, FILE *out);
+
+/* The same for gradsync-run, which reads the node variables the agent
+ * ignores and sets the per-process ones itself. */
+void gs_launch_env_run_notes(gs_launch_env_t *le, FILE *out);
 
 #endif
