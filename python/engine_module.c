@@ -626,13 +626,14 @@ static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
   Py_BEGIN_ALLOW_THREADS
   err = gs_engine_end_step(self->engine, &r);
   Py_END_ALLOW_THREADS
-  if (err)
+  if (err && !r.nonfinite) /* a non-finite loss is a stop every rank takes, not an error */
     return raise_engine(self, err);
-  return Py_BuildValue("{s:O,s:s,s:i,s:O,s:O,s:O,s:d,s:d}", "stop", r.stop ? Py_True : Py_False,
+  return Py_BuildValue("{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:d,s:d}", "stop", r.stop ? Py_True : Py_False,
                        "stop_reason", r.stop_reason, "bcast_period", r.bcast_period,
                        "period_changed", r.period_changed ? Py_True : Py_False, "broadcast",
                        r.broadcast ? Py_True : Py_False, "checkpoint",
-                       r.checkpoint ? Py_True : Py_False, "comm_wait_ms", r.comm_wait_ms,
+                       r.checkpoint ? Py_True : Py_False, "nonfinite",
+                       r.nonfinite ? Py_True : Py_False, "comm_wait_ms", r.comm_wait_ms,
                        "optimizer_ms", r.optimizer_ms);
 }
 

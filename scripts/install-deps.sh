@@ -12,6 +12,8 @@ packages=(
   libopenblas-dev dataset-fashion-mnist
   patchelf clang-format
   curl python3-yaml
+  python3-dev python3-torch python3-numpy
+  iproute2 iptables
   "$@"
 )
 

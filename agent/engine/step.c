@@ -198,6 +198,8 @@ static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
     gs_set_why(e->error, sizeof(e->error),
                "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; every rank stops",
                step, ranks);
+    out->stop = out->nonfinite = true;
+    gs_set_why(out->stop_reason, sizeof(out->stop_reason), "%s", e->error); /* cut to fit */
     return GS_ERANGE;
   }
   if (c.period_changed) {

@@ -171,6 +171,7 @@ typedef struct gs_step_result {
   bool period_changed;   /* the coordinator changed it at this step */
   bool broadcast;        /* params were broadcast from rank 0 after this step */
   bool checkpoint;       /* a checkpoint was taken after this step */
+  bool nonfinite;        /* a rank's loss was NaN or infinite: end_step failed, stop set */
   double comm_wait_ms;   /* time end_step waited for allreduces */
   double optimizer_ms;   /* time end_step spent in (or waiting for) SGD */
 } gs_step_result_t;

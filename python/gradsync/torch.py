@@ -1,0 +1,455 @@
+"""gradsync for PyTorch: a training script's optimizer becomes a
+DistributedOptimizer and the script trains data-parallel through gradsync
+(packed, overlapped allreduce, fused SGD, the coordinator's control and
+status page)::
+
+    import gradsync.torch as gs
+    gs.init()                                     # the launcher's environment
+    opt = gs.DistributedOptimizer(model, lr=0.1, momentum=0.9)
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward()
+        if opt.step(loss).stop:
+            break
+
+How it works (docs/design.md, "Front ends"): the model's parameters are
+registered with the engine in model order; once it has joined, every
+parameter's `.data` is a view of its pack's memory and its `.grad` a view
+of the pack's gradients, so autograd accumulates straight into the packs;
+a hook on each parameter's gradient accumulator reports it final, which
+starts its pack's allreduce while backward goes on; `step()` runs the
+engine's fused SGD (torch.optim.SGD's arithmetic) and returns what the
+step decided, identically on every rank.
+"""
+import atexit
+import os
+import re
+import socket
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from gradsync import _engine
+from gradsync._engine import Error, Interrupted, ModelMismatch, PeerLost, Timeout  # noqa: F401
+
+__all__ = ["init", "rank", "world_size", "local_rank", "DistributedOptimizer", "StepResult",
+           "Error", "PeerLost", "ModelMismatch", "Timeout", "Interrupted"]
+
+_COORDINATOR_PORT = "7070"
+_state = {"config": None, "engine": None, "optimizers": []}
+
+
+@atexit.register
+def _leave_at_exit():
+    """A script that ends normally has finished; one that dies of an
+    uncaught exception (which sets sys.last_value) has failed."""
+    failed = hasattr(sys, "last_value")
+    for opt in _state["optimizers"]:
+        opt.finish(finished=not failed,
+                   reason=f"the script raised {type(sys.last_value).__name__}" if failed else "")
+
+
+def _env(*names):
+    """The first of the variables that is set and not empty, and its name."""
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v, n
+    return None, None
+
+
+def _number(value, name):
+    try:
+        n = int(value)
+    except ValueError:
+        raise Error(f"${name}={value!r} is not a number") from None
+    if n < 0:
+        raise Error(f"${name}={value!r} is negative")
+    return n
+
+
+def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None, token=None):
+    """Where the job is: the arguments given, else gradsync's variables
+    (set by gradsync-run), else torchrun's and SLURM's, as gradsync-agent
+    reads them (README, "Environment"). Joins nothing yet: the
+    DistributedOptimizer joins. Returns the resolved settings."""
+    if coordinator is None:
+        coordinator, _ = _env("GRADSYNC_COORDINATOR")
+    if coordinator is None:
+        host, _ = _env("MASTER_ADDR", "PET_MASTER_ADDR")
+        if host:
+            port = os.environ.get("GRADSYNC_COORDINATOR_PORT") or _COORDINATOR_PORT
+            coordinator = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not coordinator:
+        raise Error("no coordinator: pass init(coordinator='HOST:PORT'), run under gradsync-run, "
+                    "or set $GRADSYNC_COORDINATOR")
+    if job is None:
+        job, _ = _env("GRADSYNC_JOB")
+        slurm, _ = _env("SLURM_JOB_ID")
+        job = job or (f"slurm-{slurm}" if slurm else "local")
+    if world_size is None:
+        v, n = _env("GRADSYNC_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS")
+        if v is None:
+            raise Error("no world size: pass init(world_size=N) or set $GRADSYNC_WORLD_SIZE")
+        world_size = _number(v, n)
+    if local_rank is None:
+        v, n = _env("GRADSYNC_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID")
+        local_rank = _number(v, n) if v is not None else 0
+    if node is None:
+        node, _ = _env("GRADSYNC_NODE", "SLURMD_NODENAME")
+        node = node or socket.gethostname()
+    if token is None:
+        token, _ = _env("GRADSYNC_TOKEN")
+    cfg = {"coordinator": coordinator, "job": job, "world_size": int(world_size),
+           "local_rank": int(local_rank), "node": node}
+    if token:
+        cfg["token"] = token
+    for key, var in (("comm_iface", "GRADSYNC_COMM_IFACE"), ("comm_bind", "GRADSYNC_COMM_BIND"),
+                     ("comm_advertise", "GRADSYNC_COMM_ADVERTISE")):
+        v, _ = _env(var)
+        if v:
+            cfg[key] = v
+    _state["config"] = cfg
+    _engine.install_sigterm()
+    return dict(cfg, token="***") if token else dict(cfg)
+
+
+def _config():
+    if _state["config"] is None:
+        init()
+    return _state["config"]
+
+
+def _info():
+    if _state["engine"] is None:
+        raise Error("the rank is known once a DistributedOptimizer has joined the job")
+    return _state["engine"].info()
+
+
+def rank():
+    """This process's rank (ranks are ordered by node, then local rank)."""
+    return _info()["rank"]
+
+
+def world_size():
+    """The number of ranks in the job."""
+    if _state["engine"] is not None:
+        return _info()["world_size"]
+    return _config()["world_size"]
+
+
+def local_rank():
+    return _config()["local_rank"]
+
+
+@dataclass
+class StepResult:
+    """What a step decided; the same on every rank."""
+    stop: bool
+    stop_reason: str
+    bcast_period: int
+    period_changed: bool
+    broadcast: bool
+    checkpoint: bool
+    nonfinite: bool  # a rank's loss was NaN or infinite: stop_reason names the ranks
+    comm_wait_ms: float
+    optimizer_ms: float
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|kB|MB|GB)?\s*$")
+_UNITS = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
+          "kB": 1000, "MB": 1000 ** 2, "GB": 1000 ** 3}
+
+
+def _bytes(size):
+    if isinstance(size, int):
+        return size
+    m = _SIZE.match(str(size))
+    if not m:
+        raise ValueError(f"pack_threshold: expected bytes like '10MiB', got {size!r}")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+# Model layout settings: one character per parameter, so that the
+# coordinator's refusal of unlike models names the first that differs.
+_LAYOUT_CHARS = 120
+_LAYOUT_SETTINGS = 8
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def _layout_settings(named):
+    """('model.layout.k', chars): a character per parameter (a hash of its
+    name and shape), in chunks; the rest as one hash."""
+    chars = "".join(_ALPHABET[zlib.crc32(f"{n}{tuple(p.shape)}".encode()) % 64] for n, p in named)
+    out = []
+    for k in range(_LAYOUT_SETTINGS):
+        chunk = chars[k * _LAYOUT_CHARS:(k + 1) * _LAYOUT_CHARS]
+        if chunk:
+            out.append((f"model.layout.{k}", chunk))
+    rest = chars[_LAYOUT_SETTINGS * _LAYOUT_CHARS:]
+    if rest:
+        out.append(("model.layout.rest", f"{zlib.crc32(rest.encode()):08x}"))
+    return out
+
+
+_UNLIKE = re.compile(r"setting 'model\.layout\.(\d+)' is '([^']*)' vs '([^']*)'")
+
+
+def _mismatch(err, named):
+    """A refusal of unlike models, with the first differing parameter named."""
+    m = _UNLIKE.search(str(err))
+    if not m:
+        return ModelMismatch(str(err)) if "model" in str(err) else err
+    base, mine, theirs = int(m.group(1)) * _LAYOUT_CHARS, m.group(2), m.group(3)
+    i = next((k for k in range(min(len(mine), len(theirs))) if mine[k] != theirs[k]),
+             min(len(mine), len(theirs)))
+    i += base
+    if i < len(named):
+        name, p = named[i]
+        what = (f"parameter {i} '{name}' (shape {list(p.shape)} on this rank) differs from the "
+                "reference rank's (its name or shape)")
+    else:
+        what = f"this rank has {len(named)} parameters, the reference rank more"
+    return ModelMismatch(f"the ranks' models differ: {what}; {err}")
+
+
+class DistributedOptimizer:
+    """torch.optim.SGD over gradsync: momentum (dampening 0), weight decay,
+    nesterov, as torch.optim.SGD computes them, with every rank's gradients
+    summed or averaged (`reduce`) before the update.
+
+    `model` is an nn.Module (its parameters and buffers are used) or an
+    iterable of parameters. Construction joins the job (blocking until
+    every rank has), takes rank 0's pack list and parameters (its buffers
+    too), and binds the parameters to the packs.
+    """
+
+    def __init__(self, model, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
+                 reduce="mean", pack_threshold="10MiB", bcast_period=0,
+                 find_unused_parameters=False, broadcast_buffers=True,
+                 bias_lr_mult=1.0, bias_weight_decay=None, warmup_steps=0, warmup_factor=1 / 3,
+                 schedule="constant", step_size=0, gamma=0.1, total_steps=0,
+                 checkpoint_dir=None, checkpoint_every=0, resume=False,
+                 join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0):
+        if isinstance(model, torch.nn.Module):
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            self._buffers = list(model.named_buffers()) if broadcast_buffers else []
+        else:
+            named = [(f"param{i}", p) for i, p in enumerate(model) if p.requires_grad]
+            self._buffers = []
+        if not named:
+            raise ValueError("the model has no parameter that requires a gradient")
+        for n, p in named:
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise Error(f"parameter '{n}' is {p.dtype} on {p.device}: gradsync.torch trains "
+                            "float32 parameters on the cpu (CUDA tensors are not supported yet)")
+        self._named = named
+        self.params = [p for _, p in named]
+        self.find_unused_parameters = find_unused_parameters
+        cfg = dict(_config())
+        cfg.update(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+                   reduce=reduce, pack_threshold=_bytes(pack_threshold), bcast_period=bcast_period,
+                   bias_lr_mult=bias_lr_mult, warmup_steps=warmup_steps,
+                   warmup_factor=warmup_factor, schedule=schedule, step_size=step_size,
+                   gamma=gamma, total_steps=total_steps, checkpoint_every=checkpoint_every,
+                   resume=resume, join_timeout=join_timeout, comm_timeout=comm_timeout,
+                   connect_timeout=connect_timeout, device="cpu", backend="host")
+        if bias_weight_decay is not None:
+            cfg["bias_wd"] = bias_weight_decay
+        if checkpoint_dir:
+            cfg["checkpoint_dir"] = str(checkpoint_dir)
+        e = _engine.Engine(**cfg)
+        for n, p in named:
+            e.register(n, p.numel(), n.endswith("bias"))
+        for name, value in _layout_settings(named):
+            e.add_setting(name, value)
+        e.add_setting("torch.find-unused", str(bool(find_unused_parameters)).lower())
+        e.add_setting("torch.buffers", str(sum(b.numel() for _, b in self._buffers)))
+        try:
+            e.start()
+        except Error as err:
+            raise _mismatch(err, named) from None
+        self._engine = e
+        _state["engine"] = e
+        self._bind()
+        self.step_count, self.epoch = e.sync_initial()
+        self._sync_buffers()
+        self._in_step = False
+        self._held = []
+        self.copies = 0  # gradients that arrived outside the packs (set_to_none, assigned .grad)
+        self._t_last = time.monotonic()
+        self._hooks = [self._hook(i, p) for i, p in enumerate(self.params)]
+        self._batch = 0
+        if isinstance(model, torch.nn.Module):
+            self._hooks.append(model.register_forward_pre_hook(self._saw_input))
+        _state["optimizers"].append(self)
+
+    def _saw_input(self, module, args):
+        """The batch size, for the status page's samples/s."""
+        if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+            self._batch = args[0].shape[0]
+
+    # -- binding ----------------------------------------------------------
+
+    def _bind(self):
+        """Every parameter's data and grad become views of pack memory."""
+        e = self._engine
+        info = e.info()
+        self.rank, self.world_size = info["rank"], info["world_size"]
+        last = info["packs"] - 1
+        self._in_last = [e.param_pack(i) == last for i in range(len(self.params))]
+        self._param_views, self._grad_views = [], []
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                pv = torch.frombuffer(e.param(i), dtype=torch.float32).view(p.shape)
+                gv = torch.frombuffer(e.grad(i), dtype=torch.float32).view(p.shape)
+                pv.copy_(p.data)
+                gv.zero_()
+                p.data = pv
+                p.grad = gv
+                self._param_views.append(pv)
+                self._grad_views.append(gv)
+
+    def _sync_buffers(self):
+        """Buffers (BatchNorm statistics) take rank 0's values: a sum where
+        the others add zeros is exact."""
+        if not self._buffers or self.world_size == 1:
+            return
+        flat = torch.cat([b.detach().reshape(-1).to(torch.float32) for _, b in self._buffers])
+        if self.rank != 0:
+            flat.zero_()
+        self._engine.allreduce_sum(memoryview(flat.numpy()).cast("B"))
+        at = 0
+        with torch.no_grad():
+            for _, b in self._buffers:
+                n = b.numel()
+                b.copy_(flat[at:at + n].view(b.shape).to(b.dtype))
+                at += n
+
+    def _hook(self, i, p):
+        """Reports parameter i's gradient final once autograd has
+        accumulated it (PyTorch 2.1's post-accumulate hook, else the hook
+        of its AccumulateGrad node)."""
+        def ready(*_):
+            self._grad_ready(i)
+        if hasattr(p, "register_post_accumulate_grad_hook"):
+            return p.register_post_accumulate_grad_hook(ready)
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        self._keep = getattr(self, "_keep", []) + [acc]  # the node must outlive the hook
+        return acc.register_hook(ready)
+
+    def _begin(self):
+        if not self._in_step:
+            self._in_step = True
+            self._reported = [False] * len(self.params)
+            self._engine.begin_step(0.0, self.step_count + 1, self.epoch)
+
+    def _grad_ready(self, i):
+        self._begin()
+        p, gv = self.params[i], self._grad_views[i]
+        if p.grad is None or p.grad.data_ptr() != gv.data_ptr():
+            # set_to_none zeroing, or a .grad of the user's: one copy into
+            # the pack, and the pack's view is the gradient again.
+            with torch.no_grad():
+                if p.grad is None:
+                    gv.zero_()
+                else:
+                    gv.copy_(p.grad)
+            p.grad = gv
+            self.copies += 1
+        self._reported[i] = True
+        if self._in_last[i]:
+            self._held.append(i)  # the last pack carries the loss: reported in step()
+        else:
+            self._engine.grad_ready(i)
+
+    # -- the step ---------------------------------------------------------
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the gradients in the packs (set_to_none=True drops them;
+        the next backward's arrive with one copy each)."""
+        for p, gv in zip(self.params, self._grad_views):
+            if set_to_none:
+                p.grad = None
+            else:
+                gv.zero_()
+                p.grad = gv
+
+    def step(self, loss=None):
+        """Waits for the allreduces, applies SGD, and returns the step's
+        decisions (a StepResult, the same on every rank). `loss` (a number
+        or a 0-dim tensor) feeds the status page, and a non-finite loss on
+        any rank stops every rank at this step."""
+        e = self._engine
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else \
+            float("nan") if loss is None else float(loss)
+        self._begin()
+        missing = [i for i, done in enumerate(self._reported) if not done]
+        if missing and not self.find_unused_parameters:
+            self._abandon()
+            names = ", ".join(self._named[i][0] for i in missing[:5])
+            raise Error(f"{len(missing)} parameter(s) got no gradient this step ({names}"
+                        f"{', ...' if len(missing) > 5 else ''}): pass "
+                        "find_unused_parameters=True to count them as zero gradients")
+        for i in missing:
+            self._grad_views[i].zero_()
+            self._reported[i] = True
+            if self._in_last[i]:
+                self._held.append(i)
+            else:
+                e.grad_ready(i)
+        e.set_loss(value if loss is not None else 0.0)
+        for i in self._held:
+            e.grad_ready(i)
+        self._held = []
+        self._in_step = False
+        r = StepResult(**e.end_step())
+        self.step_count += 1
+        if r.broadcast:
+            self._sync_buffers()
+        now = time.monotonic()
+        dt, self._t_last = max(now - self._t_last, 1e-9), now
+        e.report(self.step_count, value if loss is not None else 0.0,
+                 self._batch * self.world_size / dt, max(dt * 1000.0 - r.comm_wait_ms, 0.0),
+                 r.comm_wait_ms)
+        if r.stop:
+            self.finish(finished=not r.nonfinite, reason=r.stop_reason)
+        return r
+
+    def _abandon(self):
+        self._held = []
+        self._in_step = False
+        self.finish(finished=False, reason="a parameter got no gradient")
+
+    @property
+    def position(self):
+        """(step, epoch): steps completed, and the epoch the user set."""
+        return self.step_count, self.epoch
+
+    def set_epoch(self, epoch):
+        self.epoch = int(epoch)
+
+    def checkpoint(self):
+        """Rank 0 writes a checkpoint of this step (with checkpoint_dir)."""
+        self._engine.checkpoint(self.step_count, self.epoch)
+
+    def allreduce_sum(self, tensor):
+        """Sums a float32 cpu tensor over the ranks, in place (metrics)."""
+        t = tensor.detach()
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("allreduce_sum takes a contiguous float32 cpu tensor")
+        self._engine.allreduce_sum(memoryview(t.numpy()).cast("B"))
+        return tensor
+
+    def finish(self, finished=True, reason=""):
+        """Leaves the job; at the end of the process otherwise (finished
+        unless the script died of an exception)."""
+        if getattr(self, "_engine", None) is not None:
+            self._engine.finish(finished, reason)
+
+    def __del__(self):
+        for h in getattr(self, "_hooks", []):
+            h.remove()

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""gradsync.torch against plain PyTorch, whole processes: gradsync-run
+starts tests/torch_worker.py on each rank (any command, like torchrun).
+
+usage: test_torch.py CASE BIN_DIR PYTHON_DIR
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+CASE, BIN_DIR, PY_DIR = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN = os.path.join(BIN_DIR, "gradsync-run")
+WORKER = os.path.join(HERE, "torch_worker.py")
+sys.path.insert(0, HERE)
+sys.path.insert(0, PY_DIR)
+import torch_worker  # noqa: E402  (its models and data, for the references)
+
+
+def run(nproc, scenario, out, *opts, check=True, timeout=120):
+    env = dict(os.environ, PYTHONPATH=PY_DIR)
+    p = subprocess.run([RUN, "--nproc", str(nproc), "--", sys.executable, WORKER, scenario, out]
+                       + list(opts), capture_output=True, text=True, env=env, timeout=timeout)
+    if check and p.returncode:
+        sys.exit(f"{scenario} {opts} exited {p.returncode}:\n{p.stdout[-4000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def result(out, rank):
+    return torch.load(os.path.join(out, f"rank-{rank}.pt"))
+
+
+def reference(steps, batch, world, lr, momentum, wd, nesterov):
+    """One plain PyTorch process on the global batch."""
+    model = torch_worker.mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd,
+                          nesterov=nesterov)
+    x, y = torch_worker.data(steps, batch, world)
+    for s in range(steps):
+        loss = F.cross_entropy(model(x[s]), y[s])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def rel(a, b):
+    num = sum(float(((x - y) ** 2).sum()) for x, y in zip(a, b))
+    den = sum(float((y ** 2).sum()) for y in b)
+    return (num / den) ** 0.5
+
+
+def case_equivalence(tmp):
+    """2 ranks x batch 8 with reduce=mean equal one process with batch 16
+    and torch.optim.SGD, momentum/weight decay/nesterov on and off; sum
+    with half the learning rate (and twice the decay, which the learning
+    rate scales) too."""
+    for momentum, wd, nesterov in ((0.9, 1e-3, False), (0.9, 1e-3, True), (0.0, 0.0, False)):
+        want = reference(50, 8, 2, 0.1, momentum, wd, nesterov)
+        for reduce, lr, decay in (("mean", 0.1, wd), ("sum", 0.05, 2 * wd)):
+            out = tempfile.mkdtemp(dir=tmp)
+            run(2, "equivalence", out, f"reduce={reduce}", f"lr={lr}", f"momentum={momentum}",
+                f"wd={decay}", f"nesterov={int(nesterov)}")
+            got = [result(out, r)["params"] for r in (0, 1)]
+            assert all(torch.equal(a, b) for a, b in zip(*got)), "the ranks' params differ"
+            err = rel(got[0], want)
+            assert err < 1e-5, (momentum, wd, nesterov, reduce, err)
+            print(f"momentum {momentum} wd {wd} nesterov {nesterov} reduce {reduce}: "
+                  f"relative error {err:.2e}")
+
+
+def case_zero_copy(tmp):
+    """Params and grads are the packs' memory; zeroing with set_to_none
+    takes the one-copy path and gives the same numbers."""
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "equivalence", out, "steps=10")
+    plain = result(out, 0)
+    for p_ptr, g_ptr, pv, gv in plain["views"]:
+        assert p_ptr == pv and g_ptr == gv, plain["views"]
+    assert plain["copies"] == 0, plain["copies"]
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "equivalence", out, "steps=10", "set_to_none=1")
+    none = result(out, 0)
+    assert none["copies"] == 10 * len(none["params"]), none["copies"]
+    assert all(torch.equal(a, b) for a, b in zip(plain["params"], none["params"]))
+    print(f"zero copy: views of the packs; set_to_none: {none['copies']} copies, same params")
+
+
+def case_buffers(tmp):
+    """BatchNorm buffers take rank 0's at start and at each broadcast
+    boundary; with broadcast_buffers=False they stay each rank's own."""
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "buffers", out, "period=5", "steps=5")
+    a, b = result(out, 0), result(out, 1)
+    for n in a["buffers"]:
+        assert torch.equal(a["buffers"][n], b["buffers"][n]), n
+    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "buffers", out, "period=5", "steps=5", "bb=0")
+    a, b = result(out, 0), result(out, 1)
+    assert not torch.equal(a["buffers"]["1.running_mean"], b["buffers"]["1.running_mean"])
+    print("buffers: rank 0's after a broadcast; each rank's own with broadcast_buffers=False")
+
+
+def case_errors(tmp):
+    """Unlike models name the parameter; an unused parameter is an error
+    (or a zero gradient); a NaN loss on one rank stops both at one step;
+    kill -9 of a rank is PeerLost on the other; no coordinator is a clear
+    error within the join timeout."""
+    out = tempfile.mkdtemp(dir=tmp)
+    p = run(2, "unlike_models", out, check=False)
+    m = re.search(r"ModelMismatch: the ranks' models differ: parameter (\d+) '([^']+)' "
+                  r"\(shape \[(\d+), 20\]", p.stdout)
+    assert p.returncode != 0 and m and m.group(2) == "0.weight", p.stdout[-3000:]
+    print(f"unlike models: {m.group(0)}")
+
+    p = run(2, "unused", out, check=False)
+    assert p.returncode != 0 and "parameter(s) got no gradient this step (unused.weight, " \
+        "unused.bias): pass find_unused_parameters=True" in p.stdout, p.stdout[-3000:]
+    out2 = tempfile.mkdtemp(dir=tmp)
+    run(2, "unused", out2, "find=1")
+    print("unused parameter: an error naming it; a zero gradient with find_unused_parameters")
+
+    out3 = tempfile.mkdtemp(dir=tmp)
+    p = run(2, "nan_loss", out3)
+    stops = re.findall(r"stopped at step (\d+): (.*)", p.stdout)
+    assert len(stops) == 2 and stops[0][0] == stops[1][0] == "5", p.stdout[-3000:]
+    assert "on rank(s) 1;" in stops[0][1], stops
+    print(f"NaN loss on rank 1: both stopped at step 5: {stops[0][1]}")
+
+    t0 = time.monotonic()
+    p = run(2, "killed", out, check=False, timeout=60)
+    m = re.search(r"PeerLost after ([\d.]+) s", p.stdout)
+    assert m and float(m.group(1)) < 15, p.stdout[-3000:] + p.stderr[-2000:]
+    print(f"kill -9 of rank 1: rank 0 raised PeerLost after {m.group(1)} s "
+          f"(the whole run {time.monotonic() - t0:.1f} s)")
+
+    env = dict(os.environ, PYTHONPATH=PY_DIR)
+    p = subprocess.run([sys.executable, WORKER, "no_coordinator", out, "coordinator=127.0.0.1:9",
+                        "timeout=3"], capture_output=True, text=True, env=env, timeout=60)
+    m = re.search(r"(\w+) after ([\d.]+) s: (.*)", p.stdout)
+    assert p.returncode == 3 and m and float(m.group(2)) < 10, p.stdout + p.stderr[-2000:]
+    print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        globals()[f"case_{CASE}"](tmp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""One rank of tests/test_torch.py's jobs, started by gradsync-run:
+`torch_worker.py SCENARIO OUT_DIR [options]`. Writes what the test checks
+to OUT_DIR/rank-R.pt (torch.save of a dict)."""
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gradsync.torch as gs
+
+OPTS = {}
+
+
+def mlp(seed=0, hidden=16, bn=False):
+    torch.manual_seed(seed)
+    layers = [nn.Linear(20, hidden)]
+    if bn:
+        layers.append(nn.BatchNorm1d(hidden))
+    layers += [nn.ReLU(), nn.Linear(hidden, 3)]
+    return nn.Sequential(*layers)
+
+
+def data(steps, batch, world):
+    """The same examples on every rank; rank r takes its slice of each
+    global batch of batch*world."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(steps, batch * world, 20, generator=g)
+    y = torch.randint(0, 3, (steps, batch * world), generator=g)
+    return x, y
+
+
+def sgd_args():
+    return dict(lr=float(OPTS.get("lr", 0.1)), momentum=float(OPTS.get("momentum", 0.9)),
+                weight_decay=float(OPTS.get("wd", 1e-3)), nesterov=OPTS.get("nesterov") == "1")
+
+
+def save(**values):
+    torch.save(values, os.path.join(OUT, f"rank-{gs.rank()}.pt"))
+
+
+def train(model, opt, steps, batch, set_to_none=False):
+    x, y = data(steps, batch, gs.world_size())
+    r = gs.rank()
+    for s in range(steps):
+        xb, yb = x[s, r * batch:(r + 1) * batch], y[s, r * batch:(r + 1) * batch]
+        loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad(set_to_none=set_to_none)
+        loss.backward()
+        opt.step(loss)
+
+
+def equivalence():
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, reduce=OPTS.get("reduce", "mean"), **sgd_args())
+    steps, batch = int(OPTS.get("steps", 50)), int(OPTS.get("batch", 8))
+    train(model, opt, steps, batch, set_to_none=OPTS.get("set_to_none") == "1")
+    views = [(p.data_ptr(), p.grad.data_ptr(), opt._param_views[i].data_ptr(),
+              opt._grad_views[i].data_ptr()) for i, p in enumerate(opt.params)]
+    save(params=[p.detach().clone() for p in model.parameters()], views=views, copies=opt.copies)
+
+
+def buffers():
+    gs.init()
+    model = mlp(seed=gs.local_rank(), bn=True)  # unlike params and buffers on each rank
+    opt = gs.DistributedOptimizer(model, bcast_period=int(OPTS.get("period", 5)),
+                                  broadcast_buffers=OPTS.get("bb", "1") == "1", **sgd_args())
+    train(model, opt, int(OPTS.get("steps", 5)), 8)
+    save(buffers={n: b.clone() for n, b in model.named_buffers()},
+         params=[p.detach().clone() for p in model.parameters()])
+
+
+def unlike_models():
+    gs.init()
+    hidden = 16 if gs.local_rank() == 0 else 17
+    try:
+        gs.DistributedOptimizer(mlp(hidden=hidden), lr=0.1, join_timeout=20)
+    except gs.ModelMismatch as e:
+        print(f"ModelMismatch: {e}", flush=True)
+        sys.exit(3)
+    sys.exit(0)
+
+
+def unused():
+    gs.init()
+    model = mlp()
+    extra = nn.Linear(3, 3)
+    model.add_module("unused", extra)
+    opt = gs.DistributedOptimizer(model, lr=0.1,
+                                  find_unused_parameters=OPTS.get("find") == "1")
+    x, y = data(3, 8, gs.world_size())
+    try:
+        for s in range(3):
+            loss = F.cross_entropy(model[:3](x[s]), y[s])  # never calls `unused`
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss)
+    except gs.Error as e:
+        print(f"Error: {e}", flush=True)
+        sys.exit(3)
+    save(unused=extra.weight.detach().clone())
+
+
+def nan_loss():
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, lr=0.1)
+    x, y = data(10, 8, gs.world_size())
+    for s in range(10):
+        loss = F.cross_entropy(model(x[s]), y[s])
+        if s == 4 and gs.rank() == 1:
+            loss = loss * float("nan")
+        opt.zero_grad()
+        loss.backward()
+        r = opt.step(loss)
+        if r.stop:
+            print(f"stopped at step {s + 1}: {r.stop_reason}", flush=True)
+            break
+    save(step=opt.position[0])
+
+
+def killed():
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, lr=0.1)
+    x, y = data(1, 8, gs.world_size())
+    t0 = None
+    try:
+        for s in range(100000):
+            if s == 20 and gs.rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if s == 20:
+                t0 = time.monotonic()
+            loss = F.cross_entropy(model(x[0]), y[0])
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss)
+    except gs.PeerLost as e:
+        print(f"PeerLost after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+        sys.exit(3)
+
+
+def no_coordinator():
+    gs.init(coordinator=OPTS["coordinator"], world_size=2)
+    t0 = time.monotonic()
+    try:
+        gs.DistributedOptimizer(mlp(), lr=0.1, join_timeout=float(OPTS.get("timeout", 3)))
+    except gs.Error as e:
+        print(f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    SCENARIO, OUT = sys.argv[1], sys.argv[2]
+    OPTS.update(a.split("=", 1) for a in sys.argv[3:])
+    globals()[SCENARIO]()
