@@ -48,8 +48,8 @@ typedef struct {
  * difference was). */
 static PyObject *error_class(int err, const char *why)
 {
-  if (term_flag && (strstr(why, "interrupted by") || strstr(why, "SIGTERM") ||
-                    strstr(why, "SIGINT")))
+  if (term_flag &&
+      (strstr(why, "interrupted by") || strstr(why, "SIGTERM") || strstr(why, "SIGINT")))
     return error_interrupted;
   if (strstr(why, "model unlike") || strstr(why, "model signature"))
     return error_model_mismatch;
@@ -240,8 +240,9 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_coordinator(v, &c->coord);
   if (!strcmp(key, "job") || !strcmp(key, "token") || !strcmp(key, "checkpoint_dir")) {
     const char *str = PyUnicode_AsUTF8(v);
-    PyObject **slot = key[0] == 'j' ? &keep->job : key[0] == 't' ? &keep->token
-                                                                 : &keep->checkpoint_dir;
+    PyObject **slot = key[0] == 'j'   ? &keep->job
+                      : key[0] == 't' ? &keep->token
+                                      : &keep->checkpoint_dir;
 
     if (!str)
       return -1;
@@ -255,8 +256,8 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
       c->checkpoint_dir = str;
     return 0;
   }
-  if (!strcmp(key, "world_size") || !strcmp(key, "local_rank") ||
-      !strcmp(key, "checkpoint_keep") || !strcmp(key, "bcast_period")) {
+  if (!strcmp(key, "world_size") || !strcmp(key, "local_rank") || !strcmp(key, "checkpoint_keep") ||
+      !strcmp(key, "bcast_period")) {
     long x = PyLong_AsLong(v);
 
     if (x == -1 && PyErr_Occurred())
@@ -513,8 +514,8 @@ static PyObject *engine_info(EngineObject *self, PyObject *unused)
   (void)unused;
   if (!check_open(self, true))
     return NULL;
-  return Py_BuildValue("{s:I,s:I,s:K,s:I,s:i}", "rank", gs_engine_rank(self->engine),
-                       "world_size", gs_engine_world_size(self->engine), "generation",
+  return Py_BuildValue("{s:I,s:I,s:K,s:I,s:i}", "rank", gs_engine_rank(self->engine), "world_size",
+                       gs_engine_world_size(self->engine), "generation",
                        (unsigned long long)gs_engine_generation(self->engine), "packs",
                        gs_engine_pack_count(self->engine), "bcast_period",
                        gs_engine_bcast_period(self->engine));
@@ -623,11 +624,10 @@ static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
   if (!check_open(self, true))
     return NULL;
   memset(&r, 0, sizeof(r));
-  Py_BEGIN_ALLOW_THREADS
-  err = gs_engine_end_step(self->engine, &r);
-  Py_END_ALLOW_THREADS
-  if (err && !r.nonfinite) /* a non-finite loss is a stop every rank takes, not an error */
-    return raise_engine(self, err);
+  Py_BEGIN_ALLOW_THREADS err = gs_engine_end_step(self->engine, &r);
+  Py_END_ALLOW_THREADS if (err && !r.nonfinite) /* a non-finite loss is a stop every rank takes, not
+                                                   an error */
+      return raise_engine(self, err);
   return Py_BuildValue("{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:d,s:d}", "stop", r.stop ? Py_True : Py_False,
                        "stop_reason", r.stop_reason, "bcast_period", r.bcast_period,
                        "period_changed", r.period_changed ? Py_True : Py_False, "broadcast",
@@ -643,17 +643,17 @@ static PyObject *engine_allreduce_sum(EngineObject *self, PyObject *arg)
   Py_buffer view;
   int err;
 
-  if (!check_open(self, true) || PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
+  if (!check_open(self, true) ||
+      PyObject_GetBuffer(arg, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS))
     return NULL;
   if (view.len % (Py_ssize_t)sizeof(float)) {
     PyBuffer_Release(&view);
     PyErr_SetString(PyExc_ValueError, "allreduce_sum needs float32 memory");
     return NULL;
   }
-  Py_BEGIN_ALLOW_THREADS
-  err = gs_engine_allreduce_sum(self->engine, view.buf, (size_t)view.len / sizeof(float));
-  Py_END_ALLOW_THREADS
-  PyBuffer_Release(&view);
+  Py_BEGIN_ALLOW_THREADS err =
+      gs_engine_allreduce_sum(self->engine, view.buf, (size_t)view.len / sizeof(float));
+  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
   if (err)
     return raise_engine(self, err);
   Py_RETURN_NONE;
@@ -669,11 +669,8 @@ static PyObject *engine_checkpoint(EngineObject *self, PyObject *args)
     return NULL;
   pos.step = step;
   pos.epoch = epoch;
-  Py_BEGIN_ALLOW_THREADS
-  err = gs_engine_checkpoint(self->engine, &pos);
-  Py_END_ALLOW_THREADS
-  if (err)
-    return raise_engine(self, err);
+  Py_BEGIN_ALLOW_THREADS err = gs_engine_checkpoint(self->engine, &pos);
+  Py_END_ALLOW_THREADS if (err) return raise_engine(self, err);
   Py_RETURN_NONE;
 }
 
@@ -703,8 +700,7 @@ static PyObject *engine_finish(EngineObject *self, PyObject *args)
   if (!PyArg_ParseTuple(args, "|ps", &finished, &reason) || !check_open(self, false))
     return NULL;
   if (self->started && !self->finished) {
-    Py_BEGIN_ALLOW_THREADS
-    gs_engine_finish(self->engine, finished, reason);
+    Py_BEGIN_ALLOW_THREADS gs_engine_finish(self->engine, finished, reason);
     Py_END_ALLOW_THREADS
   }
   self->finished = true;
@@ -795,11 +791,8 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "gradsync._engine",
-    .m_doc = "libgradsync's engine for Python",
-    .m_size = -1,
-    .m_methods = module_methods,
+    PyModuleDef_HEAD_INIT, .m_name = "gradsync._engine", .m_doc = "libgradsync's engine for Python",
+    .m_size = -1,          .m_methods = module_methods,
 };
 
 static int add_error(PyObject *m, PyObject **slot, const char *name, PyObject *base,

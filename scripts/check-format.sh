@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 mode=(--dry-run -Werror)
 [ "${1:-}" = "--fix" ] && mode=(-i)
 command -v clang-format >/dev/null || { echo "check-format: clang-format is not installed (scripts/install-deps.sh)" >&2; exit 1; }
-mapfile -t files < <(find agent coordinator common tests bench \
+mapfile -t files < <(find agent coordinator common python tests bench \
   \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) -type f | sort)
 clang-format "${mode[@]}" "${files[@]}"
 echo "check-format: ${#files[@]} files formatted as .clang-format says"
