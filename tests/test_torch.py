@@ -149,6 +149,21 @@ def case_errors(tmp):
     print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
 
 
+def case_example(tmp):
+    """examples/torch/fashion_cnn.py, as the README runs it: at least 0.89
+    test accuracy after 3 epochs at 2 ranks."""
+    example = os.path.join(os.path.dirname(HERE), "examples", "torch", "fashion_cnn.py")
+    env = dict(os.environ, PYTHONPATH=PY_DIR)
+    t0 = time.monotonic()
+    p = subprocess.run([RUN, "--nproc", "2", "--", sys.executable, example, "--epochs", "3"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    acc = re.findall(r"\[rank 0\] epoch (\d+): loss [\d.]+, test accuracy ([\d.]+)", p.stdout)
+    assert p.returncode == 0 and len(acc) == 3, p.stdout[-3000:] + p.stderr[-3000:]
+    assert float(acc[-1][1]) >= 0.89, acc
+    print(f"example: test accuracy {acc[-1][1]} after 3 epochs at 2 ranks "
+          f"({time.monotonic() - t0:.0f} s)")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         globals()[f"case_{CASE}"](tmp)

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""One side of bench/torch_vs_ddp.py: trains a model for --steps steps after
+--warmup untimed ones and prints one JSON line from rank 0:
+{"samples_per_sec": global, "step_ms": ...}.
+
+  --side plain     one plain PyTorch process, torch.optim.SGD
+  --side ddp       --world processes under DistributedDataParallel (gloo)
+  --side gradsync  this process is one rank of a gradsync job (start it
+                   with gradsync-run), gradsync.torch.DistributedOptimizer
+
+Models: --model cnn (examples/torch/fashion_cnn.py's Net) or mlp
+(784-256-128-10). Batch per rank --batch; one torch thread per rank;
+synthetic Fashion-MNIST-shaped data (the throughput does not depend on the
+values). SGD lr 0.05, momentum 0.9, weight decay 5e-4, gradients averaged.
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "torch"))
+from fashion_cnn import Net  # noqa: E402
+
+OPT = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def model_of(name):
+    torch.manual_seed(0)
+    if name == "cnn":
+        return Net()
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
+                         nn.ReLU(), nn.Linear(128, 10))
+
+
+def batches(batch, rank):
+    g = torch.Generator().manual_seed(rank)
+    return [(torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,),
+                                                                         generator=g))
+            for _ in range(8)]
+
+
+def timed(a, step, world, rank):
+    data = batches(a.batch, rank)
+    for i in range(a.warmup):
+        step(*data[i % len(data)])
+    t0 = time.perf_counter()
+    for i in range(a.steps):
+        step(*data[i % len(data)])
+    dt = time.perf_counter() - t0
+    if rank == 0:
+        print(json.dumps({"samples_per_sec": a.steps * a.batch * world / dt,
+                          "step_ms": dt / a.steps * 1000.0}), flush=True)
+
+
+def plain(a, rank=0, world=1, ddp=False):
+    torch.set_num_threads(1)
+    model = model_of(a.model)
+    net = nn.parallel.DistributedDataParallel(model) if ddp else model
+    opt = torch.optim.SGD(model.parameters(), **OPT)
+
+    def step(x, y):
+        loss = F.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    timed(a, step, world, rank)
+
+
+def ddp_rank(rank, a, port):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=a.world)
+    plain(a, rank, a.world, ddp=True)
+    dist.destroy_process_group()
+
+
+def gradsync_side(a):
+    import gradsync.torch as gs
+    torch.set_num_threads(1)
+    gs.init()
+    model = model_of(a.model)
+    opt = gs.DistributedOptimizer(model, reduce="mean", **OPT)
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+    timed(a, step, gs.world_size(), gs.rank())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--side", choices=["plain", "ddp", "gradsync"], required=True)
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--world", type=int, default=2, help="ranks (ddp)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    a = p.parse_args()
+    if a.side == "plain":
+        plain(a)
+    elif a.side == "gradsync":
+        gradsync_side(a)
+    else:
+        import torch.multiprocessing as mp
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(ddp_rank, args=(a, port), nprocs=a.world, join=True)
+
+
+if __name__ == "__main__":
+    main()

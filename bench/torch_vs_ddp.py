@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""gradsync.torch against PyTorch on CPU, side by side on this machine: the
+example CNN and the 784-256-128-10 MLP, batch 64 per rank, one torch
+thread per rank. At 2 ranks against DistributedDataParallel (gloo), at 1
+rank against plain PyTorch (our wrapper should add nothing measurable).
+Ours and theirs run alternately, A B A B, --pairs times; the table shows
+medians of global samples/s and their ratio, against the anchor measured
+in the same run (bench/torch_frontend.py is both sides).
+
+usage: torch_vs_ddp.py --bin DIR --python-dir DIR [--pairs 3] [--rows LIST]
+                       [--steps 200] [--markdown PATH] [--json PATH]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+
+from benchlib import run_timed
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_frontend.py")
+# name: (model, ranks, target ratio of ours to the anchor)
+ROWS = {"cnn2": ("cnn", 2, 1.5), "mlp2": ("mlp", 2, 1.5),
+        "cnn1": ("cnn", 1, 0.97), "mlp1": ("mlp", 1, 0.97)}
+
+
+def one(a, side, model, world):
+    py = "/usr/bin/python3"
+    common = ["--model", model, "--steps", str(a.steps), "--batch", "64"]
+    if side == "gradsync":
+        cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", str(world), "--", py, WORKER,
+               "--side", "gradsync"] + common
+    else:
+        cmd = [py, WORKER, "--side", "plain" if world == 1 else "ddp", "--world",
+               str(world)] + common
+    res, out = run_timed(cmd, a.timeout)
+    if out is None:
+        print(f"  {side} failed: {res['error']}", file=sys.stderr)
+        return None
+    for line in out.splitlines():
+        line = line.split("] ", 1)[-1]  # gradsync-run's "[rank 0] " prefix
+        if line.startswith("{"):
+            return json.loads(line)["samples_per_sec"]
+    print(f"  {side}: no result line", file=sys.stderr)
+    return None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bin", required=True)
+    p.add_argument("--python-dir", required=True, help="build/python")
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--markdown")
+    p.add_argument("--json")
+    a = p.parse_args()
+    a.bin = os.path.abspath(a.bin)
+    os.environ["PYTHONPATH"] = os.path.abspath(a.python_dir)
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    rows = []
+    for name in a.rows.split(","):
+        model, world, target = ROWS[name]
+        ours, theirs = [], []
+        for i in range(a.pairs):
+            ours.append(one(a, "gradsync", model, world))
+            theirs.append(one(a, "torch", model, world))
+            print(f"{name} pair {i + 1}: ours {ours[-1]} anchor {theirs[-1]}", flush=True)
+        o = statistics.median([x for x in ours if x]) if any(ours) else None
+        t = statistics.median([x for x in theirs if x]) if any(theirs) else None
+        ratio = o / t if o and t else None
+        rows.append({"row": name, "model": model, "ranks": world, "ours": o, "anchor": t,
+                     "ratio": ratio, "target": target, "met": bool(ratio and ratio >= target)})
+    lines = [f"## gradsync.torch vs PyTorch on CPU ({platform.node()}, {os.cpu_count()} cores)",
+             "", f"Medians of {a.pairs} alternating pairs, {a.steps} timed steps each, batch 64 "
+             "per rank, 1 torch thread per rank, global samples/s. Anchor: plain PyTorch at 1 "
+             "rank, DDP (gloo) at 2.", "",
+             "| row | model | ranks | ours | anchor | ours vs anchor | target | met |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ours, anchor = (f"{v:,.0f}" if v else "–" for v in (r["ours"], r["anchor"]))
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "–"
+        lines.append(f"| {r['row']} | {r['model']} | {r['ranks']} | {ours} | {anchor} | {ratio} "
+                     f"| >= {r['target']}x | {'yes' if r['met'] else 'NO'} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(table)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
