@@ -436,6 +436,20 @@ static PyObject *engine_register(EngineObject *self, PyObject *args)
   return PyLong_FromLong(idx);
 }
 
+static PyObject *engine_param_rule(EngineObject *self, PyObject *args)
+{
+  unsigned int i;
+  float lr_mult, wd;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "Iff", &i, &lr_mult, &wd) || !check_open(self, false))
+    return NULL;
+  err = gs_engine_param_rule(self->engine, i, lr_mult, wd);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
 static PyObject *engine_add_setting(EngineObject *self, PyObject *args)
 {
   const char *name, *value;
@@ -716,6 +730,8 @@ static PyObject *engine_error(EngineObject *self, PyObject *unused)
 static PyMethodDef engine_methods[] = {
     {"register", (PyCFunction)engine_register, METH_VARARGS,
      "register(name, numel, is_bias=False) -> index: a float32 parameter, in forward order"},
+    {"param_rule", (PyCFunction)engine_param_rule, METH_VARARGS,
+     "param_rule(i, lr_mult, weight_decay): parameter i's own, before start"},
     {"add_setting", (PyCFunction)engine_add_setting, METH_VARARGS,
      "add_setting(name, value): a value every rank must share, compared at Join"},
     {"start", (PyCFunction)engine_start, METH_NOARGS,

@@ -70,6 +70,20 @@ int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements, bool
   return idx;
 }
 
+int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult, float weight_decay)
+{
+  int err = gs_packs_set_rule(&e->packs, i, lr_mult, weight_decay);
+
+  if (err)
+    gs_set_why(e->error, sizeof(e->error),
+               "cannot give parameter %u LR multiplier %g and weight decay %g: %s", i,
+               (double)lr_mult, (double)weight_decay,
+               i >= e->packs.nparams ? "no such parameter"
+               : e->packs.packs      ? "the engine has started"
+                                     : "each must be finite and not negative");
+  return err;
+}
+
 uint32_t gs_engine_rank(const gs_engine_t *e)
 {
   return e->join.rank;

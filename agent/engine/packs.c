@@ -2,6 +2,7 @@
 #include "packs.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,7 +36,7 @@ void gs_packs_free(gs_packs_t *p)
   for (uint32_t i = 0; i < p->nparams; i++)
     free((char *)p->params[i].name);
   free(p->params);
-  free(p->is_bias);
+  free(p->rules);
   free(p->pack_of);
   free(p->offset_of);
   gs_packlist_free(&p->list);
@@ -54,23 +55,34 @@ int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool i
   if (p->nparams == p->cap) {
     uint32_t cap = p->cap ? 2 * p->cap : 16;
     gs_param_desc_t *params = realloc(p->params, cap * sizeof(*params));
-    bool *bias;
+    gs_param_rule_t *rules;
 
     if (!params)
       return GS_ENOMEM;
     p->params = params;
-    bias = realloc(p->is_bias, cap * sizeof(*bias));
-    if (!bias)
+    rules = realloc(p->rules, cap * sizeof(*rules));
+    if (!rules)
       return GS_ENOMEM;
-    p->is_bias = bias;
+    p->rules = rules;
     p->cap = cap;
   }
   copy = strdup(name);
   if (!copy)
     return GS_ENOMEM;
   p->params[p->nparams] = (gs_param_desc_t){copy, elements, GS_DTYPE_FLOAT32};
-  p->is_bias[p->nparams] = is_bias;
+  p->rules[p->nparams] = (gs_param_rule_t){.is_bias = is_bias};
   return (int)p->nparams++;
+}
+
+int gs_packs_set_rule(gs_packs_t *p, uint32_t i, float lr_mult, float weight_decay)
+{
+  if (i >= p->nparams || p->packs || !isfinite(lr_mult) || !isfinite(weight_decay) || lr_mult < 0 ||
+      weight_decay < 0)
+    return GS_EINVAL;
+  p->rules[i].custom = true;
+  p->rules[i].lr_mult = lr_mult;
+  p->rules[i].weight_decay = weight_decay;
+  return 0;
 }
 
 void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig)
@@ -142,8 +154,12 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra,
     pk->segs[j] = (gs_sgd_segment_t){
         .offset = off,
         .count = p->params[i].elements,
-        .lr_mult = p->is_bias[i] ? sgd->bias_lr_mult : 1.0f,
-        .weight_decay = p->is_bias[i] ? sgd->bias_wd : sgd->weight_decay,
+        .lr_mult = p->rules[i].custom    ? p->rules[i].lr_mult
+                   : p->rules[i].is_bias ? sgd->bias_lr_mult
+                                         : 1.0f,
+        .weight_decay = p->rules[i].custom    ? p->rules[i].weight_decay
+                        : p->rules[i].is_bias ? sgd->bias_wd
+                                              : sgd->weight_decay,
     };
     off += p->params[i].elements;
   }

@@ -30,10 +30,18 @@ typedef struct gs_pack {
   uint32_t pending;        /* grads not yet ready this step */
 } gs_pack_t;
 
+/* How SGD treats one parameter: the bias rules of gs_sgd_config_t, or
+ * its own multiplier and decay (a front end's parameter groups). */
+typedef struct gs_param_rule {
+  bool is_bias;
+  bool custom; /* lr_mult and weight_decay below, not the bias rules */
+  float lr_mult, weight_decay;
+} gs_param_rule_t;
+
 typedef struct gs_packs {
   gs_device_t *dev;        /* where the pack buffers live (not owned) */
   gs_param_desc_t *params; /* registered, forward order; names owned */
-  bool *is_bias;
+  gs_param_rule_t *rules;
   uint32_t nparams, cap;
   gs_packlist_t list;
   gs_pack_t *packs;  /* list.pack_count */
@@ -48,6 +56,10 @@ void gs_packs_free(gs_packs_t *p);
 /* Registers a float32 parameter of `elements` (> 0) elements; returns its
  * index (>= 0) or a negative GS_E* code (GS_EEXIST for a repeated name). */
 int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool is_bias);
+/* Gives parameter i its own LR multiplier and weight decay (before the
+ * packs are built); GS_EINVAL for no such parameter or a negative or
+ * non-finite value. */
+int gs_packs_set_rule(gs_packs_t *p, uint32_t i, float lr_mult, float weight_decay);
 
 /* The Join model signature of the registered params. */
 void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);

@@ -225,11 +225,17 @@ class DistributedOptimizer:
     iterable of parameters. Construction joins the job (blocking until
     every rank has), takes rank 0's pack list and parameters (its buffers
     too), and binds the parameters to the packs.
+
+    `groups`, like torch.optim's parameter groups: a list of dicts with
+    "params" (parameters of the model) and "lr" (or "lr_mult", relative
+    to `lr`) and/or "weight_decay"; parameters in no group take `lr` and
+    `weight_decay`, or with `bias_lr_mult`/`bias_weight_decay` the bias
+    rules of Detectron for those named "*bias".
     """
 
     def __init__(self, model, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
                  reduce="mean", pack_threshold="10MiB", bcast_period=0,
-                 find_unused_parameters=False, broadcast_buffers=True,
+                 find_unused_parameters=False, broadcast_buffers=True, groups=None,
                  bias_lr_mult=1.0, bias_weight_decay=None, warmup_steps=0, warmup_factor=1 / 3,
                  schedule="constant", step_size=0, gamma=0.1, total_steps=0,
                  checkpoint_dir=None, checkpoint_every=0, resume=False,
@@ -264,6 +270,12 @@ class DistributedOptimizer:
         e = _engine.Engine(**cfg)
         for n, p in named:
             e.register(n, p.numel(), n.endswith("bias"))
+        rules = self._group_rules(groups or [], lr, weight_decay)
+        for i, (lr_mult, decay) in sorted(rules.items()):
+            e.param_rule(i, lr_mult, decay)
+        if rules:
+            text = ";".join(f"{i}:{m:.9g}:{d:.9g}" for i, (m, d) in sorted(rules.items()))
+            e.add_setting("torch.groups", f"{len(rules)}/{zlib.crc32(text.encode()):08x}")
         for name, value in _layout_settings(named):
             e.add_setting(name, value)
         e.add_setting("torch.find-unused", str(bool(find_unused_parameters)).lower())
@@ -291,6 +303,27 @@ class DistributedOptimizer:
         """The batch size, for the status page's samples/s."""
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._batch = args[0].shape[0]
+
+    def _group_rules(self, groups, lr, weight_decay):
+        """{param index: (lr_mult, weight_decay)} from torch-style groups."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        rules = {}
+        for g in groups:
+            unknown = set(g) - {"params", "lr", "lr_mult", "weight_decay"}
+            if unknown or "params" not in g:
+                raise ValueError(f"a group has 'params' and 'lr', 'lr_mult' or 'weight_decay', "
+                                 f"not {sorted(unknown) or 'no params'}")
+            mult = g["lr"] / lr if "lr" in g else g.get("lr_mult", 1.0)
+            decay = g.get("weight_decay", weight_decay)
+            for p in g["params"]:
+                if id(p) not in index:
+                    raise ValueError("a group names a parameter that is not the model's (or "
+                                     "does not require a gradient)")
+                if index[id(p)] in rules:
+                    raise ValueError(f"parameter '{self._named[index[id(p)]][0]}' is in two "
+                                     "groups")
+                rules[index[id(p)]] = (float(mult), float(decay))
+        return rules
 
     # -- binding ----------------------------------------------------------
 

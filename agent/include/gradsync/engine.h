@@ -205,6 +205,13 @@ GS_ENGINE_API const char *gs_engine_strerror(int err);
 GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements,
                                      bool is_bias);
 
+/* Gives parameter i its own learning-rate multiplier and weight decay,
+ * instead of the bias rules (bias_lr_mult, bias_wd) or the defaults (1,
+ * weight_decay): a front end's parameter groups. Before start; every rank
+ * must give the same (add a setting that says so). */
+GS_ENGINE_API int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult,
+                                       float weight_decay) GS_ENGINE_WARN_UNUSED;
+
 /* The most settings an engine sends at Join, its own included. */
 #define GS_ENGINE_MAX_SETTINGS 64
 
