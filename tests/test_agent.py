@@ -97,6 +97,65 @@ def case_checkpoint(tmp):
     print("a corrupt newest checkpoint was skipped with a warning")
 
 
+DOC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def doc_reader():
+    """The namespace made by running the Python block of docs/model-format.md."""
+    with open(os.path.join(DOC_DIR, "model-format.md")) as f:
+        blocks = re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+    assert len(blocks) == 1, f"expected one python block in docs/model-format.md, got {len(blocks)}"
+    ns = {}
+    exec(compile(blocks[0], "docs/model-format.md", "exec"), ns)
+    return ns
+
+
+def fashion_test_split():
+    """t10k images (n x 784, scaled to [0, 1]) and labels, read independently of the agent."""
+    import gzip
+    import numpy as np
+    with gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")) as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")) as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    return x.astype(np.float32) / 255.0, y
+
+
+def case_model(tmp):
+    """A finished run keeps its model: the last step is checkpointed even off
+    the --checkpoint-every grid, and --save-model writes a file that the
+    reader of docs/model-format.md loads into an nn.Sequential whose test
+    accuracy is the one the agent reported."""
+    try:
+        import numpy  # noqa: F401
+        import torch
+    except ImportError as e:
+        print(f"skipped: {e} (Debian's python3-numpy and python3-torch)")
+        sys.exit(77)
+    d, path = os.path.join(tmp, "ck"), os.path.join(tmp, "model.safetensors")
+    _, out, _ = run(["--nproc", "2", "--reduce", "mean", "--steps", "25", "--layers",
+                     "784,64,32,10", "--checkpoint-dir", d, "--checkpoint-every", "10",
+                     "--save-model", path] + FAST)
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "ckpt-*.gsck")))
+    assert names[-1] == "ckpt-000000000025.gsck", names
+    reported = float(re.search(r"final: test accuracy ([0-9.]+)", out).group(1))
+    reader = doc_reader()
+    tensors, meta = reader["load_model_file"](path)
+    assert meta["gradsync.layers"] == "784,64,32,10" and meta["gradsync.step"] == "25", meta
+    assert {k: v.shape for k, v in tensors.items()} == {
+        "0.weight": (64, 784), "0.bias": (64,), "2.weight": (32, 64), "2.bias": (32,),
+        "4.weight": (10, 32), "4.bias": (10,)}, tensors.keys()
+    model = reader["to_torch"](tensors, meta)
+    x, y = fashion_test_split()
+    with torch.no_grad():
+        pred = model(torch.from_numpy(x)).argmax(1).numpy()
+    acc = float((pred == y).mean())
+    print(f"agent reported test accuracy {reported:.4f}; the torch model from the file: {acc:.4f}")
+    assert reported > 0.3, "training did not train: the comparison would say little"
+    assert abs(acc - reported) <= 0.002, (acc, reported)
+
+
 def start_launcher(args):
     p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)

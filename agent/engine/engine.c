@@ -426,6 +426,13 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
 {
   char why[640];
 
+  /* A run that ends well keeps its model: the last step is checkpointed
+   * unless a checkpoint of it was taken already (--checkpoint-every, a stop). */
+  if (finished && e->cfg.checkpoint_dir && e->join.rank == 0 && e->steps_begun && !e->failed &&
+      !(e->ckpt_taken && e->ckpt_step == e->after.step) && gs_engine_checkpoint(e, &e->after)) {
+    finished = false;
+    reason = "the last checkpoint could not be written";
+  }
   /* A checkpoint still being written (the one taken at a stop, say) is
    * complete before this rank leaves; the writer logged a failure. */
   if (gs__ckpt_writer_wait(&e->ckpt_writer, why, sizeof(why)) && finished) {

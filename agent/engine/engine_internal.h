@@ -50,6 +50,8 @@ struct gs_engine {
   bool owns_dev; /* cfg.dev was opened by start (from cfg.device) */
   char error[768];
   gs_ckpt_writer_t ckpt_writer; /* rank 0's checkpoints, written in the background */
+  bool ckpt_taken;              /* a checkpoint was handed to the writer, of step ckpt_step */
+  uint64_t ckpt_step;
   gs_packs_t packs;
   gs_client_t *client;
   gs_heartbeat_t *hb;

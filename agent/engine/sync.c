@@ -138,6 +138,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
   err = gs__ckpt_writer_submit(&e->ckpt_writer, &st, why, sizeof(why));
   if (err)
     gs_set_why(e->error, sizeof(e->error), "%s", why);
+  e->ckpt_taken = true;
+  e->ckpt_step = pos->step;
   return err;
 }
 

@@ -155,10 +155,16 @@ static const gs_flag_t flag_rows[] = {
    .help = "where rank 0 writes checkpoints",
    .doc = "where rank 0 writes checkpoints ([format](docs/checkpoint.md))"},
   {.name = "--checkpoint-every", .kind = GS_FLAG_INT, E(checkpoint_every), .min = 0,
-   .max = 1L << 40, .metavar = "N", .help = "checkpoint every N steps (0: at stop and on demand)",
-   .doc = "checkpoint every N steps (also on stop, and on demand from the control endpoint)"},
+   .max = 1L << 40, .metavar = "N", .help = "checkpoint every N steps (0: at the end and on demand)",
+   .doc = "checkpoint every N steps (also at the last step, on stop, and on demand from the "
+          "control endpoint)"},
   {.name = "--checkpoint-keep", .kind = GS_FLAG_INT, E(checkpoint_keep), .min = 0,
    .max = 1000000, .metavar = "K", .help = "checkpoints kept"},
+  {.name = "--save-model", .kind = GS_FLAG_STR, F(t.save_model), .metavar = "PATH",
+   .help = "at the end rank 0 writes the trained parameters here (safetensors)",
+   .doc = "at the end rank 0 writes the trained parameters here as named tensors in the "
+          "safetensors layout, loadable into a PyTorch `nn.Sequential` "
+          "([format](docs/model-format.md))"},
   {.name = "--resume", .kind = GS_FLAG_BOOL, E(resume),
    .help = "start from the newest valid checkpoint in `--checkpoint-dir`",
    .doc = "start from the newest valid checkpoint in `--checkpoint-dir` (torn or corrupt files "

@@ -12,6 +12,7 @@
 #include "device_choice.h"
 #include "idx.h"
 #include "mlp.h"
+#include "safetensors.h"
 #include "sampler.h"
 #include "clock.h"
 
@@ -480,6 +481,60 @@ static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
   }
 }
 
+/* Rank 0 writes the trained parameters to --save-model as PyTorch's
+ * nn.Sequential(Linear, ReLU, Linear, ...) names them ("0.weight",
+ * "0.bias", "2.weight", ...): the MLP's weights are [out x in] row-major,
+ * as torch's, so the file loads with load_state_dict as it is. */
+static int save_model(trainer_t *t, uint64_t step)
+{
+  const gs_trainer_config_t *c = t->cfg;
+  uint32_t n = gs_mlp_param_count(t->mlp);
+  gs_st_tensor_t tensors[2 * (GS_TRAINER_MAX_LAYERS - 1)];
+  char names[2 * (GS_TRAINER_MAX_LAYERS - 1)][24], layers[192], steps[32], why[1024];
+  float *host[2 * (GS_TRAINER_MAX_LAYERS - 1)] = {NULL};
+  size_t used = 0;
+  int err = 0;
+
+  for (uint32_t i = 0; i < c->nlayers && used < sizeof(layers); i++)
+    used +=
+        (size_t)snprintf(layers + used, sizeof(layers) - used, "%s%u", i ? "," : "", c->layers[i]);
+  snprintf(steps, sizeof(steps), "%" PRIu64, step);
+  for (uint32_t i = 0; i < n && !err; i++) {
+    gs_param_desc_t d = gs_mlp_param_desc(t->mlp, i);
+    uint32_t l = i / 2;
+
+    snprintf(names[i], sizeof(names[i]), "%u.%s", 2 * l, i % 2 ? "bias" : "weight");
+    tensors[i] = (gs_st_tensor_t){
+        .name = names[i], .ndims = i % 2 ? 1 : 2, .shape = {c->layers[l + 1], c->layers[l]}};
+    host[i] = malloc(d.elements * sizeof(float) + 1);
+    err = host[i] ? gs_device_download(t->dev, host[i], gs_engine_param(t->engine, i),
+                                       d.elements * sizeof(float))
+                  : GS_ENOMEM;
+    tensors[i].data = host[i];
+  }
+  if (err)
+    report(t, "--save-model %s: cannot copy the parameters from %s: %s\n", c->save_model,
+           t->dev->label, gs_strerror(err));
+  else {
+    gs_st_meta_t meta[] = {{"format", "pt"},
+                           {"gradsync.model", "mlp"},
+                           {"gradsync.layers", layers},
+                           {"gradsync.activation", "relu"},
+                           {"gradsync.step", steps}};
+
+    err = gs_safetensors_write(c->save_model, tensors, n, meta, sizeof(meta) / sizeof(meta[0]), why,
+                               sizeof(why));
+    if (err)
+      report(t, "--save-model: %s\n", why);
+    else
+      gs_log(t->log, GS_LOG_INFO, t->job, 0, "model (layers %s, step %" PRIu64 ") saved to %s",
+             layers, step, c->save_model);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    free(host[i]);
+  return err;
+}
+
 static void trainer_free(trainer_t *t)
 {
   gs_engine_free(t->engine);
@@ -508,6 +563,8 @@ int gs_trainer_run(const gs_trainer_config_t *cfg)
     err = train(&t, pos, &done);
     if (!err)
       summary(&t, pos.step, done);
+    if (!err && cfg->save_model && t.rank == 0)
+      err = save_model(&t, done);
   }
   if (err && t.engine && !t.reported)
     report(&t, "%s\n", gs_engine_error(t.engine));

@@ -276,7 +276,11 @@ GS_ENGINE_API int gs_engine_checkpoint_wait(gs_engine_t *e) GS_ENGINE_WARN_UNUSE
 GS_ENGINE_API void gs_engine_report(gs_engine_t *e, const gs_progress_t *p);
 
 /* Leaves the job (finished or failed, with a reason), stops the heartbeat
- * and closes the collective connections. */
+ * and closes the collective connections. When `finished` and a checkpoint
+ * dir is set, rank 0 first checkpoints the position of the last step
+ * (unless a checkpoint of that step was taken already), so a run that
+ * ends well keeps its model; a failure to write it turns `finished` into
+ * a failure (see gs_engine_error). */
 GS_ENGINE_API void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason);
 
 #ifdef __cplusplus
