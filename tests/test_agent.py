@@ -343,10 +343,17 @@ def case_signals(tmp):
         c.wait()
 
 
+def write_idx(path, dims, data):
+    """An unsigned-byte IDX file (the MNIST format) of shape `dims`."""
+    with open(path, "wb") as f:
+        f.write(bytes([0, 0, 8, len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims) + data)
+
+
 def case_messages(tmp):
     """Misleading messages: an agent pointed at the HTTP port says so; an
     error the trainer reports is not followed by the engine's 'no error';
-    a long wait says every interval that it still waits."""
+    a label out of range names the label, its file and index, and the
+    classes."""
     c, rpc, http = start_coordinator()
     try:
         p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{http}", "--world-size", "1",
@@ -359,6 +366,20 @@ def case_messages(tmp):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 1 and "--batch 100000 on 1 ranks needs" in p.stderr, p.stderr
         assert "no error" not in p.stderr, p.stderr
+        # A label past the model's outputs is named as such, not as a --layers mismatch.
+        data = os.path.join(tmp, "labels")
+        os.mkdir(data)
+        for split, n in (("train", 6), ("t10k", 3)):
+            write_idx(os.path.join(data, f"{split}-images-idx3-ubyte"), [n, 2, 2], bytes(4 * n))
+            write_idx(os.path.join(data, f"{split}-labels-idx1-ubyte"), [n],
+                      bytes([0, 1, 2, 10, 1, 10][:n]))
+        p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--world-size", "1",
+                            "--layers", "4,10", "--data", data, "--steps", "1"] + FAST,
+                           capture_output=True, text=True, timeout=60)
+        want = (f"{data}/train-labels-idx1-ubyte: label 10 (example 3, counting from 0) is out of "
+                "range: the model has 10 classes")
+        assert p.returncode == 1 and want in p.stderr, p.stderr
+        assert "does not fit" not in p.stderr, p.stderr
     finally:
         c.kill()
         c.wait()

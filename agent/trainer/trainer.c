@@ -216,13 +216,16 @@ static int load_data(trainer_t *t)
     report(t, "%s\n", why);
     return GS_EINVAL;
   }
-  if (t->train.features != t->cfg->layers[0] || t->test.features != t->cfg->layers[0] ||
-      t->train.classes > t->cfg->layers[t->cfg->nlayers - 1]) {
-    report(t,
-           "--layers %u,...,%u does not fit the data in %s "
-           "(%u features, %u classes)\n",
-           t->cfg->layers[0], t->cfg->layers[t->cfg->nlayers - 1], t->cfg->data_dir,
-           t->train.features, t->train.classes);
+  if (t->train.features != t->cfg->layers[0] || t->test.features != t->cfg->layers[0]) {
+    report(t, "--layers %u,...: the model takes %u inputs, but the images in %s have %u pixels\n",
+           t->cfg->layers[0], t->cfg->layers[0], t->cfg->data_dir,
+           t->train.features != t->cfg->layers[0] ? t->train.features : t->test.features);
+    return GS_EINVAL;
+  }
+  /* A label the model cannot output is a data error, not a --layers one. */
+  if (gs_dataset_check_labels(&t->train, t->cfg->layers[t->cfg->nlayers - 1], why, sizeof(why)) ||
+      gs_dataset_check_labels(&t->test, t->cfg->layers[t->cfg->nlayers - 1], why, sizeof(why))) {
+    report(t, "%s\n", why);
     return GS_EINVAL;
   }
   return 0;
