@@ -156,6 +156,33 @@ def case_model(tmp):
     assert abs(acc - reported) <= 0.002, (acc, reported)
 
 
+def case_resume(tmp):
+    """--resume with no valid checkpoint is an error, --resume=auto starts
+    fresh and says so, and a checkpoint of other --layers is an error
+    naming both layouts (with =auto too)."""
+    d = os.path.join(tmp, "ck")
+    os.mkdir(d)
+    args = ["--nproc", "1", "--steps", "5", "--checkpoint-dir", d] + FAST
+    code, out, err = run(args + ["--resume"], check=False)
+    assert code != 0 and f"--resume: {d}: no checkpoint files" in err, err
+    assert "--resume=auto starts fresh" in err and "final:" not in out, err
+    print("--resume, none there:", re.search(r"error: (.*)", err).group(1))
+    _, out, err = run(args + ["--resume=auto", "--layers", "784,32,10"])
+    assert "--resume=auto: " in err and "starting fresh" in err, err
+    assert "final:" in out and "resumed at" not in out, out
+    assert os.path.exists(os.path.join(d, "ckpt-000000000005.gsck")), os.listdir(d)
+    print("--resume=auto, none there: started fresh")
+    for mode in ("--resume", "--resume=auto"):
+        code, out, err = run(args + [mode, "--layers", "784,64,10", "--steps", "6"], check=False)
+        assert code != 0, (code, err)
+        assert ("another model: the checkpoint has layers 784,32,10, the model has layers "
+                "784,64,10") in err, err
+        assert "final:" not in out, out
+    print("other --layers:", re.search(r"error: (.*)", err).group(1)[:160])
+    _, out, _ = run(args + ["--resume", "--layers", "784,32,10", "--steps", "8"])
+    assert "resumed at step 5" in out, out
+
+
 def start_launcher(args):
     p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)

@@ -105,6 +105,49 @@ float *gs_engine_grad(const gs_engine_t *e, uint32_t i)
   return gs_packs_grad(&e->packs, i);
 }
 
+int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc)
+{
+  char *copy;
+
+  if (e->joined || !desc || strlen(desc) > GS_CKPT_DESC_MAX) {
+    gs_set_why(e->error, sizeof(e->error), "cannot set the layout description: %s",
+               e->joined ? "called after start" : "missing or over 4096 bytes");
+    return GS_EINVAL;
+  }
+  copy = strdup(desc);
+  if (!copy)
+    return GS_ENOMEM;
+  free(e->layout_desc);
+  e->layout_desc = copy;
+  return 0;
+}
+
+/* The default layout description: each parameter's name and size, as far
+ * as they fit ("params fc1.weight[200704] fc1.bias[256] ..."). */
+static int describe_params(gs_engine_t *e)
+{
+  size_t cap = GS_CKPT_DESC_MAX + 1, used;
+  char *d = malloc(cap);
+
+  if (!d)
+    return GS_ENOMEM;
+  used = (size_t)snprintf(d, cap, "params");
+  for (uint32_t i = 0; i < e->packs.nparams; i++) {
+    char one[320];
+    int n = snprintf(one, sizeof(one), " %s[%" PRIu64 "]", e->packs.params[i].name,
+                     e->packs.params[i].elements);
+
+    if (n < 0 || used + (size_t)n + 4 >= cap) {
+      snprintf(d + used, cap - used, " ...");
+      break;
+    }
+    memcpy(d + used, one, (size_t)n + 1);
+    used += (size_t)n;
+  }
+  e->layout_desc = d;
+  return 0;
+}
+
 /* ---- start -------------------------------------------------------------- */
 
 /* Rank 0 computes and publishes the pack list; the others fetch it. Either
@@ -358,6 +401,10 @@ int gs_engine_start(gs_engine_t *e)
     gs_set_why(e->error, sizeof(e->error), "%s", why);
     return GS_EINVAL;
   }
+  if (!e->layout_desc && describe_params(e)) {
+    gs_set_why(e->error, sizeof(e->error), "out of memory");
+    return GS_ENOMEM;
+  }
   if (!e->cfg.dev) {
     err = open_device(e);
     if (err)
@@ -483,5 +530,6 @@ void gs_engine_free(gs_engine_t *e)
   free(e->job);
   free(e->token);
   free(e->checkpoint_dir);
+  free(e->layout_desc);
   free(e);
 }

@@ -54,6 +54,7 @@ typedef struct flags {
   gs_trainer_config_t t;
   gs_log_t log;
   bool have_coord, have_world, have_reduce, have_bias_wd, have_comm_host, print_config;
+  uint8_t resume; /* resume_modes: off, on, auto */
   long threads;
   gs_launch_env_t env; /* scheduler variables; --job may borrow its string */
 } flags_t;
@@ -80,6 +81,7 @@ static const char *const devices[] = {"cpu", "cuda", "auto", NULL};
 static const char *const backends[] = {"host", "nccl", "auto", NULL};
 static const char *const reduce_ops[] = {"sum", "mean", NULL};
 static const char *const schedules[] = {"constant", "step", "cosine", NULL};
+static const char *const resume_modes[] = {"off", "on", "auto", NULL};
 _Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
 _Static_assert(GS_LR_CONSTANT == 0 && GS_LR_STEP == 1 && GS_LR_COSINE == 2,
                "schedules follows gs_lr_schedule_t");
@@ -165,10 +167,12 @@ static const gs_flag_t flag_rows[] = {
    .doc = "at the end rank 0 writes the trained parameters here as named tensors in the "
           "safetensors layout, loadable into a PyTorch `nn.Sequential` "
           "([format](docs/model-format.md))"},
-  {.name = "--resume", .kind = GS_FLAG_BOOL, E(resume),
-   .help = "start from the newest valid checkpoint in `--checkpoint-dir`",
+  {.name = "--resume", .kind = GS_FLAG_ENUM, F(resume), .names = resume_modes, .bare = "on",
+   .help = "start from the newest valid checkpoint in `--checkpoint-dir`; none is an error, "
+           "unless =auto (then start fresh)",
    .doc = "start from the newest valid checkpoint in `--checkpoint-dir` (torn or corrupt files "
-          "are skipped with a warning)"},
+          "are skipped with a warning); none is an error, and so is one of other `--layers` "
+          "(naming both); `--resume=auto` starts fresh when there is none"},
   GS_FLAG_HEADING("Optimizer (SGD, PyTorch semantics):"),
   {.name = "--lr", .kind = GS_FLAG_DOUBLE, SGD(lr), .metavar = "LR",
    .help = "base learning rate"},
@@ -340,6 +344,8 @@ static int finish_flags(flags_t *f)
       return 2;
     }
   }
+  e->resume = f->resume != 0;
+  e->resume_auto = f->resume == 2;
   if (e->resume && !e->checkpoint_dir) {
     fprintf(stderr, "gradsync-agent: --resume needs --checkpoint-dir\n");
     return 2;

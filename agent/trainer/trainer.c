@@ -381,6 +381,18 @@ static int setup(trainer_t *t, gs_position_t *pos)
   err = add_settings(t);
   if (err)
     return err;
+  {
+    char desc[160];
+    size_t used = (size_t)snprintf(desc, sizeof(desc), "layers ");
+
+    for (uint32_t i = 0; i < c->nlayers && used < sizeof(desc); i++)
+      used +=
+          (size_t)snprintf(desc + used, sizeof(desc) - used, "%s%u", i ? "," : "", c->layers[i]);
+    /* Resuming with other --layers names both layouts. */
+    err = gs_engine_set_layout_desc(t->engine, desc);
+    if (err)
+      return err;
+  }
   err = gs_engine_start(t->engine);
   if (err)
     return err;

@@ -114,10 +114,14 @@ typedef struct gs_engine_config {
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
   uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
   uint32_t checkpoint_keep;   /* default 3 */
-  bool resume;                /* start from the newest valid checkpoint */
-  uint64_t join_timeout_ms;   /* waiting for the other ranks (default 5 min) */
-  uint64_t rpc_timeout_ms;    /* any other coordinator call (default 30 s) */
-  uint64_t comm_timeout_ms;   /* no progress inside a collective (default 2 min) */
+  /* Start from the newest valid checkpoint: none is an error (so is one of
+   * another layout), unless resume_auto, which starts fresh when there is
+   * none (not when there is one of another layout). */
+  bool resume;
+  bool resume_auto;
+  uint64_t join_timeout_ms; /* waiting for the other ranks (default 5 min) */
+  uint64_t rpc_timeout_ms;  /* any other coordinator call (default 30 s) */
+  uint64_t comm_timeout_ms; /* no progress inside a collective (default 2 min) */
   /* Set (to the signal's number) by the owner's SIGTERM/SIGINT handler:
    * during training every rank stops at the same step; during start the
    * waits for the coordinator (Join, the pack list, the comm id) end
@@ -211,6 +215,12 @@ GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t 
 GS_ENGINE_API int gs_engine_add_setting(gs_engine_t *e, const char *name,
                                         const char *value) GS_ENGINE_WARN_UNUSED;
 
+/* Describes the model's layout in words for its checkpoints ("layers
+ * 784,256,10"; at most 4096 bytes, copied), so that resuming with another
+ * model names both layouts. Call before start; without it the engine
+ * describes the registered parameters by name and size. */
+GS_ENGINE_API int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc) GS_ENGINE_WARN_UNUSED;
+
 /* Joins the job, agrees on the pack list, allocates the packs, connects the
  * ranks. The heartbeat starts right after the Join, so that a slow
  * collective init neither looks like a lost rank nor misses an abort. */
@@ -229,8 +239,10 @@ GS_ENGINE_API float *gs_engine_grad(const gs_engine_t *e, uint32_t i);
 
 /* Makes every rank start from the same state: with resume rank 0 loads
  * the newest valid checkpoint and broadcasts params, momentum and position
- * (`pos` is overwritten); otherwise, unless the broadcast period is -1,
- * rank 0's params are broadcast. */
+ * (`pos` is overwritten); no valid checkpoint is an error unless
+ * resume_auto (then it starts fresh and says so); a checkpoint of another
+ * layout is an error naming both layouts. Otherwise, unless the broadcast
+ * period is -1, rank 0's params are broadcast. */
 GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
 
 /* After forward, before backward: `loss` is this rank's loss (a non-finite
