@@ -7,6 +7,7 @@ these tests also hold that document to the code.
 usage: test_agent.py CASE BIN_DIR COORDINATOR_BIN
 """
 import glob
+import json
 import os
 import re
 import shutil
@@ -15,10 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
-from agentlib import check_control, check_sigterm  # noqa: E402
+from agentlib import check_control, check_sigterm, wait_for  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -183,6 +186,32 @@ def case_resume(tmp):
     assert "resumed at step 5" in out, out
 
 
+def case_ckptdir(tmp):
+    """An unusable --checkpoint-dir is an error before the rendezvous (here
+    no coordinator even listens), naming the directory and the failing
+    call; a usable one is created before it."""
+    blocker = os.path.join(tmp, "file")
+    open(blocker, "w").close()
+    for d, why in ((os.path.join(blocker, "ck"), "mkdir: Not a directory"),
+                   (blocker, "not a directory")):
+        t0 = time.time()
+        p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "2",
+                            "--reduce", "mean", "--checkpoint-dir", d, "--steps", "5"] + FAST,
+                           capture_output=True, text=True, timeout=60)
+        took = time.time() - t0
+        assert p.returncode == 1, (p.returncode, p.stderr)
+        assert f"checkpoint directory {d} is not usable" in p.stderr and why in p.stderr, p.stderr
+        assert "joining" not in p.stderr and took < 10, (took, p.stderr)
+        print(f"{d}: refused after {took:.1f} s: {p.stderr.strip().splitlines()[-1]}")
+    ok = os.path.join(tmp, "new", "ck")
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--checkpoint-dir", ok, "--steps", "5", "--join-timeout", "300ms",
+                        "--rpc-timeout", "300ms"] + FAST, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 1 and "not usable" not in p.stderr, p.stderr
+    assert os.path.isdir(ok) and os.listdir(ok) == [], os.listdir(ok)
+
+
 def start_launcher(args):
     p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
@@ -198,10 +227,30 @@ def start_launcher(args):
     return p, status, lines
 
 
+def post_status(url, body):
+    """POSTs `body` as JSON; (HTTP status, response body), errors included."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def case_control(tmp):
     """A new period and a stop posted to the coordinator act on every rank at one step."""
     p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--reduce", "mean",
                                     "--steps", "10000000"] + FAST)
+    try:
+        # No --checkpoint-dir: a checkpoint request is refused, not queued for nobody.
+        wait_for(p, lines, r"\[rank 0\] step \d+")
+        code, body = post_status(url + "/jobs/ctl/control", {"action": "checkpoint"})
+        assert code == 409 and "without a checkpoint directory" in body, (code, body)
+        print(f"checkpoint request without a checkpoint dir: {code} {body.strip()}")
+    except BaseException:
+        p.kill()
+        raise
     period_step, stop_step = check_control(p, url, lines)
     print(f"period changed at step {period_step} on both ranks; stopped after step {stop_step}")
 

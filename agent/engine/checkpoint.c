@@ -181,6 +181,29 @@ static int mkdir_p(const char *dir, char *why, size_t why_len)
   return 0;
 }
 
+int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len)
+{
+  char probe[PATH_MAX];
+  int fd, err, n;
+
+  if (!dir || !*dir)
+    return gs_why(GS_EINVAL, why, why_len, "no checkpoint directory given");
+  err = mkdir_p(dir, why, why_len);
+  if (err)
+    return err;
+  /* A name the loader never reads, unique to this process. */
+  n = snprintf(probe, sizeof(probe), "%s/.ckpt-probe-%ld.tmp", dir, (long)getpid());
+  if (n < 0 || (size_t)n >= sizeof(probe))
+    return gs_why(GS_EINVAL, why, why_len, "%s: path too long", dir);
+  fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return sys_fail(why, why_len, probe, "open");
+  close(fd);
+  if (unlink(probe) != 0)
+    return sys_fail(why, why_len, probe, "unlink");
+  return 0;
+}
+
 /* Writes all of buf (retrying short writes and EINTR) and folds it into
  * *crc; -1 with errno set on failure. */
 static int write_all(int fd, const void *buf, size_t len, uint32_t *crc)

@@ -44,6 +44,11 @@ typedef struct gs_ckpt_state {
 int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep, char *path,
                        size_t path_len, char *why, size_t why_len) GS_WARN_UNUSED;
 
+/* Checks that checkpoints can be written into `dir`: creates it (and its
+ * parents) when missing and creates and removes a probe file in it. Errors
+ * name the path and the failing call ("/ckpt: mkdir: Permission denied"). */
+int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len) GS_WARN_UNUSED;
+
 /* Loads the newest valid checkpoint in `dir` into `st`, whose layout_hash,
  * nbuf and buffer counts say what is expected (a file whose layout hash or
  * buffer list differs is refused with a warning naming the difference, as

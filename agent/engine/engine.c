@@ -208,6 +208,9 @@ static int join(gs_engine_t *e, const char *comm_addr)
   snprintf(req->comm_addr, sizeof(req->comm_addr), "%s", comm_addr);
   req->peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
   req->bcast_period = e->cfg.bcast_period;
+  /* So the coordinator can refuse a checkpoint request that nobody would act on. */
+  req->checkpoints = e->cfg.checkpoint_dir ? gradsync_Checkpoints_CHECKPOINTS_ON
+                                           : gradsync_Checkpoints_CHECKPOINTS_OFF;
   err = gs__engine_add_own_settings(e);
   if (err)
     return err;
@@ -404,6 +407,16 @@ int gs_engine_start(gs_engine_t *e)
   if (!e->layout_desc && describe_params(e)) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
+  }
+  /* Before the rendezvous: a directory that cannot take a checkpoint must
+   * not surface at the first save, after every rank waited and trained. */
+  if (e->cfg.checkpoint_dir) {
+    err = gs_checkpoint_dir_check(e->cfg.checkpoint_dir, why, sizeof(why));
+    if (err) {
+      gs_set_why(e->error, sizeof(e->error), "checkpoint directory %s is not usable: %s",
+                 e->cfg.checkpoint_dir, why);
+      return err;
+    }
   }
   if (!e->cfg.dev) {
     err = open_device(e);
