@@ -203,6 +203,12 @@ def case_ckptdir(tmp):
         assert f"checkpoint directory {d} is not usable" in p.stderr and why in p.stderr, p.stderr
         assert "joining" not in p.stderr and took < 10, (took, p.stderr)
         print(f"{d}: refused after {took:.1f} s: {p.stderr.strip().splitlines()[-1]}")
+    # --save-model into a folder that is not there: refused at start too.
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--save-model", os.path.join(tmp, "nowhere", "m.safetensors")] + FAST,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "nowhere does not exist" in p.stderr, p.stderr
+    assert "joining" not in p.stderr, p.stderr
     ok = os.path.join(tmp, "new", "ck")
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
                         "--checkpoint-dir", ok, "--steps", "5", "--join-timeout", "300ms",

@@ -2,12 +2,16 @@
 #include "trainer.h"
 
 #include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "device_choice.h"
 #include "idx.h"
@@ -561,13 +565,32 @@ static void trainer_free(trainer_t *t)
   gs_device_destroy(t->dev);
 }
 
+/* --save-model's folder must exist and be writable now, not after training. */
+static int check_save_model(trainer_t *t)
+{
+  char dir[PATH_MAX];
+  struct stat sb;
+
+  if (!t->cfg->save_model)
+    return 0;
+  snprintf(dir, sizeof(dir), "%s", t->cfg->save_model);
+  if (!*dir || stat(dirname(dir), &sb) != 0 || !S_ISDIR(sb.st_mode) || access(dir, W_OK) != 0) {
+    report(t, "--save-model %s: the folder %s %s\n", t->cfg->save_model, dir,
+           stat(dir, &sb) != 0 ? "does not exist" : "is not a writable folder");
+    return GS_EINVAL;
+  }
+  return 0;
+}
+
 int gs_trainer_run(const gs_trainer_config_t *cfg)
 {
   trainer_t t = {.cfg = cfg, .log = cfg->engine.log, .job = cfg->engine.coord.job};
   gs_position_t pos;
   int err;
 
-  err = load_data(&t);
+  err = check_save_model(&t);
+  if (!err)
+    err = load_data(&t);
   if (!err)
     err = setup(&t, &pos);
   if (!err) {
