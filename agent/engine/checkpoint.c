@@ -191,13 +191,14 @@ int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len)
   err = mkdir_p(dir, why, why_len);
   if (err)
     return err;
-  /* A name the loader never reads, unique to this process. */
-  n = snprintf(probe, sizeof(probe), "%s/.ckpt-probe-%ld.tmp", dir, (long)getpid());
+  /* A name the loader never reads, unique even among ranks that are
+   * threads of one process (mkstemp). */
+  n = snprintf(probe, sizeof(probe), "%s/.ckpt-probe-XXXXXX", dir);
   if (n < 0 || (size_t)n >= sizeof(probe))
     return gs_why(GS_EINVAL, why, why_len, "%s: path too long", dir);
-  fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd = mkstemp(probe);
   if (fd < 0)
-    return sys_fail(why, why_len, probe, "open");
+    return sys_fail(why, why_len, probe, "mkstemp");
   close(fd);
   if (unlink(probe) != 0)
     return sys_fail(why, why_len, probe, "unlink");

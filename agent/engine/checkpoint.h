@@ -45,7 +45,8 @@ int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep
                        size_t path_len, char *why, size_t why_len) GS_WARN_UNUSED;
 
 /* Checks that checkpoints can be written into `dir`: creates it (and its
- * parents) when missing and creates and removes a probe file in it. Errors
+ * parents) when missing and creates and removes a probe file in it
+ * (mkstemp: safe from concurrent callers). Errors
  * name the path and the failing call ("/ckpt: mkdir: Permission denied"). */
 int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len) GS_WARN_UNUSED;
 
