@@ -42,6 +42,8 @@ static size_t count_names(const char *const *names)
   return n;
 }
 
+static long find_name(const char *const *names, const char *v);
+
 /* Checks one row; returns NULL or what is wrong with it. */
 static const char *row_problem(const gs_flag_t *f)
 {
@@ -78,6 +80,8 @@ static const char *row_problem(const gs_flag_t *f)
   case GS_FLAG_ENUM:
     if (!is_int_size(f->size) || count_names(f->names) == 0)
       return "an enum flag needs names and an integer target";
+    if (f->bare && find_name(f->names, f->bare) < 0)
+      return "an enum flag's bare value must be one of its names";
     return NULL;
   case GS_FLAG_ADDR:
     return f->size >= 2 && f->off2 != f->off ? NULL : "an address flag needs a host and a port";
@@ -418,7 +422,9 @@ static int walk(const gs_flags_t *spec, char *base, int argc, char **argv,
     eq = strchr(a, '=');
     if (f->kind == GS_FLAG_BOOL && eq)
       return gs_why(GS_EINVAL, why, why_len, "%s takes no value", f->name);
-    if (f->kind != GS_FLAG_BOOL) {
+    if (f->kind == GS_FLAG_ENUM && f->bare && !eq)
+      v = (char *)f->bare; /* only read */
+    else if (f->kind != GS_FLAG_BOOL) {
       if (eq)
         v = eq + 1;
       else if (i + 1 < argc)

@@ -53,13 +53,16 @@ typedef struct gs_flag {
   uint64_t umin, umax;      /* SIZE/DURATION range (umax 0: no limit) */
   double dmin, dmax;        /* DOUBLE range (both 0: any finite number) */
   const char *const *names; /* ENUM, STRBUF choices: NULL-terminated */
-  gs_flag_parse_fn parse;   /* GS_FLAG_CUSTOM */
-  gs_flag_show_fn show;     /* GS_FLAG_CUSTOM: its default as text (NULL: .def or none) */
-  bool negate;              /* GS_FLAG_BOOL: the flag sets false */
-  bool required;            /* an error when neither given nor in .env */
-  bool secret;              /* never echo the value (tokens) */
-  size_t given_off;         /* GS_FLAG_GIVEN: a bool set when the flag (or env) is given */
-  const char *env;          /* environment variable used when the flag is absent */
+  /* ENUM: the value of the flag given alone ("--resume" is "--resume=on");
+   * such a flag takes another value only as "--flag=VALUE". NULL: none. */
+  const char *bare;
+  gs_flag_parse_fn parse; /* GS_FLAG_CUSTOM */
+  gs_flag_show_fn show;   /* GS_FLAG_CUSTOM: its default as text (NULL: .def or none) */
+  bool negate;            /* GS_FLAG_BOOL: the flag sets false */
+  bool required;          /* an error when neither given nor in .env */
+  bool secret;            /* never echo the value (tokens) */
+  size_t given_off;       /* GS_FLAG_GIVEN: a bool set when the flag (or env) is given */
+  const char *env;        /* environment variable used when the flag is absent */
   /* Or an ordered, NULL-terminated list of sources tried when the flag is
    * absent, the first one set winning; --help and the README show the list.
    * A name is a variable, or one the caller's lookup derives (see

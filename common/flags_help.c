@@ -218,6 +218,8 @@ static void flag_label(const gs_flag_t *f, char *buf, size_t len)
   gs__flags_metavar(f, meta, sizeof(meta));
   if (f->kind == GS_FLAG_BOOL)
     snprintf(buf, len, "%s%s%s", f->name, sep, alias);
+  else if (f->kind == GS_FLAG_ENUM && f->bare)
+    snprintf(buf, len, "%s%s%s[=%s]", f->name, sep, alias, meta);
   else
     snprintf(buf, len, "%s%s%s %s", f->name, sep, alias, meta);
 }

@@ -128,6 +128,15 @@ static void control(gs_http_routes_t *r, gs_job_t *job, const gs_http_request_t 
     respond_error(res, 400, "action must be \"broadcast\", \"checkpoint\" or \"stop\"");
     return;
   }
+  /* Nothing is queued for a job that would act on it with no checkpoint dir. */
+  if (action && strcmp(action->valuestring, "checkpoint") == 0 && gs__jobs_checkpoints_off(job)) {
+    cJSON_Delete(doc);
+    respond_error(res, 409,
+                  "job '%s' takes no checkpoints: its rank 0 was started without a checkpoint "
+                  "directory (--checkpoint-dir)",
+                  job->name);
+    return;
+  }
   gs__jobs_control(job, period != NULL, period ? (int32_t)period->valuedouble : 0,
                    !action                                          ? GS_JOB_ACTION_NONE
                    : strcmp(action->valuestring, "broadcast") == 0  ? GS_JOB_ACTION_BROADCAST

@@ -14,7 +14,7 @@ def read_checkpoint(path):
         data = f.read()
     magic, version, nbuf, step, epoch, rng, layout = struct.unpack_from("<8sIIQQQQ", data, 0)
     assert magic == b"GSCKPT\x00\x01", magic
-    assert version == 1, version
+    assert version in (1, 2), version
     off = struct.calcsize("<8sIIQQQQ")
     bufs = []
     for _ in range(nbuf):
@@ -22,9 +22,15 @@ def read_checkpoint(path):
         off += 8
         bufs.append(struct.unpack_from(f"<{count}f", data, off))
         off += 4 * count
+    desc = None
+    if version == 2:
+        (n,) = struct.unpack_from("<I", data, off)
+        desc = data[off + 4:off + 4 + n].decode()
+        off += 4 + n
     (crc,) = struct.unpack_from("<I", data, off)
     assert crc == zlib.crc32(data[:off]), "CRC mismatch"
-    return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs}
+    assert off + 12 == len(data), "trailing bytes"
+    return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs, "desc": desc}
 
 
 def newest_checkpoint(d):

@@ -17,11 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
-from agentlib import check_control, check_sigterm  # noqa: E402
+from agentlib import check_control, check_sigterm, wait_for  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -100,6 +101,124 @@ def case_checkpoint(tmp):
     print("a corrupt newest checkpoint was skipped with a warning")
 
 
+DOC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def doc_reader():
+    """The namespace made by running the Python block of docs/model-format.md."""
+    with open(os.path.join(DOC_DIR, "model-format.md")) as f:
+        blocks = re.findall(r"^```python\n(.*?)^```", f.read(), re.S | re.M)
+    assert len(blocks) == 1, f"expected one python block in docs/model-format.md, got {len(blocks)}"
+    ns = {}
+    exec(compile(blocks[0], "docs/model-format.md", "exec"), ns)
+    return ns
+
+
+def fashion_test_split():
+    """t10k images (n x 784, scaled to [0, 1]) and labels, read independently of the agent."""
+    import gzip
+    import numpy as np
+    with gzip.open(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz")) as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(os.path.join(FASHION, "t10k-labels-idx1-ubyte.gz")) as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    return x.astype(np.float32) / 255.0, y
+
+
+def case_model(tmp):
+    """A finished run keeps its model: the last step is checkpointed even off
+    the --checkpoint-every grid, and --save-model writes a file that the
+    reader of docs/model-format.md loads into an nn.Sequential whose test
+    accuracy is the one the agent reported."""
+    try:
+        import numpy  # noqa: F401
+        import torch
+    except ImportError as e:
+        print(f"skipped: {e} (Debian's python3-numpy and python3-torch)")
+        sys.exit(77)
+    d, path = os.path.join(tmp, "ck"), os.path.join(tmp, "model.safetensors")
+    _, out, _ = run(["--nproc", "2", "--reduce", "mean", "--steps", "25", "--layers",
+                     "784,64,32,10", "--checkpoint-dir", d, "--checkpoint-every", "10",
+                     "--save-model", path] + FAST)
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "ckpt-*.gsck")))
+    assert names[-1] == "ckpt-000000000025.gsck", names
+    reported = float(re.search(r"final: test accuracy ([0-9.]+)", out).group(1))
+    reader = doc_reader()
+    tensors, meta = reader["load_model_file"](path)
+    assert meta["gradsync.layers"] == "784,64,32,10" and meta["gradsync.step"] == "25", meta
+    assert {k: v.shape for k, v in tensors.items()} == {
+        "0.weight": (64, 784), "0.bias": (64,), "2.weight": (32, 64), "2.bias": (32,),
+        "4.weight": (10, 32), "4.bias": (10,)}, tensors.keys()
+    model = reader["to_torch"](tensors, meta)
+    x, y = fashion_test_split()
+    with torch.no_grad():
+        pred = model(torch.from_numpy(x)).argmax(1).numpy()
+    acc = float((pred == y).mean())
+    print(f"agent reported test accuracy {reported:.4f}; the torch model from the file: {acc:.4f}")
+    assert reported > 0.3, "training did not train: the comparison would say little"
+    assert abs(acc - reported) <= 0.002, (acc, reported)
+
+
+def case_resume(tmp):
+    """--resume with no valid checkpoint is an error, --resume=auto starts
+    fresh and says so, and a checkpoint of other --layers is an error
+    naming both layouts (with =auto too)."""
+    d = os.path.join(tmp, "ck")
+    os.mkdir(d)
+    args = ["--nproc", "1", "--steps", "5", "--checkpoint-dir", d] + FAST
+    code, out, err = run(args + ["--resume"], check=False)
+    assert code != 0 and f"--resume: {d}: no checkpoint files" in err, err
+    assert "--resume=auto starts fresh" in err and "final:" not in out, err
+    print("--resume, none there:", re.search(r"error: (.*)", err).group(1))
+    _, out, err = run(args + ["--resume=auto", "--layers", "784,32,10"])
+    assert "--resume=auto: " in err and "starting fresh" in err, err
+    assert "final:" in out and "resumed at" not in out, out
+    assert os.path.exists(os.path.join(d, "ckpt-000000000005.gsck")), os.listdir(d)
+    print("--resume=auto, none there: started fresh")
+    for mode in ("--resume", "--resume=auto"):
+        code, out, err = run(args + [mode, "--layers", "784,64,10", "--steps", "6"], check=False)
+        assert code != 0, (code, err)
+        assert ("another model: the checkpoint has layers 784,32,10, the model has layers "
+                "784,64,10") in err, err
+        assert "final:" not in out, out
+    print("other --layers:", re.search(r"error: (.*)", err).group(1)[:160])
+    _, out, _ = run(args + ["--resume", "--layers", "784,32,10", "--steps", "8"])
+    assert "resumed at step 5" in out, out
+
+
+def case_ckptdir(tmp):
+    """An unusable --checkpoint-dir is an error before the rendezvous (here
+    no coordinator even listens), naming the directory and the failing
+    call; a usable one is created before it."""
+    blocker = os.path.join(tmp, "file")
+    open(blocker, "w").close()
+    for d, why in ((os.path.join(blocker, "ck"), "mkdir: Not a directory"),
+                   (blocker, "not a directory")):
+        t0 = time.time()
+        p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "2",
+                            "--reduce", "mean", "--checkpoint-dir", d, "--steps", "5"] + FAST,
+                           capture_output=True, text=True, timeout=60)
+        took = time.time() - t0
+        assert p.returncode == 1, (p.returncode, p.stderr)
+        assert f"checkpoint directory {d} is not usable" in p.stderr and why in p.stderr, p.stderr
+        assert "joining" not in p.stderr and took < 10, (took, p.stderr)
+        print(f"{d}: refused after {took:.1f} s: {p.stderr.strip().splitlines()[-1]}")
+    # --save-model into a folder that is not there: refused at start too.
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--save-model", os.path.join(tmp, "nowhere", "m.safetensors")] + FAST,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "nowhere does not exist" in p.stderr, p.stderr
+    assert "joining" not in p.stderr, p.stderr
+    ok = os.path.join(tmp, "new", "ck")
+    p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
+                        "--checkpoint-dir", ok, "--steps", "5", "--join-timeout", "300ms",
+                        "--rpc-timeout", "300ms"] + FAST, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 1 and "not usable" not in p.stderr, p.stderr
+    assert os.path.isdir(ok) and os.listdir(ok) == [], os.listdir(ok)
+
+
 def start_launcher(args):
     p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
@@ -115,10 +234,30 @@ def start_launcher(args):
     return p, status, lines
 
 
+def post_status(url, body):
+    """POSTs `body` as JSON; (HTTP status, response body), errors included."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 def case_control(tmp):
     """A new period and a stop posted to the coordinator act on every rank at one step."""
     p, url, lines = start_launcher(["--nproc", "2", "--job", "ctl", "--reduce", "mean",
                                     "--steps", "10000000"] + FAST)
+    try:
+        # No --checkpoint-dir: a checkpoint request is refused, not queued for nobody.
+        wait_for(p, lines, r"\[rank 0\] step \d+")
+        code, body = post_status(url + "/jobs/ctl/control", {"action": "checkpoint"})
+        assert code == 409 and "without a checkpoint directory" in body, (code, body)
+        print(f"checkpoint request without a checkpoint dir: {code} {body.strip()}")
+    except BaseException:
+        p.kill()
+        raise
     period_step, stop_step = check_control(p, url, lines)
     print(f"period changed at step {period_step} on both ranks; stopped after step {stop_step}")
 
@@ -321,10 +460,17 @@ def case_signals(tmp):
         c.wait()
 
 
+def write_idx(path, dims, data):
+    """An unsigned-byte IDX file (the MNIST format) of shape `dims`."""
+    with open(path, "wb") as f:
+        f.write(bytes([0, 0, 8, len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims) + data)
+
+
 def case_messages(tmp):
     """Misleading messages: an agent pointed at the HTTP port says so; an
     error the trainer reports is not followed by the engine's 'no error';
-    a long wait says every interval that it still waits."""
+    a label out of range names the label, its file and index, and the
+    classes."""
     c, rpc, http = start_coordinator()
     try:
         p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{http}", "--world-size", "1",
@@ -337,6 +483,20 @@ def case_messages(tmp):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 1 and "--batch 100000 on 1 ranks needs" in p.stderr, p.stderr
         assert "no error" not in p.stderr, p.stderr
+        # A label past the model's outputs is named as such, not as a --layers mismatch.
+        data = os.path.join(tmp, "labels")
+        os.mkdir(data)
+        for split, n in (("train", 6), ("t10k", 3)):
+            write_idx(os.path.join(data, f"{split}-images-idx3-ubyte"), [n, 2, 2], bytes(4 * n))
+            write_idx(os.path.join(data, f"{split}-labels-idx1-ubyte"), [n],
+                      bytes([0, 1, 2, 10, 1, 10][:n]))
+        p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--world-size", "1",
+                            "--layers", "4,10", "--data", data, "--steps", "1"] + FAST,
+                           capture_output=True, text=True, timeout=60)
+        want = (f"{data}/train-labels-idx1-ubyte: label 10 (example 3, counting from 0) is out of "
+                "range: the model has 10 classes")
+        assert p.returncode == 1 and want in p.stderr, p.stderr
+        assert "does not fit" not in p.stderr, p.stderr
     finally:
         c.kill()
         c.wait()

@@ -680,8 +680,8 @@ END_TEST
 
 START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
 {
-  th_client_t cl[1];
-  gradsync_JoinResponse resp[1] = {0};
+  th_client_t cl[2];
+  gradsync_JoinResponse resp[2] = {0};
   gradsync_HeartbeatResponse hb;
   char *body;
 
@@ -747,6 +747,34 @@ START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
   ck_assert_int_eq(heartbeat(&cl[0], "c", 1, 0, 1, &hb), OK);
   ck_assert_int_eq(hb.directives.bcast_period, 5);
   ck_assert_uint_eq(hb.directives.checkpoint_seq, 1);
+  /* A job whose rank 0 said it has no checkpoint dir: a checkpoint request
+   * is refused (409, nothing applied); other control still works. */
+  th_connect(&cl[1], coord.rpc_port);
+  cl[1].token = "tok";
+  {
+    gradsync_JoinRequest req = th_join_request("nock", 1, "n", 0);
+    gradsync_HeartbeatResponse hb2;
+
+    req.checkpoints = gradsync_Checkpoints_CHECKPOINTS_OFF;
+    ck_assert_int_eq(th_call(&cl[1], "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &resp[1], NULL, 0),
+                     OK);
+    ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/nock/control",
+                             "Authorization: Bearer tok\r\n",
+                             "{\"bcast_period\": 9, \"action\": \"checkpoint\"}", &body),
+                     409);
+    ck_assert_msg(strstr(body, "job 'nock' takes no checkpoints"), "%s", body);
+    free(body);
+    ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/nock/control",
+                             "Authorization: Bearer tok\r\n", "{\"action\": \"broadcast\"}", &body),
+                     200);
+    free(body);
+    ck_assert_int_eq(heartbeat(&cl[1], "nock", 1, 0, 1, &hb2), OK);
+    ck_assert_uint_eq(hb2.directives.checkpoint_seq, 0);
+    ck_assert_int_ne(hb2.directives.bcast_period, 9);
+    ck_assert_uint_eq(hb2.directives.broadcast_seq, 1);
+    th_close(&cl[1]);
+  }
   ck_assert_uint_eq(hb.directives.broadcast_seq, 0);
   ck_assert(hb.directives.stop);
   ck_assert_uint_ne(hb.coordinator_id, 0);

@@ -587,6 +587,38 @@ START_TEST(dataset_small)
   for (i = 0; i < 12; i++)
     ck_assert_float_eq(ds.x[i], (float)pixels[i] / 255.0f);
   ck_assert_int_eq(memcmp(ds.y, labels, 3), 0);
+  ck_assert_uint_eq(ds.max_at, 2);
+  ck_assert_int_eq(gs_dataset_check_labels(&ds, 8, why, sizeof(why)), 0);
+  gs_dataset_free(&ds);
+  rm_tmpdir(dir);
+}
+END_TEST
+
+/* A label the model cannot output is named with its value, file, index and
+ * the number of classes, not blamed on --layers. */
+START_TEST(dataset_label_out_of_range)
+{
+  static const uint32_t img_dims[] = {4, 1, 2}, lbl_dims[] = {4};
+  static const uint8_t labels[4] = {3, 10, 1, 10};
+  char dir[64], p[256], want[512], why[512] = "";
+  uint8_t buf[64];
+  gs_dataset_t ds;
+  size_t len;
+
+  make_tmpdir(dir, sizeof(dir));
+  len = make_idx(buf, 0x08, 3, img_dims, 8);
+  write_file(join(p, sizeof(p), dir, "t10k-images-idx3-ubyte"), buf, len);
+  len = make_idx(buf, 0x08, 1, lbl_dims, 0);
+  memcpy(buf + len, labels, sizeof(labels));
+  write_file(join(p, sizeof(p), dir, "t10k-labels-idx1-ubyte"), buf, len + sizeof(labels));
+  ck_assert_msg(gs_dataset_load(dir, "t10k", &ds, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_int_eq(gs_dataset_check_labels(&ds, 11, why, sizeof(why)), 0);
+  ck_assert_int_eq(gs_dataset_check_labels(&ds, 10, why, sizeof(why)), GS_EINVAL);
+  snprintf(want, sizeof(want),
+           "%s: label 10 (example 1, counting from 0) is out of range: the model has 10 "
+           "classes (labels 0 to 9; the last --layers width is the number of classes)",
+           p);
+  ck_assert_str_eq(why, want);
   gs_dataset_free(&ds);
   rm_tmpdir(dir);
 }
@@ -995,6 +1027,7 @@ static Suite *data_suite(void)
   suite_add_tcase(s, tcase("gunzip_cap", gunzip_cap, 5));
   suite_add_tcase(s, tcase("dataset_small", dataset_small, 5));
   suite_add_tcase(s, tcase("dataset_errors", dataset_errors, 5));
+  suite_add_tcase(s, tcase("dataset_label_out_of_range", dataset_label_out_of_range, 5));
   suite_add_tcase(s, tcase("sampler_epoch_cover", sampler_epoch_cover, 10));
   suite_add_tcase(s, tcase("sampler_equivalence", sampler_equivalence, 5));
   suite_add_tcase(s, tcase("sampler_identity", sampler_identity, 5));

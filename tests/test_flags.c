@@ -518,6 +518,50 @@ START_TEST(table_checked)
 }
 END_TEST
 
+/* An enum flag with a bare value: alone it takes that value, with "="
+ * another, and it never takes the next argument as its value. */
+START_TEST(bare_value)
+{
+  static const char *const modes[] = {"off", "on", "auto", NULL};
+  static const gs_flag_t table[] = {{.name = "--mode",
+                                     .kind = GS_FLAG_ENUM,
+                                     GS_FLAG_AT(opts_t, color),
+                                     .names = modes,
+                                     .bare = "on",
+                                     .help = "a mode"}};
+  static const gs_flag_t bad[] = {{.name = "--mode",
+                                   .kind = GS_FLAG_ENUM,
+                                   GS_FLAG_AT(opts_t, color),
+                                   .names = modes,
+                                   .bare = "maybe"}};
+  gs_flags_t s = {.prog = "t", .usage = "", .flags = table, .count = 1};
+  gs_flags_t b = {.prog = "t", .usage = "", .flags = bad, .count = 1};
+  char *a1[] = {"t", "--mode", NULL}, *a2[] = {"t", "--mode=auto", NULL};
+  char *a3[] = {"t", "--mode", "auto", NULL}, *a4[] = {"t", "--mode=sometimes", NULL};
+  gs_flags_action_t action;
+  opts_t o = {.color = RED};
+  char why[256], *text = NULL;
+  size_t len = 0;
+  FILE *f;
+
+  ck_assert_int_eq(gs_flags_parse(&s, &o, 2, a1, NULL, &action, why, sizeof(why)), 0);
+  ck_assert_int_eq(o.color, 1);
+  ck_assert_int_eq(gs_flags_parse(&s, &o, 2, a2, NULL, &action, why, sizeof(why)), 0);
+  ck_assert_int_eq(o.color, 2);
+  ck_assert_int_eq(gs_flags_parse(&s, &o, 3, a3, NULL, &action, why, sizeof(why)), GS_EINVAL);
+  ck_assert_msg(strstr(why, "unexpected argument 'auto'"), "%s", why);
+  ck_assert_int_eq(gs_flags_parse(&s, &o, 2, a4, NULL, &action, why, sizeof(why)), GS_EINVAL);
+  ck_assert_msg(strstr(why, "'sometimes' for --mode"), "%s", why);
+  ck_assert_int_eq(gs_flags_check_table(&b, why, sizeof(why)), GS_EINVAL);
+  ck_assert_msg(strstr(why, "bare value"), "%s", why);
+  f = open_memstream(&text, &len);
+  gs_flags_help(&s, &o, f);
+  fclose(f);
+  ck_assert_msg(strstr(text, "--mode[=off|on|auto]"), "%s", text);
+  free(text);
+}
+END_TEST
+
 START_TEST(env_sources)
 {
   const char *sources[sizeof(rows) / sizeof(rows[0])];
@@ -756,6 +800,7 @@ static Suite *flags_suite(void)
   suite_add_tcase(s, tcase("pass_through", pass_through));
   suite_add_tcase(s, tcase("given_marks", given_marks));
   suite_add_tcase(s, tcase("table_checked", table_checked));
+  suite_add_tcase(s, tcase("bare_value", bare_value));
   suite_add_tcase(s, tcase("help_text", help_text));
   suite_add_tcase(s, tcase("markdown_table", markdown_table));
   suite_add_tcase(s, tcase("no_overread", no_overread));

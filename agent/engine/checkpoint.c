@@ -28,7 +28,9 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 
 #define CKPT_MAGIC "GSCKPT\0\1"    /* 8 bytes */
 #define CKPT_END_MAGIC "GSCKEND\0" /* 8 bytes */
-#define CKPT_VERSION 1
+#define CKPT_VERSION 1             /* no layout description */
+#define CKPT_VERSION_DESC 2        /* a layout description after the buffers */
+#define DESC_LEN 4                 /* u32 length of the description */
 #define HDR_LEN 48
 #define COUNT_LEN 8
 #define TRAILER_LEN 12             /* u32 CRC-32, then the end magic */
@@ -107,6 +109,11 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
     gs_set_why(why, why_len, "no checkpoint state given");
     return GS_EINVAL;
   }
+  if (st->desc && strlen(st->desc) > GS_CKPT_DESC_MAX) {
+    gs_set_why(why, why_len, "checkpoint layout description of %zu bytes (at most %d)",
+               strlen(st->desc), GS_CKPT_DESC_MAX);
+    return GS_EINVAL;
+  }
   if (st->nbuf && !st->bufs) {
     gs_set_why(why, why_len, "checkpoint state has %u buffers but no buffer list", st->nbuf);
     return GS_EINVAL;
@@ -125,6 +132,10 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
       return GS_ERANGE;
     }
     total += COUNT_LEN + count * sizeof(float);
+  }
+  if (st->desc && total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX) {
+    gs_set_why(why, why_len, "checkpoint too large");
+    return GS_ERANGE;
   }
   return 0;
 }
@@ -170,6 +181,30 @@ static int mkdir_p(const char *dir, char *why, size_t why_len)
   return 0;
 }
 
+int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len)
+{
+  char probe[PATH_MAX];
+  int fd, err, n;
+
+  if (!dir || !*dir)
+    return gs_why(GS_EINVAL, why, why_len, "no checkpoint directory given");
+  err = mkdir_p(dir, why, why_len);
+  if (err)
+    return err;
+  /* A name the loader never reads, unique even among ranks that are
+   * threads of one process (mkstemp). */
+  n = snprintf(probe, sizeof(probe), "%s/.ckpt-probe-XXXXXX", dir);
+  if (n < 0 || (size_t)n >= sizeof(probe))
+    return gs_why(GS_EINVAL, why, why_len, "%s: path too long", dir);
+  fd = mkstemp(probe);
+  if (fd < 0)
+    return sys_fail(why, why_len, probe, "mkstemp");
+  close(fd);
+  if (unlink(probe) != 0)
+    return sys_fail(why, why_len, probe, "unlink");
+  return 0;
+}
+
 /* Writes all of buf (retrying short writes and EINTR) and folds it into
  * *crc; -1 with errno set on failure. */
 static int write_all(int fd, const void *buf, size_t len, uint32_t *crc)
@@ -202,7 +237,7 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
   uint32_t crc = 0, unused = 0;
 
   memcpy(hdr, CKPT_MAGIC, 8);
-  gs_store_le32(hdr + 8, CKPT_VERSION);
+  gs_store_le32(hdr + 8, st->desc ? CKPT_VERSION_DESC : CKPT_VERSION);
   gs_store_le32(hdr + 12, st->nbuf);
   gs_store_le64(hdr + 16, st->step);
   gs_store_le64(hdr + 24, st->epoch);
@@ -216,6 +251,14 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
     gs_store_le64(count, b->count);
     if (write_all(fd, count, sizeof(count), &crc) != 0 ||
         write_all(fd, b->data, b->count * sizeof(float), &crc) != 0)
+      return sys_fail(why, why_len, path, "write");
+  }
+  if (st->desc) {
+    uint8_t len[DESC_LEN];
+
+    gs_store_le32(len, (uint32_t)strlen(st->desc));
+    if (write_all(fd, len, sizeof(len), &crc) != 0 ||
+        write_all(fd, st->desc, strlen(st->desc), &crc) != 0)
       return sys_fail(why, why_len, path, "write");
   }
   gs_store_le32(trailer, crc);
@@ -416,6 +459,58 @@ static int read_span(int fd, const char *path, void *buf, size_t len, uint64_t *
   return 0;
 }
 
+/* Where a version-2 file's layout description lies (*at) and its length:
+ * walks the counts from the header on, each bounded only by the file size.
+ * False when the file cannot hold what its counts say. */
+static bool find_desc(int fd, const char *path, uint64_t size, uint32_t nbuf, uint64_t *at,
+                      uint32_t *len)
+{
+  uint64_t need = HDR_LEN, off, body = size - TRAILER_LEN, count;
+  uint8_t raw[COUNT_LEN];
+  uint32_t crc = 0;
+
+  for (uint32_t i = 0; i < nbuf; i++) {
+    off = need;
+    if (need + COUNT_LEN > body || read_span(fd, path, raw, COUNT_LEN, &off, &crc, NULL, 0))
+      return false;
+    count = gs_load_le64(raw);
+    if (count > (body - need - COUNT_LEN) / sizeof(float))
+      return false;
+    need += COUNT_LEN + count * sizeof(float);
+  }
+  off = need;
+  if (need + DESC_LEN > body || read_span(fd, path, raw, DESC_LEN, &off, &crc, NULL, 0))
+    return false;
+  *len = gs_load_le32(raw);
+  *at = need + DESC_LEN;
+  return *len <= GS_CKPT_DESC_MAX && *at + *len <= body;
+}
+
+/* A good file of another layout: `what` differs. Names both layouts when
+ * the file has its description (version 2) and the caller gave one. */
+static int other_layout(int fd, const char *path, uint64_t size, const struct ckpt_hdr *h,
+                        const gs_ckpt_state_t *st, const char *what, char *why, size_t why_len)
+{
+  char desc[512] = "";
+  uint64_t at;
+  uint32_t len, crc = 0;
+
+  if (st->desc && h->version == CKPT_VERSION_DESC &&
+      find_desc(fd, path, size, h->nbuf, &at, &len)) {
+    len = len < sizeof(desc) - 1 ? len : (uint32_t)sizeof(desc) - 1;
+    if (read_span(fd, path, desc, len, &at, &crc, NULL, 0) == 0)
+      desc[len] = '\0';
+    for (char *c = desc; *c; c++)
+      *c = (unsigned char)*c < 0x20 ? '?' : *c; /* one line, whatever the file holds */
+  }
+  if (desc[0])
+    gs_set_why(why, why_len, "%s: another model: the checkpoint has %s, the model has %s (%s)",
+               path, desc, st->desc, what);
+  else
+    gs_set_why(why, why_len, "%s: %s", path, what);
+  return GS_EPRECOND;
+}
+
 /* Checks the header, the buffer list and the size of the open file `fd`
  * against what `st` expects, reading only the header, the counts and the
  * trailer; fills *h and the stored CRC. Counts are only ever compared with
@@ -424,6 +519,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
                         struct ckpt_hdr *h, uint32_t *file_crc, char *why, size_t why_len)
 {
   uint8_t raw[HDR_LEN], trailer[TRAILER_LEN];
+  char what[160];
   uint64_t off = 0, need = HDR_LEN;
   uint32_t crc = 0; /* unused here: stream_crc computes the real one */
   int err;
@@ -442,19 +538,19 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   }
   *h = (struct ckpt_hdr){gs_load_le32(raw + 8),  gs_load_le32(raw + 12), gs_load_le64(raw + 16),
                          gs_load_le64(raw + 24), gs_load_le64(raw + 32), gs_load_le64(raw + 40)};
-  if (h->version != CKPT_VERSION) {
-    gs_set_why(why, why_len, "%s: format version %u, this build reads version %d", path, h->version,
-               CKPT_VERSION);
+  if (h->version != CKPT_VERSION && h->version != CKPT_VERSION_DESC) {
+    gs_set_why(why, why_len, "%s: format version %u, this build reads versions %d and %d", path,
+               h->version, CKPT_VERSION, CKPT_VERSION_DESC);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
-    gs_set_why(why, why_len, "%s: layout hash 0x%016llx differs from the expected 0x%016llx", path,
-               (unsigned long long)h->layout_hash, (unsigned long long)st->layout_hash);
-    return GS_EPRECOND;
+    snprintf(what, sizeof(what), "layout hash 0x%016llx differs from the expected 0x%016llx",
+             (unsigned long long)h->layout_hash, (unsigned long long)st->layout_hash);
+    return other_layout(fd, path, size, h, st, what, why, why_len);
   }
   if (h->nbuf != st->nbuf) {
-    gs_set_why(why, why_len, "%s: %u buffers, expected %u", path, h->nbuf, st->nbuf);
-    return GS_EPRECOND;
+    snprintf(what, sizeof(what), "%u buffers, expected %u", h->nbuf, st->nbuf);
+    return other_layout(fd, path, size, h, st, what, why, why_len);
   }
   for (uint32_t i = 0; i < h->nbuf; i++) {
     uint8_t count_raw[COUNT_LEN];
@@ -471,11 +567,32 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
       return err;
     count = gs_load_le64(count_raw);
     if (count != st->bufs[i].count) {
-      gs_set_why(why, why_len, "%s: buffer %u has %llu elements, expected %llu", path, i,
-                 (unsigned long long)count, (unsigned long long)st->bufs[i].count);
-      return GS_EPRECOND;
+      snprintf(what, sizeof(what), "buffer %u has %llu elements, expected %llu", i,
+               (unsigned long long)count, (unsigned long long)st->bufs[i].count);
+      return other_layout(fd, path, size, h, st, what, why, why_len);
     }
     need += COUNT_LEN + count * sizeof(float); /* bounded by check_state */
+  }
+  if (h->version == CKPT_VERSION_DESC) {
+    uint8_t len_raw[DESC_LEN];
+    uint32_t len;
+
+    if (need + DESC_LEN > size - TRAILER_LEN) {
+      gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before the layout description)",
+                 path, (unsigned long long)size);
+      return GS_EPROTO;
+    }
+    off = need;
+    err = read_span(fd, path, len_raw, DESC_LEN, &off, &crc, why, why_len);
+    if (err)
+      return err;
+    len = gs_load_le32(len_raw);
+    if (len > GS_CKPT_DESC_MAX) {
+      gs_set_why(why, why_len, "%s: layout description of %u bytes (at most %d)", path, len,
+                 GS_CKPT_DESC_MAX);
+      return GS_EPROTO;
+    }
+    need += DESC_LEN + len;
   }
   need += TRAILER_LEN;
   if (size != need) {
@@ -500,7 +617,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
  * data goes to st's buffers when `into` is set, else through `scratch`
  * (SCRATCH_LEN bytes) and is dropped. */
 static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, uint8_t *scratch,
-                      uint32_t *crc, char *why, size_t why_len)
+                      uint64_t body, uint32_t *crc, char *why, size_t why_len)
 {
   uint8_t small[HDR_LEN];
   uint64_t off = 0;
@@ -521,6 +638,9 @@ static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, 
       left -= n;
     }
   }
+  /* The layout description (version 2): under 4 KiB, check_layout checked. */
+  if (!err && off < body)
+    err = read_span(fd, path, scratch, (size_t)(body - off), &off, crc, why, why_len);
   return err;
 }
 
@@ -533,7 +653,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
   uint32_t file_crc = 0, crc;
   struct ckpt_hdr h;
-  uint64_t name_step;
+  uint64_t name_step, body;
   struct stat sb;
   int fd, err;
 
@@ -549,9 +669,10 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     err = GS_EPROTO;
     goto out_close;
   }
+  body = (uint64_t)sb.st_size - TRAILER_LEN; /* used once check_layout passed: size >= 60 */
   err = check_layout(fd, path, (uint64_t)sb.st_size, st, &h, &file_crc, why, why_len);
   if (!err)
-    err = stream_crc(fd, path, st, false, scratch, &crc, why, why_len);
+    err = stream_crc(fd, path, st, false, scratch, body, &crc, why, why_len);
   if (err)
     goto out_close;
   if (crc != file_crc) {
@@ -566,7 +687,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     err = GS_EPROTO;
     goto out_close;
   }
-  err = stream_crc(fd, path, st, true, scratch, &crc, why, why_len);
+  err = stream_crc(fd, path, st, true, scratch, body, &crc, why, why_len);
   if (!err && crc != file_crc) {
     gs_set_why(why, why_len, "%s: changed while being loaded (CRC 0x%08x, then 0x%08x)", path,
                file_crc, crc);
@@ -607,7 +728,7 @@ int gs_checkpoint_load_file(const char *path, gs_ckpt_state_t *st, char *why, si
 int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log_t *log, char *path,
                               size_t path_len, char *why, size_t why_len)
 {
-  char file[PATH_MAX], reason[PATH_MAX + 256];
+  char file[PATH_MAX], reason[PATH_MAX + 1024], other[PATH_MAX + 1024] = "";
   uint8_t *scratch = NULL;
   size_t n, skipped = 0;
   uint64_t *steps;
@@ -644,10 +765,19 @@ int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log
       goto out_free_scratch;
     }
     gs_log(log, GS_LOG_WARN, NULL, -1, "%s, skipped", reason);
+    if (err == GS_EPRECOND && !other[0])
+      snprintf(other, sizeof(other), "%s", reason);
     skipped++;
   }
-  gs_set_why(why, why_len, "%s: no valid checkpoint (%zu skipped, see the warnings)", dir, skipped);
-  err = GS_ENOTFOUND;
+  /* Checkpoints of another model are no missing checkpoint: say which. */
+  if (other[0]) {
+    gs_set_why(why, why_len, "%s", other);
+    err = GS_EPRECOND;
+  } else {
+    gs_set_why(why, why_len, "%s: no valid checkpoint (%zu skipped, see the warnings)", dir,
+               skipped);
+    err = GS_ENOTFOUND;
+  }
 out_free_scratch:
   free(scratch);
 out_free_steps:

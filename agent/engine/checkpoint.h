@@ -29,7 +29,14 @@ typedef struct gs_ckpt_state {
   uint64_t layout_hash;
   uint32_t nbuf;
   gs_ckpt_buffer_t *bufs; /* nbuf buffers (owned by the caller) */
+  /* The layout in words ("layers 784,256,10"), borrowed, at most
+   * GS_CKPT_DESC_MAX bytes; or NULL. Saving stores it (format version 2;
+   * NULL writes version 1); loading names it next to the file's when the
+   * file's layout differs. */
+  const char *desc;
 } gs_ckpt_state_t;
+
+#define GS_CKPT_DESC_MAX 4096
 
 /* Writes a checkpoint of `st` into `dir` (created if missing), then removes
  * all but the newest `keep` checkpoints (keep 0: remove none). `path` (may
@@ -37,13 +44,21 @@ typedef struct gs_ckpt_state {
 int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep, char *path,
                        size_t path_len, char *why, size_t why_len) GS_WARN_UNUSED;
 
+/* Checks that checkpoints can be written into `dir`: creates it (and its
+ * parents) when missing and creates and removes a probe file in it
+ * (mkstemp: safe from concurrent callers). Errors
+ * name the path and the failing call ("/ckpt: mkdir: Permission denied"). */
+int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len) GS_WARN_UNUSED;
+
 /* Loads the newest valid checkpoint in `dir` into `st`, whose layout_hash,
  * nbuf and buffer counts say what is expected (a file whose layout hash or
  * buffer list differs is refused with a warning naming the difference, as
  * is a torn or corrupt file; the next older one is tried). On success fills
  * step, epoch and rng_state and the buffers; `path` gets the file.
  * GS_ENOTFOUND when no valid checkpoint exists (`why` says how many were
- * skipped). */
+ * skipped); GS_EPRECOND when none loads and at least one good file is of
+ * another layout (`why` is the newest such file's reason: a different
+ * model, not a missing checkpoint). */
 int gs_checkpoint_load_latest(const char *dir, gs_ckpt_state_t *st, const gs_log_t *log, char *path,
                               size_t path_len, char *why, size_t why_len) GS_WARN_UNUSED;
 

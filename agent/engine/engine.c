@@ -124,6 +124,49 @@ uint32_t gs_engine_param_pack(const gs_engine_t *e, uint32_t i)
   return i < e->packs.nparams && e->packs.pack_of ? e->packs.pack_of[i] : 0;
 }
 
+int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc)
+{
+  char *copy;
+
+  if (e->joined || !desc || strlen(desc) > GS_CKPT_DESC_MAX) {
+    gs_set_why(e->error, sizeof(e->error), "cannot set the layout description: %s",
+               e->joined ? "called after start" : "missing or over 4096 bytes");
+    return GS_EINVAL;
+  }
+  copy = strdup(desc);
+  if (!copy)
+    return GS_ENOMEM;
+  free(e->layout_desc);
+  e->layout_desc = copy;
+  return 0;
+}
+
+/* The default layout description: each parameter's name and size, as far
+ * as they fit ("params fc1.weight[200704] fc1.bias[256] ..."). */
+static int describe_params(gs_engine_t *e)
+{
+  size_t cap = GS_CKPT_DESC_MAX + 1, used;
+  char *d = malloc(cap);
+
+  if (!d)
+    return GS_ENOMEM;
+  used = (size_t)snprintf(d, cap, "params");
+  for (uint32_t i = 0; i < e->packs.nparams; i++) {
+    char one[320];
+    int n = snprintf(one, sizeof(one), " %s[%" PRIu64 "]", e->packs.params[i].name,
+                     e->packs.params[i].elements);
+
+    if (n < 0 || used + (size_t)n + 4 >= cap) {
+      snprintf(d + used, cap - used, " ...");
+      break;
+    }
+    memcpy(d + used, one, (size_t)n + 1);
+    used += (size_t)n;
+  }
+  e->layout_desc = d;
+  return 0;
+}
+
 /* ---- start -------------------------------------------------------------- */
 
 /* Rank 0 computes and publishes the pack list; the others fetch it. Either
@@ -184,6 +227,9 @@ static int join(gs_engine_t *e, const char *comm_addr)
   snprintf(req->comm_addr, sizeof(req->comm_addr), "%s", comm_addr);
   req->peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
   req->bcast_period = e->cfg.bcast_period;
+  /* So the coordinator can refuse a checkpoint request that nobody would act on. */
+  req->checkpoints = e->cfg.checkpoint_dir ? gradsync_Checkpoints_CHECKPOINTS_ON
+                                           : gradsync_Checkpoints_CHECKPOINTS_OFF;
   err = gs__engine_add_own_settings(e);
   if (err)
     return err;
@@ -379,6 +425,20 @@ int gs_engine_start(gs_engine_t *e)
     gs_set_why(e->error, sizeof(e->error), "%s", why);
     return GS_EINVAL;
   }
+  if (!e->layout_desc && describe_params(e)) {
+    gs_set_why(e->error, sizeof(e->error), "out of memory");
+    return GS_ENOMEM;
+  }
+  /* Before the rendezvous: a directory that cannot take a checkpoint must
+   * not surface at the first save, after every rank waited and trained. */
+  if (e->cfg.checkpoint_dir) {
+    err = gs_checkpoint_dir_check(e->cfg.checkpoint_dir, why, sizeof(why));
+    if (err) {
+      gs_set_why(e->error, sizeof(e->error), "checkpoint directory %s is not usable: %s",
+                 e->cfg.checkpoint_dir, why);
+      return err;
+    }
+  }
   if (!e->cfg.dev) {
     err = open_device(e);
     if (err)
@@ -444,6 +504,13 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
 {
   char why[640];
 
+  /* A run that ends well keeps its model: the last step is checkpointed
+   * unless a checkpoint of it was taken already (--checkpoint-every, a stop). */
+  if (finished && e->cfg.checkpoint_dir && e->join.rank == 0 && e->steps_begun && !e->failed &&
+      !(e->ckpt_taken && e->ckpt_step == e->after.step) && gs_engine_checkpoint(e, &e->after)) {
+    finished = false;
+    reason = "the last checkpoint could not be written";
+  }
   /* A checkpoint still being written (the one taken at a stop, say) is
    * complete before this rank leaves; the writer logged a failure. */
   if (gs__ckpt_writer_wait(&e->ckpt_writer, why, sizeof(why)) && finished) {
@@ -494,5 +561,6 @@ void gs_engine_free(gs_engine_t *e)
   free(e->job);
   free(e->token);
   free(e->checkpoint_dir);
+  free(e->layout_desc);
   free(e);
 }

@@ -118,7 +118,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         pos->rng_state,
                         gs_packs_layout_hash(&e->packs),
                         2 * e->packs.list.pack_count,
-                        NULL};
+                        NULL,
+                        e->layout_desc};
   char why[640];
   int err;
 
@@ -138,6 +139,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
   err = gs__ckpt_writer_submit(&e->ckpt_writer, &st, why, sizeof(why));
   if (err)
     gs_set_why(e->error, sizeof(e->error), "%s", why);
+  e->ckpt_taken = true;
+  e->ckpt_step = pos->step;
   return err;
 }
 
@@ -154,8 +157,8 @@ int gs_engine_checkpoint_wait(gs_engine_t *e)
 /* Rank 0 loads the newest valid checkpoint; true when one was loaded. */
 static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
 {
-  gs_ckpt_state_t st = {0,   0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count,
-                        NULL};
+  gs_ckpt_state_t st = {
+      0, 0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count, NULL, e->layout_desc};
   char path[4096], why[512];
   int err;
 
@@ -169,10 +172,15 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
     snprintf(why, sizeof(why), "cannot copy the checkpoint to the device");
     err = GS_EIO;
   }
-  if (err == GS_ENOTFOUND) {
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, 0, "--resume: %s; starting from scratch",
-           why);
+  if (err == GS_ENOTFOUND && e->cfg.resume_auto) {
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0,
+           "--resume=auto: %s; starting fresh from step 0", why);
     return 0;
+  }
+  if (err == GS_ENOTFOUND) {
+    gs_set_why(e->error, sizeof(e->error),
+               "--resume: %s (--resume=auto starts fresh when there is none)", why);
+    return err;
   }
   if (err) {
     gs_set_why(e->error, sizeof(e->error), "cannot resume from %s: %s", e->cfg.checkpoint_dir, why);

@@ -352,7 +352,10 @@ static int fill_dataset(const char *img_path, const gs_idx_t *img, const gs_idx_
   for (i = 0; i < n; i++)
     out->x[i] = img->data[i] / 255.0f;
   for (i = 0; i < out->count; i++)
-    max = lbl->data[i] > max ? lbl->data[i] : max;
+    if (lbl->data[i] > max) {
+      max = lbl->data[i];
+      out->max_at = (uint32_t)i;
+    }
   out->classes = (uint32_t)max + 1;
   return 0;
 }
@@ -385,6 +388,11 @@ int gs_dataset_load(const char *dir, const char *split, gs_dataset_t *out, char 
     goto out_free_labels;
   out->y = lbl.data; /* the labels are already one byte each */
   gs_idx_free(&img);
+  out->labels_path = strdup(lbl_path);
+  if (!out->labels_path) {
+    gs_dataset_free(out);
+    return gs_why(GS_ENOMEM, why, why_len, "%s: out of memory", lbl_path);
+  }
   return 0;
 
 out_free_labels:
@@ -395,9 +403,21 @@ out_free_images:
   return err;
 }
 
+int gs_dataset_check_labels(const gs_dataset_t *ds, uint32_t classes, char *why, size_t why_len)
+{
+  if (ds->classes <= classes)
+    return 0;
+  return gs_why(GS_EINVAL, why, why_len,
+                "%s: label %u (example %u, counting from 0) is out of range: the model has %u "
+                "classes (labels 0 to %u; the last --layers width is the number of classes)",
+                ds->labels_path ? ds->labels_path : "the label file", ds->classes - 1, ds->max_at,
+                classes, classes - 1);
+}
+
 void gs_dataset_free(gs_dataset_t *ds)
 {
   free(ds->x);
   free(ds->y);
+  free(ds->labels_path);
   memset(ds, 0, sizeof(*ds));
 }

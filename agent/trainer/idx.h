@@ -36,8 +36,10 @@ typedef struct gs_dataset {
   uint32_t count;    /* examples */
   uint32_t features; /* rows * cols */
   uint32_t classes;  /* 1 + the largest label */
+  uint32_t max_at;   /* the index of the first example with the largest label */
   float *x;          /* count * features, row-major */
   uint8_t *y;        /* count labels */
+  char *labels_path; /* the label file it came from (owned) */
 } gs_dataset_t;
 
 /* Loads `split` ("train" or "t10k") from DIR: DIR/SPLIT-images-idx3-ubyte
@@ -46,6 +48,12 @@ typedef struct gs_dataset {
  * the file. Free with gs_dataset_free. */
 int gs_dataset_load(const char *dir, const char *split, gs_dataset_t *out, char *why,
                     size_t why_len) GS_WARN_UNUSED;
+
+/* Checks that every label of `ds` is below `classes` (a model's outputs);
+ * GS_EINVAL with `why` naming the label value, its file and index, and the
+ * number of classes otherwise. */
+int gs_dataset_check_labels(const gs_dataset_t *ds, uint32_t classes, char *why,
+                            size_t why_len) GS_WARN_UNUSED;
 
 void gs_dataset_free(gs_dataset_t *ds);
 

@@ -52,6 +52,7 @@ typedef struct flags {
   gs_trainer_config_t t;
   gs_log_t log;
   bool have_coord, have_world, have_reduce, have_bias_wd, print_config;
+  uint8_t resume; /* resume_modes: off, on, auto */
   long threads;
   gs_launch_env_t env; /* scheduler variables; --job may borrow its string */
 } flags_t;
@@ -78,6 +79,7 @@ static const char *const devices[] = {"cpu", "cuda", "auto", NULL};
 static const char *const backends[] = {"host", "nccl", "auto", NULL};
 static const char *const reduce_ops[] = {"sum", "mean", NULL};
 static const char *const schedules[] = {"constant", "step", "cosine", NULL};
+static const char *const resume_modes[] = {"off", "on", "auto", NULL};
 _Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
 _Static_assert(GS_LR_CONSTANT == 0 && GS_LR_STEP == 1 && GS_LR_COSINE == 2,
                "schedules follows gs_lr_schedule_t");
@@ -149,14 +151,22 @@ static const gs_flag_t flag_rows[] = {
    .help = "where rank 0 writes checkpoints",
    .doc = "where rank 0 writes checkpoints ([format](docs/checkpoint.md))"},
   {.name = "--checkpoint-every", .kind = GS_FLAG_INT, E(checkpoint_every), .min = 0,
-   .max = 1L << 40, .metavar = "N", .help = "checkpoint every N steps (0: at stop and on demand)",
-   .doc = "checkpoint every N steps (also on stop, and on demand from the control endpoint)"},
+   .max = 1L << 40, .metavar = "N", .help = "checkpoint every N steps (0: at the end and on demand)",
+   .doc = "checkpoint every N steps (also at the last step, on stop, and on demand from the "
+          "control endpoint)"},
   {.name = "--checkpoint-keep", .kind = GS_FLAG_INT, E(checkpoint_keep), .min = 0,
    .max = 1000000, .metavar = "K", .help = "checkpoints kept"},
-  {.name = "--resume", .kind = GS_FLAG_BOOL, E(resume),
-   .help = "start from the newest valid checkpoint in `--checkpoint-dir`",
+  {.name = "--save-model", .kind = GS_FLAG_STR, F(t.save_model), .metavar = "PATH",
+   .help = "at the end rank 0 writes the trained parameters here (safetensors)",
+   .doc = "at the end rank 0 writes the trained parameters here as named tensors in the "
+          "safetensors layout, loadable into a PyTorch `nn.Sequential` "
+          "([format](docs/model-format.md))"},
+  {.name = "--resume", .kind = GS_FLAG_ENUM, F(resume), .names = resume_modes, .bare = "on",
+   .help = "start from the newest valid checkpoint in `--checkpoint-dir`; none is an error, "
+           "unless =auto (then start fresh)",
    .doc = "start from the newest valid checkpoint in `--checkpoint-dir` (torn or corrupt files "
-          "are skipped with a warning)"},
+          "are skipped with a warning); none is an error, and so is one of other `--layers` "
+          "(naming both); `--resume=auto` starts fresh when there is none"},
   GS_FLAG_HEADING("Optimizer (SGD, PyTorch semantics):"),
   {.name = "--lr", .kind = GS_FLAG_DOUBLE, SGD(lr), .metavar = "LR",
    .help = "base learning rate"},
@@ -344,6 +354,8 @@ static int finish_flags(flags_t *f)
       return 2;
     }
   }
+  e->resume = f->resume != 0;
+  e->resume_auto = f->resume == 2;
   if (e->resume && !e->checkpoint_dir) {
     fprintf(stderr, "gradsync-agent: --resume needs --checkpoint-dir\n");
     return 2;

@@ -2,16 +2,21 @@
 #include "trainer.h"
 
 #include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "device_choice.h"
 #include "idx.h"
 #include "mlp.h"
+#include "safetensors.h"
 #include "sampler.h"
 #include "clock.h"
 
@@ -215,13 +220,16 @@ static int load_data(trainer_t *t)
     report(t, "%s\n", why);
     return GS_EINVAL;
   }
-  if (t->train.features != t->cfg->layers[0] || t->test.features != t->cfg->layers[0] ||
-      t->train.classes > t->cfg->layers[t->cfg->nlayers - 1]) {
-    report(t,
-           "--layers %u,...,%u does not fit the data in %s "
-           "(%u features, %u classes)\n",
-           t->cfg->layers[0], t->cfg->layers[t->cfg->nlayers - 1], t->cfg->data_dir,
-           t->train.features, t->train.classes);
+  if (t->train.features != t->cfg->layers[0] || t->test.features != t->cfg->layers[0]) {
+    report(t, "--layers %u,...: the model takes %u inputs, but the images in %s have %u pixels\n",
+           t->cfg->layers[0], t->cfg->layers[0], t->cfg->data_dir,
+           t->train.features != t->cfg->layers[0] ? t->train.features : t->test.features);
+    return GS_EINVAL;
+  }
+  /* A label the model cannot output is a data error, not a --layers one. */
+  if (gs_dataset_check_labels(&t->train, t->cfg->layers[t->cfg->nlayers - 1], why, sizeof(why)) ||
+      gs_dataset_check_labels(&t->test, t->cfg->layers[t->cfg->nlayers - 1], why, sizeof(why))) {
+    report(t, "%s\n", why);
     return GS_EINVAL;
   }
   return 0;
@@ -377,6 +385,18 @@ static int setup(trainer_t *t, gs_position_t *pos)
   err = add_settings(t);
   if (err)
     return err;
+  {
+    char desc[160];
+    size_t used = (size_t)snprintf(desc, sizeof(desc), "layers ");
+
+    for (uint32_t i = 0; i < c->nlayers && used < sizeof(desc); i++)
+      used +=
+          (size_t)snprintf(desc + used, sizeof(desc) - used, "%s%u", i ? "," : "", c->layers[i]);
+    /* Resuming with other --layers names both layouts. */
+    err = gs_engine_set_layout_desc(t->engine, desc);
+    if (err)
+      return err;
+  }
   err = gs_engine_start(t->engine);
   if (err)
     return err;
@@ -480,6 +500,60 @@ static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
   }
 }
 
+/* Rank 0 writes the trained parameters to --save-model as PyTorch's
+ * nn.Sequential(Linear, ReLU, Linear, ...) names them ("0.weight",
+ * "0.bias", "2.weight", ...): the MLP's weights are [out x in] row-major,
+ * as torch's, so the file loads with load_state_dict as it is. */
+static int save_model(trainer_t *t, uint64_t step)
+{
+  const gs_trainer_config_t *c = t->cfg;
+  uint32_t n = gs_mlp_param_count(t->mlp);
+  gs_st_tensor_t tensors[2 * (GS_TRAINER_MAX_LAYERS - 1)];
+  char names[2 * (GS_TRAINER_MAX_LAYERS - 1)][24], layers[192], steps[32], why[1024];
+  float *host[2 * (GS_TRAINER_MAX_LAYERS - 1)] = {NULL};
+  size_t used = 0;
+  int err = 0;
+
+  for (uint32_t i = 0; i < c->nlayers && used < sizeof(layers); i++)
+    used +=
+        (size_t)snprintf(layers + used, sizeof(layers) - used, "%s%u", i ? "," : "", c->layers[i]);
+  snprintf(steps, sizeof(steps), "%" PRIu64, step);
+  for (uint32_t i = 0; i < n && !err; i++) {
+    gs_param_desc_t d = gs_mlp_param_desc(t->mlp, i);
+    uint32_t l = i / 2;
+
+    snprintf(names[i], sizeof(names[i]), "%u.%s", 2 * l, i % 2 ? "bias" : "weight");
+    tensors[i] = (gs_st_tensor_t){
+        .name = names[i], .ndims = i % 2 ? 1 : 2, .shape = {c->layers[l + 1], c->layers[l]}};
+    host[i] = malloc(d.elements * sizeof(float) + 1);
+    err = host[i] ? gs_device_download(t->dev, host[i], gs_engine_param(t->engine, i),
+                                       d.elements * sizeof(float))
+                  : GS_ENOMEM;
+    tensors[i].data = host[i];
+  }
+  if (err)
+    report(t, "--save-model %s: cannot copy the parameters from %s: %s\n", c->save_model,
+           t->dev->label, gs_strerror(err));
+  else {
+    gs_st_meta_t meta[] = {{"format", "pt"},
+                           {"gradsync.model", "mlp"},
+                           {"gradsync.layers", layers},
+                           {"gradsync.activation", "relu"},
+                           {"gradsync.step", steps}};
+
+    err = gs_safetensors_write(c->save_model, tensors, n, meta, sizeof(meta) / sizeof(meta[0]), why,
+                               sizeof(why));
+    if (err)
+      report(t, "--save-model: %s\n", why);
+    else
+      gs_log(t->log, GS_LOG_INFO, t->job, 0, "model (layers %s, step %" PRIu64 ") saved to %s",
+             layers, step, c->save_model);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    free(host[i]);
+  return err;
+}
+
 static void trainer_free(trainer_t *t)
 {
   gs_engine_free(t->engine);
@@ -491,13 +565,32 @@ static void trainer_free(trainer_t *t)
   gs_device_destroy(t->dev);
 }
 
+/* --save-model's folder must exist and be writable now, not after training. */
+static int check_save_model(trainer_t *t)
+{
+  char dir[PATH_MAX];
+  struct stat sb;
+
+  if (!t->cfg->save_model)
+    return 0;
+  snprintf(dir, sizeof(dir), "%s", t->cfg->save_model);
+  if (!*dir || stat(dirname(dir), &sb) != 0 || !S_ISDIR(sb.st_mode) || access(dir, W_OK) != 0) {
+    report(t, "--save-model %s: the folder %s %s\n", t->cfg->save_model, dir,
+           stat(dir, &sb) != 0 ? "does not exist" : "is not a writable folder");
+    return GS_EINVAL;
+  }
+  return 0;
+}
+
 int gs_trainer_run(const gs_trainer_config_t *cfg)
 {
   trainer_t t = {.cfg = cfg, .log = cfg->engine.log, .job = cfg->engine.coord.job};
   gs_position_t pos;
   int err;
 
-  err = load_data(&t);
+  err = check_save_model(&t);
+  if (!err)
+    err = load_data(&t);
   if (!err)
     err = setup(&t, &pos);
   if (!err) {
@@ -508,6 +601,8 @@ int gs_trainer_run(const gs_trainer_config_t *cfg)
     err = train(&t, pos, &done);
     if (!err)
       summary(&t, pos.step, done);
+    if (!err && cfg->save_model && t.rank == 0)
+      err = save_model(&t, done);
   }
   if (err && t.engine && !t.reported)
     report(&t, "%s\n", gs_engine_error(t.engine));

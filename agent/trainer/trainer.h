@@ -27,6 +27,7 @@ typedef struct gs_trainer_config {
   bool shuffle;
   uint64_t log_interval_ms; /* progress lines */
   bool validate;            /* a validation pass at each epoch end */
+  const char *save_model;   /* rank 0 writes the trained params here (safetensors); NULL: not */
 } gs_trainer_config_t;
 
 /* Trains; returns 0 when training finished or was stopped cleanly, else a

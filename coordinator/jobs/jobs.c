@@ -232,6 +232,12 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
   }
 }
 
+bool gs__jobs_checkpoints_off(const gs_job_t *job)
+{
+  return job->ranks && job->world_size > 0 && job->ranks[0] &&
+         job->ranks[0]->req.checkpoints == gradsync_Checkpoints_CHECKPOINTS_OFF;
+}
+
 void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_action_t action)
 {
   const gs_log_t *log = job->jobs->cfg.log;

@@ -49,6 +49,12 @@ typedef enum gs_job_action {
   GS_JOB_ACTION_STOP,
 } gs_job_action_t;
 
+/* Whether the job's rank 0 (of the running or last generation) said at
+ * Join that it writes no checkpoints, so a checkpoint request would be
+ * acted on by nobody. False when it said it does, said nothing (an older
+ * agent), or no rank 0 is known yet. */
+bool gs__jobs_checkpoints_off(const gs_job_t *job);
+
 /* Sets the broadcast period (when set_period) and/or applies `action`;
  * every rank sees it in its next heartbeat reply. */
 void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_action_t action);

@@ -13,7 +13,8 @@
 #               tests/gpu/test_gpu_agent.py lists (parity, nccl1, training, ...)
 # Environment: PYTHON (default: a python3 that imports torch), GS_BENCH_ARGS
 # (extra arguments for bench/gpu_vs_torch.py, e.g. "--pairs 1").
-# Exit status: 0 when nothing FAILED (SKIPs allowed), 1 otherwise.
+# Exit status: 0 when nothing FAILED (SKIPs allowed), 1 otherwise; 77 (skipped,
+# as ctest and automake read it) when no GPU is visible and nothing FAILED.
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=${2:?--data needs a folder}; shift 2 ;;
     --only) only=${2:?--only needs a list}; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) say "unknown option $1"; exit 2 ;;
     *) if [ -z "$bundle" ]; then bundle=$1; elif [ -z "$report" ]; then report=$1
        else say "too many arguments"; exit 2; fi; shift ;;
@@ -132,6 +133,13 @@ else
   say "warning: no nvidia-smi"
 fi
 say "GPU: $gpu_name, compute capability $gpu_cc, driver $gpu_driver, CUDA (driver) $gpu_cuda"
+# What the tests themselves ask (test_gpu_agent.py): without a GPU every
+# case skips, and the benchmark is skipped here rather than failed.
+no_gpu=""
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  no_gpu="no CUDA device visible (nvidia-smi -L lists none)"
+  say "SKIP: $no_gpu; the tests will skip and the benchmark is not run"
+fi
 
 # --- data --------------------------------------------------------------------
 has_data() { [ -e "$1/train-images-idx3-ubyte.gz" ] || [ -e "$1/train-images-idx3-ubyte" ]; }
@@ -258,7 +266,8 @@ done
 # d: gradsync vs PyTorch on this GPU.
 bench_py=$(find_script "$bundle/bench/gpu_vs_torch.py" "$here/../../bench/gpu_vs_torch.py" \
            "$here/../bench/gpu_vs_torch.py" "$bin/gpu_vs_torch.py")
-if [ -z "$bench_py" ]; then fail_case bench "bench/gpu_vs_torch.py missing from the bundle"
+if [ -n "$no_gpu" ]; then skip_case bench "$no_gpu"
+elif [ -z "$bench_py" ]; then fail_case bench "bench/gpu_vs_torch.py missing from the bundle"
 elif [ -z "$data" ]; then fail_case bench "no Fashion-MNIST data (--data DIR or GS_DATA)"
 else
   rm -f "$report/bench.md" "$report/bench.json"
@@ -270,4 +279,8 @@ fi
 write_report
 echo
 cat "$report/report.md"
+if [ -n "$no_gpu" ] && [ "$any_fail" -eq 0 ]; then
+  say "SKIP: $no_gpu: nothing ran on a GPU (exit 77)"
+  exit 77
+fi
 exit "$any_fail"

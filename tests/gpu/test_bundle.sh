@@ -42,4 +42,16 @@ out=$("$b/bin/gradsync-run" --nproc 1 --device cpu --steps 30 --no-validate \
       --log-level warn 2>&1) || fail "bundled training failed: $out"
 grep -q "final:" <<<"$out" || fail "no final line: $out"
 echo "test_bundle: bundled training: $(grep final: <<<"$out")"
+
+# Without a GPU the bundle's run.sh skips (exit 77, the benchmark SKIP),
+# never FAILs: what a GPU-less machine reports is "nothing to run here".
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  rc=0
+  out=$(bash "$b/bin/run.sh" "$b" "$tmp/report" --only kernels,parity,bench 2>&1) || rc=$?
+  [ "$rc" -eq 77 ] || fail "run.sh without a GPU exited $rc, want 77: $out"
+  grep -q '^| bench | SKIP | 0 | no CUDA device visible' "$tmp/report/report.md" ||
+    fail "run.sh without a GPU did not mark the benchmark SKIP: $(cat "$tmp/report/report.md")"
+  ! grep -q '| FAIL |' "$tmp/report/report.md" || fail "run.sh without a GPU: a FAIL: $out"
+  echo "test_bundle: run.sh without a GPU: skipped (exit 77), benchmark SKIP"
+fi
 echo "test_bundle: ok"

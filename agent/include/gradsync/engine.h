@@ -121,11 +121,15 @@ typedef struct gs_engine_config {
   uint64_t pack_threshold;    /* largest gradient pack in bytes (default 10 MiB) */
   gs_reduce_op_t reduce;      /* default GS_REDUCE_MEAN */
   gs_sgd_config_t sgd;
-  int32_t bcast_period;        /* -1 never, 0 once at start (default), P after every P-th step */
-  const char *checkpoint_dir;  /* NULL: no checkpoints; copied by gs_engine_new */
-  uint64_t checkpoint_every;   /* steps; 0: only when asked (default) */
-  uint32_t checkpoint_keep;    /* default 3 */
-  bool resume;                 /* start from the newest valid checkpoint */
+  int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
+  const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
+  uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
+  uint32_t checkpoint_keep;   /* default 3 */
+  /* Start from the newest valid checkpoint: none is an error (so is one of
+   * another layout), unless resume_auto, which starts fresh when there is
+   * none (not when there is one of another layout). */
+  bool resume;
+  bool resume_auto;
   uint64_t join_timeout_ms;    /* waiting for the other ranks (default 5 min) */
   uint64_t rpc_timeout_ms;     /* any other coordinator call (default 30 s) */
   uint64_t comm_timeout_ms;    /* no progress inside a collective (default 2 min) */
@@ -231,6 +235,12 @@ GS_ENGINE_API int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult
 GS_ENGINE_API int gs_engine_add_setting(gs_engine_t *e, const char *name,
                                         const char *value) GS_ENGINE_WARN_UNUSED;
 
+/* Describes the model's layout in words for its checkpoints ("layers
+ * 784,256,10"; at most 4096 bytes, copied), so that resuming with another
+ * model names both layouts. Call before start; without it the engine
+ * describes the registered parameters by name and size. */
+GS_ENGINE_API int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc) GS_ENGINE_WARN_UNUSED;
+
 /* Joins the job, agrees on the pack list, allocates the packs, connects the
  * ranks. The heartbeat starts right after the Join, so that a slow
  * collective init neither looks like a lost rank nor misses an abort. */
@@ -253,8 +263,10 @@ GS_ENGINE_API uint32_t gs_engine_param_pack(const gs_engine_t *e, uint32_t i);
 
 /* Makes every rank start from the same state: with resume rank 0 loads
  * the newest valid checkpoint and broadcasts params, momentum and position
- * (`pos` is overwritten); otherwise, unless the broadcast period is -1,
- * rank 0's params are broadcast. */
+ * (`pos` is overwritten); no valid checkpoint is an error unless
+ * resume_auto (then it starts fresh and says so); a checkpoint of another
+ * layout is an error naming both layouts. Otherwise, unless the broadcast
+ * period is -1, rank 0's params are broadcast. */
 GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
 
 /* After forward, before backward: `loss` is this rank's loss (a non-finite
@@ -306,7 +318,11 @@ GS_ENGINE_API int gs_engine_checkpoint_wait(gs_engine_t *e) GS_ENGINE_WARN_UNUSE
 GS_ENGINE_API void gs_engine_report(gs_engine_t *e, const gs_progress_t *p);
 
 /* Leaves the job (finished or failed, with a reason), stops the heartbeat
- * and closes the collective connections. */
+ * and closes the collective connections. When `finished` and a checkpoint
+ * dir is set, rank 0 first checkpoints the position of the last step
+ * (unless a checkpoint of that step was taken already), so a run that
+ * ends well keeps its model; a failure to write it turns `finished` into
+ * a failure (see gs_engine_error). */
 GS_ENGINE_API void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason);
 
 #ifdef __cplusplus
