@@ -47,6 +47,10 @@ if [ -z "$rt" ]; then
   [ -n "$rt" ] || skip "neither podman nor docker can reach a container engine here (install: scripts/install-deps.sh --containers)"
 fi
 command -v "$rt" >/dev/null || skip "$rt is not installed"
+if ! timeout 20 "$rt" info >/dev/null 2>&1; then
+  why=$(timeout 20 "$rt" info 2>&1 | grep -i -m1 -E 'error|cannot' || true)
+  skip "$rt cannot reach its engine (${why:-$rt info fails})"
+fi
 
 # Options that each `run` needs on this machine, found by trying: podman's
 # default runtime (crun) may not start containers in a sandbox without
