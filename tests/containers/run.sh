@@ -164,6 +164,8 @@ cleanup() {
   local rc=$?
   if [ ${#compose[@]} -gt 0 ]; then
     "${compose[@]}" down >/dev/null 2>&1 || true
+    # down can miss a container its restart policy is restarting.
+    "$rt" ps -aq --filter "label=com.docker.compose.project=$run_id" | xargs -r "$rt" rm -f >/dev/null 2>&1 || true
   fi
   "$rt" rm -f -t 2 "${containers[@]}" >/dev/null 2>&1 || "$rt" rm -f "${containers[@]}" >/dev/null 2>&1 || true
   # podman-compose 1.0.3's down leaves the project's network.
