@@ -81,7 +81,14 @@ runtime() {
     # Only what the base lacks: the CUDA base holds (apt-mark) its NCCL.
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || set -- "$@" "$p"
   done
-  [ "$data" = 1 ] && set -- "$@" dataset-fashion-mnist
+  if [ "$data" = 1 ]; then
+    apt-get update -qq
+    apt-cache show dataset-fashion-mnist >/dev/null 2>&1 || {
+      echo "build.sh: dataset-fashion-mnist is not in this base's archive: build without WITH_DATA=1 and mount the IDX files (agent --data DIR)" >&2
+      exit 1
+    }
+    set -- "$@" dataset-fashion-mnist
+  fi
   if [ $# -gt 0 ]; then apt_install "$@"; fi
   groupadd --system --gid 10001 gradsync
   useradd --system --uid 10001 --gid gradsync --no-create-home --home-dir /nonexistent \
