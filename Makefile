@@ -3,7 +3,7 @@ BUILD      ?= build
 BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan demo clean
+.PHONY: all deps build test test-asan test-containers demo clean
 
 all: build
 
@@ -26,6 +26,13 @@ test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DGS_SANITIZE=ON -DGS_CUDA=OFF >/dev/null
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) --timeout 300 -L asan
+
+# The images (docker/): builds them with podman or docker and trains the demo
+# job in containers, by hand and with docker/compose.yaml. Installs podman,
+# debootstrap and podman-compose first (scripts/install-deps.sh --containers).
+test-containers:
+	@scripts/install-deps.sh --containers
+	tests/containers/run.sh
 
 demo: build
 	scripts/demo.sh $(BUILD)

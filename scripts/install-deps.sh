@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages gradsync needs to build and test, and any
-# named as arguments (what a benchmark needs beyond them).
+# named as arguments (what a benchmark needs beyond them). With
+# --containers, also what `make test-containers` needs: podman (and
+# buildah, runc), debootstrap for a base image when no registry is
+# reachable, podman-compose.
 # Quiet when everything is already present; needs root (or sudo) otherwise.
 set -euo pipefail
+
+extra=()
+if [ "${1:-}" = "--containers" ]; then
+  shift
+  extra=(podman buildah runc debootstrap podman-compose slirp4netns uidmap fuse-overlayfs
+    golang-github-containernetworking-plugin-dnsname)
+fi
 
 packages=(
   build-essential cmake pkg-config
@@ -14,6 +24,7 @@ packages=(
   curl python3-yaml
   python3-dev python3-torch python3-numpy
   iproute2 iptables
+  "${extra[@]}"
   "$@"
 )
 
