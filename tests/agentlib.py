@@ -5,6 +5,7 @@ and SIGTERM scenarios both run on their own device."""
 import json
 import re
 import signal
+import socket
 import time
 import urllib.request
 
@@ -77,3 +78,16 @@ def check_sigterm(p, lines, ckpt_dir, timeout=60):
     assert ck["step"] == int(stop.group(1)), (ck["step"], stop.group(1))
     assert "rank 1 exited" not in text, text[-3000:]
     return stop.group(1)
+
+
+def node_address():
+    """An address of this machine that is not loopback, as another node
+    would reach it (agents advertise the address they reach the coordinator
+    from, and a job of two node names on loopback is refused), or 127.0.0.1
+    when it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

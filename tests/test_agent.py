@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
-from agentlib import check_control, check_sigterm, wait_for  # noqa: E402
+from agentlib import check_control, check_sigterm, node_address, wait_for  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -585,19 +584,6 @@ def clean_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(DIALECTS)}
     env.update(extra)
     return env
-
-
-def node_address():
-    """An address of this machine that is not loopback, as another node
-    would reach it (agents advertise the address they reach the
-    coordinator from, and a job of two node names on loopback is refused),
-    or 127.0.0.1 when it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
 
 
 def job_state(http, job):

@@ -852,6 +852,13 @@ START_TEST(endpoints)
 }
 END_TEST
 
+/* Rank 0 of a world of two whose addresses are addrs. */
+static gs_comm_setup_t rank0_of_two(const char **addrs)
+{
+  return (gs_comm_setup_t){
+      .rank = 0, .world_size = 2, .generation = 1, .peer_addrs = addrs, .timeout_ms = 60000};
+}
+
 /* A peer that cannot be reached fails within the connect timeout, with a
  * message naming both ranks, the address and the likely cause. */
 START_TEST(unreachable_peer_fails_within_connect_timeout)
@@ -859,15 +866,11 @@ START_TEST(unreachable_peer_fails_within_connect_timeout)
   char self[64], peer[64], want[160];
   const char *addrs[2] = {self, peer};
   gs_comm_t *c = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1"}, 0, self, sizeof(self));
-  gs_comm_setup_t setup = {.rank = 0,
-                           .world_size = 2,
-                           .generation = 1,
-                           .peer_addrs = addrs,
-                           .timeout_ms = 60000,
-                           .connect_timeout_ms = 300};
+  gs_comm_setup_t setup = rank0_of_two(addrs);
   uint64_t t0;
 
   snprintf(peer, sizeof(peer), "127.0.0.1:%u", free_port()); /* nothing listens there */
+  setup.connect_timeout_ms = 300;
   t0 = gs_now_ms();
   ck_assert_int_eq(gs_comm_init(c, &setup), GS_ETIMEDOUT);
   ck_assert_uint_lt(gs_now_ms() - t0, 5000);
@@ -897,16 +900,12 @@ START_TEST(signal_ends_connecting)
   char self[64], peer[64];
   const char *addrs[2] = {self, peer};
   gs_comm_t *c = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1"}, 0, self, sizeof(self));
-  gs_comm_setup_t setup = {.rank = 0,
-                           .world_size = 2,
-                           .generation = 1,
-                           .peer_addrs = addrs,
-                           .timeout_ms = 60000,
-                           .interrupt = &term_flag};
+  gs_comm_setup_t setup = rank0_of_two(addrs);
   pthread_t t;
   uint64_t t0;
 
   snprintf(peer, sizeof(peer), "127.0.0.1:%u", free_port());
+  setup.interrupt = &term_flag;
   term_flag = 0;
   ck_assert_int_eq(pthread_create(&t, NULL, raise_term_later, NULL), 0);
   t0 = gs_now_ms();

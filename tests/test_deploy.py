@@ -28,6 +28,8 @@ except ImportError:
 CASE, BIN_DIR, SRC = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
 K8S = os.path.join(SRC, "deploy", "kubernetes")
 SBATCH = os.path.join(SRC, "deploy", "slurm", "train.sbatch")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from agentlib import node_address  # noqa: E402
 
 def help_flags(program):
     """The flags `program --help` lists (aliases too)."""
@@ -269,19 +271,6 @@ for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit $rc
 """
 FAKE_SCONTROL = "#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo {host}\n"
-
-
-def node_address():
-    """An address of this machine that is not loopback, as another node
-    would reach it (agents advertise the address they reach the coordinator
-    from, and a job of two node names on loopback is refused), or 127.0.0.1
-    when it has none."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
 
 
 def sbatch_commands():

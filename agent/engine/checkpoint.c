@@ -5,6 +5,7 @@
 #include "checkpoint.h"
 #include "why.h"
 #include "byteorder.h"
+#include "fileio.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -209,23 +210,8 @@ int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len)
  * *crc; -1 with errno set on failure. */
 static int write_all(int fd, const void *buf, size_t len, uint32_t *crc)
 {
-  const uint8_t *p = buf;
-
   *crc = crc_update(*crc, buf, len);
-  while (len > 0) {
-    ssize_t n = write(fd, p, len < IO_CHUNK ? len : IO_CHUNK);
-
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0) {
-      if (n == 0)
-        errno = ENOSPC;
-      return -1;
-    }
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
+  return gs_write_all(fd, buf, len);
 }
 
 /* Streams header, buffers and trailer of `st` into the open file `fd`

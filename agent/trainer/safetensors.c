@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "byteorder.h"
+#include "fileio.h"
 #include "why.h"
 
 /* The floats go to disk as they lie in memory. */
@@ -95,26 +96,6 @@ out:
   return s;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-  const uint8_t *p = buf;
-
-  while (len > 0) {
-    ssize_t k = write(fd, p, len < (1u << 30) ? len : (1u << 30));
-
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k <= 0) {
-      if (k == 0)
-        errno = ENOSPC;
-      return -1;
-    }
-    p += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
-
 /* Length prefix, padded header, then each tensor's bytes. */
 static int write_file(int fd, const char *tmp, const char *json, const gs_st_tensor_t *t, size_t n,
                       char *why, size_t why_len)
@@ -128,13 +109,13 @@ static int write_file(int fd, const char *tmp, const char *json, const gs_st_ten
   memcpy(hdr, json, len);
   memset(hdr + len, ' ', padded - len);
   gs_store_le64(prefix, padded);
-  if (write_all(fd, prefix, sizeof(prefix)) || write_all(fd, hdr, padded)) {
+  if (gs_write_all(fd, prefix, sizeof(prefix)) || gs_write_all(fd, hdr, padded)) {
     free(hdr);
     return sys_fail(why, why_len, tmp, "write");
   }
   free(hdr);
   for (size_t i = 0; i < n; i++)
-    if (write_all(fd, t[i].data, (size_t)tensor_bytes(&t[i])))
+    if (gs_write_all(fd, t[i].data, (size_t)tensor_bytes(&t[i])))
       return sys_fail(why, why_len, tmp, "write");
   if (fsync(fd) != 0)
     return sys_fail(why, why_len, tmp, "fsync");
