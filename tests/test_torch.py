@@ -4,12 +4,14 @@ starts tests/torch_worker.py on each rank (any command, like torchrun).
 
 usage: test_torch.py CASE BIN_DIR PYTHON_DIR
 """
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +92,59 @@ def case_zero_copy(tmp):
     assert none["copies"] == 10 * len(none["params"]), none["copies"]
     assert all(torch.equal(a, b) for a, b in zip(plain["params"], none["params"]))
     print(f"zero copy: views of the packs; set_to_none: {none['copies']} copies, same params")
+
+
+def case_resume(tmp):
+    """checkpoint_dir and resume=True: 10 steps, then a new job that resumes
+    and trains to 20, ends where 20 steps in one go end (params and momentum
+    come back from the checkpoint)."""
+    ck = os.path.join(tmp, "ck")
+    straight = tempfile.mkdtemp(dir=tmp)
+    run(2, "resume", straight, f"dir={os.path.join(tmp, 'unused')}", "steps=20")
+    first, second = tempfile.mkdtemp(dir=tmp), tempfile.mkdtemp(dir=tmp)
+    run(2, "resume", first, f"dir={ck}", "steps=10")
+    run(2, "resume", second, f"dir={ck}", "steps=20", "resume=1")
+    assert result(second, 0)["start"] == 10, result(second, 0)["start"]
+    want, got = result(straight, 0)["params"], result(second, 0)["params"]
+    assert all(torch.equal(a, b) for a, b in zip(want, got)), rel(got, want)
+    print("resume: 10 steps, then resumed to 20, equals 20 in one go (bit for bit)")
+
+
+def case_status(tmp):
+    """Progress reaches the coordinator's status page with no extra code:
+    each rank's step, loss, samples/s and timings."""
+    env = dict(os.environ, PYTHONPATH=PY_DIR)
+    p = subprocess.Popen([RUN, "--nproc", "2", "--", sys.executable, WORKER, "slow", tmp,
+                          "steps=500"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env)
+    try:
+        url = None
+        for line in p.stdout:
+            m = re.search(r"status at (http://\S+)/status", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "gradsync-run printed no status URL"
+        ranks, deadline = [], time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(url + "/jobs/local", timeout=5) as r:
+                    ranks = json.load(r).get("ranks", [])
+            except OSError:
+                continue
+            if len(ranks) == 2 and all(x["step"] > 5 and x["samples_per_sec"] > 0 for x in ranks):
+                break
+        assert len(ranks) == 2, ranks
+        for x in ranks:
+            assert x["step"] > 5 and x["loss"] > 0 and x["samples_per_sec"] > 0 and \
+                x["compute_ms"] > 0, ranks
+        print(f"status page: rank 0 at step {ranks[0]['step']}, loss {ranks[0]['loss']:.3f}, "
+              f"{ranks[0]['samples_per_sec']:.0f} samples/s")
+    finally:
+        p.stdout.read()
+        p.wait(timeout=60)
+    assert p.returncode == 0, p.returncode
 
 
 def case_buffers(tmp):

@@ -64,6 +64,37 @@ def equivalence():
     save(params=[p.detach().clone() for p in model.parameters()], views=views, copies=opt.copies)
 
 
+def resume():
+    """Trains to `steps` from wherever the checkpoint leaves it."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, checkpoint_dir=OPTS["dir"], checkpoint_every=10,
+                                  resume=OPTS.get("resume") == "1", **sgd_args())
+    steps, batch, start = int(OPTS["steps"]), 8, opt.position[0]
+    x, y = data(20, batch, gs.world_size())  # the same examples whatever `steps`
+    r = gs.rank()
+    for s in range(start, steps):
+        loss = F.cross_entropy(model(x[s, r * batch:(r + 1) * batch]), y[s, r * batch:(r + 1) * batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+    save(params=[p.detach().clone() for p in model.parameters()], start=start)
+
+
+def slow():
+    """Trains for a few seconds, slowly, for the status page to be read."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, **sgd_args())
+    x, y = data(1, 8, gs.world_size())
+    for _ in range(int(OPTS.get("steps", 400))):  # the same count on every rank
+        loss = F.cross_entropy(model(x[0]), y[0])
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+        time.sleep(0.01)
+
+
 def buffers():
     gs.init()
     model = mlp(seed=gs.local_rank(), bn=True)  # unlike params and buffers on each rank
