@@ -37,6 +37,7 @@ static void on_term(int sig)
 typedef struct {
   PyObject_HEAD gs_engine_t *engine;
   bool started, finished;
+  bool on_device; /* a cuda device: pack memory is GPU memory */
   uint32_t nparams;
   uint64_t *numel; /* per registered param */
 } EngineObject;
@@ -94,14 +95,42 @@ typedef struct {
   PyObject_HEAD PyObject *owner; /* the EngineObject */
   void *ptr;
   Py_ssize_t len;
+  bool on_device; /* GPU memory: __cuda_array_interface__, not the buffer protocol */
 } BufferObject;
 
 static int buffer_get(PyObject *obj, Py_buffer *view, int flags)
 {
   BufferObject *b = (BufferObject *)obj;
 
+  if (b->on_device) {
+    PyErr_SetString(PyExc_BufferError,
+                    "GPU memory: use __cuda_array_interface__ (torch.as_tensor(b, device=...))");
+    view->obj = NULL;
+    return -1;
+  }
   return PyBuffer_FillInfo(view, obj, b->ptr, b->len, 0, flags);
 }
+
+/* Numba's CUDA array interface (version 3), which torch.as_tensor reads:
+ * a flat float32 array; "stream": None, since the engine queues its work
+ * on the framework's own stream. */
+static PyObject *buffer_cuda_interface(BufferObject *b, void *unused)
+{
+  (void)unused;
+  if (!b->on_device) {
+    PyErr_SetString(PyExc_AttributeError, "host memory: use the buffer protocol");
+    return NULL;
+  }
+  return Py_BuildValue("{s:(n),s:s,s:(NO),s:i,s:O}", "shape", b->len / (Py_ssize_t)sizeof(float),
+                       "typestr", "<f4", "data", PyLong_FromVoidPtr(b->ptr), Py_False, "version", 3,
+                       "stream", Py_None);
+}
+
+static PyGetSetDef buffer_getset[] = {
+    {"__cuda_array_interface__", (getter)buffer_cuda_interface, NULL,
+     "the GPU memory, for torch.as_tensor", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyBufferProcs buffer_procs = {.bf_getbuffer = buffer_get};
 
@@ -130,6 +159,7 @@ static PyTypeObject BufferType = {
     .tp_dealloc = (destructor)buffer_dealloc,
     .tp_as_buffer = &buffer_procs,
     .tp_methods = buffer_methods,
+    .tp_getset = buffer_getset,
 };
 
 static PyObject *buffer_new(EngineObject *owner, void *ptr, Py_ssize_t len)
@@ -142,6 +172,7 @@ static PyObject *buffer_new(EngineObject *owner, void *ptr, Py_ssize_t len)
   b->owner = (PyObject *)owner;
   b->ptr = ptr;
   b->len = len;
+  b->on_device = owner->on_device;
   return (PyObject *)b;
 }
 
@@ -277,6 +308,14 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     }
     return 0;
   }
+  if (!strcmp(key, "cuda_stream")) {
+    void *p = PyLong_AsVoidPtr(v);
+
+    if (!p && PyErr_Occurred())
+      return -1;
+    c->cuda_stream = p;
+    return 0;
+  }
   if (!strcmp(key, "node"))
     return copy_str(v, c->node, sizeof(c->node), key);
   if (!strcmp(key, "device"))
@@ -402,6 +441,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
     goto out;
   }
   cfg.term_flag = &term_flag;
+  self->on_device = strncmp(cfg.device, "cuda", 4) == 0;
   self->engine = gs_engine_new(&cfg);
   if (!self->engine) {
     PyErr_NoMemory();

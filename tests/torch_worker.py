@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import gradsync.torch as gs
 
 OPTS = {}
+DEVICE = "cpu"
 
 
 def mlp(seed=0, hidden=16, bn=False):
@@ -21,7 +22,15 @@ def mlp(seed=0, hidden=16, bn=False):
     if bn:
         layers.append(nn.BatchNorm1d(hidden))
     layers += [nn.ReLU(), nn.Linear(hidden, 3)]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(DEVICE)
+
+
+def one_gpu_ranks():
+    """Every rank on GPU 0, each posing as a host of its own for NCCL (a
+    NCCL_HOSTID each, sockets over loopback), as tests/gpu/one_gpu_ranks.sh
+    does for the agent."""
+    os.environ.update(NCCL_HOSTID=f"gradsync-rank-{os.environ.get('LOCAL_RANK', '0')}",
+                      NCCL_NET="Socket", NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
 
 
 def data(steps, batch, world):
@@ -30,7 +39,7 @@ def data(steps, batch, world):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(steps, batch * world, 20, generator=g)
     y = torch.randint(0, 3, (steps, batch * world), generator=g)
-    return x, y
+    return x.to(DEVICE), y.to(DEVICE)
 
 
 def sgd_args():
@@ -61,7 +70,8 @@ def equivalence():
     train(model, opt, steps, batch, set_to_none=OPTS.get("set_to_none") == "1")
     views = [(p.data_ptr(), p.grad.data_ptr(), opt._param_views[i].data_ptr(),
               opt._grad_views[i].data_ptr()) for i, p in enumerate(opt.params)]
-    save(params=[p.detach().clone() for p in model.parameters()], views=views, copies=opt.copies)
+    save(params=[p.detach().cpu().clone() for p in model.parameters()], views=views,
+         copies=opt.copies)
 
 
 def resume():
@@ -188,4 +198,7 @@ def no_coordinator():
 if __name__ == "__main__":
     SCENARIO, OUT = sys.argv[1], sys.argv[2]
     OPTS.update(a.split("=", 1) for a in sys.argv[3:])
+    DEVICE = OPTS.get("device", "cpu")
+    if DEVICE == "cuda":
+        one_gpu_ranks()
     globals()[SCENARIO]()

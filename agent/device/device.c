@@ -116,3 +116,8 @@ int gs_device_sync(gs_device_t *d)
 {
   return d->ops->sync(d);
 }
+
+int gs_device_use_stream(gs_device_t *d, void *stream)
+{
+  return d->ops->use_stream ? d->ops->use_stream(d, stream) : GS_EINVAL;
+}

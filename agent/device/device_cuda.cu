@@ -46,7 +46,8 @@ typedef struct cuda_device {
   gs_device_t base;
   int index;
   cudaStream_t stream;
-  int sticky; /* first error of a void operation since the last sync */
+  bool own_stream; /* created here (else the caller's: gs_device_use_stream) */
+  int sticky;      /* first error of a void operation since the last sync */
   seg_cache_t *tables;
   uint32_t ntables, cap_tables;
 } cuda_device_t;
@@ -350,8 +351,28 @@ static void cuda_destroy(gs_device_t *base)
   for (uint32_t i = 0; i < d->ntables; i++)
     table_drop(d, &d->tables[i]);
   free(d->tables);
-  GS_CUDA_STATUS(base->log, cudaStreamDestroy(d->stream));
+  if (d->own_stream)
+    GS_CUDA_STATUS(base->log, cudaStreamDestroy(d->stream));
   free(d);
+}
+
+/* Moves to the caller's stream: ours is drained first, so nothing queued
+ * on it is lost, then destroyed. */
+static int cuda_use_stream(gs_device_t *base, void *stream)
+{
+  cuda_device_t *d = cd(base);
+  int err = enter(d);
+
+  if (!err)
+    err = GS_CUDA_STATUS(base->log, cudaStreamSynchronize(d->stream));
+  if (err)
+    return err;
+  if (d->own_stream)
+    GS_CUDA_STATUS(base->log, cudaStreamDestroy(d->stream));
+  d->stream = (cudaStream_t)stream;
+  d->own_stream = false;
+  d->base.stream = stream;
+  return 0;
 }
 
 static const gs_device_ops_t cuda_ops = {
@@ -366,6 +387,7 @@ static const gs_device_ops_t cuda_ops = {
     .sgd_pack = cuda_sgd_pack,
     .fail = cuda_fail,
     .sync = cuda_sync,
+    .use_stream = cuda_use_stream,
     .destroy = cuda_destroy,
 };
 
@@ -414,6 +436,7 @@ extern "C" gs_device_t *gs__device_cuda_new(int index, const gs_log_t *log, char
   }
   if (err)
     goto out_free_device;
+  d->own_stream = true;
   d->base.stream = (void *)d->stream;
   return &d->base;
 

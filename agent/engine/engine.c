@@ -408,6 +408,10 @@ static int open_device(gs_engine_t *e)
     return GS_EUNAVAIL;
   }
   e->owns_dev = true;
+  if (!cpu && e->cfg.cuda_stream && gs_device_use_stream(e->cfg.dev, e->cfg.cuda_stream)) {
+    gs_set_why(e->error, sizeof(e->error), "cannot queue %s's work on the given CUDA stream", name);
+    return GS_EUNAVAIL;
+  }
   return 0;
 }
 

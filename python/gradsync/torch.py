@@ -248,10 +248,15 @@ class DistributedOptimizer:
             self._buffers = []
         if not named:
             raise ValueError("the model has no parameter that requires a gradient")
+        devices = {p.device for _, p in named}
         for n, p in named:
-            if p.dtype != torch.float32 or p.device.type != "cpu":
+            if p.dtype != torch.float32 or p.device.type not in ("cpu", "cuda"):
                 raise Error(f"parameter '{n}' is {p.dtype} on {p.device}: gradsync.torch trains "
-                            "float32 parameters on the cpu (CUDA tensors are not supported yet)")
+                            "float32 parameters on the cpu or one GPU")
+        if len(devices) != 1:
+            raise Error(f"the parameters are on several devices ({sorted(map(str, devices))}): "
+                        "a rank trains on one")
+        self.device = devices.pop()
         self._named = named
         self.params = [p for _, p in named]
         self.find_unused_parameters = find_unused_parameters
@@ -262,7 +267,7 @@ class DistributedOptimizer:
                    warmup_factor=warmup_factor, schedule=schedule, step_size=step_size,
                    gamma=gamma, total_steps=total_steps, checkpoint_every=checkpoint_every,
                    resume=resume, join_timeout=join_timeout, comm_timeout=comm_timeout,
-                   connect_timeout=connect_timeout, device="cpu", backend="host")
+                   connect_timeout=connect_timeout, **self._device_config())
         if bias_weight_decay is not None:
             cfg["bias_wd"] = bias_weight_decay
         if checkpoint_dir:
@@ -304,6 +309,22 @@ class DistributedOptimizer:
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._batch = args[0].shape[0]
 
+    def _device_config(self):
+        """cpu with the host backend; a GPU with NCCL, the engine's device
+        work queued on PyTorch's current stream (so they need no events)."""
+        if self.device.type == "cpu":
+            return {"device": "cpu", "backend": "host"}
+        index = self.device.index if self.device.index is not None else \
+            torch.cuda.current_device()
+        stream = torch.cuda.current_stream(index).cuda_stream
+        return {"device": f"cuda:{index}", "backend": "nccl",
+                "cuda_stream": stream or 1}  # 1: cudaStreamLegacy, the default stream
+
+    def _view(self, buf, shape):
+        if self.device.type == "cpu":
+            return torch.frombuffer(buf, dtype=torch.float32).view(shape)
+        return torch.as_tensor(buf, device=self.device).view(shape)
+
     def _group_rules(self, groups, lr, weight_decay):
         """{param index: (lr_mult, weight_decay)} from torch-style groups."""
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -337,8 +358,8 @@ class DistributedOptimizer:
         self._param_views, self._grad_views = [], []
         with torch.no_grad():
             for i, p in enumerate(self.params):
-                pv = torch.frombuffer(e.param(i), dtype=torch.float32).view(p.shape)
-                gv = torch.frombuffer(e.grad(i), dtype=torch.float32).view(p.shape)
+                pv = self._view(e.param(i), p.shape)
+                gv = self._view(e.grad(i), p.shape)
                 pv.copy_(p.data)
                 gv.zero_()
                 p.data = pv
@@ -351,7 +372,8 @@ class DistributedOptimizer:
         the others add zeros is exact."""
         if not self._buffers or self.world_size == 1:
             return
-        flat = torch.cat([b.detach().reshape(-1).to(torch.float32) for _, b in self._buffers])
+        flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float32)
+                          for _, b in self._buffers])
         if self.rank != 0:
             flat.zero_()
         self._engine.allreduce_sum(memoryview(flat.numpy()).cast("B"))
@@ -359,7 +381,7 @@ class DistributedOptimizer:
         with torch.no_grad():
             for _, b in self._buffers:
                 n = b.numel()
-                b.copy_(flat[at:at + n].view(b.shape).to(b.dtype))
+                b.copy_(flat[at:at + n].view(b.shape).to(b.device, b.dtype))
                 at += n
 
     def _hook(self, i, p):
@@ -470,11 +492,15 @@ class DistributedOptimizer:
         self._engine.checkpoint(self.step_count, self.epoch)
 
     def allreduce_sum(self, tensor):
-        """Sums a float32 cpu tensor over the ranks, in place (metrics)."""
+        """Sums a float32 tensor over the ranks, in place (metrics; through
+        host memory)."""
         t = tensor.detach()
-        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-            raise ValueError("allreduce_sum takes a contiguous float32 cpu tensor")
-        self._engine.allreduce_sum(memoryview(t.numpy()).cast("B"))
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError("allreduce_sum takes a contiguous float32 tensor")
+        host = t if t.device.type == "cpu" else t.cpu()
+        self._engine.allreduce_sum(memoryview(host.numpy()).cast("B"))
+        if host is not t:
+            t.copy_(host)
         return tensor
 
     def finish(self, finished=True, reason=""):

@@ -37,6 +37,9 @@ typedef struct gs_device_ops {
                    float *momentum);
   void (*fail)(gs_device_t *d, int err);
   int (*sync)(gs_device_t *d);
+  /* Orders the device's work on `stream` (borrowed) instead of its own;
+   * NULL: the device cannot (cpu). */
+  int (*use_stream)(gs_device_t *d, void *stream);
   void (*destroy)(gs_device_t *d);
 } gs_device_ops_t;
 
@@ -87,6 +90,13 @@ void gs_device_fail(gs_device_t *d, int err);
 
 /* Waits for the queued work; the first error since the last sync. */
 int gs_device_sync(gs_device_t *d) GS_WARN_UNUSED;
+
+/* CUDA: from now on the device queues its work (copies, SGD) on `stream`,
+ * a cudaStream_t the caller owns and keeps alive (a framework's current
+ * stream: its kernels and ours are then ordered with no events), and
+ * gives up its own after waiting for it. GS_EINVAL on a device without
+ * streams. */
+int gs_device_use_stream(gs_device_t *d, void *stream) GS_WARN_UNUSED;
 
 /* Constructors (gs_device_open picks). */
 gs_device_t *gs__device_cpu_new(const gs_log_t *log, char *why, size_t why_len);

@@ -109,7 +109,13 @@ typedef struct gs_engine_config {
    * device named by `device` ("cpu", "cuda" or "cuda:N") and closes it in
    * gs_engine_free. */
   struct gs_device *dev;
-  char device[64];  /* "cpu" (default), "cuda:0" (also shown in status) */
+  char device[64]; /* "cpu" (default), "cuda:0" (also shown in status) */
+  /* With a cuda device the engine opens: the stream (a cudaStream_t,
+   * borrowed; cudaStreamLegacy for the default stream) to queue its device
+   * work on, the framework's current stream, so the framework's kernels
+   * and the engine's (SGD, the allreduces' ordering) need no events
+   * between them. NULL: a stream of the engine's own. */
+  void *cuda_stream;
   char backend[16]; /* "host" (default; cpu device) or "nccl" (cuda device) */
   /* Where the other ranks reach this one (host backend; nccl: which
    * interface NCCL's sockets use). Default: this host's address on its
