@@ -74,6 +74,9 @@ typedef struct gs_run_config {
   const char *coord_flag, *agent_flag; /* --coordinator-bin / --agent-bin, or NULL */
   char coord_bin[PATH_MAX];
   char agent_bin[PATH_MAX];
+  /* A build tree's Python package (BIN/../python, holding gradsync/), put
+   * first on a command's PYTHONPATH; "" when there is none. */
+  char python_dir[PATH_MAX];
   char **pass; /* arguments passed to every agent */
   int npass;
   gs_launch_env_t env; /* the environment sources; STR values may borrow its strings */

@@ -96,8 +96,9 @@ static const gs_flags_t flags = {
               "instead of gradsync-agent, with no flags added. Either gets in its environment\n"
               "GRADSYNC_COORDINATOR, GRADSYNC_JOB, GRADSYNC_WORLD_SIZE, GRADSYNC_LOCAL_RANK,\n"
               "GRADSYNC_NODE (when known), GRADSYNC_NNODES, GRADSYNC_NODE_RANK, LOCAL_RANK,\n"
-              "WORLD_SIZE and LOCAL_WORLD_SIZE. With fewer GPUs than --nproc agents pick\n"
-              "the cpu device unless told --device.\n"
+              "WORLD_SIZE and LOCAL_WORLD_SIZE; a program run from a build tree also gets\n"
+              "that tree's Python package first on PYTHONPATH. With fewer GPUs than --nproc\n"
+              "agents pick the cpu device unless told --device.\n"
               "Flags left out are read from the environment: GRADSYNC_* first, then the\n"
               "scheduler's (SLURM, torchrun, Kubeflow, a Kubernetes Indexed Job).\n"
               "SIGINT, SIGTERM and SIGHUP stop the agents with SIGTERM, then the coordinator;\n"
@@ -320,8 +321,35 @@ static int resolve_bin(const char *flag_value, const char *flag, const char *nam
 
 /* The programs this run starts: the coordinator unless it joins one, the
  * agent unless it runs a command (found in $PATH when it starts). */
+/* BIN/../python when it holds the gradsync package (gradsync-run run from
+ * a build tree), so that `gradsync-run -- python3 train.py` imports the
+ * package built beside it with no PYTHONPATH to set. */
+static void find_python_dir(gs_run_config_t *cfg)
+{
+  char self[PATH_MAX], probe[PATH_MAX + 32];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  char *slash;
+
+  cfg->python_dir[0] = '\0';
+  if (n <= 0)
+    return;
+  self[n] = '\0';
+  slash = strrchr(self, '/');
+  if (!slash)
+    return;
+  *slash = '\0';
+  slash = strrchr(self, '/');
+  if (!slash)
+    return;
+  *slash = '\0'; /* the folder above bin/ */
+  snprintf(probe, sizeof(probe), "%s/python/gradsync/__init__.py", self);
+  if (access(probe, R_OK) == 0 && strlen(self) + sizeof("/python") <= sizeof(cfg->python_dir))
+    snprintf(cfg->python_dir, sizeof(cfg->python_dir), "%s/python", self);
+}
+
 int gs__run_resolve_bins(gs_run_config_t *cfg)
 {
+  find_python_dir(cfg);
   if (!cfg->join && resolve_bin(cfg->coord_flag, "--coordinator-bin", "gradsync-coordinator",
                                 cfg->coord_bin, sizeof(cfg->coord_bin)))
     return 1;

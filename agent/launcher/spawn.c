@@ -63,6 +63,18 @@ static void setenv_long(const char *name, long v)
   setenv(name, num, 1);
 }
 
+/* $name becomes dir, then what it held. */
+static void prepend_path(const char *name, const char *dir)
+{
+  const char *old = getenv(name);
+  char value[2 * PATH_MAX + 2];
+
+  if (!old || !*old)
+    setenv(name, dir, 1);
+  else if ((size_t)snprintf(value, sizeof(value), "%s:%s", dir, old) < sizeof(value))
+    setenv(name, value, 1);
+}
+
 /* In the forked child of rank c: the job in the environment, in gradsync's
  * names (which the agent, and a command, read before any scheduler's) and
  * torchrun's. */
@@ -81,6 +93,8 @@ static void rank_env(const gs_run_t *r, const gs_run_child_t *c)
   setenv("GRADSYNC_JOB", cfg->job, 1);
   if (cfg->node)
     setenv("GRADSYNC_NODE", cfg->node, 1);
+  if (cfg->command && cfg->python_dir[0])
+    prepend_path("PYTHONPATH", cfg->python_dir);
   /* Every rank inherits the same GPU list: say so, so that an agent
    * seeing one GPU does not take it for a GPU of its own (a wrapper
    * given as --agent-bin may still hand each rank its own list). */
