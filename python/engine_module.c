@@ -387,6 +387,8 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return seconds_ms(v, &c->comm_timeout_ms, key);
   if (!strcmp(key, "connect_timeout"))
     return seconds_ms(v, &c->connect_timeout_ms, key);
+  if (!strcmp(key, "coordinator_grace"))
+    return seconds_ms(v, &c->coordinator_grace_ms, key);
   PyErr_Format(PyExc_TypeError, "Engine() got an unexpected option '%s'", key);
   return -1;
 }

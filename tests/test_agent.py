@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -306,6 +307,99 @@ def case_kill(tmp):
     assert agents[0].returncode == 1, agents[0].returncode
     assert took < 5.0, took
     assert "error:" in err and "failed" in err, err
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def case_outage(tmp):
+    """The coordinator killed mid-training and back 5 s later (past its
+    heartbeat timeout): the ranks train on, re-register, and finish with
+    the accuracy of an uninterrupted run; the restarted coordinator keeps
+    the broadcast period an operator set before the outage and shows rank
+    0's pack list again."""
+    steps = ["--reduce", "mean", "--steps", "12000", "--no-validate", "--seed", "3"]
+    _, out, _ = run(["--nproc", "2"] + steps)
+    want = re.search(r"final: test accuracy ([\d.]+)", out).group(1)
+    rpc, http = free_port(), free_port()
+    argv = [COORD, "--listen", f"127.0.0.1:{rpc}", "--http", f"127.0.0.1:{http}",
+            "--heartbeat-timeout", "2s", "--log-level", "warn"]
+    coord = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    agents = []
+    try:
+        time.sleep(0.3)
+        agents = [subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--job", "out",
+                                    "--world-size", "2", "--local-rank", str(i),
+                                    "--coordinator-grace", "60s", "--log-interval", "200ms"]
+                                   + steps, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+                  for i in range(2)]
+        line = agents[0].stdout.readline()
+        assert line.startswith("step"), line
+        url = f"http://127.0.0.1:{http}/jobs/out"
+        req = urllib.request.Request(url + "/control", data=json.dumps({"bcast_period": 500})
+                                     .encode(), method="POST")
+        assert urllib.request.urlopen(req, timeout=10).status == 200
+        time.sleep(1.5)  # rank 0 takes the period at a step, and its heartbeats report it
+        coord.kill()
+        coord.wait()
+        time.sleep(5)
+        coord = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        outs = [a.communicate(timeout=120) for a in agents]
+        with urllib.request.urlopen(url, timeout=10) as r:
+            job = json.load(r)
+    finally:
+        for a in agents:
+            a.kill()
+        coord.kill()
+        coord.wait()
+    for a, (o, e) in zip(agents, outs):
+        assert a.returncode == 0, (a.returncode, e[-3000:])
+    got = re.search(r"final: test accuracy ([\d.]+)", outs[0][0]).group(1)
+    assert got == want, (got, want)
+    err = outs[0][1]
+    assert "unreachable for" in err and "training goes on" in err, err[-3000:]
+    assert "re-registered with the coordinator for generation 1 (broadcast period 500)" in err, \
+        err[-3000:]
+    assert job["state"] == "finished" and job["bcast_period"] == 500, job
+    assert job["pack_list"] and job["pack_list"]["packs"] >= 1, job
+    print(f"outage: ranks trained on and finished at accuracy {got} (uninterrupted: {want}); "
+          f"period {job['bcast_period']} and the pack list kept")
+
+
+def case_coordinator_stall(tmp):
+    """A coordinator stopped (SIGSTOP) for twice its heartbeat timeout does
+    not lose every rank when it runs again: the silence was its own."""
+    coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                              "--heartbeat-timeout", "2s"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
+    agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "stall", "--world-size", "2",
+                                "--local-rank", str(i), "--reduce", "mean", "--steps", "12000",
+                                "--no-validate", "--log-interval", "200ms"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in range(2)]
+    try:
+        line = agents[0].stdout.readline()
+        assert line.startswith("step"), line
+        coord.send_signal(signal.SIGSTOP)
+        time.sleep(4)
+        coord.send_signal(signal.SIGCONT)
+        outs = [a.communicate(timeout=120) for a in agents]
+        coord.terminate()
+        _, log = coord.communicate(timeout=10)
+    finally:
+        for a in agents:
+            a.kill()
+        coord.kill()
+    for a, (_, e) in zip(agents, outs):
+        assert a.returncode == 0, (a.returncode, e[-3000:])
+    assert "the coordinator did not run for" in log, log[-3000:]
+    assert "lost" not in log, log[-3000:]
+    print("coordinator stopped 4 s (heartbeat timeout 2 s): no rank lost, the job finished")
 
 
 def case_settings(tmp):

@@ -29,6 +29,9 @@ struct gs_heartbeat {
   char why[512];
   gs_progress_t progress;
   gs_directives_t directives;
+  const gs_packlist_t *packlist; /* rank 0's, to publish again after a re-registration */
+  const gs_param_desc_t *params;
+  uint32_t nparams;
 };
 
 /* Waits on the condition variable until `until` (monotonic ms; UINT64_MAX:
@@ -126,6 +129,27 @@ static void log_failure(gs_heartbeat_t *hb, int err, bool first)
          gs_client_error(hb->cl));
 }
 
+/* Rank 0, after re-registering: the restarted coordinator knows no pack
+ * list (its status page shows it, and a rank that joins later fetches
+ * it). A failure is logged; training does not need it. */
+static void republish_packlist(gs_heartbeat_t *hb, uint32_t deadline_ms)
+{
+  const gs_client_config_t *cc = &hb->cfg.client;
+  const gs_packlist_t *list;
+  const gs_param_desc_t *params;
+  uint32_t n;
+
+  pthread_mutex_lock(&hb->lock);
+  list = hb->packlist, params = hb->params, n = hb->nparams;
+  pthread_mutex_unlock(&hb->lock);
+  if (hb->cfg.rank != 0 || !list)
+    return;
+  if (gs_client_publish_packlist(hb->cl, hb->cfg.generation, 0, list, params, n, deadline_ms))
+    gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank,
+           "could not publish the pack list again to the restarted coordinator: %s",
+           gs_client_error(hb->cl));
+}
+
 /* Registers the rank again with a coordinator that no longer knows it (it
  * restarted), so that it rebuilds the job from the agents. Returns 0 once
  * re-registered; GS_EABORTED (with the abort fired) when the coordinator
@@ -133,19 +157,23 @@ static void log_failure(gs_heartbeat_t *hb, int err, bool first)
 static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
 {
   const gs_client_config_t *cc = &hb->cfg.client;
-  gradsync_JoinRequest req = hb->rejoin;
+  gradsync_JoinRequest req;
   gs_join_result_t res = {0};
   char why[sizeof(hb->why)];
   int err;
 
+  pthread_mutex_lock(&hb->lock);
+  req = hb->rejoin;
+  pthread_mutex_unlock(&hb->lock);
   req.rejoin_generation = hb->cfg.generation;
   req.rejoin_rank = hb->cfg.rank;
   err = gs_client_join(hb->cl, &req, deadline_ms, &res);
   gs_join_result_free(&res);
   if (err == 0) {
     gs_log(cc->log, GS_LOG_INFO, cc->job, hb->cfg.rank,
-           "re-registered with the coordinator for generation %llu",
-           (unsigned long long)hb->cfg.generation);
+           "re-registered with the coordinator for generation %llu (broadcast period %d)",
+           (unsigned long long)hb->cfg.generation, req.bcast_period);
+    republish_packlist(hb, deadline_ms);
   } else if (err == GS_EABORTED) {
     snprintf(why, sizeof(why), "re-registration refused: %s", gs_client_error(hb->cl));
     fire_abort(hb, why);
@@ -164,14 +192,23 @@ static void log_recovery(const gs_heartbeat_t *hb, uint64_t last_ok)
          cc->host, cc->port, (gs_now_ms() - last_ok) / 1000.0);
 }
 
-/* Checks whether the coordinator has been unreachable for too long; fires
- * the abort when it has. */
-static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok)
+/* Checks whether the coordinator has been unreachable for longer than
+ * the grace period; fires the abort when it has. Past the heartbeat
+ * timeout, says once that training goes on meanwhile. */
+static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok, bool *told)
 {
+  const gs_client_config_t *cc = &hb->cfg.client;
   uint64_t silent = gs_now_ms() - last_ok;
   char why[sizeof(hb->why)];
 
-  if (silent <= hb->cfg.timeout_ms)
+  if (silent > hb->cfg.timeout_ms && silent <= hb->cfg.grace_ms && !*told) {
+    gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank,
+           "coordinator %s:%u unreachable for %.1f s; training goes on for up to %.0f s "
+           "(--coordinator-grace) while this rank keeps trying",
+           cc->host, cc->port, silent / 1000.0, hb->cfg.grace_ms / 1000.0);
+    *told = true;
+  }
+  if (silent <= hb->cfg.grace_ms)
     return false;
   snprintf(why, sizeof(why), "coordinator unreachable for %.1fs: %s", silent / 1000.0,
            gs_client_error(hb->cl));
@@ -183,7 +220,7 @@ static void *run(void *arg)
 {
   gs_heartbeat_t *hb = arg;
   uint64_t last_ok = gs_now_ms(), next = last_ok, coord_id = 0;
-  bool failing = false, done = false, abort;
+  bool failing = false, done = false, told = false, abort;
   char why[300];
   int err;
 
@@ -205,7 +242,7 @@ static void *run(void *arg)
       if (failing)
         log_recovery(hb, last_ok);
       last_ok = gs_now_ms();
-      failing = false;
+      failing = told = false;
       if (abort) {
         fire_abort(hb, why);
         done = true;
@@ -213,10 +250,10 @@ static void *run(void *arg)
     } else {
       log_failure(hb, err, !failing);
       failing = true;
-      done = check_unreachable(hb, last_ok);
-      /* Wake up in time to notice the timeout, even with a long interval. */
-      if (!done && last_ok + hb->cfg.timeout_ms + 1 < next)
-        next = last_ok + hb->cfg.timeout_ms + 1;
+      done = check_unreachable(hb, last_ok, &told);
+      /* Wake up in time to notice the grace's end, even with a long interval. */
+      if (!done && last_ok + hb->cfg.grace_ms + 1 < next)
+        next = last_ok + hb->cfg.grace_ms + 1;
     }
     pthread_mutex_lock(&hb->lock);
   }
@@ -228,6 +265,8 @@ static void *run(void *arg)
 static int copy_config(gs_heartbeat_t *hb, const gs_heartbeat_config_t *cfg)
 {
   hb->cfg = *cfg;
+  if (hb->cfg.grace_ms < hb->cfg.timeout_ms)
+    hb->cfg.grace_ms = hb->cfg.timeout_ms;
   hb->can_rejoin = cfg->rejoin != NULL;
   if (cfg->rejoin)
     hb->rejoin = *cfg->rejoin;
@@ -322,6 +361,23 @@ void gs_heartbeat_directives(gs_heartbeat_t *hb, gs_directives_t *out)
 {
   pthread_mutex_lock(&hb->lock);
   *out = hb->directives;
+  pthread_mutex_unlock(&hb->lock);
+}
+
+void gs_heartbeat_set_period(gs_heartbeat_t *hb, int32_t period)
+{
+  pthread_mutex_lock(&hb->lock);
+  hb->rejoin.bcast_period = period;
+  pthread_mutex_unlock(&hb->lock);
+}
+
+void gs_heartbeat_set_packlist(gs_heartbeat_t *hb, const gs_packlist_t *list,
+                               const gs_param_desc_t *params, uint32_t n)
+{
+  pthread_mutex_lock(&hb->lock);
+  hb->packlist = list;
+  hb->params = params;
+  hb->nparams = n;
   pthread_mutex_unlock(&hb->lock);
 }
 

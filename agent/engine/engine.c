@@ -210,6 +210,8 @@ static int agree_packlist(gs_engine_t *e)
     gs_client_params_free(params, n);
   if (err)
     gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
+  else if (e->join.rank == 0)
+    gs_heartbeat_set_packlist(e->hb, &e->packs.list, e->packs.params, e->packs.nparams);
   return err;
 }
 
@@ -376,6 +378,7 @@ static int start_heartbeat(gs_engine_t *e)
       .rank = e->join.rank,
       .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
       .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
+      .grace_ms = e->cfg.coordinator_grace_ms,
       .on_abort = gs__engine_on_abort,
       .arg = e,
       .rejoin = &e->join_req,

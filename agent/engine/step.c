@@ -204,6 +204,7 @@ static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
   }
   if (c.period_changed) {
     e->period = c.period;
+    gs_heartbeat_set_period(e->hb, e->period); /* what a re-registration reports */
     out->period_changed = true;
     gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
            "step %" PRIu64 ": broadcast period set to %d by the coordinator", step, e->period);

@@ -245,6 +245,11 @@ static const gs_flag_t flag_rows[] = {
    .help = "wait for the other ranks to join"},
   {.name = "--rpc-timeout", .kind = GS_FLAG_DURATION, E(rpc_timeout_ms), .metavar = "DUR",
    .help = "any other coordinator call"},
+  {.name = "--coordinator-grace", .kind = GS_FLAG_DURATION, E(coordinator_grace_ms),
+   .metavar = "DUR", .env = "GRADSYNC_COORDINATOR_GRACE",
+   .help = "train on through a coordinator outage this long, then stop",
+   .doc = "how long the ranks train on while the coordinator is unreachable (they re-register "
+          "when it is back); past it, training ends"},
   {.name = "--comm-timeout", .kind = GS_FLAG_DURATION, E(comm_timeout_ms), .metavar = "DUR",
    .help = "no progress in a collective", .doc = "no progress inside a collective is an error"},
   {.name = "--log-interval", .kind = GS_FLAG_DURATION, F(t.log_interval_ms), .metavar = "DUR",

@@ -152,11 +152,36 @@ static void stall_sweep(gs_job_t *job, uint64_t now)
 /* The rank silent for longest is the head of the heartbeat list; losing it
  * aborts the generation, so the others need no check. Only a job whose
  * heartbeats are all fresh is checked for a stall. */
+/* The coordinator's own loop did not run for `gap` ms (the process was
+ * stopped, swapped out, or starved): the ranks' heartbeats waited unread,
+ * so their silence is the coordinator's, and their clocks restart rather
+ * than the sweep losing every rank at once. */
+static void forgive_own_stall(gs_job_t *job, uint64_t now, uint64_t gap)
+{
+  for (uint32_t r = 0; r < job->world_size; r++) {
+    gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
+
+    if (m && m->state == GS_MEMBER_RUNNING)
+      gs__hb_touch(m, now);
+  }
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
+         "the coordinator did not run for %.1f s (stopped or starved): heartbeat clocks "
+         "restarted instead of losing the ranks",
+         gap / 1000.0);
+}
+
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
 {
-  gs_list_t *oldest = gs_list_first(&job->hb_list);
-  gs_member_t *m = oldest ? GS_CONTAINER_OF(oldest, gs_member_t, hb_node) : NULL;
+  uint64_t gap = job->last_hb_sweep_ms ? now - job->last_hb_sweep_ms : 0;
+  gs_list_t *oldest;
+  gs_member_t *m;
   char how[64];
+
+  job->last_hb_sweep_ms = now;
+  if (job->state == GS_JOB_RUNNING && gap > job->jobs->cfg.heartbeat_timeout_ms / 2)
+    forgive_own_stall(job, now, gap);
+  oldest = gs_list_first(&job->hb_list);
+  m = oldest ? GS_CONTAINER_OF(oldest, gs_member_t, hb_node) : NULL;
 
   if (job->state != GS_JOB_RUNNING || !m ||
       now - m->last_heartbeat_ms <= job->jobs->cfg.heartbeat_timeout_ms) {

@@ -124,6 +124,7 @@ struct gs_job {
   uint32_t ranks_left;  /* members in state LEFT */
   /* Running members by last heartbeat, oldest first (see gs_member). */
   gs_list_t hb_list;
+  uint64_t last_hb_sweep_ms; /* the liveness sweep's last run (0: never) */
 
   gs_job_store_t store; /* blobs and pack list of the current generation */
 

@@ -239,7 +239,8 @@ class DistributedOptimizer:
                  bias_lr_mult=1.0, bias_weight_decay=None, warmup_steps=0, warmup_factor=1 / 3,
                  schedule="constant", step_size=0, gamma=0.1, total_steps=0,
                  checkpoint_dir=None, checkpoint_every=0, resume=False,
-                 join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0):
+                 join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
+                 coordinator_grace=600.0):
         if isinstance(model, torch.nn.Module):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffers = list(model.named_buffers()) if broadcast_buffers else []
@@ -267,7 +268,8 @@ class DistributedOptimizer:
                    warmup_factor=warmup_factor, schedule=schedule, step_size=step_size,
                    gamma=gamma, total_steps=total_steps, checkpoint_every=checkpoint_every,
                    resume=resume, join_timeout=join_timeout, comm_timeout=comm_timeout,
-                   connect_timeout=connect_timeout, **self._device_config())
+                   connect_timeout=connect_timeout, coordinator_grace=coordinator_grace,
+                   **self._device_config())
         if bias_weight_decay is not None:
             cfg["bias_wd"] = bias_weight_decay
         if checkpoint_dir:

@@ -1,8 +1,12 @@
 /* The heartbeat thread: every interval it sends the rank's latest progress
  * to the coordinator on its own connection and keeps the latest directives.
  * When the coordinator aborts the generation (or cannot be reached for
- * longer than the heartbeat timeout), it calls `on_abort` once, from the
- * heartbeat thread, so the owner can abort its collectives. */
+ * longer than the grace period), it calls `on_abort` once, from the
+ * heartbeat thread, so the owner can abort its collectives. Through a
+ * shorter outage training goes on (the ranks watch each other through
+ * their sockets and collective deadlines), and a restarted coordinator is
+ * told the job again: every rank re-registers, with the broadcast period
+ * in effect, and rank 0 publishes the pack list again. */
 #ifndef GS_HEARTBEAT_H
 #define GS_HEARTBEAT_H
 
@@ -32,7 +36,8 @@ typedef struct gs_heartbeat_config {
   uint64_t generation;
   uint32_t rank;
   uint32_t interval_ms; /* from the JoinResponse */
-  uint32_t timeout_ms;  /* unreachable for this long: abort */
+  uint32_t timeout_ms;  /* the coordinator's heartbeat timeout */
+  uint64_t grace_ms;    /* unreachable for this long: abort (0: timeout_ms) */
   void (*on_abort)(void *arg, const char *reason);
   void *arg;
   /* The rank's Join, sent again with rejoin_generation/rejoin_rank when the
@@ -52,6 +57,15 @@ void gs_heartbeat_report(gs_heartbeat_t *hb, const gs_progress_t *p);
 
 /* Copies the latest directives. */
 void gs_heartbeat_directives(gs_heartbeat_t *hb, gs_directives_t *out);
+
+/* The broadcast period now in effect (a re-registration reports it, so a
+ * restarted coordinator keeps an operator's setting). */
+void gs_heartbeat_set_period(gs_heartbeat_t *hb, int32_t period);
+
+/* Rank 0, once the pack list is agreed: what to publish again after a
+ * re-registration. Borrowed; must outlive the heartbeat. */
+void gs_heartbeat_set_packlist(gs_heartbeat_t *hb, const gs_packlist_t *list,
+                               const gs_param_desc_t *params, uint32_t n);
 
 /* Whether on_abort has fired, with the reason copied to `why`. */
 bool gs_heartbeat_aborted(gs_heartbeat_t *hb, char *why, size_t len);

@@ -140,6 +140,11 @@ typedef struct gs_engine_config {
   uint64_t rpc_timeout_ms;     /* any other coordinator call (default 30 s) */
   uint64_t comm_timeout_ms;    /* no progress inside a collective (default 2 min) */
   uint64_t connect_timeout_ms; /* the ranks' connections not formed (default 15 s) */
+  /* The coordinator unreachable for this long ends training (default 10
+   * min); through a shorter outage the ranks train on, re-register when it
+   * is back, and it takes the job up again. At most the heartbeat
+   * timeout: the old behaviour, abort as soon as it is unreachable. */
+  uint64_t coordinator_grace_ms;
   /* Set (to the signal's number) by the owner's SIGTERM/SIGINT handler:
    * during training every rank stops at the same step; during start the
    * waits for the coordinator (Join, the pack list, the comm id) end
