@@ -122,6 +122,7 @@ static int wire_layers(gs_coord_t *c)
       .loop = c->loop,
       .log = &c->cfg.log,
       .token = c->cfg.token,
+      .auth = (gs_http_auth_t)c->cfg.http_auth,
       .service_info = service_info,
       .ctx = c,
   };

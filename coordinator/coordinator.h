@@ -17,6 +17,7 @@ typedef struct gs_coord_config {
   char http_host[256];
   uint16_t http_port;
   char token[256];                /* "" means no authentication */
+  int http_auth;                  /* gs_http_auth_t: what HTTP needs the token for */
   uint64_t heartbeat_interval_ms; /* told to agents at Join */
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */

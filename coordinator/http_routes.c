@@ -69,21 +69,41 @@ static bool job_path(const char *path, char *name, size_t len, bool *control)
   return true;
 }
 
-/* "Bearer TOKEN": the scheme in any case and then one or more spaces, as
- * RFC 7235 has it ("bearer" is as good as "Bearer"). */
-static bool bearer_ok(const gs_http_routes_t *r, const char *auth)
+/* The token of "Bearer TOKEN" (the scheme in any case, then one or more
+ * spaces, as RFC 7235 has it), or NULL. */
+static const char *bearer(const char *auth)
 {
   static const char scheme[] = "Bearer";
 
-  if (!r->token[0])
-    return true;
   if (!auth || strncasecmp(auth, scheme, sizeof(scheme) - 1) != 0 ||
       auth[sizeof(scheme) - 1] != ' ')
-    return false;
+    return NULL;
   auth += sizeof(scheme) - 1;
   while (*auth == ' ')
     auth++;
-  return gs__token_ok(r->token, auth);
+  return auth;
+}
+
+/* Whether the request may go on: a request that changes something, or
+ * shows ranks' addresses (`reveals`), or any with --http-auth read, needs
+ * the coordinator's token, or the token of `job` (NULL: no job's will
+ * do). Answers 401 and logs when it may not. */
+static bool authorized(gs_http_routes_t *r, const gs_http_request_t *req, const char *job,
+                       bool changes, bool reveals, gs_http_response_t *res)
+{
+  const char *given;
+
+  if (!r->token[0] || r->auth == GS_HTTP_AUTH_NONE ||
+      (!changes && !reveals && r->auth != GS_HTTP_AUTH_READ))
+    return true;
+  given = bearer(req->authorization);
+  if (given && (gs__token_ok(r->token, given) || (job && gs__job_token_ok(r->token, job, given))))
+    return true;
+  gs_log(r->log, GS_LOG_WARN, job, -1, "http: %s %s with a %s token", req->method, req->path,
+         req->authorization ? "wrong" : "missing");
+  respond_error(res, 401, "%s needs 'Authorization: Bearer TOKEN' (the coordinator's%s)", req->path,
+                job ? " or the job's" : "");
+  return false;
 }
 
 /* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}. */
@@ -233,6 +253,8 @@ static void service_route(gs_http_routes_t *r, const gs_http_request_t *req,
     respond_error(res, 405, "%s allows GET only", req->path);
   } else if (strcmp(req->path, "/healthz") == 0) {
     respond(res, 200, JSON, strdup("{\"status\":\"ok\"}"));
+  } else if (!authorized(r, req, NULL, false, wants_ranks(req->query), res)) {
+    return;
   } else if (strcmp(req->path, "/status") == 0) {
     status(r, req, res);
   } else {
@@ -251,12 +273,9 @@ static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http
     respond_error(res, 405, "%s allows %s only", req->path, res->allow);
     return;
   }
-  if (is_control && !bearer_ok(r, req->authorization)) {
-    gs_log(r->log, GS_LOG_WARN, name, -1, "http: control request with a %s token",
-           req->authorization ? "wrong" : "missing");
-    respond_error(res, 401, "control needs 'Authorization: Bearer TOKEN'");
+  /* /jobs/NAME lists the job's ranks, with their addresses. */
+  if (!authorized(r, req, name, is_control, !is_control, res))
     return;
-  }
   job = gs__jobs_find(r->jobs, name);
   if (!job)
     respond_error(res, 404, "no job named %s", name);

@@ -10,11 +10,20 @@
 #include "jobs.h"
 #include "status.h"
 
+/* What HTTP needs a token for, when the coordinator has one
+ * (--http-auth). /healthz never does. */
+typedef enum gs_http_auth {
+  GS_HTTP_AUTH_CONTROL = 0, /* control, and what shows ranks' addresses (default) */
+  GS_HTTP_AUTH_READ,        /* every endpoint but /healthz */
+  GS_HTTP_AUTH_NONE,        /* nothing: a coordinator only trusted callers reach */
+} gs_http_auth_t;
+
 typedef struct gs_http_routes {
   gs_jobs_t *jobs;
   uv_loop_t *loop; /* its clock dates the status */
   const gs_log_t *log;
-  const char *token; /* "" means control needs no token */
+  const char *token; /* "" means HTTP needs no token */
+  gs_http_auth_t auth;
   /* Fills in the service's own numbers; set by the owner. */
   void (*service_info)(void *ctx, gs_service_info_t *out);
   void *ctx;

@@ -6,7 +6,9 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "auth.h"
 #include "coordinator.h"
+#include "http_routes.h"
 #include "flags.h"
 #include "frame.h"
 #include "parse.h"
@@ -15,6 +17,9 @@
  * are made from these rows and the defaults gs_coord_config_defaults sets.
  * Kept out of clang-format so each flag stays one block of a few lines. */
 #define CFG(member) GS_FLAG_AT(gs_coord_config_t, member)
+static const char *const http_auth_names[] = {"control", "read", "none", NULL};
+_Static_assert(GS_HTTP_AUTH_CONTROL == 0 && GS_HTTP_AUTH_READ == 1 && GS_HTTP_AUTH_NONE == 2,
+               "http_auth_names follows gs_http_auth_t");
 /* clang-format off */
 static const gs_flag_t flag_rows[] = {
   {.name = "--listen", .kind = GS_FLAG_ADDR, CFG(rpc_host),
@@ -29,6 +34,11 @@ static const gs_flag_t flag_rows[] = {
    .help = "shared secret agents and control requests must send (none when empty)",
    .doc = "shared secret for every RPC and for control requests; none when empty. Prefer the "
           "environment variable: flags show in `ps`"},
+  {.name = "--http-auth", .kind = GS_FLAG_ENUM, CFG(http_auth), .names = http_auth_names,
+   .help = "with a token, what HTTP needs it for: control, read or none",
+   .doc = "with a token set, what HTTP requests need it (or the job's token, for that job): "
+          "`control` (control requests, and `/jobs/NAME` and `?ranks=1`, which show ranks' "
+          "addresses), `read` (everything but `/healthz`), `none`"},
   {.name = "--heartbeat-interval", .kind = GS_FLAG_DURATION, CFG(heartbeat_interval_ms),
    .umin = 1, .metavar = "DUR", .help = "how often agents send heartbeats",
    .doc = "how often agents heartbeat (sent to them at Join)"},
@@ -77,6 +87,8 @@ static const gs_flags_t flags = {
              "\n",
     .epilog = "On start it prints one line to stdout:\n"
               "  gradsync-coordinator listening rpc=HOST:PORT http=HOST:PORT\n"
+              "`gradsync-coordinator token --job NAME` prints job NAME's token: it opens that\n"
+              "job (its RPCs, control and status) and nothing else.\n"
               "Durations take a unit (250ms, 5s, 2m, 1h); sizes take B, KiB, MiB, GiB.\n",
     .flags = flag_rows,
     .count = sizeof(flag_rows) / sizeof(flag_rows[0]),
@@ -160,6 +172,61 @@ static void on_signal(uv_signal_t *h, int signum)
   uv_close((uv_handle_t *)&app->sigterm, NULL);
 }
 
+/* `gradsync-coordinator token --job NAME [--token SECRET]`: prints the
+ * job's token under the coordinator's secret ($GRADSYNC_TOKEN). */
+typedef struct token_args {
+  char secret[256];
+  const char *job;
+} token_args_t;
+
+#define TOK(member) GS_FLAG_AT(token_args_t, member)
+/* clang-format off */
+static const gs_flag_t token_rows[] = {
+  {.name = "--job", .kind = GS_FLAG_STR, TOK(job), .min = 1, .max = 127, .required = true,
+   .metavar = "NAME", .help = "the job the token opens"},
+  {.name = "--token", .kind = GS_FLAG_STRBUF, TOK(secret), .secret = true, .env = "GRADSYNC_TOKEN",
+   .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`", .help = "the coordinator's token"},
+};
+/* clang-format on */
+
+static int token_command(int argc, char **argv)
+{
+  static const gs_flags_t spec = {
+      .prog = "gradsync-coordinator token",
+      .usage = "usage: gradsync-coordinator token --job NAME\n"
+               "\n"
+               "Prints the token of job NAME under the coordinator's token: agents and\n"
+               "control requests of that job may use it instead, and it opens nothing else.\n"
+               "\n",
+      .flags = token_rows,
+      .count = sizeof(token_rows) / sizeof(token_rows[0]),
+  };
+  gs_flags_opts_t opts = {.getenv = getenv};
+  token_args_t a = {0};
+  gs_flags_action_t action;
+  char why[512], out[GS_JOB_TOKEN_LEN + 1];
+
+  if (gs_flags_parse(&spec, &a, argc, argv, &opts, &action, why, sizeof(why))) {
+    fprintf(stderr, "%s: %s\n", spec.prog, why);
+    return 2;
+  }
+  if (gs_flags_answer(&spec, &a, action, GS_VERSION))
+    return 0;
+  if (!a.secret[0]) {
+    fprintf(stderr,
+            "%s: no coordinator token: set $GRADSYNC_TOKEN (or --token) to the "
+            "coordinator's\n",
+            spec.prog);
+    return 2;
+  }
+  if (gs__job_token(a.secret, a.job, out)) {
+    fprintf(stderr, "%s: cannot compute the token\n", spec.prog);
+    return 1;
+  }
+  printf("%s\n", out);
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
   gs_coord_config_t cfg;
@@ -167,6 +234,8 @@ int main(int argc, char **argv)
   app_t app;
   int rc;
 
+  if (argc > 1 && !strcmp(argv[1], "token"))
+    return token_command(argc - 1, argv + 1);
   gs_coord_config_defaults(&cfg);
   rc = parse_flags(argc, argv, &cfg);
   if (rc)

@@ -143,21 +143,33 @@ static bool job_name_ok(const char *name)
   return true;
 }
 
-static bool check_job_name(gs_rpc_t *rpc, const gs_call_t *call, const char *name)
-{
-  if (job_name_ok(name))
-    return true;
-  reply_error(rpc, call, GS_EINVAL,
-              "job name '%s' is invalid: use 1-127 letters, digits, '-', '_' or '.'", name);
-  return false;
-}
-
 /* A request body as it came, with the call it belongs to. */
 typedef struct request {
   gs_call_t call;
   const uint8_t *body;
   size_t body_len;
+  /* Not the coordinator's token: a job's, to be checked against the job
+   * the request names once its body is decoded. NULL: already checked. */
+  const char *job_token;
 } request_t;
+
+/* The job a request names: a valid name, and one its token opens. */
+static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
+{
+  if (!job_name_ok(name)) {
+    reply_error(rpc, &rq->call, GS_EINVAL,
+                "job name '%s' is invalid: use 1-127 letters, digits, '-', '_' or '.'", name);
+    return false;
+  }
+  if (rq->job_token && !gs__job_token_ok(rpc->token, name, rq->job_token)) {
+    gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s for job %s with a token of no use there",
+           rq->call.peer->name, gs_method_name(rq->call.method), name);
+    reply_error(rpc, &rq->call, GS_EUNAUTH, "wrong token (not the coordinator's, not job %s's)",
+                name);
+    return false;
+  }
+  return true;
+}
 
 static bool decode_body(gs_rpc_t *rpc, const request_t *rq, const pb_msgdesc_t *fields, void *msg)
 {
@@ -180,8 +192,7 @@ static void on_join(gs_rpc_t *rpc, const request_t *rq)
   gs_pb_array_init(&settings, gradsync_Setting_fields, sizeof(gradsync_Setting),
                    GS_JOB_MAX_SETTINGS);
   gs_pb_array_bind_decode(&req.settings, &settings);
-  if (decode_body(rpc, rq, gradsync_JoinRequest_fields, &req) &&
-      check_job_name(rpc, &rq->call, req.job))
+  if (decode_body(rpc, rq, gradsync_JoinRequest_fields, &req) && check_job(rpc, rq, req.job))
     gs__jobs_join(rpc->jobs, &rq->call, &req);
   gs_pb_array_free(&settings);
 }
@@ -194,8 +205,7 @@ static void on_publish(gs_rpc_t *rpc, const request_t *rq)
     reply_error(rpc, &rq->call, GS_ENOMEM, "out of memory");
     return;
   }
-  if (decode_body(rpc, rq, gradsync_PublishRequest_fields, req) &&
-      check_job_name(rpc, &rq->call, req->job))
+  if (decode_body(rpc, rq, gradsync_PublishRequest_fields, req) && check_job(rpc, rq, req->job))
     gs__jobs_publish(rpc->jobs, &rq->call, req);
   free(req);
 }
@@ -204,8 +214,7 @@ static void on_fetch(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_FetchRequest req = gradsync_FetchRequest_init_zero;
 
-  if (decode_body(rpc, rq, gradsync_FetchRequest_fields, &req) &&
-      check_job_name(rpc, &rq->call, req.job))
+  if (decode_body(rpc, rq, gradsync_FetchRequest_fields, &req) && check_job(rpc, rq, req.job))
     gs__jobs_fetch(rpc->jobs, &rq->call, &req);
 }
 
@@ -293,7 +302,7 @@ static void on_publish_pack_list(gs_rpc_t *rpc, const request_t *rq)
 
   pack_list_bind(&req.pack_list, &a);
   if (!decode_body(rpc, rq, gradsync_PublishPackListRequest_fields, &req) ||
-      !check_job_name(rpc, &rq->call, req.job))
+      !check_job(rpc, rq, req.job))
     goto out;
   if (!req.has_pack_list) {
     reply_error(rpc, &rq->call, GS_EINVAL, "PublishPackList without a pack_list");
@@ -315,7 +324,7 @@ static void on_fetch_pack_list(gs_rpc_t *rpc, const request_t *rq)
   gradsync_FetchPackListRequest req = gradsync_FetchPackListRequest_init_zero;
 
   if (decode_body(rpc, rq, gradsync_FetchPackListRequest_fields, &req) &&
-      check_job_name(rpc, &rq->call, req.job))
+      check_job(rpc, rq, req.job))
     gs__jobs_fetch_pack_list(rpc->jobs, &rq->call, &req);
 }
 
@@ -323,8 +332,7 @@ static void on_heartbeat(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
 
-  if (decode_body(rpc, rq, gradsync_HeartbeatRequest_fields, &req) &&
-      check_job_name(rpc, &rq->call, req.job))
+  if (decode_body(rpc, rq, gradsync_HeartbeatRequest_fields, &req) && check_job(rpc, rq, req.job))
     gs__jobs_heartbeat(rpc->jobs, &rq->call, &req);
 }
 
@@ -332,8 +340,7 @@ static void on_leave(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
 
-  if (decode_body(rpc, rq, gradsync_LeaveRequest_fields, &req) &&
-      check_job_name(rpc, &rq->call, req.job))
+  if (decode_body(rpc, rq, gradsync_LeaveRequest_fields, &req) && check_job(rpc, rq, req.job))
     gs__jobs_leave(rpc->jobs, &rq->call, &req);
 }
 
@@ -434,10 +441,14 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
   rq.body_len = body->len;
   rpc->stats.requests[rq.call.method]++;
   if (!gs__token_ok(rpc->token, env.token)) {
-    gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
-           gs_method_name(rq.call.method), env.token[0] ? "wrong" : "missing");
-    reply_error(rpc, &rq.call, GS_EUNAUTH, "%s token", env.token[0] ? "wrong" : "missing");
-    goto out;
+    if (strlen(env.token) == GS_JOB_TOKEN_LEN) {
+      rq.job_token = env.token; /* perhaps a job's: known once the body names the job */
+    } else {
+      gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
+             gs_method_name(rq.call.method), env.token[0] ? "wrong" : "missing");
+      reply_error(rpc, &rq.call, GS_EUNAUTH, "%s token", env.token[0] ? "wrong" : "missing");
+      goto out;
+    }
   }
   handlers[rq.call.method](rpc, &rq);
 out:

@@ -26,7 +26,7 @@ apt_install() {
 
 build_deps() {
   # The coordinator needs only its own libraries (ctest coordinator_only_build).
-  set -- build-essential cmake pkg-config libuv1-dev libcjson-dev libhttp-parser-dev \
+  set -- build-essential cmake pkg-config libuv1-dev libcjson-dev libhttp-parser-dev libssl-dev \
     nanopb libnanopb-dev protobuf-compiler python3-protobuf
   [ "$target" = agent ] && set -- "$@" zlib1g-dev libopenblas-dev
   apt_install "$@"

@@ -16,7 +16,7 @@ fi
 
 packages=(
   build-essential cmake pkg-config
-  libuv1-dev libcjson-dev libhttp-parser-dev zlib1g-dev
+  libuv1-dev libcjson-dev libhttp-parser-dev libssl-dev zlib1g-dev
   nanopb libnanopb-dev protobuf-compiler python3-protobuf
   check
   libopenblas-dev dataset-fashion-mnist
