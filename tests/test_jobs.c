@@ -353,6 +353,12 @@ START_TEST(reregistration_rebuilds_the_job)
   req.local_rank = 0;
   join(1, &req, 20);
   ck_assert_uint_eq(join_reply(1).rank, 0);
+  /* A claim of a later generation never replaces the one running. */
+  req.rejoin_generation = 4;
+  join(3, &req, 25);
+  ck_assert_int_eq(last_reply(3)->err, GS_EPRECOND);
+  ck_assert_uint_eq(gs__jobs_find(&jobs, "re")->generation, 3);
+  req.rejoin_generation = 3;
   gs__jobs_peer_closed(&jobs, &peers[0]);
   req.rejoin_rank = 1;
   join(2, &req, 30);

@@ -234,7 +234,16 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
               job->abort_reason);
     return;
   }
-  if ((g > job->generation || job->state != GS_JOB_RUNNING) && !adopt_generation(job, call, req)) {
+  /* Only a coordinator that does not know the generation running adopts
+   * one: a claim of a later generation never replaces it. */
+  if (job->state == GS_JOB_RUNNING && g != job->generation) {
+    REPLY_ERR(job, call, GS_EPRECOND,
+              "job %s is running generation %llu; a re-registration for generation %llu cannot "
+              "replace it",
+              job->name, (unsigned long long)job->generation, (unsigned long long)g);
+    return;
+  }
+  if (job->state != GS_JOB_RUNNING && !adopt_generation(job, call, req)) {
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
     return;
   }
