@@ -152,6 +152,12 @@ void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out);
 bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t action,
                      const char *version);
 
+/* A program's parse, whole: gs_flags_parse, a usage error printed to
+ * stderr as "PROG: why", then gs_flags_answer. Returns 0 to run, -1 when
+ * it answered (--help, --version: exit 0), 2 on a usage error. */
+int gs_flags_main(const gs_flags_t *spec, void *base, int argc, char **argv,
+                  const gs_flags_opts_t *opts, const char *version);
+
 /* Writes every flag's resolved value and where it came from (the
  * `sources` that gs_flags_parse filled through `opts`), one line each, for
  * --print-config; a row's sources that are set but lost to an earlier one

@@ -522,3 +522,16 @@ bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t
   }
   return false;
 }
+
+int gs_flags_main(const gs_flags_t *spec, void *base, int argc, char **argv,
+                  const gs_flags_opts_t *opts, const char *version)
+{
+  gs_flags_action_t action;
+  char why[512];
+
+  if (gs_flags_parse(spec, base, argc, argv, opts, &action, why, sizeof(why))) {
+    fprintf(stderr, "%s: %s\n", spec->prog, why);
+    return 2;
+  }
+  return gs_flags_answer(spec, base, action, version) ? -1 : 0;
+}

@@ -99,15 +99,10 @@ static const gs_flags_t flags = {
 static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
 {
   gs_flags_opts_t opts = {.getenv = getenv};
-  gs_flags_action_t action;
-  char why[512];
+  int rc = gs_flags_main(&flags, cfg, argc, argv, &opts, GS_VERSION);
 
-  if (gs_flags_parse(&flags, cfg, argc, argv, &opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "%s: %s\n", flags.prog, why);
-    return 2;
-  }
-  if (gs_flags_answer(&flags, cfg, action, GS_VERSION))
-    return -1;
+  if (rc)
+    return rc;
   if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_interval_ms) {
     fprintf(stderr, "gradsync-coordinator: --heartbeat-timeout must exceed --heartbeat-interval\n");
     return 2;
@@ -203,15 +198,11 @@ static int token_command(int argc, char **argv)
   };
   gs_flags_opts_t opts = {.getenv = getenv};
   token_args_t a = {0};
-  gs_flags_action_t action;
-  char why[512], out[GS_JOB_TOKEN_LEN + 1];
+  char out[GS_JOB_TOKEN_LEN + 1];
+  int rc = gs_flags_main(&spec, &a, argc, argv, &opts, GS_VERSION);
 
-  if (gs_flags_parse(&spec, &a, argc, argv, &opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "%s: %s\n", spec.prog, why);
-    return 2;
-  }
-  if (gs_flags_answer(&spec, &a, action, GS_VERSION))
-    return 0;
+  if (rc)
+    return rc < 0 ? 0 : rc;
   if (!a.secret[0]) {
     fprintf(stderr,
             "%s: no coordinator token: set $GRADSYNC_TOKEN (or --token) to the "

@@ -374,19 +374,16 @@ static int parse_flags(int argc, char **argv, flags_t *f)
 {
   const char *sources[sizeof(flag_rows) / sizeof(flag_rows[0])];
   gs_flags_opts_t opts = {.lookup = gs_launch_env_lookup, .ctx = &f->env, .sources = sources};
-  gs_flags_action_t action;
-  char why[512], version[128];
+  char version[128];
+  int rc;
 
   gs_launch_env_init(&f->env, getenv);
-  if (gs_flags_parse(&flags, f, argc, argv, &opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "%s: %s\n", flags.prog, why);
-    return 2;
-  }
   snprintf(version, sizeof(version), "%s (devices: %s; backends: %s)", GS_VERSION,
            gs_device_cuda_built() ? "cpu, cuda" : "cpu",
            gs_device_cuda_built() ? "host, nccl" : "host");
-  if (gs_flags_answer(&flags, f, action, version))
-    return -1;
+  rc = gs_flags_main(&flags, f, argc, argv, &opts, version);
+  if (rc)
+    return rc;
   if (f->print_config) {
     gs_flags_print_config(&flags, f, &opts, stdout);
     gs_launch_env_notes(&f->env, stdout);
