@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -263,132 +264,189 @@ typedef struct {
   PyObject *job, *token, *checkpoint_dir;
 } borrowed_t;
 
+/* The options that map straight onto a config field: one row each. */
+typedef enum { OPT_STRBUF, OPT_U64, OPT_FLOAT, OPT_SECONDS, OPT_BOOL } opt_kind_t;
+
+#define AT(member) offsetof(gs_engine_config_t, member), sizeof(((gs_engine_config_t *)0)->member)
+static const struct {
+  const char *key;
+  opt_kind_t kind;
+  size_t off, size;
+} plain_options[] = {
+    {"node", OPT_STRBUF, AT(node)},
+    {"device", OPT_STRBUF, AT(device)},
+    {"backend", OPT_STRBUF, AT(backend)},
+    {"comm_iface", OPT_STRBUF, AT(comm_iface)},
+    {"comm_bind", OPT_STRBUF, AT(comm_bind)},
+    {"comm_advertise", OPT_STRBUF, AT(comm_advertise)},
+    {"pack_threshold", OPT_U64, AT(pack_threshold)},
+    {"checkpoint_every", OPT_U64, AT(checkpoint_every)},
+    {"warmup_steps", OPT_U64, AT(sgd.warmup_steps)},
+    {"step_size", OPT_U64, AT(sgd.step_size)},
+    {"total_steps", OPT_U64, AT(sgd.total_steps)},
+    {"lr", OPT_FLOAT, AT(sgd.lr)},
+    {"momentum", OPT_FLOAT, AT(sgd.momentum)},
+    {"weight_decay", OPT_FLOAT, AT(sgd.weight_decay)},
+    {"bias_lr_mult", OPT_FLOAT, AT(sgd.bias_lr_mult)},
+    {"bias_wd", OPT_FLOAT, AT(sgd.bias_wd)},
+    {"warmup_factor", OPT_FLOAT, AT(sgd.warmup_factor)},
+    {"gamma", OPT_FLOAT, AT(sgd.gamma)},
+    {"nesterov", OPT_BOOL, AT(sgd.nesterov)},
+    {"join_timeout", OPT_SECONDS, AT(join_timeout_ms)},
+    {"rpc_timeout", OPT_SECONDS, AT(rpc_timeout_ms)},
+    {"comm_timeout", OPT_SECONDS, AT(comm_timeout_ms)},
+    {"connect_timeout", OPT_SECONDS, AT(connect_timeout_ms)},
+    {"coordinator_grace", OPT_SECONDS, AT(coordinator_grace_ms)},
+};
+#undef AT
+
+/* A plain option into its field; 1 when `key` is none of them. */
+static int set_plain(gs_engine_config_t *c, const char *key, PyObject *v)
+{
+  for (size_t i = 0; i < sizeof(plain_options) / sizeof(plain_options[0]); i++) {
+    void *at = (char *)c + plain_options[i].off;
+    int t;
+
+    if (strcmp(key, plain_options[i].key))
+      continue;
+    switch (plain_options[i].kind) {
+    case OPT_STRBUF:
+      return copy_str(v, at, plain_options[i].size, key);
+    case OPT_U64:
+      return set_u64(v, at);
+    case OPT_FLOAT:
+      return set_float(v, at);
+    case OPT_SECONDS:
+      return seconds_ms(v, at, key);
+    case OPT_BOOL:
+      t = PyObject_IsTrue(v);
+      if (t < 0)
+        return -1;
+      *(bool *)at = t;
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* A string option parsed by the engine's own parser. */
+static int set_named(PyObject *v, const char *key, int (*parse)(const char *, void *), void *out,
+                     const char *expect)
+{
+  const char *str = PyUnicode_AsUTF8(v);
+
+  if (!str)
+    return -1;
+  if (parse(str, out)) {
+    PyErr_Format(PyExc_ValueError, "%s must be %s, not '%s'", key, expect, str);
+    return -1;
+  }
+  return 0;
+}
+
+static int parse_reduce(const char *s, void *out)
+{
+  return gs_reduce_op_parse(s, out);
+}
+
+static int parse_schedule(const char *s, void *out)
+{
+  return gs_lr_schedule_parse(s, out);
+}
+
+/* A count option in [lo, hi] into an int32_t or uint32_t. */
+static int set_count(PyObject *v, const char *key, long lo, long hi, void *out, bool is_signed)
+{
+  long x = PyLong_AsLong(v);
+
+  if (x == -1 && PyErr_Occurred())
+    return -1;
+  if (x < lo || x > hi) {
+    PyErr_Format(PyExc_ValueError, "%s must be in %ld..%ld, not %ld", key, lo, hi, x);
+    return -1;
+  }
+  if (is_signed)
+    *(int32_t *)out = (int32_t)x;
+  else
+    *(uint32_t *)out = (uint32_t)x;
+  return 0;
+}
+
+/* resume=True, False or "auto" (start fresh when there is no checkpoint). */
+static int set_resume(gs_engine_config_t *c, PyObject *v)
+{
+  const char *str = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+  int t;
+
+  if (str && !strcmp(str, "auto")) {
+    c->resume = c->resume_auto = true;
+    return 0;
+  }
+  if (str) {
+    PyErr_Format(PyExc_ValueError, "resume must be True, False or 'auto', not '%s'", str);
+    return -1;
+  }
+  t = PyObject_IsTrue(v);
+  if (t < 0)
+    return -1;
+  c->resume = t;
+  c->resume_auto = false;
+  return 0;
+}
+
+/* The strings gs_engine_new copies: kept alive (in `keep`) until then. */
+static int set_borrowed(gs_engine_config_t *c, borrowed_t *keep, const char *key, PyObject *v)
+{
+  const char *str = PyUnicode_AsUTF8(v);
+  PyObject **slot = key[0] == 'j'   ? &keep->job
+                    : key[0] == 't' ? &keep->token
+                                    : &keep->checkpoint_dir;
+
+  if (!str)
+    return -1;
+  Py_INCREF(v);
+  Py_XSETREF(*slot, v);
+  if (key[0] == 'j')
+    c->coord.job = str;
+  else if (key[0] == 't')
+    c->coord.token = str;
+  else
+    c->checkpoint_dir = str;
+  return 0;
+}
+
 static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, PyObject *v)
 {
-  gs_sgd_config_t *s = &c->sgd;
+  int rc = set_plain(c, key, v);
+  void *p;
 
+  if (rc <= 0)
+    return rc;
   if (!strcmp(key, "coordinator"))
     return set_coordinator(v, &c->coord);
-  if (!strcmp(key, "job") || !strcmp(key, "token") || !strcmp(key, "checkpoint_dir")) {
-    const char *str = PyUnicode_AsUTF8(v);
-    PyObject **slot = key[0] == 'j'   ? &keep->job
-                      : key[0] == 't' ? &keep->token
-                                      : &keep->checkpoint_dir;
-
-    if (!str)
-      return -1;
-    Py_INCREF(v);
-    Py_XSETREF(*slot, v);
-    if (key[0] == 'j')
-      c->coord.job = str;
-    else if (key[0] == 't')
-      c->coord.token = str;
-    else
-      c->checkpoint_dir = str;
-    return 0;
-  }
-  if (!strcmp(key, "world_size") || !strcmp(key, "local_rank") || !strcmp(key, "checkpoint_keep") ||
-      !strcmp(key, "bcast_period")) {
-    long x = PyLong_AsLong(v);
-
-    if (x == -1 && PyErr_Occurred())
-      return -1;
-    if (key[0] == 'b') {
-      if (x < -1 || x > INT32_MAX)
-        return PyErr_Format(PyExc_ValueError, "bcast_period must be -1, 0 or a period"), -1;
-      c->bcast_period = (int32_t)x;
-    } else if (x < 0 || x > (1L << 30)) {
-      return PyErr_Format(PyExc_ValueError, "%s out of range: %ld", key, x), -1;
-    } else if (key[0] == 'w') {
-      c->world_size = (uint32_t)x;
-    } else if (key[0] == 'l') {
-      c->local_rank = (uint32_t)x;
-    } else {
-      c->checkpoint_keep = (uint32_t)x;
-    }
-    return 0;
-  }
+  if (!strcmp(key, "job") || !strcmp(key, "token") || !strcmp(key, "checkpoint_dir"))
+    return set_borrowed(c, keep, key, v);
+  if (!strcmp(key, "reduce"))
+    return set_named(v, key, parse_reduce, &c->reduce, "'sum' or 'mean'");
+  if (!strcmp(key, "schedule"))
+    return set_named(v, key, parse_schedule, &c->sgd.schedule, "'constant', 'step' or 'cosine'");
+  if (!strcmp(key, "resume"))
+    return set_resume(c, v);
+  if (!strcmp(key, "world_size"))
+    return set_count(v, key, 1, 1L << 24, &c->world_size, false);
+  if (!strcmp(key, "local_rank"))
+    return set_count(v, key, 0, 1L << 20, &c->local_rank, false);
+  if (!strcmp(key, "checkpoint_keep"))
+    return set_count(v, key, 1, 1L << 20, &c->checkpoint_keep, false);
+  if (!strcmp(key, "bcast_period"))
+    return set_count(v, key, -1, INT32_MAX, &c->bcast_period, true);
   if (!strcmp(key, "cuda_stream")) {
-    void *p = PyLong_AsVoidPtr(v);
-
+    p = PyLong_AsVoidPtr(v);
     if (!p && PyErr_Occurred())
       return -1;
     c->cuda_stream = p;
     return 0;
   }
-  if (!strcmp(key, "node"))
-    return copy_str(v, c->node, sizeof(c->node), key);
-  if (!strcmp(key, "device"))
-    return copy_str(v, c->device, sizeof(c->device), key);
-  if (!strcmp(key, "backend"))
-    return copy_str(v, c->backend, sizeof(c->backend), key);
-  if (!strcmp(key, "comm_iface"))
-    return copy_str(v, c->comm_iface, sizeof(c->comm_iface), key);
-  if (!strcmp(key, "comm_bind"))
-    return copy_str(v, c->comm_bind, sizeof(c->comm_bind), key);
-  if (!strcmp(key, "comm_advertise"))
-    return copy_str(v, c->comm_advertise, sizeof(c->comm_advertise), key);
-  if (!strcmp(key, "pack_threshold") || !strcmp(key, "checkpoint_every"))
-    return set_u64(v, key[0] == 'p' ? &c->pack_threshold : &c->checkpoint_every);
-  if (!strcmp(key, "warmup_steps") || !strcmp(key, "step_size") || !strcmp(key, "total_steps"))
-    return set_u64(v, key[0] == 'w'   ? &s->warmup_steps
-                      : key[0] == 's' ? &s->step_size
-                                      : &s->total_steps);
-  if (!strcmp(key, "reduce")) {
-    const char *str = PyUnicode_AsUTF8(v);
-
-    if (!str)
-      return -1;
-    if (gs_reduce_op_parse(str, &c->reduce))
-      return PyErr_Format(PyExc_ValueError, "reduce must be 'sum' or 'mean', not '%s'", str), -1;
-    return 0;
-  }
-  if (!strcmp(key, "schedule")) {
-    const char *str = PyUnicode_AsUTF8(v);
-
-    if (!str)
-      return -1;
-    if (gs_lr_schedule_parse(str, &s->schedule))
-      return PyErr_Format(PyExc_ValueError,
-                          "schedule must be 'constant', 'step' or 'cosine', not '%s'", str),
-             -1;
-    return 0;
-  }
-  if (!strcmp(key, "resume") || !strcmp(key, "nesterov")) {
-    int t = PyObject_IsTrue(v);
-
-    if (t < 0)
-      return -1;
-    if (key[0] == 'r')
-      c->resume = t;
-    else
-      s->nesterov = t;
-    return 0;
-  }
-  if (!strcmp(key, "lr"))
-    return set_float(v, &s->lr);
-  if (!strcmp(key, "momentum"))
-    return set_float(v, &s->momentum);
-  if (!strcmp(key, "weight_decay"))
-    return set_float(v, &s->weight_decay);
-  if (!strcmp(key, "bias_lr_mult"))
-    return set_float(v, &s->bias_lr_mult);
-  if (!strcmp(key, "bias_wd"))
-    return set_float(v, &s->bias_wd);
-  if (!strcmp(key, "warmup_factor"))
-    return set_float(v, &s->warmup_factor);
-  if (!strcmp(key, "gamma"))
-    return set_float(v, &s->gamma);
-  if (!strcmp(key, "join_timeout"))
-    return seconds_ms(v, &c->join_timeout_ms, key);
-  if (!strcmp(key, "rpc_timeout"))
-    return seconds_ms(v, &c->rpc_timeout_ms, key);
-  if (!strcmp(key, "comm_timeout"))
-    return seconds_ms(v, &c->comm_timeout_ms, key);
-  if (!strcmp(key, "connect_timeout"))
-    return seconds_ms(v, &c->connect_timeout_ms, key);
-  if (!strcmp(key, "coordinator_grace"))
-    return seconds_ms(v, &c->coordinator_grace_ms, key);
   PyErr_Format(PyExc_TypeError, "Engine() got an unexpected option '%s'", key);
   return -1;
 }
