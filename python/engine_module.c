@@ -9,6 +9,9 @@
  * can abort the interpreter. The pure-Python layer (gradsync/torch.py)
  * builds the optimizer on top. */
 #define PY_SSIZE_T_CLEAN
+/* The stable ABI of Python 3.11 (the buffer protocol joined it then): one
+ * build imports on every later Python, a GPU machine's too. */
+#define Py_LIMITED_API 0x030B0000
 #include <Python.h>
 
 #include <errno.h>
@@ -16,6 +19,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <gradsync/engine.h>
@@ -42,6 +46,23 @@ typedef struct {
   uint32_t nparams;
   uint64_t *numel; /* per registered param */
 } EngineObject;
+
+/* A str's UTF-8 (owned by the str), or NULL with an exception set. */
+static const char *utf8(PyObject *v)
+{
+  return PyUnicode_AsUTF8AndSize(v, NULL);
+}
+
+/* Frees an object of one of our heap types (which hold a reference to
+ * their type). */
+static void free_object(PyObject *o)
+{
+  PyTypeObject *type = Py_TYPE(o);
+  freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
+
+  tp_free(o);
+  Py_DECREF(type);
+}
 
 /* ---- errors --------------------------------------------------------- */
 
@@ -133,12 +154,10 @@ static PyGetSetDef buffer_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyBufferProcs buffer_procs = {.bf_getbuffer = buffer_get};
-
 static void buffer_dealloc(BufferObject *b)
 {
   Py_XDECREF(b->owner);
-  Py_TYPE(b)->tp_free((PyObject *)b);
+  free_object((PyObject *)b);
 }
 
 static PyObject *buffer_address(BufferObject *b, PyObject *unused)
@@ -152,24 +171,31 @@ static PyMethodDef buffer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject BufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gradsync._engine.Buffer",
-    .tp_basicsize = sizeof(BufferObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "float32 pack memory (params or grads of one parameter); keeps its engine alive",
-    .tp_dealloc = (destructor)buffer_dealloc,
-    .tp_as_buffer = &buffer_procs,
-    .tp_methods = buffer_methods,
-    .tp_getset = buffer_getset,
+static PyType_Slot buffer_slots[] = {
+    {Py_tp_doc, "float32 pack memory (params or grads of one parameter); keeps its engine alive"},
+    {Py_tp_dealloc, buffer_dealloc},
+    {Py_bf_getbuffer, buffer_get},
+    {Py_tp_methods, buffer_methods},
+    {Py_tp_getset, buffer_getset},
+    {0, NULL},
 };
+
+static PyType_Spec buffer_spec = {
+    .name = "gradsync._engine.Buffer",
+    .basicsize = sizeof(BufferObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = buffer_slots,
+};
+
+static PyTypeObject *BufferType; /* made from buffer_spec at import */
 
 static PyObject *buffer_new(EngineObject *owner, void *ptr, Py_ssize_t len)
 {
-  BufferObject *b = PyObject_New(BufferObject, &BufferType);
+  BufferObject *b = PyObject_New(BufferObject, BufferType);
 
   if (!b)
     return NULL;
-  Py_INCREF(owner);
+  Py_INCREF((PyObject *)owner);
   b->owner = (PyObject *)owner;
   b->ptr = ptr;
   b->len = len;
@@ -181,7 +207,7 @@ static PyObject *buffer_new(EngineObject *owner, void *ptr, Py_ssize_t len)
 
 static int copy_str(PyObject *v, char *out, size_t len, const char *key)
 {
-  const char *s = PyUnicode_AsUTF8(v);
+  const char *s = utf8(v);
 
   if (!s)
     return -1;
@@ -231,7 +257,7 @@ static int set_float(PyObject *v, float *out)
 /* "host:port" into the coordinator's address. */
 static int set_coordinator(PyObject *v, gs_engine_coord_t *c)
 {
-  const char *s = PyUnicode_AsUTF8(v), *colon;
+  const char *s = utf8(v), *colon;
   char *end;
   long port;
   size_t n;
@@ -250,7 +276,7 @@ static int set_coordinator(PyObject *v, gs_engine_coord_t *c)
     n -= 2;
   }
   if (n == 0 || n >= sizeof(c->host)) {
-    PyErr_Format(PyExc_ValueError, "coordinator: bad host in '%s'", PyUnicode_AsUTF8(v));
+    PyErr_Format(PyExc_ValueError, "coordinator: bad host in '%s'", utf8(v));
     return -1;
   }
   memcpy(c->host, s, n);
@@ -333,7 +359,7 @@ static int set_plain(gs_engine_config_t *c, const char *key, PyObject *v)
 static int set_named(PyObject *v, const char *key, int (*parse)(const char *, void *), void *out,
                      const char *expect)
 {
-  const char *str = PyUnicode_AsUTF8(v);
+  const char *str = utf8(v);
 
   if (!str)
     return -1;
@@ -375,7 +401,7 @@ static int set_count(PyObject *v, const char *key, long lo, long hi, void *out, 
 /* resume=True, False or "auto" (start fresh when there is no checkpoint). */
 static int set_resume(gs_engine_config_t *c, PyObject *v)
 {
-  const char *str = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : NULL;
+  const char *str = PyUnicode_Check(v) ? utf8(v) : NULL;
   int t;
 
   if (str && !strcmp(str, "auto")) {
@@ -397,7 +423,7 @@ static int set_resume(gs_engine_config_t *c, PyObject *v)
 /* The strings gs_engine_new copies: kept alive (in `keep`) until then. */
 static int set_borrowed(gs_engine_config_t *c, borrowed_t *keep, const char *key, PyObject *v)
 {
-  const char *str = PyUnicode_AsUTF8(v);
+  const char *str = utf8(v);
   PyObject **slot = key[0] == 'j'   ? &keep->job
                     : key[0] == 't' ? &keep->token
                                     : &keep->checkpoint_dir;
@@ -405,7 +431,8 @@ static int set_borrowed(gs_engine_config_t *c, borrowed_t *keep, const char *key
   if (!str)
     return -1;
   Py_INCREF(v);
-  Py_XSETREF(*slot, v);
+  Py_XDECREF(*slot);
+  *slot = v;
   if (key[0] == 'j')
     c->coord.job = str;
   else if (key[0] == 't')
@@ -461,7 +488,7 @@ static void engine_dealloc(EngineObject *self)
     gs_engine_free(self->engine);
   }
   PyMem_Free(self->numel);
-  Py_TYPE(self)->tp_free((PyObject *)self);
+  free_object((PyObject *)self);
 }
 
 static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
@@ -474,7 +501,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   char why[256];
   int rc = -1;
 
-  if (PyTuple_GET_SIZE(args)) {
+  if (PyTuple_Size(args)) {
     PyErr_SetString(PyExc_TypeError, "Engine() takes keyword arguments only");
     return -1;
   }
@@ -484,7 +511,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   }
   gs_engine_config_defaults(&cfg);
   while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
-    const char *k = PyUnicode_AsUTF8(key);
+    const char *k = utf8(key);
 
     if (!k || set_option(&cfg, &keep, k, value))
       goto out;
@@ -863,15 +890,20 @@ static PyMethodDef engine_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject EngineType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gradsync._engine.Engine",
-    .tp_basicsize = sizeof(EngineObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "libgradsync's sync engine (gradsync/engine.h); keyword options as its config",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)engine_init,
-    .tp_dealloc = (destructor)engine_dealloc,
-    .tp_methods = engine_methods,
+static PyType_Slot engine_slots[] = {
+    {Py_tp_doc, "libgradsync's sync engine (gradsync/engine.h); keyword options as its config"},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, engine_init},
+    {Py_tp_dealloc, engine_dealloc},
+    {Py_tp_methods, engine_methods},
+    {0, NULL},
+};
+
+static PyType_Spec engine_spec = {
+    .name = "gradsync._engine.Engine",
+    .basicsize = sizeof(EngineObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = engine_slots,
 };
 
 /* ---- module ------------------------------------------------------------ */
@@ -926,17 +958,17 @@ static int add_error(PyObject *m, PyObject **slot, const char *name, PyObject *b
 
 PyMODINIT_FUNC PyInit__engine(void)
 {
-  PyObject *m;
+  PyObject *m, *engine_type = PyType_FromSpec(&engine_spec);
 
-  if (PyType_Ready(&EngineType) < 0 || PyType_Ready(&BufferType) < 0)
+  BufferType = (PyTypeObject *)PyType_FromSpec(&buffer_spec);
+  if (!engine_type || !BufferType)
     return NULL;
   m = PyModule_Create(&module_def);
   if (!m)
     return NULL;
-  Py_INCREF(&EngineType);
-  Py_INCREF(&BufferType);
-  if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) ||
-      PyModule_AddObject(m, "Buffer", (PyObject *)&BufferType) ||
+  Py_INCREF((PyObject *)BufferType);
+  if (PyModule_AddObject(m, "Engine", engine_type) ||
+      PyModule_AddObject(m, "Buffer", (PyObject *)BufferType) ||
       add_error(m, &error_base, "Error", PyExc_RuntimeError, "a gradsync engine error") ||
       add_error(m, &error_peer_lost, "PeerLost", error_base,
                 "another rank was lost, or the coordinator aborted the job") ||
