@@ -18,6 +18,7 @@
 #   tests/gpu/  tests/gpu/*.py, run.sh and one_gpu_ranks.sh, as in the
 #               repository, and the tests/checkpoints.py and agentlib.py they import
 #   bench/      bench/gpu_*.py, bench/torch_mlp.py and bench/benchlib.py, as in the repository
+#   python/     the gradsync Python package (gradsync._engine on the stable ABI)
 #   MANIFEST.txt
 # and OUT_DIR.tar.gz beside it. On the GPU machine: tar xzf the tarball, then
 # bash gpu-bundle/bin/run.sh (see tests/gpu/run.sh).
@@ -105,10 +106,17 @@ shopt -s nullglob
 for f in "$repo"/tests/gpu/*.py "$repo"/tests/gpu/run.sh "$repo"/tests/gpu/one_gpu_ranks.sh; do
   cp "$f" "$out/tests/gpu/"
 done
-# tests/gpu/*.py import helpers from tests/ (checkpoints.py, agentlib.py).
-for f in checkpoints.py agentlib.py; do
+# tests/gpu/*.py import helpers from tests/ (checkpoints.py, agentlib.py,
+# and the PyTorch front end's test_torch.py and torch_worker.py).
+for f in checkpoints.py agentlib.py test_torch.py torch_worker.py; do
   if [ -f "$repo/tests/$f" ]; then cp "$repo/tests/$f" "$out/tests/"; fi
 done
+# The Python package (the stable ABI: any CPython from 3.11 imports it).
+if [ -d "$build/python/gradsync" ]; then
+  mkdir -p "$out/python"
+  cp -rL "$build/python/gradsync" "$out/python/"
+  rm -rf "$out/python/gradsync/__pycache__"
+fi
 cp "$repo/tests/gpu/run.sh" "$out/bin/run.sh"
 for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py "$repo"/bench/benchlib.py; do cp "$f" "$out/bench/"; done
 shopt -u nullglob

@@ -263,6 +263,16 @@ for c in $cases; do
   else run_case "$c" 180 "$py" "$agent_py" "$c" "$bin" "$data"; fi
 done
 
+# c2: the PyTorch front end on the GPU (its test skips, 77, without one).
+torch_py=$(find_script "$bundle/tests/gpu/test_gpu_torch.py" "$here/test_gpu_torch.py")
+pydir=""
+for cand in "$bundle/python" "$bin/../python"; do
+  if [ -d "$cand/gradsync" ]; then pydir=$(cd "$cand" && pwd); break; fi
+done
+if [ -n "$no_gpu" ]; then skip_case torch "$no_gpu"
+elif [ -z "$torch_py" ] || [ -z "$pydir" ]; then skip_case torch "test_gpu_torch.py or the Python package missing from the bundle"
+else run_case torch 300 "$py" "$torch_py" "$bin" "$pydir"; fi
+
 # d: gradsync vs PyTorch on this GPU.
 bench_py=$(find_script "$bundle/bench/gpu_vs_torch.py" "$here/../../bench/gpu_vs_torch.py" \
            "$here/../bench/gpu_vs_torch.py" "$bin/gpu_vs_torch.py")
