@@ -576,6 +576,72 @@ START_TEST(strays_ignored)
 }
 END_TEST
 
+/* A symlink planted at the temporary file's name is replaced, never written
+ * through: its target keeps its bytes. A stale temporary file is replaced. */
+START_TEST(tmp_symlink_not_followed)
+{
+  char *dir = make_dir(), tmp[PATH_MAX], target[PATH_MAX], buf[16];
+  tstate_t t, got;
+  struct stat sb;
+  tlog_t l;
+  FILE *f;
+
+  snprintf(target, sizeof(target), "%s/precious", dir);
+  write_file(target, "precious", 8);
+  snprintf(tmp, sizeof(tmp), "%s/.ckpt-000000000100.tmp", dir);
+  ck_assert_int_eq(symlink(target, tmp), 0);
+  tstate_fill(&t, 100, 1);
+  save(dir, &t, 0);
+  f = fopen(target, "rb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fread(buf, 1, sizeof(buf), f), 8);
+  fclose(f);
+  ck_assert_int_eq(memcmp(buf, "precious", 8), 0);
+  ck_assert_int_ne(lstat(tmp, &sb), 0); /* renamed into place, link gone */
+  name_of(target, sizeof(target), dir, 100);
+  ck_assert_int_eq(lstat(target, &sb), 0);
+  ck_assert(S_ISREG(sb.st_mode));
+
+  /* A stale temporary file of a crashed save, longer than the new one. */
+  snprintf(tmp, sizeof(tmp), "%s/.ckpt-000000000200.tmp", dir);
+  f = fopen(tmp, "wb");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < 10000; i++)
+    fputc('x', f);
+  fclose(f);
+  tstate_fill(&t, 200, 2);
+  save(dir, &t, 0);
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, NULL, 0, NULL, 0), 0);
+  expect_same(&got, &t);
+  tlog_close(&l);
+  rm_dir(dir);
+}
+END_TEST
+
+/* A FIFO under a checkpoint's name is skipped at once, not waited on. */
+START_TEST(fifo_skipped)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[512] = "";
+  tstate_t t, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 200);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, NULL, 0, why, sizeof(why)), 0);
+  expect_same(&got, &t);
+  ck_assert_msg(strstr(tlog_text(&l), "ckpt-000000000200.gsck: not a regular file, skipped"), "%s",
+                tlog_text(&l));
+  tlog_close(&l);
+  tstate_wire(&got, 0, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPROTO);
+  rm_dir(dir);
+}
+END_TEST
+
 /* A file renamed to another step's name is refused. */
 START_TEST(renamed_refused)
 {
@@ -986,6 +1052,8 @@ static Suite *checkpoint_suite(void)
   suite_add_tcase(s, tcase("truncated_skipped", truncated_skipped));
   suite_add_tcase(s, tcase("strays_ignored", strays_ignored));
   suite_add_tcase(s, tcase("renamed_refused", renamed_refused));
+  suite_add_tcase(s, tcase("tmp_symlink_not_followed", tmp_symlink_not_followed));
+  suite_add_tcase(s, tcase("fifo_skipped", fifo_skipped));
   suite_add_tcase(s, tcase("layout_mismatch", layout_mismatch));
   suite_add_tcase(s, tcase("layout_description", layout_description));
   suite_add_tcase(s, tcase("wrong_counts", wrong_counts));

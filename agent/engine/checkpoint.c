@@ -360,6 +360,23 @@ static int prune(const char *dir, uint64_t step, uint32_t keep, char *why, size_
   return err;
 }
 
+/* Creates the temporary file `tmp` afresh: O_EXCL (which also refuses to
+ * follow a symlink at the name) and O_NOFOLLOW, so whatever lies there (a
+ * stale file of a crashed save, or a symlink someone planted to make us
+ * overwrite its target) is unlinked, never written through, and the file
+ * is created again. -1 with errno set on failure. */
+static int open_tmp(const char *tmp)
+{
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(tmp, flags, 0644);
+
+  if (fd >= 0 || errno != EEXIST)
+    return fd;
+  if (unlink(tmp) != 0 && errno != ENOENT)
+    return -1;
+  return open(tmp, flags, 0644);
+}
+
 /* The checks save and load share; clears `path` first. */
 static int check_args(const char *dir, const gs_ckpt_state_t *st, char *path, size_t path_len,
                       char *why, size_t why_len)
@@ -390,7 +407,7 @@ int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep
   err = mkdir_p(dir, why, why_len);
   if (err)
     return err;
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd = open_tmp(tmp);
   if (fd < 0)
     return sys_fail(why, why_len, tmp, "open");
   err = write_body(fd, tmp, st, why, why_len);
@@ -643,7 +660,8 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   struct stat sb;
   int fd, err;
 
-  fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Non-blocking: a FIFO at the name is refused below, not waited on. */
+  fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0)
     return sys_fail(why, why_len, path, "open");
   if (fstat(fd, &sb) != 0) {
