@@ -288,7 +288,7 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return 0;
   }
   if (!strcmp(key, "world_size") || !strcmp(key, "local_rank") || !strcmp(key, "checkpoint_keep") ||
-      !strcmp(key, "bcast_period")) {
+      !strcmp(key, "checkpoint_failures") || !strcmp(key, "bcast_period")) {
     long x = PyLong_AsLong(v);
 
     if (x == -1 && PyErr_Occurred())
@@ -303,6 +303,8 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
       c->world_size = (uint32_t)x;
     } else if (key[0] == 'l') {
       c->local_rank = (uint32_t)x;
+    } else if (!strcmp(key, "checkpoint_failures")) {
+      c->checkpoint_failures = (uint32_t)x;
     } else {
       c->checkpoint_keep = (uint32_t)x;
     }

@@ -218,6 +218,71 @@ def case_ckptdir(tmp):
     assert os.path.isdir(ok) and os.listdir(ok) == [], os.listdir(ok)
 
 
+def mount_tmpfs(d, size):
+    """A tmpfs of `size` at d (root only: else the case is skipped)."""
+    os.makedirs(d, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", d],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"skipped: cannot mount a tmpfs ({p.stderr.strip() or 'not root'})")
+        sys.exit(77)
+
+
+def fill(d, leave):
+    """A file in d that leaves about `leave` bytes free there."""
+    st = os.statvfs(d)
+    with open(os.path.join(d, "filler"), "wb") as f:
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - leave))
+
+
+def case_ckptfail(tmp):
+    """A checkpoint directory whose disk fills up mid-run (a tmpfs of 640
+    KiB; a checkpoint of --layers 784,32,10 is 204 KB): each failed write is
+    a warning and training goes on; once space is freed the next checkpoint
+    is written and the run ends well. A disk that stays full ends the job at
+    the --checkpoint-failures-th failure in a row, the older checkpoint
+    intact."""
+    d = os.path.join(tmp, "ck")
+    mount_tmpfs(d, "640k")
+    args = ["--nproc", "1", "--steps", "1000000", "--layers", "784,32,10", "--checkpoint-dir", d,
+            "--checkpoint-every", "20"] + FAST
+    try:
+        fill(d, 300 << 10)  # room for one checkpoint
+        code, out, err = run(args + ["--checkpoint-failures", "3"], check=False)
+        text = out + err
+        assert code != 0, text[-3000:]
+        for k in (1, 2):
+            assert re.search(rf"checkpoint at step {20 + 20 * k} failed \({k} of 3 allowed in a "
+                             r"row; training goes on.*No space left on device", text), text[-3000:]
+        assert re.search(r"checkpoint at step 80 failed, 3 in a row: .*No space left", text), \
+            text[-3000:]
+        assert sorted(os.listdir(d)) == ["ckpt-000000000020.gsck", "filler"], os.listdir(d)
+        assert read_checkpoint(os.path.join(d, "ckpt-000000000020.gsck"))["step"] == 20
+        print("disk stays full:", re.search(r"error: (.*)", text).group(1)[:200])
+
+        os.unlink(os.path.join(d, "ckpt-000000000020.gsck"))
+        p, _, lines = start_launcher(args + ["--checkpoint-failures", "1000000"])
+        try:
+            m = wait_for(p, lines, r"checkpoint at step (\d+) failed \(1 of 1000000")
+            os.unlink(os.path.join(d, "filler"))
+            after = wait_for(p, lines, r"checkpoint: step (\d+) -> ")
+            assert int(after.group(1)) > int(m.group(1)), (after.group(0), m.group(0))
+            p.send_signal(signal.SIGTERM)
+            lines.append(p.stdout.read())
+            p.wait(timeout=60)
+        finally:
+            p.kill()
+        text = "".join(lines)
+        stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
+        assert stop and "final:" in text and "rank 0 exited" not in text, text[-3000:]
+        assert read_checkpoint(newest_checkpoint(d))["step"] == int(stop.group(1))
+        assert not [f for f in os.listdir(d) if f.endswith(".tmp")], os.listdir(d)
+        print(f"disk full at step {m.group(1)}, freed: checkpoint of step {after.group(1)}, "
+              f"stopped at {stop.group(1)} with its checkpoint")
+    finally:
+        subprocess.run(["umount", "-l", d])
+
+
 def start_launcher(args):
     p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
