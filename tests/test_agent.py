@@ -161,8 +161,9 @@ def case_model(tmp):
 
 def case_resume(tmp):
     """--resume with no valid checkpoint is an error, --resume=auto starts
-    fresh and says so, and a checkpoint of other --layers is an error
-    naming both layouts (with =auto too)."""
+    fresh and says so, a checkpoint of other --layers is an error naming
+    both layouts (with =auto too), and one written at another world size
+    resumes with a warning naming both sizes."""
     d = os.path.join(tmp, "ck")
     os.mkdir(d)
     args = ["--nproc", "1", "--steps", "5", "--checkpoint-dir", d] + FAST
@@ -182,8 +183,18 @@ def case_resume(tmp):
                 "784,64,10") in err, err
         assert "final:" not in out, out
     print("other --layers:", re.search(r"error: (.*)", err).group(1)[:160])
-    _, out, _ = run(args + ["--resume", "--layers", "784,32,10", "--steps", "8"])
+    _, out, err = run(args + ["--resume", "--layers", "784,32,10", "--steps", "8"])
     assert "resumed at step 5" in out, out
+    assert "was written at world size" not in err, err
+    # Another world size: allowed, with a warning naming both sizes.
+    _, out, err = run(["--nproc", "2", "--steps", "10", "--checkpoint-dir", d, "--resume",
+                       "--layers", "784,32,10", "--reduce", "mean"] + FAST)
+    assert "resumed at step 8" in out, out
+    want = "ckpt-000000000008.gsck was written at world size 1, resuming at world size 2"
+    assert want in err + out, err
+    ck = read_checkpoint(newest_checkpoint(d))
+    assert ck["step"] == 10 and ck["world_size"] == 2, (ck["step"], ck["world_size"])
+    print("other world size:", re.search(r"WARN .*(ckpt-\S+ was written at .*)", err + out).group(1))
 
 
 def case_ckptdir(tmp):
