@@ -207,7 +207,10 @@ static const gs_flag_t flag_rows[] = {
    .doc = "MLP widths (ReLU between layers, softmax cross-entropy)"},
   {.name = "--data", .kind = GS_FLAG_STR, F(t.data_dir), .metavar = "DIR",
    .help = "IDX files, gzip or plain",
-   .doc = "IDX files `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`"},
+   .doc = "IDX files `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`: regular files "
+          "only (a FIFO is refused, not waited on), at most 512 MiB each once inflated; a "
+          ".gz is inflated as it streams, so a gzip bomb is refused at the limit without "
+          "holding it"},
   {.name = "--batch", .kind = GS_FLAG_INT, F(t.batch), .min = 1, .max = 1 << 20, .metavar = "B",
    .help = "examples per rank per step"},
   {.name = "--epochs", .kind = GS_FLAG_INT, F(t.epochs), .min = 1, .max = 1000000,
