@@ -72,7 +72,7 @@ static int parse_dims(const uint8_t *b, size_t len, gs_idx_t *out, size_t *heade
 static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *offset, char *why,
                         size_t why_len)
 {
-  size_t header, bytes;
+  size_t header = 0, bytes = 0;
   int err;
 
   err = parse_dims(b, len, out, &header, &bytes, why, why_len);
@@ -292,7 +292,7 @@ static int count_trailing(idx_src_t *s, size_t have, size_t cap, size_t *total, 
                           size_t why_len)
 {
   uint8_t *scratch = malloc(CHUNK);
-  size_t got;
+  size_t got = 0;
   int err = 0;
 
   if (!scratch)
@@ -314,7 +314,7 @@ static int count_trailing(idx_src_t *s, size_t have, size_t cap, size_t *total, 
  * small one). The reason on error has no path. */
 static int load_stream(idx_src_t *s, size_t cap, gs_idx_t *out, char *why, size_t why_len)
 {
-  size_t bytes, header, got, total = 0;
+  size_t bytes = 0, header = 0, got, total = 0;
   uint8_t probe;
   int err;
 
