@@ -465,6 +465,8 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_count(v, key, 0, 1L << 20, &c->local_rank, false);
   if (!strcmp(key, "checkpoint_keep"))
     return set_count(v, key, 1, 1L << 20, &c->checkpoint_keep, false);
+  if (!strcmp(key, "checkpoint_failures"))
+    return set_count(v, key, 1, 1L << 20, &c->checkpoint_failures, false);
   if (!strcmp(key, "bcast_period"))
     return set_count(v, key, -1, INT32_MAX, &c->bcast_period, true);
   if (!strcmp(key, "cuda_stream")) {

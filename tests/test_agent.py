@@ -162,8 +162,9 @@ def case_model(tmp):
 
 def case_resume(tmp):
     """--resume with no valid checkpoint is an error, --resume=auto starts
-    fresh and says so, and a checkpoint of other --layers is an error
-    naming both layouts (with =auto too)."""
+    fresh and says so, a checkpoint of other --layers is an error naming
+    both layouts (with =auto too), and one written at another world size
+    resumes with a warning naming both sizes."""
     d = os.path.join(tmp, "ck")
     os.mkdir(d)
     args = ["--nproc", "1", "--steps", "5", "--checkpoint-dir", d] + FAST
@@ -183,8 +184,18 @@ def case_resume(tmp):
                 "784,64,10") in err, err
         assert "final:" not in out, out
     print("other --layers:", re.search(r"error: (.*)", err).group(1)[:160])
-    _, out, _ = run(args + ["--resume", "--layers", "784,32,10", "--steps", "8"])
+    _, out, err = run(args + ["--resume", "--layers", "784,32,10", "--steps", "8"])
     assert "resumed at step 5" in out, out
+    assert "was written at world size" not in err, err
+    # Another world size: allowed, with a warning naming both sizes.
+    _, out, err = run(["--nproc", "2", "--steps", "10", "--checkpoint-dir", d, "--resume",
+                       "--layers", "784,32,10", "--reduce", "mean"] + FAST)
+    assert "resumed at step 8" in out, out
+    want = "ckpt-000000000008.gsck was written at world size 1, resuming at world size 2"
+    assert want in err + out, err
+    ck = read_checkpoint(newest_checkpoint(d))
+    assert ck["step"] == 10 and ck["world_size"] == 2, (ck["step"], ck["world_size"])
+    print("other world size:", re.search(r"WARN .*(ckpt-\S+ was written at .*)", err + out).group(1))
 
 
 def case_ckptdir(tmp):
@@ -217,6 +228,116 @@ def case_ckptdir(tmp):
                        timeout=60)
     assert p.returncode == 1 and "not usable" not in p.stderr, p.stderr
     assert os.path.isdir(ok) and os.listdir(ok) == [], os.listdir(ok)
+
+
+def mount_tmpfs(d, size):
+    """A tmpfs of `size` at d (root only: else the case is skipped)."""
+    os.makedirs(d, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", d],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"skipped: cannot mount a tmpfs ({p.stderr.strip() or 'not root'})")
+        sys.exit(77)
+
+
+def fill(d, leave):
+    """A file in d that leaves about `leave` bytes free there."""
+    st = os.statvfs(d)
+    with open(os.path.join(d, "filler"), "wb") as f:
+        f.write(b"\0" * (st.f_bavail * st.f_frsize - leave))
+
+
+def case_ckptfail(tmp):
+    """A checkpoint directory whose disk fills up mid-run (a tmpfs of 640
+    KiB; a checkpoint of --layers 784,32,10 is 204 KB): each failed write is
+    a warning and training goes on; once space is freed the next checkpoint
+    is written and the run ends well. A disk that stays full ends the job at
+    the --checkpoint-failures-th failure in a row, the older checkpoint
+    intact."""
+    d = os.path.join(tmp, "ck")
+    mount_tmpfs(d, "640k")
+    args = ["--nproc", "1", "--steps", "1000000", "--layers", "784,32,10", "--checkpoint-dir", d,
+            "--checkpoint-every", "20"] + FAST
+    try:
+        fill(d, 300 << 10)  # room for one checkpoint
+        code, out, err = run(args + ["--checkpoint-failures", "3"], check=False)
+        text = out + err
+        assert code != 0, text[-3000:]
+        for k in (1, 2):
+            assert re.search(rf"checkpoint at step {20 + 20 * k} failed \({k} of 3 allowed in a "
+                             r"row; training goes on.*No space left on device", text), text[-3000:]
+        assert re.search(r"checkpoint at step 80 failed, 3 in a row: .*No space left", text), \
+            text[-3000:]
+        assert sorted(os.listdir(d)) == ["ckpt-000000000020.gsck", "filler"], os.listdir(d)
+        assert read_checkpoint(os.path.join(d, "ckpt-000000000020.gsck"))["step"] == 20
+        print("disk stays full:", re.search(r"error: (.*)", text).group(1)[:200])
+
+        os.unlink(os.path.join(d, "ckpt-000000000020.gsck"))
+        p, _, lines = start_launcher(args + ["--checkpoint-failures", "1000000"])
+        try:
+            m = wait_for(p, lines, r"checkpoint at step (\d+) failed \(1 of 1000000")
+            os.unlink(os.path.join(d, "filler"))
+            after = wait_for(p, lines, r"checkpoint: step (\d+) -> ")
+            assert int(after.group(1)) > int(m.group(1)), (after.group(0), m.group(0))
+            p.send_signal(signal.SIGTERM)
+            lines.append(p.stdout.read())
+            p.wait(timeout=60)
+        finally:
+            p.kill()
+        text = "".join(lines)
+        stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
+        assert stop and "final:" in text and "rank 0 exited" not in text, text[-3000:]
+        assert read_checkpoint(newest_checkpoint(d))["step"] == int(stop.group(1))
+        assert not [f for f in os.listdir(d) if f.endswith(".tmp")], os.listdir(d)
+        print(f"disk full at step {m.group(1)}, freed: checkpoint of step {after.group(1)}, "
+              f"stopped at {stop.group(1)} with its checkpoint")
+    finally:
+        subprocess.run(["umount", "-l", d])
+
+
+def agent_pids(launcher_pid):
+    """The gradsync-agent children of a gradsync-run."""
+    out = []
+    for task in os.listdir(f"/proc/{launcher_pid}/task"):
+        with open(f"/proc/{launcher_pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    pids = []
+    for c in out:
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"gradsync-agent" in f.read().split(b"\0")[0]:
+                    pids.append(c)
+        except FileNotFoundError:
+            pass
+    return pids
+
+
+def case_shmkill(tmp):
+    """kill -9 of both agents of a one-machine job while their ring and its
+    shared-memory pipes form (a few milliseconds after rank 0 joined),
+    again and again: nothing of theirs is left in /dev/shm (named segments
+    there leaked in 3 of 6 such kills; the pipes are memfds now)."""
+    import random
+    rng = random.Random(15)
+    for i in range(6):
+        p = subprocess.Popen([RUN, "--nproc", "2", "--steps", "100000", "--reduce", "mean",
+                              "--job", f"shmkill{i}"] + FAST,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            wait_for(p, lines, r"\[rank [01]\].*joined generation")
+            pids = agent_pids(p.pid)
+            assert len(pids) == 2, (pids, "".join(lines))
+            time.sleep(rng.uniform(0, 0.004))
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            p.communicate(timeout=60)
+        finally:
+            p.kill()
+            p.wait()
+        left = [n for n in os.listdir("/dev/shm") for pid in pids if f"-{pid}-" in n]
+        assert not left, f"round {i}: left in /dev/shm: {left}"
+    print("6 kills during pipe setup: nothing left in /dev/shm")
 
 
 def start_launcher(args):

@@ -63,7 +63,8 @@ static void tstate_wire(tstate_t *t, uint64_t step, uint64_t hash)
   t->bufs[1] = (gs_ckpt_buffer_t){NULL, 0};
   t->bufs[2] = (gs_ckpt_buffer_t){t->c, COUNT(t->c)};
   t->bufs[3] = (gs_ckpt_buffer_t){t->d, COUNT(t->d)};
-  t->st = (gs_ckpt_state_t){step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL};
+  t->st =
+      (gs_ckpt_state_t){step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0};
 }
 
 /* Fills the buffers with special values (NaNs with payloads, signed zeros,
@@ -303,7 +304,7 @@ START_TEST(large_buffer)
   float *data = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
   char *dir = make_dir(), path[PATH_MAX], why[512];
   gs_ckpt_buffer_t b = {data, n}, bb = {back, n};
-  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL}, in = {0, 0, 0, HASH, 1, &bb, NULL};
+  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0}, in = {0, 0, 0, HASH, 1, &bb, NULL, 0};
 
   ck_assert_ptr_nonnull(data);
   ck_assert_ptr_nonnull(back);
@@ -435,7 +436,7 @@ START_TEST(every_byte_checked)
   float a[3] = {1.0f, -2.0f, 3.5f}, b[3] = {9.0f, 8.0f, 7.0f}, got[3];
   gs_ckpt_buffer_t ba[2] = {{a, 3}, {NULL, 0}}, bb[2] = {{b, 3}, {NULL, 0}};
   gs_ckpt_buffer_t bg[2] = {{got, 3}, {NULL, 0}};
-  gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL}, sb = {2, 0, 6, HASH, 2, bb, NULL};
+  gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, 0}, sb = {2, 0, 6, HASH, 2, bb, NULL, 0};
   char *dir = make_dir(), path[PATH_MAX], why[512];
   FILE *devnull = fopen("/dev/null", "w");
   gs_log_t quiet = {GS_LOG_WARN, devnull, "test"};
@@ -448,7 +449,7 @@ START_TEST(every_byte_checked)
   ck_assert_int_eq(size, 48 + 8 + 12 + 8 + 12);
   for (long off = 0; off < size; off++) {
     for (uint32_t m = 0; m < COUNT(masks); m++) {
-      gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL};
+      gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 0};
       int err;
 
       memset(got, 0, sizeof(got));
@@ -576,6 +577,72 @@ START_TEST(strays_ignored)
 }
 END_TEST
 
+/* A symlink planted at the temporary file's name is replaced, never written
+ * through: its target keeps its bytes. A stale temporary file is replaced. */
+START_TEST(tmp_symlink_not_followed)
+{
+  char *dir = make_dir(), tmp[PATH_MAX], target[PATH_MAX], buf[16];
+  tstate_t t, got;
+  struct stat sb;
+  tlog_t l;
+  FILE *f;
+
+  snprintf(target, sizeof(target), "%s/precious", dir);
+  write_file(target, "precious", 8);
+  snprintf(tmp, sizeof(tmp), "%s/.ckpt-000000000100.tmp", dir);
+  ck_assert_int_eq(symlink(target, tmp), 0);
+  tstate_fill(&t, 100, 1);
+  save(dir, &t, 0);
+  f = fopen(target, "rb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fread(buf, 1, sizeof(buf), f), 8);
+  fclose(f);
+  ck_assert_int_eq(memcmp(buf, "precious", 8), 0);
+  ck_assert_int_ne(lstat(tmp, &sb), 0); /* renamed into place, link gone */
+  name_of(target, sizeof(target), dir, 100);
+  ck_assert_int_eq(lstat(target, &sb), 0);
+  ck_assert(S_ISREG(sb.st_mode));
+
+  /* A stale temporary file of a crashed save, longer than the new one. */
+  snprintf(tmp, sizeof(tmp), "%s/.ckpt-000000000200.tmp", dir);
+  f = fopen(tmp, "wb");
+  ck_assert_ptr_nonnull(f);
+  for (int i = 0; i < 10000; i++)
+    fputc('x', f);
+  fclose(f);
+  tstate_fill(&t, 200, 2);
+  save(dir, &t, 0);
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, NULL, 0, NULL, 0), 0);
+  expect_same(&got, &t);
+  tlog_close(&l);
+  rm_dir(dir);
+}
+END_TEST
+
+/* A FIFO under a checkpoint's name is skipped at once, not waited on. */
+START_TEST(fifo_skipped)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[512] = "";
+  tstate_t t, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 200);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  tlog_open(&l);
+  ck_assert_int_eq(load_latest(dir, &got, &l, NULL, 0, why, sizeof(why)), 0);
+  expect_same(&got, &t);
+  ck_assert_msg(strstr(tlog_text(&l), "ckpt-000000000200.gsck: not a regular file, skipped"), "%s",
+                tlog_text(&l));
+  tlog_close(&l);
+  tstate_wire(&got, 0, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPROTO);
+  rm_dir(dir);
+}
+END_TEST
+
 /* A file renamed to another step's name is refused. */
 START_TEST(renamed_refused)
 {
@@ -667,6 +734,54 @@ START_TEST(layout_description)
   got.st.desc = NULL;
   ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPRECOND);
   ck_assert_msg(!strstr(why, "another model") && strstr(why, "layout hash"), "%s", why);
+  rm_dir(dir);
+}
+END_TEST
+
+/* Version 3 records the world size after the description; loading gives
+ * it back, a version 2 file gives 0, and a flipped bit in it is caught. */
+START_TEST(world_size_stored)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[1024] = "";
+  tstate_t t, got;
+  tlog_t l;
+
+  tstate_fill(&t, 100, 1);
+  t.st.desc = "layers 784,128,10";
+  t.st.world_size = 4;
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 100);
+  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 12);
+  tstate_blank(&got, HASH);
+  got.st.desc = "layers 784,256,10";
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+  expect_same(&got, &t);
+  ck_assert_uint_eq(got.st.world_size, 4);
+
+  xor_byte(path, file_size(path) - 12 - 4, 0x01); /* world size 5: the CRC says no */
+  tstate_blank(&got, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPROTO);
+  ck_assert_msg(strstr(why, "CRC mismatch"), "%s", why);
+  xor_byte(path, file_size(path) - 12 - 4, 0x01);
+
+  /* Another model: the message names both layouts, as for version 2. */
+  tstate_blank(&got, HASH ^ 1);
+  got.st.desc = "layers 784,256,10";
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPRECOND);
+  ck_assert_msg(strstr(why, "the checkpoint has layers 784,128,10, the model has layers"), "%s",
+                why);
+
+  /* A newer version 2 file (no world size) loads with world_size 0. */
+  tstate_fill(&t, 200, 2);
+  t.st.desc = "layers 784,128,10";
+  save(dir, &t, 0);
+  tstate_blank(&got, HASH);
+  got.st.world_size = 9;
+  tlog_open(&l);
+  ck_assert_int_eq(gs_checkpoint_load_latest(dir, &got.st, &l.log, NULL, 0, why, sizeof(why)), 0);
+  tlog_close(&l);
+  expect_same(&got, &t);
+  ck_assert_uint_eq(got.st.world_size, 0);
   rm_dir(dir);
 }
 END_TEST
@@ -806,7 +921,7 @@ END_TEST
 START_TEST(bad_arguments)
 {
   char *dir = make_dir(), why[512] = "";
-  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL};
+  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0};
   gs_ckpt_buffer_t b = {NULL, 3};
   gs_ckpt_buffer_t huge = {(float *)&b, UINT64_MAX / 2};
 
@@ -885,14 +1000,18 @@ static void expect_python_output(FILE *f, const tstate_t *t)
   ck_assert_uint_eq(read_ull(f), t->st.rng_state);
   expect_token(f, "layout_hash");
   ck_assert_uint_eq(read_ull(f), t->st.layout_hash);
-  if (t->st.desc) {
+  if (t->st.desc || t->st.world_size) {
     char want[256];
 
-    snprintf(want, sizeof(want), "%s", t->st.desc);
+    snprintf(want, sizeof(want), "%s", t->st.desc && *t->st.desc ? t->st.desc : "-");
     for (char *c = want; *c; c++)
       *c = *c == ' ' ? '_' : *c; /* the reader prints it as one token */
     expect_token(f, "desc");
     expect_token(f, want);
+  }
+  if (t->st.world_size) {
+    expect_token(f, "world_size");
+    ck_assert_uint_eq(read_ull(f), t->st.world_size);
   }
   for (uint32_t i = 0; i < t->st.nbuf; i++) {
     expect_token(f, "buffer");
@@ -956,6 +1075,29 @@ START_TEST(python_reader)
   expect_python_output(f, &t);
   fclose(f);
 
+  /* Version 3, with the world size; and without a description. */
+  tstate_fill(&t, 1236, 11);
+  t.st.desc = "layers 784,256,10";
+  t.st.world_size = 12;
+  save(dir, &t, 0);
+  name_of(ckpt, sizeof(ckpt), dir, 1236);
+  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
+  ck_assert_int_eq(system(cmd), 0);
+  f = fopen(out, "r");
+  ck_assert_ptr_nonnull(f);
+  expect_python_output(f, &t);
+  fclose(f);
+  tstate_fill(&t, 1237, 12);
+  t.st.world_size = 3;
+  save(dir, &t, 0);
+  name_of(ckpt, sizeof(ckpt), dir, 1237);
+  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
+  ck_assert_int_eq(system(cmd), 0);
+  f = fopen(out, "r");
+  ck_assert_ptr_nonnull(f);
+  expect_python_output(f, &t);
+  fclose(f);
+
   /* The reader refuses a corrupt file too. */
   xor_byte(ckpt, 48 + 8 + 5, 0x04);
   snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > /dev/null 2>&1", PYTHON, script, ckpt);
@@ -986,8 +1128,11 @@ static Suite *checkpoint_suite(void)
   suite_add_tcase(s, tcase("truncated_skipped", truncated_skipped));
   suite_add_tcase(s, tcase("strays_ignored", strays_ignored));
   suite_add_tcase(s, tcase("renamed_refused", renamed_refused));
+  suite_add_tcase(s, tcase("tmp_symlink_not_followed", tmp_symlink_not_followed));
+  suite_add_tcase(s, tcase("fifo_skipped", fifo_skipped));
   suite_add_tcase(s, tcase("layout_mismatch", layout_mismatch));
   suite_add_tcase(s, tcase("layout_description", layout_description));
+  suite_add_tcase(s, tcase("world_size_stored", world_size_stored));
   suite_add_tcase(s, tcase("wrong_counts", wrong_counts));
   suite_add_tcase(s, tcase("empty_or_missing_dir", empty_or_missing_dir));
   suite_add_tcase(s, tcase("unwritable_dir", unwritable_dir));

@@ -3,6 +3,7 @@
  * host comm over 127.0.0.1, and their results are checked against
  * references computed here, serially. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <check.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -985,6 +987,132 @@ START_TEST(transport_as_configured)
 }
 END_TEST
 
+/* Internal to comm_shm.c (comm_shm.h is private to agent/comm). */
+#define SHM_OFFER_LEN 64
+typedef struct gs_shm_pipe gs_shm_pipe_t;
+gs_shm_pipe_t *gs__shm_create(uint8_t offer[SHM_OFFER_LEN]);
+gs_shm_pipe_t *gs__shm_open(const uint8_t offer[SHM_OFFER_LEN]);
+void gs__shm_close(gs_shm_pipe_t *p);
+size_t gs__shm_write(gs_shm_pipe_t *p, const void *src, size_t len, bool *wake);
+size_t gs__shm_read(gs_shm_pipe_t *p, void *dst, size_t len, bool *wake);
+
+/* How many entries of /dev/shm mention process `pid` (as the segments
+ * named /gradsync-PID-... did). */
+static int shm_entries_of(pid_t pid)
+{
+  char tag[64];
+  struct dirent *de;
+  int n = 0;
+  DIR *d = opendir("/dev/shm");
+
+  snprintf(tag, sizeof(tag), "-%ld-", (long)pid);
+  while (d && (de = readdir(d)))
+    n += strstr(de->d_name, tag) != NULL;
+  if (d)
+    closedir(d);
+  return n;
+}
+
+/* The writer of a pipe, in a process of its own: creates it, hands the
+ * offer to the test over `out`, writes "hello" into it, then waits to be
+ * killed (it never closes anything). */
+static pid_t fork_writer(int out)
+{
+  pid_t pid = fork();
+
+  if (pid == 0) {
+    uint8_t offer[SHM_OFFER_LEN];
+    gs_shm_pipe_t *p = gs__shm_create(offer);
+    bool wake;
+
+    if (!p)
+      _exit(3);
+    if (write(out, offer, sizeof(offer)) != (ssize_t)sizeof(offer) ||
+        gs__shm_write(p, "hello", 5, &wake) != 5)
+      _exit(4);
+    for (;;)
+      pause();
+  }
+  return pid;
+}
+
+/* The reader, a sibling of the writer (not its parent: two unrelated
+ * processes of one user): maps the offer, reads "hello" and says 'y' (or
+ * 'n' when the offer cannot be mapped) on `out`, then waits to be killed. */
+static pid_t fork_reader(const uint8_t *offer, int out)
+{
+  pid_t pid = fork();
+
+  if (pid == 0) {
+    gs_shm_pipe_t *p = gs__shm_open(offer);
+    char buf[8] = "", c = 'n';
+    bool wake;
+
+    for (uint64_t t0 = gs_now_ms(); p && gs_now_ms() - t0 < 5000;)
+      if (gs__shm_read(p, buf, 5, &wake) == 5) {
+        c = memcmp(buf, "hello", 5) == 0 ? 'y' : 'x';
+        break;
+      }
+    if (write(out, &c, 1) != 1)
+      _exit(4);
+    for (;;)
+      pause();
+  }
+  return pid;
+}
+
+static void kill_and_reap(pid_t pid)
+{
+  int status;
+
+  kill(pid, SIGKILL);
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFSIGNALED(status), "process %ld exited %d before it was killed", (long)pid,
+                WEXITSTATUS(status));
+}
+
+/* kill -9 at the worst points of a pipe's life leaks nothing: the writer
+ * killed right after creating the segment and sending its offer (before
+ * any reader came, or with the reader's mapping live), the reader killed
+ * with it. A segment in /dev/shm would outlive them (3 of 6 targeted
+ * kills leaked before segments became memfds); none may appear there at
+ * all, even while the pipe is in use. */
+START_TEST(shm_kill_leaks_nothing)
+{
+  int to_test[2];
+
+  ck_assert_int_eq(pipe(to_test), 0);
+  for (int i = 0; i < 12; i++) {
+    uint8_t offer[SHM_OFFER_LEN];
+    pid_t w = fork_writer(to_test[1]), r = -1;
+    char c = 0;
+
+    ck_assert_int_ge(w, 0);
+    ck_assert_int_eq(read(to_test[0], offer, sizeof(offer)), (ssize_t)sizeof(offer));
+    ck_assert_msg(offer[0] == '/', "no offer");
+    ck_assert_int_eq(shm_entries_of(w), 0);
+    if (i % 3 != 0) { /* a reader maps it; every third round the writer dies alone */
+      r = fork_reader(offer, to_test[1]);
+      ck_assert_int_ge(r, 0);
+      ck_assert_int_eq(read(to_test[0], &c, 1), 1);
+      ck_assert_msg(c == 'y', "round %d: the reader could not use the pipe (%c)", i, c);
+      ck_assert_int_eq(shm_entries_of(w), 0);
+    }
+    if (i % 2)
+      usleep((useconds_t)(i * 100)); /* a varied moment */
+    kill_and_reap(w);
+    if (r > 0)
+      kill_and_reap(r);
+    ck_assert_msg(shm_entries_of(w) == 0, "round %d: a segment of process %ld outlived it", i,
+                  (long)w);
+    /* Its offer is dead with it: nobody can map the pipe any more. */
+    ck_assert_ptr_null(gs__shm_open(offer));
+  }
+  close(to_test[0]);
+  close(to_test[1]);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *test, double timeout)
 {
   TCase *tc = tcase_create(name);
@@ -1040,6 +1168,7 @@ static Suite *comm_host_suite(void)
   suite_add_tcase(s, tcase("unreachable_peer", unreachable_peer_fails_within_connect_timeout, 10));
   suite_add_tcase(s, tcase("ipv6_loopback", ipv6_loopback, 10));
   suite_add_tcase(s, tcase("transport_as_configured", transport_as_configured, 10));
+  suite_add_tcase(s, tcase("shm_kill_leaks_nothing", shm_kill_leaks_nothing, 30));
   return s;
 }
 

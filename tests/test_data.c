@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -28,9 +31,8 @@
       ck_abort_msg(__VA_ARGS__);                                                                   \
   } while (0)
 
-/* Internal to idx.c: the gunzip step with its size cap as a parameter. */
-int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, size_t *out_len,
-                   char *why, size_t why_len);
+/* Internal to idx.c: the loader with its size cap as a parameter. */
+int gs__idx_load_capped(const char *path, size_t cap, gs_idx_t *out, char *why, size_t why_len);
 
 /* ---- helpers: files, gzip, temporary directories ---- */
 
@@ -188,7 +190,7 @@ static void check_real_split(const char *split, uint32_t count, uint32_t per_cla
   ck_assert_uint_eq(img_len, 16 + (size_t)count * 784);
   ck_assert_uint_eq(lbl_len, 8 + (size_t)count);
 
-  ck_assert_msg(gs_dataset_load(FASHION_DIR, split, &ds, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(FASHION_DIR, split, 0, &ds, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(ds.count, count);
   ck_assert_uint_eq(ds.features, 28 * 28);
   ck_assert_uint_eq(ds.classes, 10);
@@ -253,8 +255,8 @@ START_TEST(plain_vs_gzip)
   gs_idx_free(&a);
   gs_idx_free(&b);
 
-  ck_assert_msg(gs_dataset_load(dir, "t10k", &plain, why, sizeof(why)) == 0, "%s", why);
-  ck_assert_msg(gs_dataset_load(FASHION_DIR, "t10k", &gz, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(dir, "t10k", 0, &plain, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(FASHION_DIR, "t10k", 0, &gz, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(plain.count, gz.count);
   ck_assert_uint_eq(plain.features, gz.features);
   ck_assert_uint_eq(plain.classes, gz.classes);
@@ -266,11 +268,11 @@ START_TEST(plain_vs_gzip)
    * plain file is read while it exists, the .gz once it is gone. */
   bytes[8] = 3;
   write_gz(join(q, sizeof(q), dir, "t10k-labels-idx1-ubyte.gz"), bytes, len);
-  ck_assert_msg(gs_dataset_load(dir, "t10k", &plain, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(dir, "t10k", 0, &plain, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(plain.y[0], 9);
   gs_dataset_free(&plain);
   ck_assert_int_eq(unlink(p), 0);
-  ck_assert_msg(gs_dataset_load(dir, "t10k", &plain, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(dir, "t10k", 0, &plain, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(plain.y[0], 3);
   ck_assert_int_eq(memcmp(plain.y + 1, gz.y + 1, gz.count - 1), 0);
   ck_assert_int_eq(memcmp(plain.x, gz.x, (size_t)gz.count * gz.features * sizeof(float)), 0);
@@ -433,7 +435,7 @@ START_TEST(load_file_errors)
   snprintf(want, sizeof(want), "%s: No such file or directory", p);
   expect_load_error(p, GS_ENOTFOUND, want);
 
-  snprintf(want, sizeof(want), "%s: not a regular file", dir);
+  snprintf(want, sizeof(want), "%s: not a regular file (a directory)", dir);
   expect_load_error(dir, GS_EINVAL, want);
 
   write_file(join(p, sizeof(p), dir, "empty"), "", 0);
@@ -534,26 +536,117 @@ START_TEST(load_gzip)
 }
 END_TEST
 
-/* The decompressed-size cap, at its boundary. */
+/* The decompressed-size cap, at its boundary: whole image, header included. */
 START_TEST(gunzip_cap)
 {
-  uint8_t data[5000], *gz, *out;
-  size_t i, n, out_len;
-  char why[256] = "";
+  static const uint32_t dims[] = {5000};
+  char dir[64], p[256], why[512] = "", want[512];
+  uint8_t buf[6000];
+  size_t len;
+  gs_idx_t idx;
 
-  for (i = 0; i < sizeof(data); i++)
-    data[i] = (uint8_t)(i * 7 % 251);
-  gz = gzip_bytes(data, sizeof(data), &n);
-  ck_assert_int_eq(gs__idx_gunzip(gz, n, 5000, &out, &out_len, why, sizeof(why)), 0);
-  ck_assert_uint_eq(out_len, 5000);
-  ck_assert_int_eq(memcmp(out, data, 5000), 0);
-  free(out);
-  ck_assert_int_eq(gs__idx_gunzip(gz, n, 4999, &out, &out_len, why, sizeof(why)), GS_ETOOBIG);
-  ck_assert_str_eq(why, "decompresses to more than 4999 bytes");
-  ck_assert_ptr_null(out);
-  ck_assert_int_eq(gs__idx_gunzip(gz, n, 100, &out, &out_len, why, sizeof(why)), GS_ETOOBIG);
-  ck_assert_str_eq(why, "decompresses to more than 100 bytes");
-  free(gz);
+  make_tmpdir(dir, sizeof(dir));
+  len = make_idx(buf, 0x08, 1, dims, 5000);
+  write_gz(join(p, sizeof(p), dir, "cap.gz"), buf, len);
+  ck_assert_msg(gs__idx_load_capped(p, 5008, &idx, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_uint_eq(idx.dims[0], 5000);
+  ck_assert_int_eq(memcmp(idx.data, buf + 8, 5000), 0);
+  gs_idx_free(&idx);
+  ck_assert_int_eq(gs__idx_load_capped(p, 5007, &idx, why, sizeof(why)), GS_ETOOBIG);
+  snprintf(want, sizeof(want), "%s: header says 5000 bytes of data, over the limit of 5007 bytes",
+           p);
+  ck_assert_str_eq(why, want);
+  ck_assert_ptr_null(idx.data);
+
+  /* Past the header's count: the rest is counted up to the cap, no more. */
+  len = make_idx(buf, 0x08, 1, (const uint32_t[]){100}, 5000);
+  write_gz(join(p, sizeof(p), dir, "more.gz"), buf, len);
+  ck_assert_int_eq(gs__idx_load_capped(p, 6000, &idx, why, sizeof(why)), GS_EINVAL);
+  snprintf(want, sizeof(want), "%s: trailing bytes: header says 100 bytes of data, file has 5000",
+           p);
+  ck_assert_str_eq(why, want);
+  ck_assert_int_eq(gs__idx_load_capped(p, 4000, &idx, why, sizeof(why)), GS_ETOOBIG);
+  snprintf(want, sizeof(want), "%s: decompresses to more than 4000 bytes (the limit)", p);
+  ck_assert_str_eq(why, want);
+  ck_assert_ptr_null(idx.data);
+  rm_tmpdir(dir);
+}
+END_TEST
+
+/* A gzip bomb: 1 GiB of data behind a small header, in about a megabyte.
+ * The old loader inflated up to the 512 MiB limit into memory before it
+ * refused; streaming, the peak stays the image plus a chunk (measured in a
+ * child, whose peak is its own). */
+START_TEST(gzip_bomb_bounded)
+{
+  char dir[64], p[256];
+  uint8_t *zeros, out[1 << 16];
+  z_stream z;
+  FILE *f;
+  int status;
+  pid_t pid;
+  struct rusage ru;
+
+  make_tmpdir(dir, sizeof(dir));
+  join(p, sizeof(p), dir, "bomb.gz");
+  f = fopen(p, "wb");
+  ck_assert_ptr_nonnull(f);
+  zeros = calloc(1, 1 << 20);
+  memset(&z, 0, sizeof(z));
+  ck_assert_int_eq(deflateInit2(&z, 1, Z_DEFLATED, 16 + MAX_WBITS, 9, Z_DEFAULT_STRATEGY), Z_OK);
+  zeros[2] = 0x08;
+  zeros[3] = 1;
+  zeros[7] = 100; /* dims {100}: the rest is trailing */
+  for (int i = 0; i < 1024; i++) {
+    z.next_in = zeros;
+    z.avail_in = 1 << 20;
+    do {
+      z.next_out = out;
+      z.avail_out = sizeof(out);
+      deflate(&z, i == 1023 ? Z_FINISH : Z_NO_FLUSH);
+      ck_assert_uint_eq(fwrite(out, 1, sizeof(out) - z.avail_out, f), sizeof(out) - z.avail_out);
+    } while (z.avail_out == 0);
+    memset(zeros, 0, 8);
+  }
+  deflateEnd(&z);
+  free(zeros);
+  ck_assert_int_eq(fclose(f), 0);
+
+  pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    gs_idx_t idx;
+    char why[512] = "", want[600];
+    int err = gs_idx_load(p, &idx, why, sizeof(why));
+
+    snprintf(want, sizeof(want), "%s: decompresses to more than %zu bytes (the limit)", p,
+             (size_t)512 << 20);
+    if (err != GS_ETOOBIG || strcmp(why, want) != 0) {
+      fprintf(stderr, "bomb: %d %s\n", err, why);
+      _exit(1);
+    }
+    _exit(0);
+  }
+  ck_assert_int_eq(wait4(pid, &status, 0, &ru), pid);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the bomb was not refused");
+  /* ru_maxrss is in KiB; the process itself (check, libc) is a few MiB. */
+  ck_assert_msg(ru.ru_maxrss < 64 * 1024, "peak RSS %ld KiB refusing a gzip bomb", ru.ru_maxrss);
+  rm_tmpdir(dir);
+}
+END_TEST
+
+/* A FIFO named like a data file is refused at once, not waited on (a
+ * blocking open of a FIFO waits for a writer forever). */
+START_TEST(fifo_refused)
+{
+  char dir[64], p[256], want[512];
+
+  make_tmpdir(dir, sizeof(dir));
+  join(p, sizeof(p), dir, "t10k-images-idx3-ubyte");
+  ck_assert_int_eq(mkfifo(p, 0600), 0);
+  snprintf(want, sizeof(want), "%s: not a regular file (a FIFO)", p);
+  expect_load_error(p, GS_EINVAL, want);
+  rm_tmpdir(dir);
 }
 END_TEST
 
@@ -577,7 +670,7 @@ START_TEST(dataset_small)
   memcpy(buf + len, labels, sizeof(labels));
   write_file(join(p, sizeof(p), dir, "mini-labels-idx1-ubyte"), buf, len + sizeof(labels));
 
-  ck_assert_msg(gs_dataset_load(dir, "mini", &ds, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(dir, "mini", 0, &ds, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(ds.count, 3);
   ck_assert_uint_eq(ds.features, 4);
   ck_assert_uint_eq(ds.classes, 8);
@@ -611,7 +704,7 @@ START_TEST(dataset_label_out_of_range)
   len = make_idx(buf, 0x08, 1, lbl_dims, 0);
   memcpy(buf + len, labels, sizeof(labels));
   write_file(join(p, sizeof(p), dir, "t10k-labels-idx1-ubyte"), buf, len + sizeof(labels));
-  ck_assert_msg(gs_dataset_load(dir, "t10k", &ds, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_msg(gs_dataset_load(dir, "t10k", 0, &ds, why, sizeof(why)) == 0, "%s", why);
   ck_assert_int_eq(gs_dataset_check_labels(&ds, 11, why, sizeof(why)), 0);
   ck_assert_int_eq(gs_dataset_check_labels(&ds, 10, why, sizeof(why)), GS_EINVAL);
   snprintf(want, sizeof(want),
@@ -624,13 +717,39 @@ START_TEST(dataset_label_out_of_range)
 }
 END_TEST
 
+/* Images of another size than the model takes are refused before they are
+ * made into floats (four times their bytes): a large image file the model
+ * cannot use costs its bytes, no more. */
+START_TEST(dataset_features)
+{
+  static const uint32_t img_dims[] = {2, 3, 3}, lbl_dims[] = {2};
+  char dir[64], p[256], want[512], why[512] = "";
+  uint8_t buf[64];
+  gs_dataset_t ds;
+  size_t len;
+
+  make_tmpdir(dir, sizeof(dir));
+  len = make_idx(buf, 0x08, 3, img_dims, 18);
+  write_file(join(p, sizeof(p), dir, "t10k-images-idx3-ubyte"), buf, len);
+  snprintf(want, sizeof(want), "the images in %s have 9 pixels", p);
+  len = make_idx(buf, 0x08, 1, lbl_dims, 2);
+  write_file(join(p, sizeof(p), dir, "t10k-labels-idx1-ubyte"), buf, len);
+  ck_assert_int_eq(gs_dataset_load(dir, "t10k", 784, &ds, why, sizeof(why)), GS_EPRECOND);
+  ck_assert_str_eq(why, want);
+  ck_assert_ptr_null(ds.x);
+  ck_assert_msg(gs_dataset_load(dir, "t10k", 9, &ds, why, sizeof(why)) == 0, "%s", why);
+  gs_dataset_free(&ds);
+  rm_tmpdir(dir);
+}
+END_TEST
+
 /* Expects gs_dataset_load(dir, split) to fail with `err` and exactly `want`. */
 static void expect_dataset_error(const char *dir, const char *split, int err, const char *want)
 {
   gs_dataset_t ds;
   char why[1024] = "";
 
-  ck_assert_int_eq(gs_dataset_load(dir, split, &ds, why, sizeof(why)), err);
+  ck_assert_int_eq(gs_dataset_load(dir, split, 0, &ds, why, sizeof(why)), err);
   ck_assert_str_eq(why, want);
   ck_assert_ptr_null(ds.x);
   ck_assert_ptr_null(ds.y);
@@ -1025,6 +1144,9 @@ static Suite *data_suite(void)
   suite_add_tcase(s, tcase("load_file_errors", load_file_errors, 5));
   suite_add_tcase(s, tcase("load_gzip", load_gzip, 5));
   suite_add_tcase(s, tcase("gunzip_cap", gunzip_cap, 5));
+  suite_add_tcase(s, tcase("gzip_bomb_bounded", gzip_bomb_bounded, 60));
+  suite_add_tcase(s, tcase("fifo_refused", fifo_refused, 5));
+  suite_add_tcase(s, tcase("dataset_features", dataset_features, 5));
   suite_add_tcase(s, tcase("dataset_small", dataset_small, 5));
   suite_add_tcase(s, tcase("dataset_errors", dataset_errors, 5));
   suite_add_tcase(s, tcase("dataset_label_out_of_range", dataset_label_out_of_range, 5));

@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -731,46 +734,81 @@ START_TEST(abort_reaches_a_rank_in_init)
 }
 END_TEST
 
+/* Holds the thread it runs on (the checkpoint writer, sent SIGUSR1) until
+ * the test releases it: a disk that takes seconds, made in-process. */
+static volatile sig_atomic_t writer_held, writer_release;
+
+static void hold_writer(int sig)
+{
+  const struct timespec ms = {0, 1000 * 1000};
+
+  (void)sig;
+  writer_held = 1;
+  while (!writer_release)
+    nanosleep(&ms, NULL);
+}
+
+/* The id of this process's thread named `name`, or 0. */
+static pid_t thread_named(const char *name)
+{
+  char path[300], comm[32];
+  struct dirent *de;
+  pid_t tid = 0;
+  DIR *d = opendir("/proc/self/task");
+
+  while (d && !tid && (de = readdir(d))) {
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
+    if (de->d_name[0] == '.' || !(f = fopen(path, "r")))
+      continue;
+    if (fgets(comm, sizeof(comm), f) && !strncmp(comm, name, strlen(name)) &&
+        comm[strlen(name)] == '\n')
+      tid = (pid_t)atoi(de->d_name);
+    fclose(f);
+  }
+  if (d)
+    closedir(d);
+  return tid;
+}
+
 /* Rank 0's checkpoint I/O does not count against the other ranks' comm
- * timeout: its temporary file is a FIFO nobody reads, so the write blocks
- * for three comm timeouts while both ranks go on stepping. Once the test
- * drains the FIFO the write ends (in a failure: a FIFO cannot be fsynced),
- * which rank 0 learns when it finishes, not before. */
+ * timeout: its writer thread is held (a signal handler that waits) from
+ * before the first checkpoint for three comm timeouts while both ranks
+ * go on stepping; released, it writes the file, and rank 0's finish waits
+ * for it. */
 START_TEST(checkpoint_io_does_not_hold_the_other_ranks)
 {
-  char dir[] = "/tmp/gs_engine_slowckpt_XXXXXX", fifo[128], buf[65536], cmd[128];
+  char dir[] = "/tmp/gs_engine_slowckpt_XXXXXX", file[128], cmd[128];
+  struct sigaction sa = {.sa_handler = hold_writer};
   scenario_t sc;
-  size_t got = 0;
-  int fd;
+  pid_t tid = 0;
 
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  snprintf(fifo, sizeof(fifo), "%s/.ckpt-%012d.tmp", dir, 2);
-  ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+  snprintf(file, sizeof(file), "%s/ckpt-%012d.gsck", dir, 50);
+  ck_assert_int_eq(sigaction(SIGUSR1, &sa, NULL), 0);
   scenario_init(&sc, "slowck", 2);
   sc.checkpoint_dir = dir;
-  sc.checkpoint_every = 2; /* one checkpoint: after step 2 */
-  sc.max_steps = 3;
+  sc.checkpoint_every = 50; /* one checkpoint: after step 50 */
+  sc.max_steps = 51;
+  sc.slow = true; /* 2 ms a step */
   sc.comm_timeout_ms = 500;
   run_ranks(&sc);
+  /* The writer starts at the end of gs_engine_start, 100 ms before step 50. */
+  for (uint64_t deadline = gs_now_ms() + 30000; !tid && gs_now_ms() < deadline;)
+    tid = thread_named("gs-ckpt");
+  ck_assert_msg(tid > 0, "no checkpoint writer thread");
+  ck_assert_int_eq(syscall(SYS_tgkill, getpid(), tid, SIGUSR1), 0);
+  while (!writer_held)
+    usleep(1000);
   usleep(1500 * 1000);
-  fd = open(fifo, O_RDONLY | O_NONBLOCK);
-  ck_assert_int_ge(fd, 0);
-  for (uint64_t deadline = gs_now_ms() + 10000; gs_now_ms() < deadline;) {
-    ssize_t n = read(fd, buf, sizeof(buf));
-
-    if (n > 0)
-      got += (size_t)n;
-    else if (n == 0 && got > 0)
-      break; /* the writer closed it */
-    else
-      usleep(10 * 1000);
-  }
-  close(fd);
+  ck_assert_msg(access(file, F_OK) != 0, "the checkpoint was written before the writer was held");
+  writer_release = 1;
   join_ranks(&sc);
-  ck_assert_msg(got > 0, "the checkpoint was never written to the FIFO");
-  expect_ok(&sc); /* neither rank timed out while rank 0's write was blocked */
+  expect_ok(&sc); /* neither rank timed out while rank 0's write was held */
   for (uint32_t r = 0; r < 2; r++)
-    ck_assert_uint_eq(sc.ranks[r].steps, 3);
+    ck_assert_uint_eq(sc.ranks[r].steps, 51);
+  ck_assert_int_eq(access(file, F_OK), 0);
   snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
   ck_assert_int_eq(system(cmd), 0);
 }

@@ -12,7 +12,11 @@
 #include <unistd.h>
 
 #define PIPE_BYTES (4u << 20) /* ring capacity: a power of two */
-#define NAME_LEN 48           /* offer bytes [0, 48): the name; [48, 64): the cookie */
+/* Offer bytes [0, 32): the path the reader opens; [32, 48): the identity
+ * of the writer's /dev/shm; [48, 64): the cookie. */
+#define PATH_LEN 32
+#define SHM_ID_AT 32
+#define COOKIE_AT 48
 
 /* The segment's head. The writer owns `head` (bytes written so far), the
  * reader `tail` (bytes read); each on its own cache line. */
@@ -28,11 +32,10 @@ typedef struct shm_header {
 struct gs_shm_pipe {
   shm_header_t *h;
   size_t map_len;
-  char name[NAME_LEN];
-  bool linked; /* writer: the name still exists */
+  int fd; /* writer: the memfd, open while the offer stands; else -1 */
 };
 
-static gs_shm_pipe_t *map_segment(int fd, const char *name)
+static gs_shm_pipe_t *map_segment(int fd)
 {
   gs_shm_pipe_t *p = calloc(1, sizeof(*p));
   size_t len = sizeof(shm_header_t) + PIPE_BYTES;
@@ -45,75 +48,92 @@ static gs_shm_pipe_t *map_segment(int fd, const char *name)
     return NULL;
   }
   p->map_len = len;
-  snprintf(p->name, sizeof(p->name), "%s", name);
+  p->fd = -1;
   return p;
+}
+
+/* What says two processes share a machine's shared memory: the device
+ * and inode of their /dev/shm (a container, or a test's node, with a
+ * /dev/shm of its own stays on TCP, as when segments lived there). */
+static void shm_identity(uint64_t id[2])
+{
+  struct stat st;
+
+  id[0] = id[1] = 0;
+  if (stat("/dev/shm", &st) == 0) {
+    id[0] = (uint64_t)st.st_dev;
+    id[1] = (uint64_t)st.st_ino;
+  }
 }
 
 gs_shm_pipe_t *gs__shm_create(uint8_t offer[GS_SHM_OFFER_LEN])
 {
-  uint64_t rnd[3];
-  char name[NAME_LEN];
+  uint64_t rnd[2], id[2];
+  char path[PATH_LEN];
   gs_shm_pipe_t *p;
-  int fd;
+  int fd, n;
 
   memset(offer, 0, GS_SHM_OFFER_LEN);
   if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
     return NULL;
-  snprintf(name, sizeof(name), "/gradsync-%ld-%016llx", (long)getpid(), (unsigned long long)rnd[0]);
-  fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  /* No name in any file system: the segment lives as long as a descriptor
+   * or a mapping of it, so a process killed at any point leaks nothing. */
+  fd = memfd_create("gradsync-pipe", MFD_CLOEXEC);
   if (fd < 0)
     return NULL;
-  if (ftruncate(fd, (off_t)(sizeof(shm_header_t) + PIPE_BYTES)) != 0) {
+  n = snprintf(path, sizeof(path), "/proc/%ld/fd/%d", (long)getpid(), fd);
+  if (n < 0 || (size_t)n >= sizeof(path) ||
+      ftruncate(fd, (off_t)(sizeof(shm_header_t) + PIPE_BYTES)) != 0 || !(p = map_segment(fd))) {
     close(fd);
-    shm_unlink(name);
     return NULL;
   }
-  p = map_segment(fd, name);
-  close(fd);
-  if (!p) {
-    shm_unlink(name);
-    return NULL;
-  }
-  p->linked = true;
-  p->h->cookie[0] = rnd[1];
-  p->h->cookie[1] = rnd[2];
-  memcpy(offer, name, strlen(name));
-  memcpy(offer + NAME_LEN, p->h->cookie, sizeof(p->h->cookie));
+  p->fd = fd;
+  p->h->cookie[0] = rnd[0];
+  p->h->cookie[1] = rnd[1];
+  shm_identity(id);
+  memcpy(offer, path, (size_t)n);
+  memcpy(offer + SHM_ID_AT, id, sizeof(id));
+  memcpy(offer + COOKIE_AT, p->h->cookie, sizeof(p->h->cookie));
   return p;
 }
 
 gs_shm_pipe_t *gs__shm_open(const uint8_t offer[GS_SHM_OFFER_LEN])
 {
-  char name[NAME_LEN];
+  char path[PATH_LEN];
+  uint64_t id[2];
   gs_shm_pipe_t *p;
   struct stat st;
   int fd;
 
-  memcpy(name, offer, NAME_LEN);
-  name[NAME_LEN - 1] = '\0';
-  if (name[0] != '/')
+  memcpy(path, offer, PATH_LEN);
+  path[PATH_LEN - 1] = '\0';
+  shm_identity(id);
+  if (strncmp(path, "/proc/", 6) != 0 || memcmp(offer + SHM_ID_AT, id, sizeof(id)) != 0)
     return NULL;
-  fd = shm_open(name, O_RDWR, 0);
+  /* The writer's descriptor, reopened (same user, so /proc lets us).
+   * Non-blocking and checked: on another host the path may name anything. */
+  fd = open(path, O_RDWR | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0)
     return NULL;
-  if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(shm_header_t) + PIPE_BYTES) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (size_t)st.st_size != sizeof(shm_header_t) + PIPE_BYTES) {
     close(fd);
     return NULL;
   }
-  p = map_segment(fd, name);
+  p = map_segment(fd);
   close(fd);
-  if (p && memcmp(p->h->cookie, offer + NAME_LEN, sizeof(p->h->cookie)) != 0) {
+  if (p && memcmp(p->h->cookie, offer + COOKIE_AT, sizeof(p->h->cookie)) != 0) {
     gs__shm_close(p);
     return NULL;
   }
   return p;
 }
 
-void gs__shm_unlink(gs_shm_pipe_t *p)
+void gs__shm_close_offer(gs_shm_pipe_t *p)
 {
-  if (p && p->linked) {
-    shm_unlink(p->name);
-    p->linked = false;
+  if (p && p->fd >= 0) {
+    close(p->fd);
+    p->fd = -1;
   }
 }
 
@@ -121,7 +141,7 @@ void gs__shm_close(gs_shm_pipe_t *p)
 {
   if (!p)
     return;
-  gs__shm_unlink(p);
+  gs__shm_close_offer(p);
   munmap(p->h, p->map_len);
   free(p);
 }

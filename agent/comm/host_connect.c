@@ -645,7 +645,7 @@ static int connect_pipes(host_comm_t *c)
   }
   if (!err)
     err = gs__host_io_all(c, next, &answer, 1, false, "shared-memory answer");
-  gs__shm_unlink(c->out_pipe); /* both sides have it mapped, or never will */
+  gs__shm_close_offer(c->out_pipe); /* both sides have it mapped, or never will */
   if (err || !answer) {
     gs__shm_close(c->out_pipe);
     c->out_pipe = NULL;

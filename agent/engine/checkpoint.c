@@ -31,7 +31,9 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 #define CKPT_END_MAGIC "GSCKEND\0" /* 8 bytes */
 #define CKPT_VERSION 1             /* no layout description */
 #define CKPT_VERSION_DESC 2        /* a layout description after the buffers */
+#define CKPT_VERSION_WORLD 3       /* and the world size after the description */
 #define DESC_LEN 4                 /* u32 length of the description */
+#define WORLD_LEN 4                /* u32 world size */
 #define HDR_LEN 48
 #define COUNT_LEN 8
 #define TRAILER_LEN 12             /* u32 CRC-32, then the end magic */
@@ -42,6 +44,7 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 /* What the fixed header holds, decoded. */
 struct ckpt_hdr {
   uint32_t version;
+  uint32_t world_size; /* version 3; else 0 */
   uint32_t nbuf;
   uint64_t step;
   uint64_t epoch;
@@ -134,7 +137,7 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
     }
     total += COUNT_LEN + count * sizeof(float);
   }
-  if (st->desc && total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX) {
+  if (total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX - WORLD_LEN) {
     gs_set_why(why, why_len, "checkpoint too large");
     return GS_ERANGE;
   }
@@ -223,7 +226,9 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
   uint32_t crc = 0, unused = 0;
 
   memcpy(hdr, CKPT_MAGIC, 8);
-  gs_store_le32(hdr + 8, st->desc ? CKPT_VERSION_DESC : CKPT_VERSION);
+  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_WORLD
+                         : st->desc     ? CKPT_VERSION_DESC
+                                        : CKPT_VERSION);
   gs_store_le32(hdr + 12, st->nbuf);
   gs_store_le64(hdr + 16, st->step);
   gs_store_le64(hdr + 24, st->epoch);
@@ -239,12 +244,19 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
         write_all(fd, b->data, b->count * sizeof(float), &crc) != 0)
       return sys_fail(why, why_len, path, "write");
   }
-  if (st->desc) {
+  if (st->desc || st->world_size) {
+    const char *desc = st->desc ? st->desc : "";
     uint8_t len[DESC_LEN];
 
-    gs_store_le32(len, (uint32_t)strlen(st->desc));
-    if (write_all(fd, len, sizeof(len), &crc) != 0 ||
-        write_all(fd, st->desc, strlen(st->desc), &crc) != 0)
+    gs_store_le32(len, (uint32_t)strlen(desc));
+    if (write_all(fd, len, sizeof(len), &crc) != 0 || write_all(fd, desc, strlen(desc), &crc) != 0)
+      return sys_fail(why, why_len, path, "write");
+  }
+  if (st->world_size) {
+    uint8_t world[WORLD_LEN];
+
+    gs_store_le32(world, st->world_size);
+    if (write_all(fd, world, sizeof(world), &crc) != 0)
       return sys_fail(why, why_len, path, "write");
   }
   gs_store_le32(trailer, crc);
@@ -360,6 +372,23 @@ static int prune(const char *dir, uint64_t step, uint32_t keep, char *why, size_
   return err;
 }
 
+/* Creates the temporary file `tmp` afresh: O_EXCL (which also refuses to
+ * follow a symlink at the name) and O_NOFOLLOW, so whatever lies there (a
+ * stale file of a crashed save, or a symlink someone planted to make us
+ * overwrite its target) is unlinked, never written through, and the file
+ * is created again. -1 with errno set on failure. */
+static int open_tmp(const char *tmp)
+{
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = open(tmp, flags, 0644);
+
+  if (fd >= 0 || errno != EEXIST)
+    return fd;
+  if (unlink(tmp) != 0 && errno != ENOENT)
+    return -1;
+  return open(tmp, flags, 0644);
+}
+
 /* The checks save and load share; clears `path` first. */
 static int check_args(const char *dir, const gs_ckpt_state_t *st, char *path, size_t path_len,
                       char *why, size_t why_len)
@@ -390,7 +419,7 @@ int gs_checkpoint_save(const char *dir, const gs_ckpt_state_t *st, uint32_t keep
   err = mkdir_p(dir, why, why_len);
   if (err)
     return err;
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd = open_tmp(tmp);
   if (fd < 0)
     return sys_fail(why, why_len, tmp, "open");
   err = write_body(fd, tmp, st, why, why_len);
@@ -481,7 +510,7 @@ static int other_layout(int fd, const char *path, uint64_t size, const struct ck
   uint64_t at;
   uint32_t len, crc = 0;
 
-  if (st->desc && h->version == CKPT_VERSION_DESC &&
+  if (st->desc && h->version >= CKPT_VERSION_DESC &&
       find_desc(fd, path, size, h->nbuf, &at, &len)) {
     len = len < sizeof(desc) - 1 ? len : (uint32_t)sizeof(desc) - 1;
     if (read_span(fd, path, desc, len, &at, &crc, NULL, 0) == 0)
@@ -522,11 +551,13 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     gs_set_why(why, why_len, "%s: bad magic (not a gradsync checkpoint)", path);
     return GS_EPROTO;
   }
-  *h = (struct ckpt_hdr){gs_load_le32(raw + 8),  gs_load_le32(raw + 12), gs_load_le64(raw + 16),
-                         gs_load_le64(raw + 24), gs_load_le64(raw + 32), gs_load_le64(raw + 40)};
-  if (h->version != CKPT_VERSION && h->version != CKPT_VERSION_DESC) {
-    gs_set_why(why, why_len, "%s: format version %u, this build reads versions %d and %d", path,
-               h->version, CKPT_VERSION, CKPT_VERSION_DESC);
+  *h = (struct ckpt_hdr){gs_load_le32(raw + 8),  0,
+                         gs_load_le32(raw + 12), gs_load_le64(raw + 16),
+                         gs_load_le64(raw + 24), gs_load_le64(raw + 32),
+                         gs_load_le64(raw + 40)};
+  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_WORLD) {
+    gs_set_why(why, why_len, "%s: format version %u, this build reads versions %d to %d", path,
+               h->version, CKPT_VERSION, CKPT_VERSION_WORLD);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
@@ -559,7 +590,7 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     }
     need += COUNT_LEN + count * sizeof(float); /* bounded by check_state */
   }
-  if (h->version == CKPT_VERSION_DESC) {
+  if (h->version >= CKPT_VERSION_DESC) {
     uint8_t len_raw[DESC_LEN];
     uint32_t len;
 
@@ -579,6 +610,21 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
       return GS_EPROTO;
     }
     need += DESC_LEN + len;
+  }
+  if (h->version >= CKPT_VERSION_WORLD) {
+    uint8_t world_raw[WORLD_LEN];
+
+    if (need + WORLD_LEN > size - TRAILER_LEN) {
+      gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before the world size)", path,
+                 (unsigned long long)size);
+      return GS_EPROTO;
+    }
+    off = need;
+    err = read_span(fd, path, world_raw, WORLD_LEN, &off, &crc, why, why_len);
+    if (err)
+      return err;
+    h->world_size = gs_load_le32(world_raw);
+    need += WORLD_LEN;
   }
   need += TRAILER_LEN;
   if (size != need) {
@@ -624,7 +670,8 @@ static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, 
       left -= n;
     }
   }
-  /* The layout description (version 2): under 4 KiB, check_layout checked. */
+  /* The layout description and the world size (versions 2 and 3): under
+   * 4 KiB, check_layout checked. */
   if (!err && off < body)
     err = read_span(fd, path, scratch, (size_t)(body - off), &off, crc, why, why_len);
   return err;
@@ -643,7 +690,8 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   struct stat sb;
   int fd, err;
 
-  fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* Non-blocking: a FIFO at the name is refused below, not waited on. */
+  fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0)
     return sys_fail(why, why_len, path, "open");
   if (fstat(fd, &sb) != 0) {
@@ -683,6 +731,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     st->step = h.step;
     st->epoch = h.epoch;
     st->rng_state = h.rng_state;
+    st->world_size = h.world_size;
   }
 out_close:
   close(fd);

@@ -34,6 +34,10 @@ typedef struct gs_ckpt_state {
    * NULL writes version 1); loading names it next to the file's when the
    * file's layout differs. */
   const char *desc;
+  /* The ranks training when it was written. Saving: not 0 stores it
+   * (format version 3, after the description, "" when desc is NULL).
+   * Loading: the file's, 0 for a file of version 1 or 2. */
+  uint32_t world_size;
 } gs_ckpt_state_t;
 
 #define GS_CKPT_DESC_MAX 4096

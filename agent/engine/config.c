@@ -29,6 +29,7 @@ void gs_engine_config_defaults(gs_engine_config_t *cfg)
   gs_sgd_config_default(&cfg->sgd);
   cfg->bcast_period = 0;
   cfg->checkpoint_keep = 3;
+  cfg->checkpoint_failures = 3;
   cfg->join_timeout_ms = 5 * 60 * 1000;
   cfg->rpc_timeout_ms = 30 * 1000;
   cfg->comm_timeout_ms = 2 * 60 * 1000;

@@ -43,8 +43,8 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
     e->cfg.coord.log = e->cfg.log;
   e->repeated_param = -1;
   gs_packs_init(&e->packs);
-  gs__ckpt_writer_init(&e->ckpt_writer, e->cfg.checkpoint_dir, e->cfg.checkpoint_keep, e->cfg.log,
-                       e->cfg.coord.job);
+  gs__ckpt_writer_init(&e->ckpt_writer, e->cfg.checkpoint_dir, e->cfg.checkpoint_keep,
+                       e->cfg.checkpoint_failures, e->cfg.log, e->cfg.coord.job);
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   return e;
@@ -496,6 +496,11 @@ int gs_engine_start(gs_engine_t *e)
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
          "%u params in %u packs (threshold %" PRIu64 " bytes), %s backend connected",
          e->packs.nparams, e->packs.list.pack_count, e->cfg.pack_threshold, gs_comm_name(e->comm));
+  if (e->join.rank == 0 && e->cfg.checkpoint_dir) {
+    err = gs__ckpt_writer_start(&e->ckpt_writer, e->error, sizeof(e->error));
+    if (err)
+      return err;
+  }
   return gs__engine_comm_start(e);
 }
 

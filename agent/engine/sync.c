@@ -119,7 +119,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         gs_packs_layout_hash(&e->packs),
                         2 * e->packs.list.pack_count,
                         NULL,
-                        e->layout_desc};
+                        e->layout_desc,
+                        e->join.world_size};
   char why[640];
   int err;
 
@@ -158,7 +159,8 @@ int gs_engine_checkpoint_wait(gs_engine_t *e)
 static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
 {
   gs_ckpt_state_t st = {
-      0, 0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count, NULL, e->layout_desc};
+      0, 0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count, NULL, e->layout_desc,
+      0};
   char path[4096], why[512];
   int err;
 
@@ -190,6 +192,14 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   *pos = (gs_position_t){st.step, st.epoch, st.rng_state};
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
          st.step);
+  /* Allowed (the params and momentum are the same whatever the world
+   * size), but the global batch, the data each rank sees and, with
+   * --reduce sum, the step size differ from the run that wrote it. */
+  if (st.world_size && st.world_size != e->join.world_size)
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, 0,
+           "%s was written at world size %" PRIu32 ", resuming at world size %" PRIu32
+           ": the global batch and the data order differ from that run's",
+           path, st.world_size, e->join.world_size);
   return 0;
 }
 

@@ -343,8 +343,13 @@ static void find_python_dir(gs_run_config_t *cfg)
     return;
   *slash = '\0'; /* the folder above bin/ */
   snprintf(probe, sizeof(probe), "%s/python/gradsync/__init__.py", self);
-  if (access(probe, R_OK) == 0 && strlen(self) + sizeof("/python") <= sizeof(cfg->python_dir))
-    snprintf(cfg->python_dir, sizeof(cfg->python_dir), "%s/python", self);
+  if (access(probe, R_OK) != 0)
+    return;
+  /* The return value checked (not only the length above): GCC's
+   * -Wformat-truncation in the Debug (ASan) build wants it used. */
+  n = snprintf(cfg->python_dir, sizeof(cfg->python_dir), "%s/python", self);
+  if (n < 0 || (size_t)n >= sizeof(cfg->python_dir))
+    cfg->python_dir[0] = '\0';
 }
 
 int gs__run_resolve_bins(gs_run_config_t *cfg)

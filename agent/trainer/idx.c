@@ -6,8 +6,10 @@
 #include "byteorder.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +24,16 @@
 
 #define GS_IDX_TYPE_UBYTE 0x08
 
-/* Internal, declared here rather than in idx.h: the gunzip step with its
- * size cap as a parameter, so that tests can exercise the cap cheaply. */
-int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, size_t *out_len,
-                   char *why, size_t why_len);
+/* Internal, declared here rather than in idx.h: the loader with its size
+ * cap as a parameter, so that tests can exercise the cap cheaply. */
+int gs__idx_load_capped(const char *path, size_t cap, gs_idx_t *out, char *why, size_t why_len);
 
-/* Checks the header of the `len` bytes at `b` against the bytes present and
- * fills the dims of `out` and the data's offset; reads nothing past `len`. */
-static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *offset, char *why,
-                        size_t why_len)
+/* Checks the header at the start of the `len` bytes at `b` and fills the
+ * dims of `out`, its length (*header) and the data's (*bytes); reads
+ * nothing past `len` and says nothing yet about the data. */
+static int parse_dims(const uint8_t *b, size_t len, gs_idx_t *out, size_t *header, size_t *bytes,
+                      char *why, size_t why_len)
 {
-  size_t header, bytes = 1;
   uint32_t i;
 
   if (len == 0)
@@ -51,17 +52,32 @@ static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *off
     return gs_why(GS_EINVAL, why, why_len, "unsupported IDX rank %u (want 1 to 4 dimensions)",
                   (unsigned)b[3]);
   out->ndims = b[3];
-  header = 4 + 4 * (size_t)out->ndims;
-  if (len < header)
+  *header = 4 + 4 * (size_t)out->ndims;
+  if (len < *header)
     return gs_why(GS_EINVAL, why, why_len,
                   "truncated header: %u dimensions need %zu header bytes, file has %zu", out->ndims,
-                  header, len);
+                  *header, len);
+  *bytes = 1;
   for (i = 0; i < out->ndims; i++) {
     out->dims[i] = gs_load_be32(b + 4 + 4 * i);
-    if (__builtin_mul_overflow(bytes, (size_t)out->dims[i], &bytes))
+    if (__builtin_mul_overflow(*bytes, (size_t)out->dims[i], bytes))
       return gs_why(GS_EINVAL, why, why_len, "dimensions overflow: their product exceeds %zu bytes",
                     SIZE_MAX);
   }
+  return 0;
+}
+
+/* Checks the header of the `len` bytes at `b` against the bytes present and
+ * fills the dims of `out` and the data's offset; reads nothing past `len`. */
+static int parse_header(const uint8_t *b, size_t len, gs_idx_t *out, size_t *offset, char *why,
+                        size_t why_len)
+{
+  size_t header = 0, bytes = 0;
+  int err;
+
+  err = parse_dims(b, len, out, &header, &bytes, why, why_len);
+  if (err)
+    return err;
   if (len - header < bytes)
     return gs_why(GS_EINVAL, why, why_len, "truncated: header says %zu bytes of data, file has %zu",
                   bytes, len - header);
@@ -86,7 +102,7 @@ static size_t idx_bytes(const gs_idx_t *idx)
 int gs_idx_parse(const uint8_t *bytes, size_t len, gs_idx_t *out, char *why, size_t why_len)
 {
   gs_idx_t idx = {0};
-  size_t offset, n;
+  size_t offset = 0, n;
   int err;
 
   memset(out, 0, sizeof(*out));
@@ -108,185 +124,247 @@ void gs_idx_free(gs_idx_t *idx)
   memset(idx, 0, sizeof(*idx));
 }
 
-/* Grows `*buf` to at least `want` bytes (doubling, at most `cap` + 1 so that
- * going over the cap can be seen). */
-static int grow(uint8_t **buf, size_t *size, size_t want, size_t cap)
-{
-  size_t next = *size ? *size : 4096;
-  uint8_t *p;
+/* A file read as a stream of its (decompressed) bytes: the loader never
+ * holds more than the image it keeps plus one chunk of each side, so a
+ * small gzip that inflates to gigabytes costs no more than a chunk. */
+#define CHUNK ((size_t)64 << 10)
 
-  while (next < want)
-    next *= 2;
-  if (next > cap + 1)
-    next = cap + 1;
-  p = realloc(*buf, next);
-  if (!p)
-    return GS_ENOMEM;
-  *buf = p;
-  *size = next;
+typedef struct idx_src {
+  int fd;
+  bool gz;     /* inflating, else plain reads */
+  bool z_open; /* `z` needs inflateEnd */
+  bool in_eof; /* the file has no more bytes */
+  bool z_end;  /* the last member ended */
+  z_stream z;
+  uint64_t used; /* compressed bytes consumed, for messages */
+  uint8_t in[CHUNK];
+} idx_src_t;
+
+/* Refills the compressed input; false at the end of the file. */
+static int src_fill(idx_src_t *s, char *why, size_t why_len)
+{
+  ssize_t n;
+
+  do
+    n = read(s->fd, s->in, sizeof(s->in));
+  while (n < 0 && errno == EINTR);
+  if (n < 0)
+    return gs_why(gs_err_from_errno(errno), why, why_len, "read: %s", strerror(errno));
+  s->in_eof = n == 0;
+  s->z.next_in = s->in;
+  s->z.avail_in = (uInt)n;
   return 0;
 }
 
-/* Inflates one or more concatenated gzip members into one malloc'd buffer
- * of at most `cap` bytes (the caller frees `*out`); the reason on error has
- * no path, the caller adds it. */
-int gs__idx_gunzip(const uint8_t *in, size_t in_len, size_t cap, uint8_t **out, size_t *out_len,
-                   char *why, size_t why_len)
+/* Inflates up to `len` bytes into `buf`; *got < len only at the end of the
+ * last member. Concatenated members (`cat a.gz b.gz`) are one stream. */
+static int src_inflate(idx_src_t *s, uint8_t *buf, size_t len, size_t *got, char *why,
+                       size_t why_len)
 {
-  z_stream z;
-  uint8_t *buf = NULL;
-  size_t size = 0, have = 0, used;
-  int zr, err = 0;
+  int zr, err;
 
-  *out = NULL;
-  *out_len = 0;
-  memset(&z, 0, sizeof(z));
-  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
-    return gs_why(GS_ENOMEM, why, why_len, "cannot start zlib: %s", z.msg ? z.msg : "no memory");
-  z.next_in = (Bytef *)in;
-  for (used = 0;;) {
-    if (have == size && (err = grow(&buf, &size, have + 1, cap))) {
-      gs_why(err, why, why_len, "out of memory decompressing (%zu bytes so far)", have);
-      goto out_free_buf;
-    }
-    if (have > cap) {
-      err = gs_why(GS_ETOOBIG, why, why_len, "decompresses to more than %zu bytes", cap);
-      goto out_free_buf;
-    }
-    z.avail_in = (uInt)(in_len - used > UINT_MAX ? UINT_MAX : in_len - used);
-    z.next_out = buf + have;
-    z.avail_out = (uInt)(size - have > UINT_MAX ? UINT_MAX : size - have);
-    zr = inflate(&z, Z_NO_FLUSH);
-    used = (size_t)(z.next_in - (const Bytef *)in);
-    have = (size_t)(z.next_out - buf);
+  s->z.next_out = buf;
+  s->z.avail_out = (uInt)len;
+  while (s->z.avail_out > 0 && !s->z_end) {
+    if (s->z.avail_in == 0 && !s->in_eof && (err = src_fill(s, why, why_len)))
+      return err;
+    s->used += s->z.avail_in;
+    zr = inflate(&s->z, Z_NO_FLUSH);
+    s->used -= s->z.avail_in;
     if (zr == Z_STREAM_END) {
-      if (have > cap)
-        continue; /* reported at the top of the loop */
-      if (used == in_len)
-        break;
-      /* Another member follows, or garbage that inflate will reject. */
-      if (inflateReset(&z) != Z_OK) {
-        err = gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream: cannot restart zlib");
-        goto out_free_buf;
-      }
+      if (s->z.avail_in == 0 && !s->in_eof && (err = src_fill(s, why, why_len)))
+        return err;
+      if (s->z.avail_in == 0 && s->in_eof)
+        s->z_end = true; /* else another member follows, or garbage inflate rejects */
+      else if (inflateReset(&s->z) != Z_OK)
+        return gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream: cannot restart zlib");
       continue;
     }
     if (zr == Z_OK)
       continue;
-    if (zr == Z_BUF_ERROR && used == in_len) {
-      err = gs_why(GS_EINVAL, why, why_len,
-                   "corrupt gzip stream: unexpected end after %zu compressed bytes", in_len);
-      goto out_free_buf;
-    }
-    if (zr == Z_MEM_ERROR) {
-      err = gs_why(GS_ENOMEM, why, why_len, "out of memory in zlib");
-      goto out_free_buf;
-    }
-    err = gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream at compressed byte %zu: %s", used,
-                 z.msg ? z.msg : "unknown zlib error");
-    goto out_free_buf;
+    if (zr == Z_BUF_ERROR && s->in_eof)
+      return gs_why(GS_EINVAL, why, why_len,
+                    "corrupt gzip stream: unexpected end after %llu compressed bytes",
+                    (unsigned long long)s->used);
+    if (zr == Z_MEM_ERROR)
+      return gs_why(GS_ENOMEM, why, why_len, "out of memory in zlib");
+    return gs_why(GS_EINVAL, why, why_len, "corrupt gzip stream at compressed byte %llu: %s",
+                  (unsigned long long)s->used, s->z.msg ? s->z.msg : "unknown zlib error");
   }
-  inflateEnd(&z);
-  *out = buf;
-  *out_len = have;
+  *got = len - s->z.avail_out;
   return 0;
-
-out_free_buf:
-  free(buf);
-  inflateEnd(&z);
-  return err;
 }
 
-/* Reads all of the regular file `path` into a malloc'd buffer of at most
- * GS_IDX_MAX_BYTES (caller frees); the reason starts with the path. */
-static int read_file(const char *path, uint8_t **out, size_t *out_len, char *why, size_t why_len)
+/* Reads up to `len` bytes of the file's content; *got < len only at its end. */
+static int src_read(idx_src_t *s, uint8_t *buf, size_t len, size_t *got, char *why, size_t why_len)
 {
-  struct stat st;
-  uint8_t *buf;
-  size_t n;
-  FILE *f;
+  size_t done = 0, part = 0;
+  ssize_t n;
   int err;
 
-  f = fopen(path, "rb");
-  if (!f)
-    return gs_why(gs_err_from_errno(errno), why, why_len, "%s: %s", path, strerror(errno));
-  if (fstat(fileno(f), &st) != 0) {
-    err = gs_why(GS_EIO, why, why_len, "%s: %s", path, strerror(errno));
-    goto out_close_file;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    err = gs_why(GS_EINVAL, why, why_len, "%s: not a regular file", path);
-    goto out_close_file;
-  }
-  if ((uint64_t)st.st_size > GS_IDX_MAX_BYTES) {
-    err = gs_why(GS_ETOOBIG, why, why_len, "%s: %lld bytes, over the limit of %zu", path,
-                 (long long)st.st_size, GS_IDX_MAX_BYTES);
-    goto out_close_file;
-  }
-  buf = malloc(st.st_size ? (size_t)st.st_size : 1);
-  if (!buf) {
-    err = gs_why(GS_ENOMEM, why, why_len, "%s: out of memory for %lld bytes", path,
-                 (long long)st.st_size);
-    goto out_close_file;
-  }
-  n = fread(buf, 1, (size_t)st.st_size, f);
-  if (n != (size_t)st.st_size || ferror(f)) {
-    err = gs_why(GS_EIO, why, why_len, "%s: read %zu of %lld bytes: %s", path, n,
-                 (long long)st.st_size, ferror(f) ? strerror(errno) : "file shrank");
-    free(buf);
-    goto out_close_file;
-  }
-  fclose(f);
-  *out = buf;
-  *out_len = n;
-  return 0;
+  while (done < len) {
+    size_t want = len - done < CHUNK ? len - done : CHUNK; /* fits a uInt */
 
-out_close_file:
-  fclose(f);
-  return err;
+    if (s->gz) {
+      if ((err = src_inflate(s, buf + done, want, &part, why, why_len)))
+        return err;
+      done += part;
+      if (part < want)
+        break;
+      continue;
+    }
+    n = read(s->fd, buf + done, want);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return gs_why(gs_err_from_errno(errno), why, why_len, "read: %s", strerror(errno));
+    if (n == 0)
+      break;
+    done += (size_t)n;
+  }
+  *got = done;
+  return 0;
 }
 
-/* Parses the image in `buf` and moves its data to the buffer's start, so a
- * 47 MB file is not held twice; takes ownership of `buf` either way. */
-static int parse_in_place(const char *path, uint8_t *buf, size_t len, gs_idx_t *out, char *why,
+/* Opens `path` for src_read: a regular file only (opened non-blocking, so
+ * a FIFO or a device named like a data file is refused, not waited on),
+ * inflated when it starts with the gzip magic. The reason has no path. */
+static int src_open(idx_src_t *s, const char *path, char *why, size_t why_len)
+{
+  uint8_t magic[2];
+  struct stat st;
+  ssize_t n;
+
+  memset(s, 0, offsetof(idx_src_t, in));
+  s->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (s->fd < 0)
+    return gs_why(gs_err_from_errno(errno), why, why_len, "%s", strerror(errno));
+  if (fstat(s->fd, &st) != 0)
+    return gs_why(GS_EIO, why, why_len, "fstat: %s", strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    return gs_why(GS_EINVAL, why, why_len, "not a regular file (%s)",
+                  S_ISDIR(st.st_mode)    ? "a directory"
+                  : S_ISFIFO(st.st_mode) ? "a FIFO"
+                  : S_ISSOCK(st.st_mode) ? "a socket"
+                                         : "a device");
+  if ((uint64_t)st.st_size > GS_IDX_MAX_BYTES)
+    return gs_why(GS_ETOOBIG, why, why_len, "%lld bytes, over the limit of %zu",
+                  (long long)st.st_size, GS_IDX_MAX_BYTES);
+  n = pread(s->fd, magic, 2, 0);
+  s->gz = n == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+  if (s->gz) {
+    if (inflateInit2(&s->z, 16 + MAX_WBITS) != Z_OK)
+      return gs_why(GS_ENOMEM, why, why_len, "cannot start zlib: %s",
+                    s->z.msg ? s->z.msg : "no memory");
+    s->z_open = true;
+  }
+  return 0;
+}
+
+static void src_close(idx_src_t *s)
+{
+  if (s->z_open)
+    inflateEnd(&s->z);
+  if (s->fd >= 0)
+    close(s->fd);
+}
+
+/* Reads the header from `s` into `out` (parse_dims' checks and messages),
+ * its length into *header and the data's into *bytes. */
+static int read_header(idx_src_t *s, gs_idx_t *out, size_t *header, size_t *bytes, char *why,
+                       size_t why_len)
+{
+  uint8_t b[4 + 4 * 4];
+  size_t got, more = 0;
+  int err;
+
+  if ((err = src_read(s, b, 4, &got, why, why_len)))
+    return err;
+  if (got == 4 && b[3] >= 1 && b[3] <= 4 &&
+      (err = src_read(s, b + 4, 4 * (size_t)b[3], &more, why, why_len)))
+    return err;
+  return parse_dims(b, got + more, out, header, bytes, why, why_len);
+}
+
+/* Counts what follows the data, up to `cap` bytes in all, through one chunk
+ * of scratch: the exact count for a message, or GS_ETOOBIG past the cap. */
+static int count_trailing(idx_src_t *s, size_t have, size_t cap, size_t *total, char *why,
                           size_t why_len)
 {
-  char reason[256];
-  size_t offset, n;
-  uint8_t *p;
+  uint8_t *scratch = malloc(CHUNK);
+  size_t got = 0;
+  int err = 0;
+
+  if (!scratch)
+    return gs_why(GS_ENOMEM, why, why_len, "out of memory");
+  for (*total = have;; *total += got) {
+    if ((err = src_read(s, scratch, CHUNK, &got, why, why_len)) || got == 0)
+      break;
+    if (*total + got > cap) {
+      err =
+          gs_why(GS_ETOOBIG, why, why_len, "decompresses to more than %zu bytes (the limit)", cap);
+      break;
+    }
+  }
+  free(scratch);
+  return err;
+}
+
+/* gs_idx_load with the decompressed-size cap as a parameter (tests use a
+ * small one). The reason on error has no path. */
+static int load_stream(idx_src_t *s, size_t cap, gs_idx_t *out, char *why, size_t why_len)
+{
+  size_t bytes = 0, header = 0, got, total = 0;
+  uint8_t probe;
   int err;
 
-  err = parse_header(buf, len, out, &offset, reason, sizeof(reason));
+  if ((err = read_header(s, out, &header, &bytes, why, why_len)))
+    return err;
+  if (bytes > cap || header > cap - bytes)
+    return gs_why(GS_ETOOBIG, why, why_len,
+                  "header says %zu bytes of data, over the limit of %zu bytes", bytes, cap);
+  out->data = malloc(bytes ? bytes : 1);
+  if (!out->data)
+    return gs_why(GS_ENOMEM, why, why_len, "out of memory for %zu bytes of IDX data", bytes);
+  if ((err = src_read(s, out->data, bytes, &got, why, why_len)))
+    return err;
+  if (got < bytes)
+    return gs_why(GS_EINVAL, why, why_len, "truncated: header says %zu bytes of data, file has %zu",
+                  bytes, got);
+  if ((err = src_read(s, &probe, 1, &got, why, why_len)) || got == 0)
+    return err;
+  if ((err = count_trailing(s, header + bytes + 1, cap, &total, why, why_len)))
+    return err;
+  return gs_why(GS_EINVAL, why, why_len,
+                "trailing bytes: header says %zu bytes of data, file has %zu", bytes,
+                total - header);
+}
+
+int gs__idx_load_capped(const char *path, size_t cap, gs_idx_t *out, char *why, size_t why_len)
+{
+  char reason[256];
+  idx_src_t *s;
+  int err;
+
+  memset(out, 0, sizeof(*out));
+  s = malloc(sizeof(*s));
+  if (!s)
+    return gs_why(GS_ENOMEM, why, why_len, "%s: out of memory", path);
+  err = src_open(s, path, reason, sizeof(reason));
+  if (!err)
+    err = load_stream(s, cap, out, reason, sizeof(reason));
+  src_close(s);
+  free(s);
   if (err) {
-    free(buf);
-    memset(out, 0, sizeof(*out));
+    gs_idx_free(out);
     return gs_why(err, why, why_len, "%s: %s", path, reason);
   }
-  n = idx_bytes(out);
-  memmove(buf, buf + offset, n);
-  p = realloc(buf, n ? n : 1);
-  out->data = p ? p : buf;
   return 0;
 }
 
 int gs_idx_load(const char *path, gs_idx_t *out, char *why, size_t why_len)
 {
-  char reason[256];
-  uint8_t *raw = NULL, *plain = NULL;
-  size_t raw_len = 0, plain_len = 0;
-  int err;
-
-  memset(out, 0, sizeof(*out));
-  err = read_file(path, &raw, &raw_len, why, why_len);
-  if (err)
-    return err;
-  if (raw_len < 2 || raw[0] != 0x1f || raw[1] != 0x8b)
-    return parse_in_place(path, raw, raw_len, out, why, why_len);
-  err = gs__idx_gunzip(raw, raw_len, GS_IDX_MAX_BYTES, &plain, &plain_len, reason, sizeof(reason));
-  free(raw);
-  if (err)
-    return gs_why(err, why, why_len, "%s: %s", path, reason);
-  return parse_in_place(path, plain, plain_len, out, why, why_len);
+  return gs__idx_load_capped(path, GS_IDX_MAX_BYTES, out, why, why_len);
 }
 
 /* Puts into `path` the first of DIR/SPLIT-KIND and DIR/SPLIT-KIND.gz that
@@ -360,8 +438,8 @@ static int fill_dataset(const char *img_path, const gs_idx_t *img, const gs_idx_
   return 0;
 }
 
-int gs_dataset_load(const char *dir, const char *split, gs_dataset_t *out, char *why,
-                    size_t why_len)
+int gs_dataset_load(const char *dir, const char *split, uint32_t features, gs_dataset_t *out,
+                    char *why, size_t why_len)
 {
   char img_path[PATH_MAX], lbl_path[PATH_MAX];
   gs_idx_t img, lbl;
@@ -383,6 +461,13 @@ int gs_dataset_load(const char *dir, const char *split, gs_dataset_t *out, char 
   err = check_shapes(img_path, &img, lbl_path, &lbl, why, why_len);
   if (err)
     goto out_free_labels;
+  /* Before the images become floats (four times their bytes): a file the
+   * model cannot take costs no more than its bytes. */
+  if (features && img.dims[1] * img.dims[2] != features) {
+    err = gs_why(GS_EPRECOND, why, why_len, "the images in %s have %u pixels", img_path,
+                 img.dims[1] * img.dims[2]);
+    goto out_free_labels;
+  }
   err = fill_dataset(img_path, &img, &lbl, out, why, why_len);
   if (err)
     goto out_free_labels;

@@ -25,7 +25,10 @@ typedef struct gs_idx {
 int gs_idx_parse(const uint8_t *bytes, size_t len, gs_idx_t *out, char *why,
                  size_t why_len) GS_WARN_UNUSED;
 
-/* Reads and parses a file, gunzipping it when it starts with the gzip magic.
+/* Reads and parses a regular file (anything else, a FIFO say, is refused
+ * without waiting on it), inflating it when it starts with the gzip magic.
+ * The file is streamed: memory is the image plus a chunk, and an image
+ * over 512 MiB is refused by its header or as it inflates past the limit.
  * Errors name the file: "FILE: no such file", "FILE: not an IDX file (...)". */
 int gs_idx_load(const char *path, gs_idx_t *out, char *why, size_t why_len) GS_WARN_UNUSED;
 
@@ -44,10 +47,11 @@ typedef struct gs_dataset {
 
 /* Loads `split` ("train" or "t10k") from DIR: DIR/SPLIT-images-idx3-ubyte
  * and DIR/SPLIT-labels-idx1-ubyte, each with or without a ".gz" suffix (the
- * first that exists). Checks that image and label counts agree. Errors name
- * the file. Free with gs_dataset_free. */
-int gs_dataset_load(const char *dir, const char *split, gs_dataset_t *out, char *why,
-                    size_t why_len) GS_WARN_UNUSED;
+ * first that exists). Checks that image and label counts agree and, unless
+ * `features` is 0, that an image has `features` pixels (GS_EPRECOND, before
+ * the inputs are made). Errors name the file. Free with gs_dataset_free. */
+int gs_dataset_load(const char *dir, const char *split, uint32_t features, gs_dataset_t *out,
+                    char *why, size_t why_len) GS_WARN_UNUSED;
 
 /* Checks that every label of `ds` is below `classes` (a model's outputs);
  * GS_EINVAL with `why` naming the label value, its file and index, and the

@@ -156,6 +156,13 @@ static const gs_flag_t flag_rows[] = {
           "control endpoint)"},
   {.name = "--checkpoint-keep", .kind = GS_FLAG_INT, E(checkpoint_keep), .min = 0,
    .max = 1000000, .metavar = "K", .help = "checkpoints kept"},
+  {.name = "--checkpoint-failures", .kind = GS_FLAG_INT, E(checkpoint_failures), .min = 1,
+   .max = 1000000, .metavar = "N",
+   .help = "failed checkpoint writes in a row that end the job (fewer: a warning, and the next "
+           "checkpoint tries again)",
+   .doc = "failed checkpoint writes in a row (a full or read-only disk) that end the job; fewer "
+          "are warnings, training goes on and the next checkpoint tries again, and the older "
+          "checkpoints stay as they were (the final checkpoint must succeed)"},
   {.name = "--save-model", .kind = GS_FLAG_STR, F(t.save_model), .metavar = "PATH",
    .help = "at the end rank 0 writes the trained parameters here (safetensors)",
    .doc = "at the end rank 0 writes the trained parameters here as named tensors in the "
@@ -200,7 +207,10 @@ static const gs_flag_t flag_rows[] = {
    .doc = "MLP widths (ReLU between layers, softmax cross-entropy)"},
   {.name = "--data", .kind = GS_FLAG_STR, F(t.data_dir), .metavar = "DIR",
    .help = "IDX files, gzip or plain",
-   .doc = "IDX files `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`"},
+   .doc = "IDX files `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`: regular files "
+          "only (a FIFO is refused, not waited on), at most 512 MiB each once inflated; a "
+          ".gz is inflated as it streams, so a gzip bomb is refused at the limit without "
+          "holding it"},
   {.name = "--batch", .kind = GS_FLAG_INT, F(t.batch), .min = 1, .max = 1 << 20, .metavar = "B",
    .help = "examples per rank per step"},
   {.name = "--epochs", .kind = GS_FLAG_INT, F(t.epochs), .min = 1, .max = 1000000,

@@ -215,15 +215,18 @@ static int load_data(trainer_t *t)
 {
   char why[1024];
 
-  if (gs_dataset_load(t->cfg->data_dir, "train", &t->train, why, sizeof(why)) ||
-      gs_dataset_load(t->cfg->data_dir, "t10k", &t->test, why, sizeof(why))) {
-    report(t, "%s\n", why);
+  uint32_t in = t->cfg->layers[0];
+  int err;
+
+  err = gs_dataset_load(t->cfg->data_dir, "train", in, &t->train, why, sizeof(why));
+  if (!err)
+    err = gs_dataset_load(t->cfg->data_dir, "t10k", in, &t->test, why, sizeof(why));
+  if (err == GS_EPRECOND) {
+    report(t, "--layers %u,...: the model takes %u inputs, but %s\n", in, in, why);
     return GS_EINVAL;
   }
-  if (t->train.features != t->cfg->layers[0] || t->test.features != t->cfg->layers[0]) {
-    report(t, "--layers %u,...: the model takes %u inputs, but the images in %s have %u pixels\n",
-           t->cfg->layers[0], t->cfg->layers[0], t->cfg->data_dir,
-           t->train.features != t->cfg->layers[0] ? t->train.features : t->test.features);
+  if (err) {
+    report(t, "%s\n", why);
     return GS_EINVAL;
   }
   /* A label the model cannot output is a data error, not a --layers one. */

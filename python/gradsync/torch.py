@@ -238,7 +238,7 @@ class DistributedOptimizer:
                  find_unused_parameters=False, broadcast_buffers=True, groups=None,
                  bias_lr_mult=1.0, bias_weight_decay=None, warmup_steps=0, warmup_factor=1 / 3,
                  schedule="constant", step_size=0, gamma=0.1, total_steps=0,
-                 checkpoint_dir=None, checkpoint_every=0, resume=False,
+                 checkpoint_dir=None, checkpoint_every=0, checkpoint_failures=3, resume=False,
                  join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
                  coordinator_grace=600.0):
         if isinstance(model, torch.nn.Module):
@@ -267,7 +267,8 @@ class DistributedOptimizer:
                    bias_lr_mult=bias_lr_mult, warmup_steps=warmup_steps,
                    warmup_factor=warmup_factor, schedule=schedule, step_size=step_size,
                    gamma=gamma, total_steps=total_steps, checkpoint_every=checkpoint_every,
-                   resume=resume, join_timeout=join_timeout, comm_timeout=comm_timeout,
+                   checkpoint_failures=checkpoint_failures, resume=resume,
+                   join_timeout=join_timeout, comm_timeout=comm_timeout,
                    connect_timeout=connect_timeout, coordinator_grace=coordinator_grace,
                    **self._device_config())
         if bias_weight_decay is not None:

@@ -131,6 +131,10 @@ typedef struct gs_engine_config {
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
   uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
   uint32_t checkpoint_keep;   /* default 3 */
+  /* Failed checkpoint writes in a row (a full or read-only disk) that end
+   * training; fewer are warnings, and the next checkpoint tries again
+   * (default 3; 1: the first failure ends it). */
+  uint32_t checkpoint_failures;
   /* Start from the newest valid checkpoint: none is an error (so is one of
    * another layout), unless resume_auto, which starts fresh when there is
    * none (not when there is one of another layout). */
@@ -316,9 +320,10 @@ GS_ENGINE_API int gs_engine_allreduce_sum(gs_engine_t *e, float *buf,
  * (no-op elsewhere, and without a checkpoint dir): it copies them and
  * writes the file on a thread of its own, so that a slow disk never holds
  * the other ranks in their next collective. One write is in flight at a
- * time: this waits for the previous one and returns its error if it
- * failed. The file is complete once gs_engine_checkpoint_wait or
- * gs_engine_finish returns. */
+ * time: this waits for the previous one. A failed write is logged as a
+ * warning and training goes on; this returns the previous write's error
+ * only when it makes checkpoint_failures failures in a row. The file is
+ * complete once gs_engine_checkpoint_wait or gs_engine_finish returns. */
 GS_ENGINE_API int gs_engine_checkpoint(gs_engine_t *e,
                                        const gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
 
