@@ -59,6 +59,21 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--max-frame", .kind = GS_FLAG_SIZE, CFG(max_frame), .umin = 1024, .umax = 1u << 30,
    .metavar = "SIZE", .help = "largest RPC frame accepted",
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
+  {.name = "--max-memory", .kind = GS_FLAG_SIZE, CFG(max_memory), .umin = 1u << 20,
+   .metavar = "SIZE", .help = "memory all RPC connections' buffers may hold together",
+   .doc = "budget for what every RPC connection holds together (partial frames, queued "
+          "replies, bookkeeping); past it new calls get RESOURCE_EXHAUSTED and connections "
+          "that would grow are closed"},
+  {.name = "--max-connections", .kind = GS_FLAG_INT, CFG(max_connections), .min = 0,
+   .max = 1 << 20, .metavar = "N",
+   .help = "open RPC connections at most (0: the open-file limit less 256)",
+   .doc = "open RPC connections at most; at the limit the oldest idle connection that never "
+          "authenticated is closed, else the new one is refused (logged). `0`: the open-file "
+          "limit less 256 descriptors kept for the HTTP port"},
+  {.name = "--max-params", .kind = GS_FLAG_INT, CFG(max_params), .min = 1, .max = 1 << 24,
+   .metavar = "N", .help = "largest pack list (model tensors) accepted",
+   .doc = "entries of a published pack list (a model's tensors) at most; each costs about "
+          "300 bytes to decode, and a larger list is refused before it is stored"},
   {.name = "--max-world-size", .kind = GS_FLAG_INT, CFG(max_world_size), .min = 1,
    .max = 1 << 24, .metavar = "N", .help = "largest world size accepted"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, CFG(log.level),
