@@ -4,8 +4,10 @@ each case starts gradsync-coordinator, attacks it over real sockets as a
 hostile or careless client would, and reads its memory from /proc.
 
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
-cases: noread, noread_token, packlist, connections, log_escape, log_flood
+cases: noread, noread_token, packlist, connections, log_escape, log_flood,
+       jobs_expire
 """
+import json
 import os
 import resource
 import socket
@@ -287,6 +289,40 @@ def case_log_flood(binary, pb):
         c.close()
 
 
+def status(c):
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/status", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def case_jobs_expire(binary, pb):
+    # One-shot Joins: each connects, joins a job of two, and goes away, so
+    # no rendezvous ever completes. They used to be kept forever.
+    c = Coordinator(binary, "--rendezvous-timeout", "1s", "--job-retention", "2s")
+    try:
+        n = 1000
+        sig = pb.ModelSignature(param_count=1, total_elements=1, shapes_hash=1, dtypes_hash=1)
+        t0 = time.monotonic()
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=10)
+            s.sendall(frame(pb, PREFIX + "Join",
+                            pb.JoinRequest(job=f"one-shot-{i}", world_size=2, node="n",
+                                           local_rank=0, device="cpu", model_signature=sig)))
+            s.close()
+        held = status(c)["coordinator"]["jobs"]
+        print(f"jobs_expire: {held} jobs held after {n} one-shot Joins "
+              f"({time.monotonic() - t0:.1f} s)")
+        assert held > n // 2, held
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and status(c)["coordinator"]["jobs"]:
+            time.sleep(0.2)
+        left = status(c)["coordinator"]["jobs"]
+        print(f"jobs_expire: {left} jobs kept after the retention period")
+        assert left == 0, f"{left} abandoned jobs kept"
+        assert "forgotten" in c.text()
+    finally:
+        c.close()
+
+
 CASES = {
     "noread": case_noread,
     "noread_token": case_noread_token,
@@ -294,6 +330,7 @@ CASES = {
     "connections": case_connections,
     "log_escape": case_log_escape,
     "log_flood": case_log_flood,
+    "jobs_expire": case_jobs_expire,
 }
 
 
