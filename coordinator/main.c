@@ -46,10 +46,11 @@ static const gs_flag_t flag_rows[] = {
    .doc = "deadline of `Fetch`/`FetchPackList` that set none"},
   {.name = "--job-retention", .kind = GS_FLAG_DURATION, CFG(job_retention_ms), .umin = 1,
    .metavar = "DUR",
-   .help = "forget a finished job this long after it finished (its status stays readable "
-           "until then)",
-   .doc = "a finished job (every rank left, finished) stays in the status this long, then is "
-          "forgotten; a job of that name may start again at any time"},
+   .help = "forget a finished or abandoned job this long after it came to rest (its status "
+           "stays readable until then)",
+   .doc = "a job with nothing in progress (finished, failed and not rejoined, or a rendezvous "
+          "that timed out) stays in the status this long, then is forgotten; a job of that "
+          "name may start again at any time"},
   {.name = "--stall-timeout", .kind = GS_FLAG_DURATION, CFG(stall_timeout_ms),
    .metavar = "DUR",
    .help = "flag a job stalled when its step has not advanced this long (0s: never)",
