@@ -305,6 +305,11 @@ static void maybe_resume(gs_conn_t *conn)
     uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }
 
+static void free_refused(uv_handle_t *h)
+{
+  free(h);
+}
+
 /* At --max-connections: the oldest idle connection that never
  * authenticated makes room (an agent's connections authenticate at their
  * first call), else the new one is refused. Either way it is logged. */
@@ -340,15 +345,14 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
 {
   gs_conn_t *conn;
 
-  /* Closing ones still hold their descriptor until their close callback. */
+  /* t->open counts connections closing too, until their close callback. */
   if (t->open >= t->max_connections && !make_room(t)) {
     uv_tcp_t *refused = calloc(1, sizeof(*refused));
 
     /* Accepted and closed at once, so the kernel's queue does not fill. */
     if (refused && uv_tcp_init(t->loop, refused) == 0) {
-      if (uv_accept(server, (uv_stream_t *)refused) == 0)
-        uv_tcp_nodelay(refused, 1);
-      uv_close((uv_handle_t *)refused, (uv_close_cb)free);
+      (void)uv_accept(server, (uv_stream_t *)refused);
+      uv_close((uv_handle_t *)refused, free_refused);
     } else {
       free(refused);
     }

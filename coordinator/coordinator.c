@@ -29,7 +29,8 @@ struct gs_coord {
   gs_jobs_t jobs;
   gs_http_routes_t routes;
   uint64_t started_ms;
-  uint32_t handles_open; /* listener + timer; freed when 0 and closing */
+  gs_ratelimit_t accept_rl; /* failed accepts are logged, not each one */
+  uint32_t handles_open;    /* listener + timer; freed when 0 and closing */
   bool closing;
 };
 
@@ -202,10 +203,16 @@ static void on_connection(uv_stream_t *server, int status)
   gs_coord_t *c = server->data;
 
   if (status < 0) {
-    gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: accept failed: %s%s", uv_strerror(status),
-           status == UV_EMFILE || status == UV_ENFILE
-               ? " (out of file descriptors: raise the open-file limit)"
-               : "");
+    uint32_t held_back;
+
+    if (gs_ratelimit_allow(&c->accept_rl, uv_now(c->loop), &held_back))
+      gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1,
+             "rpc: accept failed: %s%s (%u such lines held back)", uv_strerror(status),
+             status == UV_EMFILE || status == UV_ENFILE
+                 ? " (out of file descriptors: raise the open-file limit or lower "
+                   "--max-connections)"
+                 : "",
+             held_back);
     return;
   }
   gs__conns_accept(c->conns, server);
