@@ -41,9 +41,11 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   return t;
 }
 
+/* New work stops at three quarters of the budget, so that replies to
+ * calls already accepted (parked ones, answered later) still fit under it. */
 bool gs__conns_over_budget(const gs_conns_t *t)
 {
-  return t->mem_used > t->max_memory;
+  return t->mem_used > t->max_memory - t->max_memory / 4;
 }
 
 /* Counts a change of the read buffer's capacity. */

@@ -115,8 +115,9 @@ typedef struct gs_conn_limits {
 /* A table with no connections; free with gs__conns_free once drained. */
 gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_limits_t *lim,
                           const gs_conn_callbacks_t *cb);
-/* Whether the connections hold more than the memory budget: new work is
- * then refused (RESOURCE_EXHAUSTED) until replies drain. */
+/* Whether the connections hold more than three quarters of the memory
+ * budget: new work is then refused (RESOURCE_EXHAUSTED) until replies
+ * drain; at the budget itself a connection that would grow is closed. */
 bool gs__conns_over_budget(const gs_conns_t *t);
 void gs__conns_free(gs_conns_t *t);
 /* Accepts one connection from `server` (call from its connection_cb). */

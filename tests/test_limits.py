@@ -4,7 +4,7 @@ each case starts gradsync-coordinator, attacks it over real sockets as a
 hostile or careless client would, and reads its memory from /proc.
 
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
-cases: noread, noread_token, packlist, connections, log_escape, log_flood,
+cases: noread, noread_token, budget, packlist, connections, log_escape, log_flood,
        jobs_expire
 """
 import json
@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -117,11 +118,20 @@ def closed_by_peer(sock, timeout=5):
         return False
 
 
+def small_socket(port):
+    """A connection whose receive buffer is small, so replies back up in the
+    coordinator soon."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
 def pipeline_without_reading(c, payload, conns=2, seconds=3.0):
     """Sends `payload` over and over on `conns` connections and never reads
     a reply; returns the coordinator's RSS growth in MiB and the sockets."""
     base = c.rss_mib()
-    socks = [socket.create_connection(("127.0.0.1", c.rpc_port)) for _ in range(conns)]
+    socks = [small_socket(c.rpc_port) for _ in range(conns)]
     for s in socks:
         s.setblocking(False)
     blob = payload * max(1, (256 * 1024) // len(payload))
@@ -180,6 +190,51 @@ def case_noread_token(binary, pb):
         assert warnings < 200, f"{warnings} warning lines about missing tokens"
         for x in socks + [s]:
             x.close()
+    finally:
+        c.close()
+
+
+def case_budget(binary, pb):
+    # 1 MiB for every connection together: clients that pipeline and never
+    # read hold about 256 KiB each, so while they do, calls are refused
+    # (RESOURCE_EXHAUSTED) or the hogs closed, and memory stays bounded.
+    c = Coordinator(binary, "--max-memory", "1MiB")
+    try:
+        hb = frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0))
+        base = c.rss_mib()
+        stop = threading.Event()
+        hogs = threading.Thread(
+            target=lambda: [pipeline_without_reading(c, hb, conns=4, seconds=0.5)
+                            for _ in range(100) if not stop.is_set()])
+        hogs.start()
+        statuses = []
+        try:
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline and RESOURCE_EXHAUSTED not in statuses:
+                try:
+                    s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+                    s.sendall(hb)
+                    statuses.append(recv_envelope(pb, s).status)
+                    s.close()
+                except ConnectionError:
+                    statuses.append(-1)
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            hogs.join()
+        grown = c.rss_mib() - base
+        print(f"budget: grew {grown:.1f} MiB; statuses of new calls: "
+              f"{ {st: statuses.count(st) for st in set(statuses)} }")
+        assert RESOURCE_EXHAUSTED in statuses, statuses
+        assert grown < 16, f"grew {grown:.1f} MiB"
+        assert "--max-memory" in c.text()
+        # Once the hogs are gone, calls are served again.
+        time.sleep(0.5)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s.sendall(hb)
+        env = recv_envelope(pb, s)
+        assert env.status not in (0, RESOURCE_EXHAUSTED), env
+        s.close()
     finally:
         c.close()
 
@@ -326,6 +381,7 @@ def case_jobs_expire(binary, pb):
 CASES = {
     "noread": case_noread,
     "noread_token": case_noread_token,
+    "budget": case_budget,
     "packlist": case_packlist,
     "connections": case_connections,
     "log_escape": case_log_escape,
