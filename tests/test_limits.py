@@ -81,7 +81,12 @@ class Coordinator:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        text = self.text()
         self.log.close()
+        # Run against a sanitizer build, its reports fail the case.
+        for mark in ("Sanitizer", "runtime error:"):
+            if mark in text:
+                raise AssertionError(text[text.index(mark) - 200:][:3000])
 
 
 def frame(pb, method, msg=None, token="", request_id=1, body=None):
