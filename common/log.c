@@ -2,6 +2,7 @@
 #include "log.h"
 
 #include "error.h"
+#include "escape.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -16,7 +17,7 @@ void gs_log(const gs_log_t *log, gs_log_level_t level, const char *job, long ran
             ...)
 {
   FILE *out = log && log->out ? log->out : stderr;
-  char line[2048], stamp[32];
+  char line[2048], stamp[32], msg[2048], safe_job[160];
   struct timeval tv;
   struct tm tm;
   va_list ap;
@@ -29,16 +30,21 @@ void gs_log(const gs_log_t *log, gs_log_level_t level, const char *job, long ran
   strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
   n = snprintf(line, sizeof(line), "%s.%03ldZ %s %s ", stamp, (long)tv.tv_usec / 1000,
                level_names[level], log && log->component ? log->component : "gradsync");
+  if (job)
+    gs_escape(job, safe_job, sizeof(safe_job));
   if (job && rank >= 0)
-    n += snprintf(line + n, sizeof(line) - n, "[%s/%ld] ", job, rank);
+    n += snprintf(line + n, sizeof(line) - n, "[%s/%ld] ", safe_job, rank);
   else if (job)
-    n += snprintf(line + n, sizeof(line) - n, "[%s] ", job);
+    n += snprintf(line + n, sizeof(line) - n, "[%s] ", safe_job);
   else
     n += snprintf(line + n, sizeof(line) - n, "[-] ");
+  /* Messages carry strings from the wire and from files: escaped here, in
+   * one place, so no caller can forge a line (a newline in a method name). */
   va_start(ap, fmt);
-  if (n < (int)sizeof(line))
-    vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  if (n < (int)sizeof(line))
+    gs_escape(msg, line + n, sizeof(line) - n);
   /* One fputs per line so lines from several threads never interleave. */
   n = strlen(line);
   if (n < (int)sizeof(line) - 1) {

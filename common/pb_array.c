@@ -32,6 +32,8 @@ static void *grow(gs_pb_array_t *a)
     return NULL;
   if (a->count == a->cap) {
     cap = a->cap ? a->cap * 2 : 16;
+    if (cap > a->max_count)
+      cap = a->max_count; /* the bound is on memory too, not only on count */
     items = realloc(a->items, cap * a->item_size);
     if (!items)
       return NULL;

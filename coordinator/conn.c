@@ -3,22 +3,28 @@
  * reading its replies is dropped. */
 #include "conn.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "frame.h"
 #include "net.h"
 
-#define MAX_WRITE_QUEUE (64u << 20) /* a client this far behind is dropped */
+/* An authenticated client this far behind is dropped. Backpressure keeps
+ * a pipelining client near GS_CONN_WRITE_HIGH; only replies to parked
+ * calls, answered while it does not read, add to that. */
+#define MAX_WRITE_QUEUE (64u << 20)
 
 typedef struct write_req {
   uv_write_t req;
   gs_buf_t buf;
+  size_t cost; /* counted in conn->queued and conns->mem_used */
   bool close_after;
 } write_req_t;
 
-gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, size_t max_frame,
-                          uint64_t idle_timeout_ms, const gs_conn_callbacks_t *cb)
+gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_limits_t *lim,
+                          const gs_conn_callbacks_t *cb)
 {
   gs_conns_t *t = calloc(1, sizeof(*t));
 
@@ -26,11 +32,50 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, size_t max_frame
     return NULL;
   t->loop = loop;
   t->log = log;
-  t->max_frame = max_frame;
-  t->idle_timeout_ms = idle_timeout_ms;
+  t->max_frame = lim->max_frame;
+  t->idle_timeout_ms = lim->idle_timeout_ms;
+  t->max_memory = lim->max_memory;
+  t->max_connections = lim->max_connections;
   t->cb = *cb;
   gs_list_init(&t->idle);
   return t;
+}
+
+/* New work stops at three quarters of the budget, so that replies to
+ * calls already accepted (parked ones, answered later) still fit under it. */
+bool gs__conns_over_budget(const gs_conns_t *t)
+{
+  return t->mem_used > t->max_memory - t->max_memory / 4;
+}
+
+/* Counts a change of the read buffer's capacity. */
+static void rbuf_recount(gs_conn_t *conn)
+{
+  conn->conns->mem_used += conn->rbuf.cap;
+  conn->conns->mem_used -= conn->rbuf_counted;
+  conn->rbuf_counted = conn->rbuf.cap;
+}
+
+void gs__conn_warn(gs_conn_t *conn, const char *fmt, ...)
+{
+  gs_conns_t *t;
+  uint32_t held_back;
+  char text[512];
+  va_list ap;
+
+  if (!conn)
+    return;
+  t = conn->conns;
+  if (!gs_ratelimit_allow(&conn->warn_rl, uv_now(t->loop), &held_back))
+    return;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof(text), fmt, ap);
+  va_end(ap);
+  if (held_back)
+    gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s (and %u similar warnings held back)",
+           conn->peer, text, held_back);
+  else
+    gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s", conn->peer, text);
 }
 
 void gs__conns_free(gs_conns_t *t)
@@ -81,6 +126,8 @@ static void on_close(uv_handle_t *h)
   t->free_slots[t->free_count++] = slot;
   t->open--;
   gs_buf_free(&conn->rbuf);
+  rbuf_recount(conn);
+  t->mem_used -= GS_CONN_BOOKKEEPING;
   free(conn);
   if (t->closing && t->open == 0 && t->cb.on_drained)
     t->cb.on_drained(t->cb.ctx);
@@ -144,6 +191,7 @@ static int table_insert(gs_conns_t *t, gs_conn_t *conn)
   conn->id = (uint64_t)t->gens[slot] << 32 | slot;
   t->slots[slot] = conn;
   t->open++;
+  t->mem_used += GS_CONN_BOOKKEEPING;
   return 0;
 }
 
@@ -164,6 +212,13 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
 
   while (!conn->closing && !conn->close_when_written) {
     const uint8_t *payload;
+    if (conn->queued > GS_CONN_WRITE_HIGH) {
+      /* Backpressure: the rest waits in rbuf until replies drain. */
+      if (!conn->read_paused)
+        uv_read_stop((uv_stream_t *)&conn->tcp);
+      conn->read_paused = true;
+      break;
+    }
     size_t plen;
     long used = gs_frame_parse(data + off, len - off, t->max_frame, &payload, &plen);
 
@@ -181,6 +236,35 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
     off += used;
   }
   return off;
+}
+
+/* Keeps bytes of a frame not yet complete (or not yet dispatched) in the
+ * connection's rbuf, within the memory budget; false if it was closed. */
+static bool rbuf_append(gs_conn_t *conn, const uint8_t *data, size_t len)
+{
+  gs_conns_t *t = conn->conns;
+
+  if (conn->rbuf.len + len > conn->rbuf.cap && t->mem_used + len > t->max_memory) {
+    gs__conn_warn(conn, "over the coordinator's memory budget (--max-memory %zu bytes); closing",
+                  t->max_memory);
+    gs__conn_close(conn, "memory budget exhausted");
+    return false;
+  }
+  if (gs_buf_append(&conn->rbuf, data, len)) {
+    gs__conn_close(conn, "out of memory");
+    return false;
+  }
+  rbuf_recount(conn);
+  return true;
+}
+
+/* Dispatches what waits in rbuf and lets go of a large buffer once used. */
+static void rbuf_process(gs_conn_t *conn)
+{
+  gs_buf_consume(&conn->rbuf, process_frames(conn, conn->rbuf.data, conn->rbuf.len));
+  if (conn->rbuf.len == 0 && conn->rbuf.cap > GS_CONN_KEEP_BUF_BYTES)
+    gs_buf_free(&conn->rbuf);
+  rbuf_recount(conn);
 }
 
 /* Frames that arrived whole are reported straight from the shared read
@@ -202,23 +286,81 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     used = process_frames(conn, data, (size_t)nread);
     if (used == (size_t)nread || conn->closing || conn->close_when_written)
       return;
-    if (gs_buf_append(&conn->rbuf, data + used, (size_t)nread - used))
-      gs__conn_close(conn, "out of memory");
+    rbuf_append(conn, data + used, (size_t)nread - used);
     return;
   }
-  if (gs_buf_append(&conn->rbuf, data, (size_t)nread)) {
-    gs__conn_close(conn, "out of memory");
+  if (rbuf_append(conn, data, (size_t)nread))
+    rbuf_process(conn);
+}
+
+/* Replies drained below half the high mark: dispatch what waited, then
+ * read again. */
+static void maybe_resume(gs_conn_t *conn)
+{
+  if (!conn->read_paused || conn->closing || conn->close_when_written ||
+      conn->queued > GS_CONN_WRITE_HIGH / 2)
     return;
+  conn->read_paused = false;
+  idle_touch(conn);
+  rbuf_process(conn);
+  if (!conn->read_paused && !conn->closing && !conn->close_when_written)
+    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+}
+
+static void free_refused(uv_handle_t *h)
+{
+  free(h);
+}
+
+/* At --max-connections: the oldest idle connection that never
+ * authenticated makes room (an agent's connections authenticate at their
+ * first call), else the new one is refused. Either way it is logged. */
+static bool make_room(gs_conns_t *t)
+{
+  uint32_t held_back;
+  bool say = gs_ratelimit_allow(&t->accept_rl, uv_now(t->loop), &held_back);
+
+  for (gs_list_t *node = t->idle.next; node != &t->idle; node = node->next) {
+    gs_conn_t *old = GS_CONTAINER_OF(node, gs_conn_t, idle_node);
+
+    if (old->authenticated)
+      continue;
+    t->evicted++;
+    if (say)
+      gs_log(t->log, GS_LOG_WARN, NULL, -1,
+             "rpc: %u connections (--max-connections): closing %s, the oldest idle one that "
+             "never authenticated, to admit a new one (%u such lines held back)",
+             t->open, old->peer, held_back);
+    gs__conn_close(old, "evicted at --max-connections");
+    return true;
   }
-  gs_buf_consume(&conn->rbuf, process_frames(conn, conn->rbuf.data, conn->rbuf.len));
-  if (conn->rbuf.len == 0 && conn->rbuf.cap > GS_CONN_KEEP_BUF_BYTES)
-    gs_buf_free(&conn->rbuf);
+  t->refused++;
+  if (say)
+    gs_log(t->log, GS_LOG_WARN, NULL, -1,
+           "rpc: %u connections (--max-connections) and none idle unauthenticated: refusing a "
+           "new connection (%llu refused so far; %u such lines held back)",
+           t->open, (unsigned long long)t->refused, held_back);
+  return false;
 }
 
 void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
 {
-  gs_conn_t *conn = calloc(1, sizeof(*conn));
+  gs_conn_t *conn;
 
+  /* t->open counts connections closing too, until their close callback. */
+  if (t->open >= t->max_connections && !make_room(t)) {
+    uv_tcp_t *refused = calloc(1, sizeof(*refused));
+
+    /* Accepted and closed at once, so the kernel's queue does not fill. */
+    if (refused && uv_tcp_init(t->loop, refused) == 0) {
+      (void)uv_accept(server, (uv_stream_t *)refused);
+      uv_close((uv_handle_t *)refused, free_refused);
+    } else {
+      free(refused);
+    }
+    return;
+  }
+  conn = calloc(1, sizeof(*conn));
   if (!conn || table_insert(t, conn)) {
     free(conn);
     gs_log(t->log, GS_LOG_ERROR, NULL, -1, "rpc: out of memory accepting a connection");
@@ -275,10 +417,36 @@ static void on_write(uv_write_t *req, int status)
   write_req_t *w = (write_req_t *)req;
   gs_conn_t *conn = req->handle->data;
 
+  conn->queued -= w->cost;
+  conn->conns->mem_used -= w->cost;
   if (status < 0 || w->close_after)
     gs__conn_close(conn, status < 0 ? uv_strerror(status) : "closed after error reply");
   gs_buf_free(&w->buf);
   free(w);
+  maybe_resume(conn);
+}
+
+/* Whether `cost` more bytes of replies may wait for `conn`: within its own
+ * cap (low before it authenticates) and the budget of all connections;
+ * if not, it is closed. */
+static bool queue_ok(gs_conn_t *conn, size_t cost)
+{
+  gs_conns_t *t = conn->conns;
+  size_t cap = conn->authenticated ? MAX_WRITE_QUEUE : GS_CONN_UNAUTH_WRITE_MAX;
+
+  if (conn->queued + cost > cap) {
+    gs__conn_warn(conn, "is not reading its replies (%zu bytes queued, limit %zu%s); closing",
+                  conn->queued, cap, conn->authenticated ? "" : " before authentication");
+    gs__conn_close(conn, "write queue overrun");
+    return false;
+  }
+  if (t->mem_used + cost > t->max_memory) {
+    gs__conn_warn(conn, "a reply would pass the memory budget (--max-memory %zu bytes); closing",
+                  t->max_memory);
+    gs__conn_close(conn, "memory budget exhausted");
+    return false;
+  }
+  return true;
 }
 
 /* Most replies fit in the socket buffer at once: uv_try_write sends them
@@ -306,18 +474,17 @@ void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
       gs__conn_close(conn, "closed after error reply");
     return;
   }
-  if (uv_stream_get_write_queue_size(stream) > MAX_WRITE_QUEUE) {
-    gs_log(conn->conns->log, GS_LOG_WARN, NULL, -1, "rpc: %s is not reading its replies; closing",
-           conn->peer);
-    gs__conn_close(conn, "write queue overrun");
+  if (!queue_ok(conn, len - (size_t)n + GS_CONN_WRITE_OVERHEAD))
     return;
-  }
   w = calloc(1, sizeof(*w));
   if (!w || gs_buf_append(&w->buf, data + n, len - (size_t)n)) {
     free(w);
     gs__conn_close(conn, "out of memory");
     return;
   }
+  w->cost = w->buf.cap + GS_CONN_WRITE_OVERHEAD;
+  conn->queued += w->cost;
+  conn->conns->mem_used += w->cost;
   w->close_after = conn->close_when_written;
   b = uv_buf_init((char *)w->buf.data, (unsigned)w->buf.len);
   n = uv_write(&w->req, stream, &b, 1, on_write);

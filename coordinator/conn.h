@@ -14,6 +14,7 @@
 #include "error.h"
 #include "list.h"
 #include "log.h"
+#include "ratelimit.h"
 
 typedef struct gs_conn gs_conn_t;
 
@@ -41,6 +42,20 @@ typedef struct gs_conn_callbacks {
 #define GS_CONN_READ_CHUNK (64 * 1024)
 /* Read buffers larger than this are freed once used. */
 #define GS_CONN_KEEP_BUF_BYTES (64 * 1024)
+/* Backpressure: a connection with this many bytes of replies queued is
+ * not read (nor its buffered frames dispatched) until half of them are
+ * written, so a client that pipelines requests and never reads its
+ * replies costs this much, not all the replies it asked for. */
+#define GS_CONN_WRITE_HIGH (256 * 1024)
+/* A connection that has not authenticated (no call has passed the token
+ * check yet) may queue this much; past it, it is closed. */
+#define GS_CONN_UNAUTH_WRITE_MAX (64 * 1024)
+/* What a queued write costs besides its bytes (request, buffer, malloc):
+ * counted, so many small replies cost what they really do. */
+#define GS_CONN_WRITE_OVERHEAD 256
+/* What an open connection costs besides its buffers (struct, the owner's
+ * state, the kernel's socket is not counted). */
+#define GS_CONN_BOOKKEEPING 1024
 
 /* The transport's own state; the owner reads `id` and `peer` and keeps
  * what it needs per connection in `data`. */
@@ -55,8 +70,13 @@ struct gs_conn {
   /* The idle list: connections that may time out (not closing, nothing
    * parked), least recently active first. */
   gs_list_t idle_node;
-  uint32_t waiting; /* calls parked until an event or deadline */
-  bool opened;      /* on_open kept it: on_close will tell the owner */
+  uint32_t waiting;       /* calls parked until an event or deadline */
+  size_t queued;          /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
+  size_t rbuf_counted;    /* rbuf.cap as counted in conns->mem_used */
+  gs_ratelimit_t warn_rl; /* see gs__conn_warn */
+  bool authenticated;     /* the owner says a call passed its token check */
+  bool read_paused;       /* backpressure: see GS_CONN_WRITE_HIGH */
+  bool opened;            /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
 };
@@ -67,6 +87,10 @@ typedef struct gs_conns {
   const gs_log_t *log;
   size_t max_frame;
   uint64_t idle_timeout_ms;
+  size_t max_memory;        /* budget for every connection's buffers together */
+  size_t mem_used;          /* what they hold now: bookkeeping, rbufs, queued replies */
+  uint32_t max_connections; /* open connections at most */
+  gs_ratelimit_t accept_rl; /* warnings about refused connections */
   gs_conn_callbacks_t cb;
   gs_conn_t **slots;
   uint32_t *gens;
@@ -76,13 +100,25 @@ typedef struct gs_conns {
   uint32_t open;
   gs_list_t idle; /* see gs_conn */
   bool closing;
-  uint64_t accepted, idle_closed;
+  uint64_t accepted, idle_closed, refused, evicted;
   uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */
 } gs_conns_t;
 
+/* The transport's limits. */
+typedef struct gs_conn_limits {
+  size_t max_frame;
+  uint64_t idle_timeout_ms;
+  size_t max_memory;
+  uint32_t max_connections;
+} gs_conn_limits_t;
+
 /* A table with no connections; free with gs__conns_free once drained. */
-gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, size_t max_frame,
-                          uint64_t idle_timeout_ms, const gs_conn_callbacks_t *cb);
+gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_limits_t *lim,
+                          const gs_conn_callbacks_t *cb);
+/* Whether the connections hold more than three quarters of the memory
+ * budget: new work is then refused (RESOURCE_EXHAUSTED) until replies
+ * drain; at the budget itself a connection that would grow is closed. */
+bool gs__conns_over_budget(const gs_conns_t *t);
 void gs__conns_free(gs_conns_t *t);
 /* Accepts one connection from `server` (call from its connection_cb). */
 void gs__conns_accept(gs_conns_t *t, uv_stream_t *server);
@@ -103,6 +139,9 @@ void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len);
 /* A call parked on this connection started / ended waiting: a connection
  * with a parked call is not idle. */
 void gs__conn_park(gs_conn_t *conn);
+/* Logs a warning about `conn`'s peer ("rpc: PEER: ..."), rate-limited per
+ * connection (common/ratelimit.h) with the count of lines held back. */
+void gs__conn_warn(gs_conn_t *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gs__conn_unpark(gs_conn_t *conn);
 
 #endif

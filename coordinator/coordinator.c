@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 
 #include "conn.h"
 #include "coordinator.h"
@@ -28,7 +29,8 @@ struct gs_coord {
   gs_jobs_t jobs;
   gs_http_routes_t routes;
   uint64_t started_ms;
-  uint32_t handles_open; /* listener + timer; freed when 0 and closing */
+  gs_ratelimit_t accept_rl; /* failed accepts are logged, not each one */
+  uint32_t handles_open;    /* listener + timer; freed when 0 and closing */
   bool closing;
 };
 
@@ -48,8 +50,33 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->stall_timeout_ms = 300000;
   cfg->max_frame = GS_FRAME_DEFAULT_MAX;
   cfg->max_world_size = 65536;
+  cfg->max_memory = (size_t)1 << 30;
+  cfg->max_connections = 0; /* from the open-file limit, in main */
+  cfg->max_params = GS_COORD_DEFAULT_MAX_PARAMS;
   cfg->log.level = GS_LOG_INFO;
   cfg->log.component = "coordinator";
+}
+
+/* Descriptors kept for everything but RPC connections: the listeners, the
+ * HTTP port's connections (so /healthz answers while RPC is full), logs. */
+#define FD_RESERVE 256
+
+/* --max-connections when not set: the open-file limit (main raised it to
+ * the hard limit) less FD_RESERVE, so the RPC port can never take the
+ * descriptors the HTTP port needs. */
+static uint32_t default_max_connections(const gs_log_t *log)
+{
+  struct rlimit rl;
+  rlim_t n;
+
+  if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY)
+    return 1u << 20;
+  n = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
+  if (n > (1u << 20))
+    n = 1u << 20;
+  gs_log(log, GS_LOG_DEBUG, NULL, -1, "open-file limit %llu: at most %llu RPC connections",
+         (unsigned long long)rl.rlim_cur, (unsigned long long)n);
+  return (uint32_t)n;
 }
 
 /* The connection table must outlive the connections' close callbacks, so
@@ -111,12 +138,20 @@ static int wire_layers(gs_coord_t *c)
   if (getrandom(&jcfg.coordinator_id, sizeof(jcfg.coordinator_id), 0) !=
       sizeof(jcfg.coordinator_id))
     jcfg.coordinator_id = (uint64_t)uv_hrtime();
-  c->conns = gs__conns_new(c->loop, &c->cfg.log, c->cfg.max_frame, c->cfg.idle_timeout_ms, &cb);
+  gs_conn_limits_t lim = {
+      .max_frame = c->cfg.max_frame,
+      .idle_timeout_ms = c->cfg.idle_timeout_ms,
+      .max_memory = c->cfg.max_memory,
+      .max_connections = c->cfg.max_connections,
+  };
+
+  c->conns = gs__conns_new(c->loop, &c->cfg.log, &lim, &cb);
   if (!c->conns)
     return GS_ENOMEM;
   gs__jobs_init(&c->jobs, &jcfg, &c->rpc.responder);
   gs__rpc_init(&c->rpc, c->loop, c->conns, &c->jobs, &c->cfg.log, c->cfg.token,
                c->cfg.default_wait_ms);
+  c->rpc.max_params = c->cfg.max_params;
   c->routes = (gs_http_routes_t){
       .jobs = &c->jobs,
       .loop = c->loop,
@@ -139,6 +174,8 @@ gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
   }
   c->loop = loop;
   c->cfg = *cfg;
+  if (c->cfg.max_connections == 0)
+    c->cfg.max_connections = default_max_connections(&c->cfg.log);
   if (wire_layers(c)) {
     gs_log(&cfg->log, GS_LOG_ERROR, NULL, -1, "out of memory creating the coordinator");
     free(c);
@@ -167,10 +204,16 @@ static void on_connection(uv_stream_t *server, int status)
   gs_coord_t *c = server->data;
 
   if (status < 0) {
-    gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1, "rpc: accept failed: %s%s", uv_strerror(status),
-           status == UV_EMFILE || status == UV_ENFILE
-               ? " (out of file descriptors: raise the open-file limit)"
-               : "");
+    uint32_t held_back;
+
+    if (gs_ratelimit_allow(&c->accept_rl, uv_now(c->loop), &held_back))
+      gs_log(&c->cfg.log, GS_LOG_WARN, NULL, -1,
+             "rpc: accept failed: %s%s (%u such lines held back)", uv_strerror(status),
+             status == UV_EMFILE || status == UV_ENFILE
+                 ? " (out of file descriptors: raise the open-file limit or lower "
+                   "--max-connections)"
+                 : "",
+             held_back);
     return;
   }
   gs__conns_accept(c->conns, server);

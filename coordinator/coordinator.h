@@ -11,6 +11,11 @@
 #include "error.h"
 #include "log.h"
 
+/* Pack-list entries accepted by default: a model's tensors (about 700 for
+ * a 70B dense model, about 47,000 for a 671B mixture of experts with 256
+ * experts per layer), with room; each costs about 300 bytes to decode. */
+#define GS_COORD_DEFAULT_MAX_PARAMS 131072
+
 typedef struct gs_coord_config {
   char rpc_host[256];
   uint16_t rpc_port;
@@ -27,6 +32,9 @@ typedef struct gs_coord_config {
   uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
   size_t max_frame;               /* largest accepted frame payload */
   uint32_t max_world_size;
+  size_t max_memory;        /* every connection's buffers together */
+  uint32_t max_connections; /* open RPC connections; 0: the open-file limit less a reserve */
+  uint32_t max_params;      /* entries of a pack list */
   gs_log_t log;
 } gs_coord_config_t;
 

@@ -56,10 +56,11 @@ static const gs_flag_t flag_rows[] = {
    .doc = "deadline of `Fetch`/`FetchPackList` that set none"},
   {.name = "--job-retention", .kind = GS_FLAG_DURATION, CFG(job_retention_ms), .umin = 1,
    .metavar = "DUR",
-   .help = "forget a finished job this long after it finished (its status stays readable "
-           "until then)",
-   .doc = "a finished job (every rank left, finished) stays in the status this long, then is "
-          "forgotten; a job of that name may start again at any time"},
+   .help = "forget a finished or abandoned job this long after it came to rest (its status "
+           "stays readable until then)",
+   .doc = "a job with nothing in progress (finished, failed and not rejoined, or a rendezvous "
+          "that timed out) stays in the status this long, then is forgotten; a job of that "
+          "name may start again at any time"},
   {.name = "--stall-timeout", .kind = GS_FLAG_DURATION, CFG(stall_timeout_ms),
    .metavar = "DUR",
    .help = "flag a job stalled when its step has not advanced this long (0s: never)",
@@ -69,6 +70,21 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--max-frame", .kind = GS_FLAG_SIZE, CFG(max_frame), .umin = 1024, .umax = 1u << 30,
    .metavar = "SIZE", .help = "largest RPC frame accepted",
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
+  {.name = "--max-memory", .kind = GS_FLAG_SIZE, CFG(max_memory), .umin = 1u << 20,
+   .metavar = "SIZE", .help = "memory all RPC connections' buffers may hold together",
+   .doc = "budget for what every RPC connection holds together (partial frames, queued "
+          "replies, bookkeeping); past three quarters of it new calls get RESOURCE_EXHAUSTED, "
+          "and a connection that would pass it is closed"},
+  {.name = "--max-connections", .kind = GS_FLAG_INT, CFG(max_connections), .min = 0,
+   .max = 1 << 20, .metavar = "N",
+   .help = "open RPC connections at most (0: the open-file limit less 256)",
+   .doc = "open RPC connections at most; at the limit the oldest idle connection that never "
+          "authenticated is closed, else the new one is refused (logged). `0`: the open-file "
+          "limit less 256 descriptors kept for the HTTP port"},
+  {.name = "--max-params", .kind = GS_FLAG_INT, CFG(max_params), .min = 1, .max = 1 << 24,
+   .metavar = "N", .help = "largest pack list (model tensors) accepted",
+   .doc = "entries of a published pack list (a model's tensors) at most; each costs about "
+          "300 bytes to decode, and a larger list is refused before it is stored"},
   {.name = "--max-world-size", .kind = GS_FLAG_INT, CFG(max_world_size), .min = 1,
    .max = 1 << 24, .metavar = "N", .help = "largest world size accepted"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, CFG(log.level),

@@ -5,18 +5,19 @@
 #include "rpc.h"
 
 #include <ctype.h>
+#include <pb_decode.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "auth.h"
+#include "coordinator.h"
 #include "list.h"
 #include "packlist.h"
 #include "pb_array.h"
 #include "wire.h"
 
-#define MAX_PARAMS (1u << 20)
 /* Scratch buffers larger than this are freed once used. */
 #define KEEP_BUF_BYTES (64 * 1024)
 
@@ -105,6 +106,7 @@ void gs__rpc_init(gs_rpc_t *rpc, uv_loop_t *loop, gs_conns_t *conns, gs_jobs_t *
   rpc->log = log;
   rpc->token = token;
   rpc->default_wait_ms = default_wait_ms;
+  rpc->max_params = GS_COORD_DEFAULT_MAX_PARAMS;
 }
 
 void gs__rpc_free(gs_rpc_t *rpc)
@@ -151,23 +153,33 @@ typedef struct request {
   /* Not the coordinator's token: a job's, to be checked against the job
    * the request names once its body is decoded. NULL: already checked. */
   const char *job_token;
+  gs_conn_t *conn;
 } request_t;
 
 /* The job a request names: a valid name, and one its token opens. */
+static void fail_call(gs_rpc_t *rpc, gs_conn_t *conn, const gs_call_t *call, int err,
+                      const char *text);
+
 static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
 {
+  char text[192];
+
   if (!job_name_ok(name)) {
     reply_error(rpc, &rq->call, GS_EINVAL,
                 "job name '%s' is invalid: use 1-127 letters, digits, '-', '_' or '.'", name);
     return false;
   }
   if (rq->job_token && !gs__job_token_ok(rpc->token, name, rq->job_token)) {
-    gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s for job %s with a token of no use there",
-           rq->call.peer->name, gs_method_name(rq->call.method), name);
-    reply_error(rpc, &rq->call, GS_EUNAUTH, "wrong token (not the coordinator's, not job %s's)",
-                name);
+    /* As for a wrong token: one error reply, then close. */
+    gs__conn_warn(rq->conn, "%s for job %s with a token of no use there; closing",
+                  gs_method_name(rq->call.method), name);
+    rpc->stats.errors[rq->call.method]++;
+    snprintf(text, sizeof(text), "wrong token (not the coordinator's, not job %s's)", name);
+    fail_call(rpc, rq->conn, &rq->call, GS_EUNAUTH, text);
     return false;
   }
+  if (rq->job_token)
+    rq->conn->authenticated = true;
   return true;
 }
 
@@ -177,8 +189,8 @@ static bool decode_body(gs_rpc_t *rpc, const request_t *rq, const pb_msgdesc_t *
 
   if (gs_wire_decode(rq->body, rq->body_len, fields, msg, why, sizeof(why)) == 0)
     return true;
-  gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable %s: %s", rq->call.peer->name,
-         gs_method_name(rq->call.method), why);
+  gs__conn_warn(gs__conn_get(rpc->conns, rq->call.peer->id), "sent an undecodable %s: %s",
+                gs_method_name(rq->call.method), why);
   reply_error(rpc, &rq->call, GS_EINVAL, "cannot decode %sRequest: %s",
               gs_method_name(rq->call.method), why);
   return false;
@@ -223,11 +235,14 @@ typedef struct pack_list_arrays {
   gs_pb_array_t params, sizes, order;
 } pack_list_arrays_t;
 
-static void pack_list_bind(gradsync_PackList *pl, pack_list_arrays_t *a)
+/* Each array holds at most `max` entries: decoding fails at the first one
+ * past it, so a list costs at most max * (sizeof(ParamInfo) + 8) bytes
+ * however its entries were packed on the wire. */
+static void pack_list_bind(gradsync_PackList *pl, pack_list_arrays_t *a, uint32_t max)
 {
-  gs_pb_array_init(&a->params, gradsync_ParamInfo_fields, sizeof(gradsync_ParamInfo), MAX_PARAMS);
-  gs_pb_array_init(&a->sizes, NULL, sizeof(uint32_t), MAX_PARAMS);
-  gs_pb_array_init(&a->order, NULL, sizeof(uint32_t), MAX_PARAMS);
+  gs_pb_array_init(&a->params, gradsync_ParamInfo_fields, sizeof(gradsync_ParamInfo), max);
+  gs_pb_array_init(&a->sizes, NULL, sizeof(uint32_t), max);
+  gs_pb_array_init(&a->order, NULL, sizeof(uint32_t), max);
   gs_pb_array_bind_decode(&pl->params, &a->params);
   gs_pb_array_bind_decode(&pl->pack_sizes, &a->sizes);
   gs_pb_array_bind_decode(&pl->pack_params, &a->order);
@@ -292,15 +307,56 @@ out_free:
   return err;
 }
 
+/* Counts one entry of a repeated submessage and skips its bytes. */
+static bool count_entry(pb_istream_t *stream, const pb_field_t *field, void **arg)
+{
+  (void)field;
+  (*(size_t *)*arg)++;
+  return pb_read(stream, NULL, stream->bytes_left);
+}
+
+/* How many params a PublishPackList carries, read without storing any:
+ * a 2 MiB list of a million empty entries would cost 300 MB decoded.
+ * Returns false (with the reason) for a body that does not decode. */
+static bool count_params(const request_t *rq, size_t *count, char *why, size_t why_len)
+{
+  gradsync_PublishPackListRequest req = gradsync_PublishPackListRequest_init_zero;
+
+  *count = 0;
+  req.pack_list.params.funcs.decode = count_entry;
+  req.pack_list.params.arg = count;
+  return gs_wire_decode(rq->body, rq->body_len, gradsync_PublishPackListRequest_fields, &req, why,
+                        why_len) == 0;
+}
+
 static void on_publish_pack_list(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_PublishPackListRequest req = gradsync_PublishPackListRequest_init_zero;
   pack_list_arrays_t a;
   gs_pack_summary_t sum;
   gs_buf_t body = {0};
+  size_t params;
   char why[256];
 
-  pack_list_bind(&req.pack_list, &a);
+  if (!count_params(rq, &params, why, sizeof(why))) {
+    gs__conn_warn(gs__conn_get(rpc->conns, rq->call.peer->id),
+                  "sent an undecodable PublishPackList: %s", why);
+    reply_error(rpc, &rq->call, GS_EINVAL, "cannot decode PublishPackListRequest: %s", why);
+    return;
+  }
+  if (params > rpc->max_params) {
+    gs__conn_warn(gs__conn_get(rpc->conns, rq->call.peer->id),
+                  "sent a pack list of %zu entries, over --max-params %u; refused", params,
+                  rpc->max_params);
+    reply_error(rpc, &rq->call, GS_ELIMIT,
+                "pack list has %zu entries, more than %u: raise the coordinator's --max-params",
+                params, rpc->max_params);
+    return;
+  }
+  /* Storage for exactly the entries counted; pack indices are bounded by
+   * the same limit. */
+  pack_list_bind(&req.pack_list, &a, rpc->max_params);
+  a.params.max_count = params;
   if (!decode_body(rpc, rq, gradsync_PublishPackListRequest_fields, &req) ||
       !check_job(rpc, rq, req.job))
     goto out;
@@ -393,6 +449,17 @@ static void fail_stream(gs_rpc_t *rpc, gs_conn_t *conn, int err, const char *fmt
   send_envelope(rpc, conn, &env, NULL, true);
 }
 
+/* An error answer to a call, then the connection closes once it is
+ * written. */
+static void fail_call(gs_rpc_t *rpc, gs_conn_t *conn, const gs_call_t *call, int err,
+                      const char *text)
+{
+  gradsync_Envelope env;
+
+  envelope_for(&env, gs_method_path(call->method), call->request_id, err, text);
+  send_envelope(rpc, conn, &env, NULL, true);
+}
+
 void gs__rpc_on_oversized(void *ctx, gs_conn_t *conn, size_t limit)
 {
   gs_rpc_t *rpc = ctx;
@@ -409,8 +476,7 @@ static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_
   char text[sizeof(env.message)];
 
   rpc->stats.bad_frames++;
-  gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s called unknown method '%s'", conn->peer,
-         req->method);
+  gs__conn_warn(conn, "called unknown method '%s'", req->method);
   snprintf(text, sizeof(text), "unknown method '%s'", req->method);
   envelope_for(&env, req->method, req->request_id, GS_EUNIMPL, text);
   send_envelope(rpc, conn, &env, NULL, false);
@@ -421,13 +487,12 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
   gs_rpc_t *rpc = ctx;
   gradsync_Envelope env;
   gs_buf_t *body = &rpc->rbody; /* one request is dispatched at a time */
-  request_t rq = {.call = {.peer = conn->data, .now_ms = uv_now(rpc->loop)}};
+  request_t rq = {.call = {.peer = conn->data, .now_ms = uv_now(rpc->loop)}, .conn = conn};
   char why[128];
 
   if (gs_wire_decode_envelope(payload, len, &env, body, why, sizeof(why))) {
     rpc->stats.bad_frames++;
-    gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent an undecodable envelope (%s); closing",
-           conn->peer, why);
+    gs__conn_warn(conn, "sent an undecodable envelope (%s); closing", why);
     fail_stream(rpc, conn, GS_EINVAL, "cannot decode Envelope: %s", why);
     goto out;
   }
@@ -441,14 +506,27 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
   rq.body_len = body->len;
   rpc->stats.requests[rq.call.method]++;
   if (!gs__token_ok(rpc->token, env.token)) {
-    if (strlen(env.token) == GS_JOB_TOKEN_LEN) {
-      rq.job_token = env.token; /* perhaps a job's: known once the body names the job */
-    } else {
-      gs_log(rpc->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s with a %s token", conn->peer,
-             gs_method_name(rq.call.method), env.token[0] ? "wrong" : "missing");
-      reply_error(rpc, &rq.call, GS_EUNAUTH, "%s token", env.token[0] ? "wrong" : "missing");
+    if (strlen(env.token) != GS_JOB_TOKEN_LEN) {
+      /* One error reply, then close: a client without the token gets
+       * nothing more from us, however much it pipelines. */
+      gs__conn_warn(conn, "%s with a %s token; closing", gs_method_name(rq.call.method),
+                    env.token[0] ? "wrong" : "missing");
+      rpc->stats.errors[rq.call.method]++;
+      fail_call(rpc, conn, &rq.call, GS_EUNAUTH, env.token[0] ? "wrong token" : "missing token");
       goto out;
     }
+    rq.job_token = env.token; /* perhaps a job's: checked once the body names the job */
+  } else {
+    conn->authenticated = true;
+  }
+  if (gs__conns_over_budget(rpc->conns)) {
+    gs__conn_warn(conn,
+                  "%s refused: the coordinator's connections hold more than --max-memory "
+                  "(%zu bytes)",
+                  gs_method_name(rq.call.method), rpc->conns->max_memory);
+    reply_error(rpc, &rq.call, GS_ELIMIT,
+                "coordinator memory budget exhausted (--max-memory); try again later");
+    goto out;
   }
   handlers[rq.call.method](rpc, &rq);
 out:

@@ -28,8 +28,9 @@ typedef struct gs_rpc {
   const gs_log_t *log;
   const char *token; /* "" means no authentication */
   uint64_t default_wait_ms;
-  gs_buf_t wbuf;  /* encodes one reply at a time */
-  gs_buf_t rbody; /* the body of the request being dispatched */
+  uint32_t max_params; /* pack-list entries accepted (--max-params) */
+  gs_buf_t wbuf;       /* encodes one reply at a time */
+  gs_buf_t rbody;      /* the body of the request being dispatched */
   gs_rpc_stats_t stats;
 } gs_rpc_t;
 

@@ -216,10 +216,18 @@ START_TEST(token_is_required_when_set)
   ck_assert_int_eq(
       th_call(&a, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 16);
   ck_assert_str_eq(msg, "missing token");
+  /* One error reply, then the coordinator closes an unauthenticated
+   * connection: a client without the token gets nothing more. */
+  ck_assert(th_closed_by_peer(&a, 2000));
+  th_close(&a);
+  th_connect(&a, coord.rpc_port);
   a.token = "s3cre";
   ck_assert_int_eq(
       th_call(&a, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 16);
   ck_assert_str_eq(msg, "wrong token");
+  ck_assert(th_closed_by_peer(&a, 2000));
+  th_close(&a);
+  th_connect(&a, coord.rpc_port);
   a.token = "s3cret";
   ck_assert_int_eq(th_call(&a, "Join", gradsync_JoinRequest_fields, &req,
                            gradsync_JoinResponse_fields, &resp, NULL, 0),

@@ -515,6 +515,61 @@ START_TEST(finished_job_is_forgotten_after_retention)
 }
 END_TEST
 
+/* A job whose generation was aborted and that nobody rejoins is forgotten
+ * --job-retention after the sweep first finds it at rest, with the ranks
+ * that still hold its connections untied; a rejoin in time keeps it. */
+START_TEST(failed_job_is_forgotten_after_retention)
+{
+  start_world("x", 2, 0);
+  start_world_on("y", 2, 2, 0);
+  leave(1, "x", 1, 1, false, 1000);
+  leave(3, "y", 1, 1, false, 1000);
+  ck_assert_int_eq(gs__jobs_find(&jobs, "x")->state, GS_JOB_FAILED);
+  gs__jobs_sweep(&jobs, 2000);
+  gs__jobs_sweep(&jobs, 2000 + RETENTION_MS - 1);
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "x"));
+  start_world_on("y", 2, 2, 2000 + RETENTION_MS - 1);
+  gs__jobs_sweep(&jobs, 2000 + RETENTION_MS);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "x"));
+  ck_assert_ptr_null(peers[0].member);
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "y"));
+  ck_assert_uint_eq(jobs.job_count, 1);
+}
+END_TEST
+
+/* The job index finds each of many jobs by name, grows past one job per
+ * bucket, and forgets a removed job. */
+START_TEST(job_index_finds_many_jobs)
+{
+  enum { N = 3000 };
+  gs_job_index_t ix = {0};
+  gs_job_t **all = calloc(N, sizeof(*all));
+  char name[32];
+
+  ck_assert_ptr_nonnull(all);
+  for (uint32_t i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "j%u", i);
+    all[i] = gs__job_new(&jobs, name);
+    ck_assert_ptr_nonnull(all[i]);
+    ck_assert_int_eq(gs__job_index_insert(&ix, all[i]), 0);
+  }
+  ck_assert_uint_ge(ix.nbuckets, N);
+  for (uint32_t i = 0; i < N; i++) {
+    snprintf(name, sizeof(name), "j%u", i);
+    ck_assert_ptr_eq(gs__job_index_find(&ix, name), all[i]);
+  }
+  ck_assert_ptr_null(gs__job_index_find(&ix, "j3000"));
+  gs__job_index_remove(&ix, all[7]);
+  ck_assert_ptr_null(gs__job_index_find(&ix, "j7"));
+  ck_assert_ptr_eq(gs__job_index_find(&ix, "j8"), all[8]);
+  ck_assert_uint_eq(ix.count, N - 1);
+  for (uint32_t i = 0; i < N; i++)
+    gs__job_free(all[i]);
+  gs__job_index_free(&ix);
+  free(all);
+}
+END_TEST
+
 /* A Join's settings as the RPC layer hands them over (see jobs.h): `kv`
  * holds name, value pairs; `items` and `a` must outlive the call. */
 typedef struct settings {
@@ -1032,6 +1087,8 @@ static Suite *jobs_suite(void)
       {"rendezvous_disconnect", closed_waiting_agent_leaves_the_rendezvous},
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"retention", finished_job_is_forgotten_after_retention},
+      {"failed_retention", failed_job_is_forgotten_after_retention},
+      {"job_index", job_index_finds_many_jobs},
       {"settings_unlike", settings_unlike_rank_0s_are_refused},
       {"settings_absent", joins_without_settings_are_not_compared},
       {"settings_invalid", invalid_settings_are_refused_at_once},

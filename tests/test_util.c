@@ -1,5 +1,6 @@
 /* The small utilities in common/ that both sides share: byte order, the
- * intrusive list, the `why` formatter, the clock and splitmix64. */
+ * intrusive list, the `why` formatter, the clock, splitmix64, log escaping
+ * and rate limiting. */
 #include <check.h>
 #include <stdint.h>
 #include <string.h>
@@ -7,7 +8,9 @@
 #include "byteorder.h"
 #include "clock.h"
 #include "error.h"
+#include "escape.h"
 #include "list.h"
+#include "ratelimit.h"
 #include "rng.h"
 #include "why.h"
 
@@ -107,6 +110,38 @@ START_TEST(splitmix64_published_stream)
 }
 END_TEST
 
+/* Control bytes and backslashes come out as \xNN and \\; output is cut
+ * at a whole escape and always terminated. */
+START_TEST(escape_makes_one_printable_line)
+{
+  char out[64];
+
+  ck_assert_str_eq(gs_escape("a\nb\r\x01\x7f\\c", out, sizeof(out)), "a\\x0ab\\x0d\\x01\\x7f\\\\c");
+  ck_assert_str_eq(gs_escape("h\xc3\xa9", out, sizeof(out)), "h\xc3\xa9");
+  ck_assert_str_eq(gs_escape("ab\ncd", out, 5), "ab");
+  ck_assert_str_eq(gs_escape("abcdef", out, 4), "abc");
+  ck_assert_str_eq(gs_escape("", out, sizeof(out)), "");
+}
+END_TEST
+
+/* A burst passes, the rest of the window is held back and counted, and
+ * the first line of the next window carries the count. */
+START_TEST(ratelimit_passes_a_burst_then_counts)
+{
+  gs_ratelimit_t rl = {0};
+  uint32_t held = 99, passed = 0;
+
+  for (int i = 0; i < 100; i++)
+    passed += gs_ratelimit_allow(&rl, 1000 + i, &held);
+  ck_assert_uint_eq(passed, GS_RATELIMIT_BURST);
+  ck_assert(!gs_ratelimit_allow(&rl, 1000 + GS_RATELIMIT_WINDOW_MS - 1, &held));
+  ck_assert(gs_ratelimit_allow(&rl, 1000 + GS_RATELIMIT_WINDOW_MS, &held));
+  ck_assert_uint_eq(held, 100 - GS_RATELIMIT_BURST + 1);
+  ck_assert(gs_ratelimit_allow(&rl, 1000 + GS_RATELIMIT_WINDOW_MS + 1, &held));
+  ck_assert_uint_eq(held, 0);
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("util");
@@ -119,6 +154,8 @@ int main(void)
   tcase_add_test(tc, why_formats_when_asked_and_returns_the_error);
   tcase_add_test(tc, clock_is_monotonic_and_agrees_with_itself);
   tcase_add_test(tc, splitmix64_published_stream);
+  tcase_add_test(tc, escape_makes_one_printable_line);
+  tcase_add_test(tc, ratelimit_passes_a_burst_then_counts);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -19,6 +19,7 @@
 
 #include "claims.h"
 #include "buf.h"
+#include "job_index.h"
 #include "job_store.h"
 #include "list.h"
 #include "log.h"
@@ -34,7 +35,7 @@ typedef struct gs_jobs_config {
   uint64_t heartbeat_interval_ms; /* told to agents at Join */
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
-  uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
+  uint64_t job_retention_ms;      /* a finished or abandoned job is forgotten this long after */
   uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
   uint32_t max_world_size;
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
@@ -50,7 +51,8 @@ typedef struct gs_jobs_stats {
 typedef struct gs_jobs {
   gs_jobs_config_t cfg;
   gs_responder_t *responder; /* borrowed */
-  gs_job_t *jobs;
+  gs_job_t *jobs;            /* every job, newest first: for the status views */
+  gs_job_index_t index;      /* the same jobs by name */
   uint32_t job_count;
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key). */
@@ -100,6 +102,7 @@ struct gs_member {
 
 struct gs_job {
   gs_job_t *next;
+  gs_job_t *hnext; /* its bucket in gs_jobs.index */
   gs_jobs_t *jobs;
   char name[128];
   gs_job_state_t state;
@@ -121,7 +124,13 @@ struct gs_job {
   gradsync_Peer *peers; /* rank order, for Join replies */
   uint64_t started_ms;
   uint64_t finished_ms; /* when it became FINISHED: forgotten after cfg.job_retention_ms */
-  uint32_t ranks_left;  /* members in state LEFT */
+  /* When the sweep first saw it with nothing in progress (no rendezvous
+   * gathering, no parked call, not running): a rendezvous that timed out
+   * or a failed generation nobody rejoined is forgotten after
+   * cfg.job_retention_ms from then, like a finished job. */
+  uint64_t resting_since_ms;
+  bool resting;
+  uint32_t ranks_left; /* members in state LEFT */
   /* Running members by last heartbeat, oldest first (see gs_member). */
   gs_list_t hb_list;
   uint64_t last_hb_sweep_ms; /* the liveness sweep's last run (0: never) */

@@ -16,11 +16,7 @@ void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t 
 
 gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name)
 {
-  for (gs_job_t *j = jobs->jobs; j; j = j->next) {
-    if (strcmp(j->name, name) == 0)
-      return j;
-  }
-  return NULL;
+  return gs__job_index_find(&jobs->index, name);
 }
 
 static gs_job_t *get_or_create(gs_jobs_t *jobs, const char *name)
@@ -32,6 +28,10 @@ static gs_job_t *get_or_create(gs_jobs_t *jobs, const char *name)
   job = gs__job_new(jobs, name);
   if (!job)
     return NULL;
+  if (gs__job_index_insert(&jobs->index, job)) {
+    gs__job_free(job);
+    return NULL;
+  }
   job->next = jobs->jobs;
   jobs->jobs = job;
   jobs->job_count++;
@@ -204,13 +204,32 @@ static void job_free(gs_job_t *job)
   gs__job_free(job);
 }
 
-/* A finished job nobody is joining again or waiting on has nothing left
- * but its status: after the retention period it goes, so a long-lived
- * coordinator does not grow with every job it ever ran. */
-static bool job_expired(const gs_job_t *job, uint64_t now)
+/* Whether a job has nothing in progress: no rendezvous gathering, no
+ * parked call, no generation running. */
+static bool job_resting(const gs_job_t *job)
 {
-  return job->state == GS_JOB_FINISHED && job->waiting_count == 0 && !job->store.waiters &&
-         now - job->finished_ms >= job->jobs->cfg.job_retention_ms;
+  return job->waiting_count == 0 && !job->store.waiters && job->state != GS_JOB_RUNNING;
+}
+
+/* A job at rest has nothing left but its status: after the retention
+ * period it goes (a finished one counted from when it finished, one whose
+ * rendezvous timed out or whose generation failed from when the sweep
+ * first saw it at rest), so a long-lived coordinator does not grow with
+ * every job it ever saw. */
+static bool job_expired(gs_job_t *job, uint64_t now)
+{
+  uint64_t since;
+
+  if (!job_resting(job)) {
+    job->resting = false;
+    return false;
+  }
+  if (!job->resting) {
+    job->resting = true;
+    job->resting_since_ms = now;
+  }
+  since = job->state == GS_JOB_FINISHED ? job->finished_ms : job->resting_since_ms;
+  return now - since >= job->jobs->cfg.job_retention_ms;
 }
 
 void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
@@ -224,10 +243,17 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
       at = &job->next;
       continue;
     }
-    gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1, "finished %.0f s ago; forgotten",
-           (now - job->finished_ms) / 1000.0);
+    if (job->state == GS_JOB_FINISHED)
+      gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1, "finished %.0f s ago; forgotten",
+             (now - job->finished_ms) / 1000.0);
+    else
+      gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+             "%s with nothing in progress for %.0f s; "
+             "forgotten",
+             gs__job_state_name(job->state), (now - job->resting_since_ms) / 1000.0);
     *at = job->next;
     jobs->job_count--;
+    gs__job_index_remove(&jobs->index, job);
     job_free(job);
   }
 }
@@ -266,4 +292,5 @@ void gs__jobs_free(gs_jobs_t *jobs)
   }
   jobs->jobs = NULL;
   jobs->job_count = 0;
+  gs__job_index_free(&jobs->index);
 }

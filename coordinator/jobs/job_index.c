@@ -1,0 +1,91 @@
+/* See job_index.h. */
+#include "job_index.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "job.h"
+
+/* FNV-1a: job names are short and come from a safe alphabet. */
+static uint32_t hash_name(const char *name)
+{
+  uint32_t h = 2166136261u;
+
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    h = (h ^ *p) * 16777619u;
+  return h;
+}
+
+gs_job_t *gs__job_index_find(const gs_job_index_t *ix, const char *name)
+{
+  if (!ix->nbuckets)
+    return NULL;
+  for (gs_job_t *j = ix->buckets[hash_name(name) & (ix->nbuckets - 1)]; j; j = j->hnext) {
+    if (strcmp(j->name, name) == 0)
+      return j;
+  }
+  return NULL;
+}
+
+/* Doubles the table (at one job per bucket on average), rehashing. */
+static int grow(gs_job_index_t *ix)
+{
+  uint32_t n = ix->nbuckets ? ix->nbuckets * 2 : 64;
+  gs_job_t **b = calloc(n, sizeof(*b));
+
+  if (!b)
+    return GS_ENOMEM;
+  for (uint32_t i = 0; i < ix->nbuckets; i++) {
+    for (gs_job_t *j = ix->buckets[i], *next; j; j = next) {
+      uint32_t at = hash_name(j->name) & (n - 1);
+
+      next = j->hnext;
+      j->hnext = b[at];
+      b[at] = j;
+    }
+  }
+  free(ix->buckets);
+  ix->buckets = b;
+  ix->nbuckets = n;
+  return 0;
+}
+
+int gs__job_index_insert(gs_job_index_t *ix, gs_job_t *job)
+{
+  uint32_t at;
+
+  if (ix->count >= ix->nbuckets) {
+    int err = grow(ix);
+
+    if (err)
+      return err;
+  }
+  at = hash_name(job->name) & (ix->nbuckets - 1);
+  job->hnext = ix->buckets[at];
+  ix->buckets[at] = job;
+  ix->count++;
+  return 0;
+}
+
+void gs__job_index_remove(gs_job_index_t *ix, gs_job_t *job)
+{
+  if (!ix->nbuckets)
+    return;
+  for (gs_job_t **at = &ix->buckets[hash_name(job->name) & (ix->nbuckets - 1)]; *at;
+       at = &(*at)->hnext) {
+    if (*at == job) {
+      *at = job->hnext;
+      job->hnext = NULL;
+      ix->count--;
+      return;
+    }
+  }
+}
+
+void gs__job_index_free(gs_job_index_t *ix)
+{
+  free(ix->buckets);
+  ix->buckets = NULL;
+  ix->nbuckets = 0;
+  ix->count = 0;
+}

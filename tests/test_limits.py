@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""Bounded resources before authentication, against the real coordinator:
+each case starts gradsync-coordinator, attacks it over real sockets as a
+hostile or careless client would, and reads its memory from /proc.
+
+usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
+cases: noread, noread_token, budget, packlist, connections, log_escape, log_flood,
+       jobs_expire
+"""
+import json
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protoc_client import PREFIX, load_proto  # noqa: E402
+
+MiB = 1 << 20
+RESOURCE_EXHAUSTED = 8
+UNAUTHENTICATED = 16
+
+
+def proc_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
+class Coordinator:
+    """The real binary on free ports; its log goes to a file we read."""
+
+    def __init__(self, binary, *flags, nofile=None, env=None):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="gs-limits-", suffix=".log")
+
+        def limit():
+            if nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.proc = subprocess.Popen(
+            [binary, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", *flags],
+            stdout=subprocess.PIPE, stderr=self.log, text=True, preexec_fn=limit,
+            env=env if env is not None else {k: v for k, v in os.environ.items()
+                                              if k != "GRADSYNC_TOKEN"})
+        line = self.proc.stdout.readline().split()
+        if len(line) < 4:
+            raise RuntimeError(f"coordinator did not start: {self.text()}")
+        self.rpc_port = int(line[2].rsplit(":", 1)[1])
+        self.http_port = int(line[3].rsplit(":", 1)[1])
+
+    def rss_mib(self):
+        return proc_kib(self.proc.pid, "VmRSS") / 1024
+
+    def peak_mib(self):
+        return proc_kib(self.proc.pid, "VmHWM") / 1024
+
+    def healthz_s(self, timeout=5):
+        t0 = time.monotonic()
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/healthz",
+                                    timeout=timeout) as r:
+            r.read()
+        return time.monotonic() - t0
+
+    def text(self):
+        self.log.flush()
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        text = self.text()
+        self.log.close()
+        # Run against a sanitizer build, its reports fail the case.
+        for mark in ("Sanitizer", "runtime error:"):
+            if mark in text:
+                raise AssertionError(text[text.index(mark) - 200:][:3000])
+
+
+def frame(pb, method, msg=None, token="", request_id=1, body=None):
+    env = pb.Envelope(method=method, request_id=request_id, token=token,
+                      body=body if body is not None else msg.SerializeToString())
+    data = env.SerializeToString()
+    return struct.pack(">I", len(data)) + data
+
+
+def recv_envelope(pb, sock):
+    def exact(n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    (n,) = struct.unpack(">I", exact(4))
+    return pb.Envelope.FromString(exact(n))
+
+
+def closed_by_peer(sock, timeout=5):
+    """Reads (and drops) until EOF; True if the coordinator closed it."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(1 << 16):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def small_socket(port):
+    """A connection whose receive buffer is small, so replies back up in the
+    coordinator soon."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def pipeline_without_reading(c, payload, conns=2, seconds=3.0):
+    """Sends `payload` over and over on `conns` connections and never reads
+    a reply; returns the coordinator's RSS growth in MiB and the sockets."""
+    base = c.rss_mib()
+    socks = [small_socket(c.rpc_port) for _ in range(conns)]
+    for s in socks:
+        s.setblocking(False)
+    blob = payload * max(1, (256 * 1024) // len(payload))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for s in socks:
+            try:
+                s.send(blob)
+            except BlockingIOError:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        time.sleep(0.001)
+    grown = c.rss_mib() - base
+    return grown, socks
+
+
+def case_noread(binary, pb):
+    c = Coordinator(binary)
+    try:
+        hb = frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0))
+        grown, socks = pipeline_without_reading(c, hb)
+        print(f"noread: coordinator grew {grown:.1f} MiB with 2 non-reading pipelining clients")
+        # Backpressure: each connection holds about 256 KiB of replies and
+        # one read chunk, not every reply it asked for.
+        assert grown < 32, f"coordinator grew {grown:.1f} MiB"
+        assert c.healthz_s() < 1.0
+        # It still answers a well-behaved client.
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s.sendall(hb)
+        env = recv_envelope(pb, s)
+        assert env.status != 0 and env.status != RESOURCE_EXHAUSTED, env
+        for x in socks + [s]:
+            x.close()
+    finally:
+        c.close()
+
+
+def case_noread_token(binary, pb):
+    env = dict(os.environ, GRADSYNC_TOKEN="sesame")
+    c = Coordinator(binary, env=env)
+    try:
+        hb = frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0))
+        grown, socks = pipeline_without_reading(c, hb)
+        print(f"noread_token: coordinator grew {grown:.1f} MiB with 2 clients without the token")
+        assert grown < 16, f"coordinator grew {grown:.1f} MiB"
+        # One error reply (UNAUTHENTICATED), then the connection is closed.
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s.sendall(hb * 100)
+        reply = recv_envelope(pb, s)
+        assert reply.status == UNAUTHENTICATED, reply
+        assert closed_by_peer(s), "the coordinator kept an unauthenticated connection open"
+        log = c.text()
+        warnings = log.count("missing token")
+        print(f"noread_token: {warnings} warning lines")
+        assert warnings < 200, f"{warnings} warning lines about missing tokens"
+        for x in socks + [s]:
+            x.close()
+    finally:
+        c.close()
+
+
+def case_budget(binary, pb):
+    # 1 MiB for every connection together: clients that pipeline and never
+    # read hold about 256 KiB each, so while they do, calls are refused
+    # (RESOURCE_EXHAUSTED) or the hogs closed, and memory stays bounded.
+    c = Coordinator(binary, "--max-memory", "1MiB")
+    try:
+        hb = frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0))
+        base = c.rss_mib()
+        stop = threading.Event()
+        hogs = threading.Thread(
+            target=lambda: [pipeline_without_reading(c, hb, conns=4, seconds=0.5)
+                            for _ in range(100) if not stop.is_set()])
+        hogs.start()
+        statuses = []
+        try:
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline and RESOURCE_EXHAUSTED not in statuses:
+                try:
+                    s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+                    s.sendall(hb)
+                    statuses.append(recv_envelope(pb, s).status)
+                    s.close()
+                except ConnectionError:
+                    statuses.append(-1)
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            hogs.join()
+        grown = c.rss_mib() - base
+        print(f"budget: grew {grown:.1f} MiB; statuses of new calls: "
+              f"{ {st: statuses.count(st) for st in set(statuses)} }")
+        assert RESOURCE_EXHAUSTED in statuses, statuses
+        assert grown < 16, f"grew {grown:.1f} MiB"
+        assert "--max-memory" in c.text()
+        # Once the hogs are gone, calls are served again.
+        time.sleep(0.5)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s.sendall(hb)
+        env = recv_envelope(pb, s)
+        assert env.status not in (0, RESOURCE_EXHAUSTED), env
+        s.close()
+    finally:
+        c.close()
+
+
+def million_entry_pack_list(pb, entries=1_000_000):
+    # PackList.params (field 2) holding `entries` empty ParamInfo: 2 bytes each.
+    pack_list = b"\x12\x00" * entries
+    job = pb.PublishPackListRequest(job="big").SerializeToString()
+    # PublishPackListRequest.pack_list is field 4, length-delimited.
+    n, varint = len(pack_list), b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        varint += bytes([b | (0x80 if n else 0)])
+        if not n:
+            break
+    return job + b"\x22" + varint + pack_list
+
+
+def case_packlist(binary, pb):
+    c = Coordinator(binary)
+    try:
+        body = million_entry_pack_list(pb)
+        before = c.peak_mib()
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=30)
+        t0 = time.monotonic()
+        s.sendall(frame(pb, PREFIX + "PublishPackList", body=body))
+        reply = recv_envelope(pb, s)
+        took = time.monotonic() - t0
+        peak = c.peak_mib() - before
+        print(f"packlist: {len(body) / MiB:.1f} MiB list of 1,000,000 entries: status "
+              f"{reply.status} '{reply.message}', peak RSS +{peak:.1f} MiB, answered in "
+              f"{took * 1000:.0f} ms")
+        assert reply.status == RESOURCE_EXHAUSTED, reply
+        assert "--max-params" in reply.message, reply.message
+        assert peak < 16, f"peak RSS grew {peak:.1f} MiB"
+        assert took < 0.2, f"the loop was busy {took:.2f} s"
+        # A list within --max-params (smaller flag) is refused the same way.
+        s.close()
+    finally:
+        c.close()
+
+
+def case_connections(binary, pb):
+    # 400 descriptors: --max-connections defaults to 400 - 256 = 144.
+    c = Coordinator(binary, "--idle-timeout", "60s", nofile=400)
+    idle = []
+    try:
+        for _ in range(600):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", c.rpc_port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        took = c.healthz_s(timeout=3)
+        print(f"connections: {len(idle)} idle connections opened; /healthz in {took * 1000:.0f} ms")
+        # A real client still gets its call answered: the oldest idle
+        # connection that never authenticated made room for it.
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=3)
+        s.sendall(frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0)))
+        env = recv_envelope(pb, s)
+        assert env.method.endswith("Heartbeat"), env
+        s.close()
+        log = c.text()
+        assert "--max-connections" in log, log[-2000:]
+        lines = log.count("--max-connections")
+        print(f"connections: {lines} log lines about the limit")
+        assert lines < 50, f"{lines} lines about --max-connections"
+    finally:
+        for s in idle:
+            s.close()
+        c.close()
+
+
+def case_log_escape(binary, pb):
+    c = Coordinator(binary)
+    try:
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s.sendall(frame(pb, "/x\n2026-01-01T00:00:00.000Z ERROR coordinator [-] FORGED",
+                        body=b""))
+        recv_envelope(pb, s)
+        s.close()
+        time.sleep(0.2)
+        log = c.text()
+        forged = [line for line in log.splitlines() if "FORGED" in line]
+        print(f"log_escape: {forged}")
+        assert forged and all(not line.startswith("2026-01-01") for line in forged), log
+        assert "\\x0a" in forged[0], forged
+    finally:
+        c.close()
+
+
+def case_log_flood(binary, pb):
+    c = Coordinator(binary)
+    try:
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        n = 2000
+        s.sendall(frame(pb, "/nosuch", body=b"") * n)
+        for _ in range(n):
+            recv_envelope(pb, s)
+        s.close()
+        time.sleep(0.2)
+        lines = [line for line in c.text().splitlines() if "unknown method" in line]
+        print(f"log_flood: {n} unknown calls from one peer: {len(lines)} log lines")
+        assert 0 < len(lines) <= 10, f"{len(lines)} lines"
+    finally:
+        c.close()
+
+
+def status(c):
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/status", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def case_jobs_expire(binary, pb):
+    # One-shot Joins: each connects, joins a job of two, and goes away, so
+    # no rendezvous ever completes. They used to be kept forever.
+    c = Coordinator(binary, "--rendezvous-timeout", "1s", "--job-retention", "2s")
+    try:
+        n = 1000
+        sig = pb.ModelSignature(param_count=1, total_elements=1, shapes_hash=1, dtypes_hash=1)
+        t0 = time.monotonic()
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=10)
+            s.sendall(frame(pb, PREFIX + "Join",
+                            pb.JoinRequest(job=f"one-shot-{i}", world_size=2, node="n",
+                                           local_rank=0, device="cpu", model_signature=sig)))
+            s.close()
+        held = status(c)["coordinator"]["jobs"]
+        print(f"jobs_expire: {held} jobs held after {n} one-shot Joins "
+              f"({time.monotonic() - t0:.1f} s)")
+        assert held > n // 2, held
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and status(c)["coordinator"]["jobs"]:
+            time.sleep(0.2)
+        left = status(c)["coordinator"]["jobs"]
+        print(f"jobs_expire: {left} jobs kept after the retention period")
+        assert left == 0, f"{left} abandoned jobs kept"
+        assert "forgotten" in c.text()
+    finally:
+        c.close()
+
+
+CASES = {
+    "noread": case_noread,
+    "noread_token": case_noread_token,
+    "budget": case_budget,
+    "packlist": case_packlist,
+    "connections": case_connections,
+    "log_escape": case_log_escape,
+    "log_flood": case_log_flood,
+    "jobs_expire": case_jobs_expire,
+}
+
+
+def main():
+    case, binary, proto_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+    if not os.path.exists("/proc/self/status"):
+        print("no /proc: cannot read the coordinator's memory")
+        return 77
+    pb = load_proto(proto_dir)
+    CASES[case](binary, pb)
+    print(f"{case}: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
