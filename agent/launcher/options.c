@@ -343,8 +343,11 @@ static void find_python_dir(gs_run_config_t *cfg)
     return;
   *slash = '\0'; /* the folder above bin/ */
   snprintf(probe, sizeof(probe), "%s/python/gradsync/__init__.py", self);
-  if (access(probe, R_OK) == 0 && strlen(self) + sizeof("/python") <= sizeof(cfg->python_dir))
-    snprintf(cfg->python_dir, sizeof(cfg->python_dir), "%s/python", self);
+  /* The result checked, not precomputed: gcc's Debug build (-Werror)
+   * otherwise warns that the output may be truncated. */
+  if (access(probe, R_OK) == 0 && snprintf(cfg->python_dir, sizeof(cfg->python_dir), "%s/python",
+                                           self) >= (int)sizeof(cfg->python_dir))
+    cfg->python_dir[0] = '\0'; /* too long to use */
 }
 
 int gs__run_resolve_bins(gs_run_config_t *cfg)
