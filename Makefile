@@ -1,9 +1,13 @@
 # Thin wrapper over CMake: `make demo` and `make test` do all the set-up.
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+# Seconds each fuzz harness runs: in `make test`, and in `make fuzz`.
+FUZZ_TEST_SECONDS ?= 4
+FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build test test-asan test-containers demo clean
+.PHONY: all deps build test test-asan test-fuzz fuzz test-containers demo clean
 
 all: build
 
@@ -16,8 +20,9 @@ $(BUILD)/CMakeCache.txt: | deps
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Every test, then the coordinator tests once more under ASan + UBSan.
-test: build test-asan
+# Every test, then the coordinator tests once more under ASan + UBSan, and
+# each fuzz harness for a few seconds.
+test: build test-asan test-fuzz
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
 
 # The sanitizer build is CPU-only: ASan's shadow mapping and the CUDA
@@ -26,6 +31,16 @@ test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DGS_SANITIZE=ON -DGS_CUDA=OFF >/dev/null
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) --timeout 300 -L asan
+
+# The libFuzzer harnesses (tests/fuzz/, clang): each over its corpus and
+# saved crashes, then fuzzing FUZZ_TEST_SECONDS (make test) or FUZZ_SECONDS
+# (make fuzz) each. Skipped with a line saying why when clang's libFuzzer
+# is missing.
+test-fuzz: deps
+	JOBS=$(JOBS) tests/fuzz/run.sh $(FUZZ_TEST_SECONDS) $(BUILD_FUZZ)
+
+fuzz: deps
+	JOBS=$(JOBS) tests/fuzz/run.sh $(FUZZ_SECONDS) $(BUILD_FUZZ)
 
 # The images (docker/): builds them with podman or docker and trains the demo
 # job in containers, by hand and with docker/compose.yaml. Installs podman,
@@ -38,4 +53,4 @@ demo: build
 	scripts/demo.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

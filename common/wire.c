@@ -156,6 +156,10 @@ int gs_wire_encode(gs_buf_t *out, const pb_msgdesc_t *fields, const void *msg)
 
   if (!pb_get_encoded_size(&size, fields, msg))
     return GS_EPROTO;
+  /* An empty message encodes to nothing; an unused buffer's data is NULL,
+   * and NULL + 0 is undefined (UBSan reports it; fuzz_messages found it). */
+  if (size == 0)
+    return 0;
   err = gs_buf_reserve(out, size);
   if (err)
     return err;

@@ -285,7 +285,7 @@ static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http
     respond_json(res, 200, gs__job_json(job, uv_now(r->loop), true));
 }
 
-static void route(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)
+void gs__http_routes_handle(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)
 {
   gs_http_routes_t *r = ctx;
   bool is_control;
@@ -309,7 +309,7 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
       .idle_timeout_ms = idle_timeout_ms,
   };
 
-  r->http = gs_http_server_new(r->loop, r->log, &limits, route, r);
+  r->http = gs_http_server_new(r->loop, r->log, &limits, gs__http_routes_handle, r);
   if (!r->http)
     return GS_ENOMEM;
   return gs_http_server_listen(r->http, host, port);

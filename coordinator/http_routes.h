@@ -41,6 +41,11 @@ typedef struct gs_http_routes {
  * cache must be set. */
 int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
                           uint64_t idle_timeout_ms) GS_WARN_UNUSED;
+/* The router, the server's handler (`ctx` is the gs_http_routes_t): one
+ * parsed request in, its response out. Public so the fuzz harness
+ * (tests/fuzz/fuzz_http.c) can call it without a socket. */
+void gs__http_routes_handle(void *ctx, const gs_http_request_t *req, gs_http_response_t *res);
+
 /* Closes the server (its memory goes in its last close callback) and frees
  * the cache. */
 void gs__http_routes_close(gs_http_routes_t *r);

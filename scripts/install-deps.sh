@@ -20,7 +20,7 @@ packages=(
   nanopb libnanopb-dev protobuf-compiler python3-protobuf
   check
   libopenblas-dev dataset-fashion-mnist
-  patchelf clang-format
+  patchelf clang-format clang
   curl python3-yaml
   python3-dev python3-torch python3-numpy
   iproute2 iptables

@@ -98,6 +98,25 @@ START_TEST(envelope_round_trip_with_body)
 }
 END_TEST
 
+/* An empty message encodes to no bytes, into an unused buffer (data NULL:
+ * the encoder once did NULL + 0, undefined behaviour that clang's UBSan
+ * reports; tests/fuzz/regressions/messages/empty-fetch-request replays
+ * it there) and after existing bytes alike. */
+START_TEST(wire_encode_empty_message)
+{
+  gradsync_FetchRequest empty = gradsync_FetchRequest_init_zero;
+  gs_buf_t out = {0};
+
+  ck_assert_int_eq(gs_wire_encode(&out, gradsync_FetchRequest_fields, &empty), 0);
+  ck_assert_uint_eq(out.len, 0);
+  ck_assert_ptr_null(out.data);
+  ck_assert_int_eq(gs_buf_append(&out, "x", 1), 0);
+  ck_assert_int_eq(gs_wire_encode(&out, gradsync_FetchRequest_fields, &empty), 0);
+  ck_assert_uint_eq(out.len, 1);
+  gs_buf_free(&out);
+}
+END_TEST
+
 START_TEST(envelope_decode_rejects_truncation_and_overlong_strings)
 {
   gradsync_Envelope env = gradsync_Envelope_init_zero, out;
@@ -217,6 +236,7 @@ static Suite *frame_suite(void)
   tc = tcase_create("envelope");
   tcase_add_test(tc, envelope_round_trip_with_body);
   tcase_add_test(tc, envelope_decode_rejects_truncation_and_overlong_strings);
+  tcase_add_test(tc, wire_encode_empty_message);
   suite_add_tcase(s, tc);
   tc = tcase_create("pb_array");
   tcase_add_test(tc, pb_array_round_trip_and_bound);

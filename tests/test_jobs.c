@@ -441,6 +441,27 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
 }
 END_TEST
 
+/* A connection whose Join waits in a rendezvous cannot take over another
+ * rank's heartbeats: that orphaned the waiting member (its Join never
+ * answered, its connection parked for good, and a ghost left in the
+ * rendezvous once the connection closed). Found by tests/fuzz. */
+START_TEST(waiting_connection_cannot_take_a_rank)
+{
+  gradsync_JoinRequest req = th_join_request("w", 2, "n0", 0);
+  int err;
+
+  start_world("c", 2, 0);
+  join(5, &req, 0);
+  ck_assert_int_eq(fake.parked[peers[5].id], 1);
+  heartbeat(5, "c", 1, 1, 10, &err);
+  ck_assert_int_eq(err, GS_EPRECOND);
+  ck_assert_ptr_nonnull(strstr(last_reply(5)->message, "waits in the rendezvous of job w"));
+  ck_assert_ptr_eq(gs__jobs_find(&jobs, "c")->ranks[1]->peer, &peers[1]);
+  gs__jobs_peer_closed(&jobs, &peers[5]);
+  ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
+}
+END_TEST
+
 /* An agent whose connection closes while it waits leaves the rendezvous;
  * the world then needs another agent. */
 START_TEST(closed_waiting_agent_leaves_the_rendezvous)
@@ -1085,6 +1106,7 @@ static Suite *jobs_suite(void)
       {"heartbeat_loss", heartbeat_loss_aborts_the_generation},
       {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
       {"rendezvous_disconnect", closed_waiting_agent_leaves_the_rendezvous},
+      {"heartbeat_while_waiting", waiting_connection_cannot_take_a_rank},
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"retention", finished_job_is_forgotten_after_retention},
       {"failed_retention", failed_job_is_forgotten_after_retention},

@@ -77,6 +77,16 @@ static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
                       m->rank, job->name, m->peer->name);
     return false;
   }
+  /* Taking the rank would orphan the member whose Join waits on this
+   * connection: never answered, and a ghost in its rendezvous once the
+   * connection closes (found by tests/fuzz/fuzz_dispatch.c). */
+  if (other && other->state == GS_MEMBER_WAITING) {
+    gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
+                      "this connection waits in the rendezvous of job %s; "
+                      "use one connection per rank",
+                      other->job->name);
+    return false;
+  }
   if (other && other->heartbeats_seen && gs__member_active(other)) {
     gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
                       "this connection carries the heartbeats of rank %u of job %s; "
