@@ -17,6 +17,7 @@
 #include "fuzz.h"
 #include "jobs.h"
 #include "requests.h"
+#include "rpc_checks.h"
 
 #define PEERS 8
 
@@ -73,18 +74,6 @@ static void on_unpark(gs_responder_t *r, uint64_t peer)
   w->parked[peer]--;
 }
 
-/* rpc.c's rule for job names. */
-static bool job_name_ok(const char *name)
-{
-  if (!name[0])
-    return false;
-  for (const char *p = name; *p; p++) {
-    if (!isalnum((unsigned char)*p) && *p != '-' && *p != '_' && *p != '.')
-      return false;
-  }
-  return true;
-}
-
 static void dispatch(fuzz_world_t *w, gs_peer_t *peer, const gs_call_t *call, fuzz_request_t *rq)
 {
   gs_jobs_t *jobs = &w->jobs;
@@ -137,7 +126,7 @@ static void on_frame(fuzz_world_t *w, gs_peer_t *peer, const uint8_t *payload, s
   call.request_id = env.request_id;
   call.deadline_ms = w->now + (env.timeout_ms ? env.timeout_ms : 30000);
   if (fuzz_request_decode(&rq, call.method, body.data, body.len) == 0 &&
-      job_name_ok(fuzz_request_job(&rq)))
+      gs__job_name_ok(fuzz_request_job(&rq)))
     dispatch(w, peer, &call, &rq);
   fuzz_request_free(&rq);
 out:

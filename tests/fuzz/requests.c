@@ -1,6 +1,8 @@
 /* Request decoding as coordinator/rpc.c does it (see requests.h). */
 #include "requests.h"
 
+#include "rpc_checks.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,49 +86,8 @@ const char *fuzz_request_job(const fuzz_request_t *rq)
 int fuzz_pack_list_check(fuzz_request_t *rq, gs_buf_t *body, gs_pack_summary_t *sum, char *why,
                          size_t why_len)
 {
-  const gradsync_PackList *pl = &rq->u.publish_pack_list.pack_list;
-  const gradsync_ParamInfo *info = rq->params.items;
-  uint32_t n = (uint32_t)rq->params.count, first = 0;
-  gs_param_desc_t *descs = calloc(n ? n : 1, sizeof(*descs));
-  gs_packlist_t list = {
-      .threshold_bytes = pl->threshold_bytes,
-      .param_count = (uint32_t)rq->order.count,
-      .pack_count = (uint32_t)rq->sizes.count,
-      .pack_sizes = rq->sizes.items,
-      .order = rq->order.items,
-  };
-  gradsync_FetchPackListResponse resp = gradsync_FetchPackListResponse_init_zero;
-  int err;
+  /* The request's own arrays, seen as rpc.c's: the check is rpc.c's. */
+  gs_pack_list_arrays_t a = {rq->params, rq->sizes, rq->order};
 
-  if (!descs)
-    return GS_ENOMEM;
-  for (uint32_t i = 0; i < n; i++)
-    descs[i] = (gs_param_desc_t){info[i].name, info[i].elements, (gs_dtype_t)info[i].dtype};
-  err = gs_packlist_validate(&list, descs, n, why, why_len);
-  if (err)
-    goto out_free;
-  memset(sum, 0, sizeof(*sum));
-  sum->published = true;
-  sum->packs = list.pack_count;
-  sum->params = n;
-  sum->threshold_bytes = list.threshold_bytes;
-  for (uint32_t p = 0; p < list.pack_count; p++) {
-    uint64_t bytes = gs_packlist_pack_bytes(&list, descs, first, list.pack_sizes[p]);
-
-    sum->bytes += bytes;
-    if (bytes > sum->largest_pack_bytes)
-      sum->largest_pack_bytes = bytes;
-    first += list.pack_sizes[p];
-  }
-  resp.has_pack_list = true;
-  resp.pack_list.threshold_bytes = pl->threshold_bytes;
-  gs_pb_array_bind_encode(&resp.pack_list.params, &rq->params);
-  gs_pb_array_bind_encode(&resp.pack_list.pack_sizes, &rq->sizes);
-  gs_pb_array_bind_encode(&resp.pack_list.pack_params, &rq->order);
-  err = gs_wire_encode(body, gradsync_FetchPackListResponse_fields, &resp);
-  if (err)
-    snprintf(why, why_len, "cannot encode the pack list: %s", gs_strerror(err));
-out_free:
-  free(descs);
-  return err;
+  return gs__pack_list_check(&rq->u.publish_pack_list.pack_list, &a, body, sum, why, why_len);
 }
