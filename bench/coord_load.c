@@ -65,9 +65,10 @@ typedef struct agent {
   uv_tcp_t tcp;
   uv_connect_t connect;
   load_t *ld;
-  uint32_t index; /* which simulated agent: node index/per_node, local index%per_node */
-  uint32_t rank;  /* from the Join reply */
-  gs_buf_t rbuf;  /* bytes of a frame not yet complete */
+  uint32_t index;   /* which simulated agent: node index/per_node, local index%per_node */
+  uint32_t rank;    /* from the Join reply */
+  char session[48]; /* from the Join reply: sent with every later call */
+  gs_buf_t rbuf;    /* bytes of a frame not yet complete */
   uint64_t hb_sent_ns;
   uint32_t hb_outstanding;
   uint64_t step;
@@ -232,6 +233,7 @@ static int send_request(agent_t *a, const char *method, const pb_msgdesc_t *fiel
   env.request_id = request_id;
   env.timeout_ms = timeout_ms;
   snprintf(env.token, sizeof(env.token), "%s", ld->cfg.token);
+  snprintf(env.session, sizeof(env.session), "%s", a->session);
   out.data = stack;
   out.cap = sizeof(stack);
   err = gs_wire_encode_frame(&out, &env, fields, msg, SIZE_MAX);
@@ -358,6 +360,7 @@ static void on_join_reply(agent_t *a, const gradsync_Envelope *env, const gs_buf
     fail(ld, "rank %u got %zu peers, not %u", resp.rank, peers.count, n);
   } else {
     ld->rank_seen[resp.rank] = 1;
+    snprintf(a->session, sizeof(a->session), "%s", resp.session);
     ld->generation = resp.generation;
     a->rank = resp.rank;
     a->joined = true;

@@ -391,6 +391,7 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
     goto out;
   }
   rq.call.request_id = env.request_id;
+  rq.call.session = env.session;
   rq.call.deadline_ms = rq.call.now_ms + (env.timeout_ms ? env.timeout_ms : rpc->default_wait_ms);
   rq.body = body->data;
   rq.body_len = body->len;

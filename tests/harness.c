@@ -136,6 +136,7 @@ uint64_t th_send(th_client_t *cl, const char *method, uint32_t timeout_ms,
   env.timeout_ms = timeout_ms;
   if (cl->token)
     snprintf(env.token, sizeof(env.token), "%s", cl->token);
+  snprintf(env.session, sizeof(env.session), "%s", cl->session);
   ck_assert_int_eq(gs_wire_encode_frame(&frame, &env, fields, msg, SIZE_MAX), 0);
   th_send_raw(cl, frame.data, frame.len);
   gs_buf_free(&frame);
@@ -183,6 +184,9 @@ int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fi
   if (env->status == 0 && resp_fields)
     ck_assert_msg(gs_wire_decode(body.data, body.len, resp_fields, resp, why, sizeof(why)) == 0,
                   "response body: %s", why);
+  /* The session a Join earned: the client acts for that rank from now on. */
+  if (env->status == 0 && resp_fields == gradsync_JoinResponse_fields)
+    snprintf(cl->session, sizeof(cl->session), "%s", ((gradsync_JoinResponse *)resp)->session);
   rc = 0;
 out:
   free(payload);

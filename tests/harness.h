@@ -33,6 +33,7 @@ typedef struct th_client {
   int fd;
   uint64_t next_id;
   const char *token;
+  char session[48]; /* sent in every envelope; th_recv keeps a JoinResponse's */
 } th_client_t;
 
 /* Connects to 127.0.0.1:port; aborts the test on failure. */

@@ -31,10 +31,11 @@ class Client:
         self.pb = pb
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.next_id = 1
+        self.session = ""  # JoinResponse.session: sent with every later call
 
     def send(self, method, msg):
         env = self.pb.Envelope(method=PREFIX + method, request_id=self.next_id,
-                               body=msg.SerializeToString())
+                               body=msg.SerializeToString(), session=self.session)
         self.next_id += 1
         data = env.SerializeToString()
         self.sock.sendall(struct.pack(">I", len(data)) + data)
@@ -81,6 +82,9 @@ def main():
         # Replies carry the method of their request.
         assert all(env.method == PREFIX + "Join" for env, _ in joined), joined
         replies = [r for _, r in joined]
+        for c, r in zip(clients, replies):
+            assert r.session.startswith(f"{r.rank}.") and len(r.session) == len(str(r.rank)) + 33
+            c.session = r.session
         ranks = [r.rank for r in replies]
         assert ranks == [3, 2, 1, 0], ranks
         for r in replies:

@@ -223,6 +223,9 @@ START_TEST(publish_fetch)
   g = join_alone(a, "n0");
   for (size_t i = 0; i < sizeof(blob); i++)
     blob[i] = (uint8_t)(i * 37 + 11);
+  /* Blobs are the generation's members' only: b has no session yet. */
+  ck_assert_int_eq(gs_client_fetch(b, g, "nccl-id", got, sizeof(got), &len, 2000), GS_EPERM);
+  gs_client_set_session(b, gs_client_session(a)); /* now it acts for a's rank */
   ck_assert_msg(gs_client_publish(a, g, "nccl-id", blob, sizeof(blob), 2000) == 0, "%s",
                 gs_client_error(a));
   ck_assert_msg(gs_client_fetch(b, g, "nccl-id", got, sizeof(got), &len, 2000) == 0, "%s",
@@ -269,10 +272,11 @@ START_TEST(packlist_roundtrip)
   th_coord_start(&co, NULL);
   r0 = new_client(co.rpc_port, "packs", NULL);
   r1 = new_client(co.rpc_port, "packs", NULL);
-  g = join_alone(r0, "n0"); /* th_join_request's signature has 6 params */
+  g = join_alone(r0, "n0");                         /* th_join_request's signature has 6 params */
+  gs_client_set_session(r1, gs_client_session(r0)); /* a second connection of rank 0 */
   ck_assert_int_eq(gs_packlist_compute(params, COUNT(params), 8192, &list), 0);
   ck_assert_uint_gt(list.pack_count, 2);
-  /* Only rank 0 may publish. */
+  /* Only rank 0 may publish (here r1 claims rank 1). */
   ck_assert_int_eq(gs_client_publish_packlist(r1, g, 1, &list, params, COUNT(params), 2000),
                    GS_EPERM);
   ck_assert_msg(gs_client_publish_packlist(r0, g, 0, &list, params, COUNT(params), 2000) == 0, "%s",
@@ -404,6 +408,7 @@ START_TEST(stale_reply_skipped)
   a = new_client(co.rpc_port, "stale", NULL);
   b = new_client(co.rpc_port, "stale", NULL);
   g = join_alone(b, "n0");
+  gs_client_set_session(a, gs_client_session(b));
   snprintf(req.job, sizeof(req.job), "stale");
   req.generation = g;
   snprintf(req.key, sizeof(req.key), "x");
@@ -494,11 +499,12 @@ static int wait_abort(abort_rec_t *a, unsigned ms)
 
 static gs_heartbeat_t *start_heartbeat(uint16_t port, const char *job, uint64_t generation,
                                        uint32_t rank, uint32_t interval_ms, uint32_t timeout_ms,
-                                       abort_rec_t *rec)
+                                       abort_rec_t *rec, const char *session)
 {
   gs_heartbeat_config_t cfg = {
       .client = client_config(port, job, NULL),
       .generation = generation,
+      .session = session,
       .rank = rank,
       .interval_ms = interval_ms,
       .timeout_ms = timeout_ms,
@@ -541,7 +547,7 @@ START_TEST(heartbeat_directives)
   th_coord_start(&co, NULL);
   cl = new_client(co.rpc_port, "hbd", NULL);
   g = join_alone(cl, "n0");
-  hb = start_heartbeat(co.rpc_port, "hbd", g, 0, 100, 5000, &rec);
+  hb = start_heartbeat(co.rpc_port, "hbd", g, 0, 100, 5000, &rec, gs_client_session(cl));
   gs_heartbeat_report(hb, &p);
   wait_valid(hb, 2000);
   ck_assert_int_eq(th_http(co.http_port, "POST", "/jobs/hbd/control", NULL,
@@ -586,7 +592,7 @@ START_TEST(heartbeat_abort)
   joiner_wait(&j[0]);
   joiner_wait(&j[1]);
   ck_assert_uint_eq(j[1].r.rank, 1);
-  hb = start_heartbeat(co.rpc_port, "hba", j[0].r.generation, 0, 100, 5000, &rec);
+  hb = start_heartbeat(co.rpc_port, "hba", j[0].r.generation, 0, 100, 5000, &rec, j[0].r.session);
   wait_valid(hb, 2000);
   ck_assert_int_eq(rec.count, 0);
   t0 = gs_now_ms();
@@ -616,7 +622,7 @@ START_TEST(heartbeat_unreachable)
   th_coord_start(&co, NULL);
   cl = new_client(co.rpc_port, "hbu", NULL);
   g = join_alone(cl, "n0");
-  hb = start_heartbeat(co.rpc_port, "hbu", g, 0, 100, 800, &rec);
+  hb = start_heartbeat(co.rpc_port, "hbu", g, 0, 100, 800, &rec, gs_client_session(cl));
   wait_valid(hb, 2000);
   sleep_ms(150);
   t0 = gs_now_ms();
@@ -650,7 +656,7 @@ START_TEST(heartbeat_restart_not_abort)
   th_coord_start(&co, "--listen", listen, NULL);
   cl = new_client(port, "hbr", NULL);
   g = join_alone(cl, "n0");
-  hb = start_heartbeat(port, "hbr", g, 0, 100, 4000, &rec);
+  hb = start_heartbeat(port, "hbr", g, 0, 100, 4000, &rec, gs_client_session(cl));
   wait_valid(hb, 2000);
   th_coord_kill(&co);
   th_coord_start(&co, "--listen", listen, NULL);
@@ -674,7 +680,7 @@ START_TEST(heartbeat_stop_latency)
   th_coord_start(&co, NULL);
   cl = new_client(co.rpc_port, "hbs", NULL);
   g = join_alone(cl, "n0");
-  hb = start_heartbeat(co.rpc_port, "hbs", g, 0, 10000, 30000, &rec);
+  hb = start_heartbeat(co.rpc_port, "hbs", g, 0, 10000, 30000, &rec, gs_client_session(cl));
   wait_valid(hb, 2000); /* the first heartbeat goes out at once */
   sleep_ms(50);
   t0 = gs_now_ms();
@@ -827,6 +833,7 @@ START_TEST(leave_after_restart)
   hc = (gs_heartbeat_config_t){
       .client = client_config(port, "leaver", NULL),
       .generation = r.generation,
+      .session = r.session,
       .interval_ms = 100,
       .timeout_ms = 10000,
       .on_abort = on_abort,

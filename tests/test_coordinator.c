@@ -879,7 +879,7 @@ START_TEST(agents_rebuild_state_after_restart)
   gradsync_JoinResponse resp[2] = {0};
   gradsync_HeartbeatResponse hb;
   uint64_t first_id;
-  char *body;
+  char *body, sessions[2][48];
   cJSON *doc, *job;
 
   th_coord_start(&coord, NULL);
@@ -890,8 +890,12 @@ START_TEST(agents_rebuild_state_after_restart)
   th_close(&cl[0]);
   th_close(&cl[1]);
   th_coord_start(&coord, NULL);
-  /* A heartbeat to the new coordinator: the job is unknown. */
+  /* A heartbeat to the new coordinator: the job is unknown. The agents
+   * keep their sessions across the reconnect. */
+  snprintf(sessions[0], sizeof(sessions[0]), "%s", cl[0].session);
+  snprintf(sessions[1], sizeof(sessions[1]), "%s", cl[1].session);
   th_connect(&cl[0], coord.rpc_port);
+  snprintf(cl[0].session, sizeof(cl[0].session), "%s", sessions[0]);
   ck_assert_int_eq(heartbeat(&cl[0], "re", 1, resp[0].rank, 6, &hb), 5);
   for (uint32_t i = 0; i < 2; i++) {
     gradsync_JoinRequest req = th_join_request("re", 2, "node00", (i * 7 + 3) % 2);
@@ -899,8 +903,10 @@ START_TEST(agents_rebuild_state_after_restart)
 
     req.rejoin_generation = 1;
     req.rejoin_rank = resp[i].rank;
-    if (i)
+    if (i) {
       th_connect(&cl[i], coord.rpc_port);
+      snprintf(cl[i].session, sizeof(cl[i].session), "%s", sessions[i]);
+    }
     ck_assert_int_eq(th_call(&cl[i], "Join", gradsync_JoinRequest_fields, &req,
                              gradsync_JoinResponse_fields, &again, NULL, 0),
                      OK);
@@ -1100,6 +1106,7 @@ START_TEST(frames_split_or_batched_are_all_answered)
     gradsync_Envelope req = gradsync_Envelope_init_zero;
 
     snprintf(req.method, sizeof(req.method), GS_METHOD_PREFIX "Heartbeat");
+    snprintf(req.session, sizeof(req.session), "%s", cl.session);
     req.request_id = 100 + step;
     hb.step = step;
     ck_assert_int_eq(
@@ -1190,6 +1197,7 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 2, "hc");
   th_connect(&hb_conn, coord.rpc_port);
+  snprintf(hb_conn.session, sizeof(hb_conn.session), "%s", cl[0].session);
   ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 1, &hb), OK);
   ck_assert(!hb.abort);
   th_close(&cl[0]);
@@ -1199,6 +1207,7 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
   ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 2, &hb), OK);
   ck_assert(!hb.abort);
   th_connect(&intruder, coord.rpc_port);
+  snprintf(intruder.session, sizeof(intruder.session), "%s", hb_conn.session); /* even so */
   {
     gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
 

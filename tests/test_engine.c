@@ -649,7 +649,8 @@ static void *slow_rank_main(void *arg)
                                                    .generation = res.generation,
                                                    .rank = res.rank,
                                                    .interval_ms = res.heartbeat_interval_ms,
-                                                   .timeout_ms = res.heartbeat_timeout_ms});
+                                                   .timeout_ms = res.heartbeat_timeout_ms,
+                                                   .session = res.session});
   ck_assert_ptr_nonnull(hb);
   usleep(sr->delay_ms * 1000);
   if (sr->fail) {

@@ -108,13 +108,30 @@ static void teardown(void)
     gs_buf_free(&fake.replies[i].body);
 }
 
+/* The session of the member joined on `peer` ("" when none): what that
+ * agent would send. */
+static const char *peer_session(uint32_t peer)
+{
+  return peers[peer].member ? peers[peer].member->session : "";
+}
+
+/* The session of rank `rank` of job `job` ("" when it has none): what the
+ * agent holding that rank would send, whatever connection it calls on. */
+static const char *rank_session(const char *job, uint32_t rank)
+{
+  gs_job_t *j = gs__jobs_find(&jobs, job);
+
+  return j && j->ranks && rank < j->world_size && j->ranks[rank] ? j->ranks[rank]->session : "";
+}
+
 static gs_call_t call_from(uint32_t peer, gs_method_t m, uint64_t now)
 {
   return (gs_call_t){.peer = &peers[peer],
                      .method = m,
                      .request_id = next_request++,
                      .now_ms = now,
-                     .deadline_ms = now + 60000};
+                     .deadline_ms = now + 60000,
+                     .session = peer_session(peer)};
 }
 
 /* The last reply to `peer`, or NULL. */
@@ -140,6 +157,16 @@ static void join(uint32_t peer, const gradsync_JoinRequest *req, uint64_t now)
 {
   gs_call_t call = call_from(peer, GS_METHOD_JOIN, now);
 
+  gs__jobs_join(&jobs, &call, req);
+}
+
+/* A re-registration presenting `session`. */
+static void rejoin(uint32_t peer, const gradsync_JoinRequest *req, uint64_t now,
+                   const char *session)
+{
+  gs_call_t call = call_from(peer, GS_METHOD_JOIN, now);
+
+  call.session = session;
   gs__jobs_join(&jobs, &call, req);
 }
 
@@ -205,6 +232,7 @@ static gradsync_HeartbeatResponse heartbeat_step(uint32_t peer, const char *job,
   req.generation = generation;
   req.rank = rank;
   req.step = step;
+  call.session = rank_session(job, rank);
   gs__jobs_heartbeat(&jobs, &call, &req);
   rec = last_reply(peer);
   ck_assert_ptr_nonnull(rec);
@@ -228,6 +256,7 @@ static void leave(uint32_t peer, const char *job, uint64_t generation, uint32_t 
   req.rank = rank;
   req.finished = finished;
   snprintf(req.reason, sizeof(req.reason), "%s", finished ? "" : "out of memory");
+  call.session = rank_session(job, rank);
   gs__jobs_leave(&jobs, &call, &req);
   ck_assert_int_eq(last_reply(peer)->err, 0);
 }
@@ -309,6 +338,7 @@ START_TEST(abort_then_rejoin_opens_the_next_generation)
   snprintf(fetch.job, sizeof(fetch.job), "a");
   fetch.generation = 1;
   snprintf(fetch.key, sizeof(fetch.key), "nccl_id");
+  call.session = peer_session(2);
   gs__jobs_fetch(&jobs, &call, &fetch);
   ck_assert_int_eq(fake.parked[peers[2].id], 1);
   leave(1, "a", 1, 1, false, 30);
@@ -334,34 +364,46 @@ END_TEST
  * connection cannot be taken, and an aborted generation cannot be rejoined. */
 START_TEST(reregistration_rebuilds_the_job)
 {
+  static const char s1[] = "1.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+                    s1_other[] = "1.cccccccccccccccccccccccccccccccc",
+                    s0[] = "0.bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
   gradsync_JoinRequest req = th_join_request("re", 2, "n0", 1);
   gradsync_HeartbeatResponse hb;
   int err;
 
   req.rejoin_generation = 3;
   req.rejoin_rank = 1;
-  join(0, &req, 0);
+  /* A re-registration presents the session it had, for its own rank. */
+  rejoin(0, &req, 0, "");
+  ck_assert_int_eq(last_reply(0)->err, GS_EPERM);
+  rejoin(0, &req, 0, s0);
+  ck_assert_int_eq(last_reply(0)->err, GS_EPERM);
+  rejoin(0, &req, 0, s1);
   ck_assert_uint_eq(join_reply(0).rank, 1);
   ck_assert_uint_eq(join_reply(0).generation, 3);
   hb = heartbeat(0, "re", 3, 1, 10, &err);
   ck_assert_int_eq(err, 0);
   ck_assert(!hb.abort);
   ck_assert_uint_eq(hb.coordinator_id, 0xc0ffee);
-  join(1, &req, 20);
+  /* The first claim holds: another session for rank 1 is refused, the
+   * same one while its connection lives is a duplicate. */
+  rejoin(1, &req, 20, s1_other);
+  ck_assert_int_eq(last_reply(1)->err, GS_EPERM);
+  rejoin(1, &req, 20, s1);
   ck_assert_int_eq(last_reply(1)->err, GS_EEXIST);
   req.rejoin_rank = 0;
   req.local_rank = 0;
-  join(1, &req, 20);
+  rejoin(1, &req, 20, s0);
   ck_assert_uint_eq(join_reply(1).rank, 0);
   /* A claim of a later generation never replaces the one running. */
   req.rejoin_generation = 4;
-  join(3, &req, 25);
+  rejoin(3, &req, 25, s0);
   ck_assert_int_eq(last_reply(3)->err, GS_EPRECOND);
   ck_assert_uint_eq(gs__jobs_find(&jobs, "re")->generation, 3);
   req.rejoin_generation = 3;
   gs__jobs_peer_closed(&jobs, &peers[0]);
   req.rejoin_rank = 1;
-  join(2, &req, 30);
+  rejoin(2, &req, 30, s1);
   ck_assert_int_eq(last_reply(2)->err, GS_EABORTED);
 }
 END_TEST
@@ -1092,6 +1134,58 @@ START_TEST(claims_set_agrees_with_a_list)
 }
 END_TEST
 
+/* Calls act for the rank their session names: a heartbeat, a Leave, a
+ * pack list or a blob fetch with another rank's (or another job's, or no)
+ * session is refused with PERMISSION_DENIED and changes nothing. */
+START_TEST(calls_need_the_rank_s_session)
+{
+  gradsync_HeartbeatRequest hb = gradsync_HeartbeatRequest_init_zero;
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+  gradsync_FetchRequest fetch = gradsync_FetchRequest_init_zero;
+  gs_pack_summary_t sum = {0};
+  gs_buf_t body = {0};
+  gs_call_t call;
+  int err;
+
+  start_world("sp", 2, 0);
+  start_world_on("other", 2, 2, 0);
+  snprintf(hb.job, sizeof(hb.job), "sp");
+  hb.generation = 1;
+  hb.rank = 1;
+  for (int k = 0; k < 3; k++) {
+    const char *s = k == 0 ? "" : k == 1 ? rank_session("sp", 0) : rank_session("other", 1);
+
+    call = call_from(5, GS_METHOD_HEARTBEAT, 10);
+    call.session = s;
+    gs__jobs_heartbeat(&jobs, &call, &hb);
+    ck_assert_int_eq(last_reply(5)->err, GS_EPERM);
+  }
+  ck_assert_ptr_eq(gs__jobs_find(&jobs, "sp")->ranks[1]->peer, &peers[1]); /* not rebound */
+  snprintf(lv.job, sizeof(lv.job), "sp");
+  lv.generation = 1;
+  lv.rank = 1;
+  call = call_from(5, GS_METHOD_LEAVE, 20);
+  call.session = rank_session("other", 1);
+  gs__jobs_leave(&jobs, &call, &lv);
+  ck_assert_int_eq(last_reply(5)->err, GS_EPERM);
+  ck_assert_int_eq(gs__jobs_find(&jobs, "sp")->state, GS_JOB_RUNNING);
+  call = call_from(1, GS_METHOD_PUBLISH_PACK_LIST, 30);
+  call.session = rank_session("sp", 1);
+  gs__jobs_publish_pack_list(&jobs, &call, "sp", 1, 0, &body, &sum);
+  ck_assert_int_eq(last_reply(1)->err, GS_EPERM);
+  snprintf(fetch.job, sizeof(fetch.job), "sp");
+  fetch.generation = 1;
+  snprintf(fetch.key, sizeof(fetch.key), "nccl_id");
+  call = call_from(5, GS_METHOD_FETCH, 40);
+  call.session = rank_session("other", 0);
+  gs__jobs_fetch(&jobs, &call, &fetch);
+  ck_assert_int_eq(last_reply(5)->err, GS_EPERM);
+  /* The rank's own session works. */
+  heartbeat(1, "sp", 1, 1, 50, &err);
+  ck_assert_int_eq(err, 0);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -1116,6 +1210,7 @@ static Suite *jobs_suite(void)
       {"settings_invalid", invalid_settings_are_refused_at_once},
       {"device_kinds", mixed_device_kinds_are_refused},
       {"duplicate_claims", duplicate_claims_are_refused_at_join},
+      {"sessions", calls_need_the_rank_s_session},
       {"loopback_across_nodes", loopback_address_across_nodes_is_refused},
       {"claims_set", claims_set_agrees_with_a_list},
       {"finished_rank", finished_rank_is_never_lost},

@@ -46,6 +46,16 @@ void gs__client_waiting(gs_client_t *cl, const char *fmt, ...)
   va_end(ap);
 }
 
+void gs_client_set_session(gs_client_t *cl, const char *session)
+{
+  snprintf(cl->session, sizeof(cl->session), "%s", session ? session : "");
+}
+
+const char *gs_client_session(const gs_client_t *cl)
+{
+  return cl->session;
+}
+
 void gs_client_set_progress_interval(gs_client_t *cl, uint32_t ms)
 {
   cl->progress_ms = ms ? ms : GS_CLIENT_PROGRESS_MS;
@@ -458,6 +468,7 @@ static int encode_request(gs_client_t *cl, call_t *c)
     env.timeout_ms = wait < c->wait_ms ? wait : c->wait_ms;
   if (cl->token)
     snprintf(env.token, sizeof(env.token), "%s", cl->token);
+  snprintf(env.session, sizeof(env.session), "%s", cl->session);
   cl->wbuf.len = 0;
   err = gs_wire_encode_frame(&cl->wbuf, &env, c->req_fields, c->req, GS_FRAME_DEFAULT_MAX);
   if (err)

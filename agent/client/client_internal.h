@@ -21,6 +21,7 @@ struct gs_client {
   char addr[300]; /* "host:port" or "[v6]:port", for messages */
   char *token;
   char *job;
+  char session[48]; /* the rank's session, sent in every envelope ("" before the Join) */
   const gs_log_t *log;
   gs_log_t default_log; /* used when the config names no log */
   int fd;               /* -1 while disconnected */

@@ -324,6 +324,8 @@ gs_heartbeat_t *gs_heartbeat_start(const gs_heartbeat_config_t *cfg)
   hb->cl = gs_client_new(&hb->cfg.client);
   if (!hb->cl)
     goto out_nomem;
+  gs_client_set_session(hb->cl, cfg->session);
+  hb->cfg.session = NULL; /* the client holds the copy */
   if (init_sync(hb))
     goto out_free_client;
   rc = pthread_create(&hb->thread, NULL, run, hb);

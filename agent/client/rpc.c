@@ -71,6 +71,7 @@ static int join_result(gs_client_t *cl, const gradsync_JoinResponse *resp,
   out->bcast_period = resp->bcast_period;
   out->heartbeat_interval_ms = resp->heartbeat_interval_ms;
   out->heartbeat_timeout_ms = resp->heartbeat_timeout_ms;
+  snprintf(out->session, sizeof(out->session), "%s", resp->session);
   return 0;
 }
 
@@ -94,6 +95,8 @@ int gs_client_join(gs_client_t *cl, gradsync_JoinRequest *req, uint64_t timeout_
                        timeout_ms);
   if (!err)
     err = join_result(cl, &resp, &peers, out);
+  if (!err)
+    gs_client_set_session(cl, out->session); /* this client acts for the rank now */
   gs_pb_array_free(&peers);
   return err;
 }

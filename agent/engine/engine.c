@@ -379,6 +379,7 @@ static int start_heartbeat(gs_engine_t *e)
       .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
       .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
       .grace_ms = e->cfg.coordinator_grace_ms,
+      .session = e->join.session,
       .on_abort = gs__engine_on_abort,
       .arg = e,
       .rejoin = &e->join_req,

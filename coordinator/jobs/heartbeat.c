@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "session.h"
 #include "wire.h"
 
 /* The body of a heartbeat reply without an abort, encoded again only when
@@ -112,7 +113,7 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
     return;
   }
   m = gs__job_find_member(job, call, req->generation, req->rank);
-  if (!m)
+  if (!m || !gs__session_owns(m, call))
     return;
   if (job->aborted_generation == job->generation) {
     reply_heartbeat(call, job, true, job->abort_reason);

@@ -2,6 +2,8 @@
  * replies, aborting a generation, and leaving. */
 #include "job.h"
 
+#include "session.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +187,7 @@ void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id
   resp.bcast_period = job->bcast_period;
   resp.heartbeat_interval_ms = (uint32_t)cfg->heartbeat_interval_ms;
   resp.heartbeat_timeout_ms = (uint32_t)cfg->heartbeat_timeout_ms;
+  snprintf(resp.session, sizeof(resp.session), "%s", m->session);
   switch (m->req.peers) {
   case gradsync_PeerSet_PEERS_RING:
     ring[0] = job->peers[(m->rank + n - 1) % n];
@@ -236,7 +239,7 @@ void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveReq
 {
   gs_member_t *m = gs__job_find_member(job, call, req->generation, req->rank);
 
-  if (!m)
+  if (!m || !gs__session_owns(m, call))
     return;
   if (req->generation == job->generation && m->state == GS_MEMBER_RUNNING) {
     m->state = GS_MEMBER_LEFT;

@@ -86,6 +86,7 @@ struct gs_member {
   uint64_t join_request_id; /* the parked Join, while WAITING */
   uint64_t join_deadline_ms;
   gradsync_JoinRequest req; /* node, local_rank, device, signature, ... (no settings) */
+  char session[48];         /* "RANK.hex": issued when its generation starts (session.h) */
   /* Its Join's settings, compared with rank 0's at the rendezvous: packed
    * "name\0value\0" pairs in the order sent; NULL when it sent none. */
   char *settings;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "session.h"
 #include "heartbeat.h"
 #include "rendezvous.h"
 
@@ -111,7 +112,7 @@ void gs__jobs_publish(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Pub
   gs_job_t *job = running_job(jobs, call, req->job, req->generation);
 
   jobs->version++;
-  if (job)
+  if (job && gs__session_check(job, call, req->generation, -1))
     gs__store_publish(&job->store, call, req);
 }
 
@@ -120,7 +121,7 @@ void gs__jobs_fetch(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Fetch
   gs_job_t *job = running_job(jobs, call, req->job, req->generation);
 
   jobs->version++;
-  if (job)
+  if (job && gs__session_check(job, call, req->generation, -1))
     gs__store_fetch(&job->store, call, req);
 }
 
@@ -140,6 +141,8 @@ void gs__jobs_publish_pack_list(gs_jobs_t *jobs, const gs_call_t *call, const ch
                       "only rank 0 publishes the pack list (got rank %u)", rank);
     return;
   }
+  if (!gs__session_check(job, call, generation, 0))
+    return;
   if (r0 && r0->req.has_model_signature && r0->req.model_signature.param_count != summary->params) {
     gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_EINVAL,
                       "the pack list has %u params but rank 0 joined with a model of %u",
@@ -155,7 +158,7 @@ void gs__jobs_fetch_pack_list(gs_jobs_t *jobs, const gs_call_t *call,
   gs_job_t *job = running_job(jobs, call, req->job, req->generation);
 
   jobs->version++;
-  if (job)
+  if (job && gs__session_check(job, call, req->generation, -1))
     gs__store_fetch_pack_list(&job->store, call, req->generation);
 }
 

@@ -7,6 +7,7 @@
 
 #include "agreement.h"
 #include "parse.h"
+#include "session.h"
 
 /* While a rendezvous waits, the sweep says every this often who joined,
  * so an operator sees a world that will not fill before it times out. */
@@ -182,6 +183,7 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
     m->rank = i;
     m->generation = job->generation;
     m->state = GS_MEMBER_RUNNING;
+    gs__session_issue(m);
     gs__hb_touch(m, now);
     gs__job_fill_peer(job, i);
   }
@@ -228,6 +230,12 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
               req->world_size);
     return;
   }
+  /* The session it had: a re-registration acts for its own rank only. */
+  if (gs__session_rank(call->session) != (long)r) {
+    REPLY_ERR(job, call, GS_EPERM,
+              "re-registration for rank %u needs that rank's session (the envelope's session)", r);
+    return;
+  }
   if (g < job->generation || g <= job->aborted_generation) {
     REPLY_ERR(job, call, GS_EABORTED, "generation %llu of job %s is over%s%s; join again",
               (unsigned long long)g, job->name, job->abort_reason[0] ? ": " : "",
@@ -253,6 +261,13 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
     return;
   }
   old = job->ranks[r];
+  if (old && old->generation == g && strcmp(old->session, call->session) != 0) {
+    REPLY_ERR(job, call, GS_EPERM,
+              "rank %u of generation %llu re-registered with another session: the first claim "
+              "holds",
+              r, (unsigned long long)g);
+    return;
+  }
   if (old && old->state == GS_MEMBER_RUNNING && old->peer) {
     REPLY_ERR(job, call, GS_EEXIST, "rank %u of generation %llu is already registered", r,
               (unsigned long long)g);
@@ -269,6 +284,7 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
   m->rank = r;
   m->generation = g;
   m->state = GS_MEMBER_RUNNING;
+  snprintf(m->session, sizeof(m->session), "%s", call->session); /* the first claim's */
   gs__hb_touch(m, call->now_ms);
   job->ranks[r] = m;
   gs__job_fill_peer(job, r);

@@ -31,6 +31,7 @@ typedef struct gs_call {
   uint64_t request_id;
   uint64_t now_ms;      /* the caller's clock: tests inject their own */
   uint64_t deadline_ms; /* absolute, on the same clock */
+  const char *session;  /* the envelope's session ("" or NULL: none); borrowed */
 } gs_call_t;
 
 /* One answer: err 0 with a message (fields, msg) or an already encoded body

@@ -50,6 +50,12 @@ void gs_client_free(gs_client_t *cl);
  * short interval; the default is GS_CLIENT_PROGRESS_MS). */
 void gs_client_set_progress_interval(gs_client_t *cl, uint32_t ms);
 
+/* The rank's session (gs_join_result_t.session), sent with every later
+ * call: the coordinator acts for the rank it names. */
+void gs_client_set_session(gs_client_t *cl, const char *session);
+/* The session the client sends ("" before a Join). */
+const char *gs_client_session(const gs_client_t *cl);
+
 /* The last error text: the coordinator's message for a refused call, or
  * what failed locally ("connect 127.0.0.1:7070: connection refused"). */
 const char *gs_client_error(const gs_client_t *cl);
@@ -80,11 +86,13 @@ typedef struct gs_join_result {
   int32_t bcast_period;
   uint32_t heartbeat_interval_ms;
   uint32_t heartbeat_timeout_ms;
+  char session[48]; /* this rank's credential for the generation */
   gs_peer_t *peers; /* world_size entries in rank order; free with gs_join_result_free */
 } gs_join_result_t;
 
 /* Join: waits for the rendezvous (req->job is overwritten with the
- * client's job). */
+ * client's job). On success the client keeps the rank's session and
+ * sends it with every later call. */
 int gs_client_join(gs_client_t *cl, gradsync_JoinRequest *req, uint64_t timeout_ms,
                    gs_join_result_t *out) GS_WARN_UNUSED;
 void gs_join_result_free(gs_join_result_t *r);

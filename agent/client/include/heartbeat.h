@@ -38,6 +38,7 @@ typedef struct gs_heartbeat_config {
   uint32_t interval_ms; /* from the JoinResponse */
   uint32_t timeout_ms;  /* the coordinator's heartbeat timeout */
   uint64_t grace_ms;    /* unreachable for this long: abort (0: timeout_ms) */
+  const char *session;  /* the rank's session (copied); a re-registration presents it */
   void (*on_abort)(void *arg, const char *reason);
   void *arg;
   /* The rank's Join, sent again with rejoin_generation/rejoin_rank when the
