@@ -16,6 +16,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* Writes the input to the process's scratch file (scratch.c) and returns
+ * its path: for the harnesses whose loaders read files. */
+const char *fuzz_scratch_write(const uint8_t *data, size_t size);
+
 #define GS_FUZZ_CHECK(cond)                                                                        \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \

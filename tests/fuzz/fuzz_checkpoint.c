@@ -14,40 +14,14 @@
 
 #define TRAILER_LEN 12
 
-static char scratch_path[] = "/tmp/gs-fuzz-ckpt-XXXXXX";
-
-static void remove_scratch(void)
-{
-  unlink(scratch_path);
-}
-
-/* A file for the loader, made once per process and removed at exit; each
- * input rewrites it. */
-static const char *scratch_file(void)
-{
-  /* Not named like a checkpoint (ckpt-STEP.gsck), so no step check. */
-  static bool made;
-
-  if (!made) {
-    int fd = mkstemp(scratch_path);
-
-    GS_FUZZ_CHECK(fd >= 0);
-    close(fd);
-    GS_FUZZ_CHECK(atexit(remove_scratch) == 0);
-    made = true;
-  }
-  return scratch_path;
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-  const char *path = scratch_file();
+  const char *path;
   float a[3] = {-1, -1, -1}, b[2] = {-1, -1};
   gs_ckpt_buffer_t bufs[2] = {{a, 3}, {b, 2}};
   gs_ckpt_state_t st = {.layout_hash = 0x5eed, .nbuf = 2, .bufs = bufs, .desc = "fuzz"};
-  uint8_t *copy = malloc(size ? size : 1);
+  uint8_t *copy = calloc(size ? size : 1, 1);
   char why[512];
-  FILE *f;
 
   if (!copy)
     return 0;
@@ -59,10 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < 4; i++)
       copy[size - TRAILER_LEN + i] = (uint8_t)(crc >> (8 * i));
   }
-  f = fopen(path, "wb");
-  GS_FUZZ_CHECK(f != NULL);
-  GS_FUZZ_CHECK(fwrite(copy, 1, size, f) == size);
-  fclose(f);
+  path = fuzz_scratch_write(copy, size); /* not named like a checkpoint: no step check */
   if (gs_checkpoint_load_file(path, &st, why, sizeof(why)) == 0) {
     GS_FUZZ_CHECK(size >= 48 + 2 * 8 + 5 * 4 + TRAILER_LEN);
     GS_FUZZ_CHECK(!memcmp(a, copy + 48 + 8, sizeof(a)) &&

@@ -9,30 +9,6 @@
 #include "fuzz.h"
 #include "idx.h"
 
-static char scratch_path[] = "/tmp/gs-fuzz-idx-XXXXXX";
-
-static void remove_scratch(void)
-{
-  unlink(scratch_path);
-}
-
-/* A file for the loader, made once per process and removed at exit; each
- * input rewrites it. */
-static const char *scratch_file(void)
-{
-  static bool made;
-
-  if (!made) {
-    int fd = mkstemp(scratch_path);
-
-    GS_FUZZ_CHECK(fd >= 0);
-    close(fd);
-    GS_FUZZ_CHECK(atexit(remove_scratch) == 0);
-    made = true;
-  }
-  return scratch_path;
-}
-
 static void check_image(const gs_idx_t *idx, const uint8_t *data, size_t size)
 {
   size_t n = 1;
@@ -47,19 +23,15 @@ static void check_image(const gs_idx_t *idx, const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-  const char *path = scratch_file();
+  const char *path;
   gs_idx_t a = {0}, b = {0};
   char why[256];
-  FILE *f;
   int ra, rb;
 
   ra = gs_idx_parse(data, size, &a, why, sizeof(why));
   if (ra == 0)
     check_image(&a, data, size);
-  f = fopen(path, "wb");
-  GS_FUZZ_CHECK(f != NULL);
-  GS_FUZZ_CHECK(fwrite(data, 1, size, f) == size);
-  fclose(f);
+  path = fuzz_scratch_write(data, size);
   rb = gs_idx_load(path, &b, why, sizeof(why));
   if (rb != 0)
     GS_FUZZ_CHECK(strstr(why, path) != NULL); /* errors name the file */
