@@ -149,6 +149,15 @@ typedef struct request {
 static void fail_call(gs_rpc_t *rpc, gs_conn_t *conn, const gs_call_t *call, int err,
                       const char *text);
 
+/* A call whose token opens nothing it asks for: one UNAUTHENTICATED reply,
+ * then the connection closes, so a client without the token gets nothing
+ * more from us however much it pipelines. */
+static void refuse_token(gs_rpc_t *rpc, const request_t *rq, const char *text)
+{
+  rpc->stats.errors[rq->call.method]++;
+  fail_call(rpc, rq->conn, &rq->call, GS_EUNAUTH, text);
+}
+
 static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
 {
   char text[192];
@@ -159,12 +168,10 @@ static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
     return false;
   }
   if (rq->job_token && !gs__job_token_ok(rpc->token, name, rq->job_token)) {
-    /* As for a wrong token: one error reply, then close. */
     gs__conn_warn(rq->conn, "%s for job %s with a token of no use there; closing",
                   gs_method_name(rq->call.method), name);
-    rpc->stats.errors[rq->call.method]++;
     snprintf(text, sizeof(text), "wrong token (not the coordinator's, not job %s's)", name);
-    fail_call(rpc, rq->conn, &rq->call, GS_EUNAUTH, text);
+    refuse_token(rpc, rq, text);
     return false;
   }
   if (rq->job_token)
@@ -398,12 +405,9 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
   rpc->stats.requests[rq.call.method]++;
   if (!gs__token_ok(rpc->token, env.token)) {
     if (strlen(env.token) != GS_JOB_TOKEN_LEN) {
-      /* One error reply, then close: a client without the token gets
-       * nothing more from us, however much it pipelines. */
       gs__conn_warn(conn, "%s with a %s token; closing", gs_method_name(rq.call.method),
                     env.token[0] ? "wrong" : "missing");
-      rpc->stats.errors[rq.call.method]++;
-      fail_call(rpc, conn, &rq.call, GS_EUNAUTH, env.token[0] ? "wrong token" : "missing token");
+      refuse_token(rpc, &rq, env.token[0] ? "wrong token" : "missing token");
       goto out;
     }
     rq.job_token = env.token; /* perhaps a job's: checked once the body names the job */

@@ -20,6 +20,7 @@
 
 #include "byteorder.h"
 #include "clock.h"
+#include "netif.h"
 #include "why.h"
 
 #define INTERRUPT_POLL_MS 100
@@ -192,12 +193,6 @@ static int listen_on(const char *name, uint16_t port, int *err)
   return fd;
 }
 
-/* Whether a numeric address means every interface. */
-static bool is_wildcard(const char *name)
-{
-  return !strcmp(name, "0.0.0.0") || !strcmp(name, "::");
-}
-
 /* "host:port" for the peers: the advertised host (with its own port, or
  * the bound one), else the bound address. */
 static int advertised(host_comm_t *c, const gs_comm_endpoint_t *ep, const char *name,
@@ -211,7 +206,7 @@ static int advertised(host_comm_t *c, const gs_comm_endpoint_t *ep, const char *
   bool bare_v6 = !has_port && strchr(host, ':') && host[0] != '[';
   int n;
 
-  if (!adv && is_wildcard(name))
+  if (!adv && gs_netif_is_wildcard(name))
     return gs__comm_fail(&c->base, GS_EINVAL,
                          "listening on every interface (%s) needs an address for the peers to "
                          "dial (--comm-advertise)",

@@ -14,6 +14,11 @@
 #include "error.h"
 #include "why.h"
 
+bool gs_netif_is_wildcard(const char *addr)
+{
+  return !strcmp(addr, "0.0.0.0") || !strcmp(addr, "::") || !strcmp(addr, "[::]");
+}
+
 /* Whether interface address `a` is the address `want` (family `family`,
  * 4 or 16 bytes of `want`). */
 static bool same_address(const struct sockaddr *a, int family, const void *want)

@@ -8,11 +8,6 @@
 #include "netif.h"
 #include "why.h"
 
-static bool is_wildcard(const char *addr)
-{
-  return !strcmp(addr, "0.0.0.0") || !strcmp(addr, "::") || !strcmp(addr, "[::]");
-}
-
 /* The address to use when none is given: comm_iface's, or this host's on
  * its route to the coordinator (a host whose peers reach the coordinator
  * the way it does reaches them the same way). */
@@ -36,13 +31,13 @@ int gs__engine_listen(gs_engine_t *e, char *addr, size_t addr_len)
                            .port_max = cfg->comm_ports.last};
   int err = 0;
 
-  if (!cfg->comm_bind[0] || (is_wildcard(cfg->comm_bind) && !cfg->comm_advertise[0]))
+  if (!cfg->comm_bind[0] || (gs_netif_is_wildcard(cfg->comm_bind) && !cfg->comm_advertise[0]))
     err = own_address(cfg, own, sizeof(own), e->error, sizeof(e->error));
   if (err)
     return err;
   if (!cfg->comm_bind[0])
     ep.bind = own;
-  else if (!cfg->comm_advertise[0] && is_wildcard(cfg->comm_bind))
+  else if (!cfg->comm_advertise[0] && gs_netif_is_wildcard(cfg->comm_bind))
     ep.advertise = own;
   err = gs_comm_listen(e->comm, &ep, addr, addr_len);
   if (err) {

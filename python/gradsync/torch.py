@@ -379,7 +379,7 @@ class DistributedOptimizer:
                           for _, b in self._buffers])
         if self.rank != 0:
             flat.zero_()
-        self._engine.allreduce_sum(memoryview(flat.numpy()).cast("B"))
+        self.allreduce_sum(flat)
         at = 0
         with torch.no_grad():
             for _, b in self._buffers:

@@ -7,6 +7,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Whether a numeric address means every interface ("0.0.0.0", "::",
+ * "[::]"). */
+bool gs_netif_is_wildcard(const char *addr);
+
 /* The name of the interface that holds numeric address `host`, into
  * name; false for a host name, a wildcard address or no such interface. */
 bool gs_netif_of_address(const char *host, char *name, size_t len);
