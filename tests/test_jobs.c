@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "claims.h"
 #include "job.h"
 #include "jobs.h"
@@ -1186,6 +1188,178 @@ START_TEST(calls_need_the_rank_s_session)
 }
 END_TEST
 
+/* ---- elastic membership ------------------------------------------------ */
+
+/* An elastic Join (world min..max) from `peer` for node `node`/`local`;
+ * with a reason, a survivor's: it holds state at `step`, and carries the
+ * session its connection has. */
+static void join_elastic(uint32_t peer, const char *job, uint32_t min, uint32_t max,
+                         const char *node, uint32_t local, const char *reason, uint64_t step,
+                         uint64_t now)
+{
+  gradsync_JoinRequest req = th_join_request(job, max, node, local);
+
+  req.world_min = min;
+  if (reason) {
+    req.has_state = true;
+    req.state_step = step;
+    snprintf(req.reason, sizeof(req.reason), "%s", reason);
+  }
+  join(peer, &req, now);
+}
+
+/* Peers 0..n-1 join `job` elastic min..max, each on a node of its own
+ * ("e<i>"), all at `now`. */
+static void start_elastic(const char *job, uint32_t n, uint32_t min, uint32_t max, uint64_t now)
+{
+  for (uint32_t i = 0; i < n; i++) {
+    char node[16];
+
+    snprintf(node, sizeof(node), "e%u", i);
+    join_elastic(i, job, min, max, node, 0, NULL, 0, now);
+  }
+}
+
+/* A rank lost in a 2:3 job: the survivors come back with their state, and
+ * generation 2 starts as soon as both are back, from the rank at the
+ * newest step; nobody else is waited for. */
+START_TEST(elastic_survivors_regroup_without_the_lost_rank)
+{
+  gradsync_JoinResponse r0, r1;
+  gs_job_t *job;
+  gs_buf_t text = {0};
+  cJSON *json;
+  char *status;
+
+  start_elastic("e", 3, 2, 3, 0);
+  for (uint32_t i = 0; i < 3; i++)
+    ck_assert_uint_eq(join_reply(i).world_size, 3);
+  job = gs__jobs_find(&jobs, "e");
+  gs__jobs_peer_closed(&jobs, &peers[2]);
+  ck_assert_str_eq(gs__job_state_name(job->state), "waiting");
+  ck_assert_uint_eq(job->regroup_pending, 2);
+  join_elastic(0, "e", 2, 3, "e0", 0, "collective failed", 41, 100);
+  ck_assert_int_eq(fake.parked[peers[0].id], 1); /* rank 1 is still expected */
+  join_elastic(1, "e", 2, 3, "e1", 0, "collective failed", 42, 150);
+  r0 = join_reply(0);
+  r1 = join_reply(1);
+  ck_assert_uint_eq(r0.generation, 2);
+  ck_assert_uint_eq(r0.world_size, 2);
+  ck_assert_uint_eq(r1.rank, 1);
+  ck_assert(r0.resume_state && r1.resume_state);
+  ck_assert_uint_eq(r0.state_rank, 1); /* the newest step wins */
+  ck_assert_uint_eq(r0.state_step, 42);
+  ck_assert_msg(strstr(r0.regroup_reason, "rank 2 (node 'e2', local_rank 0) lost: connection "
+                                          "closed"),
+                "%s", r0.regroup_reason);
+  ck_assert_uint_eq(jobs.stats.regroups, 1);
+  ck_assert_uint_eq(jobs.stats.regroup_ms_total, 150);
+  static const uint64_t zero[GS_METHOD_COUNT];
+  ck_assert_int_eq(
+      gs__metrics_text(&jobs, &(gs_service_info_t){.requests = zero, .errors = zero}, 200, &text),
+      0);
+  ck_assert_int_eq(gs_buf_append(&text, "", 1), 0);
+  ck_assert_ptr_nonnull(strstr((char *)text.data, "gradsync_regroups_total 1\n"));
+  ck_assert_ptr_nonnull(strstr((char *)text.data, "gradsync_regroup_seconds_total 0.150\n"));
+  gs_buf_free(&text);
+  json = gs__job_json(job, 200, true);
+  status = cJSON_PrintUnformatted(json);
+  cJSON_Delete(json);
+  ck_assert_msg(strstr(status, "\"generations\":[{\"generation\":1,\"world_size\":3"), "%s",
+                status);
+  ck_assert_msg(strstr(status,
+                       "{\"generation\":2,\"world_size\":2,\"started_s_ago\":0.05,"
+                       "\"duration_s\":0.05,\"start_step\":42,\"lost_s\":0.15,\"end\":\"\"}"),
+                "%s", status);
+  free(status);
+}
+END_TEST
+
+/* Fewer than world_min come back: the job waits for joiners until the
+ * Joins' deadline, then fails saying so. A fixed job still fails at once. */
+START_TEST(elastic_job_below_its_minimum_waits_then_fails)
+{
+  gs_job_t *job;
+
+  start_elastic("e", 3, 2, 3, 0);
+  job = gs__jobs_find(&jobs, "e");
+  gs__jobs_peer_closed(&jobs, &peers[1]);
+  gs__jobs_peer_closed(&jobs, &peers[2]);
+  ck_assert_uint_eq(job->regroup_pending, 1);
+  join_elastic(0, "e", 2, 3, "e0", 0, "collective failed", 7, 100);
+  gs__jobs_sweep(&jobs, 30000);
+  ck_assert_int_eq(fake.parked[peers[0].id], 1);
+  ck_assert_str_eq(gs__job_state_name(job->state), "waiting");
+  gs__jobs_sweep(&jobs, 100 + 60000); /* the survivor's Join deadline */
+  ck_assert_int_eq(last_reply(0)->err, GS_ETIMEDOUT);
+  ck_assert_str_eq(gs__job_state_name(job->state), "failed");
+  start_world("f", 2, 0);
+  gs__jobs_peer_closed(&jobs, &peers[1]);
+  ck_assert_str_eq(gs__job_state_name(gs__jobs_find(&jobs, "f")->state), "failed");
+}
+END_TEST
+
+/* A first elastic rendezvous starts with world_min once no Join came for
+ * the settle time; an agent joining later waits, the heartbeats ask the
+ * ranks to regroup, and when they do the world grows at once, without
+ * counting an abort. */
+START_TEST(elastic_job_grows_at_a_regroup)
+{
+  gradsync_HeartbeatResponse hb;
+  gradsync_JoinResponse r;
+  gs_job_t *job;
+  int err;
+
+  start_elastic("g", 2, 2, 3, 0);
+  gs__jobs_sweep(&jobs, 1000);
+  ck_assert_int_eq(fake.parked[peers[0].id], 1);
+  gs__jobs_sweep(&jobs, 2000);
+  ck_assert_uint_eq(join_reply(0).world_size, 2);
+  job = gs__jobs_find(&jobs, "g");
+  join_elastic(5, "g", 2, 3, "e5", 0, NULL, 0, 3000);
+  ck_assert_int_eq(fake.parked[peers[5].id], 1);
+  hb = heartbeat(0, "g", 1, 0, 3100, &err);
+  ck_assert_int_eq(err, 0);
+  ck_assert(!hb.abort);
+  ck_assert_uint_eq(hb.directives.regroup_seq, 1);
+  join_elastic(8, "g", 2, 3, "e9", 0, NULL, 0, 3150); /* the largest world is reached */
+  ck_assert_int_eq(last_reply(8)->err, GS_EPRECOND);
+  join_elastic(0, "g", 2, 3, "e0", 0, "regroup", 30, 3200);
+  join_elastic(1, "g", 2, 3, "e1", 0, "regroup", 30, 3200);
+  r = join_reply(5);
+  ck_assert_uint_eq(r.world_size, 3);
+  ck_assert_uint_eq(r.rank, 2);
+  ck_assert(r.resume_state);
+  ck_assert_uint_eq(r.state_rank, 0);
+  ck_assert_uint_eq(r.state_step, 30);
+  ck_assert_ptr_nonnull(strstr(r.regroup_reason, "regroup after step 30 to admit 1"));
+  ck_assert_uint_eq(jobs.stats.generations_aborted, 0);
+  ck_assert_uint_eq(job->world_size, 3);
+}
+END_TEST
+
+/* A rank evicted for its silence that wakes up holds no place any more:
+ * its Join with state is refused, and it joins again as a new agent. */
+START_TEST(evicted_rank_must_join_afresh)
+{
+  int err;
+
+  start_elastic("s", 3, 2, 3, 0);
+  for (uint32_t i = 0; i < 2; i++)
+    heartbeat(i, "s", 1, i, TIMEOUT_MS, &err);
+  gs__jobs_sweep(&jobs, TIMEOUT_MS + 1); /* rank 2 silent */
+  join_elastic(0, "s", 2, 3, "e0", 0, "aborted", 5, TIMEOUT_MS + 10);
+  join_elastic(1, "s", 2, 3, "e1", 0, "aborted", 5, TIMEOUT_MS + 10);
+  ck_assert_uint_eq(join_reply(1).world_size, 2);
+  join_elastic(2, "s", 2, 3, "e2", 0, "woke up", 4, TIMEOUT_MS + 20);
+  ck_assert_int_eq(last_reply(2)->err, GS_EABORTED);
+  ck_assert_msg(strstr(last_reply(2)->message, "join again as a new agent"), "%s",
+                last_reply(2)->message);
+  join_elastic(2, "s", 2, 3, "e2", 0, NULL, 0, TIMEOUT_MS + 30);
+  ck_assert_int_eq(fake.parked[peers[2].id], 1);
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -1217,6 +1391,10 @@ static Suite *jobs_suite(void)
       {"failed_state", aborted_job_is_failed_until_it_rejoins},
       {"rendezvous_progress", waiting_rendezvous_logs_its_progress},
       {"stalled", job_whose_step_stops_is_stalled},
+      {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},
+      {"elastic_minimum", elastic_job_below_its_minimum_waits_then_fails},
+      {"elastic_grow", elastic_job_grows_at_a_regroup},
+      {"elastic_evicted", evicted_rank_must_join_afresh},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

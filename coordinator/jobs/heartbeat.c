@@ -7,22 +7,33 @@
 #include "session.h"
 #include "wire.h"
 
+/* The job's directives, as every heartbeat reply carries them. */
+static gradsync_Directives directives(const gs_job_t *job)
+{
+  return (gradsync_Directives){
+      .bcast_period = job->bcast_period,
+      .broadcast_seq = job->broadcast_seq,
+      .checkpoint_seq = job->checkpoint_seq,
+      .stop = job->stop,
+      .regroup_seq = job->regroup_seq,
+  };
+}
+
 /* The body of a heartbeat reply without an abort, encoded again only when
  * a directive changed since the last one. NULL if it cannot be encoded. */
 static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
 {
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+  gradsync_Directives now = directives(job);
+
   const gradsync_Directives *d = &job->hb_reply_for;
 
-  if (job->hb_reply_valid && d->bcast_period == job->bcast_period &&
-      d->broadcast_seq == job->broadcast_seq && d->checkpoint_seq == job->checkpoint_seq &&
-      d->stop == job->stop)
+  if (job->hb_reply_valid && d->bcast_period == now.bcast_period &&
+      d->broadcast_seq == now.broadcast_seq && d->checkpoint_seq == now.checkpoint_seq &&
+      d->stop == now.stop && d->regroup_seq == now.regroup_seq)
     return &job->hb_reply;
   resp.has_directives = true;
-  resp.directives.bcast_period = job->bcast_period;
-  resp.directives.broadcast_seq = job->broadcast_seq;
-  resp.directives.checkpoint_seq = job->checkpoint_seq;
-  resp.directives.stop = job->stop;
+  resp.directives = now;
   resp.coordinator_id = job->jobs->cfg.coordinator_id;
   job->hb_reply.len = 0;
   job->hb_reply_valid =
@@ -43,10 +54,7 @@ static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, co
     return;
   }
   resp.has_directives = true;
-  resp.directives.bcast_period = job->bcast_period;
-  resp.directives.broadcast_seq = job->broadcast_seq;
-  resp.directives.checkpoint_seq = job->checkpoint_seq;
-  resp.directives.stop = job->stop;
+  resp.directives = directives(job);
   resp.abort = abort;
   if (why)
     snprintf(resp.abort_reason, sizeof(resp.abort_reason), "%s", why);

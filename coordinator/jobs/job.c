@@ -2,6 +2,7 @@
  * replies, aborting a generation, and leaving. */
 #include "job.h"
 
+#include "history.h"
 #include "session.h"
 
 #include <stdarg.h>
@@ -120,12 +121,23 @@ bool gs__member_active(const gs_member_t *m)
 void gs__member_lost(gs_member_t *m, const char *how)
 {
   gs_job_t *job = m->job;
+  bool pending = gs__member_pending(m);
 
   m->state = GS_MEMBER_LOST;
   gs__hb_unlink(m);
   job->jobs->stats.ranks_lost++;
-  gs__job_abort(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
-                m->req.local_rank, how);
+  if (!pending) {
+    gs__job_abort(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
+                  m->req.local_rank, how);
+    return;
+  }
+  /* A survivor of an elastic generation that ended already: one fewer to wait for. */
+  job->regroup_pending--;
+  gs__generation_note(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
+                      m->req.local_rank, how);
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
+         "rank %u (node '%s', local_rank %u) of generation %llu lost: %s", m->rank, m->req.node,
+         m->req.local_rank, (unsigned long long)m->generation, how);
 }
 
 void gs__job_free_ranks(gs_job_t *job)
@@ -142,6 +154,8 @@ void gs__job_free_ranks(gs_job_t *job)
 
 gs_job_state_t gs__job_resting_state(const gs_job_t *job)
 {
+  if (job->regrouping)
+    return GS_JOB_WAITING;
   if (job->generation && job->aborted_generation == job->generation)
     return GS_JOB_FAILED;
   if (job->world_size && job->ranks_left == job->world_size)
@@ -188,6 +202,11 @@ void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id
   resp.heartbeat_interval_ms = (uint32_t)cfg->heartbeat_interval_ms;
   resp.heartbeat_timeout_ms = (uint32_t)cfg->heartbeat_timeout_ms;
   snprintf(resp.session, sizeof(resp.session), "%s", m->session);
+  resp.resume_state = job->resume_state;
+  resp.state_rank = job->state_rank;
+  resp.state_step = job->state_step;
+  snprintf(resp.regroup_reason, sizeof(resp.regroup_reason), "%s",
+           gs__generation_previous_end(job));
   switch (m->req.peers) {
   case gradsync_PeerSet_PEERS_RING:
     ring[0] = job->peers[(m->rank + n - 1) % n];
@@ -205,21 +224,68 @@ void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id
               gradsync_JoinResponse_fields, &resp);
 }
 
+bool gs__member_pending(const gs_member_t *m)
+{
+  const gs_job_t *job = m->job;
+
+  return job->regrouping && m->generation == job->generation && m->state == GS_MEMBER_RUNNING &&
+         !m->regrouped;
+}
+
+/* An elastic job's generation ended: its running members are the
+ * survivors the next rendezvous waits for, each for up to the heartbeat
+ * timeout. */
+static void gather_survivors(gs_job_t *job)
+{
+  uint32_t pending = 0;
+
+  for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
+    if (job->ranks[r] && job->ranks[r]->state == GS_MEMBER_RUNNING && !job->ranks[r]->regrouped)
+      pending++;
+  job->regrouping = true;
+  job->regroup_pending = pending;
+  job->regroup_deadline = job->jobs->now_ms + job->jobs->cfg.heartbeat_timeout_ms;
+  job->state = GS_JOB_WAITING; /* its survivors gather: a rendezvous */
+  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+         "elastic job %s: waiting for the %u surviving rank(s) of generation %llu to come back "
+         "(%u..%u ranks)",
+         job->name, pending, (unsigned long long)job->generation, job->world_min, job->world_max);
+}
+
+static void end_generation(gs_job_t *job, bool failed, const char *fmt, va_list ap)
+{
+  if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation)
+    return;
+  gs_set_whyv(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
+  job->aborted_generation = job->generation;
+  job->state = GS_JOB_FAILED;
+  if (failed)
+    job->jobs->stats.generations_aborted++;
+  gs_log(job->jobs->cfg.log, failed ? GS_LOG_WARN : GS_LOG_INFO, job->name, -1,
+         "generation %llu %s: %s", (unsigned long long)job->generation,
+         failed ? "aborted" : "ended", job->abort_reason);
+  gs__generation_ended(job, job->jobs->now_ms, job->abort_reason);
+  gs__store_fail_waiters(&job->store, GS_EABORTED, job->abort_reason);
+  if (job->world_min)
+    gather_survivors(job);
+}
+
 void gs__job_abort(gs_job_t *job, const char *fmt, ...)
 {
   va_list ap;
 
-  if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation)
-    return;
   va_start(ap, fmt);
-  gs_set_whyv(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
+  end_generation(job, true, fmt, ap);
   va_end(ap);
-  job->aborted_generation = job->generation;
-  job->state = GS_JOB_FAILED;
-  job->jobs->stats.generations_aborted++;
-  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "generation %llu aborted: %s",
-         (unsigned long long)job->generation, job->abort_reason);
-  gs__store_fail_waiters(&job->store, GS_EABORTED, job->abort_reason);
+}
+
+void gs__job_end(gs_job_t *job, bool failed, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start(ap, fmt);
+  end_generation(job, failed, fmt, ap);
+  va_end(ap);
 }
 
 gs_member_t *gs__job_find_member(gs_job_t *job, const gs_call_t *call, uint64_t g, uint32_t r)
@@ -242,6 +308,8 @@ void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveReq
   if (!m || !gs__session_owns(m, call))
     return;
   if (req->generation == job->generation && m->state == GS_MEMBER_RUNNING) {
+    if (gs__member_pending(m))
+      job->regroup_pending--;
     m->state = GS_MEMBER_LEFT;
     job->ranks_left++;
     gs__member_unbind(m);
@@ -254,6 +322,7 @@ void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveReq
       if (job->ranks_left == job->world_size && job->state == GS_JOB_RUNNING) {
         job->state = GS_JOB_FINISHED;
         job->finished_ms = call->now_ms;
+        gs__generation_ended(job, call->now_ms, "finished");
       }
     }
   }

@@ -45,6 +45,8 @@ typedef struct gs_jobs_config {
 typedef struct gs_jobs_stats {
   uint64_t ranks_lost;
   uint64_t generations_aborted;
+  uint64_t regroups;         /* elastic generations that continued an earlier one */
+  uint64_t regroup_ms_total; /* from each earlier generation's end to the next one's start */
 } gs_jobs_stats_t;
 
 /* Every job of the service, and what they share. */
@@ -57,6 +59,9 @@ typedef struct gs_jobs {
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key). */
   uint64_t version;
+  /* The latest time an entry point was given (a closing connection brings
+   * none of its own). */
+  uint64_t now_ms;
 } gs_jobs_t;
 
 typedef enum gs_job_state {
@@ -99,7 +104,23 @@ struct gs_member {
   bool heartbeats_seen; /* its heartbeats tied it to `peer` (see gs__heartbeat) */
   uint64_t step;
   float loss, samples_per_sec, compute_ms, comm_wait_ms;
+  /* Elastic: it came back for the next generation (regroup.c), so its old
+   * connections closing loses nothing. */
+  bool regrouped;
 };
+
+/* One generation of a job, for /jobs/NAME: when it started, its world,
+ * and how it ended (time lost: from its end to the next one's start). */
+#define GS_JOB_HISTORY 16
+typedef struct gs_generation_record {
+  uint64_t generation;
+  uint32_t world_size;
+  uint64_t started_ms, ended_ms;
+  bool ended;
+  uint64_t start_step; /* the step it continued from (elastic) */
+  uint64_t lost_ms;    /* the gap before it, after the previous one ended */
+  char end_reason[256];
+} gs_generation_record_t;
 
 struct gs_job {
   gs_job_t *next;
@@ -158,6 +179,22 @@ struct gs_job {
   uint64_t step_max;
   uint64_t step_advanced_ms;
   bool stalled;
+  /* Elastic membership (regroup.c): world_min > 0 makes the job elastic,
+   * of world_min..world_max ranks. */
+  uint32_t world_min, world_max;
+  bool regrouping;           /* its generation ended; the survivors are coming back */
+  uint32_t regroup_pending;  /* members of that generation neither back nor lost */
+  uint64_t regroup_deadline; /* pending members not back by then are lost */
+  uint64_t regroup_seq;      /* directive: agents wait to join the running generation */
+  uint64_t last_join_ms;     /* the latest Join of the rendezvous (settling) */
+  /* Where the next generation takes its state from (set as it starts). */
+  bool resume_state;
+  uint32_t state_rank;
+  uint64_t state_step;
+  gs_generation_record_t history[GS_JOB_HISTORY]; /* ring, by generation */
+  uint32_t history_count;
+  uint64_t regroups; /* generations that continued an earlier one */
+  uint64_t regroup_ms_total;
 };
 
 const char *gs__job_state_name(gs_job_state_t s);
@@ -175,6 +212,10 @@ void gs__member_free(gs_member_t *m);
 /* Makes `peer` the connection whose loss loses `m`. */
 void gs__member_bind(gs_member_t *m, gs_peer_t *peer);
 void gs__member_unbind(gs_member_t *m);
+/* Whether m is a survivor of an elastic generation that ended, which the
+ * next rendezvous still waits for (regroup.h); gs__member_lost counts it
+ * out. */
+bool gs__member_pending(const gs_member_t *m);
 /* Whether a member still takes part in its job. */
 bool gs__member_active(const gs_member_t *m);
 /* The member is lost: the generation is aborted. */
@@ -197,8 +238,13 @@ void gs__job_fill_peer(gs_job_t *job, uint32_t r);
 /* Answers a member's Join with its rank and peers. */
 void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id);
 /* Aborts the running generation of `job`; every rank learns it from its
- * next heartbeat, and parked calls are answered ABORTED. */
+ * next heartbeat, and parked calls are answered ABORTED. An elastic job
+ * starts gathering its survivors (regroup.c). */
 void gs__job_abort(gs_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same, for a generation that ends without a failure when not
+ * `failed` (an elastic regroup every rank agreed to). */
+void gs__job_end(gs_job_t *job, bool failed, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The member a heartbeat or leave speaks for; answers NOT_FOUND and
  * returns NULL when the generation or rank is unknown. */

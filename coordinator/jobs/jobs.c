@@ -4,9 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "session.h"
 #include "heartbeat.h"
+#include "regroup.h"
 #include "rendezvous.h"
+#include "session.h"
 
 void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t *r)
 {
@@ -96,6 +97,7 @@ void gs__jobs_join(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRe
   gs_job_t *job;
 
   jobs->version++;
+  jobs->now_ms = call->now_ms;
   if (!gs__rendezvous_check(jobs, call, req))
     return;
   job = get_or_create(jobs, req->job);
@@ -168,6 +170,7 @@ void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
   gs_job_t *job = job_of_call(jobs, call, req->job);
 
   jobs->version++;
+  jobs->now_ms = call->now_ms;
   if (job)
     gs__heartbeat(job, call, req);
   else
@@ -180,6 +183,7 @@ void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Leave
   gs_job_t *job = job_of_call(jobs, call, req->job);
 
   jobs->version++;
+  jobs->now_ms = call->now_ms;
   if (job)
     gs__job_leave(job, call, req);
   else
@@ -197,7 +201,7 @@ void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
   gs__member_unbind(m);
   if (m->state == GS_MEMBER_WAITING)
     gs__rendezvous_drop(m->job, m);
-  else if (gs__member_active(m))
+  else if (gs__member_active(m) || gs__member_pending(m))
     gs__member_lost(m, "connection closed");
 }
 
@@ -238,6 +242,7 @@ static bool job_expired(gs_job_t *job, uint64_t now)
 void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
 {
   jobs->version++;
+  jobs->now_ms = now;
   for (gs_job_t **at = &jobs->jobs, *job; (job = *at);) {
     gs__rendezvous_sweep(job, now);
     gs__heartbeat_sweep(job, now);

@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "agreement.h"
+#include "history.h"
 #include "parse.h"
+#include "regroup.h"
 #include "session.h"
 
 /* While a rendezvous waits, the sweep says every this often who joined,
@@ -39,6 +41,8 @@ static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
   gs__member_free(m);
   if (job->waiting_count == 0 && job->state == GS_JOB_WAITING)
     job->state = gs__job_resting_state(job);
+  if (job->waiting_count == 0)
+    gs__regroup_sweep(job, job->jobs->now_ms); /* an elastic regroup nobody waits in ends */
 }
 
 static int member_order(const void *a, const void *b)
@@ -161,8 +165,11 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
       remove_waiting(job, 0, GS_ENOMEM, "coordinator out of memory");
     return;
   }
+  gs__regroup_choose_state(job, job->waiting, n);
   gs__store_reset(&job->store);
   gs__job_free_ranks(job);
+  job->regrouping = false;
+  job->regroup_pending = 0;
   job->generation =
       (job->generation > job->aborted_generation ? job->generation : job->aborted_generation) + 1;
   job->ranks = job->waiting;
@@ -187,8 +194,15 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
     gs__hb_touch(m, now);
     gs__job_fill_peer(job, i);
   }
-  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "generation %llu started with %u ranks",
-         (unsigned long long)job->generation, n);
+  gs__generation_started(job, now);
+  if (job->resume_state)
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+           "generation %llu started with %u ranks, from rank %u's state at step %llu",
+           (unsigned long long)job->generation, n, job->state_rank,
+           (unsigned long long)job->state_step);
+  else
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "generation %llu started with %u ranks",
+           (unsigned long long)job->generation, n);
   for (uint32_t i = 0; i < n; i++) {
     if (job->ranks[i]->peer)
       r->unpark(r, job->ranks[i]->peer->id);
@@ -210,6 +224,8 @@ static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsyn
   }
   job->generation = req->rejoin_generation;
   job->world_size = req->world_size;
+  job->world_min = req->world_min;
+  job->world_max = req->world_size;
   job->state = GS_JOB_RUNNING;
   job->started_ms = call->now_ms;
   job->bcast_period = req->bcast_period;
@@ -305,6 +321,11 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
                       jobs->cfg.max_world_size);
     return false;
   }
+  if (req->world_min > req->world_size) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
+                      "world_min %u is above world_size %u", req->world_min, req->world_size);
+    return false;
+  }
   if (!req->node[0]) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
                       "node must not be empty");
@@ -314,7 +335,11 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL, "%s", why);
     return false;
   }
-  if (bound && gs__member_active(bound)) {
+  /* A running member regrouping comes on the connection it joined on
+   * (gs__regroup_survivor checks its session). */
+  if (bound && gs__member_active(bound) &&
+      !(req->has_state && bound->state == GS_MEMBER_RUNNING &&
+        !strcmp(bound->job->name, req->job))) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EPRECOND,
                       "this connection already joined job %s; use one connection per agent",
                       bound->job->name);
@@ -342,6 +367,53 @@ static bool reserve_waiting(gs_job_t *job)
   return true;
 }
 
+/* "3" or "2:3", for messages. */
+static const char *world_words(uint32_t min, uint32_t max, char *buf, size_t len)
+{
+  if (min)
+    snprintf(buf, len, "%u:%u", min, max);
+  else
+    snprintf(buf, len, "%u", max);
+  return buf;
+}
+
+/* Whether the job already has a world-size range that a Join must match:
+ * a rendezvous gathers, a generation runs, or survivors are coming back. */
+static bool range_disagrees(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  char mine[32], theirs[32];
+
+  if (!job->waiting_count && !job->regrouping &&
+      !(job->state == GS_JOB_RUNNING && job->aborted_generation != job->generation))
+    return false;
+  if (req->world_size == job->world_max && req->world_min == job->world_min)
+    return false;
+  REPLY_ERR(job, call, GS_EINVAL, "world size %s disagrees with %s, the world size of job %s",
+            world_words(req->world_min, req->world_size, theirs, sizeof(theirs)),
+            world_words(job->world_min, job->world_max, mine, sizeof(mine)), job->name);
+  return true;
+}
+
+/* A Join that may not wait: a fixed job's generation runs, or an elastic
+ * one's runs with its largest world. */
+static bool refuse_running(gs_job_t *job, const gs_call_t *call)
+{
+  if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation ||
+      gs__regroup_admit(job))
+    return false;
+  if (gs__job_elastic(job))
+    REPLY_ERR(job, call, GS_EPRECOND,
+              "elastic job %s is running generation %llu with its largest world (%u ranks, "
+              "%u waiting)",
+              job->name, (unsigned long long)job->generation, job->world_size, job->waiting_count);
+  else
+    REPLY_ERR(job, call, GS_EPRECOND,
+              "job %s is running generation %llu with all %u ranks; a new rendezvous "
+              "opens when it ends or is aborted",
+              job->name, (unsigned long long)job->generation, job->world_size);
+  return true;
+}
+
 void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
 {
   gs_responder_t *r = job->jobs->responder;
@@ -351,21 +423,13 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
     rejoin(job, call, req);
     return;
   }
-  if (job->state == GS_JOB_RUNNING && job->aborted_generation != job->generation) {
-    REPLY_ERR(job, call, GS_EPRECOND,
-              "job %s is running generation %llu with all %u ranks; a new rendezvous "
-              "opens when it ends or is aborted",
-              job->name, (unsigned long long)job->generation, job->world_size);
+  if (range_disagrees(job, call, req))
     return;
-  }
-  if (job->waiting_count && req->world_size != job->waiting_world_size) {
-    REPLY_ERR(job, call, GS_EINVAL,
-              "world size %u disagrees with %u, the world size of the %u agent(s) "
-              "already waiting in job %s",
-              req->world_size, job->waiting_world_size, job->waiting_count, job->name);
+  /* A survivor of an elastic generation: a coordinator that knows no
+   * generation (it restarted) takes its word for its state. */
+  if (req->has_state && job->generation && !gs__regroup_survivor(job, call, req))
     return;
-  }
-  if (refuse_duplicate(job, call, req))
+  if (refuse_running(job, call) || refuse_duplicate(job, call, req))
     return;
   if (!reserve_waiting(job) || !(m = gs__member_new(job, call, req))) {
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
@@ -380,11 +444,14 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
     job->next_join_deadline_ms = m->join_deadline_ms;
   if (job->waiting_count == 0) {
     job->waiting_world_size = req->world_size;
+    job->world_min = req->world_min;
+    job->world_max = req->world_size;
     job->rendezvous_deadline_ms = call->now_ms + job->jobs->cfg.rendezvous_timeout_ms;
     job->next_progress_log_ms = call->now_ms + PROGRESS_LOG_MS;
     if (job->state == GS_JOB_FINISHED || job->state == GS_JOB_FAILED)
       job->state = GS_JOB_WAITING;
   }
+  job->last_join_ms = call->now_ms;
   m->join_seq = ++job->join_seq;
   m->waiting_index = job->waiting_count;
   job->waiting[job->waiting_count++] = m;
@@ -393,7 +460,7 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   gs_log(job->jobs->cfg.log, GS_LOG_DEBUG, job->name, -1,
          "%s (node '%s', local_rank %u) joined: %u of %u", call->peer->name, req->node,
          req->local_rank, job->waiting_count, req->world_size);
-  if (job->waiting_count == job->waiting_world_size)
+  if (gs__regroup_ready(job, call->now_ms))
     complete_rendezvous(job, call->now_ms);
 }
 
@@ -452,6 +519,11 @@ void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
     gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s (joined: %s)", msg, joined);
     while (job->waiting_count)
       remove_waiting(job, 0, GS_ETIMEDOUT, msg);
+    return;
+  }
+  gs__regroup_sweep(job, now);
+  if (job->waiting_count && gs__regroup_ready(job, now)) {
+    complete_rendezvous(job, now);
     return;
   }
   log_progress(job, now);

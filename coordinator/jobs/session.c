@@ -52,14 +52,21 @@ static bool same(const char *a, const char *b)
   return d == 0;
 }
 
+gs_member_t *gs__session_member(gs_job_t *job, const char *session, uint64_t generation)
+{
+  long r = gs__session_rank(session);
+  gs_member_t *m = r >= 0 && (uint64_t)r < job->world_size && job->ranks ? job->ranks[r] : NULL;
+
+  return m && m->generation == generation && same(m->session, session) ? m : NULL;
+}
+
 gs_member_t *gs__session_check(gs_job_t *job, const gs_call_t *call, uint64_t generation,
                                long want_rank)
 {
   long r = gs__session_rank(call->session);
   gs_member_t *m = r >= 0 && (uint64_t)r < job->world_size && job->ranks ? job->ranks[r] : NULL;
 
-  if (m && m->generation == generation && same(m->session, call->session) &&
-      (want_rank < 0 || r == want_rank))
+  if (gs__session_member(job, call->session, generation) && (want_rank < 0 || r == want_rank))
     return m;
   gs__respond_error(job->jobs->responder, call->peer->id, call->method, call->request_id, GS_EPERM,
                     "%s for job %s generation %llu: %s", gs_method_name(call->method), job->name,

@@ -20,6 +20,10 @@ void gs__session_issue(gs_member_t *m);
 /* The rank a session names, or -1 for one that is not "RANK.hex". */
 long gs__session_rank(const char *session);
 
+/* The member of job's generation `generation` whose session is `session`,
+ * or NULL (nothing answered). */
+gs_member_t *gs__session_member(gs_job_t *job, const char *session, uint64_t generation);
+
 /* The member of job's generation `generation` whose session the call
  * carries (rank `want_rank`, or any rank when it is negative); NULL after
  * answering the call with PERMISSION_DENIED. */

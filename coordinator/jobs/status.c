@@ -211,6 +211,37 @@ static cJSON *pack_list_json(const gs_pack_summary_t *s)
   return o;
 }
 
+/* Elastic jobs: the world-size range, the regroup counters and the
+ * latest generations (oldest first), each with its start, world, the step
+ * it continued from, the time lost before it and why it ended. */
+static void elastic_json(cJSON *o, const gs_job_t *job, uint64_t now, bool with_history)
+{
+  uint32_t n = job->history_count < GS_JOB_HISTORY ? job->history_count : GS_JOB_HISTORY;
+  cJSON *arr;
+
+  cJSON_AddNumberToObject(o, "world_min", job->world_min);
+  cJSON_AddNumberToObject(o, "world_max", job->world_max);
+  cJSON_AddNumberToObject(o, "regroups", (double)job->regroups);
+  cJSON_AddNumberToObject(o, "regroup_seconds", job->regroup_ms_total / 1000.0);
+  if (!with_history)
+    return;
+  arr = cJSON_AddArrayToObject(o, "generations");
+  for (uint32_t i = job->history_count - n; arr && i < job->history_count; i++) {
+    const gs_generation_record_t *g = &job->history[i % GS_JOB_HISTORY];
+    cJSON *e = cJSON_CreateObject();
+
+    cJSON_AddNumberToObject(e, "generation", (double)g->generation);
+    cJSON_AddNumberToObject(e, "world_size", g->world_size);
+    cJSON_AddNumberToObject(e, "started_s_ago", (now - g->started_ms) / 1000.0);
+    cJSON_AddNumberToObject(e, "duration_s",
+                            ((g->ended ? g->ended_ms : now) - g->started_ms) / 1000.0);
+    cJSON_AddNumberToObject(e, "start_step", (double)g->start_step);
+    cJSON_AddNumberToObject(e, "lost_s", g->lost_ms / 1000.0);
+    cJSON_AddStringToObject(e, "end", g->ended ? g->end_reason : "");
+    cJSON_AddItemToArray(arr, e);
+  }
+}
+
 cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
 {
   cJSON *o = cJSON_CreateObject(), *ranks, *waiting;
@@ -226,6 +257,7 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   cJSON_AddNumberToObject(o, "generation", (double)job->generation);
   cJSON_AddNumberToObject(o, "world_size", job->world_size);
   cJSON_AddNumberToObject(o, "bcast_period", job->bcast_period);
+  elastic_json(o, job, now, with_ranks);
   waiting = cJSON_AddObjectToObject(o, "rendezvous");
   cJSON_AddNumberToObject(waiting, "joined", job->waiting_count);
   cJSON_AddNumberToObject(waiting, "world_size", job->waiting_count ? job->waiting_world_size : 0);
@@ -365,6 +397,12 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
   err |= family(out, "gradsync_generations_aborted_total", "counter", "Generations aborted.");
   err |= emit(out, "gradsync_generations_aborted_total %" PRIu64 "\n",
               jobs->stats.generations_aborted);
+  err |= family(out, "gradsync_regroups_total", "counter",
+                "Elastic generations that continued from their survivors' state.");
+  err |= emit(out, "gradsync_regroups_total %" PRIu64 "\n", jobs->stats.regroups);
+  err |= family(out, "gradsync_regroup_seconds_total", "counter",
+                "Seconds from an elastic generation's end to the next one's start.");
+  err |= emit(out, "gradsync_regroup_seconds_total %.3f\n", jobs->stats.regroup_ms_total / 1000.0);
   return err ? GS_ENOMEM : 0;
 }
 
@@ -386,6 +424,10 @@ static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
   err |= family(out, "gradsync_job_world_size", "gauge", "Ranks in the current generation.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_world_size{job=\"%s\"} %u\n", j->name, j->world_size);
+  err |= family(out, "gradsync_job_regroups_total", "counter",
+                "Elastic regroups of the job (a generation continued from survivors' state).");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
+    err |= emit(out, "gradsync_job_regroups_total{job=\"%s\"} %" PRIu64 "\n", j->name, j->regroups);
   err |= family(out, "gradsync_job_running", "gauge", "1 while the job is running.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_running{job=\"%s\"} %d\n", j->name, j->state == GS_JOB_RUNNING);

@@ -1,0 +1,73 @@
+/* The history of a job's generations (see history.h). */
+#include "history.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static gs_generation_record_t *latest(gs_job_t *job)
+{
+  return job->history_count ? &job->history[(job->history_count - 1) % GS_JOB_HISTORY] : NULL;
+}
+
+void gs__generation_started(gs_job_t *job, uint64_t now)
+{
+  gs_generation_record_t *prev = latest(job), *rec;
+  uint64_t lost = prev && prev->ended && now >= prev->ended_ms ? now - prev->ended_ms : 0;
+
+  if (job->resume_state && prev && prev->ended) {
+    job->regroups++;
+    job->regroup_ms_total += lost;
+    job->jobs->stats.regroups++;
+    job->jobs->stats.regroup_ms_total += lost;
+  }
+  rec = &job->history[job->history_count++ % GS_JOB_HISTORY];
+  *rec = (gs_generation_record_t){
+      .generation = job->generation,
+      .world_size = job->world_size,
+      .started_ms = now,
+      .start_step = job->resume_state ? job->state_step : 0,
+      .lost_ms = job->resume_state ? lost : 0,
+  };
+}
+
+void gs__generation_ended(gs_job_t *job, uint64_t now, const char *reason)
+{
+  gs_generation_record_t *rec = latest(job);
+
+  if (!rec || rec->generation != job->generation || rec->ended)
+    return;
+  rec->ended = true;
+  rec->ended_ms = now;
+  snprintf(rec->end_reason, sizeof(rec->end_reason), "%s", reason);
+}
+
+void gs__generation_note(gs_job_t *job, const char *fmt, ...)
+{
+  gs_generation_record_t *rec = latest(job);
+  size_t used;
+  va_list ap;
+
+  if (!rec || rec->generation != job->generation)
+    return;
+  used = strlen(rec->end_reason);
+  if (used + 3 >= sizeof(rec->end_reason))
+    return;
+  if (used) {
+    memcpy(rec->end_reason + used, "; ", 3);
+    used += 2;
+  }
+  va_start(ap, fmt);
+  vsnprintf(rec->end_reason + used, sizeof(rec->end_reason) - used, fmt, ap);
+  va_end(ap);
+}
+
+const char *gs__generation_previous_end(const gs_job_t *job)
+{
+  const gs_generation_record_t *prev;
+
+  if (job->history_count < 2)
+    return "";
+  prev = &job->history[(job->history_count - 2) % GS_JOB_HISTORY];
+  return prev->end_reason;
+}
