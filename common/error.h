@@ -56,7 +56,8 @@ typedef enum gs_grpc_status {
   XX(IO, UNAVAILABLE, "input/output error")                                                        \
   XX(CLOSED, UNAVAILABLE, "connection closed")                                                     \
   XX(UNAUTH, UNAUTHENTICATED, "unauthenticated")                                                   \
-  XX(INTR, CANCELLED, "interrupted by a signal")
+  XX(INTR, CANCELLED, "interrupted by a signal")                                                   \
+  XX(REGROUPED, ABORTED, "the world changed (elastic regroup)")
 
 typedef enum gs_errno {
   GS_OK = 0,

@@ -301,6 +301,34 @@ int gs_parse_port_range(const char *s, uint16_t *first, uint16_t *last)
   return 0;
 }
 
+int gs_parse_world_range(const char *s, uint32_t limit, uint32_t *min, uint32_t *max)
+{
+  const char *colon = s ? strchr(s, ':') : NULL;
+  char head[16];
+  long a = 0, b;
+  int err;
+
+  if (!s)
+    return GS_EINVAL;
+  if (colon) {
+    if ((size_t)(colon - s) >= sizeof(head))
+      return GS_EINVAL;
+    memcpy(head, s, (size_t)(colon - s));
+    head[colon - s] = '\0';
+    err = gs_parse_long(head, 1, limit, &a);
+    if (err)
+      return err;
+  }
+  err = gs_parse_long(colon ? colon + 1 : s, 1, limit, &b);
+  if (err)
+    return err;
+  if (a > b)
+    return GS_ERANGE;
+  *min = (uint32_t)a;
+  *max = (uint32_t)b;
+  return 0;
+}
+
 bool gs_addr_is_loopback(const char *addr)
 {
   char host[64];

@@ -30,6 +30,11 @@ int gs_parse_long(const char *s, long min, long max, long *out) GS_WARN_UNUSED;
 /* "PORT" or "FIRST-LAST" (1..65535, FIRST <= LAST) into *first, *last. */
 int gs_parse_port_range(const char *s, uint16_t *first, uint16_t *last) GS_WARN_UNUSED;
 
+/* A world size: "N" (a fixed world: *min = 0, *max = N) or "MIN:MAX"
+ * (elastic: 1 <= MIN <= MAX), every number at most `limit`. */
+int gs_parse_world_range(const char *s, uint32_t limit, uint32_t *min,
+                         uint32_t *max) GS_WARN_UNUSED;
+
 /* Whether the host of "host:port", "[v6]:port" or a bare host is a
  * loopback address (127.0.0.0/8, ::1, ::ffff:127.x, "localhost"): one a
  * peer on another machine cannot reach. */

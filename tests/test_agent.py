@@ -287,7 +287,8 @@ def case_ckptfail(tmp):
         text = "".join(lines)
         stop = re.search(r"stopped after step (\d+): SIGTERM received", text)
         assert stop and "final:" in text and "rank 0 exited" not in text, text[-3000:]
-        assert read_checkpoint(newest_checkpoint(d))["step"] == int(stop.group(1))
+        assert read_checkpoint(newest_checkpoint(d))["step"] == int(stop.group(1)), \
+            (os.listdir(d), stop.group(0))
         assert not [f for f in os.listdir(d) if f.endswith(".tmp")], os.listdir(d)
         print(f"disk full at step {m.group(1)}, freed: checkpoint of step {after.group(1)}, "
               f"stopped at {stop.group(1)} with its checkpoint")

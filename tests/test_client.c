@@ -457,9 +457,11 @@ typedef struct abort_rec {
   uint64_t at_ms;
 } abort_rec_t;
 
-static void on_abort(void *arg, const char *why)
+static void on_abort(void *arg, uint64_t generation, const char *why)
 {
   abort_rec_t *a = arg;
+
+  (void)generation;
 
   pthread_mutex_lock(&a->lock);
   a->count++;

@@ -159,7 +159,7 @@ static void report_order(const scenario_t *sc, uint32_t rank, uint64_t step, uin
 static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_result_t *res)
 {
   scenario_t *sc = rr->sc;
-  gs_position_t after = {step + 1, 0, 42};
+  gs_position_t after = {.step = step + 1, .rng_state = 42};
   bool nan = rr->rank == sc->nan_rank && step == sc->nan_step;
   uint32_t order[NPARAMS];
 
@@ -181,7 +181,7 @@ static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_resu
  * each be refused with the engine's first failure. */
 static void probe_after_error(gs_engine_t *e, rank_run_t *rr, uint64_t step)
 {
-  gs_position_t pos = {step + 1, 0, 42};
+  gs_position_t pos = {.step = step + 1, .rng_state = 42};
   gs_step_result_t res;
   float sum = 1.0f;
 
@@ -199,7 +199,7 @@ static void *rank_main(void *arg)
   scenario_t *sc = rr->sc;
   gs_engine_config_t cfg;
   gs_engine_t *e;
-  gs_position_t pos = {0, 0, 42};
+  gs_position_t pos = {.rng_state = 42};
   gs_step_result_t res;
   double t0;
   int err;

@@ -63,7 +63,7 @@ static void fire_abort(gs_heartbeat_t *hb, const char *why)
   gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank, "generation %llu aborted: %s",
          (unsigned long long)hb->cfg.generation, why);
   if (hb->cfg.on_abort)
-    hb->cfg.on_abort(hb->cfg.arg, why);
+    hb->cfg.on_abort(hb->cfg.arg, hb->cfg.generation, why);
 }
 
 /* The deadline of one call: short enough to notice the timeout and to stop
@@ -110,6 +110,7 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
       .broadcast_seq = resp.directives.broadcast_seq,
       .checkpoint_seq = resp.directives.checkpoint_seq,
       .stop = resp.directives.stop,
+      .regroup_seq = resp.directives.regroup_seq,
       .coordinator_id = resp.coordinator_id,
   };
   pthread_mutex_unlock(&hb->lock);

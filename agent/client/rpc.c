@@ -72,6 +72,16 @@ static int join_result(gs_client_t *cl, const gradsync_JoinResponse *resp,
   out->heartbeat_interval_ms = resp->heartbeat_interval_ms;
   out->heartbeat_timeout_ms = resp->heartbeat_timeout_ms;
   snprintf(out->session, sizeof(out->session), "%s", resp->session);
+  if (resp->resume_state && resp->state_rank >= resp->world_size) {
+    gs__client_set_err(cl, "coordinator %s named state rank %u in a world of %u", cl->addr,
+                       resp->state_rank, resp->world_size);
+    gs_join_result_free(out);
+    return GS_EPROTO;
+  }
+  out->resume_state = resp->resume_state;
+  out->state_rank = resp->state_rank;
+  out->state_step = resp->state_step;
+  snprintf(out->regroup_reason, sizeof(out->regroup_reason), "%s", resp->regroup_reason);
   return 0;
 }
 

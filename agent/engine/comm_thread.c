@@ -14,7 +14,7 @@ int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
 {
   if (job->op == OP_ALLREDUCE)
     return gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
-  return gs_comm_broadcast(e->comm, job->buf, job->count, 0);
+  return gs_comm_broadcast(e->comm, job->buf, job->count, job->root);
 }
 
 static void *comm_main(void *arg)
@@ -102,9 +102,10 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
                  (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
   char why[300] = "";
 
-  /* A signal's interruption is not a peer's fault: nothing to wait for. */
-  while (err != GS_EINTR && e->hb && !gs_heartbeat_aborted(e->hb, why, sizeof(why)) &&
-         gs_now_ms_f() < until) {
+  /* A signal's interruption is not a peer's fault: nothing to wait for;
+   * an elastic job regroups at once and hears the cause in its Join. */
+  while (err != GS_EINTR && !gs__engine_elastic(e) && e->hb &&
+         !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && gs_now_ms_f() < until) {
     struct timespec ts = {0, 20 * 1000 * 1000};
 
     nanosleep(&ts, NULL);
@@ -149,7 +150,7 @@ int gs__engine_refuse(gs_engine_t *e, const char *what)
  * device memory when `on_device`, else in host memory, which a backend
  * working on device memory gets through the aux_dev staging buffer. */
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
-                       const char *what)
+                       uint32_t root, const char *what)
 {
   size_t bytes = op == OP_ALLREDUCE ? count * sizeof(float) : count;
   void *at = buf;
@@ -159,7 +160,7 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
     return gs__engine_refuse(e, what);
   if (!gs_comm_stream_ordered(e->comm)) {
     /* Outside a step the comm thread is idle: run it on this thread. */
-    comm_job_t job = {.op = op, .buf = buf, .count = count};
+    comm_job_t job = {.op = op, .buf = buf, .count = count, .root = root};
 
     err = gs__engine_run_job(e, &job);
     return err ? gs__engine_comm_failed(e, err, what) : 0;
@@ -173,7 +174,7 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
   if (!err)
     err = op == OP_ALLREDUCE
               ? gs_comm_allreduce(e->comm, at, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM)
-              : gs_comm_broadcast(e->comm, at, count, 0);
+              : gs_comm_broadcast(e->comm, at, count, root);
   if (!err)
     err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
   if (!err)
@@ -183,15 +184,21 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
   return err ? gs__engine_comm_failed(e, err, what) : 0;
 }
 
-void gs__engine_on_abort(void *arg, const char *reason)
+void gs__engine_on_abort(void *arg, uint64_t generation, const char *reason)
 {
   gs_engine_t *e = arg;
 
+  /* Under the lock: an elastic regroup replaces the comm meanwhile, and a
+   * late abort of the generation it left must not touch the new one. */
   pthread_mutex_lock(&e->mu);
+  if (generation != e->live_generation) {
+    pthread_mutex_unlock(&e->mu);
+    return;
+  }
   e->aborted = true;
   snprintf(e->abort_reason, sizeof(e->abort_reason), "%s", reason);
-  pthread_mutex_unlock(&e->mu);
   gs_comm_abort(e->comm); /* the heartbeat thread has logged why */
+  pthread_mutex_unlock(&e->mu);
 }
 
 /* Stops and joins the comm thread; with `abort` the collective in progress

@@ -35,6 +35,7 @@ void gs_engine_config_defaults(gs_engine_config_t *cfg)
   cfg->comm_timeout_ms = 2 * 60 * 1000;
   cfg->connect_timeout_ms = 15 * 1000;
   cfg->coordinator_grace_ms = 10 * 60 * 1000;
+  cfg->rejoin_timeout_ms = 5 * 60 * 1000;
 }
 
 static bool setting_name_ok(const char *s)

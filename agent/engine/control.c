@@ -24,6 +24,7 @@ void gs_control_encode(const gs_control_local_t *in, float *v, size_t n)
     v[GS_CTL_PERIOD] = (float)(in->period + 2);
   v[GS_CTL_BROADCAST] = in->broadcast;
   v[GS_CTL_CHECKPOINT] = in->checkpoint;
+  v[GS_CTL_REGROUP] = in->regroup;
   v[GS_CTL_TERM] = in->term;
   v[GS_CTL_STEP] = (float)(in->step % GS_CTL_SEQ_MOD);
   v[GS_CTL_SEQ] = (float)(in->collectives % GS_CTL_SEQ_MOD);
@@ -45,6 +46,7 @@ void gs_control_decode(const float *v, size_t n, gs_control_t *out)
   out->period = out->period_changed ? (int32_t)v[GS_CTL_PERIOD] - 2 : 0;
   out->broadcast = v[GS_CTL_BROADCAST] > 0;
   out->checkpoint = v[GS_CTL_CHECKPOINT] > 0;
+  out->regroup = v[GS_CTL_REGROUP] > 0;
   out->nonfinite = v[GS_CTL_NONFINITE] > 0;
 }
 

@@ -169,29 +169,41 @@ static int describe_params(gs_engine_t *e)
 
 /* ---- start -------------------------------------------------------------- */
 
+/* Whether two pack lists group the same parameters alike. */
+static bool same_packlist(const gs_packlist_t *a, const gs_packlist_t *b)
+{
+  return a->param_count == b->param_count && a->pack_count == b->pack_count &&
+         !memcmp(a->pack_sizes, b->pack_sizes, a->pack_count * sizeof(*a->pack_sizes)) &&
+         !memcmp(a->order, b->order, a->param_count * sizeof(*a->order));
+}
+
 /* Rank 0 computes and publishes the pack list; the others fetch it. Either
- * way the packs are then built from it. */
-static int agree_packlist(gs_engine_t *e)
+ * way the packs are then built from it. After an elastic regroup the packs
+ * exist: rank 0 publishes the list they were built from, and the others
+ * check theirs against it. */
+int gs__engine_agree_packlist(gs_engine_t *e)
 {
   gs_packlist_t list;
   gs_param_desc_t *params = e->packs.params;
   uint32_t n = e->packs.nparams;
-  bool fetched = false;
+  bool fetched = false, built = e->packs.packs != NULL;
   char why[512];
   int err;
 
   if (e->join.rank == 0) {
-    err = gs_packlist_compute(params, n, e->cfg.pack_threshold, &list);
+    err = built ? 0 : gs_packlist_compute(params, n, e->cfg.pack_threshold, &list);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "cannot compute the pack list: %s", gs_strerror(err));
       return err;
     }
-    err = gs_client_publish_packlist(e->client, e->join.generation, 0, &list, params, n,
-                                     e->cfg.rpc_timeout_ms);
+    err =
+        gs_client_publish_packlist(e->client, e->join.generation, 0, built ? &e->packs.list : &list,
+                                   params, n, e->cfg.rpc_timeout_ms);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "cannot publish the pack list: %s",
                  gs_client_error(e->client));
-      gs_packlist_free(&list);
+      if (!built)
+        gs_packlist_free(&list);
       return err;
     }
   } else {
@@ -204,13 +216,22 @@ static int agree_packlist(gs_engine_t *e)
     }
     fetched = true;
   }
-  err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl, &e->cfg.sgd, why,
-                       sizeof(why));
+  if (built) {
+    err = e->join.rank == 0 || same_packlist(&list, &e->packs.list) ? 0 : GS_EINVAL;
+    if (err)
+      gs_set_why(e->error, sizeof(e->error),
+                 "rank 0's pack list after the regroup differs from this rank's");
+    if (fetched)
+      gs_packlist_free(&list);
+  } else {
+    err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl_cap, &e->cfg.sgd, why,
+                         sizeof(why));
+    if (err)
+      gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
+  }
   if (fetched)
     gs_client_params_free(params, n);
-  if (err)
-    gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
-  else if (e->join.rank == 0)
+  if (!err && e->join.rank == 0)
     gs_heartbeat_set_packlist(e->hb, &e->packs.list, e->packs.params, e->packs.nparams);
   return err;
 }
@@ -221,6 +242,7 @@ static int join(gs_engine_t *e, const char *comm_addr)
   int err;
 
   req->world_size = e->cfg.world_size;
+  req->world_min = e->cfg.world_min;
   snprintf(req->node, sizeof(req->node), "%s", e->cfg.node);
   req->local_rank = e->cfg.local_rank;
   snprintf(req->device, sizeof(req->device), "%s", e->cfg.device);
@@ -236,9 +258,14 @@ static int join(gs_engine_t *e, const char *comm_addr)
   if (err)
     return err;
   gs_pb_array_bind_encode(&req->settings, &e->settings);
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
-         "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
-         e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
+  if (e->cfg.world_min)
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
+           "joining %s:%u as node '%s' local rank %u (elastic: %u to %u ranks)", e->cfg.coord.host,
+           e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_min, e->cfg.world_size);
+  else
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
+           "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
+           e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
   err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
   if (err) {
     /* A signal is no failure of the join: its message says what was waited for. */
@@ -246,12 +273,27 @@ static int join(gs_engine_t *e, const char *comm_addr)
                err == GS_EINTR ? "" : "join failed: ", gs_client_error(e->client));
     return err;
   }
-  e->joined = true;
-  e->period = e->join.bcast_period;
+  gs__engine_joined(e);
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
          "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d", e->join.generation,
          e->join.rank, e->join.world_size, e->period);
   return 0;
+}
+
+/* What follows from a Join's answer: the period, the control vector's
+ * length and the scales that depend on the world size. */
+void gs__engine_joined(gs_engine_t *e)
+{
+  pthread_mutex_lock(&e->mu);
+  e->live_generation = e->join.generation;
+  pthread_mutex_unlock(&e->mu);
+  e->joined = true;
+  e->period = e->join.bcast_period;
+  e->nctl = gs_control_len(e->join.world_size);
+  e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
+  e->lr_scale = e->cfg.elastic_lr == GS_ELASTIC_LR_LINEAR
+                    ? (float)e->join.world_size / (float)e->cfg.world_size
+                    : 1.0f;
 }
 
 #define COMM_ID_KEY "comm-id"
@@ -287,7 +329,7 @@ static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
   return err;
 }
 
-static int connect_ranks(gs_engine_t *e)
+int gs__engine_connect_ranks(gs_engine_t *e)
 {
   uint32_t w = e->join.world_size;
   const char **addrs = calloc(w, sizeof(*addrs));
@@ -341,7 +383,7 @@ static int alloc_step_state(gs_engine_t *e)
   e->queue = calloc(e->qcap, sizeof(*e->queue));
   e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
   e->ticket = calloc(packs + 1, sizeof(*e->ticket));
-  e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl * sizeof(float));
+  e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
   if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
@@ -370,7 +412,7 @@ static gs_client_config_t client_config(const gs_engine_t *e)
  * look like a lost rank nor keep a coordinator's abort from reaching this
  * rank: the abort callback aborts the communicator, which the backends'
  * init waits watch. */
-static int start_heartbeat(gs_engine_t *e)
+int gs__engine_start_heartbeat(gs_engine_t *e)
 {
   gs_heartbeat_config_t hc = {
       .client = client_config(e),
@@ -419,6 +461,30 @@ static int open_device(gs_engine_t *e)
   return 0;
 }
 
+/* A new collective backend for this generation, listening for its peers
+ * (its address in `addr`). */
+int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len)
+{
+  gs_comm_t *comm = gs_comm_new(e->cfg.backend, e->cfg.log);
+
+  if (!comm) {
+    gs_set_why(e->error, sizeof(e->error), "unknown backend '%s'", e->cfg.backend);
+    return GS_EINVAL;
+  }
+  pthread_mutex_lock(&e->mu); /* the heartbeat's abort reads it */
+  e->comm = comm;
+  pthread_mutex_unlock(&e->mu);
+  /* Blocking backends move host memory, stream-ordered ones device memory. */
+  if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
+    gs_set_why(e->error, sizeof(e->error),
+               "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
+               gs_comm_name(e->comm), e->cfg.dev->label, e->cfg.dev->host_memory ? "host" : "nccl",
+               e->cfg.dev->host_memory ? "cpu" : "cuda");
+    return GS_EINVAL;
+  }
+  return gs__engine_listen(e, addr, addr_len);
+}
+
 int gs_engine_start(gs_engine_t *e)
 {
   char comm_addr[256];
@@ -458,32 +524,21 @@ int gs_engine_start(gs_engine_t *e)
     cc.interrupt = e->cfg.term_flag; /* the waits of start end at a signal; Leave does not */
     e->client = gs_client_new(&cc);
   }
-  e->comm = gs_comm_new(e->cfg.backend, e->cfg.log);
-  if (!e->client || !e->comm) {
-    gs_set_why(e->error, sizeof(e->error), e->comm ? "out of memory" : "unknown backend '%s'",
-               e->cfg.backend);
-    return GS_EINVAL;
+  if (!e->client) {
+    gs_set_why(e->error, sizeof(e->error), "out of memory");
+    return GS_ENOMEM;
   }
-  /* Blocking backends move host memory, stream-ordered ones device memory. */
-  if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
-    gs_set_why(e->error, sizeof(e->error),
-               "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
-               gs_comm_name(e->comm), e->cfg.dev->label, e->cfg.dev->host_memory ? "host" : "nccl",
-               e->cfg.dev->host_memory ? "cpu" : "cuda");
-    return GS_EINVAL;
-  }
-  err = gs__engine_listen(e, comm_addr, sizeof(comm_addr));
+  err = gs__engine_open_comm(e, comm_addr, sizeof(comm_addr));
   if (err)
     return err;
   err = join(e, comm_addr);
   if (err)
     return err;
-  err = start_heartbeat(e);
+  err = gs__engine_start_heartbeat(e);
   if (err)
     return err;
-  e->nctl = gs_control_len(e->join.world_size);
-  e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
-  err = agree_packlist(e);
+  e->nctl_cap = gs_control_len(e->cfg.world_size); /* room for the largest world */
+  err = gs__engine_agree_packlist(e);
   if (err)
     return err;
   e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
@@ -491,7 +546,7 @@ int gs_engine_start(gs_engine_t *e)
   err = alloc_step_state(e);
   if (err)
     return err;
-  err = connect_ranks(e);
+  err = gs__engine_connect_ranks(e);
   if (err)
     return err;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,

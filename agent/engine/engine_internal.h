@@ -38,7 +38,8 @@ typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST } job_op_t;
 typedef struct comm_job {
   job_op_t op;
   void *buf;
-  size_t count; /* floats (allreduce) or bytes (broadcast) */
+  size_t count;  /* floats (allreduce) or bytes (broadcast) */
+  uint32_t root; /* broadcast */
   job_state_t state;
   int err;
 } comm_job_t;
@@ -63,6 +64,15 @@ struct gs_engine {
   bool joined;
   int32_t period;
   double grad_scale;
+  float lr_scale; /* elastic_lr linear: world / world_size */
+
+  /* Elastic membership (elastic.c). The state every rank of the
+   * generation holds at the last step whose SGD it applied in full: what
+   * a regroup keeps, and shares from the rank at the newest step. */
+  bool has_state;
+  gs_position_t committed;
+  uint64_t seen_regroup_seq; /* rank 0: the regroup directive passed on */
+  size_t nctl_cap;           /* control vector room: for the largest world */
 
   /* The comm thread and what it shares with the training thread. */
   pthread_t thread;
@@ -73,6 +83,9 @@ struct gs_engine {
   comm_job_t **queue;
   uint32_t qhead, qtail, qcap;
   bool quit;
+  /* The generation e->comm serves (0: none yet): a heartbeat's abort for
+   * another one (the generation an elastic regroup left) is ignored. */
+  uint64_t live_generation;
   bool aborted;
   char abort_reason[300];
 
@@ -100,6 +113,7 @@ struct gs_engine {
   gs_control_local_t ctl_mine; /* what this rank wrote, for the in-step check */
   uint64_t steps_begun;        /* begin_step calls since start */
   gs_position_t after;
+  double step_start_ms; /* when begin_step was called */
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
 };
@@ -114,8 +128,8 @@ void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf,
 int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job);
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
-                       const char *what) GS_WARN_UNUSED;
-void gs__engine_on_abort(void *arg, const char *reason);
+                       uint32_t root, const char *what) GS_WARN_UNUSED;
+void gs__engine_on_abort(void *arg, uint64_t generation, const char *reason);
 int gs__engine_fail(gs_engine_t *e, int err);
 int gs__engine_refuse(gs_engine_t *e, const char *what);
 
@@ -126,7 +140,27 @@ int gs__engine_listen(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSE
 /* config.c: adds the engine's own settings to e->settings (at join). */
 int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 
-/* sync.c: params (and momentum) of every pack broadcast from rank 0. */
-int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum) GS_WARN_UNUSED;
+/* sync.c: params (and momentum) of every pack broadcast from `root`. */
+int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum, uint32_t root) GS_WARN_UNUSED;
+/* sync.c: every rank takes params, momentum and position from the rank
+ * the Join named (join.state_rank) and checks that all now hold the same. */
+int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
+
+/* engine.c: the steps of start a regroup repeats. */
+int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
+int gs__engine_start_heartbeat(gs_engine_t *e) GS_WARN_UNUSED;
+int gs__engine_agree_packlist(gs_engine_t *e) GS_WARN_UNUSED;
+int gs__engine_connect_ranks(gs_engine_t *e) GS_WARN_UNUSED;
+void gs__engine_joined(gs_engine_t *e);
+
+/* elastic.c: whether the job is elastic; the regroup after a failed step
+ * (`why`: this rank's words for it) or one every rank agreed on; fills
+ * out's regroup fields. */
+static inline bool gs__engine_elastic(const gs_engine_t *e)
+{
+  return e->cfg.world_min > 0;
+}
+int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double step_start_ms,
+                       gs_step_result_t *out) GS_WARN_UNUSED;
 
 #endif

@@ -37,7 +37,7 @@ static void write_control(gs_engine_t *e, float loss)
     if (d.valid && d.coordinator_id != e->coordinator_id) {
       /* A restarted coordinator counts its requests from zero again. */
       e->coordinator_id = d.coordinator_id;
-      e->seen_broadcast_seq = e->seen_checkpoint_seq = 0;
+      e->seen_broadcast_seq = e->seen_checkpoint_seq = e->seen_regroup_seq = 0;
     }
     if (d.valid) {
       in.stop = d.stop;
@@ -50,6 +50,10 @@ static void write_control(gs_engine_t *e, float loss)
       if (d.checkpoint_seq > e->seen_checkpoint_seq) {
         in.checkpoint = true;
         e->seen_checkpoint_seq = d.checkpoint_seq;
+      }
+      if (d.regroup_seq > e->seen_regroup_seq && gs__engine_elastic(e)) {
+        in.regroup = true;
+        e->seen_regroup_seq = d.regroup_seq;
       }
     }
   }
@@ -71,6 +75,7 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   e->launch_err = 0;
   write_control(e, loss);
   e->steps_begun++;
+  e->step_start_ms = gs_now_ms_f();
   /* Queued before backward, so it is in place before the last pack's allreduce. */
   e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
   e->in_step = true;
@@ -93,6 +98,8 @@ void gs_engine_set_loss(gs_engine_t *e, float loss)
 static void launch(gs_engine_t *e, uint32_t k)
 {
   gs_pack_t *pk = &e->packs.packs[k];
+  /* The last pack's room holds the vector of the largest world (elastic). */
+  size_t count = pk->elements + (pk->extra ? e->nctl : 0);
   int err;
 
   if (!gs_comm_stream_ordered(e->comm)) {
@@ -102,18 +109,15 @@ static void launch(gs_engine_t *e, uint32_t k)
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
     if (e->nissued == e->packs.list.pack_count && e->join.world_size > 1) {
-      *job = (comm_job_t){.op = OP_ALLREDUCE,
-                          .buf = pk->grads,
-                          .count = pk->elements + pk->extra,
-                          .state = JOB_DEFERRED};
+      *job =
+          (comm_job_t){.op = OP_ALLREDUCE, .buf = pk->grads, .count = count, .state = JOB_DEFERRED};
       return;
     }
-    gs__engine_enqueue(e, job, OP_ALLREDUCE, pk->grads, pk->elements + pk->extra);
+    gs__engine_enqueue(e, job, OP_ALLREDUCE, pk->grads, count);
     return;
   }
   e->ticket[k] = gs_comm_ticket(e->comm);
-  err = gs_comm_allreduce(e->comm, pk->grads, pk->elements + pk->extra, GS_DTYPE_FLOAT32,
-                          GS_REDUCE_SUM);
+  err = gs_comm_allreduce(e->comm, pk->grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
   if (err && !e->launch_err)
     e->launch_err = err;
 }
@@ -177,7 +181,7 @@ static void nonfinite_ranks(const gs_engine_t *e, char *out, size_t len)
 }
 
 /* Every rank reads the same sums here, so every rank decides the same. */
-static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
+static int act_on_control(gs_engine_t *e, uint64_t step, double start_ms, gs_step_result_t *out)
 {
   gs_control_t c;
   char why[512];
@@ -213,7 +217,10 @@ static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
   if (e->period > 0 && step % (uint64_t)e->period == 0)
     bcast = true;
   if (bcast && e->join.world_size > 1) {
-    err = gs__engine_broadcast_packs(e, false);
+    err = gs__engine_broadcast_packs(e, false, 0);
+    /* Every rank holds this step's state in full: an elastic job goes on from it. */
+    if (err && gs__engine_elastic(e) && err != GS_EINTR)
+      return gs__engine_regroup(e, e->error, false, start_ms, out);
     if (err)
       return err;
     out->broadcast = true;
@@ -234,6 +241,9 @@ static int act_on_control(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
       return err;
     out->checkpoint = true;
   }
+  /* New agents wait to join: every rank regroups after this same step. */
+  if (c.regroup && !out->stop && gs__engine_elastic(e))
+    return gs__engine_regroup(e, "regroup", true, start_ms, out);
   return 0;
 }
 
@@ -251,13 +261,43 @@ static int missing_gradient(gs_engine_t *e, uint64_t step)
   return 0;
 }
 
+/* Queues pack k's fused SGD; the milliseconds it took. */
+static double apply_sgd(gs_engine_t *e, uint32_t k, float lr)
+{
+  gs_pack_t *pk = &e->packs.packs[k];
+  double t0 = gs_now_ms_f();
+
+  gs_device_sgd_pack(e->cfg.dev, &e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams,
+                     pk->params, pk->grads, pk->momentum);
+  return gs_now_ms_f() - t0;
+}
+
+/* A collective of the step failed: an elastic job regroups without this
+ * step (its SGD was not applied here, see apply_sgd); any other stops. */
+static int step_failed(gs_engine_t *e, int err, const char *what, double start_ms,
+                       gs_step_result_t *out)
+{
+  char why[400];
+
+  if (!gs__engine_elastic(e) || err == GS_EINTR)
+    return gs__engine_comm_failed(e, err, what);
+  snprintf(why, sizeof(why), "%s failed: %s", what,
+           gs_comm_why(e->comm)[0] ? gs_comm_why(e->comm) : gs_strerror(err));
+  return gs__engine_regroup(e, why, false, start_ms, out);
+}
+
 /* Waits for the allreduces pack by pack and queues each pack's SGD as its
- * gradients arrive, then reads back the summed control vector. */
+ * gradients arrive, then reads back the summed control vector. An elastic
+ * job applies SGD only once every allreduce of the step is complete here,
+ * so a rank holds either the last step's state or this one's in full,
+ * never a mix, whatever a lost rank interrupted: a regroup can go on from
+ * it (it costs the overlap of SGD with the last allreduces). */
 int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
 {
   uint64_t step = e->after.step;
-  float lr = gs_sgd_lr(&e->cfg.sgd, step - 1);
-  double waited = 0, optimizer = 0, t0;
+  float lr = gs_sgd_lr(&e->cfg.sgd, step - 1) * e->lr_scale;
+  bool defer = gs__engine_elastic(e);
+  double waited = 0, optimizer = 0, t0, start_ms = e->step_start_ms;
   char what[64];
   int err;
 
@@ -277,27 +317,25 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
     return missing_gradient(e, step);
   snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of the gradients", step);
   if (e->launch_err)
-    return gs__engine_comm_failed(e, e->launch_err, what);
+    return step_failed(e, e->launch_err, what, start_ms, out);
   for (uint32_t k = 0; k < e->nissued; k++) {
-    gs_pack_t *pk = &e->packs.packs[k];
-
     t0 = gs_now_ms_f();
     err = complete(e, k);
     waited += gs_now_ms_f() - t0;
     if (err) {
       snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, k);
-      return gs__engine_comm_failed(e, err, what);
+      return step_failed(e, err, what, start_ms, out);
     }
-    t0 = gs_now_ms_f();
-    gs_device_sgd_pack(e->cfg.dev, &e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams,
-                       pk->params, pk->grads, pk->momentum);
-    optimizer += gs_now_ms_f() - t0;
+    if (!defer)
+      optimizer += apply_sgd(e, k, lr);
   }
   t0 = gs_now_ms_f();
-  err = gs_comm_sync(e->comm);
+  err = gs_comm_sync(e->comm); /* deferred: SGD is queued only after every allreduce succeeded */
   waited += gs_now_ms_f() - t0;
   if (err)
-    return gs__engine_comm_failed(e, err, what);
+    return step_failed(e, err, what, start_ms, out);
+  for (uint32_t k = 0; defer && k < e->nissued; k++)
+    optimizer += apply_sgd(e, k, lr);
   t0 = gs_now_ms_f();
   err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
   optimizer += gs_now_ms_f() - t0;
@@ -307,7 +345,8 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
                e->cfg.dev->label, gs_strerror(err));
     return gs__engine_fail(e, err);
   }
+  e->committed = e->after; /* every pack's SGD of this step is applied */
   out->comm_wait_ms = waited;
   out->optimizer_ms = optimizer;
-  return act_on_control(e, step, out);
+  return act_on_control(e, step, start_ms, out);
 }

@@ -1,6 +1,7 @@
 /* The engine's state across ranks and across runs, outside a step: the
  * initial sync (resume from a checkpoint or rank 0's params), broadcasts
- * of params from rank 0, sums of metrics, and checkpoints. */
+ * of params from a root, the state an elastic regroup shares, and
+ * checkpoints. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,7 @@
  * launches them together (one round trip instead of one per buffer), a
  * blocking one runs them in turn on this thread (the comm thread is idle
  * outside a step). */
-int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum)
+int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum, uint32_t root)
 {
   uint32_t packs = e->packs.list.pack_count, n = 0;
   gs_comm_span_t *spans = malloc((2 * (size_t)packs + 1) * sizeof(*spans));
@@ -34,7 +35,7 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum)
     if (momentum)
       spans[n++] = (gs_comm_span_t){pk->momentum, pk->elements * sizeof(float)};
   }
-  err = gs_comm_broadcast_group(e->comm, spans, n, 0);
+  err = gs_comm_broadcast_group(e->comm, spans, n, root);
   free(spans);
   if (!err)
     err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
@@ -189,7 +190,7 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
     return err;
   }
   *found = true;
-  *pos = (gs_position_t){st.step, st.epoch, st.rng_state};
+  *pos = (gs_position_t){st.step, st.epoch, st.rng_state, GS_POSITION_SAMPLE_UNKNOWN};
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
          st.step);
   /* Allowed (the params and momentum are the same whatever the world
@@ -203,35 +204,118 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   return 0;
 }
 
+/* FNV-1a 64 over params and momentum of every pack, as this rank holds
+ * them (downloaded from a device: a regroup, not a step). */
+static int state_hash(gs_engine_t *e, uint64_t *h)
+{
+  gs_ckpt_buffer_t *b = ckpt_buffers(e, CKPT_SNAPSHOT);
+  uint32_t nbufs = 2 * e->packs.list.pack_count;
+
+  if (!b)
+    return GS_ENOMEM;
+  *h = 1469598103934665603ull;
+  for (uint32_t i = 0; i < nbufs; i++) {
+    const uint8_t *p = (const uint8_t *)b[i].data;
+
+    for (size_t k = 0; k < b[i].count * sizeof(float); k++)
+      *h = (*h ^ p[k]) * 1099511628211ull;
+    free(b[i].data);
+  }
+  free(b);
+  return 0;
+}
+
+/* Whether every rank holds the state this one does: each adds the 16
+ * nibbles of its hash and their squares; both sums are world times its own
+ * exactly when every rank's nibble equals its own (no spread), and they
+ * are exact in float32 for any world below 74565 ranks. */
+#define HASH_NIBBLES 16
+static int check_same_state(gs_engine_t *e)
+{
+  float v[2 * HASH_NIBBLES];
+  uint64_t h;
+  double w = e->join.world_size;
+  int err = state_hash(e, &h);
+
+  if (err) {
+    gs_set_why(e->error, sizeof(e->error), "cannot hash the state: out of memory");
+    return err;
+  }
+  for (int i = 0; i < HASH_NIBBLES; i++) {
+    float nib = (float)((h >> (4 * i)) & 15);
+
+    v[i] = nib;
+    v[HASH_NIBBLES + i] = nib * nib;
+  }
+  err = gs__engine_run_now(e, OP_ALLREDUCE, v, 2 * HASH_NIBBLES, false, 0,
+                           "allreduce of the state's hash");
+  for (int i = 0; !err && i < HASH_NIBBLES; i++) {
+    float nib = (float)((h >> (4 * i)) & 15);
+
+    if (v[i] != (float)(w * nib) || v[HASH_NIBBLES + i] != (float)(w * nib * nib)) {
+      gs_set_why(e->error, sizeof(e->error),
+                 "generation %" PRIu64 ": the ranks hold different params or momentum after "
+                 "taking rank %u's state (hash %016" PRIx64 " on rank %u)",
+                 e->join.generation, e->join.state_rank, h, e->join.rank);
+      return gs__engine_fail(e, GS_EPROTO);
+    }
+  }
+  return err;
+}
+
+int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
+{
+  uint64_t hdr[4] = {pos->step, pos->epoch, pos->rng_state, pos->sample};
+  uint32_t root = e->join.state_rank;
+  int err;
+
+  if (e->join.world_size > 1) {
+    err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false, root,
+                             "broadcast of the position");
+    if (!err)
+      err = gs__engine_broadcast_packs(e, true, root);
+    if (!err)
+      err = check_same_state(e);
+    if (err)
+      return err;
+  }
+  *pos = (gs_position_t){hdr[0], hdr[1], hdr[2], hdr[3]};
+  e->committed = *pos;
+  e->has_state = true;
+  return 0;
+}
+
 int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
 {
-  uint64_t hdr[4] = {0, pos->step, pos->epoch, pos->rng_state};
+  uint64_t hdr[5] = {0, pos->step, pos->epoch, pos->rng_state, pos->sample};
   bool found = false;
   int err;
 
+  /* An elastic job this rank joins while it runs: the others' state. */
+  if (e->join.resume_state)
+    return gs__engine_share_state(e, pos);
+  e->committed = *pos;
+  e->has_state = true;
   if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
     err = load_checkpoint(e, pos, &found);
     if (err)
       return err;
     if (found)
-      hdr[0] = 1, hdr[1] = pos->step, hdr[2] = pos->epoch, hdr[3] = pos->rng_state;
+      hdr[0] = 1, hdr[1] = pos->step, hdr[2] = pos->epoch, hdr[3] = pos->rng_state,
+      hdr[4] = pos->sample;
   }
-  if (e->join.world_size == 1)
+  if (e->join.world_size == 1) {
+    e->committed = *pos;
     return 0;
-  err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false,
+  }
+  err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false, 0,
                            "broadcast of the start position");
   if (err)
     return err;
   if (hdr[0]) {
-    *pos = (gs_position_t){hdr[1], hdr[2], hdr[3]};
-    return gs__engine_broadcast_packs(e, true);
+    *pos = (gs_position_t){hdr[1], hdr[2], hdr[3], hdr[4]};
+    e->committed = *pos;
+    return gs__engine_broadcast_packs(e, true, 0);
   }
-  return e->period >= 0 ? gs__engine_broadcast_packs(e, false) : 0;
-}
-
-int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)
-{
-  if (e->join.world_size == 1)
-    return 0;
-  return gs__engine_run_now(e, OP_ALLREDUCE, buf, n, false, "allreduce of metrics");
+  return e->period >= 0 ? gs__engine_broadcast_packs(e, false, 0) : 0;
 }

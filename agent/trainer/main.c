@@ -75,12 +75,36 @@ static void show_layers(const void *target, char *buf, size_t len)
     used += (size_t)snprintf(buf + used, len - used, "%s%u", i ? "," : "", t->layers[i]);
 }
 
+/* --world-size: N, or MIN:MAX for an elastic job. */
+static int parse_world(const char *v, void *target, char *expect, size_t expect_len)
+{
+  gs_engine_config_t *e = target;
+  int err = gs_parse_world_range(v, 65536, &e->world_min, &e->world_size);
+
+  if (err)
+    snprintf(expect, expect_len, "N or MIN:MAX (elastic), 1 <= MIN <= MAX <= 65536");
+  return err;
+}
+
+static void show_world(const void *target, char *buf, size_t len)
+{
+  const gs_engine_config_t *e = target;
+
+  if (e->world_min)
+    snprintf(buf, len, "%u:%u", e->world_min, e->world_size);
+  else
+    snprintf(buf, len, "%u", e->world_size);
+}
+
 static const char *const devices[] = {"cpu", "cuda", "auto", NULL};
+static const char *const elastic_lrs[] = {"keep", "linear", NULL};
 static const char *const backends[] = {"host", "nccl", "auto", NULL};
 static const char *const reduce_ops[] = {"sum", "mean", NULL};
 static const char *const schedules[] = {"constant", "step", "cosine", NULL};
 static const char *const resume_modes[] = {"off", "on", "auto", NULL};
 _Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
+_Static_assert(GS_ELASTIC_LR_KEEP == 0 && GS_ELASTIC_LR_LINEAR == 1,
+               "elastic_lrs follows gs_elastic_lr_t");
 _Static_assert(GS_LR_CONSTANT == 0 && GS_LR_STEP == 1 && GS_LR_COSINE == 2,
                "schedules follows gs_lr_schedule_t");
 
@@ -102,10 +126,21 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--job", .kind = GS_FLAG_STR, E(coord.job), .min = 1, .max = 127,
    .envs = gs_launch_job_envs, .metavar = "NAME", .help = "job name",
    .doc = "job name (`$SLURM_JOB_ID` as `slurm-ID`)"},
-  {.name = "--world-size", .kind = GS_FLAG_INT, E(world_size), .min = 1, .max = 65536,
-   GS_FLAG_GIVEN(flags_t, have_world), .envs = gs_launch_world_size_envs, .metavar = "N",
-   .def = "required", .help = "number of ranks (processes) in the job",
-   .doc = "ranks (processes) in the job"},
+  {.name = "--world-size", .kind = GS_FLAG_CUSTOM, GS_FLAG_AT(flags_t, t.engine),
+   .parse = parse_world, .show = show_world, GS_FLAG_GIVEN(flags_t, have_world), .envs = gs_launch_world_size_envs,
+   .metavar = "N|MIN:MAX", .def = "required",
+   .help = "number of ranks (processes) in the job; MIN:MAX makes it elastic",
+   .doc = "ranks (processes) in the job; `MIN:MAX` makes it elastic: a lost rank costs the "
+          "step in flight and the others go on while at least MIN remain, new agents join at a "
+          "step boundary up to MAX (README, \"Elastic training\")"},
+  {.name = "--rejoin-timeout", .kind = GS_FLAG_DURATION, E(rejoin_timeout_ms), .umin = 1,
+   .metavar = "DUR", .help = "elastic: how long a regroup waits for MIN ranks",
+   .doc = "elastic jobs: how long a regroup waits for at least MIN ranks before the job fails"},
+  {.name = "--elastic-lr", .kind = GS_FLAG_ENUM, E(elastic_lr), .names = elastic_lrs,
+   .help = "elastic: keep the LR, or scale it linearly with the world (LR × world / MAX)",
+   .doc = "elastic jobs: `keep` the LR whatever the world, or `linear`: LR × world / MAX, so the "
+          "LR follows the global batch (Goyal et al.; with `--reduce mean` each rank keeps its "
+          "batch, so the global batch changes with the world)"},
   {.name = "--local-rank", .kind = GS_FLAG_INT, E(local_rank), .min = 0, .max = 1 << 20,
    .envs = gs_launch_local_rank_envs, .metavar = "I", .help = "this agent's index on its node",
    .doc = "this agent's index on its node (ranks are ordered by node, then local rank; "

@@ -68,7 +68,21 @@ void gs_sampler_set_epoch(gs_sampler_t *s, uint64_t epoch)
 /* Returns NULL for a step past the epoch rather than a pointer past `perm`. */
 const uint32_t *gs_sampler_batch(const gs_sampler_t *s, uint32_t step)
 {
-  if (step >= gs_sampler_steps_per_epoch(s))
+  return gs_sampler_batch_at(s, (uint64_t)step * s->world_size * s->batch);
+}
+
+const uint32_t *gs_sampler_batch_at(const gs_sampler_t *s, uint64_t sample)
+{
+  if (sample + (uint64_t)s->world_size * s->batch > s->count)
     return NULL;
-  return s->perm + ((size_t)step * s->world_size + s->rank) * s->batch;
+  return s->perm + sample + (size_t)s->rank * s->batch;
+}
+
+int gs_sampler_set_world(gs_sampler_t *s, uint32_t rank, uint32_t world_size)
+{
+  if (world_size == 0 || rank >= world_size || (uint64_t)s->batch * world_size > s->count)
+    return GS_EINVAL;
+  s->rank = rank;
+  s->world_size = world_size;
+  return 0;
 }

@@ -6,7 +6,9 @@
  * dropped, so every rank runs the same number of steps). Rank r takes
  * examples [r*batch, (r+1)*batch) of each global batch. Hence world size W
  * with batch b sees, step by step, exactly the examples one rank with batch
- * W*b sees: the basis of the equivalence test. */
+ * W*b sees: the basis of the equivalence test. When the world changes
+ * mid-epoch (elastic jobs) the order stays and global batches of the new
+ * size are cut from where the last one ended. */
 #ifndef GS_SAMPLER_H
 #define GS_SAMPLER_H
 
@@ -39,5 +41,16 @@ void gs_sampler_set_epoch(gs_sampler_t *s, uint64_t epoch);
 /* This rank's `batch` example indices for step `step` (0-based, within the
  * current epoch; step < steps_per_epoch). Points into the sampler. */
 const uint32_t *gs_sampler_batch(const gs_sampler_t *s, uint32_t step);
+
+/* The same for the global batch that starts at example `sample` of the
+ * current epoch's order: NULL when a whole global batch no longer fits
+ * (the epoch is done). Steps 0, 1, ... start at 0, world*batch, ... */
+const uint32_t *gs_sampler_batch_at(const gs_sampler_t *s, uint64_t sample);
+
+/* Re-shards for another world (an elastic regroup): the epoch's order
+ * stays, and the next global batch is cut from where the last one ended,
+ * so no example of the epoch is skipped or repeated. GS_EINVAL when one
+ * global batch no longer fits in `count`. */
+int gs_sampler_set_world(gs_sampler_t *s, uint32_t rank, uint32_t world_size) GS_WARN_UNUSED;
 
 #endif

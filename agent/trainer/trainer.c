@@ -83,37 +83,61 @@ static int load_batch(trainer_t *t, batch_slot_t *b, const gs_dataset_t *ds, con
   return err;
 }
 
-/* Loads training step s's batch into slot s % 2 (unless it is there). */
-static int load_train_batch(trainer_t *t, uint64_t s)
+/* Loads the batch of training step s, at position `at`, into slot s % 2
+ * (unless it is there). */
+static int load_train_batch(trainer_t *t, uint64_t s, const gs_position_t *at)
 {
   batch_slot_t *b = &t->slot[s % 2];
+  const uint32_t *idx;
   int err;
 
   if (b->step == (int64_t)s)
     return 0;
-  gs_sampler_set_epoch(&t->sampler, s / t->steps_per_epoch);
+  gs_sampler_set_epoch(&t->sampler, at->epoch);
+  idx = gs_sampler_batch_at(&t->sampler, at->sample);
   b->step = -1;
-  err =
-      load_batch(t, b, &t->train, gs_sampler_batch(&t->sampler, (uint32_t)(s % t->steps_per_epoch)),
-                 t->cfg->batch);
+  if (!idx)
+    return GS_ERANGE;
+  err = load_batch(t, b, &t->train, idx, t->cfg->batch);
   if (!err)
     b->step = (int64_t)s;
   return err;
 }
 
-/* One training step: forward, backward with each gradient handed to the
- * engine as it is ready (its pack's allreduce overlaps the rest of
+/* Whether training is over at `pos`: --steps steps, or --epochs epochs. */
+static bool finished(const trainer_t *t, const gs_position_t *pos)
+{
+  return t->cfg->steps ? pos->step >= t->cfg->steps : pos->epoch >= t->cfg->epochs;
+}
+
+/* The position after one step from `pos`: the next global batch of the
+ * epoch, or the next epoch when no whole one is left in this. */
+static gs_position_t advance(const trainer_t *t, const gs_position_t *pos)
+{
+  uint64_t global = (uint64_t)t->cfg->batch * t->world;
+  gs_position_t after = {pos->step + 1, pos->epoch, t->cfg->seed, pos->sample + global};
+
+  if (after.sample + global > t->train.count) {
+    after.epoch++;
+    after.sample = 0;
+  }
+  return after;
+}
+
+/* One training step from `at`: forward, backward with each gradient handed
+ * to the engine as it is ready (its pack's allreduce overlaps the rest of
  * backward), the next batch loaded while the device runs backward, then
  * the engine's per-pack SGD and control decisions. */
-static int train_step(trainer_t *t, uint64_t s, const gs_position_t *after, gs_step_result_t *res,
-                      double *data_ms)
+static int train_step(trainer_t *t, const gs_position_t *at, const gs_position_t *after,
+                      gs_step_result_t *res, double *data_ms)
 {
+  uint64_t s = at->step;
   batch_slot_t *b = &t->slot[s % 2];
   double t0 = gs_now_ms_f();
   float loss;
   int err;
 
-  err = load_train_batch(t, s);
+  err = load_train_batch(t, s, at);
   *data_ms = gs_now_ms_f() - t0;
   if (err) {
     report(t, "cannot copy a batch to %s\n", t->dev->label);
@@ -123,14 +147,47 @@ static int train_step(trainer_t *t, uint64_t s, const gs_position_t *after, gs_s
   gs_engine_begin_step(t->engine, loss, after);
   gs_mlp_backward(t->mlp, b->x, gs_engine_grad_ready, t->engine);
   t->last_loss = loss;
-  if (s + 1 < t->total_steps) {
+  if (!finished(t, after)) {
     t0 = gs_now_ms_f();
-    err = load_train_batch(t, s + 1);
+    err = load_train_batch(t, s + 1, after);
     *data_ms += gs_now_ms_f() - t0;
     if (err)
       t->slot[(s + 1) % 2].step = -1; /* retried (and reported) at the next step */
   }
   return gs_engine_end_step(t->engine, res);
+}
+
+/* Steps in an epoch at the current world, and the estimate of the run's
+ * total from `pos` (exact unless the world changes again). */
+static void count_steps(trainer_t *t, const gs_position_t *pos)
+{
+  uint64_t global = (uint64_t)t->cfg->batch * t->world;
+  uint64_t left_in_epoch = (t->train.count - pos->sample) / global;
+
+  t->steps_per_epoch = gs_sampler_steps_per_epoch(&t->sampler);
+  t->total_steps =
+      t->cfg->steps ? t->cfg->steps
+      : pos->epoch >= t->cfg->epochs
+          ? pos->step
+          : pos->step + left_in_epoch + (t->cfg->epochs - pos->epoch - 1) * t->steps_per_epoch;
+}
+
+/* The engine regrouped (elastic): this rank's place in the new world and
+ * its share of the data from where the epoch stands. */
+static int follow_world(trainer_t *t, const gs_position_t *pos)
+{
+  uint32_t world = gs_engine_world_size(t->engine);
+
+  if (gs_sampler_set_world(&t->sampler, gs_engine_rank(t->engine), world)) {
+    report(t, "--batch %u on %u ranks needs %u training examples per step; there are %u\n",
+           t->cfg->batch, world, t->cfg->batch * world, t->train.count);
+    return GS_EINVAL;
+  }
+  t->rank = gs_engine_rank(t->engine);
+  t->world = world;
+  t->slot[0].step = t->slot[1].step = -1;
+  count_steps(t, pos);
+  return 0;
 }
 
 /* One validation step: forward only over `n` examples; adds the summed
@@ -156,7 +213,7 @@ static int val_step(trainer_t *t, const gs_dataset_t *ds, const uint32_t *idx, u
 
 /* Evaluates on the test split, rank r taking examples r, r+W, ...; the
  * sums are then added across ranks so every rank knows the accuracy. */
-static int evaluate(trainer_t *t, float *accuracy, float *loss)
+static int evaluate_once(trainer_t *t, float *accuracy, float *loss)
 {
   uint32_t idx[4096], n = 0, cap = t->cfg->batch < 4096 ? t->cfg->batch : 4096;
   float sums[3] = {0, 0, 0};
@@ -181,6 +238,20 @@ static int evaluate(trainer_t *t, float *accuracy, float *loss)
   *accuracy = sums[2] > 0 ? sums[1] / sums[2] : 0;
   *loss = sums[2] > 0 ? sums[0] / sums[2] : 0;
   return 0;
+}
+
+/* Evaluates; an elastic job that regroups meanwhile evaluates again over
+ * its new world. */
+static int evaluate(trainer_t *t, float *accuracy, float *loss, const gs_position_t *pos)
+{
+  int err;
+
+  while ((err = evaluate_once(t, accuracy, loss)) == GS_EREGROUPED) {
+    err = follow_world(t, pos);
+    if (err)
+      return err;
+  }
+  return err;
 }
 
 /* Prints a progress line (rank 0) and reports to the coordinator. */
@@ -421,16 +492,27 @@ static int setup(trainer_t *t, gs_position_t *pos)
            c->batch, t->world, c->batch * t->world, c->data_dir, t->train.count);
     return err;
   }
-  t->steps_per_epoch = gs_sampler_steps_per_epoch(&t->sampler);
-  t->total_steps = c->steps ? c->steps : c->epochs * t->steps_per_epoch;
-  *pos = (gs_position_t){0, 0, c->seed};
-  return gs_engine_sync_initial(t->engine, pos);
+  *pos = (gs_position_t){0, 0, c->seed, 0};
+  err = gs_engine_sync_initial(t->engine, pos);
+  if (err)
+    return err;
+  /* An elastic job this rank joined while it ran: its world may differ. */
+  err = follow_world(t, pos);
+  if (err)
+    return err;
+  /* A checkpoint from before the sample offset was stored (a fixed world). */
+  if (pos->sample == GS_POSITION_SAMPLE_UNKNOWN)
+    pos->sample = pos->step > pos->epoch * t->steps_per_epoch
+                      ? (pos->step - pos->epoch * t->steps_per_epoch) * c->batch * t->world
+                      : 0;
+  count_steps(t, pos);
+  return 0;
 }
 
-static int validate(trainer_t *t, uint64_t epoch)
+static int validate(trainer_t *t, const gs_position_t *pos, uint64_t epoch)
 {
   float acc, loss;
-  int err = evaluate(t, &acc, &loss);
+  int err = evaluate(t, &acc, &loss, pos);
 
   if (!err && t->rank == 0)
     printf("epoch %" PRIu64 " validation: accuracy %.4f loss %.4f (%u test examples)\n", epoch, acc,
@@ -442,53 +524,66 @@ static int validate(trainer_t *t, uint64_t epoch)
  * the steps completed. */
 static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
 {
+  uint64_t timed_from = pos.step + UNTIMED_STEPS;
   gs_step_result_t res;
   int err;
 
   t->start_ms = t->last_line_ms = gs_now_ms_f();
-  for (uint64_t s = pos.step; s < t->total_steps; s++) {
-    uint64_t epoch = s / t->steps_per_epoch;
-    gs_position_t after = {s + 1, (s + 1) / t->steps_per_epoch, t->cfg->seed};
+  while (!finished(t, &pos)) {
+    gs_position_t after = advance(t, &pos);
     double t0 = gs_now_ms_f(), data_ms = 0, step_ms;
 
-    err = train_step(t, s, &after, &res, &data_ms);
+    err = train_step(t, &pos, &after, &res, &data_ms);
     if (err)
       return err;
-    *done = s + 1;
+    if (res.regrouped) { /* elastic: go on in the new world from where every rank is */
+      pos = res.resume;
+      *done = pos.step;
+      err = follow_world(t, &pos);
+      if (err)
+        return err;
+      if (t->rank == 0)
+        printf("world of %u rank%s from step %" PRIu64 " (epoch %" PRIu64 ", example %" PRIu64
+               ")\n",
+               t->world, t->world == 1 ? "" : "s", pos.step, pos.epoch + 1, pos.sample);
+      continue;
+    }
+    *done = after.step;
     step_ms = gs_now_ms_f() - t0;
     t->window_ms += step_ms;
     t->window_comm_ms += res.comm_wait_ms;
     t->window_steps++;
-    if (s >= pos.step + UNTIMED_STEPS) {
+    if (pos.step >= timed_from) {
       t->sum_step_ms += step_ms;
       t->sum_data_ms += data_ms;
       t->sum_comm_ms += res.comm_wait_ms;
       t->sum_opt_ms += res.optimizer_ms;
       t->timed_steps++;
     }
-    progress(t, s + 1, epoch, false);
+    progress(t, after.step, pos.epoch, false);
     if (res.stop) {
       if (t->rank == 0)
-        printf("stopped after step %" PRIu64 ": %s\n", s + 1, res.stop_reason);
+        printf("stopped after step %" PRIu64 ": %s\n", after.step, res.stop_reason);
       return 0;
     }
-    if (t->cfg->validate && (s + 1) % t->steps_per_epoch == 0) {
-      err = validate(t, epoch + 1);
+    if (t->cfg->validate && after.epoch != pos.epoch) {
+      err = validate(t, &after, pos.epoch + 1);
       if (err)
         return err;
     }
+    pos = after;
   }
-  progress(t, t->total_steps, (t->total_steps - 1) / t->steps_per_epoch, true);
+  progress(t, pos.step, pos.epoch ? pos.epoch - 1 : 0, true);
   return 0;
 }
 
-static void summary(trainer_t *t, uint64_t first_step, uint64_t last_step)
+static void summary(trainer_t *t, const gs_position_t *pos, uint64_t first_step, uint64_t last_step)
 {
   double secs = (gs_now_ms_f() - t->start_ms) / 1e3;
   double samples = (double)(last_step - first_step) * t->cfg->batch * t->world;
   float acc = 0, loss = 0;
 
-  if (evaluate(t, &acc, &loss))
+  if (evaluate(t, &acc, &loss, pos))
     return;
   if (t->rank == 0)
     printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u rank%s, %.1f s\n",
@@ -603,7 +698,7 @@ int gs_trainer_run(const gs_trainer_config_t *cfg)
 
     err = train(&t, pos, &done);
     if (!err)
-      summary(&t, pos.step, done);
+      summary(&t, &pos, pos.step, done);
     if (!err && cfg->save_model && t.rank == 0)
       err = save_model(&t, done);
   }

@@ -50,15 +50,15 @@ void gs__generation_note(gs_job_t *job, const char *fmt, ...)
 
   if (!rec || rec->generation != job->generation)
     return;
-  used = strlen(rec->end_reason);
-  if (used + 3 >= sizeof(rec->end_reason))
+  used = strlen(rec->lost);
+  if (used + 3 >= sizeof(rec->lost))
     return;
   if (used) {
-    memcpy(rec->end_reason + used, "; ", 3);
+    memcpy(rec->lost + used, "; ", 3);
     used += 2;
   }
   va_start(ap, fmt);
-  vsnprintf(rec->end_reason + used, sizeof(rec->end_reason) - used, fmt, ap);
+  vsnprintf(rec->lost + used, sizeof(rec->lost) - used, fmt, ap);
   va_end(ap);
 }
 
@@ -69,5 +69,5 @@ const char *gs__generation_previous_end(const gs_job_t *job)
   if (job->history_count < 2)
     return "";
   prev = &job->history[(job->history_count - 2) % GS_JOB_HISTORY];
-  return prev->end_reason;
+  return prev->lost[0] ? prev->lost : prev->end_reason;
 }

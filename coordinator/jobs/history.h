@@ -11,9 +11,11 @@
  * and the regroup counters). */
 void gs__generation_started(gs_job_t *job, uint64_t now);
 void gs__generation_ended(gs_job_t *job, uint64_t now, const char *reason);
-/* Adds to the reason the current generation ended ("; rank 2 ... lost"). */
+/* Adds a rank lost as the current generation ended to its list
+ * ("rank 2 (node ...) lost: connection closed"). */
 void gs__generation_note(gs_job_t *job, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Why the generation before the current one ended ("" for none). */
+/* Why the generation before the current one ended, for the Join replies:
+ * the ranks it lost, else what ended it ("" for none). */
 const char *gs__generation_previous_end(const gs_job_t *job);
 
 #endif

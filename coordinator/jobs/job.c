@@ -122,22 +122,23 @@ void gs__member_lost(gs_member_t *m, const char *how)
 {
   gs_job_t *job = m->job;
   bool pending = gs__member_pending(m);
+  char what[320];
 
   m->state = GS_MEMBER_LOST;
   gs__hb_unlink(m);
   job->jobs->stats.ranks_lost++;
+  snprintf(what, sizeof(what), "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
+           m->req.local_rank, how);
+  if (job->world_min)
+    gs__generation_note(job, "%s", what);
   if (!pending) {
-    gs__job_abort(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
-                  m->req.local_rank, how);
+    gs__job_abort(job, "%s", what);
     return;
   }
   /* A survivor of an elastic generation that ended already: one fewer to wait for. */
   job->regroup_pending--;
-  gs__generation_note(job, "rank %u (node '%s', local_rank %u) lost: %s", m->rank, m->req.node,
-                      m->req.local_rank, how);
-  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
-         "rank %u (node '%s', local_rank %u) of generation %llu lost: %s", m->rank, m->req.node,
-         m->req.local_rank, (unsigned long long)m->generation, how);
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "generation %llu: %s",
+         (unsigned long long)m->generation, what);
 }
 
 void gs__job_free_ranks(gs_job_t *job)

@@ -117,9 +117,10 @@ typedef struct gs_generation_record {
   uint32_t world_size;
   uint64_t started_ms, ended_ms;
   bool ended;
-  uint64_t start_step; /* the step it continued from (elastic) */
-  uint64_t lost_ms;    /* the gap before it, after the previous one ended */
-  char end_reason[256];
+  uint64_t start_step;  /* the step it continued from (elastic) */
+  uint64_t lost_ms;     /* the gap before it, after the previous one ended */
+  char end_reason[256]; /* what ended it first */
+  char lost[256];       /* elastic: the ranks lost as it ended */
 } gs_generation_record_t;
 
 struct gs_job {

@@ -184,11 +184,19 @@ void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Leave
 
   jobs->version++;
   jobs->now_ms = call->now_ms;
-  if (job)
-    gs__job_leave(job, call, req);
-  else
+  if (!job) {
     reply_no_job(jobs, call, req->job,
                  " (if the coordinator restarted, re-register with rejoin_generation)");
+    return;
+  }
+  gs__job_leave(job, call, req);
+  /* Agents waiting to join an elastic job's next generation: there is none. */
+  if (job->state == GS_JOB_FINISHED && job->waiting_count) {
+    char msg[200];
+
+    snprintf(msg, sizeof(msg), "job %s finished while this agent waited to join it", job->name);
+    gs__rendezvous_cancel(job, GS_EPRECOND, msg);
+  }
 }
 
 void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
@@ -207,7 +215,7 @@ void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
 
 static void job_free(gs_job_t *job)
 {
-  gs__rendezvous_cancel(job);
+  gs__rendezvous_cancel(job, 0, NULL);
   gs__job_free(job);
 }
 

@@ -546,8 +546,8 @@ void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
   job->next_join_deadline_ms = next;
 }
 
-void gs__rendezvous_cancel(gs_job_t *job)
+void gs__rendezvous_cancel(gs_job_t *job, int err, const char *msg)
 {
   while (job->waiting_count)
-    remove_waiting(job, 0, 0, NULL);
+    remove_waiting(job, 0, err, msg);
 }

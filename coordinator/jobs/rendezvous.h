@@ -19,7 +19,8 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
 void gs__rendezvous_drop(gs_job_t *job, gs_member_t *m);
 /* Ends the rendezvous and Join deadlines that have passed. */
 void gs__rendezvous_sweep(gs_job_t *job, uint64_t now);
-/* Frees every waiting member without answering (at shutdown). */
-void gs__rendezvous_cancel(gs_job_t *job);
+/* Ends the rendezvous: every waiting Join is answered with `err` and
+ * `msg` (err 0: not answered, at shutdown). */
+void gs__rendezvous_cancel(gs_job_t *job, int err, const char *msg);
 
 #endif

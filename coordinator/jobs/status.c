@@ -238,6 +238,7 @@ static void elastic_json(cJSON *o, const gs_job_t *job, uint64_t now, bool with_
     cJSON_AddNumberToObject(e, "start_step", (double)g->start_step);
     cJSON_AddNumberToObject(e, "lost_s", g->lost_ms / 1000.0);
     cJSON_AddStringToObject(e, "end", g->ended ? g->end_reason : "");
+    cJSON_AddStringToObject(e, "lost", g->lost);
     cJSON_AddItemToArray(arr, e);
   }
 }

@@ -60,7 +60,7 @@ static int fail(gs_engine_t *e, const char *what, int err)
 int main(int argc, char **argv)
 {
   gs_engine_config_t cfg;
-  gs_position_t pos = {0, 0, 0};
+  gs_position_t pos = {0};
   gs_step_result_t res;
   gs_engine_t *e;
   uint64_t rng;
@@ -95,7 +95,7 @@ int main(int argc, char **argv)
     return fail(e, "sync_initial", err);
   rng = 1000 + gs_engine_rank(e);
   for (uint64_t s = 0; s < STEPS; s++) {
-    gs_position_t after = {s + 1, 0, rng};
+    gs_position_t after = {.step = s + 1, .rng_state = rng};
 
     loss = batch_grads(w, *b, &rng, gs_engine_grad(e, 0), gs_engine_grad(e, 1));
     gs_engine_begin_step(e, loss, &after);

@@ -87,6 +87,13 @@ typedef struct gs_join_result {
   uint32_t heartbeat_interval_ms;
   uint32_t heartbeat_timeout_ms;
   char session[48]; /* this rank's credential for the generation */
+  /* Elastic regroups: every rank takes its state from rank state_rank
+   * (at step state_step) instead of starting fresh; why the previous
+   * generation ended. */
+  bool resume_state;
+  uint32_t state_rank;
+  uint64_t state_step;
+  char regroup_reason[256];
   gs_peer_t *peers; /* world_size entries in rank order; free with gs_join_result_free */
 } gs_join_result_t;
 

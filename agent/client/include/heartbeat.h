@@ -28,6 +28,7 @@ typedef struct gs_directives {
   uint64_t broadcast_seq;
   uint64_t checkpoint_seq;
   bool stop;
+  uint64_t regroup_seq;    /* elastic: agents wait to join; the ranks regroup */
   uint64_t coordinator_id; /* the sequence numbers count per coordinator process */
 } gs_directives_t;
 
@@ -39,7 +40,9 @@ typedef struct gs_heartbeat_config {
   uint32_t timeout_ms;  /* the coordinator's heartbeat timeout */
   uint64_t grace_ms;    /* unreachable for this long: abort (0: timeout_ms) */
   const char *session;  /* the rank's session (copied); a re-registration presents it */
-  void (*on_abort)(void *arg, const char *reason);
+  /* `generation`: the config's, so an owner that moved on to another
+   * generation can tell a late call for the old one. */
+  void (*on_abort)(void *arg, uint64_t generation, const char *reason);
   void *arg;
   /* The rank's Join, sent again with rejoin_generation/rejoin_rank when the
    * coordinator no longer knows the rank (it restarted: it keeps soft state

@@ -96,13 +96,29 @@ typedef struct gs_engine_coord {
   const struct gs_log *log; /* borrowed; NULL: the engine's log */
 } gs_engine_coord_t;
 
+/* Elastic jobs: what the learning rate does when the world changes. */
+typedef enum gs_elastic_lr {
+  GS_ELASTIC_LR_KEEP = 0, /* the same lr at any world size */
+  GS_ELASTIC_LR_LINEAR,   /* lr x world / world_size (the largest world): the lr follows the
+                             global batch (Goyal et al.), as with --reduce mean it grows with the
+                             world */
+} gs_elastic_lr_t;
+
 /* Everything gs_engine_new needs. Start from gs_engine_config_defaults.
  * gs_engine_new copies the struct and every string it points to; the
  * pointers marked "borrowed" must outlive the engine. */
 typedef struct gs_engine_config {
   gs_engine_coord_t coord;
-  uint32_t world_size; /* ranks in the job (default 1) */
-  char node[256];      /* this machine (ranks sort by node, then local_rank; default: host name) */
+  uint32_t world_size; /* ranks in the job (default 1); elastic: the most */
+  /* Elastic jobs (docs/design.md, "Elastic membership"): 0 (default) is a
+   * fixed world of world_size ranks, where a lost rank ends the job;
+   * 1..world_size makes the job elastic: a lost rank costs the step in
+   * flight, and the others go on (end_step's `regrouped`) as long as
+   * world_min remain; new agents join at a step boundary. */
+  uint32_t world_min;
+  uint64_t rejoin_timeout_ms; /* elastic: how long a regroup waits for world_min (default 5 min) */
+  gs_elastic_lr_t elastic_lr;
+  char node[256]; /* this machine (ranks sort by node, then local_rank; default: host name) */
   uint32_t local_rank;
   /* Where params, grads and momentum live: borrowed when not NULL (a
    * device gradsync's own trainer opened); NULL: the engine opens the
@@ -180,7 +196,13 @@ typedef struct gs_position {
   uint64_t step; /* steps completed */
   uint64_t epoch;
   uint64_t rng_state;
+  /* Examples of `epoch` trained on, over all ranks: where its data goes
+   * on when the world size changes (elastic jobs). GS_POSITION_SAMPLE_UNKNOWN
+   * after resuming a checkpoint written before it was stored (format 3):
+   * the front end derives it from the step. */
+  uint64_t sample;
 } gs_position_t;
+#define GS_POSITION_SAMPLE_UNKNOWN UINT64_MAX
 
 /* What end_step decided (identically on every rank). */
 typedef struct gs_step_result {
@@ -191,8 +213,17 @@ typedef struct gs_step_result {
   bool broadcast;        /* params were broadcast from rank 0 after this step */
   bool checkpoint;       /* a checkpoint was taken after this step */
   bool nonfinite;        /* a rank's loss was NaN or infinite: end_step failed, stop set */
-  double comm_wait_ms;   /* time end_step waited for allreduces */
-  double optimizer_ms;   /* time end_step spent in (or waiting for) SGD */
+  /* Elastic jobs: the world changed (a rank was lost, or new ones joined)
+   * and this rank goes on as gs_engine_rank() of gs_engine_world_size().
+   * Training continues from `resume`, the position every rank now holds
+   * (the step in flight was discarded unless it completed everywhere it
+   * could): the front end moves its position and its data sharding there. */
+  bool regrouped;
+  gs_position_t resume;
+  double detect_ms;    /* regrouped: from the failed step's start to noticing the failure */
+  double regroup_ms;   /* regrouped: from noticing to the state shared in the new world */
+  double comm_wait_ms; /* time end_step waited for allreduces */
+  double optimizer_ms; /* time end_step spent in (or waiting for) SGD */
 } gs_step_result_t;
 
 /* What the rank reports to the coordinator (sent with the next heartbeat). */
@@ -312,7 +343,11 @@ GS_ENGINE_API void gs_engine_grad_ready(void *engine, uint32_t i);
 GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
 
 /* Sums `n` floats over all ranks in place (metrics such as validation
- * accuracy); `buf` is host memory. Not during a step. */
+ * accuracy); `buf` is host memory. Not during a step. In an elastic job a
+ * lost rank makes it regroup and fail with the engine's "world changed"
+ * code (gs_engine_strerror: "the world changed (elastic regroup)"): the
+ * caller computes its share again as gs_engine_rank() of
+ * gs_engine_world_size() and sums again. */
 GS_ENGINE_API int gs_engine_allreduce_sum(gs_engine_t *e, float *buf,
                                           size_t n) GS_ENGINE_WARN_UNUSED;
 

@@ -1,0 +1,179 @@
+/* Elastic membership, the engine's side (docs/design.md, "Elastic
+ * membership"): when a step's collectives fail because a rank was lost,
+ * or when every rank agreed to make room for new ones, the engine closes
+ * its generation's collectives, joins the next generation with the state
+ * it holds (the last step whose SGD it applied in full), connects the new
+ * world and takes the state of the rank at the newest step, then the
+ * front end goes on from there. The process, the model and its memory
+ * stay; nothing is read from disk. A metric sum between steps that a lost
+ * rank interrupts regroups the same way (gs_engine_allreduce_sum). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "clock.h"
+#include "engine_internal.h"
+#include "why.h"
+
+/* Ends this generation's collectives: the comm thread stops and the
+ * backend's links close, so peers blocked on this rank notice at once. */
+static void close_generation(gs_engine_t *e)
+{
+  gs_comm_t *comm;
+
+  gs__engine_comm_stop(e, true);
+  pthread_mutex_lock(&e->mu);
+  comm = e->comm;
+  e->comm = NULL;
+  e->live_generation = 0;
+  e->quit = false;
+  e->qhead = e->qtail = 0;
+  pthread_mutex_unlock(&e->mu);
+  gs_comm_destroy(comm);
+  memset(e->jobs, 0, (e->packs.list.pack_count + 1) * sizeof(*e->jobs));
+}
+
+/* Joins the next generation with this rank's state. A rank the
+ * coordinator no longer counts as a member (evicted while it was stopped)
+ * joins again as a new agent and takes the others' state. */
+static int join_next(gs_engine_t *e, const char *why, const char *addr)
+{
+  gradsync_JoinRequest req = e->join_req;
+  gs_join_result_t res;
+  int err;
+
+  req.has_state = e->has_state;
+  req.state_step = e->committed.step;
+  req.bcast_period = e->period;
+  snprintf(req.reason, sizeof(req.reason), "%.250s", why); /* the rest stays in our log */
+  snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", addr);
+  err = gs_client_join(e->client, &req, e->cfg.rejoin_timeout_ms, &res);
+  if (err == GS_EABORTED && req.has_state) {
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "%s (its state is dropped: it takes the others')", gs_client_error(e->client));
+    e->has_state = req.has_state = false;
+    err = gs_client_join(e->client, &req, e->cfg.rejoin_timeout_ms, &res);
+  }
+  if (err) {
+    gs_set_why(
+        e->error, sizeof(e->error), "elastic job %s could not regroup%s: %s", e->cfg.coord.job,
+        err == GS_ETIMEDOUT ? " (fewer ranks than its minimum came within --rejoin-timeout)" : "",
+        gs_client_error(e->client));
+    return err;
+  }
+  gs_join_result_free(&e->join);
+  e->join = res;
+  gs__engine_joined(e);
+  return 0;
+}
+
+/* The new generation's heartbeat, in place of the old one (stopped only
+ * now: the coordinator counts the rank back from its Join, so the old
+ * connection closing loses nothing). */
+static int restart_heartbeat(gs_engine_t *e)
+{
+  gs_heartbeat_stop(e->hb);
+  e->hb = NULL;
+  pthread_mutex_lock(&e->mu);
+  e->aborted = false;
+  e->abort_reason[0] = '\0';
+  pthread_mutex_unlock(&e->mu);
+  return gs__engine_start_heartbeat(e);
+}
+
+/* One attempt: the next generation, connected, holding one state. */
+static int regroup_once(gs_engine_t *e, const char *why, gs_position_t *pos)
+{
+  char addr[256];
+  bool same_step;
+  int err;
+
+  close_generation(e);
+  err = gs__engine_open_comm(e, addr, sizeof(addr));
+  err = err ? err : join_next(e, why, addr);
+  err = err ? err : restart_heartbeat(e);
+  err = err ? err : gs__engine_agree_packlist(e);
+  err = err ? err : gs__engine_connect_ranks(e);
+  if (!err && e->join.rank == 0 && e->cfg.checkpoint_dir && !e->ckpt_writer.started)
+    err = gs__ckpt_writer_start(&e->ckpt_writer, e->error, sizeof(e->error));
+  err = err ? err : gs__engine_comm_start(e);
+  if (err)
+    return err;
+  e->steps_begun = 0; /* every rank of the new world counts from here */
+  same_step = e->join.state_step == e->committed.step;
+  *pos = e->committed;
+  err = gs__engine_share_state(e, pos);
+  /* A broadcast cut short leaves this rank's state a mix of two steps
+   * unless it held the same step already. */
+  if (err && !same_step && e->join.rank != e->join.state_rank)
+    e->has_state = false;
+  return err;
+}
+
+int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double step_start_ms,
+                       gs_step_result_t *out)
+{
+  uint64_t old_gen = e->join.generation;
+  double noticed = gs_now_ms_f(), deadline = noticed + (double)e->cfg.rejoin_timeout_ms;
+  char reason[sizeof(e->error)];
+  gs_position_t pos;
+  int err;
+
+  snprintf(reason, sizeof(reason), "%s", why);
+  gs_log(e->cfg.log, planned ? GS_LOG_INFO : GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+         "generation %" PRIu64 " %s; regrouping from step %" PRIu64, old_gen,
+         planned ? "regroups to admit new ranks" : reason, e->committed.step);
+  for (;;) {
+    e->failed = 0; /* a lost peer is not this rank's failure */
+    err = regroup_once(e, planned ? "regroup" : reason, &pos);
+    if (!err || err == GS_EINTR || err == GS_ETIMEDOUT || !e->joined || gs_now_ms_f() > deadline)
+      break;
+    /* Lost again while regrouping: try the next generation. */
+    snprintf(reason, sizeof(reason), "%s", e->error);
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "regroup into generation %" PRIu64 " failed: %s; trying again", e->join.generation,
+           reason);
+  }
+  if (err)
+    return gs__engine_fail(e, err);
+  out->regrouped = true;
+  out->resume = pos;
+  out->detect_ms = planned ? 0 : noticed - step_start_ms;
+  out->regroup_ms = gs_now_ms_f() - noticed;
+  e->after = pos;
+  if (planned)
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+           "generation %" PRIu64 ": new ranks joined; continuing with %u ranks from step %" PRIu64
+           " (regroup %.2f s)",
+           e->join.generation, e->join.world_size, pos.step, out->regroup_ms / 1000.0);
+  else
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "generation %" PRIu64 ": %s; continuing with %u ranks from step %" PRIu64
+           " (detect %.2f s, regroup %.2f s)",
+           e->join.generation, e->join.regroup_reason[0] ? e->join.regroup_reason : reason,
+           e->join.world_size, pos.step, out->detect_ms / 1000.0, out->regroup_ms / 1000.0);
+  return 0;
+}
+
+int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)
+{
+  int err;
+
+  if (e->join.world_size == 1)
+    return 0;
+  err = gs__engine_run_now(e, OP_ALLREDUCE, buf, n, false, 0, "allreduce of metrics");
+  if (err && err != GS_EINTR && gs__engine_elastic(e)) {
+    gs_step_result_t out;
+
+    /* Between steps every rank holds the last step's state: regroup, and
+     * the caller sums again over the new world. */
+    err = gs__engine_regroup(e, e->error, false, gs_now_ms_f(), &out);
+    if (!err) {
+      gs_set_why(e->error, sizeof(e->error),
+                 "the world changed during the sum: now rank %u of %u; sum again", e->join.rank,
+                 e->join.world_size);
+      err = GS_EREGROUPED;
+    }
+  }
+  return err;
+}
