@@ -10,6 +10,9 @@ Cases (one per run):
               with its timings; /metrics and /jobs/NAME count it
   rank0       rank 0 killed: a new rank 0 takes over from the same state
   two         4 ranks of a 2:4 job, two killed at once
+  during      a rank killed and, as the others regroup, another stopped: the
+              regroup waits for it only up to the heartbeat timeout, then
+              goes on without it
   sigstop     a rank stopped past the heartbeat timeout is evicted and the
               others go on; once continued it learns it was evicted, joins
               again as a new agent, and the world grows back to 3
@@ -203,6 +206,25 @@ def case_two():
         assert accuracy(job.log(0)) > 0.80
         print(m.group(0))
     finally:
+        job.close()
+
+
+def case_during():
+    job = Job("2:4", "--heartbeat-timeout", "2s")
+    try:
+        for i in range(4):
+            job.start(i)
+        job.wait_line(0, r"epoch 1 validation")
+        job.kill(3)
+        job.kill(2, signal.SIGSTOP)
+        m = job.wait_line(0, r"continuing with 2 ranks from step \d+ \(detect [0-9.]+ s, "
+                             r"regroup ([0-9.]+) s\)", timeout=30)
+        assert 1.5 < float(m.group(1)) < 10, m.group(0)
+        assert "rank 2 (node 'n', local_rank 2) lost" in job.log(0), job.log(0)[-3000:]
+        expect_ok(job, [0, 1])
+        print(m.group(0))
+    finally:
+        job.kill(2, signal.SIGKILL)
         job.close()
 
 
