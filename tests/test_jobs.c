@@ -1360,6 +1360,58 @@ START_TEST(evicted_rank_must_join_afresh)
 }
 END_TEST
 
+/* A heartbeat asking to wait is answered when there is news (a directive,
+ * the generation's end) or when its wait ends, at most the interval. */
+START_TEST(heartbeats_wait_for_news)
+{
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+  gradsync_HeartbeatResponse resp;
+  gs_call_t call;
+  char why[128];
+  uint32_t before;
+
+  start_world("w", 2, 0);
+  snprintf(req.job, sizeof(req.job), "w");
+  req.generation = 1;
+  req.wait_ms = 5000; /* capped at the interval, 1 s */
+  for (uint32_t r = 0; r < 2; r++) {
+    call = call_from(r, GS_METHOD_HEARTBEAT, 100);
+    call.session = rank_session("w", r);
+    req.rank = r;
+    before = replies_to(r);
+    gs__jobs_heartbeat(&jobs, &call, &req);
+    ck_assert_uint_eq(replies_to(r), before);
+    ck_assert_int_eq(fake.parked[peers[r].id], 1);
+  }
+  gs__jobs_sweep(&jobs, 1099);
+  ck_assert_int_eq(fake.parked[peers[0].id], 1);
+  gs__jobs_sweep(&jobs, 1100); /* the wait ended: answered with the directives */
+  ck_assert_int_eq(fake.parked[peers[0].id], 0);
+  ck_assert_int_eq(last_reply(0)->err, 0);
+  call = call_from(0, GS_METHOD_HEARTBEAT, 1200);
+  call.session = rank_session("w", 0);
+  req.rank = 0;
+  gs__jobs_heartbeat(&jobs, &call, &req);
+  gs__jobs_control(gs__jobs_find(&jobs, "w"), false, 0, GS_JOB_ACTION_CHECKPOINT);
+  ck_assert_int_eq(fake.parked[peers[0].id], 0); /* news: answered at once */
+  ck_assert_int_eq(gs_wire_decode(last_reply(0)->body.data, last_reply(0)->body.len,
+                                  gradsync_HeartbeatResponse_fields, &resp, why, sizeof(why)),
+                   0);
+  ck_assert_uint_eq(resp.directives.checkpoint_seq, 1);
+  call = call_from(0, GS_METHOD_HEARTBEAT, 1300);
+  call.session = rank_session("w", 0);
+  gs__jobs_heartbeat(&jobs, &call, &req);
+  ck_assert_int_eq(fake.parked[peers[0].id], 1);
+  leave(1, "w", 1, 1, false, 1400); /* rank 1 fails: the generation ends */
+  ck_assert_int_eq(fake.parked[peers[0].id], 0);
+  ck_assert_int_eq(gs_wire_decode(last_reply(0)->body.data, last_reply(0)->body.len,
+                                  gradsync_HeartbeatResponse_fields, &resp, why, sizeof(why)),
+                   0);
+  ck_assert(resp.abort);
+  ck_assert_ptr_nonnull(strstr(resp.abort_reason, "rank 1 left"));
+}
+END_TEST
+
 static Suite *jobs_suite(void)
 {
   Suite *s = suite_create("jobs");
@@ -1391,6 +1443,7 @@ static Suite *jobs_suite(void)
       {"failed_state", aborted_job_is_failed_until_it_rejoins},
       {"rendezvous_progress", waiting_rendezvous_logs_its_progress},
       {"stalled", job_whose_step_stops_is_stalled},
+      {"heartbeat_long_poll", heartbeats_wait_for_news},
       {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},
       {"elastic_minimum", elastic_job_below_its_minimum_waits_then_fails},
       {"elastic_grow", elastic_job_grows_at_a_regroup},

@@ -88,6 +88,9 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
 
   req.generation = hb->cfg.generation;
   req.rank = hb->cfg.rank;
+  /* Long poll: the reply comes at once when the generation ends or a
+   * directive changes, else after about an interval. */
+  req.wait_ms = hb->cfg.interval_ms;
   pthread_mutex_lock(&hb->lock);
   req.step = hb->progress.step;
   req.loss = hb->progress.loss;
@@ -95,7 +98,7 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
   req.compute_ms = hb->progress.compute_ms;
   req.comm_wait_ms = hb->progress.comm_wait_ms;
   pthread_mutex_unlock(&hb->lock);
-  err = gs_client_heartbeat(hb->cl, &req, &resp, call_ms(hb));
+  err = gs_client_heartbeat(hb->cl, &req, &resp, req.wait_ms + call_ms(hb));
   if (err)
     return err;
   if (*coord_id && resp.coordinator_id != *coord_id)

@@ -42,15 +42,15 @@ static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
   return job->hb_reply_valid ? &job->hb_reply : NULL;
 }
 
-static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
+static void reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id, bool abort,
+                               const char *why)
 {
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
   const gs_buf_t *body = abort ? NULL : ok_heartbeat_body(job);
   gs_responder_t *r = job->jobs->responder;
 
   if (body) {
-    gs__respond_bytes(r, call->peer->id, GS_METHOD_HEARTBEAT, call->request_id, body->data,
-                      body->len);
+    gs__respond_bytes(r, peer, GS_METHOD_HEARTBEAT, request_id, body->data, body->len);
     return;
   }
   resp.has_directives = true;
@@ -59,8 +59,53 @@ static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, co
   if (why)
     snprintf(resp.abort_reason, sizeof(resp.abort_reason), "%s", why);
   resp.coordinator_id = job->jobs->cfg.coordinator_id;
-  gs__respond(r, call->peer->id, GS_METHOD_HEARTBEAT, call->request_id,
-              gradsync_HeartbeatResponse_fields, &resp);
+  gs__respond(r, peer, GS_METHOD_HEARTBEAT, request_id, gradsync_HeartbeatResponse_fields, &resp);
+}
+
+static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
+{
+  reply_heartbeat_to(job, call->peer->id, call->request_id, abort, why);
+}
+
+/* Answers m's waiting heartbeat with what is true now. */
+static void answer_waiting(gs_member_t *m)
+{
+  gs_job_t *job = m->job;
+  gs_responder_t *r = job->jobs->responder;
+  bool ended = m->generation == job->aborted_generation || m->generation < job->generation;
+
+  gs_list_remove(&m->wait_node);
+  r->unpark(r, m->wait_peer);
+  reply_heartbeat_to(job, m->wait_peer, m->wait_request, ended,
+                     m->generation == job->aborted_generation
+                         ? job->abort_reason
+                         : "this generation was superseded by a newer one");
+}
+
+void gs__heartbeat_tell_news(gs_job_t *job)
+{
+  gs_list_t *n;
+
+  job->news_told = job->news;
+  while ((n = gs_list_first(&job->wait_list)))
+    answer_waiting(GS_CONTAINER_OF(n, gs_member_t, wait_node));
+}
+
+/* Long poll: the reply waits for news or until the wait ends, at most
+ * the heartbeat interval, so the rank's next heartbeat still comes in
+ * time. Waits end in arrival order: the list stays sorted. */
+static void wait_for_news(gs_member_t *m, const gs_call_t *call, uint32_t wait_ms)
+{
+  gs_job_t *job = m->job;
+  uint64_t cap = job->jobs->cfg.heartbeat_interval_ms;
+
+  if (gs_list_linked(&m->wait_node)) /* a new heartbeat while one waits: answer that one */
+    answer_waiting(m);
+  m->wait_peer = call->peer->id;
+  m->wait_request = call->request_id;
+  m->wait_until_ms = call->now_ms + (wait_ms < cap ? wait_ms : cap);
+  job->jobs->responder->park(job->jobs->responder, call->peer->id);
+  gs_list_insert_tail(&job->wait_list, &m->wait_node);
 }
 
 /* Ties a rank to the connection of its heartbeats. An agent joins on one
@@ -149,7 +194,10 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
   m->samples_per_sec = req->samples_per_sec;
   m->compute_ms = req->compute_ms;
   m->comm_wait_ms = req->comm_wait_ms;
-  reply_heartbeat(call, job, false, NULL);
+  if (req->wait_ms && job->news == job->news_told)
+    wait_for_news(m, call, req->wait_ms);
+  else
+    reply_heartbeat(call, job, false, NULL);
 }
 
 /* A running job whose highest step has not grown for the stall timeout
@@ -189,6 +237,20 @@ static void forgive_own_stall(gs_job_t *job, uint64_t now, uint64_t gap)
          gap / 1000.0);
 }
 
+/* Answers the heartbeats whose wait ended: the head of the wait list. */
+static void end_waits(gs_job_t *job, uint64_t now)
+{
+  gs_list_t *n;
+
+  while ((n = gs_list_first(&job->wait_list))) {
+    gs_member_t *m = GS_CONTAINER_OF(n, gs_member_t, wait_node);
+
+    if (m->wait_until_ms > now)
+      break;
+    answer_waiting(m);
+  }
+}
+
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
 {
   uint64_t gap = job->last_hb_sweep_ms ? now - job->last_hb_sweep_ms : 0;
@@ -197,6 +259,7 @@ void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
   char how[64];
 
   job->last_hb_sweep_ms = now;
+  end_waits(job, now);
   if (job->state == GS_JOB_RUNNING && gap > job->jobs->cfg.heartbeat_timeout_ms / 2)
     forgive_own_stall(job, now, gap);
   oldest = gs_list_first(&job->hb_list);

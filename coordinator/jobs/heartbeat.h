@@ -11,6 +11,10 @@
  * joined on); heartbeats for it from any other connection are then refused
  * (FAILED_PRECONDITION). */
 void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req);
+/* Answers every heartbeat of `job` that waits for news (wait_ms), once
+ * job->news grew: a generation's end or a directive reaches every rank
+ * at once, not at its next heartbeat. O(waiting) per change. */
+void gs__heartbeat_tell_news(gs_job_t *job);
 /* Loses the rank silent for longer than the heartbeat timeout, if any:
  * only the head of the heartbeat list is read. */
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now);

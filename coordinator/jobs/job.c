@@ -34,6 +34,7 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
   job->jobs = jobs;
   snprintf(job->name, sizeof(job->name), "%s", name);
   gs_list_init(&job->hb_list);
+  gs_list_init(&job->wait_list);
   gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name);
   return job;
 }
@@ -102,6 +103,10 @@ void gs__member_free(gs_member_t *m)
 {
   if (!m)
     return;
+  if (gs_list_linked(&m->wait_node)) { /* never answered: its connection waits no more */
+    m->job->jobs->responder->unpark(m->job->jobs->responder, m->wait_peer);
+    gs_list_remove(&m->wait_node);
+  }
   gs__member_unbind(m);
   gs__hb_unlink(m);
   free(m->settings);
@@ -260,6 +265,7 @@ static void end_generation(gs_job_t *job, bool failed, const char *fmt, va_list 
   gs_set_whyv(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
   job->aborted_generation = job->generation;
   job->state = GS_JOB_FAILED;
+  job->news++; /* waiting heartbeats hear it at once */
   if (failed)
     job->jobs->stats.generations_aborted++;
   gs_log(job->jobs->cfg.log, failed ? GS_LOG_WARN : GS_LOG_INFO, job->name, -1,
@@ -311,6 +317,7 @@ void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveReq
   if (req->generation == job->generation && m->state == GS_MEMBER_RUNNING) {
     if (gs__member_pending(m))
       job->regroup_pending--;
+    job->news++; /* its waiting heartbeat is answered: the agent stops it next */
     m->state = GS_MEMBER_LEFT;
     job->ranks_left++;
     gs__member_unbind(m);

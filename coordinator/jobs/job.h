@@ -107,6 +107,10 @@ struct gs_member {
   /* Elastic: it came back for the next generation (regroup.c), so its old
    * connections closing loses nothing. */
   bool regrouped;
+  /* A heartbeat that waits for news (long poll, heartbeat.c): on the job's
+   * wait list, in arrival order, which is the order its waits end. */
+  gs_list_t wait_node;
+  uint64_t wait_peer, wait_request, wait_until_ms;
 };
 
 /* One generation of a job, for /jobs/NAME: when it started, its world,
@@ -156,6 +160,11 @@ struct gs_job {
   uint32_t ranks_left; /* members in state LEFT */
   /* Running members by last heartbeat, oldest first (see gs_member). */
   gs_list_t hb_list;
+  /* Heartbeats waiting for news, oldest first; `news` grows with every
+   * change they wait for (a generation's end, a directive), `news_told`
+   * is the value they were last answered at. */
+  gs_list_t wait_list;
+  uint64_t news, news_told;
   uint64_t last_hb_sweep_ms; /* the liveness sweep's last run (0: never) */
 
   gs_job_store_t store; /* blobs and pack list of the current generation */

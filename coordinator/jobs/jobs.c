@@ -9,6 +9,13 @@
 #include "rendezvous.h"
 #include "session.h"
 
+/* After a call changed what waiting heartbeats wait for, they hear it. */
+static void tell_news(gs_job_t *job)
+{
+  if (job && job->news != job->news_told)
+    gs__heartbeat_tell_news(job);
+}
+
 void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t *r)
 {
   memset(jobs, 0, sizeof(*jobs));
@@ -107,6 +114,7 @@ void gs__jobs_join(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRe
     return;
   }
   gs__rendezvous_join(job, call, req);
+  tell_news(job);
 }
 
 void gs__jobs_publish(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_PublishRequest *req)
@@ -171,9 +179,10 @@ void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
 
   jobs->version++;
   jobs->now_ms = call->now_ms;
-  if (job)
+  if (job) {
     gs__heartbeat(job, call, req);
-  else
+    tell_news(job);
+  } else
     reply_no_job(jobs, call, req->job,
                  " (if the coordinator restarted, re-register with rejoin_generation)");
 }
@@ -197,11 +206,13 @@ void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Leave
     snprintf(msg, sizeof(msg), "job %s finished while this agent waited to join it", job->name);
     gs__rendezvous_cancel(job, GS_EPRECOND, msg);
   }
+  tell_news(job);
 }
 
 void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
 {
   gs_member_t *m = peer->member;
+  gs_job_t *job = m ? m->job : NULL;
 
   jobs->version++;
   if (!m)
@@ -211,6 +222,7 @@ void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
     gs__rendezvous_drop(m->job, m);
   else if (gs__member_active(m) || gs__member_pending(m))
     gs__member_lost(m, "connection closed");
+  tell_news(job); /* m may be gone */
 }
 
 static void job_free(gs_job_t *job)
@@ -254,6 +266,7 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
   for (gs_job_t **at = &jobs->jobs, *job; (job = *at);) {
     gs__rendezvous_sweep(job, now);
     gs__heartbeat_sweep(job, now);
+    tell_news(job);
     gs__store_sweep(&job->store, now);
     if (!job_expired(job, now)) {
       at = &job->next;
@@ -296,6 +309,8 @@ void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_act
     job->checkpoint_seq++;
   else if (action == GS_JOB_ACTION_STOP)
     job->stop = true;
+  job->news++;
+  tell_news(job);
 }
 
 void gs__jobs_free(gs_jobs_t *jobs)

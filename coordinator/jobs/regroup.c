@@ -46,6 +46,7 @@ bool gs__regroup_admit(gs_job_t *job)
   if (!gs__job_elastic(job) || job->world_size + job->waiting_count >= job->world_max)
     return false;
   job->regroup_seq++;
+  job->news++;
   return true;
 }
 
