@@ -1,14 +1,14 @@
 /* Checkpoint files (format: docs/checkpoint.md).
  *
  * A checkpoint is the training position (step, epoch, RNG state, in-epoch
- * sample offset), the hash
- * of the pack layout it was taken with, and a list of float32 buffers (the
- * engine writes each pack's params, then each pack's momentum), all covered
- * by a CRC-32. Saving writes DIR/.ckpt-STEP.tmp, fsyncs it, renames it to
- * DIR/ckpt-STEP.gsck (STEP zero-padded to 12 digits) and fsyncs DIR, so a
- * crash leaves either the old set of files or the new one, never a torn
- * file under the final name. Loading takes the newest file that passes
- * every check; torn or corrupt files are skipped with a warning. */
+ * sample offset), the hash of the pack layout it was taken with, and a
+ * list of float32 buffers (the engine writes each pack's params, then each
+ * pack's momentum), all covered by a CRC-32. Saving writes
+ * DIR/.ckpt-STEP.tmp, fsyncs it, renames it to DIR/ckpt-STEP.gsck (STEP
+ * zero-padded to 12 digits) and fsyncs DIR, so a crash leaves either the
+ * old set of files or the new one, never a torn file under the final name.
+ * Loading takes the newest file that passes every check; torn or corrupt
+ * files are skipped with a warning. */
 #ifndef GS_CHECKPOINT_H
 #define GS_CHECKPOINT_H
 
