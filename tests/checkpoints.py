@@ -14,7 +14,7 @@ def read_checkpoint(path):
         data = f.read()
     magic, version, nbuf, step, epoch, rng, layout = struct.unpack_from("<8sIIQQQQ", data, 0)
     assert magic == b"GSCKPT\x00\x01", magic
-    assert version in (1, 2, 3), version
+    assert version in (1, 2, 3, 4), version
     off = struct.calcsize("<8sIIQQQQ")
     bufs = []
     for _ in range(nbuf):
@@ -22,7 +22,7 @@ def read_checkpoint(path):
         off += 8
         bufs.append(struct.unpack_from(f"<{count}f", data, off))
         off += 4 * count
-    desc = world_size = None
+    desc = world_size = sample = None
     if version >= 2:
         (n,) = struct.unpack_from("<I", data, off)
         desc = data[off + 4:off + 4 + n].decode()
@@ -30,11 +30,14 @@ def read_checkpoint(path):
     if version >= 3:
         (world_size,) = struct.unpack_from("<I", data, off)
         off += 4
+    if version >= 4:
+        (sample,) = struct.unpack_from("<Q", data, off)
+        off += 8
     (crc,) = struct.unpack_from("<I", data, off)
     assert crc == zlib.crc32(data[:off]), "CRC mismatch"
     assert off + 12 == len(data), "trailing bytes"
     return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs, "desc": desc,
-            "world_size": world_size}
+            "world_size": world_size, "sample": sample}
 
 
 def newest_checkpoint(d):

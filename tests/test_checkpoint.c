@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "checkpoint.h"
 
@@ -63,8 +64,8 @@ static void tstate_wire(tstate_t *t, uint64_t step, uint64_t hash)
   t->bufs[1] = (gs_ckpt_buffer_t){NULL, 0};
   t->bufs[2] = (gs_ckpt_buffer_t){t->c, COUNT(t->c)};
   t->bufs[3] = (gs_ckpt_buffer_t){t->d, COUNT(t->d)};
-  t->st =
-      (gs_ckpt_state_t){step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0};
+  t->st = (gs_ckpt_state_t){step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL,
+                            0,    0};
 }
 
 /* Fills the buffers with special values (NaNs with payloads, signed zeros,
@@ -97,7 +98,8 @@ static void tstate_blank(tstate_t *t, uint64_t hash)
 {
   memset(t, 0xa5, sizeof(*t));
   tstate_wire(t, 0, hash);
-  t->st.step = t->st.epoch = t->st.rng_state = 0xa5a5a5a5a5a5a5a5ULL;
+  t->st.step = t->st.epoch = t->st.rng_state = t->st.sample = 0xa5a5a5a5a5a5a5a5ULL;
+  t->st.world_size = 0xa5a5a5a5u;
 }
 
 static void expect_same_data(const tstate_t *got, const tstate_t *want)
@@ -113,6 +115,9 @@ static void expect_same(const tstate_t *got, const tstate_t *want)
   ck_assert_uint_eq(got->st.step, want->st.step);
   ck_assert_uint_eq(got->st.epoch, want->st.epoch);
   ck_assert_uint_eq(got->st.rng_state, want->st.rng_state);
+  /* Saved only with the world size (version 4); loaded as 0 without. */
+  ck_assert_uint_eq(got->st.world_size, want->st.world_size);
+  ck_assert_uint_eq(got->st.sample, want->st.world_size ? want->st.sample : 0);
 }
 
 static char *make_dir(void)
@@ -266,12 +271,13 @@ END_TEST
 
 START_TEST(position_round_trip)
 {
-  static const uint64_t cases[][3] = {
-      {0, 0, 0},
-      {1, 2, 3},
-      {UINT64_MAX, UINT64_MAX - 1, 0xfedcba9876543210ULL},
-      {999999999999ULL, 1ULL << 63, 1},
-      {1000000000000ULL, 7, UINT64_MAX}, /* 13 digits: the name grows */
+  /* step, epoch, rng_state, sample */
+  static const uint64_t cases[][4] = {
+      {0, 0, 0, 0},
+      {1, 2, 3, 4},
+      {UINT64_MAX, UINT64_MAX - 1, 0xfedcba9876543210ULL, UINT64_MAX - 1},
+      {999999999999ULL, 1ULL << 63, 1, 1ULL << 63},
+      {1000000000000ULL, 7, UINT64_MAX, UINT64_MAX}, /* 13 digits: the name grows */
   };
   char *dir = make_dir(), path[PATH_MAX], want[PATH_MAX], why[512];
   tstate_t t, got;
@@ -280,6 +286,8 @@ START_TEST(position_round_trip)
     tstate_fill(&t, cases[i][0], i);
     t.st.epoch = cases[i][1];
     t.st.rng_state = cases[i][2];
+    t.st.sample = cases[i][3];
+    t.st.world_size = i % 2 ? UINT32_MAX : i + 1; /* with a world size: version 4 */
     ck_assert_int_eq(gs_checkpoint_save(dir, &t.st, 0, path, sizeof(path), why, sizeof(why)), 0);
     name_of(want, sizeof(want), dir, cases[i][0]);
     ck_assert_str_eq(path, want);
@@ -293,6 +301,8 @@ START_TEST(position_round_trip)
       gs_checkpoint_load_latest(dir, &got.st, NULL, path, sizeof(path), why, sizeof(why)), 0);
   ck_assert_uint_eq(got.st.step, UINT64_MAX);
   ck_assert_uint_eq(got.st.epoch, UINT64_MAX - 1);
+  ck_assert_uint_eq(got.st.sample, UINT64_MAX - 1);
+  ck_assert_uint_eq(got.st.world_size, 3);
   rm_dir(dir);
 }
 END_TEST
@@ -304,7 +314,8 @@ START_TEST(large_buffer)
   float *data = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
   char *dir = make_dir(), path[PATH_MAX], why[512];
   gs_ckpt_buffer_t b = {data, n}, bb = {back, n};
-  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0}, in = {0, 0, 0, HASH, 1, &bb, NULL, 0};
+  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0},
+                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0};
 
   ck_assert_ptr_nonnull(data);
   ck_assert_ptr_nonnull(back);
@@ -429,40 +440,48 @@ START_TEST(corrupt_byte_falls_back)
 END_TEST
 
 /* Every byte of a small file, three different flips each: no single
- * changed byte gets through. */
+ * changed byte gets through. Twice: version 1, and version 4 (a flip in
+ * the description length, world size or sample offset included). */
 START_TEST(every_byte_checked)
 {
   static const uint8_t masks[] = {0x01, 0x80, 0xff};
   float a[3] = {1.0f, -2.0f, 3.5f}, b[3] = {9.0f, 8.0f, 7.0f}, got[3];
   gs_ckpt_buffer_t ba[2] = {{a, 3}, {NULL, 0}}, bb[2] = {{b, 3}, {NULL, 0}};
   gs_ckpt_buffer_t bg[2] = {{got, 3}, {NULL, 0}};
-  gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, 0}, sb = {2, 0, 6, HASH, 2, bb, NULL, 0};
-  char *dir = make_dir(), path[PATH_MAX], why[512];
   FILE *devnull = fopen("/dev/null", "w");
   gs_log_t quiet = {GS_LOG_WARN, devnull, "test"};
-  long size;
 
   ck_assert_ptr_nonnull(devnull);
-  ck_assert_int_eq(gs_checkpoint_save(dir, &sa, 0, NULL, 0, why, sizeof(why)), 0);
-  ck_assert_int_eq(gs_checkpoint_save(dir, &sb, 0, path, sizeof(path), why, sizeof(why)), 0);
-  size = file_size(path);
-  ck_assert_int_eq(size, 48 + 8 + 12 + 8 + 12);
-  for (long off = 0; off < size; off++) {
-    for (uint32_t m = 0; m < COUNT(masks); m++) {
-      gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 0};
-      int err;
+  for (uint32_t world = 0; world <= 2; world += 2) {
+    gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, world, 0x1122334455667788ULL};
+    gs_ckpt_state_t sb = {2, 0, 6, HASH, 2, bb, NULL, world, 0x8877665544332211ULL};
+    char *dir = make_dir(), path[PATH_MAX], why[512];
+    long size;
 
-      memset(got, 0, sizeof(got));
-      xor_byte(path, off, masks[m]);
-      err = gs_checkpoint_load_latest(dir, &sg, &quiet, NULL, 0, why, sizeof(why));
-      ck_assert_msg(err == 0 && sg.step == 1 && sg.rng_state == 5, "byte %ld ^ 0x%02x: step %llu",
-                    off, masks[m], (unsigned long long)sg.step);
-      ck_assert(memcmp(got, a, sizeof(a)) == 0);
-      xor_byte(path, off, masks[m]);
+    ck_assert_int_eq(gs_checkpoint_save(dir, &sa, 0, NULL, 0, why, sizeof(why)), 0);
+    ck_assert_int_eq(gs_checkpoint_save(dir, &sb, 0, path, sizeof(path), why, sizeof(why)), 0);
+    size = file_size(path);
+    ck_assert_int_eq(size, 48 + 8 + 12 + 8 + (world ? 4 + 4 + 8 : 0) + 12);
+    for (long off = 0; off < size; off++) {
+      for (uint32_t m = 0; m < COUNT(masks); m++) {
+        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7};
+        int err;
+
+        memset(got, 0, sizeof(got));
+        xor_byte(path, off, masks[m]);
+        err = gs_checkpoint_load_latest(dir, &sg, &quiet, NULL, 0, why, sizeof(why));
+        ck_assert_msg(err == 0 && sg.step == 1 && sg.rng_state == 5,
+                      "world %u, byte %ld ^ 0x%02x: step %llu", world, off, masks[m],
+                      (unsigned long long)sg.step);
+        ck_assert_uint_eq(sg.world_size, world);
+        ck_assert_uint_eq(sg.sample, world ? sa.sample : 0);
+        ck_assert(memcmp(got, a, sizeof(a)) == 0);
+        xor_byte(path, off, masks[m]);
+      }
     }
+    rm_dir(dir);
   }
   fclose(devnull);
-  rm_dir(dir);
 }
 END_TEST
 
@@ -525,17 +544,52 @@ static void write_file(const char *path, const void *data, size_t len)
   fclose(f);
 }
 
+/* The bytes of the file at `path` (*len of them); caller frees. */
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+  FILE *f = fopen(path, "rb");
+  uint8_t *data;
+
+  *len = (size_t)file_size(path);
+  ck_assert_ptr_nonnull(f);
+  data = malloc(*len ? *len : 1);
+  ck_assert_ptr_nonnull(data);
+  ck_assert_uint_eq(fread(data, 1, *len, f), *len);
+  fclose(f);
+  return data;
+}
+
 static void copy_file(const char *from, const char *to)
 {
-  char *data;
-  long size = file_size(from);
-  FILE *f = fopen(from, "rb");
+  size_t len;
+  uint8_t *data = read_whole(from, &len);
 
-  ck_assert_ptr_nonnull(f);
-  data = malloc((size_t)size);
-  ck_assert_uint_eq(fread(data, 1, (size_t)size, f), (size_t)size);
-  fclose(f);
-  write_file(to, data, (size_t)size);
+  write_file(to, data, len);
+  free(data);
+}
+
+/* Writes `data` (a whole checkpoint) to `path` with the CRC of its
+ * trailer computed afresh, as a writer of that content would have. */
+static void write_with_crc(const char *path, uint8_t *data, size_t len)
+{
+  uint32_t crc = (uint32_t)crc32(0, data, (uInt)(len - 12));
+
+  for (int i = 0; i < 4; i++)
+    data[len - 12 + i] = (uint8_t)(crc >> (8 * i));
+  write_file(path, data, len);
+}
+
+/* Turns the version 4 file at `path` into the version 3 file the writer
+ * made of the same state before version 4: no sample offset. */
+static void rewrite_as_v3(const char *path)
+{
+  size_t len;
+  uint8_t *data = read_whole(path, &len);
+
+  ck_assert_uint_eq(data[8], 4);
+  data[8] = 3;
+  memmove(data + len - 12 - 8, data + len - 12, 12); /* the trailer over the sample */
+  write_with_crc(path, data, len - 8);
   free(data);
 }
 
@@ -738,8 +792,9 @@ START_TEST(layout_description)
 }
 END_TEST
 
-/* Version 3 records the world size after the description; loading gives
- * it back, a version 2 file gives 0, and a flipped bit in it is caught. */
+/* The world size after the description (version 3 on; the writer writes
+ * version 4, the sample offset after it); loading gives it back, a version
+ * 2 file gives 0, and a flipped bit in it is caught. */
 START_TEST(world_size_stored)
 {
   char *dir = make_dir(), path[PATH_MAX], why[1024] = "";
@@ -751,18 +806,20 @@ START_TEST(world_size_stored)
   t.st.world_size = 4;
   save(dir, &t, 0);
   name_of(path, sizeof(path), dir, 100);
-  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 12);
+  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 12);
   tstate_blank(&got, HASH);
   got.st.desc = "layers 784,256,10";
   ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
   expect_same(&got, &t);
   ck_assert_uint_eq(got.st.world_size, 4);
 
-  xor_byte(path, file_size(path) - 12 - 4, 0x01); /* world size 5: the CRC says no */
+  xor_byte(path, file_size(path) - 12 - 8 - 4, 0x01); /* world size 5: the CRC says no */
   tstate_blank(&got, HASH);
   ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPROTO);
   ck_assert_msg(strstr(why, "CRC mismatch"), "%s", why);
-  xor_byte(path, file_size(path) - 12 - 4, 0x01);
+  xor_byte(path, file_size(path) - 12 - 8 - 4, 0x01);
+  tstate_blank(&got, HASH);
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
 
   /* Another model: the message names both layouts, as for version 2. */
   tstate_blank(&got, HASH ^ 1);
@@ -782,6 +839,106 @@ START_TEST(world_size_stored)
   tlog_close(&l);
   expect_same(&got, &t);
   ck_assert_uint_eq(got.st.world_size, 0);
+  rm_dir(dir);
+}
+END_TEST
+
+/* Loads `path` into a blank state, expecting GS_EPROTO and `want` in the
+ * reason. */
+static void expect_refused(const char *path, const char *want, const char *what)
+{
+  char why[1024] = "";
+  tstate_t got;
+
+  tstate_blank(&got, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)), GS_EPROTO);
+  ck_assert_msg(strstr(why, path) && strstr(why, want), "%s: want '%s' in '%s'", what, want, why);
+}
+
+/* Version 4 stores the in-epoch sample offset after the world size: it
+ * loads back, a flip in any of its bytes is a CRC mismatch, a file that
+ * ends inside it is truncated, one byte more is refused, and a version 3
+ * file (the same state without it) loads with sample 0. */
+START_TEST(sample_stored)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[1024] = "", what[64];
+  tstate_t t, got;
+  size_t size, at;
+  uint8_t *data, *cut;
+
+  tstate_fill(&t, 100, 1);
+  t.st.desc = "layers 784,128,10";
+  t.st.world_size = 4;
+  t.st.sample = 0x0102030405060708ULL;
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 100);
+  data = read_whole(path, &size);
+  ck_assert_uint_eq(size, 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 12);
+  ck_assert_uint_eq(data[8], 4); /* version 4, little-endian */
+  at = size - 12 - 8;            /* the sample: little-endian, before the trailer */
+  for (size_t i = 0; i < 8; i++)
+    ck_assert_uint_eq(data[at + i], 8 - i);
+  tstate_blank(&got, HASH);
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+  expect_same(&got, &t);
+  ck_assert_uint_eq(got.st.sample, 0x0102030405060708ULL);
+
+  for (size_t i = 0; i < 8; i++) {
+    snprintf(what, sizeof(what), "sample byte %zu flipped", i);
+    xor_byte(path, (long)(at + i), 0x40);
+    expect_refused(path, "CRC mismatch", what);
+    xor_byte(path, (long)(at + i), 0x40);
+  }
+
+  /* The file ends inside the sample (or right before it), its trailer
+   * kept; then cut plainly, where the sample is the first field that the
+   * trailer leaves no room for. */
+  cut = malloc(size + 1);
+  ck_assert_ptr_nonnull(cut);
+  for (size_t k = 0; k < 8; k++) {
+    memcpy(cut, data, at + k);
+    memcpy(cut + at + k, data + size - 12, 12);
+    write_file(path, cut, at + k + 12);
+    snprintf(what, sizeof(what), "%zu bytes of the sample", k);
+    expect_refused(path, "ends before the sample offset", what);
+  }
+  for (size_t len = at + 12; len < size; len++) {
+    write_file(path, data, len);
+    snprintf(what, sizeof(what), "cut at %zu of %zu", len, size);
+    expect_refused(path, "truncated (", what);
+    expect_refused(path, "ends before the sample offset", what);
+  }
+  write_file(path, data, at + 11);
+  expect_refused(path, "ends before the world size", "cut before the sample");
+
+  /* One byte between the sample and the trailer. */
+  memcpy(cut, data, at + 8);
+  cut[at + 8] = 0;
+  memcpy(cut + at + 9, data + size - 12, 12);
+  write_with_crc(path, cut, size + 1);
+  expect_refused(path, "trailing bytes", "a byte after the sample");
+
+  /* A version from the future is named. */
+  memcpy(cut, data, size);
+  cut[8] = 5;
+  write_with_crc(path, cut, size);
+  expect_refused(path, "format version 5, this build reads versions 1 to 4", "version 5");
+
+  /* Version 3, as written before version 4: no sample, sample 0. */
+  write_file(path, data, size);
+  rewrite_as_v3(path);
+  ck_assert_int_eq(file_size(path), (long)size - 8);
+  tstate_blank(&got, HASH);
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+  expect_same_data(&got, &t);
+  ck_assert_uint_eq(got.st.step, 100);
+  ck_assert_uint_eq(got.st.world_size, 4);
+  ck_assert_uint_eq(got.st.sample, 0);
+  tstate_blank(&got, HASH);
+  ck_assert_int_eq(gs_checkpoint_load_latest(dir, &got.st, NULL, NULL, 0, why, sizeof(why)), 0);
+  ck_assert_uint_eq(got.st.sample, 0);
+  free(cut);
+  free(data);
   rm_dir(dir);
 }
 END_TEST
@@ -921,7 +1078,7 @@ END_TEST
 START_TEST(bad_arguments)
 {
   char *dir = make_dir(), why[512] = "";
-  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0};
+  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0};
   gs_ckpt_buffer_t b = {NULL, 3};
   gs_ckpt_buffer_t huge = {(float *)&b, UINT64_MAX / 2};
 
@@ -989,8 +1146,9 @@ static unsigned long long read_ull(FILE *f)
   return v;
 }
 
-/* Checks that the Python reader printed exactly `t`'s contents. */
-static void expect_python_output(FILE *f, const tstate_t *t)
+/* Checks that the Python reader printed exactly `t`'s contents (the
+ * sample offset only when `sample`: a file of version 4). */
+static void expect_python_output(FILE *f, const tstate_t *t, bool sample)
 {
   expect_token(f, "step");
   ck_assert_uint_eq(read_ull(f), t->st.step);
@@ -1013,6 +1171,10 @@ static void expect_python_output(FILE *f, const tstate_t *t)
     expect_token(f, "world_size");
     ck_assert_uint_eq(read_ull(f), t->st.world_size);
   }
+  if (sample) {
+    expect_token(f, "sample");
+    ck_assert_uint_eq(read_ull(f), t->st.sample);
+  }
   for (uint32_t i = 0; i < t->st.nbuf; i++) {
     expect_token(f, "buffer");
     ck_assert_uint_eq(read_ull(f), i);
@@ -1034,11 +1196,26 @@ static void expect_python_output(FILE *f, const tstate_t *t)
   ck_assert_int_eq(fscanf(f, "%*s"), EOF);
 }
 
+/* Runs the reader `script` on `ckpt`, its output into `out`, and checks
+ * that it printed `t`. */
+static void expect_reader(const char *script, const char *ckpt, const char *out, const tstate_t *t,
+                          bool sample)
+{
+  char cmd[4 * PATH_MAX];
+  FILE *f;
+
+  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
+  ck_assert_int_eq(system(cmd), 0);
+  f = fopen(out, "r");
+  ck_assert_ptr_nonnull(f);
+  expect_python_output(f, t, sample);
+  fclose(f);
+}
+
 START_TEST(python_reader)
 {
   char *dir = make_dir(), script[PATH_MAX], out[PATH_MAX], ckpt[PATH_MAX], cmd[4 * PATH_MAX];
   tstate_t t;
-  FILE *f;
 
   if (access(PYTHON, X_OK) != 0) {
     fprintf(stderr, "python_reader: no %s, skipped\n", PYTHON);
@@ -1051,52 +1228,39 @@ START_TEST(python_reader)
     rm_dir(dir);
     return;
   }
+  snprintf(out, sizeof(out), "%s/out.txt", dir);
   tstate_fill(&t, 1234, 9);
   t.st.rng_state = UINT64_MAX;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1234);
-  snprintf(out, sizeof(out), "%s/out.txt", dir);
-  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
-  ck_assert_int_eq(system(cmd), 0);
-  f = fopen(out, "r");
-  ck_assert_ptr_nonnull(f);
-  expect_python_output(f, &t);
-  fclose(f);
+  expect_reader(script, ckpt, out, &t, false);
 
   /* Version 2, with the layout described. */
   tstate_fill(&t, 1235, 10);
   t.st.desc = "layers 784,256,10";
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1235);
-  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
-  ck_assert_int_eq(system(cmd), 0);
-  f = fopen(out, "r");
-  ck_assert_ptr_nonnull(f);
-  expect_python_output(f, &t);
-  fclose(f);
+  expect_reader(script, ckpt, out, &t, false);
 
-  /* Version 3, with the world size; and without a description. */
+  /* Version 4, with the world size and the sample offset; and without a
+   * description. */
   tstate_fill(&t, 1236, 11);
   t.st.desc = "layers 784,256,10";
   t.st.world_size = 12;
+  t.st.sample = UINT64_MAX - 1;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1236);
-  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
-  ck_assert_int_eq(system(cmd), 0);
-  f = fopen(out, "r");
-  ck_assert_ptr_nonnull(f);
-  expect_python_output(f, &t);
-  fclose(f);
+  expect_reader(script, ckpt, out, &t, true);
   tstate_fill(&t, 1237, 12);
   t.st.world_size = 3;
+  t.st.sample = 60000;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1237);
-  snprintf(cmd, sizeof(cmd), "%s '%s' '%s' > '%s'", PYTHON, script, ckpt, out);
-  ck_assert_int_eq(system(cmd), 0);
-  f = fopen(out, "r");
-  ck_assert_ptr_nonnull(f);
-  expect_python_output(f, &t);
-  fclose(f);
+  expect_reader(script, ckpt, out, &t, true);
+
+  /* Version 3: the world size, no sample offset. */
+  rewrite_as_v3(ckpt);
+  expect_reader(script, ckpt, out, &t, false);
 
   /* The reader refuses a corrupt file too. */
   xor_byte(ckpt, 48 + 8 + 5, 0x04);
@@ -1133,6 +1297,7 @@ static Suite *checkpoint_suite(void)
   suite_add_tcase(s, tcase("layout_mismatch", layout_mismatch));
   suite_add_tcase(s, tcase("layout_description", layout_description));
   suite_add_tcase(s, tcase("world_size_stored", world_size_stored));
+  suite_add_tcase(s, tcase("sample_stored", sample_stored));
   suite_add_tcase(s, tcase("wrong_counts", wrong_counts));
   suite_add_tcase(s, tcase("empty_or_missing_dir", empty_or_missing_dir));
   suite_add_tcase(s, tcase("unwritable_dir", unwritable_dir));

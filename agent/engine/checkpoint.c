@@ -32,8 +32,10 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 #define CKPT_VERSION 1             /* no layout description */
 #define CKPT_VERSION_DESC 2        /* a layout description after the buffers */
 #define CKPT_VERSION_WORLD 3       /* and the world size after the description */
+#define CKPT_VERSION_SAMPLE 4      /* and the in-epoch sample offset after it */
 #define DESC_LEN 4                 /* u32 length of the description */
 #define WORLD_LEN 4                /* u32 world size */
+#define SAMPLE_LEN 8               /* u64 sample offset */
 #define HDR_LEN 48
 #define COUNT_LEN 8
 #define TRAILER_LEN 12             /* u32 CRC-32, then the end magic */
@@ -44,12 +46,13 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 /* What the fixed header holds, decoded. */
 struct ckpt_hdr {
   uint32_t version;
-  uint32_t world_size; /* version 3; else 0 */
+  uint32_t world_size; /* version 3 on; else 0 */
   uint32_t nbuf;
   uint64_t step;
   uint64_t epoch;
   uint64_t rng_state;
   uint64_t layout_hash;
+  uint64_t sample; /* version 4; else 0 */
 };
 
 /* Records that system call `call` failed on `path` (errno must still be
@@ -137,7 +140,7 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
     }
     total += COUNT_LEN + count * sizeof(float);
   }
-  if (total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX - WORLD_LEN) {
+  if (total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX - WORLD_LEN - SAMPLE_LEN) {
     gs_set_why(why, why_len, "checkpoint too large");
     return GS_ERANGE;
   }
@@ -226,7 +229,7 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
   uint32_t crc = 0, unused = 0;
 
   memcpy(hdr, CKPT_MAGIC, 8);
-  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_WORLD
+  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_SAMPLE
                          : st->desc     ? CKPT_VERSION_DESC
                                         : CKPT_VERSION);
   gs_store_le32(hdr + 12, st->nbuf);
@@ -253,9 +256,10 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
       return sys_fail(why, why_len, path, "write");
   }
   if (st->world_size) {
-    uint8_t world[WORLD_LEN];
+    uint8_t world[WORLD_LEN + SAMPLE_LEN];
 
     gs_store_le32(world, st->world_size);
+    gs_store_le64(world + WORLD_LEN, st->sample);
     if (write_all(fd, world, sizeof(world), &crc) != 0)
       return sys_fail(why, why_len, path, "write");
   }
@@ -526,6 +530,27 @@ static int other_layout(int fd, const char *path, uint64_t size, const struct ck
   return GS_EPRECOND;
 }
 
+/* Reads the `len`-byte field (at most HDR_LEN) at *need into `raw` and
+ * moves *need past it; a file of `size` bytes whose trailer leaves no room
+ * for it is truncated, ending before `what`. */
+static int read_field(int fd, const char *path, uint64_t size, uint64_t *need, size_t len,
+                      const char *what, uint8_t *raw, char *why, size_t why_len)
+{
+  uint64_t off = *need;
+  uint32_t crc = 0; /* unused here: stream_crc computes the real one */
+  int err;
+
+  if (*need + len > size - TRAILER_LEN) {
+    gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before %s)", path,
+               (unsigned long long)size, what);
+    return GS_EPROTO;
+  }
+  err = read_span(fd, path, raw, len, &off, &crc, why, why_len);
+  if (!err)
+    *need += len;
+  return err;
+}
+
 /* Checks the header, the buffer list and the size of the open file `fd`
  * against what `st` expects, reading only the header, the counts and the
  * trailer; fills *h and the stored CRC. Counts are only ever compared with
@@ -554,10 +579,10 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   *h = (struct ckpt_hdr){gs_load_le32(raw + 8),  0,
                          gs_load_le32(raw + 12), gs_load_le64(raw + 16),
                          gs_load_le64(raw + 24), gs_load_le64(raw + 32),
-                         gs_load_le64(raw + 40)};
-  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_WORLD) {
+                         gs_load_le64(raw + 40), 0};
+  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_SAMPLE) {
     gs_set_why(why, why_len, "%s: format version %u, this build reads versions %d to %d", path,
-               h->version, CKPT_VERSION, CKPT_VERSION_WORLD);
+               h->version, CKPT_VERSION, CKPT_VERSION_SAMPLE);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
@@ -591,40 +616,30 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     need += COUNT_LEN + count * sizeof(float); /* bounded by check_state */
   }
   if (h->version >= CKPT_VERSION_DESC) {
-    uint8_t len_raw[DESC_LEN];
     uint32_t len;
 
-    if (need + DESC_LEN > size - TRAILER_LEN) {
-      gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before the layout description)",
-                 path, (unsigned long long)size);
-      return GS_EPROTO;
-    }
-    off = need;
-    err = read_span(fd, path, len_raw, DESC_LEN, &off, &crc, why, why_len);
+    err = read_field(fd, path, size, &need, DESC_LEN, "the layout description", raw, why, why_len);
     if (err)
       return err;
-    len = gs_load_le32(len_raw);
+    len = gs_load_le32(raw);
     if (len > GS_CKPT_DESC_MAX) {
       gs_set_why(why, why_len, "%s: layout description of %u bytes (at most %d)", path, len,
                  GS_CKPT_DESC_MAX);
       return GS_EPROTO;
     }
-    need += DESC_LEN + len;
+    need += len;
   }
   if (h->version >= CKPT_VERSION_WORLD) {
-    uint8_t world_raw[WORLD_LEN];
-
-    if (need + WORLD_LEN > size - TRAILER_LEN) {
-      gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends before the world size)", path,
-                 (unsigned long long)size);
-      return GS_EPROTO;
-    }
-    off = need;
-    err = read_span(fd, path, world_raw, WORLD_LEN, &off, &crc, why, why_len);
+    err = read_field(fd, path, size, &need, WORLD_LEN, "the world size", raw, why, why_len);
     if (err)
       return err;
-    h->world_size = gs_load_le32(world_raw);
-    need += WORLD_LEN;
+    h->world_size = gs_load_le32(raw);
+  }
+  if (h->version >= CKPT_VERSION_SAMPLE) {
+    err = read_field(fd, path, size, &need, SAMPLE_LEN, "the sample offset", raw, why, why_len);
+    if (err)
+      return err;
+    h->sample = gs_load_le64(raw);
   }
   need += TRAILER_LEN;
   if (size != need) {
@@ -670,8 +685,8 @@ static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, 
       left -= n;
     }
   }
-  /* The layout description and the world size (versions 2 and 3): under
-   * 4 KiB, check_layout checked. */
+  /* The layout description, the world size and the sample offset
+   * (versions 2 to 4): under 4 KiB + 12, check_layout checked. */
   if (!err && off < body)
     err = read_span(fd, path, scratch, (size_t)(body - off), &off, crc, why, why_len);
   return err;
@@ -732,6 +747,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     st->epoch = h.epoch;
     st->rng_state = h.rng_state;
     st->world_size = h.world_size;
+    st->sample = h.sample;
   }
 out_close:
   close(fd);

@@ -1,13 +1,14 @@
 /* Checkpoint files (format: docs/checkpoint.md).
  *
- * A checkpoint is the training position (step, epoch, RNG state), the hash
- * of the pack layout it was taken with, and a list of float32 buffers (the
- * engine writes each pack's params, then each pack's momentum), all covered
- * by a CRC-32. Saving writes DIR/.ckpt-STEP.tmp, fsyncs it, renames it to
- * DIR/ckpt-STEP.gsck (STEP zero-padded to 12 digits) and fsyncs DIR, so a
- * crash leaves either the old set of files or the new one, never a torn
- * file under the final name. Loading takes the newest file that passes
- * every check; torn or corrupt files are skipped with a warning. */
+ * A checkpoint is the training position (step, epoch, RNG state, in-epoch
+ * sample offset), the hash of the pack layout it was taken with, and a
+ * list of float32 buffers (the engine writes each pack's params, then each
+ * pack's momentum), all covered by a CRC-32. Saving writes
+ * DIR/.ckpt-STEP.tmp, fsyncs it, renames it to DIR/ckpt-STEP.gsck (STEP
+ * zero-padded to 12 digits) and fsyncs DIR, so a crash leaves either the
+ * old set of files or the new one, never a torn file under the final name.
+ * Loading takes the newest file that passes every check; torn or corrupt
+ * files are skipped with a warning. */
 #ifndef GS_CHECKPOINT_H
 #define GS_CHECKPOINT_H
 
@@ -23,6 +24,8 @@ typedef struct gs_ckpt_buffer {
 } gs_ckpt_buffer_t;
 
 typedef struct gs_ckpt_state {
+  /* The position: step, epoch, rng_state and `sample` (below, last: the
+   * fields before it kept their order when version 4 added it). */
   uint64_t step; /* steps completed */
   uint64_t epoch;
   uint64_t rng_state;
@@ -34,10 +37,14 @@ typedef struct gs_ckpt_state {
    * NULL writes version 1); loading names it next to the file's when the
    * file's layout differs. */
   const char *desc;
-  /* The ranks training when it was written. Saving: not 0 stores it
-   * (format version 3, after the description, "" when desc is NULL).
-   * Loading: the file's, 0 for a file of version 1 or 2. */
+  /* The ranks training when it was written. Saving: not 0 stores it and
+   * `sample` (format version 4, after the description, "" when desc is
+   * NULL). Loading: the file's, 0 for a file of version 1 or 2. */
   uint32_t world_size;
+  /* Examples of the current epoch trained on, over all ranks; 0 in files
+   * before version 4. Saving stores it with the world size (format
+   * version 4), so only when world_size is not 0. */
+  uint64_t sample;
 } gs_ckpt_state_t;
 
 #define GS_CKPT_DESC_MAX 4096
@@ -58,7 +65,8 @@ int gs_checkpoint_dir_check(const char *dir, char *why, size_t why_len) GS_WARN_
  * nbuf and buffer counts say what is expected (a file whose layout hash or
  * buffer list differs is refused with a warning naming the difference, as
  * is a torn or corrupt file; the next older one is tried). On success fills
- * step, epoch and rng_state and the buffers; `path` gets the file.
+ * step, epoch, rng_state, world_size, sample and the buffers; `path` gets
+ * the file.
  * GS_ENOTFOUND when no valid checkpoint exists (`why` says how many were
  * skipped); GS_EPRECOND when none loads and at least one good file is of
  * another layout (`why` is the newest such file's reason: a different

@@ -121,7 +121,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         2 * e->packs.list.pack_count,
                         NULL,
                         e->layout_desc,
-                        e->join.world_size};
+                        e->join.world_size,
+                        0 /* sample: not in gs_position_t yet */};
   char why[640];
   int err;
 
@@ -161,7 +162,7 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
 {
   gs_ckpt_state_t st = {
       0, 0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count, NULL, e->layout_desc,
-      0};
+      0, 0};
   char path[4096], why[512];
   int err;
 
