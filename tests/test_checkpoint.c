@@ -64,8 +64,8 @@ static void tstate_wire(tstate_t *t, uint64_t step, uint64_t hash)
   t->bufs[1] = (gs_ckpt_buffer_t){NULL, 0};
   t->bufs[2] = (gs_ckpt_buffer_t){t->c, COUNT(t->c)};
   t->bufs[3] = (gs_ckpt_buffer_t){t->d, COUNT(t->d)};
-  t->st = (gs_ckpt_state_t){step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL,
-                            0,    0};
+  t->st = (gs_ckpt_state_t){
+      step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0, 0, 0};
 }
 
 /* Fills the buffers with special values (NaNs with payloads, signed zeros,
@@ -314,8 +314,8 @@ START_TEST(large_buffer)
   float *data = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
   char *dir = make_dir(), path[PATH_MAX], why[512];
   gs_ckpt_buffer_t b = {data, n}, bb = {back, n};
-  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0},
-                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0};
+  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0, 0},
+                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0, 0};
 
   ck_assert_ptr_nonnull(data);
   ck_assert_ptr_nonnull(back);
@@ -453,8 +453,8 @@ START_TEST(every_byte_checked)
 
   ck_assert_ptr_nonnull(devnull);
   for (uint32_t world = 0; world <= 2; world += 2) {
-    gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, world, 0x1122334455667788ULL};
-    gs_ckpt_state_t sb = {2, 0, 6, HASH, 2, bb, NULL, world, 0x8877665544332211ULL};
+    gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, world, 0x1122334455667788ULL, 0};
+    gs_ckpt_state_t sb = {2, 0, 6, HASH, 2, bb, NULL, world, 0x8877665544332211ULL, 0};
     char *dir = make_dir(), path[PATH_MAX], why[512];
     long size;
 
@@ -464,7 +464,7 @@ START_TEST(every_byte_checked)
     ck_assert_int_eq(size, 48 + 8 + 12 + 8 + (world ? 4 + 4 + 8 : 0) + 12);
     for (long off = 0; off < size; off++) {
       for (uint32_t m = 0; m < COUNT(masks); m++) {
-        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7};
+        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7, 0};
         int err;
 
         memset(got, 0, sizeof(got));
@@ -1078,7 +1078,7 @@ END_TEST
 START_TEST(bad_arguments)
 {
   char *dir = make_dir(), why[512] = "";
-  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0};
+  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0, 0};
   gs_ckpt_buffer_t b = {NULL, 3};
   gs_ckpt_buffer_t huge = {(float *)&b, UINT64_MAX / 2};
 

@@ -748,6 +748,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     st->rng_state = h.rng_state;
     st->world_size = h.world_size;
     st->sample = h.sample;
+    st->version = h.version;
   }
 out_close:
   close(fd);

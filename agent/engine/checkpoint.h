@@ -45,6 +45,9 @@ typedef struct gs_ckpt_state {
    * before version 4. Saving stores it with the world size (format
    * version 4), so only when world_size is not 0. */
   uint64_t sample;
+  /* Loading: the file's format version (so a caller tells a version-4
+   * sample of 0 from one the file did not store). */
+  uint32_t version;
 } gs_ckpt_state_t;
 
 #define GS_CKPT_DESC_MAX 4096

@@ -122,7 +122,8 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         NULL,
                         e->layout_desc,
                         e->join.world_size,
-                        0 /* sample: not in gs_position_t yet */};
+                        pos->sample,
+                        0};
   char why[640];
   int err;
 
@@ -162,7 +163,7 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
 {
   gs_ckpt_state_t st = {
       0, 0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count, NULL, e->layout_desc,
-      0, 0};
+      0, 0, 0};
   char path[4096], why[512];
   int err;
 
@@ -191,7 +192,8 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
     return err;
   }
   *found = true;
-  *pos = (gs_position_t){st.step, st.epoch, st.rng_state, GS_POSITION_SAMPLE_UNKNOWN};
+  *pos = (gs_position_t){st.step, st.epoch, st.rng_state,
+                         st.version >= 4 ? st.sample : GS_POSITION_SAMPLE_UNKNOWN};
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
          st.step);
   /* Allowed (the params and momentum are the same whatever the world
