@@ -82,6 +82,12 @@ static void answer_waiting(gs_member_t *m)
                          : "this generation was superseded by a newer one");
 }
 
+void gs__heartbeat_release(gs_member_t *m)
+{
+  if (gs_list_linked(&m->wait_node))
+    answer_waiting(m);
+}
+
 void gs__heartbeat_tell_news(gs_job_t *job)
 {
   gs_list_t *n;

@@ -15,6 +15,9 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
  * job->news grew: a generation's end or a directive reaches every rank
  * at once, not at its next heartbeat. O(waiting) per change. */
 void gs__heartbeat_tell_news(gs_job_t *job);
+/* Answers m's waiting heartbeat, if any (it left: its agent stops the
+ * heartbeat next, which need not wait for the reply). */
+void gs__heartbeat_release(gs_member_t *m);
 /* Loses the rank silent for longer than the heartbeat timeout, if any:
  * only the head of the heartbeat list is read. */
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now);

@@ -258,14 +258,21 @@ static void gather_survivors(gs_job_t *job)
          job->name, pending, (unsigned long long)job->generation, job->world_min, job->world_max);
 }
 
-static void end_generation(gs_job_t *job, bool failed, const char *fmt, va_list ap)
+/* Ends the running generation. `urgent`: the waiting heartbeats hear it
+ * at once (a rank was lost: the others may be blocked on it); else at the
+ * end of their waits, as without a long poll (a rank that left failing:
+ * the others may be finishing the step's last collective, which a
+ * failure every rank decides alike, such as a non-finite loss, must not
+ * cut short). */
+static void end_generation(gs_job_t *job, bool failed, bool urgent, const char *fmt, va_list ap)
 {
   if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation)
     return;
   gs_set_whyv(job->abort_reason, sizeof(job->abort_reason), fmt, ap);
   job->aborted_generation = job->generation;
   job->state = GS_JOB_FAILED;
-  job->news++; /* waiting heartbeats hear it at once */
+  if (urgent)
+    job->news++;
   if (failed)
     job->jobs->stats.generations_aborted++;
   gs_log(job->jobs->cfg.log, failed ? GS_LOG_WARN : GS_LOG_INFO, job->name, -1,
@@ -282,7 +289,7 @@ void gs__job_abort(gs_job_t *job, const char *fmt, ...)
   va_list ap;
 
   va_start(ap, fmt);
-  end_generation(job, true, fmt, ap);
+  end_generation(job, true, true, fmt, ap);
   va_end(ap);
 }
 
@@ -291,7 +298,18 @@ void gs__job_end(gs_job_t *job, bool failed, const char *fmt, ...)
   va_list ap;
 
   va_start(ap, fmt);
-  end_generation(job, failed, fmt, ap);
+  end_generation(job, failed, true, fmt, ap);
+  va_end(ap);
+}
+
+/* A rank left failing (see end_generation). */
+__attribute__((format(printf, 2, 3))) static void abort_for_leave(gs_job_t *job, const char *fmt,
+                                                                  ...)
+{
+  va_list ap;
+
+  va_start(ap, fmt);
+  end_generation(job, true, false, fmt, ap);
   va_end(ap);
 }
 
@@ -317,13 +335,12 @@ void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveReq
   if (req->generation == job->generation && m->state == GS_MEMBER_RUNNING) {
     if (gs__member_pending(m))
       job->regroup_pending--;
-    job->news++; /* its waiting heartbeat is answered: the agent stops it next */
     m->state = GS_MEMBER_LEFT;
     job->ranks_left++;
     gs__member_unbind(m);
     gs__hb_unlink(m);
     if (!req->finished) {
-      gs__job_abort(job, "rank %u left: %s", req->rank, req->reason[0] ? req->reason : "failed");
+      abort_for_leave(job, "rank %u left: %s", req->rank, req->reason[0] ? req->reason : "failed");
     } else {
       gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, req->rank, "left (finished): %u of %u",
              job->ranks_left, job->world_size);

@@ -199,6 +199,9 @@ void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Leave
     return;
   }
   gs__job_leave(job, call, req);
+  if (job->ranks && req->rank < job->world_size && job->ranks[req->rank] &&
+      job->ranks[req->rank]->state == GS_MEMBER_LEFT)
+    gs__heartbeat_release(job->ranks[req->rank]);
   /* Agents waiting to join an elastic job's next generation: there is none. */
   if (job->state == GS_JOB_FINISHED && job->waiting_count) {
     char msg[200];
