@@ -47,7 +47,8 @@ typedef struct trainer {
   /* Where the time of a step goes, summed over the timed steps. */
   double sum_step_ms, sum_data_ms, sum_comm_ms, sum_opt_ms;
   uint64_t timed_steps;
-  bool reported; /* an error was printed: the engine's "no error" need not follow */
+  bool reported;          /* an error was printed: the engine's "no error" need not follow */
+  char reported_why[512]; /* what it said, for the coordinator (the Leave's reason) */
 } trainer_t;
 
 #define UNTIMED_STEPS 10 /* warm-up steps left out of the timing summary */
@@ -62,6 +63,10 @@ __attribute__((format(printf, 2, 3))) static void report(trainer_t *t, const cha
   va_start(ap, fmt);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
+  va_start(ap, fmt);
+  vsnprintf(t->reported_why, sizeof(t->reported_why), fmt, ap);
+  va_end(ap);
+  t->reported_why[strcspn(t->reported_why, "\n")] = '\0';
   t->reported = true;
 }
 
@@ -706,7 +711,10 @@ int gs_trainer_run(const gs_trainer_config_t *cfg)
     report(&t, "%s\n", gs_engine_error(t.engine));
   fflush(stdout);
   if (t.engine)
-    gs_engine_finish(t.engine, err == 0, err ? gs_engine_error(t.engine) : "finished");
+    gs_engine_finish(t.engine, err == 0,
+                     !err         ? "finished"
+                     : t.reported ? t.reported_why
+                                  : gs_engine_error(t.engine));
   trainer_free(&t);
   return err;
 }

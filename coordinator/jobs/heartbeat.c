@@ -72,7 +72,9 @@ static void answer_waiting(gs_member_t *m)
 {
   gs_job_t *job = m->job;
   gs_responder_t *r = job->jobs->responder;
-  bool ended = m->generation == job->aborted_generation || m->generation < job->generation;
+  /* A rank that left hears no abort: it asked for the end itself. */
+  bool ended = m->state != GS_MEMBER_LEFT &&
+               (m->generation == job->aborted_generation || m->generation < job->generation);
 
   gs_list_remove(&m->wait_node);
   r->unpark(r, m->wait_peer);
