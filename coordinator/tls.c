@@ -1,0 +1,300 @@
+/* TLS sessions over memory BIOs for the loop's transports (tls.h). */
+#include "tls.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+/* Plaintext encrypted per SSL_write: one full record. */
+#define WRITE_CHUNK 16384
+/* Room for the ciphertext of WRITE_CHUNK (record header, tag, padding). */
+#define SCRATCH_BYTES (WRITE_CHUNK + 1024)
+
+struct gs_tls_ctx {
+  SSL_CTX *ssl;
+  bool client_ca;
+  /* Where ciphertext is drained to before on_cipher: shared by every
+   * session, which is safe since they all run on one loop thread and no
+   * on_cipher calls back into a session. */
+  uint8_t scratch[SCRATCH_BYTES];
+};
+
+struct gs_tls {
+  gs_tls_ctx_t *ctx;
+  SSL *ssl;
+  BIO *rbio, *wbio; /* owned by ssl */
+  gs_tls_io_t io;
+  bool not_tls, plain_http;
+  char err[160];
+};
+
+const uint8_t gs__tls_alert_not_tls[7] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46};
+
+/* OpenSSL's words for its first queued error; the queue is emptied. */
+static void ssl_reason(char *out, size_t len)
+{
+  unsigned long e = ERR_peek_error();
+  const char *r = e ? ERR_reason_error_string(e) : NULL;
+
+  if (r)
+    snprintf(out, len, "%s", r);
+  else if (e)
+    ERR_error_string_n(e, out, len);
+  else
+    snprintf(out, len, "unknown error");
+  ERR_clear_error();
+}
+
+/* Whether `path` can be opened for reading; if not, why (errno's words). */
+static bool readable(const char *flag, const char *path, char *why, size_t len)
+{
+  FILE *f = fopen(path, "r");
+
+  if (!f) {
+    snprintf(why, len, "%s %s: %s", flag, path, strerror(errno));
+    return false;
+  }
+  fclose(f);
+  return true;
+}
+
+/* Loads the certificate chain and key and checks that they belong together. */
+static bool load_pair(SSL_CTX *ssl, const char *cert, const char *key, char *why, size_t len)
+{
+  char r[128];
+
+  if (!readable("--tls-cert", cert, why, len) || !readable("--tls-key", key, why, len))
+    return false;
+  if (SSL_CTX_use_certificate_chain_file(ssl, cert) != 1) {
+    ssl_reason(r, sizeof(r));
+    snprintf(why, len, "--tls-cert %s: not a PEM certificate (%s)", cert, r);
+    return false;
+  }
+  /* Loading the key checks it against the certificate too. */
+  if (SSL_CTX_use_PrivateKey_file(ssl, key, SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ssl) != 1) {
+    bool mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
+
+    ssl_reason(r, sizeof(r));
+    if (mismatch)
+      snprintf(why, len, "--tls-key %s does not match the certificate in --tls-cert %s", key, cert);
+    else
+      snprintf(why, len, "--tls-key %s: not a PEM private key (%s)", key, r);
+    return false;
+  }
+  return true;
+}
+
+/* Trusts `ca` for client certificates and names it in the handshake's
+ * certificate request. */
+static bool load_client_ca(SSL_CTX *ssl, const char *ca, char *why, size_t len)
+{
+  STACK_OF(X509_NAME) * names;
+  char r[128];
+
+  if (!readable("--tls-client-ca", ca, why, len))
+    return false;
+  names = SSL_load_client_CA_file(ca);
+  if (!names || SSL_CTX_load_verify_locations(ssl, ca, NULL) != 1) {
+    ssl_reason(r, sizeof(r));
+    snprintf(why, len, "--tls-client-ca %s: no PEM certificate in it (%s)", ca, r);
+    sk_X509_NAME_pop_free(names, X509_NAME_free);
+    return false;
+  }
+  SSL_CTX_set_client_CA_list(ssl, names);
+  return true;
+}
+
+gs_tls_ctx_t *gs__tls_ctx_new(const char *cert, const char *key, const char *client_ca, char *why,
+                              size_t why_len)
+{
+  gs_tls_ctx_t *ctx = calloc(1, sizeof(*ctx));
+
+  if (!ctx || !(ctx->ssl = SSL_CTX_new(TLS_server_method()))) {
+    snprintf(why, why_len, "out of memory setting up TLS");
+    free(ctx);
+    return NULL;
+  }
+  SSL_CTX_set_min_proto_version(ctx->ssl, TLS1_2_VERSION);
+  /* Idle sessions give their record buffers back; no renegotiation (a
+   * client could make us redo handshakes at will); no session tickets
+   * (agents hold their connections, and curl does not resume). */
+  SSL_CTX_set_mode(ctx->ssl, SSL_MODE_RELEASE_BUFFERS);
+  SSL_CTX_set_options(ctx->ssl, SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_num_tickets(ctx->ssl, 0);
+  if (!load_pair(ctx->ssl, cert, key, why, why_len) ||
+      (client_ca && !load_client_ca(ctx->ssl, client_ca, why, why_len))) {
+    gs__tls_ctx_free(ctx);
+    return NULL;
+  }
+  ctx->client_ca = client_ca != NULL;
+  return ctx;
+}
+
+void gs__tls_ctx_free(gs_tls_ctx_t *ctx)
+{
+  if (!ctx)
+    return;
+  SSL_CTX_free(ctx->ssl);
+  free(ctx);
+}
+
+gs_tls_t *gs__tls_new(gs_tls_ctx_t *ctx, bool verify_client, const gs_tls_io_t *io)
+{
+  gs_tls_t *s = calloc(1, sizeof(*s));
+
+  if (!s)
+    return NULL;
+  s->ctx = ctx;
+  s->io = *io;
+  s->ssl = SSL_new(ctx->ssl);
+  s->rbio = BIO_new(BIO_s_mem());
+  s->wbio = BIO_new(BIO_s_mem());
+  if (!s->ssl || !s->rbio || !s->wbio) {
+    BIO_free(s->rbio);
+    BIO_free(s->wbio);
+    SSL_free(s->ssl);
+    free(s);
+    return NULL;
+  }
+  /* An empty input BIO means "more to come", not end of stream. */
+  BIO_set_mem_eof_return(s->rbio, -1);
+  SSL_set_bio(s->ssl, s->rbio, s->wbio);
+  SSL_set_accept_state(s->ssl);
+  if (verify_client && ctx->client_ca)
+    SSL_set_verify(s->ssl, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+  return s;
+}
+
+void gs__tls_free(gs_tls_t *s)
+{
+  if (!s)
+    return;
+  SSL_free(s->ssl);
+  free(s);
+}
+
+/* Hands what waits in the output BIO to on_cipher; `more`: the caller
+ * has more of the same send to come. False when on_cipher stopped. */
+static bool drain(gs_tls_t *s, bool more)
+{
+  int n;
+
+  while ((n = BIO_read(s->wbio, s->ctx->scratch, sizeof(s->ctx->scratch))) > 0) {
+    bool left = BIO_ctrl_pending(s->wbio) > 0;
+
+    if (!s->io.on_cipher(s->io.ctx, s->ctx->scratch, (size_t)n, more || left))
+      return false;
+  }
+  return true;
+}
+
+/* Records why the session failed (the first reason only) and whether the
+ * peer spoke no TLS at all. */
+static void failed(gs_tls_t *s)
+{
+  unsigned long e = ERR_peek_error();
+  int reason = ERR_GET_LIB(e) == ERR_LIB_SSL ? ERR_GET_REASON(e) : 0;
+  long verify = SSL_get_verify_result(s->ssl);
+  char r[128];
+
+  if (!SSL_is_init_finished(s->ssl)) {
+    s->plain_http = reason == SSL_R_HTTP_REQUEST;
+    s->not_tls = s->plain_http || reason == SSL_R_WRONG_VERSION_NUMBER ||
+                 reason == SSL_R_HTTPS_PROXY_REQUEST;
+  }
+  ssl_reason(r, sizeof(r));
+  if (s->err[0])
+    return;
+  if (!e)
+    snprintf(s->err, sizeof(s->err), "the connection broke during the TLS handshake");
+  else if (verify != X509_V_OK)
+    snprintf(s->err, sizeof(s->err), "client certificate refused: %s",
+             X509_verify_cert_error_string(verify));
+  else
+    snprintf(s->err, sizeof(s->err), "%s", r);
+}
+
+int gs__tls_input(gs_tls_t *s, const uint8_t *data, size_t len, uint8_t *buf, size_t cap)
+{
+  if (len && (len > INT_MAX || BIO_write(s->rbio, data, (int)len) != (int)len))
+    return GS_ENOMEM;
+  for (;;) {
+    int n, err;
+
+    ERR_clear_error();
+    n = SSL_read(s->ssl, buf, cap > INT_MAX ? INT_MAX : (int)cap);
+    if (n > 0) {
+      if (!s->io.on_plain(s->io.ctx, buf, (size_t)n))
+        return 0;
+      continue;
+    }
+    err = SSL_get_error(s->ssl, n);
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      drain(s, false);
+      return 0;
+    }
+    if (err == SSL_ERROR_ZERO_RETURN) {
+      drain(s, false);
+      return GS_ECLOSED;
+    }
+    failed(s);
+    drain(s, false); /* the alert OpenSSL queued, if any */
+    return GS_EPROTO;
+  }
+}
+
+int gs__tls_output(gs_tls_t *s, const uint8_t *data, size_t len)
+{
+  while (len) {
+    int n = len > WRITE_CHUNK ? WRITE_CHUNK : (int)len;
+
+    ERR_clear_error();
+    n = SSL_write(s->ssl, data, n);
+    if (n <= 0) {
+      failed(s);
+      return GS_EPROTO;
+    }
+    data += n;
+    len -= (size_t)n;
+    if (!drain(s, len > 0))
+      return GS_ECLOSED;
+  }
+  return 0;
+}
+
+void gs__tls_shutdown(gs_tls_t *s)
+{
+  if (!SSL_is_init_finished(s->ssl))
+    return;
+  ERR_clear_error();
+  (void)SSL_shutdown(s->ssl);
+  ERR_clear_error();
+  drain(s, false);
+}
+
+size_t gs__tls_memory(const gs_tls_t *s)
+{
+  return GS_TLS_SESSION_COST + BIO_ctrl_pending(s->rbio);
+}
+
+bool gs__tls_peer_not_tls(const gs_tls_t *s)
+{
+  return s->not_tls;
+}
+
+bool gs__tls_peer_plain_http(const gs_tls_t *s)
+{
+  return s->plain_http;
+}
+
+const char *gs__tls_error(const gs_tls_t *s)
+{
+  return s->err;
+}
