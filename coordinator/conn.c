@@ -239,14 +239,20 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
     if (used == 0)
       break;
     if (used < 0 && !t->tls && len - off >= 2 && data[off] == 0x16 && data[off + 1] == 0x03) {
-      /* A TLS ClientHello read as a frame's length. */
-      gs__conn_warn(conn, "speaks TLS, but this coordinator has no --tls-cert; closing");
-      gs__conn_close(conn, "TLS client on a plaintext port");
-      break;
-    }
-    if (used < 0) {
+      /* A TLS ClientHello read as a frame's length: the error frame that
+       * follows is what tells the client that this port has no TLS. */
+      uint32_t held_back;
+
+      if (gs_ratelimit_allow(&t->tls_rl, uv_now(t->loop), &held_back))
+        gs_log(t->log, GS_LOG_WARN, NULL, -1,
+               "rpc: %s speaks TLS, but this coordinator has no --tls-cert; closing (%u such "
+               "lines held back)",
+               conn->peer, held_back);
+    } else if (used < 0) {
       gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent a frame over the %zu-byte limit; closing",
              conn->peer, t->max_frame);
+    }
+    if (used < 0) {
       t->cb.on_oversized(t->cb.ctx, conn, t->max_frame);
       if (!conn->close_when_written)
         gs__conn_close(conn, "oversized frame");

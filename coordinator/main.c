@@ -34,12 +34,12 @@ static const gs_flag_t flag_rows[] = {
    .help = "shared secret agents and control requests must send (none when empty)",
    .doc = "shared secret for every RPC and for control requests; none when empty. Prefer the "
           "environment variable: flags show in `ps`"},
-  {.name = "--tls-cert", .kind = GS_FLAG_STR, CFG(tls_cert), .min = 1, .env = "GRADSYNC_TLS_CERT",
+  {.name = "--tls-cert", .kind = GS_FLAG_STR, CFG(tls_cert), .min = 1, .env = "GRADSYNC_TLS_SERVER_CERT",
    .metavar = "FILE", .def = "none",
    .help = "TLS on both ports: this certificate (PEM, chain first to last); needs --tls-key",
    .doc = "the RPC and HTTP ports speak only TLS, with this certificate (PEM; the server's "
           "first, then any intermediates); with `--tls-key`. Agents then need `--tls-ca`"},
-  {.name = "--tls-key", .kind = GS_FLAG_STR, CFG(tls_key), .min = 1, .env = "GRADSYNC_TLS_KEY",
+  {.name = "--tls-key", .kind = GS_FLAG_STR, CFG(tls_key), .min = 1, .env = "GRADSYNC_TLS_SERVER_KEY",
    .metavar = "FILE", .def = "none", .help = "the private key of --tls-cert (PEM)",
    .doc = "the private key of `--tls-cert` (PEM); checked against it at start"},
   {.name = "--tls-client-ca", .kind = GS_FLAG_STR, CFG(tls_client_ca), .min = 1,

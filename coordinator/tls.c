@@ -1,7 +1,8 @@
 /* TLS sessions over memory BIOs for the loop's transports (tls.h). */
 #include "tls.h"
 
-#include <errno.h>
+#include "tls_files.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,75 +37,17 @@ struct gs_tls {
 
 const uint8_t gs__tls_alert_not_tls[7] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46};
 
-/* OpenSSL's words for its first queued error; the queue is emptied. */
-static void ssl_reason(char *out, size_t len)
-{
-  unsigned long e = ERR_peek_error();
-  const char *r = e ? ERR_reason_error_string(e) : NULL;
-
-  if (r)
-    snprintf(out, len, "%s", r);
-  else if (e)
-    ERR_error_string_n(e, out, len);
-  else
-    snprintf(out, len, "unknown error");
-  ERR_clear_error();
-}
-
-/* Whether `path` can be opened for reading; if not, why (errno's words). */
-static bool readable(const char *flag, const char *path, char *why, size_t len)
-{
-  FILE *f = fopen(path, "r");
-
-  if (!f) {
-    snprintf(why, len, "%s %s: %s", flag, path, strerror(errno));
-    return false;
-  }
-  fclose(f);
-  return true;
-}
-
-/* Loads the certificate chain and key and checks that they belong together. */
-static bool load_pair(SSL_CTX *ssl, const char *cert, const char *key, char *why, size_t len)
-{
-  char r[128];
-
-  if (!readable("--tls-cert", cert, why, len) || !readable("--tls-key", key, why, len))
-    return false;
-  if (SSL_CTX_use_certificate_chain_file(ssl, cert) != 1) {
-    ssl_reason(r, sizeof(r));
-    snprintf(why, len, "--tls-cert %s: not a PEM certificate (%s)", cert, r);
-    return false;
-  }
-  /* Loading the key checks it against the certificate too. */
-  if (SSL_CTX_use_PrivateKey_file(ssl, key, SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ssl) != 1) {
-    bool mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
-
-    ssl_reason(r, sizeof(r));
-    if (mismatch)
-      snprintf(why, len, "--tls-key %s does not match the certificate in --tls-cert %s", key, cert);
-    else
-      snprintf(why, len, "--tls-key %s: not a PEM private key (%s)", key, r);
-    return false;
-  }
-  return true;
-}
-
 /* Trusts `ca` for client certificates and names it in the handshake's
  * certificate request. */
 static bool load_client_ca(SSL_CTX *ssl, const char *ca, char *why, size_t len)
 {
   STACK_OF(X509_NAME) * names;
-  char r[128];
 
-  if (!readable("--tls-client-ca", ca, why, len))
+  if (gs_tls_use_ca(ssl, "--tls-client-ca", ca, why, len))
     return false;
   names = SSL_load_client_CA_file(ca);
-  if (!names || SSL_CTX_load_verify_locations(ssl, ca, NULL) != 1) {
-    ssl_reason(r, sizeof(r));
-    snprintf(why, len, "--tls-client-ca %s: no PEM certificate in it (%s)", ca, r);
-    sk_X509_NAME_pop_free(names, X509_NAME_free);
+  if (!names) {
+    snprintf(why, len, "--tls-client-ca %s: no CA certificate in it", ca);
     return false;
   }
   SSL_CTX_set_client_CA_list(ssl, names);
@@ -128,7 +71,7 @@ gs_tls_ctx_t *gs__tls_ctx_new(const char *cert, const char *key, const char *cli
   SSL_CTX_set_mode(ctx->ssl, SSL_MODE_RELEASE_BUFFERS);
   SSL_CTX_set_options(ctx->ssl, SSL_OP_NO_RENEGOTIATION);
   SSL_CTX_set_num_tickets(ctx->ssl, 0);
-  if (!load_pair(ctx->ssl, cert, key, why, why_len) ||
+  if (gs_tls_use_cert_key(ctx->ssl, cert, key, why, why_len) ||
       (client_ca && !load_client_ca(ctx->ssl, client_ca, why, why_len))) {
     gs__tls_ctx_free(ctx);
     return NULL;
@@ -209,7 +152,7 @@ static void failed(gs_tls_t *s)
     s->not_tls = s->plain_http || reason == SSL_R_WRONG_VERSION_NUMBER ||
                  reason == SSL_R_HTTPS_PROXY_REQUEST;
   }
-  ssl_reason(r, sizeof(r));
+  gs_tls_reason(r, sizeof(r));
   if (s->err[0])
     return;
   if (!e)
