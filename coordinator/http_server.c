@@ -628,7 +628,9 @@ _Static_assert(sizeof(PLAIN_HTTP_BODY) - 1 == 59, "plain_http_reply's Content-Le
 
 /* A failed handshake: one line (rate-limited over all connections, so a
  * scanner writes few), the plain-text 400 for a plain HTTP request, and
- * the end of the connection. */
+ * the end of the connection. That 400 tells its client what is wrong, and
+ * the images' health check (docker/healthcheck.sh, bash cannot speak TLS)
+ * gets one every 10 s, so it is logged at debug level only. */
 static void tls_failed(http_conn_t *conn)
 {
   gs_http_server_t *srv = conn->srv;
@@ -636,12 +638,14 @@ static void tls_failed(http_conn_t *conn)
   uint32_t held_back;
   char more[48] = "";
 
-  if (gs_ratelimit_allow(&srv->tls_rl, uv_now(srv->loop), &held_back)) {
+  if (http) {
+    gs_log(srv->log, GS_LOG_DEBUG, NULL, -1, "http: %s sent plain http to the https port: 400",
+           conn->peer);
+  } else if (gs_ratelimit_allow(&srv->tls_rl, uv_now(srv->loop), &held_back)) {
     if (held_back)
       snprintf(more, sizeof(more), " (%u such lines held back)", held_back);
-    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: %s: TLS handshake failed: %s%s%s", conn->peer,
-           gs__tls_error(conn->tls), http ? " (plain http to the https port); replying 400" : "",
-           more);
+    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: %s: TLS handshake failed: %s%s", conn->peer,
+           gs__tls_error(conn->tls), more);
   }
   if (http && write_raw(conn, (const uint8_t *)plain_http_reply, sizeof(plain_http_reply) - 1))
     conn_drain(conn);
