@@ -320,8 +320,7 @@ static int tls_io(gs_client_t *cl, bool writing, uint8_t *p, size_t len, size_t 
 {
   char why[400];
   short wait;
-  int err = writing ? gs__client_tls_write(cl->ssl, p, len, done, &wait, why, sizeof(why))
-                    : gs__client_tls_read(cl->ssl, p, len, done, &wait, why, sizeof(why));
+  int err = gs__client_tls_io(cl->ssl, writing, p, len, done, &wait, why, sizeof(why));
 
   if (err) {
     gs__client_set_err(cl, "coordinator %s: TLS %s", cl->addr, why);

@@ -233,35 +233,18 @@ int gs__client_tls_handshake(SSL *ssl, short *wait, char *why, size_t why_len)
   return rc == 1 ? 0 : outcome(ssl, rc, wait, why, why_len);
 }
 
-int gs__client_tls_write(SSL *ssl, const void *data, size_t len, size_t *done, short *wait,
-                         char *why, size_t why_len)
+int gs__client_tls_io(SSL *ssl, bool writing, void *buf, size_t len, size_t *done, short *wait,
+                      char *why, size_t why_len)
 {
-  int rc;
+  int n = len > INT_MAX ? INT_MAX : (int)len, rc;
 
   *done = 0;
   *wait = 0;
   ERR_clear_error();
   errno = 0;
-  rc = SSL_write(ssl, data, len > INT_MAX ? INT_MAX : (int)len);
+  rc = writing ? SSL_write(ssl, buf, n) : SSL_read(ssl, buf, n);
   if (rc > 0) {
     *done = (size_t)rc;
-    return 0;
-  }
-  return outcome(ssl, rc, wait, why, why_len);
-}
-
-int gs__client_tls_read(SSL *ssl, void *buf, size_t cap, size_t *got, short *wait, char *why,
-                        size_t why_len)
-{
-  int rc;
-
-  *got = 0;
-  *wait = 0;
-  ERR_clear_error();
-  errno = 0;
-  rc = SSL_read(ssl, buf, cap > INT_MAX ? INT_MAX : (int)cap);
-  if (rc > 0) {
-    *got = (size_t)rc;
     return 0;
   }
   return outcome(ssl, rc, wait, why, why_len);

@@ -5,6 +5,7 @@
 #ifndef GS_CLIENT_TLS_H
 #define GS_CLIENT_TLS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "client.h"
@@ -24,12 +25,10 @@ int gs__client_tls_start(const gs_client_tls_t *tls, int fd, const char *host,
                          struct ssl_st **out) GS_WARN_UNUSED;
 int gs__client_tls_handshake(struct ssl_st *ssl, short *wait, char *why,
                              size_t why_len) GS_WARN_UNUSED;
-/* Writes from data[0..len): *done bytes went out. */
-int gs__client_tls_write(struct ssl_st *ssl, const void *data, size_t len, size_t *done,
-                         short *wait, char *why, size_t why_len) GS_WARN_UNUSED;
-/* Reads up to `cap` bytes: *got of them arrived. */
-int gs__client_tls_read(struct ssl_st *ssl, void *buf, size_t cap, size_t *got, short *wait,
-                        char *why, size_t why_len) GS_WARN_UNUSED;
+/* Writes buf[0..len), or reads up to `len` bytes into buf: *done bytes
+ * went out or arrived. */
+int gs__client_tls_io(struct ssl_st *ssl, bool writing, void *buf, size_t len, size_t *done,
+                      short *wait, char *why, size_t why_len) GS_WARN_UNUSED;
 void gs__client_tls_end(struct ssl_st *ssl);
 
 #endif
