@@ -14,16 +14,13 @@
 
 /* Plaintext encrypted per SSL_write: one full record. */
 #define WRITE_CHUNK 16384
-/* Room for the ciphertext of WRITE_CHUNK (record header, tag, padding). */
-#define SCRATCH_BYTES (WRITE_CHUNK + 1024)
+/* Room for the ciphertext of WRITE_CHUNK (record header, tag, padding):
+ * one piece handed to on_cipher. */
+#define PIECE_BYTES (WRITE_CHUNK + 1024)
 
 struct gs_tls_ctx {
   SSL_CTX *ssl;
   bool client_ca;
-  /* Where ciphertext is drained to before on_cipher: shared by every
-   * session, which is safe since they all run on one loop thread and no
-   * on_cipher calls back into a session. */
-  uint8_t scratch[SCRATCH_BYTES];
 };
 
 struct gs_tls {
@@ -124,15 +121,18 @@ void gs__tls_free(gs_tls_t *s)
 }
 
 /* Hands what waits in the output BIO to on_cipher; `more`: the caller
- * has more of the same send to come. False when on_cipher stopped. */
+ * has more of the same send to come. False when on_cipher stopped. The
+ * piece is on the stack: on_cipher may close a connection, whose owner
+ * may send on other sessions before it returns. */
 static bool drain(gs_tls_t *s, bool more)
 {
+  uint8_t piece[PIECE_BYTES];
   int n;
 
-  while ((n = BIO_read(s->wbio, s->ctx->scratch, sizeof(s->ctx->scratch))) > 0) {
+  while ((n = BIO_read(s->wbio, piece, sizeof(piece))) > 0) {
     bool left = BIO_ctrl_pending(s->wbio) > 0;
 
-    if (!s->io.on_cipher(s->io.ctx, s->ctx->scratch, (size_t)n, more || left))
+    if (!s->io.on_cipher(s->io.ctx, piece, (size_t)n, more || left))
       return false;
   }
   return true;
