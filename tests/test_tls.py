@@ -16,9 +16,11 @@ import re
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -190,6 +192,80 @@ def check_tls_coordinator(pki):
         c.wait()
 
 
+def check_raw_client(pki):
+    """A client written from proto/README.md alone (stock protoc, Python's
+    ssl): frames travel inside TLS unchanged. 60,000 pipelined calls read
+    only afterwards push the coordinator past its backpressure mark, so
+    TLS connections pause and resume: every reply must come, in order. A
+    2 MiB frame (many TLS records) is decoded and refused as too many
+    params."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, tests)
+    from protoc_client import PREFIX, load_proto
+    pb = load_proto(os.path.join(tests, "..", "proto"))
+
+    def frame(method, msg, request_id):
+        data = pb.Envelope(method=PREFIX + method, request_id=request_id,
+                           body=msg.SerializeToString()).SerializeToString()
+        return struct.pack(">I", len(data)) + data
+
+    def exact(sock, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "the coordinator closed the connection"
+            buf += chunk
+        return buf
+
+    def envelope(sock):
+        (n,) = struct.unpack(">I", exact(sock, 4))
+        return pb.Envelope.FromString(exact(sock, n))
+
+    c, rpc, _ = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
+                            "--idle-timeout", "30s")
+    host, port = rpc.rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=pki("ca.pem"))
+    try:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(30)
+        raw.connect((host, int(port)))
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            calls = 60000
+            hb = b"".join(frame("Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0), i)
+                          for i in range(1, calls + 1))
+            sender = threading.Thread(target=s.sendall, args=(hb,))
+            sender.start()
+            time.sleep(1.0)
+            ids = [envelope(s).request_id for _ in range(calls)]
+            sender.join()
+            assert ids == list(range(1, calls + 1)), "replies lost or out of order"
+            entries = 1 << 20  # PackList.params: an empty ParamInfo is 2 bytes
+            lst = b"\x12\x00" * entries
+            body = (pb.PublishPackListRequest(job="big").SerializeToString() + b"\x22" +
+                    _varint(len(lst)) + lst)
+            env = pb.Envelope(method=PREFIX + "PublishPackList", request_id=7,
+                              body=body).SerializeToString()
+            s.sendall(struct.pack(">I", len(env)) + env)
+            reply = envelope(s)
+            assert reply.request_id == 7 and "--max-params" in reply.message, reply
+        print(f"stock protobuf over Python ssl: {calls} pipelined calls answered in order; "
+              f"a {len(env) >> 20} MiB frame decoded ({reply.message[:40]}...)")
+        assert c.poll() is None, "the coordinator died"
+    finally:
+        c.kill()
+        c.wait()
+
+
+def _varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
 def check_mutual(pki):
     c, rpc, http = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
                                "--tls-client-ca", pki("ca.pem"))
@@ -231,6 +307,7 @@ def main():
         case_bad_flags(pki)
         check_tls_coordinator(pki)
         check_mutual(pki)
+        check_raw_client(pki)
         check_plain_coordinator(pki)
     print(f"all TLS cases in {time.time() - start:.1f} s")
     return 0
