@@ -35,15 +35,15 @@ static const gs_flag_t flag_rows[] = {
    .doc = "shared secret for every RPC and for control requests; none when empty. Prefer the "
           "environment variable: flags show in `ps`"},
   {.name = "--tls-cert", .kind = GS_FLAG_STR, CFG(tls_cert), .min = 1, .env = "GRADSYNC_TLS_SERVER_CERT",
-   .metavar = "FILE", .def = "none",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_SERVER_CERT`",
    .help = "TLS on both ports: this certificate (PEM, chain first to last); needs --tls-key",
    .doc = "the RPC and HTTP ports speak only TLS, with this certificate (PEM; the server's "
           "first, then any intermediates); with `--tls-key`. Agents then need `--tls-ca`"},
   {.name = "--tls-key", .kind = GS_FLAG_STR, CFG(tls_key), .min = 1, .env = "GRADSYNC_TLS_SERVER_KEY",
-   .metavar = "FILE", .def = "none", .help = "the private key of --tls-cert (PEM)",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_SERVER_KEY`", .help = "the private key of --tls-cert (PEM)",
    .doc = "the private key of `--tls-cert` (PEM); checked against it at start"},
   {.name = "--tls-client-ca", .kind = GS_FLAG_STR, CFG(tls_client_ca), .min = 1,
-   .env = "GRADSYNC_TLS_CLIENT_CA", .metavar = "FILE", .def = "none",
+   .env = "GRADSYNC_TLS_CLIENT_CA", .metavar = "FILE", .def = "`$GRADSYNC_TLS_CLIENT_CA`",
    .help = "mutual TLS: RPC clients must present a certificate signed by this CA (PEM)",
    .doc = "mutual TLS: RPC clients (agents) must present a certificate this CA signed "
           "(`--tls-cert`/`--tls-key` on the agent); the HTTP port asks for none"},

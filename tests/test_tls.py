@@ -56,23 +56,25 @@ def make_pki(d):
     return lambda name: os.path.join(d, name)
 
 
-def coordinator(*extra):
+def coordinator(*extra, env=None):
     c = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                           "--log-level", "warn", "--idle-timeout", "2s"] + list(extra),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, **(env or {})))
     line = c.stdout.readline()
     m = re.search(r"rpc=(\S+) http=(\S+)", line)
     assert m, (line, c.stderr.read() if c.poll() is not None else "")
     return c, m.group(1), m.group(2)
 
 
-def agents(rpc, job, *flags, world=1):
+def agents(rpc, job, *flags, world=1, env=None):
     """Runs `world` agents of `job`: [(status, stderr, seconds)]."""
     start = time.time()
     ps = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", job, "--world-size", str(world),
                             "--local-rank", str(i), "--reduce", "mean", "--steps", "10",
                             "--no-validate", "--join-timeout", "30s"] + list(flags),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, **(env or {})))
           for i in range(world)]
     return [(p.wait(timeout=60), p.stderr.read(), time.time() - start) for p in ps]
 
@@ -171,11 +173,14 @@ def check_tls_coordinator(pki):
         [(code, err, _)] = agents(f"localhost:{port}", "by-name", "--tls-ca", pki("ca.pem"))
         assert code == 0, err[-2000:]
         print("dialled by name (localhost), the name is checked and the agent trained")
-        with socket.create_connection((host, int(port)), timeout=10) as s:
-            start = time.time()
-            assert s.recv(1) == b""  # no handshake: closed at --idle-timeout
-            assert time.time() - start < 6, time.time() - start
-        print("a connection that never starts its handshake is closed at --idle-timeout")
+        silent = [socket.create_connection((h, int(p)), timeout=10)
+                  for h, p in (rpc.rsplit(":", 1), http.rsplit(":", 1))]
+        start = time.time()
+        for s in silent:
+            with s:
+                assert s.recv(1) == b""  # no handshake: closed at --idle-timeout
+        assert time.time() - start < 6, time.time() - start
+        print("connections (RPC, HTTP) that never start a handshake close at --idle-timeout")
         if PYDIR:
             case_python(rpc, pki("ca.pem"))
         assert c.poll() is None, "the coordinator died"
@@ -267,18 +272,21 @@ def _varint(n):
 
 
 def check_mutual(pki):
-    c, rpc, http = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
-                               "--tls-client-ca", pki("ca.pem"))
+    c, rpc, http = coordinator(env={"GRADSYNC_TLS_SERVER_CERT": pki("server.pem"),
+                                    "GRADSYNC_TLS_SERVER_KEY": pki("server.key"),
+                                    "GRADSYNC_TLS_CLIENT_CA": pki("ca.pem")})
     try:
         line = refused(rpc, "anon", "client certificate", "--tls-ca", pki("ca.pem"))
         print("mTLS, no client certificate:", line)
         line = refused(rpc, "stranger", "--tls-client-ca", "--tls-ca", pki("ca.pem"),
                        "--tls-cert", pki("ca2.pem"), "--tls-key", pki("ca2.key"))
         print("mTLS, a certificate another CA signed:", line)
-        [(code, err, _)] = agents(rpc, "mtls", "--tls-ca", pki("ca.pem"), "--tls-cert",
-                                  pki("client.pem"), "--tls-key", pki("client.key"))
+        [(code, err, _)] = agents(rpc, "mtls", env={"GRADSYNC_TLS_CA": pki("ca.pem"),
+                                                    "GRADSYNC_TLS_CERT": pki("client.pem"),
+                                                    "GRADSYNC_TLS_KEY": pki("client.key")})
         assert code == 0, err[-2000:]
-        print("mTLS: the agent with a client certificate trained")
+        print("mTLS (coordinator and agent set up by $GRADSYNC_TLS_*): the agent with a client "
+              "certificate trained")
         assert json.loads(https_get(f"https://{http}/healthz", pki("ca.pem")))["status"] == "ok"
         print("mTLS: the HTTP port asks curl for no certificate")
     finally:
