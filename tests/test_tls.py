@@ -67,11 +67,11 @@ def coordinator(*extra, env=None):
     return c, m.group(1), m.group(2)
 
 
-def agents(rpc, job, *flags, world=1, env=None):
+def agents(rpc, job, *flags, world=1, env=None, steps=10):
     """Runs `world` agents of `job`: [(status, stderr, seconds)]."""
     start = time.time()
     ps = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", job, "--world-size", str(world),
-                            "--local-rank", str(i), "--reduce", "mean", "--steps", "10",
+                            "--local-rank", str(i), "--reduce", "mean", "--steps", str(steps),
                             "--no-validate", "--join-timeout", "30s"] + list(flags),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            env=dict(os.environ, **(env or {})))
@@ -139,11 +139,16 @@ def case_python(rpc, ca):
 
 
 def check_tls_coordinator(pki):
-    c, rpc, http = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"))
+    c, rpc, http = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
+                               "--heartbeat-interval", "100ms", "--heartbeat-timeout", "2s")
     try:
-        res = agents(rpc, "tls", "--tls-ca", pki("ca.pem"), world=2)
+        res = agents(rpc, "tls", "--tls-ca", pki("ca.pem"), world=2, steps=150)
         assert all(code == 0 for code, _, _ in res), res
-        print("2 agents trained over TLS (--tls-ca)")
+        metrics = https_get(f"https://{http}/metrics", pki("ca.pem"))
+        beats = re.search(r'gradsync_rpc_requests_total\{method="Heartbeat"\} (\d+)', metrics)
+        assert beats and int(beats.group(1)) > 0, metrics[-2000:]
+        print(f"2 agents trained over TLS (--tls-ca); their heartbeat threads' own "
+              f"connections sent {beats.group(1)} heartbeats")
         r = subprocess.run([RUN, "--coordinator", rpc, "--nnodes", "1", "--node-rank", "0",
                             "--nproc-per-node", "2", "--job", "run", "--", "--tls-ca", pki("ca.pem"),
                             "--reduce", "mean", "--steps", "10", "--no-validate"],
