@@ -36,6 +36,7 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->idle_timeout_ms = lim->idle_timeout_ms;
   t->max_memory = lim->max_memory;
   t->max_connections = lim->max_connections;
+  t->tls = lim->tls;
   t->cb = *cb;
   gs_list_init(&t->idle);
   return t;
@@ -54,6 +55,16 @@ static void rbuf_recount(gs_conn_t *conn)
   conn->conns->mem_used += conn->rbuf.cap;
   conn->conns->mem_used -= conn->rbuf_counted;
   conn->rbuf_counted = conn->rbuf.cap;
+}
+
+/* Counts a change of what the TLS session holds. */
+static void tls_recount(gs_conn_t *conn)
+{
+  size_t now = conn->tls ? gs__tls_memory(conn->tls) : 0;
+
+  conn->conns->mem_used += now;
+  conn->conns->mem_used -= conn->tls_counted;
+  conn->tls_counted = now;
 }
 
 void gs__conn_warn(gs_conn_t *conn, const char *fmt, ...)
@@ -127,6 +138,9 @@ static void on_close(uv_handle_t *h)
   t->open--;
   gs_buf_free(&conn->rbuf);
   rbuf_recount(conn);
+  gs__tls_free(conn->tls);
+  conn->tls = NULL;
+  tls_recount(conn);
   t->mem_used -= GS_CONN_BOOKKEEPING;
   free(conn);
   if (t->closing && t->open == 0 && t->cb.on_drained)
@@ -224,9 +238,21 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
 
     if (used == 0)
       break;
-    if (used < 0) {
+    if (used < 0 && !t->tls && len - off >= 2 && data[off] == 0x16 && data[off + 1] == 0x03) {
+      /* A TLS ClientHello read as a frame's length: the error frame that
+       * follows is what tells the client that this port has no TLS. */
+      uint32_t held_back;
+
+      if (gs_ratelimit_allow(&t->tls_rl, uv_now(t->loop), &held_back))
+        gs_log(t->log, GS_LOG_WARN, NULL, -1,
+               "rpc: %s speaks TLS, but this coordinator has no --tls-cert; closing (%u such "
+               "lines held back)",
+               conn->peer, held_back);
+    } else if (used < 0) {
       gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent a frame over the %zu-byte limit; closing",
              conn->peer, t->max_frame);
+    }
+    if (used < 0) {
       t->cb.on_oversized(t->cb.ctx, conn, t->max_frame);
       if (!conn->close_when_written)
         gs__conn_close(conn, "oversized frame");
@@ -267,13 +293,98 @@ static void rbuf_process(gs_conn_t *conn)
   rbuf_recount(conn);
 }
 
-/* Frames that arrived whole are reported straight from the shared read
- * buffer; the rest of a frame waits in the connection's rbuf. */
+/* Frames that arrived whole are reported straight from `data` (the
+ * shared read buffer); the rest of a frame waits in the connection's rbuf. */
+static void take_bytes(gs_conn_t *conn, const uint8_t *data, size_t len)
+{
+  size_t used;
+
+  idle_touch(conn);
+  if (conn->rbuf.len == 0) {
+    used = process_frames(conn, data, len);
+    if (used == len || conn->closing || conn->close_when_written)
+      return;
+    rbuf_append(conn, data + used, len - used);
+    return;
+  }
+  if (rbuf_append(conn, data, len))
+    rbuf_process(conn);
+}
+
+/* Plaintext out of the TLS session: the bytes a plaintext port reads. */
+static bool tls_plain(void *ctx, const uint8_t *data, size_t len)
+{
+  gs_conn_t *conn = ctx;
+
+  take_bytes(conn, data, len);
+  return !conn->closing && !conn->close_when_written && !conn->read_paused;
+}
+
+static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last);
+
+/* Ciphertext out of the TLS session, to the socket. */
+static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
+{
+  gs_conn_t *conn = ctx;
+
+  send_raw(conn, data, len, !more);
+  return !conn->closing;
+}
+
+/* A handshake that failed is logged (rate-limited over every connection,
+ * so a scanner writes few lines) and the connection closed once the
+ * alert, if any, is written. A client that spoke no TLS gets an alert
+ * too, which a gradsync client without --tls-ca recognises. */
+static void tls_failed(gs_conn_t *conn)
+{
+  gs_conns_t *t = conn->conns;
+  bool plain = gs__tls_peer_not_tls(conn->tls);
+  uint32_t held_back;
+  char more[48] = "";
+
+  if (gs_ratelimit_allow(&t->tls_rl, uv_now(t->loop), &held_back)) {
+    if (held_back)
+      snprintf(more, sizeof(more), " (%u such lines held back)", held_back);
+    gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s: TLS handshake failed: %s%s; closing%s",
+           conn->peer, gs__tls_error(conn->tls),
+           plain ? " (a client without TLS? agents need --tls-ca)" : "", more);
+  }
+  if (conn->closing)
+    return;
+  uv_read_stop((uv_stream_t *)&conn->tcp);
+  conn->close_when_written = true;
+  if (plain)
+    send_raw(conn, gs__tls_alert_not_tls, sizeof(gs__tls_alert_not_tls), true);
+  else
+    gs__conn_close(conn, "TLS handshake failed");
+}
+
+/* Decrypts what arrived (none: what waited while paused) and takes its
+ * plaintext; the shared read buffer takes the plaintext, since the
+ * session copied the ciphertext first. */
+static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
+{
+  gs_conns_t *t = conn->conns;
+  int err;
+
+  if (len && t->mem_used + len > t->max_memory) {
+    gs__conn_warn(conn, "over the coordinator's memory budget (--max-memory %zu bytes); closing",
+                  t->max_memory);
+    gs__conn_close(conn, "memory budget exhausted");
+    return;
+  }
+  err = gs__tls_input(conn->tls, data, len, t->rbuf, sizeof(t->rbuf));
+  if (!conn->closing)
+    tls_recount(conn);
+  if (err == GS_EPROTO)
+    tls_failed(conn);
+  else if (err)
+    gs__conn_close(conn, err == GS_ECLOSED ? "peer ended the TLS session" : gs_strerror(err));
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
   gs_conn_t *conn = s->data;
-  const uint8_t *data = (const uint8_t *)buf->base;
-  size_t used;
 
   if (nread < 0) {
     gs__conn_close(conn, nread == UV_EOF ? "peer closed" : uv_strerror((int)nread));
@@ -281,16 +392,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   }
   if (nread == 0)
     return;
-  idle_touch(conn);
-  if (conn->rbuf.len == 0) {
-    used = process_frames(conn, data, (size_t)nread);
-    if (used == (size_t)nread || conn->closing || conn->close_when_written)
-      return;
-    rbuf_append(conn, data + used, (size_t)nread - used);
-    return;
-  }
-  if (rbuf_append(conn, data, (size_t)nread))
-    rbuf_process(conn);
+  if (conn->tls)
+    tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
+  else
+    take_bytes(conn, (const uint8_t *)buf->base, (size_t)nread);
 }
 
 /* Replies drained below half the high mark: dispatch what waited, then
@@ -303,6 +408,8 @@ static void maybe_resume(gs_conn_t *conn)
   conn->read_paused = false;
   idle_touch(conn);
   rbuf_process(conn);
+  if (conn->tls && !conn->read_paused && !conn->closing && !conn->close_when_written)
+    tls_read(conn, NULL, 0);
   if (!conn->read_paused && !conn->closing && !conn->close_when_written)
     uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }
@@ -376,6 +483,16 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
   }
   uv_tcp_nodelay(&conn->tcp, 1);
   gs_tcp_peer_name(&conn->tcp, conn->peer, sizeof(conn->peer));
+  if (t->tls) {
+    gs_tls_io_t io = {.ctx = conn, .on_plain = tls_plain, .on_cipher = tls_cipher};
+
+    conn->tls = gs__tls_new(t->tls, true, &io);
+    if (!conn->tls) {
+      gs__conn_close(conn, "out of memory for a TLS session");
+      return;
+    }
+    tls_recount(conn);
+  }
   if (t->cb.on_open(t->cb.ctx, conn)) {
     gs__conn_close(conn, "refused by its owner");
     return;
@@ -452,8 +569,10 @@ static bool queue_ok(gs_conn_t *conn, size_t cost)
 /* Most replies fit in the socket buffer at once: uv_try_write sends them
  * with no allocation, no write request and no epoll change. What does not
  * fit (or must wait behind earlier writes) is copied into a queued write;
- * a connection that stops reading is dropped. */
-void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
+ * a connection that stops reading is dropped. `last`: the end of what was
+ * handed to gs__conn_send (TLS sends it in pieces), after which a
+ * connection that must close closes. */
+static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last)
 {
   uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
   uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
@@ -470,7 +589,7 @@ void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
     return;
   }
   if ((size_t)n == len) {
-    if (conn->close_when_written)
+    if (conn->close_when_written && last)
       gs__conn_close(conn, "closed after error reply");
     return;
   }
@@ -485,7 +604,7 @@ void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
   w->cost = w->buf.cap + GS_CONN_WRITE_OVERHEAD;
   conn->queued += w->cost;
   conn->conns->mem_used += w->cost;
-  w->close_after = conn->close_when_written;
+  w->close_after = conn->close_when_written && last;
   b = uv_buf_init((char *)w->buf.data, (unsigned)w->buf.len);
   n = uv_write(&w->req, stream, &b, 1, on_write);
   if (n) {
@@ -493,6 +612,18 @@ void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
     free(w);
     gs__conn_close(conn, uv_strerror(n));
   }
+}
+
+void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
+{
+  if (!conn->tls) {
+    send_raw(conn, data, len, true);
+    return;
+  }
+  if (conn->closing)
+    return;
+  if (gs__tls_output(conn->tls, data, len) == GS_EPROTO)
+    gs__conn_close(conn, gs__tls_error(conn->tls));
 }
 
 void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len)

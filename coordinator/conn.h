@@ -15,6 +15,7 @@
 #include "list.h"
 #include "log.h"
 #include "ratelimit.h"
+#include "tls.h"
 
 typedef struct gs_conn gs_conn_t;
 
@@ -66,6 +67,7 @@ struct gs_conn {
   void *data;    /* the owner's */
   char peer[64]; /* "127.0.0.1:40000", for logs */
   gs_buf_t rbuf; /* an incomplete frame */
+  gs_tls_t *tls; /* the TLS session, when the port speaks TLS */
   uint64_t last_activity_ms;
   /* The idle list: connections that may time out (not closing, nothing
    * parked), least recently active first. */
@@ -73,6 +75,7 @@ struct gs_conn {
   uint32_t waiting;       /* calls parked until an event or deadline */
   size_t queued;          /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
   size_t rbuf_counted;    /* rbuf.cap as counted in conns->mem_used */
+  size_t tls_counted;     /* gs__tls_memory as counted in conns->mem_used */
   gs_ratelimit_t warn_rl; /* see gs__conn_warn */
   bool authenticated;     /* the owner says a call passed its token check */
   bool read_paused;       /* backpressure: see GS_CONN_WRITE_HIGH */
@@ -91,6 +94,8 @@ typedef struct gs_conns {
   size_t mem_used;          /* what they hold now: bookkeeping, rbufs, queued replies */
   uint32_t max_connections; /* open connections at most */
   gs_ratelimit_t accept_rl; /* warnings about refused connections */
+  gs_ratelimit_t tls_rl;    /* warnings about failed TLS handshakes */
+  gs_tls_ctx_t *tls;        /* borrowed; NULL: plaintext */
   gs_conn_callbacks_t cb;
   gs_conn_t **slots;
   uint32_t *gens;
@@ -110,6 +115,9 @@ typedef struct gs_conn_limits {
   uint64_t idle_timeout_ms;
   size_t max_memory;
   uint32_t max_connections;
+  /* Borrowed, outlives the table; NULL: plaintext. With it every
+   * connection speaks only TLS, and its session counts in its memory. */
+  gs_tls_ctx_t *tls;
 } gs_conn_limits_t;
 
 /* A table with no connections; free with gs__conns_free once drained. */

@@ -143,6 +143,7 @@ static int wire_layers(gs_coord_t *c)
       .idle_timeout_ms = c->cfg.idle_timeout_ms,
       .max_memory = c->cfg.max_memory,
       .max_connections = c->cfg.max_connections,
+      .tls = c->cfg.tls,
   };
 
   c->conns = gs__conns_new(c->loop, &c->cfg.log, &lim, &cb);
@@ -160,6 +161,7 @@ static int wire_layers(gs_coord_t *c)
       .auth = (gs_http_auth_t)c->cfg.http_auth,
       .service_info = service_info,
       .ctx = c,
+      .tls = c->cfg.tls,
   };
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "tls.h"
 
 /* Pack-list entries accepted by default: a model's tensors (about 700 for
  * a 70B dense model, about 47,000 for a 671B mixture of experts with 256
@@ -35,6 +36,11 @@ typedef struct gs_coord_config {
   size_t max_memory;        /* every connection's buffers together */
   uint32_t max_connections; /* open RPC connections; 0: the open-file limit less a reserve */
   uint32_t max_params;      /* entries of a pack list */
+  /* TLS on both ports: the files (--tls-cert, --tls-key, --tls-client-ca;
+   * NULL: none) and the context main made of them (borrowed, outlives the
+   * service; NULL: plaintext). */
+  const char *tls_cert, *tls_key, *tls_client_ca;
+  gs_tls_ctx_t *tls;
   gs_log_t log;
 } gs_coord_config_t;
 

@@ -312,6 +312,8 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
   r->http = gs_http_server_new(r->loop, r->log, &limits, gs__http_routes_handle, r);
   if (!r->http)
     return GS_ENOMEM;
+  if (r->tls)
+    gs_http_server_use_tls(r->http, r->tls);
   return gs_http_server_listen(r->http, host, port);
 }
 

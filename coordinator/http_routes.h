@@ -27,6 +27,7 @@ typedef struct gs_http_routes {
   /* Fills in the service's own numbers; set by the owner. */
   void (*service_info)(void *ctx, gs_service_info_t *out);
   void *ctx;
+  gs_tls_ctx_t *tls; /* borrowed; NULL: plain HTTP */
   gs_http_server_t *http;
   /* GET /status is cached: the rendered document is reused while nothing
    * it shows changed (the jobs' version and the connection count) within

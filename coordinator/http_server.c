@@ -18,6 +18,7 @@
 
 #include "buf.h"
 #include "net.h"
+#include "ratelimit.h"
 
 #define READ_CHUNK (64 * 1024)
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
@@ -36,6 +37,8 @@ struct gs_http_server {
   http_conn_t *conns; /* every connection not yet freed */
   size_t open;        /* connections not closing */
   uint16_t port;
+  gs_tls_ctx_t *tls;     /* borrowed; NULL: plaintext */
+  gs_ratelimit_t tls_rl; /* failed handshakes are logged, not each one */
   bool closing;
   bool listener_closed;
   /* Shared by all connections: the loop is single-threaded and every read
@@ -50,6 +53,7 @@ struct http_conn {
   http_parser parser;
   gs_http_server_t *srv;
   http_conn_t *prev, *next;
+  gs_tls_t *tls; /* the TLS session, when the server speaks TLS */
   /* The request being parsed. */
   gs_buf_t url, field, auth, body; /* NUL-terminated */
   size_t header_bytes;
@@ -64,6 +68,7 @@ struct http_conn {
   unsigned writes;  /* uv_write requests in flight */
   bool draining;    /* no more requests: flush, shut down, then close */
   bool eof;         /* the peer has shut down its side */
+  bool notified;    /* our TLS close_notify is out */
   bool closing;
   char peer[64];
 };
@@ -117,6 +122,7 @@ static void conn_free(http_conn_t *conn)
   gs_buf_free(&conn->field);
   gs_buf_free(&conn->auth);
   gs_buf_free(&conn->body);
+  gs__tls_free(conn->tls);
   free(conn);
   server_maybe_free(srv);
 }
@@ -171,6 +177,14 @@ static void conn_linger(http_conn_t *conn)
 {
   uint64_t idle = conn->srv->limits.idle_timeout_ms;
 
+  /* A TLS session ends with a close_notify first; once it is written,
+   * on_write comes back here. */
+  if (conn->tls && !conn->eof && !conn->notified) {
+    conn->notified = true;
+    gs__tls_shutdown(conn->tls);
+    if (conn->writes || conn->closing)
+      return;
+  }
   if (conn->eof || uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, on_shutdown)) {
     conn_close(conn);
     return;
@@ -205,6 +219,65 @@ static void on_write(uv_write_t *req, int status)
   } else if (conn->draining && conn->writes == 0 && !conn->closing) {
     conn_linger(conn);
   }
+}
+
+/* Writes bytes as they are (a TLS session's ciphertext, or a reply in
+ * plain text to a client that spoke no TLS): at once when the socket
+ * takes them, else from a copy in a queued write. False when the
+ * connection had to close. */
+static bool write_raw(http_conn_t *conn, const uint8_t *data, size_t len)
+{
+  uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
+  uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+  http_write_t *w;
+  int sent;
+
+  if (conn->closing)
+    return false;
+  sent = uv_try_write(stream, &b, 1);
+  if (sent == UV_EAGAIN || sent == UV_ENOSYS)
+    sent = 0;
+  if (sent < 0)
+    goto out_close;
+  if ((size_t)sent == len)
+    return true;
+  w = malloc(sizeof(*w) + len - (size_t)sent);
+  if (!w)
+    goto out_close;
+  w->body = NULL;
+  memcpy(w->head, data + sent, len - (size_t)sent);
+  b = uv_buf_init(w->head, (unsigned)(len - (size_t)sent));
+  if (uv_write(&w->req, stream, &b, 1, on_write)) {
+    free(w);
+    goto out_close;
+  }
+  conn->writes++;
+  return true;
+
+out_close:
+  conn_close(conn);
+  return false;
+}
+
+static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
+{
+  (void)more;
+  return write_raw(ctx, data, len);
+}
+
+/* A response through the TLS session: head and body encrypted, the
+ * ciphertext written as it comes. Takes res->body. */
+static void send_response_tls(http_conn_t *conn, http_write_t *w, const gs_http_response_t *res,
+                              bool with_body)
+{
+  int err = gs__tls_output(conn->tls, (const uint8_t *)w->head, strlen(w->head));
+
+  if (!err && with_body && res->body_len)
+    err = gs__tls_output(conn->tls, (const uint8_t *)res->body, res->body_len);
+  free(w);
+  free(res->body);
+  if (err)
+    conn_close(conn);
 }
 
 /* Header values come from our own code, but a CR or LF in one would let a
@@ -267,6 +340,10 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
     gs_log(conn->srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory replying to %s",
            conn->peer);
     goto out_close;
+  }
+  if (conn->tls) {
+    send_response_tls(conn, w, res, with_body);
+    return;
   }
   w->body = res->body;
   bufs[0] = uv_buf_init(w->head, (unsigned)strlen(w->head));
@@ -518,10 +595,93 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   *buf = uv_buf_init(conn->srv->rbuf, sizeof(conn->srv->rbuf));
 }
 
+/* Parses request bytes; false once the connection stops taking requests. */
+static bool take_bytes(http_conn_t *conn, const uint8_t *data, size_t len)
+{
+  enum http_errno err;
+
+  http_parser_execute(&conn->parser, &parser_settings, (const char *)data, len);
+  if (conn->draining || conn->closing)
+    return false;
+  err = HTTP_PARSER_ERRNO(&conn->parser);
+  if (err != HPE_OK) {
+    reject_request(conn, err);
+    return false;
+  }
+  return true;
+}
+
+static bool tls_plain(void *ctx, const uint8_t *data, size_t len)
+{
+  return take_bytes(ctx, data, len);
+}
+
+/* Told to clients that sent plain HTTP to the TLS port (nginx does the
+ * same), so curl shows the reason rather than a reset. */
+#define PLAIN_HTTP_BODY "this port speaks TLS only: use https:// (curl --cacert CA)\n"
+static const char plain_http_reply[] = "HTTP/1.1 400 Bad Request\r\n"
+                                       "Content-Type: text/plain\r\n"
+                                       "Content-Length: 59\r\n"
+                                       "Connection: close\r\n"
+                                       "\r\n" PLAIN_HTTP_BODY;
+_Static_assert(sizeof(PLAIN_HTTP_BODY) - 1 == 59, "plain_http_reply's Content-Length");
+
+/* A failed handshake: one line (rate-limited over all connections, so a
+ * scanner writes few), the plain-text 400 for a plain HTTP request, and
+ * the end of the connection. That 400 tells its client what is wrong, and
+ * the images' health check (docker/healthcheck.sh, bash cannot speak TLS)
+ * gets one every 10 s, so it is logged at debug level only. */
+static void tls_failed(http_conn_t *conn)
+{
+  gs_http_server_t *srv = conn->srv;
+  bool http = gs__tls_peer_plain_http(conn->tls);
+  uint32_t held_back;
+  char more[48] = "";
+
+  if (http) {
+    gs_log(srv->log, GS_LOG_DEBUG, NULL, -1, "http: %s sent plain http to the https port: 400",
+           conn->peer);
+  } else if (gs_ratelimit_allow(&srv->tls_rl, uv_now(srv->loop), &held_back)) {
+    if (held_back)
+      snprintf(more, sizeof(more), " (%u such lines held back)", held_back);
+    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: %s: TLS handshake failed: %s%s", conn->peer,
+           gs__tls_error(conn->tls), more);
+  }
+  if (http && write_raw(conn, (const uint8_t *)plain_http_reply, sizeof(plain_http_reply) - 1))
+    conn_drain(conn);
+  else
+    conn_close(conn);
+}
+
+/* The peer sends no more: replies to complete requests still go out
+ * before we close. */
+static void end_of_input(http_conn_t *conn)
+{
+  conn->eof = true;
+  if (conn->draining && conn->writes == 0)
+    conn_close(conn);
+  else
+    conn_drain(conn);
+}
+
+/* Decrypts what arrived and parses its plaintext into the shared read
+ * buffer (the session copied the ciphertext out of it first). */
+static void tls_read(http_conn_t *conn, const uint8_t *data, size_t len)
+{
+  int err =
+      gs__tls_input(conn->tls, data, len, (uint8_t *)conn->srv->rbuf, sizeof(conn->srv->rbuf));
+
+  if (err == GS_EPROTO && !conn->draining && !conn->closing)
+    tls_failed(conn);
+  else if (err == GS_ECLOSED)
+    end_of_input(conn); /* its close_notify: it sends no more, and reads no reply to ours */
+  else if (err && err != GS_EPROTO)
+    conn_close(conn);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
   http_conn_t *conn = s->data;
-  enum http_errno err;
 
   if (nread < 0) {
     if (nread != UV_EOF) {
@@ -530,23 +690,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
       conn_close(conn);
       return;
     }
-    /* Replies to complete requests still go out before we close. */
-    conn->eof = true;
-    if (conn->draining && conn->writes == 0)
-      conn_close(conn);
-    else
-      conn_drain(conn);
+    end_of_input(conn);
     return;
   }
   /* Bytes after the last request we answer are read only to be dropped. */
   if (nread == 0 || conn->draining || conn->closing)
     return;
-  http_parser_execute(&conn->parser, &parser_settings, buf->base, (size_t)nread);
-  if (conn->draining || conn->closing)
-    return;
-  err = HTTP_PARSER_ERRNO(&conn->parser);
-  if (err != HPE_OK)
-    reject_request(conn, err);
+  if (conn->tls)
+    tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
+  else
+    take_bytes(conn, (const uint8_t *)buf->base, (size_t)nread);
 }
 
 /* Allocates a connection with its handles initialised and links it in. */
@@ -599,6 +752,16 @@ static void on_connection(uv_stream_t *server, int status)
   }
   uv_tcp_nodelay(&conn->tcp, 1);
   gs_tcp_peer_name(&conn->tcp, conn->peer, sizeof(conn->peer));
+  if (srv->tls) {
+    gs_tls_io_t io = {.ctx = conn, .on_plain = tls_plain, .on_cipher = tls_cipher};
+
+    conn->tls = gs__tls_new(srv->tls, false, &io);
+    if (!conn->tls) {
+      gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory for a TLS session");
+      conn_close(conn);
+      return;
+    }
+  }
   timer_restart(conn, srv->limits.idle_timeout_ms);
 }
 
@@ -643,6 +806,11 @@ int gs_http_server_listen(gs_http_server_t *srv, const char *host, uint16_t port
   if (!err)
     srv->port = gs_tcp_local_port(&srv->listener);
   return err;
+}
+
+void gs_http_server_use_tls(gs_http_server_t *srv, gs_tls_ctx_t *tls)
+{
+  srv->tls = tls;
 }
 
 uint16_t gs_http_server_port(const gs_http_server_t *srv)

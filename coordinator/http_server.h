@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "tls.h"
 
 typedef struct gs_http_request {
   const char *method;        /* "GET", "POST", ... */
@@ -48,6 +49,11 @@ typedef struct gs_http_server gs_http_server_t;
 gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
                                      const gs_http_limits_t *limits, gs_http_handler_fn handler,
                                      void *ctx);
+
+/* Makes every connection speak only TLS with `tls` (borrowed: it must
+ * outlive the server); call before listening. A plain HTTP request is
+ * answered 400 in plain text, saying to use https. */
+void gs_http_server_use_tls(gs_http_server_t *srv, gs_tls_ctx_t *tls);
 
 /* Binds and listens on host:port (port 0: any free port). */
 int gs_http_server_listen(gs_http_server_t *srv, const char *host, uint16_t port) GS_WARN_UNUSED;

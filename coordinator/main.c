@@ -34,6 +34,19 @@ static const gs_flag_t flag_rows[] = {
    .help = "shared secret agents and control requests must send (none when empty)",
    .doc = "shared secret for every RPC and for control requests; none when empty. Prefer the "
           "environment variable: flags show in `ps`"},
+  {.name = "--tls-cert", .kind = GS_FLAG_STR, CFG(tls_cert), .min = 1, .env = "GRADSYNC_TLS_SERVER_CERT",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_SERVER_CERT`",
+   .help = "TLS on both ports: this certificate (PEM, chain first to last); needs --tls-key",
+   .doc = "the RPC and HTTP ports speak only TLS, with this certificate (PEM; the server's "
+          "first, then any intermediates); with `--tls-key`. Agents then need `--tls-ca`"},
+  {.name = "--tls-key", .kind = GS_FLAG_STR, CFG(tls_key), .min = 1, .env = "GRADSYNC_TLS_SERVER_KEY",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_SERVER_KEY`", .help = "the private key of --tls-cert (PEM)",
+   .doc = "the private key of `--tls-cert` (PEM); checked against it at start"},
+  {.name = "--tls-client-ca", .kind = GS_FLAG_STR, CFG(tls_client_ca), .min = 1,
+   .env = "GRADSYNC_TLS_CLIENT_CA", .metavar = "FILE", .def = "`$GRADSYNC_TLS_CLIENT_CA`",
+   .help = "mutual TLS: RPC clients must present a certificate signed by this CA (PEM)",
+   .doc = "mutual TLS: RPC clients (agents) must present a certificate this CA signed "
+          "(`--tls-cert`/`--tls-key` on the agent); the HTTP port asks for none"},
   {.name = "--http-auth", .kind = GS_FLAG_ENUM, CFG(http_auth), .names = http_auth_names,
    .help = "with a token, what HTTP needs it for: control, read or none",
    .doc = "with a token set, what HTTP requests need it (or the job's token, for that job): "
@@ -110,6 +123,35 @@ static const gs_flags_t flags = {
     .count = sizeof(flag_rows) / sizeof(flag_rows[0]),
 };
 
+/* Makes the TLS context of the --tls-* flags, checking their files now
+ * rather than at the first connection: 0, or exit status 2 with the
+ * reason. The context lives as long as the process. */
+static int tls_from_flags(gs_coord_config_t *cfg)
+{
+  char why[512];
+
+  if (!cfg->tls_cert && !cfg->tls_key && !cfg->tls_client_ca)
+    return 0;
+  if (!cfg->tls_cert || !cfg->tls_key) {
+    fprintf(stderr,
+            "gradsync-coordinator: %s needs %s as well (TLS takes a certificate and its "
+            "key)\n",
+            cfg->tls_cert  ? "--tls-cert"
+            : cfg->tls_key ? "--tls-key"
+                           : "--tls-client-ca",
+            cfg->tls_cert  ? "--tls-key"
+            : cfg->tls_key ? "--tls-cert"
+                           : "--tls-cert and --tls-key");
+    return 2;
+  }
+  cfg->tls = gs__tls_ctx_new(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, why, sizeof(why));
+  if (!cfg->tls) {
+    fprintf(stderr, "gradsync-coordinator: %s\n", why);
+    return 2;
+  }
+  return 0;
+}
+
 /* Parses argv into cfg, which holds the defaults; returns 0 to run, or an
  * exit status (-1: exit 0). */
 static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
@@ -123,7 +165,7 @@ static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
     fprintf(stderr, "gradsync-coordinator: --heartbeat-timeout must exceed --heartbeat-interval\n");
     return 2;
   }
-  return 0;
+  return tls_from_flags(cfg);
 }
 
 #define FD_HEADROOM 64 /* descriptors besides agent connections: listeners, HTTP, stdio */
@@ -252,12 +294,15 @@ int main(int argc, char **argv)
   uv_loop_init(&loop);
   app.log = &cfg.log;
   app.coord = gs_coord_new(&loop, &cfg);
-  if (!app.coord)
+  if (!app.coord) {
+    gs__tls_ctx_free(cfg.tls);
     return 1;
+  }
   if (gs_coord_start(app.coord)) {
     gs_coord_close(app.coord);
     uv_run(&loop, UV_RUN_DEFAULT);
     uv_loop_close(&loop);
+    gs__tls_ctx_free(cfg.tls);
     return 1;
   }
   uv_signal_init(&loop, &app.sigint);
@@ -268,11 +313,15 @@ int main(int argc, char **argv)
   printf("gradsync-coordinator listening rpc=%s:%u http=%s:%u\n", cfg.rpc_host,
          gs_coord_rpc_port(app.coord), cfg.http_host, gs_coord_http_port(app.coord));
   fflush(stdout);
-  gs_log(&cfg.log, GS_LOG_INFO, NULL, -1, "listening rpc=%s:%u http=%s:%u%s", cfg.rpc_host,
+  gs_log(&cfg.log, GS_LOG_INFO, NULL, -1, "listening rpc=%s:%u http=%s:%u%s%s", cfg.rpc_host,
          gs_coord_rpc_port(app.coord), cfg.http_host, gs_coord_http_port(app.coord),
-         cfg.token[0] ? " (token required)" : "");
+         cfg.token[0] ? " (token required)" : "",
+         !cfg.tls            ? ""
+         : cfg.tls_client_ca ? " (TLS on both ports; RPC clients need a certificate)"
+                             : " (TLS on both ports)");
   uv_run(&loop, UV_RUN_DEFAULT);
   rc = uv_loop_close(&loop);
+  gs__tls_ctx_free(cfg.tls);
   gs_log(&cfg.log, GS_LOG_INFO, NULL, -1, "stopped");
   return rc ? 1 : 0;
 }

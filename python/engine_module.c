@@ -285,9 +285,23 @@ static int set_coordinator(PyObject *v, gs_engine_coord_t *c)
   return 0;
 }
 
-/* Strings that must outlive gs_engine_new (it copies them). */
+/* The string options gs_engine_new copies, one row each: the config's
+ * pointer borrows the Python string until then. */
+#define SAT(member) offsetof(gs_engine_config_t, member)
+static const struct {
+  const char *key;
+  size_t off; /* of a const char * */
+} string_options[] = {
+    {"job", SAT(coord.job)},         {"token", SAT(coord.token)},
+    {"tls_ca", SAT(coord.tls_ca)},   {"tls_cert", SAT(coord.tls_cert)},
+    {"tls_key", SAT(coord.tls_key)}, {"checkpoint_dir", SAT(checkpoint_dir)},
+};
+#undef SAT
+#define N_STRING_OPTIONS (sizeof(string_options) / sizeof(string_options[0]))
+
+/* The Python strings the config borrows, by string_options row. */
 typedef struct {
-  PyObject *job, *token, *checkpoint_dir;
+  PyObject *str[N_STRING_OPTIONS];
 } borrowed_t;
 
 /* The options that map straight onto a config field: one row each. */
@@ -420,26 +434,25 @@ static int set_resume(gs_engine_config_t *c, PyObject *v)
   return 0;
 }
 
-/* The strings gs_engine_new copies: kept alive (in `keep`) until then. */
+/* A string option gs_engine_new copies: kept alive (in `keep`) until
+ * then; 1 when `key` is none of them. */
 static int set_borrowed(gs_engine_config_t *c, borrowed_t *keep, const char *key, PyObject *v)
 {
-  const char *str = utf8(v);
-  PyObject **slot = key[0] == 'j'   ? &keep->job
-                    : key[0] == 't' ? &keep->token
-                                    : &keep->checkpoint_dir;
+  for (size_t i = 0; i < N_STRING_OPTIONS; i++) {
+    const char *str;
 
-  if (!str)
-    return -1;
-  Py_INCREF(v);
-  Py_XDECREF(*slot);
-  *slot = v;
-  if (key[0] == 'j')
-    c->coord.job = str;
-  else if (key[0] == 't')
-    c->coord.token = str;
-  else
-    c->checkpoint_dir = str;
-  return 0;
+    if (strcmp(key, string_options[i].key))
+      continue;
+    str = utf8(v);
+    if (!str)
+      return -1;
+    Py_INCREF(v);
+    Py_XDECREF(keep->str[i]);
+    keep->str[i] = v;
+    *(const char **)((char *)c + string_options[i].off) = str;
+    return 0;
+  }
+  return 1;
 }
 
 static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, PyObject *v)
@@ -449,10 +462,11 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
 
   if (rc <= 0)
     return rc;
+  rc = set_borrowed(c, keep, key, v);
+  if (rc <= 0)
+    return rc;
   if (!strcmp(key, "coordinator"))
     return set_coordinator(v, &c->coord);
-  if (!strcmp(key, "job") || !strcmp(key, "token") || !strcmp(key, "checkpoint_dir"))
-    return set_borrowed(c, keep, key, v);
   if (!strcmp(key, "reduce"))
     return set_named(v, key, parse_reduce, &c->reduce, "'sum' or 'mean'");
   if (!strcmp(key, "schedule"))
@@ -496,7 +510,7 @@ static void engine_dealloc(EngineObject *self)
 static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
 {
   gs_engine_config_t cfg;
-  borrowed_t keep = {NULL, NULL, NULL};
+  borrowed_t keep = {{NULL}};
   PyObject *key, *value;
   Py_ssize_t pos = 0;
   bool bias_wd_given = false;
@@ -538,9 +552,8 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   }
   rc = 0;
 out:
-  Py_XDECREF(keep.job);
-  Py_XDECREF(keep.token);
-  Py_XDECREF(keep.checkpoint_dir);
+  for (size_t i = 0; i < N_STRING_OPTIONS; i++)
+    Py_XDECREF(keep.str[i]);
   return rc;
 }
 

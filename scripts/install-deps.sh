@@ -21,7 +21,7 @@ packages=(
   check
   libopenblas-dev dataset-fashion-mnist
   patchelf clang-format clang
-  curl python3-yaml
+  curl openssl python3-yaml
   python3-dev python3-torch python3-numpy
   iproute2 iptables
   "${extra[@]}"

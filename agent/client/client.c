@@ -19,6 +19,7 @@
 
 #include "clock.h"
 #include "client_internal.h"
+#include "client_tls.h"
 #include "frame.h"
 #include "why.h"
 #include "wire.h"
@@ -103,6 +104,7 @@ gs_client_t *gs_client_new(const gs_client_config_t *cfg)
   cl->fd = -1;
   cl->next_id = 1;
   cl->interrupt = cfg->interrupt;
+  cl->tls = cfg->tls;
   cl->progress_ms = GS_CLIENT_PROGRESS_MS;
   clock_gettime(CLOCK_REALTIME, &ts);
   gs__backoff_init(&cl->backoff, (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 20 ^
@@ -112,6 +114,8 @@ gs_client_t *gs_client_new(const gs_client_config_t *cfg)
 
 static void close_conn(gs_client_t *cl)
 {
+  gs__client_tls_end(cl->ssl);
+  cl->ssl = NULL;
   if (cl->fd >= 0)
     close(cl->fd);
   cl->fd = -1;
@@ -232,8 +236,46 @@ out_close_socket:
   return gs_err_from_errno(soerr);
 }
 
+/* The TLS handshake on the new connection, within the call's deadline
+ * and GS_CLIENT_HANDSHAKE_MS: 0; GS_EPROTO, final (a certificate, a
+ * coordinator without TLS); GS_ECLOSED to redial; GS_ETIMEDOUT, GS_EINTR. */
+static int handshake(gs_client_t *cl, uint64_t deadline)
+{
+  uint64_t now = gs_now_ms(), until = now + GS_CLIENT_HANDSHAKE_MS;
+  char why[400];
+  int err = gs__client_tls_start(cl->tls, cl->fd, cl->host, &cl->ssl);
+
+  if (err)
+    snprintf(why, sizeof(why), "cannot start a session: %s", gs_strerror(err));
+  while (!err) {
+    short wait;
+
+    err = gs__client_tls_handshake(cl->ssl, &wait, why, sizeof(why));
+    if (err || !wait)
+      break;
+    err = wait_fd(cl, cl->fd, wait, until < deadline ? until : deadline);
+    if (err == GS_ETIMEDOUT && until < deadline) {
+      snprintf(why, sizeof(why),
+               "handshake not done within %u ms (does the coordinator run without --tls-cert?)",
+               GS_CLIENT_HANDSHAKE_MS);
+      err = GS_ECLOSED;
+    } else if (err == GS_ETIMEDOUT) {
+      snprintf(why, sizeof(why), "handshake timed out");
+    } else if (err && err != GS_EINTR) {
+      snprintf(why, sizeof(why), "%s", gs_strerror(err));
+      err = GS_ECLOSED;
+    }
+  }
+  if (err && err != GS_EINTR)
+    gs__client_set_err(cl, "coordinator %s: TLS %s", cl->addr, why);
+  if (err)
+    close_conn(cl);
+  return err;
+}
+
 /* Resolves the coordinator's address and connects to the first address
- * that answers. Name resolution itself is not bounded by the deadline. */
+ * that answers, in TLS when configured. Name resolution itself is not
+ * bounded by the deadline. */
 static int dial(gs_client_t *cl, uint64_t deadline)
 {
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *ai;
@@ -252,8 +294,11 @@ static int dial(gs_client_t *cl, uint64_t deadline)
       break;
   }
   freeaddrinfo(res);
+  if (!err && cl->tls)
+    err = handshake(cl, deadline);
   if (!err)
-    gs_log(cl->log, GS_LOG_DEBUG, cl->job, -1, "connected to coordinator %s", cl->addr);
+    gs_log(cl->log, GS_LOG_DEBUG, cl->job, -1, "connected to coordinator %s%s", cl->addr,
+           cl->tls ? " (TLS)" : "");
   return err;
 }
 
@@ -269,13 +314,52 @@ static bool conn_alive(gs_client_t *cl)
   return !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-/* Writes the whole request frame: 0, GS_ETIMEDOUT or GS_ECLOSED. */
+/* The TLS side of send_all and fill: one SSL step, then its wait. */
+static int tls_io(gs_client_t *cl, bool writing, uint8_t *p, size_t len, size_t *done,
+                  uint64_t deadline)
+{
+  char why[400];
+  short wait;
+  int err = gs__client_tls_io(cl->ssl, writing, p, len, done, &wait, why, sizeof(why));
+
+  if (err) {
+    gs__client_set_err(cl, "coordinator %s: TLS %s", cl->addr, why);
+    return err;
+  }
+  if (!wait)
+    return 0;
+  err = wait_fd(cl, cl->fd, wait, deadline);
+  return err == GS_ETIMEDOUT || err == GS_EINTR || !err ? err : GS_ECLOSED;
+}
+
+/* Writes the whole request frame through TLS. */
+static int tls_send_all(gs_client_t *cl, uint64_t deadline)
+{
+  uint8_t *p = cl->wbuf.data;
+  size_t left = cl->wbuf.len;
+
+  while (left) {
+    size_t done;
+    int err = tls_io(cl, true, p, left, &done, deadline);
+
+    if (err)
+      return err;
+    p += done;
+    left -= done;
+  }
+  return 0;
+}
+
+/* Writes the whole request frame: 0, GS_ETIMEDOUT, GS_ECLOSED, or
+ * GS_EPROTO (TLS failed). */
 static int send_all(gs_client_t *cl, uint64_t deadline)
 {
   const uint8_t *p = cl->wbuf.data;
   size_t left = cl->wbuf.len;
   int err;
 
+  if (cl->ssl)
+    return tls_send_all(cl, deadline);
   while (left) {
     ssize_t n = send(cl->fd, p, left, MSG_NOSIGNAL);
 
@@ -298,7 +382,7 @@ static int send_all(gs_client_t *cl, uint64_t deadline)
 }
 
 /* Reads what the socket has into rbuf, waiting for it until the deadline:
- * 0, GS_ETIMEDOUT, GS_ECLOSED, or GS_ENOMEM. */
+ * 0, GS_ETIMEDOUT, GS_ECLOSED, GS_ENOMEM, or GS_EPROTO (TLS failed). */
 static int fill(gs_client_t *cl, uint64_t deadline)
 {
   int err = gs_buf_reserve(&cl->rbuf, READ_CHUNK);
@@ -306,6 +390,14 @@ static int fill(gs_client_t *cl, uint64_t deadline)
   if (err) {
     gs__client_set_err(cl, "no memory for a reply from %s", cl->addr);
     return err;
+  }
+  while (cl->ssl) {
+    size_t got;
+
+    err = tls_io(cl, false, cl->rbuf.data + cl->rbuf.len, READ_CHUNK, &got, deadline);
+    cl->rbuf.len += got;
+    if (err || got)
+      return err;
   }
   for (;;) {
     ssize_t n = recv(cl->fd, cl->rbuf.data + cl->rbuf.len, READ_CHUNK, 0);
@@ -338,6 +430,14 @@ static bool looks_like_http(const gs_buf_t *b)
   return b->len >= 5 && memcmp(b->data, "HTTP/", 5) == 0;
 }
 
+/* Whether the bytes received start like a TLS alert record: a coordinator
+ * with TLS answers a client without it with one where a frame's length
+ * should be. */
+static bool looks_like_tls_alert(const gs_buf_t *b)
+{
+  return b->len >= 3 && b->data[0] == 0x15 && b->data[1] == 0x03 && b->data[2] <= 0x04;
+}
+
 /* Waits for one whole frame in rbuf; *used is what it occupies. */
 static int read_frame(gs_client_t *cl, uint64_t deadline, const uint8_t **payload, size_t *len,
                       size_t *used)
@@ -349,6 +449,13 @@ static int read_frame(gs_client_t *cl, uint64_t deadline, const uint8_t **payloa
     if (n > 0) {
       *used = (size_t)n;
       return 0;
+    }
+    if (n < 0 && looks_like_tls_alert(&cl->rbuf)) {
+      gs__client_set_err(cl,
+                         "coordinator %s answered in TLS: it runs with --tls-cert; give the "
+                         "agent --tls-ca (the CA that signed the coordinator's certificate)",
+                         cl->addr);
+      return GS_EPROTO;
     }
     if (n < 0 && looks_like_http(&cl->rbuf)) {
       gs__client_set_err(cl,
@@ -519,8 +626,8 @@ static int attempt(gs_client_t *cl, call_t *c)
       c->failed_once = c->timed_out = true; /* cl->err has the last failure */
       return err;
     }
-    if (err == GS_EINTR)
-      return err;
+    if (err == GS_EINTR || err == GS_EPROTO)
+      return err; /* GS_EPROTO: TLS refused; redialling would be refused again */
     if (err)
       return conn_failed(cl, c);
   }
@@ -531,6 +638,10 @@ static int attempt(gs_client_t *cl, call_t *c)
   if (err == GS_ETIMEDOUT || err == GS_EINTR) {
     close_conn(cl); /* part of a frame may have gone out: the stream is unusable */
     c->timed_out = err == GS_ETIMEDOUT;
+    return err;
+  }
+  if (err == GS_EPROTO) {
+    close_conn(cl);
     return err;
   }
   if (err)

@@ -23,8 +23,10 @@ struct gs_client {
   char *job;
   char session[48]; /* the rank's session, sent in every envelope ("" before the Join) */
   const gs_log_t *log;
-  gs_log_t default_log; /* used when the config names no log */
-  int fd;               /* -1 while disconnected */
+  gs_log_t default_log;       /* used when the config names no log */
+  int fd;                     /* -1 while disconnected */
+  const gs_client_tls_t *tls; /* borrowed; NULL: plaintext */
+  struct ssl_st *ssl;         /* the connection's TLS session, with tls */
   uint64_t next_id;
   gs_backoff_t backoff; /* when the next redial may start */
   gs_buf_t rbuf;        /* bytes received and not yet parsed */

@@ -18,6 +18,17 @@ static bool copy_string(const char *s, char **copy)
   return !s || *copy;
 }
 
+/* The copies gs_engine_new made of the config's strings. */
+static void free_strings(gs_engine_t *e)
+{
+  free(e->job);
+  free(e->token);
+  free(e->checkpoint_dir);
+  free(e->tls_ca);
+  free(e->tls_cert);
+  free(e->tls_key);
+}
+
 gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
 {
   gs_engine_t *e = calloc(1, sizeof(*e));
@@ -26,15 +37,19 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
     return NULL;
   e->cfg = *cfg;
   if (!copy_string(cfg->coord.job, &e->job) || !copy_string(cfg->coord.token, &e->token) ||
-      !copy_string(cfg->checkpoint_dir, &e->checkpoint_dir)) {
-    free(e->job);
-    free(e->token);
-    free(e->checkpoint_dir);
+      !copy_string(cfg->checkpoint_dir, &e->checkpoint_dir) ||
+      !copy_string(cfg->coord.tls_ca, &e->tls_ca) ||
+      !copy_string(cfg->coord.tls_cert, &e->tls_cert) ||
+      !copy_string(cfg->coord.tls_key, &e->tls_key)) {
+    free_strings(e);
     free(e);
     return NULL;
   }
   e->cfg.coord.job = e->job;
   e->cfg.coord.token = e->token;
+  e->cfg.coord.tls_ca = e->tls_ca;
+  e->cfg.coord.tls_cert = e->tls_cert;
+  e->cfg.coord.tls_key = e->tls_key;
   e->cfg.checkpoint_dir = e->checkpoint_dir;
   e->log = (gs_log_t){GS_LOG_INFO, NULL, "gradsync"};
   if (!e->cfg.log)
@@ -400,10 +415,29 @@ static gs_client_config_t client_config(const gs_engine_t *e)
       .token = e->cfg.coord.token,
       .job = e->cfg.coord.job,
       .log = e->cfg.coord.log,
+      .tls = e->tls,
   };
 
   snprintf(c.host, sizeof(c.host), "%s", e->cfg.coord.host);
   return c;
+}
+
+/* The TLS context of coord.tls_*, shared by the client and the heartbeat
+ * thread's; made before either dials, so a bad file fails the start. */
+static int open_tls(gs_engine_t *e)
+{
+  const gs_engine_coord_t *c = &e->cfg.coord;
+  gs_client_tls_config_t tc = {.ca = c->tls_ca, .cert = c->tls_cert, .key = c->tls_key};
+  char why[512];
+
+  if (!c->tls_ca && !c->tls_cert && !c->tls_key)
+    return 0;
+  e->tls = gs_client_tls_new(&tc, why, sizeof(why));
+  if (!e->tls) {
+    gs_set_why(e->error, sizeof(e->error), "TLS: %s", why);
+    return GS_EINVAL;
+  }
+  return 0;
 }
 
 /* Starts heartbeating right after Join: the coordinator's timeout runs
@@ -518,6 +552,9 @@ int gs_engine_start(gs_engine_t *e)
     if (err)
       return err;
   }
+  err = open_tls(e);
+  if (err)
+    return err;
   {
     gs_client_config_t cc = client_config(e);
 
@@ -626,9 +663,8 @@ void gs_engine_free(gs_engine_t *e)
     gs_device_destroy(e->cfg.dev);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
-  free(e->job);
-  free(e->token);
-  free(e->checkpoint_dir);
+  gs_client_tls_free(e->tls); /* after every client that used it */
+  free_strings(e);
   free(e->layout_desc);
   free(e);
 }

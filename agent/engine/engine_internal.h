@@ -47,9 +47,11 @@ typedef struct comm_job {
 struct gs_engine {
   gs_engine_config_t cfg; /* its strings point at the copies below */
   char *job, *token, *checkpoint_dir;
-  char *layout_desc; /* gs_engine_set_layout_desc's, or made from the params at start */
-  gs_log_t log;      /* cfg.log when the caller gave none */
-  bool owns_dev;     /* cfg.dev was opened by start (from cfg.device) */
+  char *tls_ca, *tls_cert, *tls_key;
+  gs_client_tls_t *tls; /* made from them by start; NULL: plaintext */
+  char *layout_desc;    /* gs_engine_set_layout_desc's, or made from the params at start */
+  gs_log_t log;         /* cfg.log when the caller gave none */
+  bool owns_dev;        /* cfg.dev was opened by start (from cfg.device) */
   char error[768];
   gs_ckpt_writer_t ckpt_writer; /* rank 0's checkpoints, written in the background */
   bool ckpt_taken;              /* a checkpoint was handed to the writer, of step ckpt_step */

@@ -98,7 +98,9 @@ static const gs_flags_t flags = {
               "GRADSYNC_NODE (when known), GRADSYNC_NNODES, GRADSYNC_NODE_RANK, LOCAL_RANK,\n"
               "WORLD_SIZE and LOCAL_WORLD_SIZE; a program run from a build tree also gets\n"
               "that tree's Python package first on PYTHONPATH. With fewer GPUs than --nproc\n"
-              "agents pick the cpu device unless told --device.\n"
+              "agents pick the cpu device unless told --device. TLS flags for the agents\n"
+              "(--tls-ca, --tls-cert, --tls-key) are for the --coordinator form: the\n"
+              "coordinator gradsync-run starts itself has no TLS.\n"
               "Flags left out are read from the environment: GRADSYNC_* first, then the\n"
               "scheduler's (SLURM, torchrun, Kubeflow, a Kubernetes Indexed Job).\n"
               "SIGINT, SIGTERM and SIGHUP stop the agents with SIGTERM, then the coordinator;\n"
@@ -206,6 +208,36 @@ static int check_pass(gs_run_config_t *cfg)
   return 0;
 }
 
+/* The coordinator gradsync-run starts listens on loopback without TLS:
+ * TLS settings for the agents would only make every rank fail against
+ * it, so they are refused up front (they pass through to agents that
+ * join a coordinator with --coordinator). */
+static int check_tls(const gs_run_config_t *cfg)
+{
+  static const char *const vars[] = {"GRADSYNC_TLS_CA", "GRADSYNC_TLS_CERT", "GRADSYNC_TLS_KEY"};
+  static const char why[] = "the coordinator gradsync-run starts listens on loopback without "
+                            "TLS; TLS is for agents joining a coordinator started with "
+                            "--tls-cert (--coordinator HOST:PORT)";
+
+  if (cfg->join)
+    return 0;
+  for (int i = 0; !cfg->command && i < cfg->npass; i++) {
+    if (!strncmp(cfg->pass[i], "--tls-", 6)) {
+      fprintf(stderr, "gradsync-run: agent flag '%s': %s\n", cfg->pass[i], why);
+      return GS_RUN_USAGE_ERR;
+    }
+  }
+  for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+    const char *v = getenv(vars[i]);
+
+    if (v && v[0]) {
+      fprintf(stderr, "gradsync-run: $%s is set: %s\n", vars[i], why);
+      return GS_RUN_USAGE_ERR;
+    }
+  }
+  return 0;
+}
+
 /* --print-config: the table's rows, then what follows from them. */
 static void print_config(const gs_run_config_t *cfg, const gs_flags_opts_t *opts,
                          gs_launch_env_t *le)
@@ -237,6 +269,8 @@ static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action, const gs_
     snprintf(cfg->rpc, sizeof(cfg->rpc), strchr(cfg->coord_host, ':') ? "[%s]:%u" : "%s:%u",
              cfg->coord_host, cfg->coord_port);
   rc = check_pass(cfg);
+  if (!rc)
+    rc = check_tls(cfg);
   if (rc)
     return rc;
   if (cfg->print_config) {

@@ -150,6 +150,20 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--token", .kind = GS_FLAG_STR, E(coord.token), .secret = true,
    .env = "GRADSYNC_TOKEN", .metavar = "TOKEN", .def = "`$GRADSYNC_TOKEN`",
    .help = "the coordinator's shared secret"},
+  {.name = "--tls-ca", .kind = GS_FLAG_STR, E(coord.tls_ca), .min = 1, .env = "GRADSYNC_TLS_CA",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_CA`; none: plaintext",
+   .help = "speak TLS to the coordinator, verifying its certificate with this CA (PEM)",
+   .doc = "speak TLS to the coordinator (one started with `--tls-cert`) and verify its "
+          "certificate with this CA (PEM), including the host name or IP address of "
+          "`--coordinator`"},
+  {.name = "--tls-cert", .kind = GS_FLAG_STR, E(coord.tls_cert), .min = 1,
+   .env = "GRADSYNC_TLS_CERT", .metavar = "FILE", .def = "`$GRADSYNC_TLS_CERT`",
+   .help = "this agent's certificate (PEM), for a coordinator with --tls-client-ca",
+   .doc = "this agent's certificate (PEM), for a coordinator started with `--tls-client-ca` "
+          "(mutual TLS); with `--tls-key` and `--tls-ca`"},
+  {.name = "--tls-key", .kind = GS_FLAG_STR, E(coord.tls_key), .min = 1,
+   .env = "GRADSYNC_TLS_KEY", .metavar = "FILE", .def = "`$GRADSYNC_TLS_KEY`",
+   .help = "the private key of --tls-cert (PEM)", .doc = "the private key of `--tls-cert` (PEM)"},
   {.name = "--device", .kind = GS_FLAG_STRBUF, F(t.device), .names = devices,
    .help = "compute device: cuda when a GPU is visible and this build has CUDA, else cpu",
    .doc = "compute device: `cuda` (cuBLAS + our kernels) when the build has CUDA and a GPU is "

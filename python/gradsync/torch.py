@@ -71,11 +71,16 @@ def _number(value, name):
     return n
 
 
-def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None, token=None):
+def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None, token=None,
+         tls_ca=None, tls_cert=None, tls_key=None):
     """Where the job is: the arguments given, else gradsync's variables
     (set by gradsync-run), else torchrun's and SLURM's, as gradsync-agent
-    reads them (README, "Environment"). Joins nothing yet: the
-    DistributedOptimizer joins. Returns the resolved settings."""
+    reads them (README, "Environment"). tls_ca (else $GRADSYNC_TLS_CA)
+    speaks TLS to a coordinator started with --tls-cert, verifying it
+    with that CA file; tls_cert and tls_key (else $GRADSYNC_TLS_CERT,
+    $GRADSYNC_TLS_KEY) are this rank's certificate for one started with
+    --tls-client-ca. Joins nothing yet: the DistributedOptimizer joins
+    (and reads the files). Returns the resolved settings."""
     if coordinator is None:
         coordinator, _ = _env("GRADSYNC_COORDINATOR")
     if coordinator is None:
@@ -110,6 +115,12 @@ def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None
     for key, var in (("comm_iface", "GRADSYNC_COMM_IFACE"), ("comm_bind", "GRADSYNC_COMM_BIND"),
                      ("comm_advertise", "GRADSYNC_COMM_ADVERTISE")):
         v, _ = _env(var)
+        if v:
+            cfg[key] = v
+    for key, given, var in (("tls_ca", tls_ca, "GRADSYNC_TLS_CA"),
+                            ("tls_cert", tls_cert, "GRADSYNC_TLS_CERT"),
+                            ("tls_key", tls_key, "GRADSYNC_TLS_KEY")):
+        v = os.fspath(given) if given is not None else _env(var)[0]
         if v:
             cfg[key] = v
     _state["config"] = cfg

@@ -20,6 +20,23 @@
 #include "packlist.h"
 #include "wire.h"
 
+/* TLS to the coordinator: the CA that signed its certificate, and this
+ * agent's own certificate and key for a coordinator that asks for one
+ * (--tls-client-ca). One per process, shared by every client (the
+ * heartbeat thread's too). */
+typedef struct gs_client_tls gs_client_tls_t;
+typedef struct gs_client_tls_config {
+  const char *ca;   /* PEM; required */
+  const char *cert; /* PEM, the leaf first; NULL: present none */
+  const char *key;  /* PEM; with cert */
+} gs_client_tls_config_t;
+
+/* Loads and checks the files now: NULL with the reason in `why` (a file
+ * that cannot be read or is not PEM, a key that is not the certificate's).
+ * Free with gs_client_tls_free once no client uses it. */
+gs_client_tls_t *gs_client_tls_new(const gs_client_tls_config_t *cfg, char *why, size_t why_len);
+void gs_client_tls_free(gs_client_tls_t *tls);
+
 typedef struct gs_client_config {
   char host[256]; /* coordinator address */
   uint16_t port;
@@ -31,10 +48,18 @@ typedef struct gs_client_config {
    * GS_CLIENT_SLICE_MS with GS_EINTR, and the error names the signal and
    * what the call waited for. Borrowed; NULL: never interrupted. */
   volatile sig_atomic_t *interrupt;
+  /* Borrowed, outlives the client; NULL: plaintext. With it every
+   * connection is TLS, and the coordinator's certificate must name `host`
+   * (a DNS name, or an IP address in its subjectAltName). */
+  const gs_client_tls_t *tls;
 } gs_client_config_t;
 
 /* How often a waiting call looks at the interrupt flag. */
 #define GS_CLIENT_SLICE_MS 100u
+/* A TLS handshake that has not finished in this long is given up, and
+ * the coordinator redialled: a coordinator without TLS reads a
+ * ClientHello as the start of a frame and may wait for the rest. */
+#define GS_CLIENT_HANDSHAKE_MS 10000u
 /* How often a waiting call says what it waits for (an info line). */
 #define GS_CLIENT_PROGRESS_MS 10000u
 

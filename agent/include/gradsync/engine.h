@@ -94,6 +94,16 @@ typedef struct gs_engine_coord {
   const char *token;        /* shared secret or NULL; copied by gs_engine_new; never logged */
   const char *job;          /* job name (default "local"); copied by gs_engine_new */
   const struct gs_log *log; /* borrowed; NULL: the engine's log */
+  /* TLS to a coordinator started with --tls-cert (paths to PEM files,
+   * copied by gs_engine_new; NULL: none). tls_ca turns TLS on: the CA
+   * that signed the coordinator's certificate, which must name `host`
+   * (its DNS name, or its IP address in subjectAltName). tls_cert and
+   * tls_key: this rank's certificate and key, for a coordinator that
+   * demands one (--tls-client-ca). The files are read by gs_engine_start,
+   * which fails naming the file when one is unusable. */
+  const char *tls_ca;
+  const char *tls_cert;
+  const char *tls_key;
 } gs_engine_coord_t;
 
 /* Elastic jobs: what the learning rate does when the world changes. */

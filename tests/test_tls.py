@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""TLS on the coordinator's ports, against the real coordinator, agents,
+curl and the Python package, with a throwaway CA made here by the openssl
+command: agents train over TLS; curl --cacert reads /healthz and /status;
+plain HTTP, plaintext agents, a wrong CA, a certificate that does not name
+the address, a TLS agent against a plaintext coordinator and a handshake
+that never starts all fail clearly, fast, and leave the coordinator
+serving; --tls-client-ca refuses agents without a certificate it signed;
+bad flag files end the coordinator with status 2 and a reason.
+
+usage: test_tls.py BIN_DIR COORDINATOR_BIN [PYTHON_PACKAGE_DIR]
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+BIN_DIR, COORD = sys.argv[1], sys.argv[2]
+PYDIR = sys.argv[3] if len(sys.argv) > 3 else None
+AGENT = os.path.join(BIN_DIR, "gradsync-agent")
+RUN = os.path.join(BIN_DIR, "gradsync-run")
+FAIL_FAST_S = 10  # a refused agent must say so well within this
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d):
+    """Two CAs; from the first a server certificate for 127.0.0.1 and
+    localhost, one that names neither, and a client certificate."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca in ("ca", "ca2"):
+        openssl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2",
+                "-subj", f"/CN=gradsync test {ca}", cwd=d)
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    with open(os.path.join(d, "other.ext"), "w") as f:
+        f.write("subjectAltName=DNS:elsewhere.example\n")
+    for name, ext in (("server", "server.ext"), ("other", "other.ext"), ("client", None)):
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj",
+                f"/CN={name}", cwd=d)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2",
+                *(["-extfile", ext] if ext else []), cwd=d)
+    return lambda name: os.path.join(d, name)
+
+
+def coordinator(*extra, env=None):
+    c = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                          "--log-level", "warn", "--idle-timeout", "2s"] + list(extra),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, **(env or {})))
+    line = c.stdout.readline()
+    m = re.search(r"rpc=(\S+) http=(\S+)", line)
+    assert m, (line, c.stderr.read() if c.poll() is not None else "")
+    return c, m.group(1), m.group(2)
+
+
+def agents(rpc, job, *flags, world=1, env=None, steps=10):
+    """Runs `world` agents of `job`: [(status, stderr, seconds)]."""
+    start = time.time()
+    ps = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", job, "--world-size", str(world),
+                            "--local-rank", str(i), "--reduce", "mean", "--steps", str(steps),
+                            "--no-validate", "--join-timeout", "30s"] + list(flags),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, **(env or {})))
+          for i in range(world)]
+    return [(p.wait(timeout=60), p.stderr.read(), time.time() - start) for p in ps]
+
+
+def refused(rpc, job, want, *flags):
+    """One agent that must fail within FAIL_FAST_S, saying `want`."""
+    [(code, err, secs)] = agents(rpc, job, *flags)
+    assert code != 0 and want in err, (job, code, err[-2000:])
+    assert secs < FAIL_FAST_S, (job, secs, err[-2000:])
+    return err.strip().splitlines()[-1]
+
+
+def https_get(url, ca):
+    """The body of GET `url`, by curl --cacert when there is curl."""
+    if shutil.which("curl"):
+        return subprocess.run(["curl", "-sS", "--fail", "--max-time", "10", "--cacert", ca, url],
+                              capture_output=True, text=True, check=True).stdout
+    with urllib.request.urlopen(url, timeout=10,
+                                context=ssl.create_default_context(cafile=ca)) as r:
+        return r.read().decode()
+
+
+def case_bad_flags(pki):
+    for flags, want in [
+            (["--tls-cert", pki("server.pem")], "needs --tls-key"),
+            (["--tls-cert", pki("server.pem"), "--tls-key", pki("missing.key")],
+             "No such file or directory"),
+            (["--tls-cert", pki("server.pem"), "--tls-key", pki("client.key")], "does not match"),
+            (["--tls-cert", pki("server.ext"), "--tls-key", pki("server.key")],
+             "not a PEM certificate"),
+            (["--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
+              "--tls-client-ca", pki("server.ext")], "no PEM certificate")]:
+        r = subprocess.run([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"] + flags,
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 2 and want in r.stderr, (flags, r.returncode, r.stderr)
+    r = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1", "--steps", "1",
+                        "--tls-ca", pki("missing.pem")], capture_output=True, text=True, timeout=20)
+    assert r.returncode != 0 and "--tls-ca" in r.stderr and "No such file" in r.stderr, r.stderr
+    print("bad TLS files: exit status 2 (agent: an error) naming the file and the cause")
+
+
+def case_python(rpc, ca):
+    """One rank of the Python package over TLS, tls_ca given to init()."""
+    script = ("import sys, torch, torch.nn.functional as F\n"
+              "import gradsync.torch as gs\n"
+              "gs.init(coordinator=sys.argv[1], job='py', world_size=1, local_rank=0,\n"
+              "        tls_ca=sys.argv[2])\n"
+              "model = torch.nn.Linear(4, 2)\n"
+              "opt = gs.DistributedOptimizer(model, lr=0.1)\n"
+              "for _ in range(3):\n"
+              "    opt.zero_grad()\n"
+              "    loss = F.mse_loss(model(torch.ones(8, 4)), torch.zeros(8, 2))\n"
+              "    loss.backward()\n"
+              "    opt.step(loss)\n"
+              "opt.finish()\n"
+              "print('trained over TLS')\n")
+    env = dict(os.environ, PYTHONPATH=PYDIR)
+    r = subprocess.run([sys.executable, "-c", script, rpc, ca], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0 and "trained over TLS" in r.stdout, (r.returncode, r.stderr[-3000:])
+    print("python: gradsync.torch.init(tls_ca=...) trained a rank over TLS")
+
+
+def check_tls_coordinator(pki):
+    c, rpc, http = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
+                               "--heartbeat-interval", "100ms", "--heartbeat-timeout", "2s")
+    try:
+        res = agents(rpc, "tls", "--tls-ca", pki("ca.pem"), world=2, steps=150)
+        assert all(code == 0 for code, _, _ in res), res
+        metrics = https_get(f"https://{http}/metrics", pki("ca.pem"))
+        beats = re.search(r'gradsync_rpc_requests_total\{method="Heartbeat"\} (\d+)', metrics)
+        assert beats and int(beats.group(1)) > 0, metrics[-2000:]
+        print(f"2 agents trained over TLS (--tls-ca); their heartbeat threads' own "
+              f"connections sent {beats.group(1)} heartbeats")
+        r = subprocess.run([RUN, "--coordinator", rpc, "--nnodes", "1", "--node-rank", "0",
+                            "--nproc-per-node", "2", "--job", "run", "--", "--tls-ca", pki("ca.pem"),
+                            "--reduce", "mean", "--steps", "10", "--no-validate"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        r = subprocess.run([RUN, "--nproc", "1", "--", "--tls-ca", pki("ca.pem")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "without TLS" in r.stderr, (r.returncode, r.stderr)
+        print("gradsync-run: --tls-ca reaches the agents that join; refused with its own "
+              "coordinator")
+        assert json.loads(https_get(f"https://{http}/healthz", pki("ca.pem")))["status"] == "ok"
+        status = json.loads(https_get(f"https://{http}/status", pki("ca.pem")))
+        assert any(j["name"] == "tls" for j in status["jobs"]), status
+        print("curl --cacert ca.pem https://.../healthz and /status answer")
+        try:
+            urllib.request.urlopen(f"http://{http}/healthz", timeout=10)
+            raise AssertionError("plain http to the TLS port was answered")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400 and b"https://" in e.read(), e
+        assert json.loads(https_get(f"https://{http}/healthz", pki("ca.pem")))["status"] == "ok"
+        print("plain http://: 400 'use https://', and the port serves TLS on")
+        line = refused(rpc, "wrong-ca", "certificate verify failed", "--tls-ca", pki("ca2.pem"))
+        print("wrong CA:", line)
+        line = refused(rpc, "no-tls", "answered in TLS")
+        print("no --tls-ca:", line)
+        host, port = rpc.rsplit(":", 1)
+        [(code, err, _)] = agents(f"localhost:{port}", "by-name", "--tls-ca", pki("ca.pem"))
+        assert code == 0, err[-2000:]
+        print("dialled by name (localhost), the name is checked and the agent trained")
+        silent = [socket.create_connection((h, int(p)), timeout=10)
+                  for h, p in (rpc.rsplit(":", 1), http.rsplit(":", 1))]
+        start = time.time()
+        for s in silent:
+            with s:
+                assert s.recv(1) == b""  # no handshake: closed at --idle-timeout
+        assert time.time() - start < 6, time.time() - start
+        print("connections (RPC, HTTP) that never start a handshake close at --idle-timeout")
+        if PYDIR:
+            case_python(rpc, pki("ca.pem"))
+        assert c.poll() is None, "the coordinator died"
+    finally:
+        c.kill()
+        _, err = c.communicate()
+    assert "TLS handshake failed" in err and "agents need --tls-ca" in err, err[-3000:]
+    c, rpc, _ = coordinator("--tls-cert", pki("other.pem"), "--tls-key", pki("other.key"))
+    try:
+        line = refused(rpc, "mismatch", "IP address mismatch", "--tls-ca", pki("ca.pem"))
+        print("a certificate that does not name 127.0.0.1:", line)
+    finally:
+        c.kill()
+        c.wait()
+
+
+def check_raw_client(pki):
+    """A client written from proto/README.md alone (stock protoc, Python's
+    ssl): frames travel inside TLS unchanged. 60,000 pipelined calls read
+    only afterwards push the coordinator past its backpressure mark, so
+    TLS connections pause and resume: every reply must come, in order. A
+    2 MiB frame (many TLS records) is decoded and refused as too many
+    params."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, tests)
+    from protoc_client import PREFIX, load_proto
+    pb = load_proto(os.path.join(tests, "..", "proto"))
+
+    def frame(method, msg, request_id):
+        data = pb.Envelope(method=PREFIX + method, request_id=request_id,
+                           body=msg.SerializeToString()).SerializeToString()
+        return struct.pack(">I", len(data)) + data
+
+    def exact(sock, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "the coordinator closed the connection"
+            buf += chunk
+        return buf
+
+    def envelope(sock):
+        (n,) = struct.unpack(">I", exact(sock, 4))
+        return pb.Envelope.FromString(exact(sock, n))
+
+    c, rpc, _ = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
+                            "--idle-timeout", "30s")
+    host, port = rpc.rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=pki("ca.pem"))
+    try:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.settimeout(30)
+        raw.connect((host, int(port)))
+        with ctx.wrap_socket(raw, server_hostname=host) as s:
+            calls = 60000
+            hb = b"".join(frame("Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0), i)
+                          for i in range(1, calls + 1))
+            sender = threading.Thread(target=s.sendall, args=(hb,))
+            sender.start()
+            time.sleep(1.0)
+            ids = [envelope(s).request_id for _ in range(calls)]
+            sender.join()
+            assert ids == list(range(1, calls + 1)), "replies lost or out of order"
+            entries = 1 << 20  # PackList.params: an empty ParamInfo is 2 bytes
+            lst = b"\x12\x00" * entries
+            body = (pb.PublishPackListRequest(job="big").SerializeToString() + b"\x22" +
+                    _varint(len(lst)) + lst)
+            env = pb.Envelope(method=PREFIX + "PublishPackList", request_id=7,
+                              body=body).SerializeToString()
+            s.sendall(struct.pack(">I", len(env)) + env)
+            reply = envelope(s)
+            assert reply.request_id == 7 and "--max-params" in reply.message, reply
+        print(f"stock protobuf over Python ssl: {calls} pipelined calls answered in order; "
+              f"a {len(env) >> 20} MiB frame decoded ({reply.message[:40]}...)")
+        assert c.poll() is None, "the coordinator died"
+    finally:
+        c.kill()
+        c.wait()
+
+
+def _varint(n):
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def check_mutual(pki):
+    c, rpc, http = coordinator(env={"GRADSYNC_TLS_SERVER_CERT": pki("server.pem"),
+                                    "GRADSYNC_TLS_SERVER_KEY": pki("server.key"),
+                                    "GRADSYNC_TLS_CLIENT_CA": pki("ca.pem")})
+    try:
+        line = refused(rpc, "anon", "client certificate", "--tls-ca", pki("ca.pem"))
+        print("mTLS, no client certificate:", line)
+        line = refused(rpc, "stranger", "--tls-client-ca", "--tls-ca", pki("ca.pem"),
+                       "--tls-cert", pki("ca2.pem"), "--tls-key", pki("ca2.key"))
+        print("mTLS, a certificate another CA signed:", line)
+        [(code, err, _)] = agents(rpc, "mtls", env={"GRADSYNC_TLS_CA": pki("ca.pem"),
+                                                    "GRADSYNC_TLS_CERT": pki("client.pem"),
+                                                    "GRADSYNC_TLS_KEY": pki("client.key")})
+        assert code == 0, err[-2000:]
+        print("mTLS (coordinator and agent set up by $GRADSYNC_TLS_*): the agent with a client "
+              "certificate trained")
+        assert json.loads(https_get(f"https://{http}/healthz", pki("ca.pem")))["status"] == "ok"
+        print("mTLS: the HTTP port asks curl for no certificate")
+    finally:
+        c.kill()
+        c.wait()
+
+
+def check_plain_coordinator(pki):
+    c, rpc, _ = coordinator()
+    try:
+        line = refused(rpc, "tls-to-plain", "did not answer in TLS", "--tls-ca", pki("ca.pem"))
+        print("TLS agent, plaintext coordinator:", line)
+    finally:
+        c.kill()
+        _, err = c.communicate()
+    assert "speaks TLS, but this coordinator has no --tls-cert" in err, err[-2000:]
+
+
+def main():
+    if not shutil.which("openssl"):
+        print("skipped: no openssl command to make the test CA")
+        return 77
+    start = time.time()
+    with tempfile.TemporaryDirectory(prefix="gradsync-tls-") as d:
+        pki = make_pki(d)
+        case_bad_flags(pki)
+        check_tls_coordinator(pki)
+        check_mutual(pki)
+        check_raw_client(pki)
+        check_plain_coordinator(pki)
+    print(f"all TLS cases in {time.time() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
