@@ -7,6 +7,7 @@ usage: test_torch.py CASE BIN_DIR PYTHON_DIR
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -204,14 +205,12 @@ def case_errors(tmp):
     print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
 
 
-def case_elastic(tmp):
+def elastic_job(tmp, *opts, kill_after=None):
     """An elastic job (world 2:3) of three workers started as gradsync-run
-    would (GRADSYNC_* variables) against a coordinator of our own; one is
-    killed (SIGKILL) mid-training. The other two finish with identical
-    params, their StepResult said the world changed to 2 (and whether the
-    step in flight was dropped), on_world_change got the new rank and
-    world with buffers already re-synced, the steps they kept cover each
-    epoch's examples once, and the model learned the task."""
+    would (GRADSYNC_* variables) against a coordinator of our own; with
+    `kill_after` the third is killed (SIGKILL) once it has printed that
+    step. Waits for the other two to succeed; returns their results (by
+    their new rank) and the seconds from the kill to their end."""
     coord_bin = os.path.join(BIN_DIR, "gradsync-coordinator")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
     coord = subprocess.Popen([coord_bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
@@ -224,19 +223,21 @@ def case_elastic(tmp):
             logs.append(os.path.join(tmp, f"worker{i}.log"))
             env = dict(clean, PYTHONPATH=PY_DIR, GRADSYNC_COORDINATOR=rpc, GRADSYNC_JOB="el",
                        GRADSYNC_WORLD_SIZE="2:3", GRADSYNC_LOCAL_RANK=str(i), GRADSYNC_NODE="n")
-            workers.append(subprocess.Popen([sys.executable, WORKER, "elastic", tmp],
+            workers.append(subprocess.Popen([sys.executable, WORKER, "elastic", tmp, *opts],
                                             stdout=open(logs[i], "w"), stderr=subprocess.STDOUT,
                                             env=env))
         deadline = time.monotonic() + 60
-        while "step 30\n" not in open(logs[2]).read():
+        while kill_after and f"step {kill_after}\n" not in open(logs[2]).read():
             assert time.monotonic() < deadline and workers[2].poll() is None, \
                 open(logs[2]).read()[-3000:]
             time.sleep(0.02)
         t_kill = time.monotonic()
-        workers[2].kill()
+        if kill_after:
+            workers[2].kill()
         for i in (0, 1):
             assert workers[i].wait(timeout=60) == 0, open(logs[i]).read()[-4000:]
         took = time.monotonic() - t_kill
+        assert workers[2].wait(timeout=10) == -signal.SIGKILL, open(logs[2]).read()[-3000:]
     finally:
         for w in workers:
             if w.poll() is None:
@@ -248,36 +249,90 @@ def case_elastic(tmp):
     assert {a["local_rank"], b["local_rank"]} == {0, 1}, (a["local_rank"], b["local_rank"])
     assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"])), "params differ"
     assert a["position"] == b["position"] and a["committed"] == b["committed"]
+    assert a["sums"] == b["sums"] and all(s[2] == 1000 for s in a["sums"]), a["sums"]
+    return a, b, took
+
+
+def check_changes(a, b, step):
+    """on_world_change was called once on each survivor, with its new rank,
+    world 2 and `step`, after the buffers were re-synced."""
+    for rank, got in ((0, a), (1, b)):
+        assert [(c["rank"], c["world"], c["step"]) for c in got["changes"]] == \
+            [(rank, 2, step)], got["changes"]
+    for n, buf in a["changes"][0]["buffers"].items():
+        assert torch.equal(buf, b["changes"][0]["buffers"][n]), f"buffer {n} differs"
+
+
+def check_coverage(got):
+    """The steps kept are 1, 2, ... with no gap, and each epoch's global
+    batches run back to back from example 0, 3 ranks' then 2 ranks'."""
+    steps = [c[0] for c in got["committed"]]
+    assert steps == list(range(1, len(steps) + 1)), steps
+    at, epoch, worlds = 0, 0, []
+    for _, ep, sample, world in got["committed"]:
+        if ep != epoch:
+            epoch, at = ep, 0
+        assert sample == at, (ep, sample, at, got["committed"])
+        at += 8 * world
+        if world not in worlds:
+            worlds.append(world)
+    assert worlds == [3, 2] and epoch == 2, (worlds, epoch)
+
+
+def case_elastic(tmp):
+    """kill -9 of one of three ranks mid-training: the other two finish
+    with identical params; their StepResult said the world changed to 2
+    (and whether the step in flight was dropped), on_world_change got
+    the new rank and world, the steps they kept cover each epoch's
+    examples once, and the model learned the task."""
+    a, b, took = elastic_job(tmp, kill_after=30)
     for rank, got in ((0, a), (1, b)):
         assert len(got["results"]) == 1, got["results"]
         res = got["results"][0]
         assert res["world_changed"] and res["world_size"] == 2 and res["rank"] == rank, res
         assert res["before"][2] == 3 and res["regroup_ms"] > 0, res
-        assert [(c["rank"], c["world"], c["step"]) for c in got["changes"]] == \
-            [(rank, 2, res["step"])], got["changes"]
     ra, rb = a["results"][0], b["results"][0]
     assert (ra["step"], ra["dropped"], ra["sample"]) == (rb["step"], rb["dropped"], rb["sample"])
-    for n, buf in a["changes"][0]["buffers"].items():
-        assert torch.equal(buf, b["changes"][0]["buffers"][n]), f"buffer {n} differs"
-    # The steps kept: 1, 2, ... with no gap, and each epoch's global
-    # batches back to back from example 0, 3 ranks' then 2 ranks'.
-    steps = [c[0] for c in a["committed"]]
-    assert steps == list(range(1, len(steps) + 1)), steps
-    at, epoch, worlds = 0, 0, set()
-    for _, ep, sample, world in a["committed"]:
-        if ep != epoch:
-            epoch, at = ep, 0
-        assert sample == at, (ep, sample, at, a["committed"])
-        at += 8 * world
-        worlds.add(world)
-    assert worlds == {2, 3} and epoch == 2, (worlds, epoch)
+    # A dropped step's batch is trained again: the position goes back to its start.
+    epoch, sample, _ = ra["before"]
+    assert (ra["epoch"], ra["sample"]) == (epoch, sample if ra["dropped"] else sample + 24), ra
+    check_changes(a, b, ra["step"])
+    check_coverage(a)
     (loss0, acc0), (loss1, acc1) = a["before"], a["after"]
     assert loss1 < loss0 / 2 and acc1 > 0.85, (a["before"], a["after"])
-    print(f"kill -9 of 1 of 3 ranks at step ~30: both survivors went on as ranks 0 and 1 of 2 "
+    print(f"kill -9 of 1 of 3 ranks after step 30: the survivors went on as ranks 0 and 1 of 2 "
           f"from step {ra['step']} (dropped {ra['dropped']}, detect {ra['detect_ms']:.0f} ms, "
           f"regroup {ra['regroup_ms']:.0f} ms), finished {took:.1f} s later at step "
-          f"{steps[-1]} with identical params; test loss {loss0:.3f} -> {loss1:.3f}, "
+          f"{a['position'][0]} with identical params; test loss {loss0:.3f} -> {loss1:.3f}, "
           f"accuracy {acc0:.3f} -> {acc1:.3f}")
+
+
+def case_elastic_sum(tmp):
+    """A rank lost during opt.allreduce_sum (a metric): the survivors get
+    gradsync.WorldChanged once they have regrouped, on_world_change has
+    been called, and the sum over the new world counts every test
+    example once; no step was lost."""
+    gs = torch_worker.gs
+    cfg = gs.init(coordinator="127.0.0.1:9", world_size="2:3")
+    assert (cfg["world_min"], cfg["world_size"]) == (2, 3), cfg
+    for bad, why in (("3:2", "MIN (3) is more than MAX (2)"), ("0:2", "at least 1"),
+                     ("2:x", "expected N or MIN:MAX")):
+        os.environ["GRADSYNC_WORLD_SIZE"] = bad
+        try:
+            gs.init(coordinator="127.0.0.1:9")
+            raise AssertionError(f"world size {bad!r} accepted")
+        except gs.Error as e:
+            assert str(e).startswith(f"$GRADSYNC_WORLD_SIZE={bad!r}: ") and why in str(e), e
+    del os.environ["GRADSYNC_WORLD_SIZE"]
+    a, b, _ = elastic_job(tmp, "die=sum")
+    first = a["sums"][0]
+    assert first[3] == 2 and all(s[3] == 1 for s in a["sums"][1:]), a["sums"]
+    assert not a["results"] and not b["results"], (a["results"], b["results"])
+    check_changes(a, b, first[0])
+    check_coverage(a)
+    assert a["committed"][first[0] - 1][3] == 3 and a["committed"][first[0]][3] == 2
+    print(f"rank lost during a sum after step {first[0]}: WorldChanged, summed again over 2 "
+          f"ranks: {first[1]:.0f}/{first[2]} correct; training went on from step {first[0]}")
 
 
 def case_example(tmp):

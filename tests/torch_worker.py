@@ -203,14 +203,38 @@ def test_metrics(model, x, y):
     return loss, acc
 
 
+def shared_accuracy(model, opt, x, y):
+    """(correct, count, tries) over the test set, rank r of W taking
+    examples r, r+W, ...: summed over the ranks, and again over the new
+    world when it changes during the sum. die=sum: local rank 2 dies
+    (SIGKILL) just before its first sum."""
+    tries = 0
+    while True:
+        r, w = gs.rank(), gs.world_size()
+        if OPTS.get("die") == "sum" and gs.local_rank() == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        model.eval()
+        with torch.no_grad():
+            correct = float((model(x[r::w]).argmax(1) == y[r::w]).sum())
+        model.train()
+        sums = torch.tensor([correct, float(len(y[r::w]))])
+        tries += 1
+        try:
+            opt.allreduce_sum(sums)
+            return float(sums[0]), int(sums[1]), tries
+        except gs.WorldChanged:
+            continue
+
+
 def elastic():
     """A rank of an elastic job (GRADSYNC_WORLD_SIZE=MIN:MAX): `epochs`
     over n examples, each step's global batch cut from the optimizer's
     position (epoch, sample) in the epoch's order, rank r taking its
-    slice; after a world change it goes on from where every rank is."""
+    slice; after a world change it goes on from where every rank is. At
+    each epoch's end the ranks sum their share of the test accuracy."""
     gs.init()
     model = mlp(hidden=32, bn=True)
-    changes, results, committed = [], [], []
+    changes, results, committed, sums = [], [], [], []
 
     def on_change(rank, world, step):
         # Buffers were re-synced before the callback: the same on every rank.
@@ -226,6 +250,7 @@ def elastic():
     while opt.epoch < epochs:
         world, r = gs.world_size(), gs.rank()
         if opt.sample + batch * world > n:  # the epoch's last whole global batch is done
+            sums.append((opt.step_count,) + shared_accuracy(model, opt, xt, yt))
             opt.set_epoch(opt.epoch + 1)
             continue
         order = torch.randperm(n, generator=torch.Generator().manual_seed(opt.epoch))
@@ -248,7 +273,7 @@ def elastic():
         if res.stop:
             break
     save(params=[p.detach().cpu().clone() for p in model.parameters()], results=results,
-         changes=changes, committed=committed, before=before, after=test_metrics(model, xt, yt),
+         changes=changes, committed=committed, sums=sums, before=before, after=test_metrics(model, xt, yt),
          position=(opt.step_count, opt.epoch, opt.sample), local_rank=gs.local_rank())
 
 

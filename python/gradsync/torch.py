@@ -20,6 +20,52 @@ a hook on each parameter's gradient accumulator reports it final, which
 starts its pack's allreduce while backward goes on; `step()` runs the
 engine's fused SGD (torch.optim.SGD's arithmetic) and returns what the
 step decided, identically on every rank.
+
+Elastic jobs (world size "MIN:MAX": `init(world_size="2:4")`, or
+$GRADSYNC_WORLD_SIZE / $WORLD_SIZE): a lost rank does not fail the job.
+The engine regroups the others (at least MIN of them) and every rank goes
+on from one state, the params and momentum of the rank at the newest step
+(the model's tensors are views of the packs, so the model already holds
+it); new ranks join at a step boundary, up to MAX. What the loop sees:
+
+- `opt.step(loss)` returns with `world_changed` true. If `dropped`, the
+  step in flight was discarded with its gradients: `step` (steps
+  completed, where training goes on) did not advance, and the batch just
+  computed is trained again; else the step counted.
+- `gs.rank()` and `gs.world_size()` (and the result's `rank`,
+  `world_size`) are this rank's new place; `opt.epoch` and `opt.sample`
+  (the examples of the epoch trained on, over all ranks) are the position
+  every rank now holds.
+- `DistributedOptimizer(..., on_world_change=fn)` calls
+  `fn(rank, world_size, step)` first (buffers are already re-synced), so a
+  sampler can re-shard: the next global batch starts at example
+  `opt.sample` of the epoch's order, rank r taking its slice of it. A
+  loop over a DataLoader breaks out and builds the loader again from there.
+- `opt.allreduce_sum(t)` interrupted by a lost rank raises
+  `gradsync.WorldChanged` after the regroup (on_world_change called):
+  compute this rank's share again and sum again.
+
+::
+
+    def batch_at(epoch, sample, rank, world):   # this rank's slice of a global batch
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
+        idx = order[sample + rank * b:sample + (rank + 1) * b]
+        return x[idx], y[idx]
+
+    while opt.epoch < epochs:
+        if opt.sample + b * gs.world_size() > n:  # no whole global batch left
+            opt.set_epoch(opt.epoch + 1)
+            continue
+        xb, yb = batch_at(opt.epoch, opt.sample, gs.rank(), gs.world_size())
+        loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad(); loss.backward()
+        r = opt.step(loss)                  # r.world_changed: the next batch_at re-shards
+        if r.stop:
+            break
+
+`opt.sample` advances by the batch of the model's last forward times the
+world size (every rank the same batch). A rank that joins a running job
+starts from the others' `opt.position` and `opt.sample`.
 """
 import atexit
 import os
@@ -620,13 +666,14 @@ class DistributedOptimizer:
     def allreduce_sum(self, tensor):
         """Sums a float32 tensor over the ranks, in place (metrics; through
         host memory). In an elastic job a rank lost meanwhile raises
-        WorldChanged once the others have regrouped (on_world_change was
-        called): compute this rank's share again over the new world
+        WorldChanged once the others have regrouped (buffers re-synced,
+        on_world_change called): compute this rank's share again over the new world
         (gs.rank() of gs.world_size()) and sum again."""
         try:
             return self._sum(tensor)
         except WorldChanged:
             self._follow_world()
+            self._sync_buffers()
             self._world_changed()
             raise
 
