@@ -205,12 +205,13 @@ def case_errors(tmp):
     print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
 
 
-def elastic_job(tmp, *opts, kill_after=None):
+def elastic_job(tmp, *opts, kill_after=None, grow_after=None):
     """An elastic job (world 2:3) of three workers started as gradsync-run
     would (GRADSYNC_* variables) against a coordinator of our own; with
     `kill_after` the third is killed (SIGKILL) once it has printed that
-    step. Waits for the other two to succeed; returns their results (by
-    their new rank) and the seconds from the kill to their end."""
+    step; with `grow_after` it starts once the first has. Waits for the
+    others to succeed (the third too when it grows the job); returns the
+    results by rank, and the seconds from the kill or start to their end."""
     coord_bin = os.path.join(BIN_DIR, "gradsync-coordinator")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
     coord = subprocess.Popen([coord_bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
@@ -219,25 +220,36 @@ def elastic_job(tmp, *opts, kill_after=None):
     workers, logs = [], []
     try:
         rpc = coord.stdout.readline().split()[2].split("=", 1)[1]
-        for i in range(3):
-            logs.append(os.path.join(tmp, f"worker{i}.log"))
+        logs = [os.path.join(tmp, f"worker{i}.log") for i in range(3)]
+
+        def start(i):
             env = dict(clean, PYTHONPATH=PY_DIR, GRADSYNC_COORDINATOR=rpc, GRADSYNC_JOB="el",
                        GRADSYNC_WORLD_SIZE="2:3", GRADSYNC_LOCAL_RANK=str(i), GRADSYNC_NODE="n")
             workers.append(subprocess.Popen([sys.executable, WORKER, "elastic", tmp, *opts],
                                             stdout=open(logs[i], "w"), stderr=subprocess.STDOUT,
                                             env=env))
-        deadline = time.monotonic() + 60
-        while kill_after and f"step {kill_after}\n" not in open(logs[2]).read():
-            assert time.monotonic() < deadline and workers[2].poll() is None, \
-                open(logs[2]).read()[-3000:]
-            time.sleep(0.02)
-        t_kill = time.monotonic()
+
+        def wait_step(i, step):
+            deadline = time.monotonic() + 60
+            while f"step {step}\n" not in open(logs[i]).read():
+                assert time.monotonic() < deadline and workers[i].poll() is None, \
+                    open(logs[i]).read()[-3000:]
+                time.sleep(0.02)
+
+        for i in range(2 if grow_after else 3):
+            start(i)
+        if grow_after:
+            wait_step(0, grow_after)
+            start(2)
         if kill_after:
+            wait_step(2, kill_after)
             workers[2].kill()
-        for i in (0, 1):
+        t0 = time.monotonic()
+        for i in (0, 1, 2) if grow_after else (0, 1):
             assert workers[i].wait(timeout=60) == 0, open(logs[i]).read()[-4000:]
-        took = time.monotonic() - t_kill
-        assert workers[2].wait(timeout=10) == -signal.SIGKILL, open(logs[2]).read()[-3000:]
+        took = time.monotonic() - t0
+        if not grow_after:
+            assert workers[2].wait(timeout=10) == -signal.SIGKILL, open(logs[2]).read()[-3000:]
     finally:
         for w in workers:
             if w.poll() is None:
@@ -245,38 +257,41 @@ def elastic_job(tmp, *opts, kill_after=None):
             w.wait()
         coord.terminate()
         coord.wait(10)
-    a, b = result(tmp, 0), result(tmp, 1)
-    assert {a["local_rank"], b["local_rank"]} == {0, 1}, (a["local_rank"], b["local_rank"])
-    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"])), "params differ"
-    assert a["position"] == b["position"] and a["committed"] == b["committed"]
-    assert a["sums"] == b["sums"] and all(s[2] == 1000 for s in a["sums"]), a["sums"]
-    return a, b, took
+    got = [result(tmp, r) for r in range(3 if grow_after else 2)]
+    a = got[0]
+    assert [g["local_rank"] for g in got] == list(range(len(got))), [g["local_rank"] for g in got]
+    for g in got[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(a["params"], g["params"])), "params differ"
+        assert a["position"] == g["position"]
+        assert a["sums"][-1] == g["sums"][-1], (a["sums"], g["sums"])
+    assert all(s[2] == 1000 for s in a["sums"]), a["sums"]
+    return got, took
 
 
-def check_changes(a, b, step):
-    """on_world_change was called once on each survivor, with its new rank,
-    world 2 and `step`, after the buffers were re-synced."""
+def check_changes(a, b, step, world=2):
+    """on_world_change was called once on each of the two ranks, with its
+    new rank, `world` and `step`, after the buffers were re-synced."""
     for rank, got in ((0, a), (1, b)):
         assert [(c["rank"], c["world"], c["step"]) for c in got["changes"]] == \
-            [(rank, 2, step)], got["changes"]
+            [(rank, world, step)], got["changes"]
     for n, buf in a["changes"][0]["buffers"].items():
         assert torch.equal(buf, b["changes"][0]["buffers"][n]), f"buffer {n} differs"
 
 
-def check_coverage(got):
+def check_coverage(got, worlds=(3, 2)):
     """The steps kept are 1, 2, ... with no gap, and each epoch's global
-    batches run back to back from example 0, 3 ranks' then 2 ranks'."""
+    batches run back to back from example 0, of these worlds in turn."""
     steps = [c[0] for c in got["committed"]]
     assert steps == list(range(1, len(steps) + 1)), steps
-    at, epoch, worlds = 0, 0, []
+    at, epoch, seen = 0, 0, []
     for _, ep, sample, world in got["committed"]:
         if ep != epoch:
             epoch, at = ep, 0
         assert sample == at, (ep, sample, at, got["committed"])
         at += 8 * world
-        if world not in worlds:
-            worlds.append(world)
-    assert worlds == [3, 2] and epoch == 2, (worlds, epoch)
+        if world not in seen:
+            seen.append(world)
+    assert seen == list(worlds) and epoch == 2, (seen, epoch)
 
 
 def case_elastic(tmp):
@@ -285,7 +300,8 @@ def case_elastic(tmp):
     (and whether the step in flight was dropped), on_world_change got
     the new rank and world, the steps they kept cover each epoch's
     examples once, and the model learned the task."""
-    a, b, took = elastic_job(tmp, kill_after=30)
+    (a, b), took = elastic_job(tmp, kill_after=30)
+    assert a["committed"] == b["committed"] and a["sums"] == b["sums"]
     for rank, got in ((0, a), (1, b)):
         assert len(got["results"]) == 1, got["results"]
         res = got["results"][0]
@@ -324,7 +340,8 @@ def case_elastic_sum(tmp):
         except gs.Error as e:
             assert str(e).startswith(f"$GRADSYNC_WORLD_SIZE={bad!r}: ") and why in str(e), e
     del os.environ["GRADSYNC_WORLD_SIZE"]
-    a, b, _ = elastic_job(tmp, "die=sum")
+    (a, b), _ = elastic_job(tmp, "die=sum")
+    assert a["committed"] == b["committed"] and a["sums"] == b["sums"]
     first = a["sums"][0]
     assert first[3] == 2 and all(s[3] == 1 for s in a["sums"][1:]), a["sums"]
     assert not a["results"] and not b["results"], (a["results"], b["results"])
@@ -333,6 +350,31 @@ def case_elastic_sum(tmp):
     assert a["committed"][first[0] - 1][3] == 3 and a["committed"][first[0]][3] == 2
     print(f"rank lost during a sum after step {first[0]}: WorldChanged, summed again over 2 "
           f"ranks: {first[1]:.0f}/{first[2]} correct; training went on from step {first[0]}")
+
+
+def case_elastic_grow(tmp):
+    """A 2:3 job started with two ranks; a third joins while it trains.
+    The two see world_changed (world 3, no step dropped) at one step, the
+    newcomer starts from their position with their buffers (not its own
+    fresh ones), and all three finish with identical params."""
+    # Slower steps: the newcomer takes seconds to import torch and join.
+    (a, b, c), took = elastic_job(tmp, "delay=0.05", grow_after=20)
+    assert a["committed"] == b["committed"]
+    res = a["results"]
+    assert len(res) == 1 and res[0]["world_size"] == 3 and not res[0]["dropped"], res
+    assert b["results"][0]["rank"] == 1 and not c["results"] and not c["changes"], c["results"]
+    step = res[0]["step"]
+    check_changes(a, b, step, world=3)
+    assert c["joined"]["position"] == (step, res[0]["epoch"], res[0]["sample"]), c["joined"]
+    assert c["joined"]["world"] == 3 and c["committed"][0][0] == step + 1, c["committed"][:2]
+    for n, buf in a["changes"][0]["buffers"].items():
+        assert torch.equal(buf, c["joined"]["buffers"][n]), f"buffer {n}: the newcomer's own"
+    assert c["committed"] == a["committed"][step:], "the newcomer's steps differ"
+    check_coverage(a, worlds=[2, 3])
+    assert a["after"][1] > 0.85, a["after"]
+    print(f"a third rank joined a 2:3 job after step {step}: rank 2 of 3 from (epoch, sample) "
+          f"{c['joined']['position'][1:]}, with the others' buffers; identical params at step "
+          f"{a['position'][0]}, accuracy {a['after'][1]:.3f}")
 
 
 def case_example(tmp):

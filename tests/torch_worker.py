@@ -243,6 +243,9 @@ def elastic():
 
     opt = gs.DistributedOptimizer(model, lr=0.05, momentum=0.9, rejoin_timeout=30,
                                   on_world_change=on_change)
+    # Where this rank starts (a rank that joins a running job: the others' place).
+    joined = dict(position=(opt.step_count, opt.epoch, opt.sample), world=gs.world_size(),
+                  buffers={n: b.clone() for n, b in model.named_buffers()})
     n, batch, epochs = int(OPTS.get("n", 960)), 8, int(OPTS.get("epochs", 3))
     x, y = teacher(n + 1000)
     xt, yt, x, y = x[n:], y[n:], x[:n], y[:n]
@@ -273,7 +276,7 @@ def elastic():
         if res.stop:
             break
     save(params=[p.detach().cpu().clone() for p in model.parameters()], results=results,
-         changes=changes, committed=committed, sums=sums, before=before, after=test_metrics(model, xt, yt),
+         changes=changes, committed=committed, sums=sums, joined=joined, before=before, after=test_metrics(model, xt, yt),
          position=(opt.step_count, opt.epoch, opt.sample), local_rank=gs.local_rank())
 
 
