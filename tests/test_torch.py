@@ -205,29 +205,30 @@ def case_errors(tmp):
     print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
 
 
-def elastic_job(tmp, *opts, kill_after=None, grow_after=None):
+def elastic_job(tmp, *opts, late=2, kill_after=None, grow_after=None):
     """An elastic job (world 2:3) of three workers started as gradsync-run
-    would (GRADSYNC_* variables) against a coordinator of our own; with
-    `kill_after` the third is killed (SIGKILL) once it has printed that
-    step; with `grow_after` it starts once the first has. Waits for the
-    others to succeed (the third too when it grows the job); returns the
-    results by rank, and the seconds from the kill or start to their end."""
+    would (GRADSYNC_* variables) against a coordinator of our own. The
+    worker of local rank `late` is killed (SIGKILL) once it has printed
+    step `kill_after`, or started only once another has printed step
+    `grow_after`. Waits for the others to succeed (all three when the job
+    grows); returns the results by rank, and the seconds from the kill or
+    the late start to the end."""
     coord_bin = os.path.join(BIN_DIR, "gradsync-coordinator")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
     coord = subprocess.Popen([coord_bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                              env=clean)
-    workers, logs = [], []
+    workers, logs = {}, [os.path.join(tmp, f"worker{i}.log") for i in range(3)]
+    others = [i for i in range(3) if i != late]
     try:
         rpc = coord.stdout.readline().split()[2].split("=", 1)[1]
-        logs = [os.path.join(tmp, f"worker{i}.log") for i in range(3)]
 
         def start(i):
             env = dict(clean, PYTHONPATH=PY_DIR, GRADSYNC_COORDINATOR=rpc, GRADSYNC_JOB="el",
                        GRADSYNC_WORLD_SIZE="2:3", GRADSYNC_LOCAL_RANK=str(i), GRADSYNC_NODE="n")
-            workers.append(subprocess.Popen([sys.executable, WORKER, "elastic", tmp, *opts],
-                                            stdout=open(logs[i], "w"), stderr=subprocess.STDOUT,
-                                            env=env))
+            workers[i] = subprocess.Popen([sys.executable, WORKER, "elastic", tmp, *opts],
+                                          stdout=open(logs[i], "w"), stderr=subprocess.STDOUT,
+                                          env=env)
 
         def wait_step(i, step):
             deadline = time.monotonic() + 60
@@ -236,22 +237,23 @@ def elastic_job(tmp, *opts, kill_after=None, grow_after=None):
                     open(logs[i]).read()[-3000:]
                 time.sleep(0.02)
 
-        for i in range(2 if grow_after else 3):
+        for i in others if grow_after else range(3):
             start(i)
         if grow_after:
-            wait_step(0, grow_after)
-            start(2)
+            wait_step(others[0], grow_after)
+            start(late)
         if kill_after:
-            wait_step(2, kill_after)
-            workers[2].kill()
+            wait_step(late, kill_after)
+            workers[late].kill()
         t0 = time.monotonic()
-        for i in (0, 1, 2) if grow_after else (0, 1):
+        for i in range(3) if grow_after else others:
             assert workers[i].wait(timeout=60) == 0, open(logs[i]).read()[-4000:]
         took = time.monotonic() - t0
         if not grow_after:
-            assert workers[2].wait(timeout=10) == -signal.SIGKILL, open(logs[2]).read()[-3000:]
+            assert workers[late].wait(timeout=10) == -signal.SIGKILL, \
+                open(logs[late]).read()[-3000:]
     finally:
-        for w in workers:
+        for w in workers.values():
             if w.poll() is None:
                 w.kill()
             w.wait()
@@ -259,7 +261,8 @@ def elastic_job(tmp, *opts, kill_after=None, grow_after=None):
         coord.wait(10)
     got = [result(tmp, r) for r in range(3 if grow_after else 2)]
     a = got[0]
-    assert [g["local_rank"] for g in got] == list(range(len(got))), [g["local_rank"] for g in got]
+    assert [g["local_rank"] for g in got] == (list(range(3)) if grow_after else others), \
+        [g["local_rank"] for g in got]  # ranks follow the local ranks
     for g in got[1:]:
         assert all(torch.equal(x, y) for x, y in zip(a["params"], g["params"])), "params differ"
         assert a["position"] == g["position"]
@@ -268,14 +271,16 @@ def elastic_job(tmp, *opts, kill_after=None, grow_after=None):
     return got, took
 
 
-def check_changes(a, b, step, world=2):
-    """on_world_change was called once on each of the two ranks, with its
-    new rank, `world` and `step`, after the buffers were re-synced."""
-    for rank, got in ((0, a), (1, b)):
+def check_changes(by_rank, step, world=2):
+    """on_world_change was called once on each of these ranks (rank:
+    results), with its new rank, `world` and `step`, after the buffers
+    were re-synced: the same on each."""
+    first = next(iter(by_rank.values()))
+    for rank, got in by_rank.items():
         assert [(c["rank"], c["world"], c["step"]) for c in got["changes"]] == \
             [(rank, world, step)], got["changes"]
-    for n, buf in a["changes"][0]["buffers"].items():
-        assert torch.equal(buf, b["changes"][0]["buffers"][n]), f"buffer {n} differs"
+        for n, buf in first["changes"][0]["buffers"].items():
+            assert torch.equal(buf, got["changes"][0]["buffers"][n]), f"buffer {n} differs"
 
 
 def check_coverage(got, worlds=(3, 2)):
@@ -312,7 +317,7 @@ def case_elastic(tmp):
     # A dropped step's batch is trained again: the position goes back to its start.
     epoch, sample, _ = ra["before"]
     assert (ra["epoch"], ra["sample"]) == (epoch, sample if ra["dropped"] else sample + 24), ra
-    check_changes(a, b, ra["step"])
+    check_changes({0: a, 1: b}, ra["step"])
     check_coverage(a)
     (loss0, acc0), (loss1, acc1) = a["before"], a["after"]
     assert loss1 < loss0 / 2 and acc1 > 0.85, (a["before"], a["after"])
@@ -345,7 +350,7 @@ def case_elastic_sum(tmp):
     first = a["sums"][0]
     assert first[3] == 2 and all(s[3] == 1 for s in a["sums"][1:]), a["sums"]
     assert not a["results"] and not b["results"], (a["results"], b["results"])
-    check_changes(a, b, first[0])
+    check_changes({0: a, 1: b}, first[0])
     check_coverage(a)
     assert a["committed"][first[0] - 1][3] == 3 and a["committed"][first[0]][3] == 2
     print(f"rank lost during a sum after step {first[0]}: WorldChanged, summed again over 2 "
@@ -353,28 +358,44 @@ def case_elastic_sum(tmp):
 
 
 def case_elastic_grow(tmp):
-    """A 2:3 job started with two ranks; a third joins while it trains.
-    The two see world_changed (world 3, no step dropped) at one step, the
-    newcomer starts from their position with their buffers (not its own
-    fresh ones), and all three finish with identical params."""
+    """A 2:3 job started with two ranks (local ranks 1 and 2); a third
+    (local rank 0, so rank 0 of the new world) joins while it trains. The
+    two see world_changed (world 3, no step dropped) at one step, the
+    newcomer starts from their position with their BatchNorm buffers (not
+    its own fresh ones, though it is rank 0), and all three finish with
+    identical params."""
     # Slower steps: the newcomer takes seconds to import torch and join.
-    (a, b, c), took = elastic_job(tmp, "delay=0.05", grow_after=20)
+    (c, a, b), took = elastic_job(tmp, "delay=0.05", late=0, grow_after=20)
     assert a["committed"] == b["committed"]
-    res = a["results"]
-    assert len(res) == 1 and res[0]["world_size"] == 3 and not res[0]["dropped"], res
-    assert b["results"][0]["rank"] == 1 and not c["results"] and not c["changes"], c["results"]
-    step = res[0]["step"]
-    check_changes(a, b, step, world=3)
-    assert c["joined"]["position"] == (step, res[0]["epoch"], res[0]["sample"]), c["joined"]
+    first = a["results"][0]
+    assert first["world_size"] == 3 and first["before"][2] == 2, first
+    step = first["step"]
+    # The engine's new rank 0 acts once more on the coordinator's regroup
+    # request it has not seen (gs_engine's seen_regroup_seq starts at 0):
+    # a second regroup of the same three ranks may follow. Each is a
+    # world change of 3 ranks that drops nothing, seen alike by all.
+    steps = [r["step"] for r in a["results"]]
+    for rank, got in ((0, c), (1, a), (2, b)):
+        results = got["results"]
+        assert [(r["rank"], r["world_size"], r["dropped"]) for r in results] == \
+            [(rank, 3, False)] * len(results), results
+        assert [r["step"] for r in results] == (steps if rank else steps[1:]), results
+        assert [(x["rank"], x["world"], x["step"]) for x in got["changes"]] == \
+            [(rank, 3, r["step"]) for r in results], got["changes"]
+    assert c["joined"]["position"] == (step, first["epoch"], first["sample"]), c["joined"]
     assert c["joined"]["world"] == 3 and c["committed"][0][0] == step + 1, c["committed"][:2]
-    for n, buf in a["changes"][0]["buffers"].items():
+    kept = a["changes"][0]["buffers"]
+    assert int(kept["1.num_batches_tracked"]) == step, kept  # the trained ones, not fresh
+    for n, buf in kept.items():
+        assert torch.equal(buf, b["changes"][0]["buffers"][n]), f"buffer {n} differs"
         assert torch.equal(buf, c["joined"]["buffers"][n]), f"buffer {n}: the newcomer's own"
     assert c["committed"] == a["committed"][step:], "the newcomer's steps differ"
     check_coverage(a, worlds=[2, 3])
     assert a["after"][1] > 0.85, a["after"]
-    print(f"a third rank joined a 2:3 job after step {step}: rank 2 of 3 from (epoch, sample) "
-          f"{c['joined']['position'][1:]}, with the others' buffers; identical params at step "
-          f"{a['position'][0]}, accuracy {a['after'][1]:.3f}")
+    print(f"a third rank joined a 2:3 job after step {step} as rank 0 of 3, from (epoch, sample) "
+          f"{c['joined']['position'][1:]}, with the others' buffers; {len(a['results'])} "
+          f"regroup(s); identical params at step {a['position'][0]}, accuracy "
+          f"{a['after'][1]:.3f} ({took:.1f} s from its start)")
 
 
 def case_example(tmp):
