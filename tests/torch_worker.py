@@ -276,7 +276,8 @@ def elastic():
         if res.stop:
             break
     save(params=[p.detach().cpu().clone() for p in model.parameters()], results=results,
-         changes=changes, committed=committed, sums=sums, joined=joined, before=before, after=test_metrics(model, xt, yt),
+         changes=changes, committed=committed, sums=sums, joined=joined, before=before,
+         after=test_metrics(model, xt, yt),
          position=(opt.step_count, opt.epoch, opt.sample), local_rank=gs.local_rank())
 
 

@@ -79,14 +79,8 @@ from dataclasses import dataclass
 import torch
 
 from gradsync import _engine
-from gradsync._engine import (  # noqa: F401
-    Error,
-    Interrupted,
-    ModelMismatch,
-    PeerLost,
-    Timeout,
-    WorldChanged,
-)
+from gradsync._engine import (Error, Interrupted, ModelMismatch, PeerLost,  # noqa: F401
+                              Timeout, WorldChanged)
 
 __all__ = ["init", "rank", "world_size", "local_rank", "DistributedOptimizer", "StepResult",
            "Error", "PeerLost", "ModelMismatch", "Timeout", "Interrupted", "WorldChanged"]
@@ -667,8 +661,8 @@ class DistributedOptimizer:
         """Sums a float32 tensor over the ranks, in place (metrics; through
         host memory). In an elastic job a rank lost meanwhile raises
         WorldChanged once the others have regrouped (buffers re-synced,
-        on_world_change called): compute this rank's share again over the new world
-        (gs.rank() of gs.world_size()) and sum again."""
+        on_world_change called): compute this rank's share again over the
+        new world (gs.rank() of gs.world_size()) and sum again."""
         try:
             return self._sum(tensor)
         except WorldChanged:
