@@ -26,7 +26,7 @@
 
 /* The exceptions (module state would be cleaner; one interpreter only). */
 static PyObject *error_base, *error_peer_lost, *error_model_mismatch, *error_timeout,
-    *error_interrupted;
+    *error_interrupted, *error_world_changed;
 
 /* Set by our SIGTERM handler (and by SIGINT while a blocking call waits):
  * the engine's term_flag. A process has one. */
@@ -66,11 +66,20 @@ static void free_object(PyObject *o)
 
 /* ---- errors --------------------------------------------------------- */
 
+/* The engine's "world changed" code (elastic regroup) is not in the
+ * public header, so it is known by its name in gs_engine_strerror. */
+static bool is_world_changed(int err)
+{
+  return err < 0 && !strcmp(gs_engine_strerror(err), "the world changed (elastic regroup)");
+}
+
 /* The exception class for a failure: the engine's words decide it where
  * its code alone cannot (a refused Join is INVALID_ARGUMENT whatever the
  * difference was). */
 static PyObject *error_class(int err, const char *why)
 {
+  if (is_world_changed(err))
+    return error_world_changed;
   if (term_flag &&
       (strstr(why, "interrupted by") || strstr(why, "SIGTERM") || strstr(why, "SIGINT")))
     return error_interrupted;
@@ -81,7 +90,6 @@ static PyObject *error_class(int err, const char *why)
     return error_peer_lost;
   if (strstr(why, "timed out") || strstr(why, "deadline exceeded") || strstr(why, "within"))
     return error_timeout;
-  (void)err;
   return error_base;
 }
 
@@ -337,6 +345,7 @@ static const struct {
     {"comm_timeout", OPT_SECONDS, AT(comm_timeout_ms)},
     {"connect_timeout", OPT_SECONDS, AT(connect_timeout_ms)},
     {"coordinator_grace", OPT_SECONDS, AT(coordinator_grace_ms)},
+    {"rejoin_timeout", OPT_SECONDS, AT(rejoin_timeout_ms)},
 };
 #undef AT
 
@@ -392,6 +401,16 @@ static int parse_reduce(const char *s, void *out)
 static int parse_schedule(const char *s, void *out)
 {
   return gs_lr_schedule_parse(s, out);
+}
+
+/* The engine has no parser of its own for this one (the agent's flag
+ * table names the values). */
+static int parse_elastic_lr(const char *s, void *out)
+{
+  if (strcmp(s, "keep") && strcmp(s, "linear"))
+    return -1;
+  *(gs_elastic_lr_t *)out = s[0] == 'k' ? GS_ELASTIC_LR_KEEP : GS_ELASTIC_LR_LINEAR;
+  return 0;
 }
 
 /* A count option in [lo, hi] into an int32_t or uint32_t. */
@@ -471,10 +490,14 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_named(v, key, parse_reduce, &c->reduce, "'sum' or 'mean'");
   if (!strcmp(key, "schedule"))
     return set_named(v, key, parse_schedule, &c->sgd.schedule, "'constant', 'step' or 'cosine'");
+  if (!strcmp(key, "elastic_lr"))
+    return set_named(v, key, parse_elastic_lr, &c->elastic_lr, "'keep' or 'linear'");
   if (!strcmp(key, "resume"))
     return set_resume(c, v);
   if (!strcmp(key, "world_size"))
     return set_count(v, key, 1, 1L << 24, &c->world_size, false);
+  if (!strcmp(key, "world_min")) /* 0: a fixed world; else elastic, world_min..world_size */
+    return set_count(v, key, 0, 1L << 24, &c->world_min, false);
   if (!strcmp(key, "local_rank"))
     return set_count(v, key, 0, 1L << 20, &c->local_rank, false);
   if (!strcmp(key, "checkpoint_keep"))
@@ -541,6 +564,11 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   }
   if (!cfg.coord.port) {
     PyErr_SetString(PyExc_ValueError, "coordinator='HOST:PORT' is required");
+    goto out;
+  }
+  if (cfg.world_min > cfg.world_size) {
+    PyErr_Format(PyExc_ValueError, "world_min (%u) is more than world_size (%u)", cfg.world_min,
+                 cfg.world_size);
     goto out;
   }
   cfg.term_flag = &term_flag;
@@ -713,6 +741,33 @@ static PyObject *engine_param_pack(EngineObject *self, PyObject *args)
   return PyLong_FromUnsignedLong(gs_engine_param_pack(self->engine, i));
 }
 
+/* A position's sample: None when the engine does not know it (a
+ * checkpoint written before it was stored). */
+static PyObject *sample_value(uint64_t sample)
+{
+  if (sample == GS_POSITION_SAMPLE_UNKNOWN)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong(sample);
+}
+
+/* (step, epoch, sample) */
+static PyObject *position_value(const gs_position_t *pos)
+{
+  return Py_BuildValue("(KKN)", (unsigned long long)pos->step, (unsigned long long)pos->epoch,
+                       sample_value(pos->sample));
+}
+
+/* (step, epoch[, sample]) arguments into a position. */
+static bool parse_position(PyObject *args, const char *format, double *loss, gs_position_t *pos)
+{
+  unsigned long long step = 0, epoch = 0, sample = 0;
+  bool ok = loss ? PyArg_ParseTuple(args, format, loss, &step, &epoch, &sample)
+                 : PyArg_ParseTuple(args, format, &step, &epoch, &sample);
+
+  *pos = (gs_position_t){step, epoch, 0, sample};
+  return ok;
+}
+
 static PyObject *engine_sync_initial(EngineObject *self, PyObject *unused)
 {
   gs_position_t pos = {0};
@@ -728,19 +783,16 @@ static PyObject *engine_sync_initial(EngineObject *self, PyObject *unused)
   sigint = blocking_end(&b);
   if (err)
     return raise_blocking(self, err, sigint);
-  return Py_BuildValue("(KK)", (unsigned long long)pos.step, (unsigned long long)pos.epoch);
+  return position_value(&pos);
 }
 
 static PyObject *engine_begin_step(EngineObject *self, PyObject *args)
 {
   double loss;
-  unsigned long long step, epoch;
-  gs_position_t after = {0};
+  gs_position_t after;
 
-  if (!PyArg_ParseTuple(args, "dKK", &loss, &step, &epoch) || !check_open(self, true))
+  if (!parse_position(args, "dKK|K", &loss, &after) || !check_open(self, true))
     return NULL;
-  after.step = step;
-  after.epoch = epoch;
   gs_engine_begin_step(self->engine, (float)loss, &after);
   Py_RETURN_NONE;
 }
@@ -771,6 +823,26 @@ static PyObject *engine_grad_ready(EngineObject *self, PyObject *arg)
   Py_RETURN_NONE;
 }
 
+/* end_step's decisions as a dict; `resume` (the position every rank
+ * holds after an elastic regroup) is None unless `regrouped`, and `rank`
+ * and `world_size` are this rank's place from now on. */
+static PyObject *step_result(EngineObject *self, const gs_step_result_t *r)
+{
+  PyObject *resume = r->regrouped ? position_value(&r->resume) : Py_NewRef(Py_None);
+
+  if (!resume)
+    return NULL;
+  return Py_BuildValue(
+      "{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:d,s:d,s:O,s:N,s:d,s:d,s:I,s:I}", "stop",
+      r->stop ? Py_True : Py_False, "stop_reason", r->stop_reason, "bcast_period", r->bcast_period,
+      "period_changed", r->period_changed ? Py_True : Py_False, "broadcast",
+      r->broadcast ? Py_True : Py_False, "checkpoint", r->checkpoint ? Py_True : Py_False,
+      "nonfinite", r->nonfinite ? Py_True : Py_False, "comm_wait_ms", r->comm_wait_ms,
+      "optimizer_ms", r->optimizer_ms, "regrouped", r->regrouped ? Py_True : Py_False, "resume",
+      resume, "detect_ms", r->detect_ms, "regroup_ms", r->regroup_ms, "rank",
+      gs_engine_rank(self->engine), "world_size", gs_engine_world_size(self->engine));
+}
+
 static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
 {
   gs_step_result_t r;
@@ -784,13 +856,7 @@ static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
   Py_END_ALLOW_THREADS if (err && !r.nonfinite) /* a non-finite loss is a stop every rank takes, not
                                                    an error */
       return raise_engine(self, err);
-  return Py_BuildValue("{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:d,s:d}", "stop", r.stop ? Py_True : Py_False,
-                       "stop_reason", r.stop_reason, "bcast_period", r.bcast_period,
-                       "period_changed", r.period_changed ? Py_True : Py_False, "broadcast",
-                       r.broadcast ? Py_True : Py_False, "checkpoint",
-                       r.checkpoint ? Py_True : Py_False, "nonfinite",
-                       r.nonfinite ? Py_True : Py_False, "comm_wait_ms", r.comm_wait_ms,
-                       "optimizer_ms", r.optimizer_ms);
+  return step_result(self, &r);
 }
 
 /* Sums a writable float32 buffer over the ranks, in place. */
@@ -817,14 +883,11 @@ static PyObject *engine_allreduce_sum(EngineObject *self, PyObject *arg)
 
 static PyObject *engine_checkpoint(EngineObject *self, PyObject *args)
 {
-  unsigned long long step, epoch;
-  gs_position_t pos = {0};
+  gs_position_t pos;
   int err;
 
-  if (!PyArg_ParseTuple(args, "KK", &step, &epoch) || !check_open(self, true))
+  if (!parse_position(args, "KK|K", NULL, &pos) || !check_open(self, true))
     return NULL;
-  pos.step = step;
-  pos.epoch = epoch;
   Py_BEGIN_ALLOW_THREADS err = gs_engine_checkpoint(self->engine, &pos);
   Py_END_ALLOW_THREADS if (err) return raise_engine(self, err);
   Py_RETURN_NONE;
@@ -885,18 +948,21 @@ static PyMethodDef engine_methods[] = {
     {"param_pack", (PyCFunction)engine_param_pack, METH_VARARGS,
      "param_pack(i) -> the pack parameter i lives in"},
     {"sync_initial", (PyCFunction)engine_sync_initial, METH_NOARGS,
-     "every rank takes rank 0's params (or its checkpoint with resume): (step, epoch)"},
+     "every rank takes rank 0's params (or its checkpoint with resume, or a running elastic "
+     "job's state): (step, epoch, sample), sample None when unknown"},
     {"begin_step", (PyCFunction)engine_begin_step, METH_VARARGS,
-     "begin_step(loss, step_after, epoch_after)"},
+     "begin_step(loss, step_after, epoch_after, sample_after=0)"},
     {"set_loss", (PyCFunction)engine_set_loss, METH_VARARGS,
      "set_loss(loss): the step's loss, before the last pack's last gradient"},
     {"grad_ready", (PyCFunction)engine_grad_ready, METH_O, "grad_ready(i): gradient i is final"},
     {"end_step", (PyCFunction)engine_end_step, METH_NOARGS,
-     "waits for the allreduces, applies SGD: the step's decisions as a dict"},
+     "waits for the allreduces, applies SGD: the step's decisions as a dict (with 'regrouped', "
+     "'resume' (step, epoch, sample) or None, 'rank', 'world_size')"},
     {"allreduce_sum", (PyCFunction)engine_allreduce_sum, METH_O,
-     "allreduce_sum(buffer): sums float32 memory over the ranks, in place"},
+     "allreduce_sum(buffer): sums float32 memory over the ranks, in place; WorldChanged when an "
+     "elastic job regrouped meanwhile (sum again)"},
     {"checkpoint", (PyCFunction)engine_checkpoint, METH_VARARGS,
-     "checkpoint(step, epoch): rank 0 writes one (in the background)"},
+     "checkpoint(step, epoch, sample=0): rank 0 writes one (in the background)"},
     {"report", (PyCFunction)engine_report, METH_VARARGS,
      "report(step, loss, samples_per_sec, compute_ms, comm_wait_ms) for the status page"},
     {"finish", (PyCFunction)engine_finish, METH_VARARGS,
@@ -992,7 +1058,10 @@ PyMODINIT_FUNC PyInit__engine(void)
       add_error(m, &error_timeout, "Timeout", error_base,
                 "a wait (join, coordinator, collective) timed out") ||
       add_error(m, &error_interrupted, "Interrupted", error_base,
-                "a signal (SIGTERM, SIGINT) ended a wait")) {
+                "a signal (SIGTERM, SIGINT) ended a wait") ||
+      add_error(m, &error_world_changed, "WorldChanged", error_base,
+                "an elastic job regrouped during a sum: compute this rank's share again over the "
+                "new world and sum again")) {
     Py_DECREF(m);
     return NULL;
   }

@@ -7,6 +7,7 @@ usage: test_torch.py CASE BIN_DIR PYTHON_DIR
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -202,6 +203,199 @@ def case_errors(tmp):
     m = re.search(r"(\w+) after ([\d.]+) s: (.*)", p.stdout)
     assert p.returncode == 3 and m and float(m.group(2)) < 10, p.stdout + p.stderr[-2000:]
     print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
+
+
+def elastic_job(tmp, *opts, late=2, kill_after=None, grow_after=None):
+    """An elastic job (world 2:3) of three workers started as gradsync-run
+    would (GRADSYNC_* variables) against a coordinator of our own. The
+    worker of local rank `late` is killed (SIGKILL) once it has printed
+    step `kill_after`, or started only once another has printed step
+    `grow_after`. Waits for the others to succeed (all three when the job
+    grows); returns the results by rank, and the seconds from the kill or
+    the late start to the end."""
+    coord_bin = os.path.join(BIN_DIR, "gradsync-coordinator")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
+    coord = subprocess.Popen([coord_bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env=clean)
+    workers, logs = {}, [os.path.join(tmp, f"worker{i}.log") for i in range(3)]
+    others = [i for i in range(3) if i != late]
+    try:
+        rpc = coord.stdout.readline().split()[2].split("=", 1)[1]
+
+        def start(i):
+            env = dict(clean, PYTHONPATH=PY_DIR, GRADSYNC_COORDINATOR=rpc, GRADSYNC_JOB="el",
+                       GRADSYNC_WORLD_SIZE="2:3", GRADSYNC_LOCAL_RANK=str(i), GRADSYNC_NODE="n")
+            workers[i] = subprocess.Popen([sys.executable, WORKER, "elastic", tmp, *opts],
+                                          stdout=open(logs[i], "w"), stderr=subprocess.STDOUT,
+                                          env=env)
+
+        def wait_step(i, step):
+            deadline = time.monotonic() + 60
+            while f"step {step}\n" not in open(logs[i]).read():
+                assert time.monotonic() < deadline and workers[i].poll() is None, \
+                    open(logs[i]).read()[-3000:]
+                time.sleep(0.02)
+
+        for i in others if grow_after else range(3):
+            start(i)
+        if grow_after:
+            wait_step(others[0], grow_after)
+            start(late)
+        if kill_after:
+            wait_step(late, kill_after)
+            workers[late].kill()
+        t0 = time.monotonic()
+        for i in range(3) if grow_after else others:
+            assert workers[i].wait(timeout=60) == 0, open(logs[i]).read()[-4000:]
+        took = time.monotonic() - t0
+        if not grow_after:
+            assert workers[late].wait(timeout=10) == -signal.SIGKILL, \
+                open(logs[late]).read()[-3000:]
+    finally:
+        for w in workers.values():
+            if w.poll() is None:
+                w.kill()
+            w.wait()
+        coord.terminate()
+        coord.wait(10)
+    got = [result(tmp, r) for r in range(3 if grow_after else 2)]
+    a = got[0]
+    assert [g["local_rank"] for g in got] == (list(range(3)) if grow_after else others), \
+        [g["local_rank"] for g in got]  # ranks follow the local ranks
+    for g in got[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(a["params"], g["params"])), "params differ"
+        assert a["position"] == g["position"]
+        assert a["sums"][-1] == g["sums"][-1], (a["sums"], g["sums"])
+    assert all(s[2] == 1000 for s in a["sums"]), a["sums"]
+    return got, took
+
+
+def check_changes(by_rank, step, world=2):
+    """on_world_change was called once on each of these ranks (rank:
+    results), with its new rank, `world` and `step`, after the buffers
+    were re-synced: the same on each."""
+    first = next(iter(by_rank.values()))
+    for rank, got in by_rank.items():
+        assert [(c["rank"], c["world"], c["step"]) for c in got["changes"]] == \
+            [(rank, world, step)], got["changes"]
+        for n, buf in first["changes"][0]["buffers"].items():
+            assert torch.equal(buf, got["changes"][0]["buffers"][n]), f"buffer {n} differs"
+
+
+def check_coverage(got, worlds=(3, 2)):
+    """The steps kept are 1, 2, ... with no gap, and each epoch's global
+    batches run back to back from example 0, of these worlds in turn."""
+    steps = [c[0] for c in got["committed"]]
+    assert steps == list(range(1, len(steps) + 1)), steps
+    at, epoch, seen = 0, 0, []
+    for _, ep, sample, world in got["committed"]:
+        if ep != epoch:
+            epoch, at = ep, 0
+        assert sample == at, (ep, sample, at, got["committed"])
+        at += 8 * world
+        if world not in seen:
+            seen.append(world)
+    assert seen == list(worlds) and epoch == 2, (seen, epoch)
+
+
+def case_elastic(tmp):
+    """kill -9 of one of three ranks mid-training: the other two finish
+    with identical params; their StepResult said the world changed to 2
+    (and whether the step in flight was dropped), on_world_change got
+    the new rank and world, the steps they kept cover each epoch's
+    examples once, and the model learned the task."""
+    (a, b), took = elastic_job(tmp, kill_after=30)
+    assert a["committed"] == b["committed"] and a["sums"] == b["sums"]
+    for rank, got in ((0, a), (1, b)):
+        assert len(got["results"]) == 1, got["results"]
+        res = got["results"][0]
+        assert res["world_changed"] and res["world_size"] == 2 and res["rank"] == rank, res
+        assert res["before"][2] == 3 and res["regroup_ms"] > 0, res
+    ra, rb = a["results"][0], b["results"][0]
+    assert (ra["step"], ra["dropped"], ra["sample"]) == (rb["step"], rb["dropped"], rb["sample"])
+    # A dropped step's batch is trained again: the position goes back to its start.
+    epoch, sample, _ = ra["before"]
+    assert (ra["epoch"], ra["sample"]) == (epoch, sample if ra["dropped"] else sample + 24), ra
+    check_changes({0: a, 1: b}, ra["step"])
+    check_coverage(a)
+    (loss0, acc0), (loss1, acc1) = a["before"], a["after"]
+    assert loss1 < loss0 / 2 and acc1 > 0.85, (a["before"], a["after"])
+    print(f"kill -9 of 1 of 3 ranks after step 30: the survivors went on as ranks 0 and 1 of 2 "
+          f"from step {ra['step']} (dropped {ra['dropped']}, detect {ra['detect_ms']:.0f} ms, "
+          f"regroup {ra['regroup_ms']:.0f} ms), finished {took:.1f} s later at step "
+          f"{a['position'][0]} with identical params; test loss {loss0:.3f} -> {loss1:.3f}, "
+          f"accuracy {acc0:.3f} -> {acc1:.3f}")
+
+
+def case_elastic_sum(tmp):
+    """A rank lost during opt.allreduce_sum (a metric): the survivors get
+    gradsync.WorldChanged once they have regrouped, on_world_change has
+    been called, and the sum over the new world counts every test
+    example once; no step was lost."""
+    gs = torch_worker.gs
+    cfg = gs.init(coordinator="127.0.0.1:9", world_size="2:3")
+    assert (cfg["world_min"], cfg["world_size"]) == (2, 3), cfg
+    for bad, why in (("3:2", "MIN (3) is more than MAX (2)"), ("0:2", "at least 1"),
+                     ("2:x", "expected N or MIN:MAX")):
+        os.environ["GRADSYNC_WORLD_SIZE"] = bad
+        try:
+            gs.init(coordinator="127.0.0.1:9")
+            raise AssertionError(f"world size {bad!r} accepted")
+        except gs.Error as e:
+            assert str(e).startswith(f"$GRADSYNC_WORLD_SIZE={bad!r}: ") and why in str(e), e
+    del os.environ["GRADSYNC_WORLD_SIZE"]
+    (a, b), _ = elastic_job(tmp, "die=sum")
+    assert a["committed"] == b["committed"] and a["sums"] == b["sums"]
+    first = a["sums"][0]
+    assert first[3] == 2 and all(s[3] == 1 for s in a["sums"][1:]), a["sums"]
+    assert not a["results"] and not b["results"], (a["results"], b["results"])
+    check_changes({0: a, 1: b}, first[0])
+    check_coverage(a)
+    assert a["committed"][first[0] - 1][3] == 3 and a["committed"][first[0]][3] == 2
+    print(f"rank lost during a sum after step {first[0]}: WorldChanged, summed again over 2 "
+          f"ranks: {first[1]:.0f}/{first[2]} correct; training went on from step {first[0]}")
+
+
+def case_elastic_grow(tmp):
+    """A 2:3 job started with two ranks (local ranks 1 and 2); a third
+    (local rank 0, so rank 0 of the new world) joins while it trains. The
+    two see world_changed (world 3, no step dropped) at one step, the
+    newcomer starts from their position with their BatchNorm buffers (not
+    its own fresh ones, though it is rank 0), and all three finish with
+    identical params."""
+    # Slower steps: the newcomer takes seconds to import torch and join.
+    (c, a, b), took = elastic_job(tmp, "delay=0.05", late=0, grow_after=20)
+    assert a["committed"] == b["committed"]
+    first = a["results"][0]
+    assert first["world_size"] == 3 and first["before"][2] == 2, first
+    step = first["step"]
+    # The engine's new rank 0 acts once more on the coordinator's regroup
+    # request it has not seen (gs_engine's seen_regroup_seq starts at 0):
+    # a second regroup of the same three ranks may follow. Each is a
+    # world change of 3 ranks that drops nothing, seen alike by all.
+    steps = [r["step"] for r in a["results"]]
+    for rank, got in ((0, c), (1, a), (2, b)):
+        results = got["results"]
+        assert [(r["rank"], r["world_size"], r["dropped"]) for r in results] == \
+            [(rank, 3, False)] * len(results), results
+        assert [r["step"] for r in results] == (steps if rank else steps[1:]), results
+        assert [(x["rank"], x["world"], x["step"]) for x in got["changes"]] == \
+            [(rank, 3, r["step"]) for r in results], got["changes"]
+    assert c["joined"]["position"] == (step, first["epoch"], first["sample"]), c["joined"]
+    assert c["joined"]["world"] == 3 and c["committed"][0][0] == step + 1, c["committed"][:2]
+    kept = a["changes"][0]["buffers"]
+    assert int(kept["1.num_batches_tracked"]) == step, kept  # the trained ones, not fresh
+    for n, buf in kept.items():
+        assert torch.equal(buf, b["changes"][0]["buffers"][n]), f"buffer {n} differs"
+        assert torch.equal(buf, c["joined"]["buffers"][n]), f"buffer {n}: the newcomer's own"
+    assert c["committed"] == a["committed"][step:], "the newcomer's steps differ"
+    check_coverage(a, worlds=[2, 3])
+    assert a["after"][1] > 0.85, a["after"]
+    print(f"a third rank joined a 2:3 job after step {step} as rank 0 of 3, from (epoch, sample) "
+          f"{c['joined']['position'][1:]}, with the others' buffers; {len(a['results'])} "
+          f"regroup(s); identical params at step {a['position'][0]}, accuracy "
+          f"{a['after'][1]:.3f} ({took:.1f} s from its start)")
 
 
 def case_example(tmp):

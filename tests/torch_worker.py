@@ -185,6 +185,102 @@ def killed():
         sys.exit(3)
 
 
+def teacher(n, seed=3):
+    """A learnable task: the class a fixed random linear map ranks first."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 20, generator=g)
+    y = (x @ torch.randn(20, 3, generator=g)).argmax(1)
+    return x.to(DEVICE), y.to(DEVICE)
+
+
+def test_metrics(model, x, y):
+    """(loss, accuracy) on this rank alone."""
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+        loss, acc = float(F.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
+    model.train()
+    return loss, acc
+
+
+def shared_accuracy(model, opt, x, y):
+    """(correct, count, tries) over the test set, rank r of W taking
+    examples r, r+W, ...: summed over the ranks, and again over the new
+    world when it changes during the sum. die=sum: local rank 2 dies
+    (SIGKILL) just before its first sum."""
+    tries = 0
+    while True:
+        r, w = gs.rank(), gs.world_size()
+        if OPTS.get("die") == "sum" and gs.local_rank() == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        model.eval()
+        with torch.no_grad():
+            correct = float((model(x[r::w]).argmax(1) == y[r::w]).sum())
+        model.train()
+        sums = torch.tensor([correct, float(len(y[r::w]))])
+        tries += 1
+        try:
+            opt.allreduce_sum(sums)
+            return float(sums[0]), int(sums[1]), tries
+        except gs.WorldChanged:
+            continue
+
+
+def elastic():
+    """A rank of an elastic job (GRADSYNC_WORLD_SIZE=MIN:MAX): `epochs`
+    over n examples, each step's global batch cut from the optimizer's
+    position (epoch, sample) in the epoch's order, rank r taking its
+    slice; after a world change it goes on from where every rank is. At
+    each epoch's end the ranks sum their share of the test accuracy."""
+    gs.init()
+    model = mlp(hidden=32, bn=True)
+    changes, results, committed, sums = [], [], [], []
+
+    def on_change(rank, world, step):
+        # Buffers were re-synced before the callback: the same on every rank.
+        changes.append(dict(rank=rank, world=world, step=step,
+                            buffers={n: b.clone() for n, b in model.named_buffers()}))
+
+    opt = gs.DistributedOptimizer(model, lr=0.05, momentum=0.9, rejoin_timeout=30,
+                                  on_world_change=on_change)
+    # Where this rank starts (a rank that joins a running job: the others' place).
+    joined = dict(position=(opt.step_count, opt.epoch, opt.sample), world=gs.world_size(),
+                  buffers={n: b.clone() for n, b in model.named_buffers()})
+    n, batch, epochs = int(OPTS.get("n", 960)), 8, int(OPTS.get("epochs", 3))
+    x, y = teacher(n + 1000)
+    xt, yt, x, y = x[n:], y[n:], x[:n], y[:n]
+    before = test_metrics(model, xt, yt)
+    while opt.epoch < epochs:
+        world, r = gs.world_size(), gs.rank()
+        if opt.sample + batch * world > n:  # the epoch's last whole global batch is done
+            sums.append((opt.step_count,) + shared_accuracy(model, opt, xt, yt))
+            opt.set_epoch(opt.epoch + 1)
+            continue
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(opt.epoch))
+        start = (opt.epoch, opt.sample, world)
+        idx = order[opt.sample + r * batch:opt.sample + (r + 1) * batch].to(DEVICE)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        res = opt.step(loss)
+        if res.world_changed:
+            results.append(dict(vars(res), before=start))
+            print(f"world changed at step {res.step}: rank {res.rank} of {res.world_size}, "
+                  f"dropped {res.dropped}, detect {res.detect_ms:.0f} ms, "
+                  f"regroup {res.regroup_ms:.0f} ms", flush=True)
+        if not res.dropped:
+            committed.append((res.step,) + start)
+            if res.step % 10 == 0:
+                print(f"step {res.step}", flush=True)
+        time.sleep(float(OPTS.get("delay", 0.02)))
+        if res.stop:
+            break
+    save(params=[p.detach().cpu().clone() for p in model.parameters()], results=results,
+         changes=changes, committed=committed, sums=sums, joined=joined, before=before,
+         after=test_metrics(model, xt, yt),
+         position=(opt.step_count, opt.epoch, opt.sample), local_rank=gs.local_rank())
+
+
 def no_coordinator():
     gs.init(coordinator=OPTS["coordinator"], world_size=2)
     t0 = time.monotonic()

@@ -7,6 +7,8 @@ from gradsync._engine import (  # noqa: F401
     ModelMismatch,
     PeerLost,
     Timeout,
+    WorldChanged,
 )
 
-__all__ = ["Engine", "Error", "Interrupted", "ModelMismatch", "PeerLost", "Timeout"]
+__all__ = ["Engine", "Error", "Interrupted", "ModelMismatch", "PeerLost", "Timeout",
+           "WorldChanged"]

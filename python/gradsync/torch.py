@@ -20,6 +20,52 @@ a hook on each parameter's gradient accumulator reports it final, which
 starts its pack's allreduce while backward goes on; `step()` runs the
 engine's fused SGD (torch.optim.SGD's arithmetic) and returns what the
 step decided, identically on every rank.
+
+Elastic jobs (world size "MIN:MAX": `init(world_size="2:4")`, or
+$GRADSYNC_WORLD_SIZE / $WORLD_SIZE): a lost rank does not fail the job.
+The engine regroups the others (at least MIN of them) and every rank goes
+on from one state, the params and momentum of the rank at the newest step
+(the model's tensors are views of the packs, so the model already holds
+it); new ranks join at a step boundary, up to MAX. What the loop sees:
+
+- `opt.step(loss)` returns with `world_changed` true. If `dropped`, the
+  step in flight was discarded with its gradients: `step` (steps
+  completed, where training goes on) did not advance, and the batch just
+  computed is trained again; else the step counted.
+- `gs.rank()` and `gs.world_size()` (and the result's `rank`,
+  `world_size`) are this rank's new place; `opt.epoch` and `opt.sample`
+  (the examples of the epoch trained on, over all ranks) are the position
+  every rank now holds.
+- `DistributedOptimizer(..., on_world_change=fn)` calls
+  `fn(rank, world_size, step)` first (buffers are already re-synced), so a
+  sampler can re-shard: the next global batch starts at example
+  `opt.sample` of the epoch's order, rank r taking its slice of it. A
+  loop over a DataLoader breaks out and builds the loader again from there.
+- `opt.allreduce_sum(t)` interrupted by a lost rank raises
+  `gradsync.WorldChanged` after the regroup (on_world_change called):
+  compute this rank's share again and sum again.
+
+::
+
+    def batch_at(epoch, sample, rank, world):   # this rank's slice of a global batch
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
+        idx = order[sample + rank * b:sample + (rank + 1) * b]
+        return x[idx], y[idx]
+
+    while opt.epoch < epochs:
+        if opt.sample + b * gs.world_size() > n:  # no whole global batch left
+            opt.set_epoch(opt.epoch + 1)
+            continue
+        xb, yb = batch_at(opt.epoch, opt.sample, gs.rank(), gs.world_size())
+        loss = F.cross_entropy(model(xb), yb)
+        opt.zero_grad(); loss.backward()
+        r = opt.step(loss)                  # r.world_changed: the next batch_at re-shards
+        if r.stop:
+            break
+
+`opt.sample` advances by the batch of the model's last forward times the
+world size (every rank the same batch). A rank that joins a running job
+starts from the others' `opt.position` and `opt.sample`.
 """
 import atexit
 import os
@@ -33,10 +79,11 @@ from dataclasses import dataclass
 import torch
 
 from gradsync import _engine
-from gradsync._engine import Error, Interrupted, ModelMismatch, PeerLost, Timeout  # noqa: F401
+from gradsync._engine import (Error, Interrupted, ModelMismatch, PeerLost,  # noqa: F401
+                              Timeout, WorldChanged)
 
 __all__ = ["init", "rank", "world_size", "local_rank", "DistributedOptimizer", "StepResult",
-           "Error", "PeerLost", "ModelMismatch", "Timeout", "Interrupted"]
+           "Error", "PeerLost", "ModelMismatch", "Timeout", "Interrupted", "WorldChanged"]
 
 _COORDINATOR_PORT = "7070"
 _state = {"config": None, "engine": None, "optimizers": []}
@@ -71,16 +118,35 @@ def _number(value, name):
     return n
 
 
+def _world(value, where):
+    """(MIN, MAX) from N or "MIN:MAX", as gradsync-agent's --world-size
+    reads it: MIN 0 is a fixed world of N ranks; 1 <= MIN <= MAX an
+    elastic job that goes on while at least MIN ranks remain."""
+    text = str(value).strip()
+    low, colon, high = text.partition(":")
+    try:
+        lo, hi = (int(low), int(high)) if colon else (0, int(text))
+    except ValueError:
+        raise Error(f"{where}={value!r}: expected N or MIN:MAX (an elastic job)") from None
+    if hi < 1 or (colon and lo < 1):
+        raise Error(f"{where}={value!r}: a world size is at least 1")
+    if lo > hi:
+        raise Error(f"{where}={value!r}: MIN ({lo}) is more than MAX ({hi})")
+    return lo, hi
+
+
 def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None, token=None,
          tls_ca=None, tls_cert=None, tls_key=None):
     """Where the job is: the arguments given, else gradsync's variables
     (set by gradsync-run), else torchrun's and SLURM's, as gradsync-agent
-    reads them (README, "Environment"). tls_ca (else $GRADSYNC_TLS_CA)
-    speaks TLS to a coordinator started with --tls-cert, verifying it
-    with that CA file; tls_cert and tls_key (else $GRADSYNC_TLS_CERT,
-    $GRADSYNC_TLS_KEY) are this rank's certificate for one started with
-    --tls-client-ca. Joins nothing yet: the DistributedOptimizer joins
-    (and reads the files). Returns the resolved settings."""
+    reads them (README, "Environment"). `world_size` (or the variable) is
+    N, or "MIN:MAX" for an elastic job (see the module's docstring).
+    tls_ca (else $GRADSYNC_TLS_CA) speaks TLS to a coordinator started with
+    --tls-cert, verifying it with that CA file; tls_cert and tls_key (else
+    $GRADSYNC_TLS_CERT, $GRADSYNC_TLS_KEY) are this rank's certificate for
+    one started with --tls-client-ca. Joins nothing yet: the
+    DistributedOptimizer joins (and reads the files). Returns the resolved
+    settings (`world_min` 0 for a fixed world)."""
     if coordinator is None:
         coordinator, _ = _env("GRADSYNC_COORDINATOR")
     if coordinator is None:
@@ -99,7 +165,9 @@ def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None
         v, n = _env("GRADSYNC_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS")
         if v is None:
             raise Error("no world size: pass init(world_size=N) or set $GRADSYNC_WORLD_SIZE")
-        world_size = _number(v, n)
+        world_min, world_size = _world(v, f"${n}")
+    else:
+        world_min, world_size = _world(world_size, "world_size")
     if local_rank is None:
         v, n = _env("GRADSYNC_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID")
         local_rank = _number(v, n) if v is not None else 0
@@ -108,8 +176,8 @@ def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None
         node = node or socket.gethostname()
     if token is None:
         token, _ = _env("GRADSYNC_TOKEN")
-    cfg = {"coordinator": coordinator, "job": job, "world_size": int(world_size),
-           "local_rank": int(local_rank), "node": node}
+    cfg = {"coordinator": coordinator, "job": job, "world_size": world_size,
+           "world_min": world_min, "local_rank": int(local_rank), "node": node}
     if token:
         cfg["token"] = token
     for key, var in (("comm_iface", "GRADSYNC_COMM_IFACE"), ("comm_bind", "GRADSYNC_COMM_BIND"),
@@ -141,12 +209,15 @@ def _info():
 
 
 def rank():
-    """This process's rank (ranks are ordered by node, then local rank)."""
+    """This process's rank (ranks are ordered by node, then local rank);
+    in an elastic job, its rank in the current world (it changes when the
+    world does)."""
     return _info()["rank"]
 
 
 def world_size():
-    """The number of ranks in the job."""
+    """The number of ranks in the job: in an elastic job the current world
+    once a DistributedOptimizer has joined, before that the most (MAX)."""
     if _state["engine"] is not None:
         return _info()["world_size"]
     return _config()["world_size"]
@@ -158,7 +229,7 @@ def local_rank():
 
 @dataclass
 class StepResult:
-    """What a step decided; the same on every rank."""
+    """What a step decided; the same on every rank (but `rank`)."""
     stop: bool
     stop_reason: str
     bcast_period: int
@@ -168,6 +239,19 @@ class StepResult:
     nonfinite: bool  # a rank's loss was NaN or infinite: stop_reason names the ranks
     comm_wait_ms: float
     optimizer_ms: float
+    # Elastic jobs: the world changed (a rank was lost, or new ones joined)
+    # during this step. `dropped`: the step was discarded, its gradients
+    # too (a rank was lost while they were summed), so `step` did not
+    # advance and its batch is trained again; else the step counts.
+    world_changed: bool
+    dropped: bool
+    rank: int        # this rank's place from now on
+    world_size: int
+    step: int        # steps completed: where training goes on (opt.position)
+    epoch: int
+    sample: int      # examples of `epoch` trained on over all ranks (opt.sample)
+    detect_ms: float   # world_changed: from the step's start to noticing the loss
+    regroup_ms: float  # world_changed: from noticing to the state shared in the new world
 
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|kB|MB|GB)?\s*$")
@@ -242,6 +326,15 @@ class DistributedOptimizer:
     to `lr`) and/or "weight_decay"; parameters in no group take `lr` and
     `weight_decay`, or with `bias_lr_mult`/`bias_weight_decay` the bias
     rules of Detectron for those named "*bias".
+
+    Elastic jobs (init's world size "MIN:MAX"): `rejoin_timeout` (seconds)
+    is how long a regroup waits for at least MIN ranks; `elastic_lr` is
+    "keep" (the same lr at any world) or "linear" (lr x world / MAX);
+    `on_world_change(rank, world_size, step)` is called, with this rank's
+    new place and the step training goes on from, after every change of
+    the world (in `step()` before it returns, or in `allreduce_sum()`
+    before it raises WorldChanged), so that a sampler can re-shard from
+    `opt.epoch` and `opt.sample`.
     """
 
     def __init__(self, model, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
@@ -251,7 +344,8 @@ class DistributedOptimizer:
                  schedule="constant", step_size=0, gamma=0.1, total_steps=0,
                  checkpoint_dir=None, checkpoint_every=0, checkpoint_failures=3, resume=False,
                  join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
-                 coordinator_grace=600.0):
+                 coordinator_grace=600.0, rejoin_timeout=300.0, elastic_lr="keep",
+                 on_world_change=None):
         if isinstance(model, torch.nn.Module):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffers = list(model.named_buffers()) if broadcast_buffers else []
@@ -281,6 +375,7 @@ class DistributedOptimizer:
                    checkpoint_failures=checkpoint_failures, resume=resume,
                    join_timeout=join_timeout, comm_timeout=comm_timeout,
                    connect_timeout=connect_timeout, coordinator_grace=coordinator_grace,
+                   rejoin_timeout=rejoin_timeout, elastic_lr=elastic_lr,
                    **self._device_config())
         if bias_weight_decay is not None:
             cfg["bias_wd"] = bias_weight_decay
@@ -305,8 +400,13 @@ class DistributedOptimizer:
             raise _mismatch(err, named) from None
         self._engine = e
         _state["engine"] = e
+        self.on_world_change = on_world_change
+        self._elastic = cfg["world_min"] > 0
+        self._has_state = False  # trained in this job: its buffers are the job's
         self._bind()
-        self.step_count, self.epoch = e.sync_initial()
+        # A rank that joins a running elastic job starts where the others are.
+        self.step_count, self.epoch, sample = e.sync_initial()
+        self.sample = sample or 0  # None: a checkpoint from before it was stored
         self._sync_buffers()
         self._in_step = False
         self._held = []
@@ -381,16 +481,48 @@ class DistributedOptimizer:
                 self._param_views.append(pv)
                 self._grad_views.append(gv)
 
+    def _follow_world(self):
+        """This rank's place after an elastic regroup (the engine's)."""
+        info = self._engine.info()
+        self.rank, self.world_size = info["rank"], info["world_size"]
+
+    def _world_changed(self):
+        if self.on_world_change is not None:
+            self.on_world_change(self.rank, self.world_size, self.step_count)
+
     def _sync_buffers(self):
-        """Buffers (BatchNorm statistics) take rank 0's values: a sum where
-        the others add zeros is exact."""
-        if not self._buffers or self.world_size == 1:
-            return
+        """Buffers (BatchNorm statistics) take one rank's values; true when
+        an elastic job regrouped meanwhile (then they are summed again over
+        the new world)."""
+        changed = False
+        while self._buffers and self.world_size > 1:
+            try:
+                self._sync_buffers_once()
+                return changed
+            except WorldChanged:
+                self._follow_world()
+                changed = True
+        return changed
+
+    def _buffer_root(self):
+        """Rank 0, or in an elastic job the first rank that has trained in
+        it (a rank that has just joined holds fresh buffers)."""
+        if not self._elastic:
+            return 0
+        held = torch.zeros(self.world_size)
+        held[self.rank] = float(self._has_state)
+        self._sum(held)
+        first = held.nonzero()
+        return int(first[0]) if len(first) else 0
+
+    def _sync_buffers_once(self):
+        """A sum where every rank but the root adds zeros is exact."""
+        root = self._buffer_root()
         flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float32)
                           for _, b in self._buffers])
-        if self.rank != 0:
+        if self.rank != root:
             flat.zero_()
-        self.allreduce_sum(flat)
+        self._sum(flat)
         at = 0
         with torch.no_grad():
             for _, b in self._buffers:
@@ -414,7 +546,12 @@ class DistributedOptimizer:
         if not self._in_step:
             self._in_step = True
             self._reported = [False] * len(self.params)
-            self._engine.begin_step(0.0, self.step_count + 1, self.epoch)
+            # The position once this step is done (what a checkpoint or a
+            # regroup after it records): the global batch is the batch of
+            # the model's last forward on every rank.
+            self._after = (self.step_count + 1, self.epoch,
+                           self.sample + self._batch * self.world_size)
+            self._engine.begin_step(0.0, *self._after)
 
     def _grad_ready(self, i):
         self._begin()
@@ -451,7 +588,9 @@ class DistributedOptimizer:
         """Waits for the allreduces, applies SGD, and returns the step's
         decisions (a StepResult, the same on every rank). `loss` (a number
         or a 0-dim tensor) feeds the status page, and a non-finite loss on
-        any rank stops every rank at this step."""
+        any rank stops every rank at this step. In an elastic job a lost
+        rank does not fail the step: the result says `world_changed` (and
+        whether this step was `dropped`), and on_world_change was called."""
         e = self._engine
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else \
             float("nan") if loss is None else float(loss)
@@ -475,18 +614,36 @@ class DistributedOptimizer:
             e.grad_ready(i)
         self._held = []
         self._in_step = False
-        r = StepResult(**e.end_step())
-        self.step_count += 1
-        if r.broadcast:
-            self._sync_buffers()
+        r = self._result(e.end_step())
         now = time.monotonic()
         dt, self._t_last = max(now - self._t_last, 1e-9), now
         e.report(self.step_count, value if loss is not None else 0.0,
                  self._batch * self.world_size / dt, max(dt * 1000.0 - r.comm_wait_ms, 0.0),
                  r.comm_wait_ms)
+        if r.world_changed:
+            self._world_changed()
         if r.stop:
             self.finish(finished=not r.nonfinite, reason=r.stop_reason)
         return r
+
+    def _result(self, d):
+        """Moves the position (to the engine's resume position after an
+        elastic regroup), re-syncs buffers, and says what the step did."""
+        resume, regrouped = d.pop("resume"), d.pop("regrouped")
+        if regrouped:
+            step, epoch, sample = resume
+            self.step_count, self.epoch, self.sample = step, epoch, sample or 0
+        else:
+            self.step_count, self.epoch, self.sample = self._after
+        self._has_state = True
+        self.rank, self.world_size = d.pop("rank"), d.pop("world_size")
+        changed = regrouped
+        if d["broadcast"] or regrouped:
+            changed = self._sync_buffers() or changed
+        return StepResult(**d, world_changed=changed,
+                          dropped=regrouped and self.step_count < self._after[0], rank=self.rank,
+                          world_size=self.world_size, step=self.step_count, epoch=self.epoch,
+                          sample=self.sample)
 
     def _abandon(self):
         self._held = []
@@ -495,19 +652,37 @@ class DistributedOptimizer:
 
     @property
     def position(self):
-        """(step, epoch): steps completed, and the epoch the user set."""
+        """(step, epoch): steps completed, and the epoch the user set.
+        `opt.sample` is the third coordinate: the examples of the epoch
+        trained on over all ranks (the batch of each step's forward times
+        the world size), where an elastic job's data goes on."""
         return self.step_count, self.epoch
 
     def set_epoch(self, epoch):
-        self.epoch = int(epoch)
+        """A new epoch starts at sample 0 (the current one keeps its
+        sample: a loop may call it again after a resume)."""
+        if int(epoch) != self.epoch:
+            self.epoch, self.sample = int(epoch), 0
 
     def checkpoint(self):
         """Rank 0 writes a checkpoint of this step (with checkpoint_dir)."""
-        self._engine.checkpoint(self.step_count, self.epoch)
+        self._engine.checkpoint(self.step_count, self.epoch, self.sample)
 
     def allreduce_sum(self, tensor):
         """Sums a float32 tensor over the ranks, in place (metrics; through
-        host memory)."""
+        host memory). In an elastic job a rank lost meanwhile raises
+        WorldChanged once the others have regrouped (buffers re-synced,
+        on_world_change called): compute this rank's share again over the
+        new world (gs.rank() of gs.world_size()) and sum again."""
+        try:
+            return self._sum(tensor)
+        except WorldChanged:
+            self._follow_world()
+            self._sync_buffers()
+            self._world_changed()
+            raise
+
+    def _sum(self, tensor):
         t = tensor.detach()
         if t.dtype != torch.float32 or not t.is_contiguous():
             raise ValueError("allreduce_sum takes a contiguous float32 tensor")
