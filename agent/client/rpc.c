@@ -82,6 +82,10 @@ static int join_result(gs_client_t *cl, const gradsync_JoinResponse *resp,
   out->state_rank = resp->state_rank;
   out->state_step = resp->state_step;
   snprintf(out->regroup_reason, sizeof(out->regroup_reason), "%s", resp->regroup_reason);
+  out->broadcast_seq = resp->directives.broadcast_seq;
+  out->checkpoint_seq = resp->directives.checkpoint_seq;
+  out->regroup_seq = resp->directives.regroup_seq;
+  out->coordinator_id = resp->coordinator_id;
   return 0;
 }
 

@@ -103,6 +103,25 @@ __attribute__((format(printf, 3, 4))) static int own(gs_engine_t *e, const char 
   return gs_engine_add_setting(e, name, value);
 }
 
+static const char *const elastic_lr_names[] = {"keep", "linear"};
+
+int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out)
+{
+  for (size_t i = 0; s && i < sizeof(elastic_lr_names) / sizeof(elastic_lr_names[0]); i++) {
+    if (!strcmp(s, elastic_lr_names[i])) {
+      *out = (gs_elastic_lr_t)i;
+      return 0;
+    }
+  }
+  return GS_EINVAL;
+}
+
+const char *gs_elastic_lr_name(gs_elastic_lr_t v)
+{
+  return (size_t)v < sizeof(elastic_lr_names) / sizeof(elastic_lr_names[0]) ? elastic_lr_names[v]
+                                                                              : "?";
+}
+
 /* Floats as "%.9g": nine digits tell every float apart, so two ranks whose
  * values print alike do the same arithmetic. Only the settings a schedule
  * uses are sent: a gamma without a step schedule changes nothing. */
@@ -113,6 +132,8 @@ int gs__engine_add_own_settings(gs_engine_t *e)
 
   err = err ? err : own(e, "reduce", "%s", gs_reduce_op_name(e->cfg.reduce));
   err = err ? err : own(e, "pack-threshold", "%" PRIu64, e->cfg.pack_threshold);
+  if (e->cfg.world_min) /* it scales the LR */
+    err = err ? err : own(e, "elastic-lr", "%s", gs_elastic_lr_name(e->cfg.elastic_lr));
   err = err ? err : own(e, "lr", "%.9g", c->lr);
   err = err ? err : own(e, "momentum", "%.9g", c->momentum);
   err = err ? err : own(e, "weight-decay", "%.9g", c->weight_decay);

@@ -104,6 +104,16 @@ uint32_t gs_engine_rank(const gs_engine_t *e)
   return e->join.rank;
 }
 
+uint32_t gs_engine_state_rank(const gs_engine_t *e)
+{
+  return e->join.resume_state ? e->join.state_rank : 0;
+}
+
+bool gs_engine_world_changed(int err)
+{
+  return err == GS_EREGROUPED;
+}
+
 uint32_t gs_engine_world_size(const gs_engine_t *e)
 {
   return e->join.world_size;
@@ -304,6 +314,12 @@ void gs__engine_joined(gs_engine_t *e)
   pthread_mutex_unlock(&e->mu);
   e->joined = true;
   e->period = e->join.bcast_period;
+  /* Requests made before this Join were for the ranks before it (a rank 0
+   * of an earlier generation passed them on, or they are moot). */
+  e->coordinator_id = e->join.coordinator_id;
+  e->seen_broadcast_seq = e->join.broadcast_seq;
+  e->seen_checkpoint_seq = e->join.checkpoint_seq;
+  e->seen_regroup_seq = e->join.regroup_seq;
   e->nctl = gs_control_len(e->join.world_size);
   e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
   e->lr_scale = e->cfg.elastic_lr == GS_ELASTIC_LR_LINEAR

@@ -7,24 +7,12 @@
 #include "session.h"
 #include "wire.h"
 
-/* The job's directives, as every heartbeat reply carries them. */
-static gradsync_Directives directives(const gs_job_t *job)
-{
-  return (gradsync_Directives){
-      .bcast_period = job->bcast_period,
-      .broadcast_seq = job->broadcast_seq,
-      .checkpoint_seq = job->checkpoint_seq,
-      .stop = job->stop,
-      .regroup_seq = job->regroup_seq,
-  };
-}
-
 /* The body of a heartbeat reply without an abort, encoded again only when
  * a directive changed since the last one. NULL if it cannot be encoded. */
 static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
 {
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
-  gradsync_Directives now = directives(job);
+  gradsync_Directives now = gs__job_directives(job);
 
   const gradsync_Directives *d = &job->hb_reply_for;
 
@@ -54,7 +42,7 @@ static void reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id
     return;
   }
   resp.has_directives = true;
-  resp.directives = directives(job);
+  resp.directives = gs__job_directives(job);
   resp.abort = abort;
   if (why)
     snprintf(resp.abort_reason, sizeof(resp.abort_reason), "%s", why);

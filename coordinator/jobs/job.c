@@ -191,6 +191,17 @@ void gs__job_fill_peer(gs_job_t *job, uint32_t r)
   memcpy(p->comm_addr, m->req.comm_addr, sizeof(p->comm_addr));
 }
 
+gradsync_Directives gs__job_directives(const gs_job_t *job)
+{
+  return (gradsync_Directives){
+      .bcast_period = job->bcast_period,
+      .broadcast_seq = job->broadcast_seq,
+      .checkpoint_seq = job->checkpoint_seq,
+      .stop = job->stop,
+      .regroup_seq = job->regroup_seq,
+  };
+}
+
 void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id)
 {
   const gs_jobs_config_t *cfg = &job->jobs->cfg;
@@ -208,6 +219,9 @@ void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id
   resp.heartbeat_interval_ms = (uint32_t)cfg->heartbeat_interval_ms;
   resp.heartbeat_timeout_ms = (uint32_t)cfg->heartbeat_timeout_ms;
   snprintf(resp.session, sizeof(resp.session), "%s", m->session);
+  resp.has_directives = true;
+  resp.directives = gs__job_directives(job);
+  resp.coordinator_id = cfg->coordinator_id;
   resp.resume_state = job->resume_state;
   resp.state_rank = job->state_rank;
   resp.state_step = job->state_step;

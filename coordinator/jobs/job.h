@@ -245,6 +245,8 @@ gs_job_state_t gs__job_resting_state(const gs_job_t *job);
 void gs__job_stall_reset(gs_job_t *job, uint64_t now);
 /* Fills job->peers[r] from job->ranks[r]. */
 void gs__job_fill_peer(gs_job_t *job, uint32_t r);
+/* The job's directives, as heartbeat and Join replies carry them. */
+gradsync_Directives gs__job_directives(const gs_job_t *job);
 /* Answers a member's Join with its rank and peers. */
 void gs__job_reply_join(gs_job_t *job, const gs_member_t *m, uint64_t request_id);
 /* Aborts the running generation of `job`; every rank learns it from its

@@ -198,6 +198,9 @@ GS_ENGINE_API int gs_lr_schedule_parse(const char *s, gs_lr_schedule_t *out) GS_
 GS_ENGINE_API const char *gs_lr_schedule_name(gs_lr_schedule_t s);
 GS_ENGINE_API int gs_reduce_op_parse(const char *s, gs_reduce_op_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_reduce_op_name(gs_reduce_op_t op);
+/* "keep" or "linear". */
+GS_ENGINE_API int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_elastic_lr_name(gs_elastic_lr_t v);
 
 /* ---- training ---------------------------------------------------------- */
 
@@ -303,6 +306,13 @@ GS_ENGINE_API int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc) GS
 GS_ENGINE_API int gs_engine_start(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
 
 GS_ENGINE_API uint32_t gs_engine_rank(const gs_engine_t *e);
+/* Elastic jobs: the rank whose state every rank took when this generation
+ * started (the lowest at the newest step), e.g. for a front end's
+ * unpacked buffers; 0 when the generation started fresh. */
+GS_ENGINE_API uint32_t gs_engine_state_rank(const gs_engine_t *e);
+/* Whether `err` is the "world changed" error of gs_engine_allreduce_sum
+ * (an elastic regroup happened during it). */
+GS_ENGINE_API bool gs_engine_world_changed(int err);
 GS_ENGINE_API uint32_t gs_engine_world_size(const gs_engine_t *e);
 GS_ENGINE_API uint64_t gs_engine_generation(const gs_engine_t *e);
 GS_ENGINE_API uint32_t gs_engine_pack_count(const gs_engine_t *e);
