@@ -73,7 +73,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from benchlib import FINAL_RE, PART_RE, TIMING_RE, tail  # noqa: E402
+from benchlib import FINAL_RE, PART_RE, TIMING_RE, subset, tail  # noqa: E402
 from cluster import Cluster, missing_tool  # noqa: E402
 
 WORLD, RANGE = 4, "2:4"
@@ -676,9 +676,9 @@ def parse_args():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--markdown", help="also write the tables here")
     a = p.parse_args()
-    a.faults = [f for f in a.faults.split(",") if f]
-    if not a.faults or any(f not in FAULTS for f in a.faults) or a.trials < 0:
-        p.error(f"--faults from {','.join(FAULTS)}; --trials >= 0")
+    a.faults = subset(p, "--faults", a.faults, FAULTS)
+    if a.trials < 0:
+        p.error("--trials >= 0")
     a.bin = os.path.abspath(a.bin)
     a.agent = os.path.join(a.bin, "gradsync-agent")
     a.coordinator = os.path.join(a.bin, "gradsync-coordinator")
