@@ -43,6 +43,15 @@ def run_cmd(cmd, timeout):
         return None, out
 
 
+def subset(parser, flag, text, allowed):
+    """The comma-separated names of `text`, each one of `allowed`; a usage
+    error from `parser` naming `flag` otherwise."""
+    names = [x for x in text.split(",") if x]
+    if not names or any(x not in allowed for x in names):
+        parser.error(f"{flag} takes a subset of {','.join(allowed)}")
+    return names
+
+
 def tail(text, n=15):
     return "\n".join(text.strip().splitlines()[-n:])
 

@@ -23,7 +23,7 @@ import os
 import platform
 import sys
 
-from benchlib import fmt, median_of, parse_json_line, parse_ours, run_timed
+from benchlib import fmt, median_of, parse_json_line, parse_ours, run_timed, subset
 
 SMALL, LARGE = [784, 256, 128, 10], [784, 1024, 1024, 10]
 BATCH = 64
@@ -133,9 +133,9 @@ def parse_args():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--markdown", help="also write the table here")
     a = p.parse_args()
-    a.rows = [r for r in a.rows.split(",") if r]
-    if not a.rows or any(r not in ROWS for r in a.rows) or a.pairs < 1:
-        p.error(f"--rows from {','.join(ROWS)}; --pairs >= 1")
+    a.rows = subset(p, "--rows", a.rows, ROWS)
+    if a.pairs < 1:
+        p.error("--pairs >= 1")
     a.bin = os.path.abspath(a.bin)
     if not os.access(os.path.join(a.bin, "gradsync-run"), os.X_OK):
         p.error(f"no gradsync-run in {a.bin}")

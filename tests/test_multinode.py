@@ -32,91 +32,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint  # noqa: E402
+from cluster import ADDR, Cluster, missing_tool  # noqa: E402
 
 BIN_DIR, COORD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 AGENT = os.path.join(BIN_DIR, "gradsync-agent")
-SUBNET = "10.77.0"
-ADDR = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3"}
 # A small model, so that a job is seconds long on two cores.
 TRAIN = ["--reduce", "mean", "--layers", "784,64,10", "--no-validate", "--log-interval", "250ms",
          "--seed", "7"]
-
-
-def sh(*argv, check=True):
-    p = subprocess.run(argv, capture_output=True, text=True)
-    if check and p.returncode:
-        raise RuntimeError(f"{' '.join(argv)}: {p.stderr.strip()}")
-    return p
-
-
-class Cluster:
-    """Namespaces tag-s (the switch: a bridge), tag-c, tag-a, tag-b, each
-    node with a process holding its mount and UTS namespaces (a tmpfs on
-    /dev/shm, host name node-X) that the node's programs enter."""
-
-    def __init__(self):
-        self.tag = f"gsmn{os.getpid() % 100000}"
-        self.nets, self.holders, self.procs = [], {}, []
-
-    def ns(self, n):
-        return f"{self.tag}-{n}"
-
-    def __enter__(self):
-        try:
-            for n in "scab":
-                sh("ip", "netns", "add", self.ns(n))
-                self.nets.append(self.ns(n))
-            sw = self.ns("s")
-            sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
-            sh("ip", "-n", sw, "link", "set", "br0", "up")
-            for n in "cab":
-                sh("ip", "-n", sw, "link", "add", f"p-{n}", "type", "veth", "peer", "name", "eth0",
-                   "netns", self.ns(n))
-                sh("ip", "-n", sw, "link", "set", f"p-{n}", "master", "br0", "up")
-                sh("ip", "-n", self.ns(n), "addr", "add", f"{ADDR[n]}/24", "dev", "eth0")
-                sh("ip", "-n", self.ns(n), "link", "set", "eth0", "up")
-                sh("ip", "-n", self.ns(n), "link", "set", "lo", "up")
-                self.hold(n)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def hold(self, n):
-        h = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(n), "unshare", "-mu", "--propagation", "private",
-             "sh", "-c", f"mount -t tmpfs -o size=256m gs-shm-{n} /dev/shm && hostname node-{n} "
-             "&& echo ready && exec sleep 3600"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.holders[n] = h
-        if h.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"node {n}: {h.stderr.read().strip()}")
-
-    def run(self, n, argv, **kw):
-        """Starts argv on node n (its network, mounts and host name)."""
-        p = subprocess.Popen(["nsenter", "-t", str(self.holders[n].pid), "-n", "-m", "-u", "--"]
-                             + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             **kw)
-        self.procs.append(p)
-        return p
-
-    def exec(self, n, argv):
-        return sh("nsenter", "-t", str(self.holders[n].pid), "-n", "-m", "-u", "--", *argv)
-
-    def link(self, n, state):
-        """Node n's cable: the switch side of its veth up or down."""
-        sh("ip", "-n", self.ns("s"), "link", "set", f"p-{n}", state)
-
-    def shm_files(self):
-        return {n: self.exec(n, ["ls", "-A", "/dev/shm"]).stdout.split() for n in "ab"}
-
-    def __exit__(self, *exc):
-        for p in self.procs + list(self.holders.values()):
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for ns in self.nets:
-            sh("ip", "netns", "del", ns, check=False)
 
 
 class Output:
@@ -291,10 +213,10 @@ def main():
     if os.geteuid() != 0:
         print("skipped: needs root for network namespaces and mounts")
         return 77
-    for tool in ("ip", "nsenter", "unshare"):
-        if subprocess.run(["which", tool], capture_output=True).returncode:
-            print(f"skipped: {tool} is not installed")
-            return 77
+    tool = missing_tool()
+    if tool:
+        print(f"skipped: {tool} is not installed")
+        return 77
     t0 = time.monotonic()
     try:
         cl = Cluster().__enter__()
