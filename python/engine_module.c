@@ -66,11 +66,9 @@ static void free_object(PyObject *o)
 
 /* ---- errors --------------------------------------------------------- */
 
-/* The engine's "world changed" code (elastic regroup) is not in the
- * public header, so it is known by its name in gs_engine_strerror. */
 static bool is_world_changed(int err)
 {
-  return err < 0 && !strcmp(gs_engine_strerror(err), "the world changed (elastic regroup)");
+  return gs_engine_world_changed(err);
 }
 
 /* The exception class for a failure: the engine's words decide it where
@@ -403,14 +401,9 @@ static int parse_schedule(const char *s, void *out)
   return gs_lr_schedule_parse(s, out);
 }
 
-/* The engine has no parser of its own for this one (the agent's flag
- * table names the values). */
 static int parse_elastic_lr(const char *s, void *out)
 {
-  if (strcmp(s, "keep") && strcmp(s, "linear"))
-    return -1;
-  *(gs_elastic_lr_t *)out = s[0] == 'k' ? GS_ELASTIC_LR_KEEP : GS_ELASTIC_LR_LINEAR;
-  return 0;
+  return gs_elastic_lr_parse(s, out);
 }
 
 /* A count option in [lo, hi] into an int32_t or uint32_t. */

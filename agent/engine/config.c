@@ -119,7 +119,7 @@ int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out)
 const char *gs_elastic_lr_name(gs_elastic_lr_t v)
 {
   return (size_t)v < sizeof(elastic_lr_names) / sizeof(elastic_lr_names[0]) ? elastic_lr_names[v]
-                                                                              : "?";
+                                                                            : "?";
 }
 
 /* Floats as "%.9g": nine digits tell every float apart, so two ranks whose

@@ -124,9 +124,12 @@ int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double ste
          "generation %" PRIu64 " %s; regrouping from step %" PRIu64, old_gen,
          planned ? "regroups to admit new ranks" : reason, e->committed.step);
   for (;;) {
+    uint64_t before = e->join.generation;
+
     e->failed = 0; /* a lost peer is not this rank's failure */
     err = regroup_once(e, planned ? "regroup" : reason, &pos);
-    if (!err || err == GS_EINTR || err == GS_ETIMEDOUT || !e->joined || gs_now_ms_f() > deadline)
+    /* A refused Join (the job finished, or is full) has nothing to retry. */
+    if (!err || err == GS_EINTR || e->join.generation == before || gs_now_ms_f() > deadline)
       break;
     /* Lost again while regrouping: try the next generation. */
     snprintf(reason, sizeof(reason), "%s", e->error);

@@ -245,16 +245,19 @@ static int evaluate_once(trainer_t *t, float *accuracy, float *loss)
   return 0;
 }
 
-/* Evaluates; an elastic job that regroups meanwhile evaluates again over
- * its new world. */
+/* Evaluates. An elastic job that regroups meanwhile skips this one
+ * (GS_EREGROUPED), in its new world: some ranks may have finished the sum
+ * and gone on to the next step before the loss, and summing again would
+ * pair their next step's allreduce with the others' second sum. */
 static int evaluate(trainer_t *t, float *accuracy, float *loss, const gs_position_t *pos)
 {
-  int err;
+  int err = evaluate_once(t, accuracy, loss);
 
-  while ((err = evaluate_once(t, accuracy, loss)) == GS_EREGROUPED) {
-    err = follow_world(t, pos);
-    if (err)
-      return err;
+  if (err == GS_EREGROUPED) {
+    int e2 = follow_world(t, pos);
+
+    if (e2)
+      return e2;
   }
   return err;
 }
@@ -519,6 +522,11 @@ static int validate(trainer_t *t, const gs_position_t *pos, uint64_t epoch)
   float acc, loss;
   int err = evaluate(t, &acc, &loss, pos);
 
+  if (err == GS_EREGROUPED) {
+    if (t->rank == 0)
+      printf("epoch %" PRIu64 " validation skipped: the world changed during it\n", epoch);
+    return 0;
+  }
   if (!err && t->rank == 0)
     printf("epoch %" PRIu64 " validation: accuracy %.4f loss %.4f (%u test examples)\n", epoch, acc,
            loss, t->test.count);
@@ -587,8 +595,11 @@ static void summary(trainer_t *t, const gs_position_t *pos, uint64_t first_step,
   double secs = (gs_now_ms_f() - t->start_ms) / 1e3;
   double samples = (double)(last_step - first_step) * t->cfg->batch * t->world;
   float acc = 0, loss = 0;
+  int err = evaluate(t, &acc, &loss, pos);
 
-  if (evaluate(t, &acc, &loss, pos))
+  if (err == GS_EREGROUPED) /* every rank is here: once more, over the new world */
+    err = evaluate(t, &acc, &loss, pos);
+  if (err)
     return;
   if (t->rank == 0)
     printf("final: test accuracy %.4f, test loss %.4f, %.0f samples/s over %u rank%s, %.1f s\n",

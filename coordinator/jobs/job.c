@@ -259,12 +259,20 @@ static void gather_survivors(gs_job_t *job)
 {
   uint32_t pending = 0;
 
-  for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
-    if (job->ranks[r] && job->ranks[r]->state == GS_MEMBER_RUNNING && !job->ranks[r]->regrouped)
-      pending++;
+  job->regroup_deadline = UINT64_MAX;
+  for (uint32_t r = 0; job->ranks && r < job->world_size; r++) {
+    gs_member_t *m = job->ranks[r];
+
+    if (!m || m->state != GS_MEMBER_RUNNING || m->regrouped)
+      continue;
+    pending++;
+    /* Each has a heartbeat timeout from its last heartbeat: a node's other
+     * ranks, silent as long as the one lost, are lost at once. */
+    if (m->last_heartbeat_ms + job->jobs->cfg.heartbeat_timeout_ms < job->regroup_deadline)
+      job->regroup_deadline = m->last_heartbeat_ms + job->jobs->cfg.heartbeat_timeout_ms;
+  }
   job->regrouping = true;
   job->regroup_pending = pending;
-  job->regroup_deadline = job->jobs->now_ms + job->jobs->cfg.heartbeat_timeout_ms;
   job->state = GS_JOB_WAITING; /* its survivors gather: a rendezvous */
   gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
          "elastic job %s: waiting for the %u surviving rank(s) of generation %llu to come back "

@@ -73,11 +73,25 @@ void gs__regroup_sweep(gs_job_t *job, uint64_t now)
   if (!job->regrouping)
     return;
   if (job->regroup_pending && now >= job->regroup_deadline) {
-    snprintf(how, sizeof(how), "did not come back within %.1f s of its generation's end",
-             job->jobs->cfg.heartbeat_timeout_ms / 1000.0);
-    for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
-      if (job->ranks[r] && gs__member_pending(job->ranks[r]))
-        gs__member_lost(job->ranks[r], how);
+    uint64_t timeout = job->jobs->cfg.heartbeat_timeout_ms, next = UINT64_MAX;
+
+    /* O(world), once per deadline: the survivors not back a heartbeat
+     * timeout after their last heartbeat are lost; the next deadline is
+     * the earliest of the others'. */
+    for (uint32_t r = 0; job->ranks && r < job->world_size; r++) {
+      gs_member_t *m = job->ranks[r];
+
+      if (!m || !gs__member_pending(m))
+        continue;
+      if (m->last_heartbeat_ms + timeout > now) {
+        next = m->last_heartbeat_ms + timeout < next ? m->last_heartbeat_ms + timeout : next;
+        continue;
+      }
+      snprintf(how, sizeof(how), "no heartbeat for %.1fs, and not back",
+               (now - m->last_heartbeat_ms) / 1000.0);
+      gs__member_lost(m, how);
+    }
+    job->regroup_deadline = next;
   }
   if (job->waiting_count == 0 && job->regroup_pending == 0) {
     /* Nobody came back, or those who did gave up waiting for the rest. */
