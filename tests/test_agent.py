@@ -1007,8 +1007,13 @@ def case_restart_command(tmp):
                              rf"in {wait} s \(restart {k} of 2\)", p.stderr), p.stderr
     last = re.findall(r"local rank (\d) exited with status 3 after [0-9.]+ s; no restarts left "
                       r"\(2 of 2 used\)", p.stderr)
-    assert len(last) == 1 and "stopping the other ranks" in p.stderr, p.stderr
+    assert len(last) == 1, p.stderr
+    # The other slot, a step behind, is stopped running or waiting.
+    other = 1 - int(last[0])
+    assert ("stopping the other ranks" in p.stderr or
+            f"not restarting local rank {other}: stopping" in p.stderr), p.stderr
     assert p.stdout.count(f"[local rank {last[0]}] start") == 3, p.stdout
+    assert p.stdout.count(f"[local rank {other}] start") in (2, 3), p.stdout
     assert 3.0 <= took < 10, took
     print(f"always failing: 3 starts in slot {last[0]}, then exit 3 after {took:.1f} s")
 
@@ -1054,7 +1059,30 @@ def case_restart_command(tmp):
     assert p.returncode == 128 + signal.SIGTERM, (p.returncode, text)
     assert "not restarting local rank 0: stopping" in text, text
     assert text.count("[local rank 0] start") == 2 and "restart 3 of 5" not in text, text
-    print("--max-restarts 0 stops the others; SIGTERM cancels a waiting restart")
+
+    # The coordinator gradsync-run started is never restarted: its death
+    # stops the run.
+    p = subprocess.Popen([RUN, "--nproc", "2", "--max-restarts", "3", "--", "sleep", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=clean_env())
+    lines = []
+    try:
+        wait_for(p, lines, r"coordinator rpc=")
+        coord = [pid for pid, argv in children(p.pid).items()
+                 if argv and "gradsync-coordinator" in argv[0]]
+        assert len(coord) == 1, children(p.pid)
+        os.kill(coord[0], signal.SIGKILL)
+        lines.append(p.stdout.read())
+        p.wait(timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    text = "".join(lines)
+    assert p.returncode == 1, (p.returncode, text)
+    assert "coordinator killed by signal SIGKILL while ranks were running" in text, text
+    assert "restarting" not in text, text
+    print("--max-restarts 0 stops the others; SIGTERM cancels a waiting restart; the "
+          "coordinator's death stops the run")
 
 
 def case_launcher_errors(tmp):
