@@ -18,9 +18,9 @@
  * and the defaults set_defaults() writes. Kept out of clang-format so each
  * flag stays one block of a few lines. */
 #define CFG(member) GS_FLAG_AT(gs_run_config_t, member)
+#define GIVEN(member) GS_FLAG_GIVEN(gs_run_config_t, member)
 /* A launcher setting of its own, not a scheduler's: only gradsync's name. */
 static const char *const max_restarts_envs[] = {"GRADSYNC_MAX_RESTARTS", NULL};
-#define GIVEN(member) GS_FLAG_GIVEN(gs_run_config_t, member)
 /* clang-format off */
 static const gs_flag_t flag_rows[] = {
   {.name = "--nproc", .alias = "--nproc-per-node", .kind = GS_FLAG_INT, CFG(nproc), .min = 1,
