@@ -988,6 +988,23 @@ def case_restart(tmp):
           f"{took:.1f} s later with test accuracy {acc}; {len(seen)} processes, none left")
 
 
+def run_until(args, pattern, act):
+    """Runs gradsync-run with args (no scheduler's variables), calls act(p)
+    once a line matches `pattern`, and reads the rest: (exit code, output)."""
+    p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=clean_env())
+    lines = []
+    try:
+        wait_for(p, lines, pattern)
+        act(p)
+        lines.append(p.stdout.read())
+        p.wait(timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    return p.returncode, "".join(lines)
+
+
 def case_restart_command(tmp):
     """--max-restarts for any command, in the multi-node form: a command
     that always fails starts K + 1 times in a slot, waiting 1 s then 2 s,
@@ -1043,42 +1060,25 @@ def case_restart_command(tmp):
     assert took < 10, took
 
     # SIGTERM while a restart waits: it does not happen.
-    p = subprocess.Popen([RUN, "--max-restarts", "5", "--nproc", "1"] + base[3:] + [
-        "sh", "-c", "echo start; exit 3"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=clean_env())
-    lines = []
-    try:
-        wait_for(p, lines, r"restarting it in 2 s \(restart 2 of 5\)")
-        p.send_signal(signal.SIGTERM)
-        lines.append(p.stdout.read())
-        p.wait(timeout=30)
-    finally:
-        p.kill()
-        p.wait()
-    text = "".join(lines)
-    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, text)
+    code, text = run_until(["--max-restarts", "5", "--nproc", "1"] + base[3:] +
+                           ["sh", "-c", "echo start; exit 3"],
+                           r"restarting it in 2 s \(restart 2 of 5\)",
+                           lambda p: p.send_signal(signal.SIGTERM))
+    assert code == 128 + signal.SIGTERM, (code, text)
     assert "not restarting local rank 0: stopping" in text, text
     assert text.count("[local rank 0] start") == 2 and "restart 3 of 5" not in text, text
 
     # The coordinator gradsync-run started is never restarted: its death
     # stops the run.
-    p = subprocess.Popen([RUN, "--nproc", "2", "--max-restarts", "3", "--", "sleep", "60"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env=clean_env())
-    lines = []
-    try:
-        wait_for(p, lines, r"coordinator rpc=")
+    def kill_coordinator(p):
         coord = [pid for pid, argv in children(p.pid).items()
                  if argv and "gradsync-coordinator" in argv[0]]
         assert len(coord) == 1, children(p.pid)
         os.kill(coord[0], signal.SIGKILL)
-        lines.append(p.stdout.read())
-        p.wait(timeout=30)
-    finally:
-        p.kill()
-        p.wait()
-    text = "".join(lines)
-    assert p.returncode == 1, (p.returncode, text)
+
+    code, text = run_until(["--nproc", "2", "--max-restarts", "3", "--", "sleep", "60"],
+                           r"coordinator rpc=", kill_coordinator)
+    assert code == 1, (code, text)
     assert "coordinator killed by signal SIGKILL while ranks were running" in text, text
     assert "restarting" not in text, text
     print("--max-restarts 0 stops the others; SIGTERM cancels a waiting restart; the "
