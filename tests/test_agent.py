@@ -296,21 +296,27 @@ def case_ckptfail(tmp):
         subprocess.run(["umount", "-l", d])
 
 
-def agent_pids(launcher_pid):
-    """The gradsync-agent children of a gradsync-run."""
+def children(launcher_pid):
+    """The children of a gradsync-run: {pid: argv}."""
     out = []
     for task in os.listdir(f"/proc/{launcher_pid}/task"):
         with open(f"/proc/{launcher_pid}/task/{task}/children") as f:
             out += [int(c) for c in f.read().split()]
-    pids = []
+    argvs = {}
     for c in out:
         try:
             with open(f"/proc/{c}/cmdline", "rb") as f:
-                if b"gradsync-agent" in f.read().split(b"\0")[0]:
-                    pids.append(c)
+                argvs[c] = [a.decode() for a in f.read().split(b"\0")[:-1]]
         except FileNotFoundError:
             pass
-    return pids
+    return argvs
+
+
+def agent_pids(launcher_pid, local_rank=None):
+    """The gradsync-agent children of a gradsync-run (of one local rank)."""
+    return [pid for pid, argv in children(launcher_pid).items()
+            if argv and "gradsync-agent" in argv[0] and
+            (local_rank is None or f"--local-rank\0{local_rank}\0" in "\0".join(argv) + "\0")]
 
 
 def case_shmkill(tmp):
@@ -920,6 +926,164 @@ def case_command(tmp):
     assert p.returncode == 1 and "cannot execute no-such-program-gs" in p.stderr, p
     assert "rank 0 exited with status 127" in p.stderr, p
     print("a command ran with the job in its environment; its exit status is the run's")
+
+
+def running_with(marker):
+    """Pids of the processes whose command line holds `marker`."""
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if d.isdigit() and marker.encode() in f.read():
+                    pids.append(int(d))
+        except OSError:
+            pass
+    return pids
+
+
+def case_restart(tmp):
+    """--max-restarts 1 with a fixed world size: kill -9 of rank 1 mid-run
+    aborts the generation, so rank 0 fails too; each is restarted once in
+    its slot (same command, same [rank N] prefix), both join generation 2,
+    resume from the newest checkpoint and finish: exit 0, a trained model,
+    nothing left running."""
+    d = os.path.join(tmp, "ck")
+    p = subprocess.Popen([RUN, "--nproc", "2", "--max-restarts", "1", "--reduce", "mean",
+                          "--steps", "6000", "--checkpoint-dir", d, "--checkpoint-every", "200",
+                          "--resume=auto"] + FAST,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, seen = [], set()
+    try:
+        wait_for(p, lines, r"\[rank 0\].*checkpoint: step (1[0-9]{3}) ")
+        seen.update(children(p.pid))
+        victim = agent_pids(p.pid, 1)
+        assert len(victim) == 1, (victim, children(p.pid))
+        os.kill(victim[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(p, lines, r"\[rank 1\].*joined generation 2")
+        seen.update(children(p.pid))
+        lines.append(p.stdout.read())
+        p.wait(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.wait()
+    text = "".join(lines)
+    assert p.returncode == 0, (p.returncode, text[-4000:])
+    killed = re.search(r"gradsync-run: rank 1 killed by signal SIGKILL after [0-9.]+ s; "
+                       r"restarting it in 1 s \(restart 1 of 1\)", text)
+    assert killed, text[-4000:]
+    assert re.search(r"gradsync-run: rank 0 exited with status 1 after [0-9.]+ s; "
+                     r"restarting it in 1 s \(restart 1 of 1\)", text), text[-4000:]
+    after = text[killed.end():]
+    assert re.search(r"\[rank 1\] .*joining .* local rank 1 \(world size 2\)", after), after
+    resumed = int(re.search(r"\[rank 0\] resumed at step (\d+)", after).group(1))
+    assert 1000 <= resumed < 6000, resumed
+    assert "gradsync-run: all 2 ranks finished after 2 restarts" in text, text[-2000:]
+    acc = float(re.search(r"final: test accuracy ([0-9.]+)", after).group(1))
+    assert acc >= 0.83, acc
+    assert read_checkpoint(newest_checkpoint(d))["step"] == 6000
+    left = [pid for pid in seen if os.path.exists(f"/proc/{pid}")] + running_with(d)
+    assert not left, left
+    print(f"rank 1 killed: both ranks restarted, resumed at step {resumed}, finished "
+          f"{took:.1f} s later with test accuracy {acc}; {len(seen)} processes, none left")
+
+
+def run_until(args, pattern, act):
+    """Runs gradsync-run with args (no scheduler's variables), calls act(p)
+    once a line matches `pattern`, and reads the rest: (exit code, output)."""
+    p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=clean_env())
+    lines = []
+    try:
+        wait_for(p, lines, pattern)
+        act(p)
+        lines.append(p.stdout.read())
+        p.wait(timeout=30)
+    finally:
+        p.kill()
+        p.wait()
+    return p.returncode, "".join(lines)
+
+
+def case_restart_command(tmp):
+    """--max-restarts for any command, in the multi-node form: a command
+    that always fails starts K + 1 times in a slot, waiting 1 s then 2 s,
+    and its status is the run's; one that fails once (K from
+    $GRADSYNC_MAX_RESTARTS) runs again with the same environment and the
+    run exits 0; --max-restarts 0 stops the others at once; a stop signal
+    cancels a restart that waits."""
+    base = [RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--"]
+    t0 = time.monotonic()
+    p = subprocess.run([RUN, "--max-restarts", "2"] + base[1:] + ["sh", "-c", "echo start; exit 3"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    took = time.monotonic() - t0
+    assert p.returncode == 3, p
+    for i in range(2):
+        for k, wait in ((1, 1), (2, 2)):
+            assert re.search(rf"local rank {i} exited with status 3 after [0-9.]+ s; restarting it "
+                             rf"in {wait} s \(restart {k} of 2\)", p.stderr), p.stderr
+    last = re.findall(r"local rank (\d) exited with status 3 after [0-9.]+ s; no restarts left "
+                      r"\(2 of 2 used\)", p.stderr)
+    assert len(last) == 1, p.stderr
+    # The other slot, a step behind, is stopped running or waiting.
+    other = 1 - int(last[0])
+    assert ("stopping the other ranks" in p.stderr or
+            f"not restarting local rank {other}: stopping" in p.stderr), p.stderr
+    assert p.stdout.count(f"[local rank {last[0]}] start") == 3, p.stdout
+    assert p.stdout.count(f"[local rank {other}] start") in (2, 3), p.stdout
+    assert 3.0 <= took < 10, took
+    print(f"always failing: 3 starts in slot {last[0]}, then exit 3 after {took:.1f} s")
+
+    # Fails the first time in each slot, then finishes: exit 0.
+    script = ("import os, sys; f = os.path.join(sys.argv[1], 'ran-' + os.environ['LOCAL_RANK']); "
+              "again = os.path.exists(f); open(f, 'a').close(); "
+              "print('again' if again else 'first', os.environ['GRADSYNC_LOCAL_RANK'], "
+              "os.environ['WORLD_SIZE'], sys.argv[2]); sys.exit(0 if again else 4)")
+    p = subprocess.run(base + [sys.executable, "-c", script, tmp, "arg"], capture_output=True,
+                       text=True, timeout=60, env=clean_env(GRADSYNC_MAX_RESTARTS="1"))
+    assert p.returncode == 0, p
+    for i in range(2):
+        assert f"[local rank {i}] first {i} 2 arg" in p.stdout, p.stdout
+        assert f"[local rank {i}] again {i} 2 arg" in p.stdout, p.stdout
+        assert f"local rank {i} exited with status 4 after" in p.stderr, p.stderr
+    assert "all 2 local ranks of node 0 finished after 2 restarts" in p.stderr, p.stderr
+    print("failing once per slot (GRADSYNC_MAX_RESTARTS=1): restarted, exit 0")
+
+    # The flag beats the variable; 0 is the first failure stopping the others.
+    t0 = time.monotonic()
+    p = subprocess.run([RUN, "--max-restarts", "0"] + base[1:] + [
+        "sh", "-c", '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 60'],
+        capture_output=True, text=True, timeout=60, env=clean_env(GRADSYNC_MAX_RESTARTS="5"))
+    took = time.monotonic() - t0
+    assert p.returncode == 5 and "stopping the other ranks" in p.stderr, p
+    assert "restart" not in p.stderr and "local rank 1 exited with status 5\n" in p.stderr, p
+    assert took < 10, took
+
+    # SIGTERM while a restart waits: it does not happen.
+    code, text = run_until(["--max-restarts", "5", "--nproc", "1"] + base[3:] +
+                           ["sh", "-c", "echo start; exit 3"],
+                           r"restarting it in 2 s \(restart 2 of 5\)",
+                           lambda p: p.send_signal(signal.SIGTERM))
+    assert code == 128 + signal.SIGTERM, (code, text)
+    assert "not restarting local rank 0: stopping" in text, text
+    assert text.count("[local rank 0] start") == 2 and "restart 3 of 5" not in text, text
+
+    # The coordinator gradsync-run started is never restarted: its death
+    # stops the run.
+    def kill_coordinator(p):
+        coord = [pid for pid, argv in children(p.pid).items()
+                 if argv and "gradsync-coordinator" in argv[0]]
+        assert len(coord) == 1, children(p.pid)
+        os.kill(coord[0], signal.SIGKILL)
+
+    code, text = run_until(["--nproc", "2", "--max-restarts", "3", "--", "sleep", "60"],
+                           r"coordinator rpc=", kill_coordinator)
+    assert code == 1, (code, text)
+    assert "coordinator killed by signal SIGKILL while ranks were running" in text, text
+    assert "restarting" not in text, text
+    print("--max-restarts 0 stops the others; SIGTERM cancels a waiting restart; the "
+          "coordinator's death stops the run")
 
 
 def case_launcher_errors(tmp):

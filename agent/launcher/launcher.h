@@ -1,8 +1,9 @@
 /* gradsync-run's internals, shared by the files of agent/launcher/. Layers,
  * from the bottom: say.c (messages), lines.c (pure line splitting),
  * stream.c (pipes), spawn.c (processes), stop.c (stopping in order),
- * supervise.c (starting agents, reaping, forwarding lines), loop.c (the
- * poll loop), options.c (flags) and main.c. Each calls only downward; a
+ * restart.c (restarting a failed rank, --max-restarts), supervise.c
+ * (starting agents, reaping, forwarding lines), loop.c (the poll loop),
+ * options.c (flags) and main.c. Each calls only downward; a
  * stream reports its lines upward through the callback its owner set. */
 #ifndef GS_RUN_LAUNCHER_H
 #define GS_RUN_LAUNCHER_H
@@ -23,6 +24,12 @@
 #define GS_RUN_READY_MS 10000  /* how long the coordinator has to print its address */
 #define GS_RUN_DRAIN_MS 1000   /* how long a reaped child's pipes get to reach EOF */
 #define GS_RUN_TOKEN_MAX 255   /* the coordinator's limit */
+#define GS_RUN_MAX_RESTARTS 1000000
+/* A rank's restart waits this long, doubling with each restart of its slot
+ * up to the cap, so that a crash loop does not spin; a run that lasted
+ * past the cap starts the doubling over. */
+#define GS_RUN_BACKOFF_MS 1000
+#define GS_RUN_BACKOFF_MAX_MS 30000
 #define GS_RUN_USAGE_ERR 2
 
 typedef struct gs_run_stream gs_run_stream_t;
@@ -43,11 +50,17 @@ typedef struct gs_run gs_run_t;
 
 typedef struct gs_run_child {
   gs_run_t *run;
-  pid_t pid;    /* also its process group id */
-  bool running; /* started and not yet reaped */
-  int rank;     /* -1 for the coordinator */
+  pid_t pid;     /* also its process group id */
+  bool running;  /* started and not yet reaped */
+  int rank;      /* -1 for the coordinator */
+  char name[24]; /* "rank 1", "local rank 1" (joining) or "coordinator", for messages */
   char prefix[32];
+  uint64_t started;        /* ms: when its process started */
   uint64_t drain_deadline; /* once reaped: when its pipes get closed */
+  /* --max-restarts, per local-rank slot: restarts used, the wait before
+   * the next, and when a pending one is due (0: none pending). */
+  long restarts;
+  uint64_t backoff_ms, restart_at;
   gs_run_stream_t out, err;
 } gs_run_child_t;
 
@@ -70,6 +83,7 @@ typedef struct gs_run_config {
   uint16_t http_port;
   char *token; /* --token, or NULL: children inherit $GRADSYNC_TOKEN */
   uint64_t grace_ms;
+  long max_restarts;                   /* per local rank; 0: the first failure stops the run */
   char grace_text[32];                 /* grace_ms as a duration, for messages */
   const char *coord_flag, *agent_flag; /* --coordinator-bin / --agent-bin, or NULL */
   char coord_bin[PATH_MAX];
@@ -102,7 +116,9 @@ struct gs_run {
   gs_run_child_t coord;
   gs_run_child_t *agents; /* cfg.nproc of them */
   int agents_running;
-  int exit_code; /* the first reason to fail; 0 while none */
+  int agents_pending; /* reaped, waiting to be restarted */
+  long restarts;      /* restarts done, all slots together */
+  int exit_code;      /* the first reason to fail; 0 while none */
   uint64_t ready_deadline, agents_deadline, coord_deadline; /* ms; 0: none */
 };
 
@@ -122,6 +138,7 @@ void gs__run_stream_close(gs_run_stream_t *s);
 int gs__run_open_std_fds(void);
 int gs__run_raise_nofile(gs_run_t *r);
 int gs__run_spawn(gs_run_t *r, gs_run_child_t *c, char *const argv[]);
+int gs__run_spawn_rank(gs_run_t *r, gs_run_child_t *c);
 void gs__run_signal_child(gs_run_child_t *c, int sig);
 
 /* stop.c: stopping in order (agents, then the coordinator) and deadlines. */
@@ -132,6 +149,10 @@ void gs__run_kill_everything(gs_run_t *r);
 void gs__run_on_stop_signal(gs_run_t *r, int sig);
 void gs__run_check_deadlines(gs_run_t *r);
 int gs__run_next_timeout(const gs_run_t *r);
+
+/* restart.c: a failed rank started again (--max-restarts). */
+bool gs__run_restart_later(gs_run_t *r, gs_run_child_t *c, const char *how);
+void gs__run_start_due_restarts(gs_run_t *r);
 
 /* supervise.c: lines from children, starting the agents, reaping. */
 void gs__run_on_line(gs_run_stream_t *s, const char *line, size_t len);

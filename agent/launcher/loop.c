@@ -78,6 +78,7 @@ int gs__run_loop(gs_run_t *r)
         gs__run_stream_pump(which[k]);
     }
     gs__run_check_deadlines(r);
+    gs__run_start_due_restarts(r);
   }
 out_free:
   free(which);

@@ -27,11 +27,12 @@ static void child_init(gs_run_t *r, gs_run_child_t *c, int rank)
   c->run = r;
   c->rank = rank;
   if (rank < 0)
-    snprintf(c->prefix, sizeof(c->prefix), "[coordinator] ");
+    snprintf(c->name, sizeof(c->name), "coordinator");
   else if (r->cfg.join) /* the global rank is the coordinator's to give */
-    snprintf(c->prefix, sizeof(c->prefix), "[local rank %d] ", rank);
+    snprintf(c->name, sizeof(c->name), "local rank %d", rank);
   else
-    snprintf(c->prefix, sizeof(c->prefix), "[rank %d] ", rank);
+    snprintf(c->name, sizeof(c->name), "rank %d", rank);
+  snprintf(c->prefix, sizeof(c->prefix), "[%s] ", c->name);
   gs__run_stream_init(&c->out, gs__run_on_line, c);
   gs__run_stream_init(&c->err, gs__run_on_line, c);
 }
@@ -102,6 +103,7 @@ static int start(gs_run_t *r)
 
 int main(int argc, char **argv)
 {
+  char restarts[48];
   gs_run_t r;
   int rc;
 
@@ -128,11 +130,15 @@ int main(int argc, char **argv)
   }
   gs__run_reap_adopted(r.self);
   rc = r.exit_code;
+  snprintf(restarts, sizeof(restarts), " after %ld restart%s", r.restarts,
+           r.restarts == 1 ? "" : "s");
+  if (r.restarts == 0)
+    restarts[0] = '\0';
   if (rc == 0 && r.cfg.join)
-    gs__run_say("%s %ld local rank%s of node %ld finished", r.cfg.nproc == 1 ? "the" : "all",
-                r.cfg.nproc, r.cfg.nproc == 1 ? "" : "s", r.cfg.node_rank);
+    gs__run_say("%s %ld local rank%s of node %ld finished%s", r.cfg.nproc == 1 ? "the" : "all",
+                r.cfg.nproc, r.cfg.nproc == 1 ? "" : "s", r.cfg.node_rank, restarts);
   else if (rc == 0)
-    gs__run_say("all %ld ranks finished", r.cfg.nproc);
+    gs__run_say("all %ld ranks finished%s", r.cfg.nproc, restarts);
 out_close:
   if (r.sigfd >= 0)
     close(r.sigfd);

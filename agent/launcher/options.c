@@ -19,6 +19,8 @@
  * flag stays one block of a few lines. */
 #define CFG(member) GS_FLAG_AT(gs_run_config_t, member)
 #define GIVEN(member) GS_FLAG_GIVEN(gs_run_config_t, member)
+/* A launcher setting of its own, not a scheduler's: only gradsync's name. */
+static const char *const max_restarts_envs[] = {"GRADSYNC_MAX_RESTARTS", NULL};
 /* clang-format off */
 static const gs_flag_t flag_rows[] = {
   {.name = "--nproc", .alias = "--nproc-per-node", .kind = GS_FLAG_INT, CFG(nproc), .min = 1,
@@ -63,6 +65,13 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--grace", .kind = GS_FLAG_DURATION, CFG(grace_ms), .metavar = "DUR",
    .help = "wait this long after SIGTERM before SIGKILL when stopping",
    .doc = "how long stopping ranks get after SIGTERM before SIGKILL"},
+  {.name = "--max-restarts", .kind = GS_FLAG_INT, CFG(max_restarts), .min = 0,
+   .max = GS_RUN_MAX_RESTARTS, .envs = max_restarts_envs, .metavar = "K",
+   .help = "start a failed rank again, up to K times per local rank (0: a failure stops the "
+           "run)",
+   .doc = "start a rank that failed (non-zero exit or killed) again with the same command, up "
+          "to K times per local rank, after 1 s doubling to 30 s; 0: the first failure stops the "
+          "others. The coordinator it starts is never restarted"},
   {.name = "--coordinator-bin", .kind = GS_FLAG_STR, CFG(coord_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "coordinator program",
    .doc = "the coordinator program to start"},
@@ -86,9 +95,11 @@ static const gs_flags_t flags = {
              "prints each line they write prefixed with \"[rank i] \" (\"[coordinator] \").\n"
              "With --coordinator it starts only this node's K agents, joined to that\n"
              "coordinator (\"[local rank i] \"): run it on each of the N nodes.\n"
-             "When one rank fails the others are stopped. Exit status: 0 when every rank\n"
-             "finished; the failing rank's status (1..125) or 1 when one failed; 128+N when\n"
-             "stopped by signal N.\n"
+             "When one rank fails the others are stopped; with --max-restarts K it is\n"
+             "started again instead (same command and environment, K times per local rank,\n"
+             "after a wait of 1 s doubling to 30 s) until its slot has no restarts left.\n"
+             "Exit status: 0 when every rank finished (exited 0); the failing rank's status\n"
+             "(1..125) or 1 when one failed; 128+N when stopped by signal N.\n"
              "\n",
     .epilog = "Every other argument, and everything after \"--\", goes to each agent unchanged,\n"
               "after --coordinator H:P --job NAME --world-size N --local-rank i (and --node\n"

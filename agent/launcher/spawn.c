@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "error.h"
 #include "launcher.h"
 
@@ -175,6 +176,7 @@ int gs__run_spawn(gs_run_t *r, gs_run_child_t *c, char *const argv[])
   fcntl(err[0], F_SETFL, O_NONBLOCK);
   c->pid = pid;
   c->running = true;
+  c->started = gs_now_ms();
   gs__run_stream_open(&c->out, out[0], 1);
   gs__run_stream_open(&c->err, err[0], 2);
   return 0;
@@ -185,6 +187,60 @@ out_close_err:
 out_close_out:
   close(out[0]);
   close(out[1]);
+  return rc;
+}
+
+/* The numbers in a rank's argv; the caller's, as long as the argv. */
+struct rank_numbers {
+  char world[24], rank[24];
+};
+
+/* The argv local rank c runs (allocated; the caller frees it): the agent
+ * with the job flags before the pass-through ones, or the command alone. */
+static char **rank_argv(gs_run_t *r, const gs_run_child_t *c, struct rank_numbers *num)
+{
+  char **argv = calloc((size_t)r->cfg.npass + 12, sizeof(*argv));
+  int k = 0;
+
+  if (!argv)
+    return NULL;
+  snprintf(num->world, sizeof(num->world), "%ld", r->cfg.world);
+  snprintf(num->rank, sizeof(num->rank), "%d", c->rank);
+  if (!r->cfg.command) {
+    argv[k++] = r->cfg.agent_bin;
+    argv[k++] = "--coordinator";
+    argv[k++] = r->cfg.rpc;
+    argv[k++] = "--job";
+    argv[k++] = (char *)r->cfg.job;
+    argv[k++] = "--world-size";
+    argv[k++] = num->world;
+    argv[k++] = "--local-rank";
+    argv[k++] = num->rank;
+    if (r->cfg.node) {
+      argv[k++] = "--node";
+      argv[k++] = (char *)r->cfg.node;
+    }
+  }
+  memcpy(argv + k, r->cfg.pass, (size_t)r->cfg.npass * sizeof(*argv));
+  return argv;
+}
+
+/* Starts local rank c (its first start or a restart: the same argv and
+ * environment every time) and counts it running; says why not. */
+int gs__run_spawn_rank(gs_run_t *r, gs_run_child_t *c)
+{
+  struct rank_numbers num;
+  char **argv = rank_argv(r, c, &num);
+  int rc;
+
+  if (!argv) {
+    gs__run_say("out of memory starting %s", c->name);
+    return GS_ENOMEM;
+  }
+  rc = gs__run_spawn(r, c, argv);
+  free(argv);
+  if (rc == 0)
+    r->agents_running++;
   return rc;
 }
 

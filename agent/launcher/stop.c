@@ -20,11 +20,12 @@ void gs__run_fail(gs_run_t *r, int code)
     r->exit_code = code;
 }
 
-/* Moves through the stop phases as children go: agents first, then the
- * coordinator (SIGTERM, SIGKILL after the grace period), then done. */
+/* Moves through the stop phases as children go: agents first (none
+ * running and none waiting to be restarted), then the coordinator
+ * (SIGTERM, SIGKILL after the grace period), then done. */
 void gs__run_advance(gs_run_t *r)
 {
-  if (r->phase == GS_RUN_RUNNING && r->agents_running == 0)
+  if (r->phase == GS_RUN_RUNNING && r->agents_running == 0 && r->agents_pending == 0)
     r->phase = GS_RUN_STOP_AGENTS;
   if (r->phase == GS_RUN_STOP_AGENTS && r->agents_running == 0) {
     r->phase = GS_RUN_STOP_COORD;
@@ -40,12 +41,25 @@ void gs__run_advance(gs_run_t *r)
   }
 }
 
+/* While stopping nothing is restarted: drops the restarts still waiting. */
+static void drop_restarts(gs_run_t *r)
+{
+  for (long i = 0; i < r->cfg.nproc && r->agents_pending > 0; i++) {
+    if (!r->agents[i].restart_at)
+      continue;
+    gs__run_say("not restarting %s: stopping", r->agents[i].name);
+    r->agents[i].restart_at = 0;
+    r->agents_pending--;
+  }
+}
+
 /* Starts stopping: SIGTERM to every running agent, SIGKILL after the grace
  * period (see gs__run_check_deadlines); no-op when already stopping. */
 void gs__run_begin_stop(gs_run_t *r)
 {
   if (r->phase == GS_RUN_STARTING || r->phase == GS_RUN_RUNNING) {
     r->phase = GS_RUN_STOP_AGENTS;
+    drop_restarts(r);
     if (r->agents_running > 0) {
       signal_agents(r, SIGTERM);
       r->agents_deadline = gs_now_ms() + r->cfg.grace_ms;
@@ -71,6 +85,8 @@ void gs__run_on_stop_signal(gs_run_t *r, int sig)
   if (r->phase == GS_RUN_STARTING || r->phase == GS_RUN_RUNNING) {
     if (r->phase == GS_RUN_STARTING)
       gs__run_say("received %s; stopping the coordinator", name);
+    else if (r->agents_running == 0) /* only restarts waiting */
+      gs__run_say("received %s; stopping", name);
     else
       gs__run_say("received %s; stopping %d rank%s (SIGINT again kills them now)", name,
                   r->agents_running, r->agents_running == 1 ? "" : "s");
@@ -104,7 +120,7 @@ void gs__run_check_deadlines(gs_run_t *r)
     for (long i = 0; i < r->cfg.nproc; i++) {
       if (!r->agents[i].running)
         continue;
-      gs__run_say("rank %ld did not stop within %s of SIGTERM; sending SIGKILL", i,
+      gs__run_say("%s did not stop within %s of SIGTERM; sending SIGKILL", r->agents[i].name,
                   r->cfg.grace_text);
       gs__run_signal_child(&r->agents[i], SIGKILL);
     }
@@ -143,6 +159,8 @@ int gs__run_next_timeout(const gs_run_t *r)
 
     if (is_draining(c) && c->drain_deadline < next)
       next = c->drain_deadline;
+    if (c->restart_at && c->restart_at < next)
+      next = c->restart_at;
   }
   if (next == UINT64_MAX)
     return -1;

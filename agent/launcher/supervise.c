@@ -11,63 +11,18 @@
 #include "clock.h"
 #include "launcher.h"
 
-/* The argv every local rank runs (allocated; the caller frees it): the
- * agent with the job flags before the pass-through ones, or the command
- * alone. `rank` is the buffer the caller writes each local rank into. */
-static char **rank_argv(gs_run_t *r, char *world, char *rank)
-{
-  char **argv = calloc((size_t)r->cfg.npass + 12, sizeof(*argv));
-  int k = 0;
-
-  if (!argv)
-    return NULL;
-  if (!r->cfg.command) {
-    argv[k++] = r->cfg.agent_bin;
-    argv[k++] = "--coordinator";
-    argv[k++] = r->cfg.rpc;
-    argv[k++] = "--job";
-    argv[k++] = (char *)r->cfg.job;
-    argv[k++] = "--world-size";
-    argv[k++] = world;
-    argv[k++] = "--local-rank";
-    argv[k++] = rank;
-    if (r->cfg.node) {
-      argv[k++] = "--node";
-      argv[k++] = (char *)r->cfg.node;
-    }
-  }
-  memcpy(argv + k, r->cfg.pass, (size_t)r->cfg.npass * sizeof(*argv));
-  return argv;
-}
-
 /* Starts this node's agents (or commands) once the coordinator's RPC
  * address is in cfg.rpc. */
 void gs__run_start_agents(gs_run_t *r)
 {
-  char world[24], rank[24];
-  char **argv;
-  int rc;
-
   r->phase = GS_RUN_RUNNING;
-  snprintf(world, sizeof(world), "%ld", r->cfg.world);
-  argv = rank_argv(r, world, rank);
-  if (!argv) {
-    gs__run_say("out of memory starting the ranks");
-    gs__run_fail(r, 1);
-    gs__run_begin_stop(r);
-    return;
-  }
   for (long i = 0; i < r->cfg.nproc; i++) {
-    snprintf(rank, sizeof(rank), "%ld", i);
-    rc = gs__run_spawn(r, &r->agents[i], argv);
-    if (rc) {
+    if (gs__run_spawn_rank(r, &r->agents[i]) != 0) {
       gs__run_fail(r, 1);
       gs__run_begin_stop(r);
-      break;
+      return;
     }
-    r->agents_running++;
   }
-  free(argv);
 }
 
 /* Recognises the coordinator's "listening" line, announces the addresses
@@ -152,8 +107,9 @@ static void on_coordinator_exit(gs_run_t *r, int status)
   gs__run_begin_stop(r);
 }
 
-/* Rank c was reaped: the first rank to fail stops the others and sets the
- * exit status. */
+/* Rank c was reaped: one that finished is done; one that failed is
+ * restarted while its slot has restarts left (--max-restarts), else it
+ * stops the others and sets the exit status. */
 static void on_agent_exit(gs_run_t *r, gs_run_child_t *c, int status)
 {
   char how[80];
@@ -163,11 +119,14 @@ static void on_agent_exit(gs_run_t *r, gs_run_child_t *c, int status)
     gs__run_advance(r);
     return;
   }
-  gs__run_say("rank %d %s", c->rank, gs__run_describe_status(status, how, sizeof(how)));
+  gs__run_describe_status(status, how, sizeof(how));
   if (r->phase != GS_RUN_RUNNING) {
+    gs__run_say("%s %s", c->name, how);
     gs__run_advance(r);
     return;
   }
+  if (gs__run_restart_later(r, c, how))
+    return;
   gs__run_fail(r, WIFEXITED(status) && WEXITSTATUS(status) <= 125 ? WEXITSTATUS(status) : 1);
   if (r->agents_running > 0)
     gs__run_say("stopping the other ranks");
