@@ -19,6 +19,11 @@ Cases (one per run):
               again as a new agent, and the world grows back to 3
   grow        a 2:3 job starts with 2 agents; a third joins while it runs
               and the world becomes 3 at a step boundary
+  restart     gradsync-run --nproc 3 --min-ranks 2 --max-restarts 1: a
+              killed rank is started again and the world returns to 3 at a
+              step boundary; training finishes with every rank
+  launcher    gradsync-run --min-ranks 2 without restarts: a killed rank no
+              longer stops the others, and the run exits 0
   below_min   2 of a 2:3 job's 3 ranks killed: the survivor waits for
               joiners until --rejoin-timeout, then fails saying why
   fixed       a fixed-size job still fails fast when a rank is lost
@@ -270,6 +275,74 @@ def case_grow():
         print(m.group(0), "|", m2.group(0))
     finally:
         job.close()
+
+
+RUN = os.path.join(BIN_DIR, "gradsync-run")
+
+
+def launch(tmp, *flags, epochs):
+    """gradsync-run with its output in a file; the process and the file."""
+    log = os.path.join(tmp, "run.log")
+    p = subprocess.Popen([RUN, "--nproc", "3", "--job", "elrun", *flags, "--", *TRAIN,
+                          "--data", FASHION, "--epochs", str(epochs)],
+                         stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                         env={k: v for k, v in os.environ.items()
+                              if not k.startswith("GRADSYNC_")})
+    return p, log
+
+
+def wait_text(log, pattern, p, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        m = re.search(pattern, read(log))
+        if m:
+            return m
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern!r}:\n{read(log)[-4000:]}")
+
+
+def kill_local_rank(local):
+    subprocess.run(["pkill", "-9", "-f", f"job elrun --world-size 2:3 --local-rank {local} "])
+
+
+def case_restart():
+    tmp = tempfile.mkdtemp(prefix="gs-elastic-run-")
+    p, log = launch(tmp, "--min-ranks", "2", "--max-restarts", "1", epochs=40)
+    try:
+        wait_text(log, r"epoch 1 validation", p)
+        kill_local_rank(2)
+        m = wait_text(log, r"continuing with 2 ranks from step (\d+)", p)
+        g = wait_text(log, r"new ranks joined; continuing with 3 ranks from step (\d+)", p)
+        assert p.wait(120) == 0, read(log)[-4000:]
+        text = read(log)
+        assert "restarting it in" in text and "all 3 ranks finished after 1 restart" in text, \
+            text[-3000:]
+        assert int(g.group(1)) >= int(m.group(1))
+        assert accuracy(text) > 0.80
+        print(m.group(0), "|", g.group(0))
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def case_launcher():
+    tmp = tempfile.mkdtemp(prefix="gs-elastic-run-")
+    p, log = launch(tmp, "--min-ranks", "2", epochs=3)
+    try:
+        wait_text(log, r"epoch 1 validation", p)
+        kill_local_rank(1)
+        m = wait_text(log, r"continuing with 2 ranks from step (\d+)", p)
+        assert p.wait(120) == 0, read(log)[-4000:]
+        text = read(log)
+        assert "the elastic job goes on without rank 1" in text, text[-3000:]
+        assert "2 of 3 ranks finished" in text, text[-3000:]
+        assert accuracy(text) > 0.80
+        print(m.group(0))
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def case_below_min():

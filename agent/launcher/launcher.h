@@ -84,6 +84,7 @@ typedef struct gs_run_config {
   char *token; /* --token, or NULL: children inherit $GRADSYNC_TOKEN */
   uint64_t grace_ms;
   long max_restarts;                   /* per local rank; 0: the first failure stops the run */
+  long min_ranks;                      /* elastic: the fewest ranks the job runs with; 0: fixed */
   char grace_text[32];                 /* grace_ms as a duration, for messages */
   const char *coord_flag, *agent_flag; /* --coordinator-bin / --agent-bin, or NULL */
   char coord_bin[PATH_MAX];
@@ -118,6 +119,8 @@ struct gs_run {
   int agents_running;
   int agents_pending; /* reaped, waiting to be restarted */
   long restarts;      /* restarts done, all slots together */
+  long lost;          /* elastic: ranks that failed for good while the others went on */
+  long finished;      /* ranks that exited 0 */
   int exit_code;      /* the first reason to fail; 0 while none */
   uint64_t ready_deadline, agents_deadline, coord_deadline; /* ms; 0: none */
 };
@@ -143,6 +146,9 @@ void gs__run_signal_child(gs_run_child_t *c, int sig);
 
 /* stop.c: stopping in order (agents, then the coordinator) and deadlines. */
 void gs__run_fail(gs_run_t *r, int code);
+/* Drops the restarts still waiting, saying `why` for each (while
+ * stopping, or once an elastic job finished: nothing is restarted). */
+void gs__run_drop_restarts(gs_run_t *r, const char *why);
 void gs__run_advance(gs_run_t *r);
 void gs__run_begin_stop(gs_run_t *r);
 void gs__run_kill_everything(gs_run_t *r);

@@ -103,7 +103,7 @@ static int start(gs_run_t *r)
 
 int main(int argc, char **argv)
 {
-  char restarts[48];
+  char restarts[48], ranks[64];
   gs_run_t r;
   int rc;
 
@@ -134,11 +134,17 @@ int main(int argc, char **argv)
            r.restarts == 1 ? "" : "s");
   if (r.restarts == 0)
     restarts[0] = '\0';
+  /* An elastic job that lost ranks on the way finished with the others. */
+  if (r.lost)
+    snprintf(ranks, sizeof(ranks), "%ld of %ld", r.cfg.nproc - r.lost, r.cfg.nproc);
+  else
+    snprintf(ranks, sizeof(ranks), "%s %ld", r.cfg.nproc == 1 && r.cfg.join ? "the" : "all",
+             r.cfg.nproc);
   if (rc == 0 && r.cfg.join)
-    gs__run_say("%s %ld local rank%s of node %ld finished%s", r.cfg.nproc == 1 ? "the" : "all",
-                r.cfg.nproc, r.cfg.nproc == 1 ? "" : "s", r.cfg.node_rank, restarts);
+    gs__run_say("%s local rank%s of node %ld finished%s", ranks, r.cfg.nproc == 1 ? "" : "s",
+                r.cfg.node_rank, restarts);
   else if (rc == 0)
-    gs__run_say("all %ld ranks finished%s", r.cfg.nproc, restarts);
+    gs__run_say("%s ranks finished%s", ranks, restarts);
 out_close:
   if (r.sigfd >= 0)
     close(r.sigfd);

@@ -21,6 +21,7 @@
 #define GIVEN(member) GS_FLAG_GIVEN(gs_run_config_t, member)
 /* A launcher setting of its own, not a scheduler's: only gradsync's name. */
 static const char *const max_restarts_envs[] = {"GRADSYNC_MAX_RESTARTS", NULL};
+static const char *const min_ranks_envs[] = {"GRADSYNC_MIN_RANKS", NULL};
 /* clang-format off */
 static const gs_flag_t flag_rows[] = {
   {.name = "--nproc", .alias = "--nproc-per-node", .kind = GS_FLAG_INT, CFG(nproc), .min = 1,
@@ -72,6 +73,13 @@ static const gs_flag_t flag_rows[] = {
    .doc = "start a rank that failed (non-zero exit or killed) again with the same command, up "
           "to K times per local rank, after 1 s doubling to 30 s; 0: the first failure stops the "
           "others. The coordinator it starts is never restarted"},
+  {.name = "--min-ranks", .kind = GS_FLAG_INT, CFG(min_ranks), .min = 0, .max = GS_RUN_MAX_WORLD,
+   .envs = min_ranks_envs, .metavar = "M",
+   .help = "elastic: the job goes on while at least M ranks remain (0: a fixed world)",
+   .doc = "make the job elastic: the ranks get `--world-size M:N` (N: the world), a rank that "
+          "fails for good no longer stops the others, which go on while at least M remain, and "
+          "a rank `--max-restarts` starts again rejoins at a step boundary (README, \"Elastic "
+          "training\"); 0: a fixed world"},
   {.name = "--coordinator-bin", .kind = GS_FLAG_STR, CFG(coord_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "coordinator program",
    .doc = "the coordinator program to start"},
@@ -190,6 +198,11 @@ static int check_fit(const gs_run_config_t *cfg, const char *const *sources)
   if (cfg->world > GS_RUN_MAX_WORLD) {
     fprintf(stderr, "gradsync-run: --nnodes %ld x --nproc-per-node %ld is %ld ranks; at most %d\n",
             cfg->nnodes, cfg->nproc, cfg->world, GS_RUN_MAX_WORLD);
+    return GS_RUN_USAGE_ERR;
+  }
+  if (cfg->min_ranks > cfg->world) {
+    fprintf(stderr, "gradsync-run: --min-ranks %ld%s is above the world size %ld\n", cfg->min_ranks,
+            from(sources, "--min-ranks", a, sizeof(a)), cfg->world);
     return GS_RUN_USAGE_ERR;
   }
   if (cfg->join && cfg->have_http) {

@@ -64,6 +64,16 @@ static void setenv_long(const char *name, long v)
   setenv(name, num, 1);
 }
 
+/* The world size the ranks get: "N", or "MIN:N" for an elastic job. */
+static const char *world_text(const gs_run_config_t *cfg, char *buf, size_t len)
+{
+  if (cfg->min_ranks)
+    snprintf(buf, len, "%ld:%ld", cfg->min_ranks, cfg->world);
+  else
+    snprintf(buf, len, "%ld", cfg->world);
+  return buf;
+}
+
 /* $name becomes dir, then what it held. */
 static void prepend_path(const char *name, const char *dir)
 {
@@ -82,12 +92,13 @@ static void prepend_path(const char *name, const char *dir)
 static void rank_env(const gs_run_t *r, const gs_run_child_t *c)
 {
   const gs_run_config_t *cfg = &r->cfg;
+  char text[48];
 
   setenv_long("LOCAL_RANK", c->rank);
   setenv_long("WORLD_SIZE", cfg->world);
   setenv_long("LOCAL_WORLD_SIZE", cfg->nproc);
   setenv_long("GRADSYNC_LOCAL_RANK", c->rank);
-  setenv_long("GRADSYNC_WORLD_SIZE", cfg->world);
+  setenv("GRADSYNC_WORLD_SIZE", world_text(cfg, text, sizeof(text)), 1);
   setenv_long("GRADSYNC_NNODES", cfg->nnodes);
   setenv_long("GRADSYNC_NODE_RANK", cfg->node_rank);
   setenv("GRADSYNC_COORDINATOR", cfg->rpc, 1);
@@ -192,7 +203,7 @@ out_close_out:
 
 /* The numbers in a rank's argv; the caller's, as long as the argv. */
 struct rank_numbers {
-  char world[24], rank[24];
+  char world[48], rank[24];
 };
 
 /* The argv local rank c runs (allocated; the caller frees it): the agent
@@ -204,7 +215,7 @@ static char **rank_argv(gs_run_t *r, const gs_run_child_t *c, struct rank_number
 
   if (!argv)
     return NULL;
-  snprintf(num->world, sizeof(num->world), "%ld", r->cfg.world);
+  world_text(&r->cfg, num->world, sizeof(num->world));
   snprintf(num->rank, sizeof(num->rank), "%d", c->rank);
   if (!r->cfg.command) {
     argv[k++] = r->cfg.agent_bin;

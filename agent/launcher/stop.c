@@ -41,13 +41,12 @@ void gs__run_advance(gs_run_t *r)
   }
 }
 
-/* While stopping nothing is restarted: drops the restarts still waiting. */
-static void drop_restarts(gs_run_t *r)
+void gs__run_drop_restarts(gs_run_t *r, const char *why)
 {
   for (long i = 0; i < r->cfg.nproc && r->agents_pending > 0; i++) {
     if (!r->agents[i].restart_at)
       continue;
-    gs__run_say("not restarting %s: stopping", r->agents[i].name);
+    gs__run_say("not restarting %s: %s", r->agents[i].name, why);
     r->agents[i].restart_at = 0;
     r->agents_pending--;
   }
@@ -59,7 +58,7 @@ void gs__run_begin_stop(gs_run_t *r)
 {
   if (r->phase == GS_RUN_STARTING || r->phase == GS_RUN_RUNNING) {
     r->phase = GS_RUN_STOP_AGENTS;
-    drop_restarts(r);
+    gs__run_drop_restarts(r, "stopping");
     if (r->agents_running > 0) {
       signal_agents(r, SIGTERM);
       r->agents_deadline = gs_now_ms() + r->cfg.grace_ms;

@@ -116,6 +116,10 @@ static void on_agent_exit(gs_run_t *r, gs_run_child_t *c, int status)
 
   r->agents_running--;
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    r->finished++;
+    /* The job is done: a rank started now would open a new rendezvous. */
+    if (r->cfg.min_ranks)
+      gs__run_drop_restarts(r, "the elastic job finished");
     gs__run_advance(r);
     return;
   }
@@ -125,8 +129,16 @@ static void on_agent_exit(gs_run_t *r, gs_run_child_t *c, int status)
     gs__run_advance(r);
     return;
   }
-  if (gs__run_restart_later(r, c, how))
+  if (!(r->cfg.min_ranks && r->finished) && gs__run_restart_later(r, c, how))
     return;
+  /* An elastic job goes on without it (the coordinator and the ranks
+   * decide whether enough remain; the last rank's end decides the run's). */
+  if (r->cfg.min_ranks && (r->agents_running + r->agents_pending > 0 || r->finished > 0)) {
+    r->lost++;
+    gs__run_say("the elastic job goes on without %s", c->name);
+    gs__run_advance(r);
+    return;
+  }
   gs__run_fail(r, WIFEXITED(status) && WEXITSTATUS(status) <= 125 ? WEXITSTATUS(status) : 1);
   if (r->agents_running > 0)
     gs__run_say("stopping the other ranks");
