@@ -1368,6 +1368,13 @@ START_TEST(evicted_rank_must_join_afresh)
                 last_reply(2)->message);
   join_elastic(2, "s", 2, 3, "e2", 0, NULL, 0, TIMEOUT_MS + 30);
   ck_assert_int_eq(fake.parked[peers[2].id], 1);
+  gs__jobs_peer_closed(&jobs, &peers[2]);
+  leave(0, "s", 2, 0, true, TIMEOUT_MS + 40);
+  leave(1, "s", 2, 1, true, TIMEOUT_MS + 40);
+  /* Back once the job finished without it: nothing to join. */
+  join_elastic(3, "s", 2, 3, "e2", 0, "woke up", 4, TIMEOUT_MS + 50);
+  ck_assert_int_eq(last_reply(3)->err, GS_EPRECOND);
+  ck_assert_msg(strstr(last_reply(3)->message, "finished"), "%s", last_reply(3)->message);
 }
 END_TEST
 

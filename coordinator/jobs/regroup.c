@@ -15,6 +15,15 @@ bool gs__regroup_survivor(gs_job_t *job, const gs_call_t *call, const gradsync_J
 {
   gs_member_t *m = gs__session_member(job, call->session, job->generation);
 
+  /* Its job went on without it and is over: nothing to join (a fresh Join
+   * would open a new rendezvous of the same job). */
+  if (!m && job->state == GS_JOB_FINISHED) {
+    REPLY_ERR(job, call, GS_EPRECOND,
+              "job %s finished (generation %llu) while this agent was away from it; nothing left "
+              "to train",
+              job->name, (unsigned long long)job->generation);
+    return false;
+  }
   if (!m || m->regrouped || m->state != GS_MEMBER_RUNNING) {
     REPLY_ERR(job, call, GS_EABORTED,
               "this agent is no member of generation %llu of job %s (%s); join again as a new "
