@@ -51,7 +51,7 @@ allreduce of the step succeeded; no-failure runs at --world-size 4 and
 2:4, alternating, --ab-runs each, median step time from the agents'
 timing line, with the model in one pack and in one pack per parameter.
 
-usage: chaos.py --bin DIR [--trials 20] [--seed 1] [--epochs 16]
+usage: chaos.py --bin DIR [--trials 20] [--seed 1] [--epochs 80]
                 [--heartbeat-timeout 2] [--faults kill,stop,netns]
                 [--ab-runs 4] [--keep-logs DIR] [--json PATH] [--markdown PATH]
 """
@@ -665,7 +665,8 @@ def parse_args():
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--seed", type=int, default=1, help="draws the faults, victims and times")
-    p.add_argument("--epochs", type=int, default=16, help="epochs of each trial's job")
+    p.add_argument("--epochs", type=int, default=80,
+                   help="epochs of each trial's job (long enough to outlive a 3.5 s fault)")
     p.add_argument("--heartbeat-timeout", type=float, default=2.0, help="the coordinator's, seconds")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"subset of {','.join(FAULTS)}")
     p.add_argument("--ab-runs", type=int, default=4, help="runs of each side of the deferred-SGD "
