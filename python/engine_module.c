@@ -691,11 +691,16 @@ static PyObject *engine_info(EngineObject *self, PyObject *unused)
   (void)unused;
   if (!check_open(self, true))
     return NULL;
-  return Py_BuildValue("{s:I,s:I,s:K,s:I,s:i}", "rank", gs_engine_rank(self->engine), "world_size",
-                       gs_engine_world_size(self->engine), "generation",
-                       (unsigned long long)gs_engine_generation(self->engine), "packs",
-                       gs_engine_pack_count(self->engine), "bcast_period",
-                       gs_engine_bcast_period(self->engine));
+  gs_position_t pos;
+
+  gs_engine_position(self->engine, &pos);
+  return Py_BuildValue(
+      "{s:I,s:I,s:K,s:I,s:i,s:K,s:K,s:K}", "rank", gs_engine_rank(self->engine), "world_size",
+      gs_engine_world_size(self->engine), "generation",
+      (unsigned long long)gs_engine_generation(self->engine), "packs",
+      gs_engine_pack_count(self->engine), "bcast_period", gs_engine_bcast_period(self->engine),
+      "step", (unsigned long long)pos.step, "epoch", (unsigned long long)pos.epoch, "sample",
+      (unsigned long long)(pos.sample == GS_POSITION_SAMPLE_UNKNOWN ? 0 : pos.sample));
 }
 
 static PyObject *param_or_grad(EngineObject *self, PyObject *args, bool grad)

@@ -317,8 +317,8 @@ def case_restart():
         g = wait_text(log, r"new ranks joined; continuing with 3 ranks from step (\d+)", p)
         assert p.wait(120) == 0, read(log)[-4000:]
         text = read(log)
-        assert "restarting it in" in text and "all 3 ranks finished after 1 restart" in text, \
-            text[-3000:]
+        assert "restarting it in" in text, text[-3000:]
+        assert re.search(r"all 3 ranks finished after \d+ restarts?", text), text[-3000:]
         assert int(g.group(1)) >= int(m.group(1))
         assert accuracy(text) > 0.80
         print(m.group(0), "|", g.group(0))

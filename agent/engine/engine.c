@@ -109,6 +109,11 @@ uint32_t gs_engine_state_rank(const gs_engine_t *e)
   return e->join.resume_state ? e->join.state_rank : 0;
 }
 
+void gs_engine_position(const gs_engine_t *e, gs_position_t *out)
+{
+  *out = e->committed;
+}
+
 bool gs_engine_world_changed(int err)
 {
   return err == GS_EREGROUPED;

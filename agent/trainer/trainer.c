@@ -249,12 +249,16 @@ static int evaluate_once(trainer_t *t, float *accuracy, float *loss)
  * (GS_EREGROUPED), in its new world: some ranks may have finished the sum
  * and gone on to the next step before the loss, and summing again would
  * pair their next step's allreduce with the others' second sum. */
-static int evaluate(trainer_t *t, float *accuracy, float *loss, const gs_position_t *pos)
+static int evaluate(trainer_t *t, float *accuracy, float *loss, gs_position_t *pos)
 {
   int err = evaluate_once(t, accuracy, loss);
 
   if (err == GS_EREGROUPED) {
-    int e2 = follow_world(t, pos);
+    int e2;
+
+    /* The state taken may be a step newer than this rank's: go on from it. */
+    gs_engine_position(t->engine, pos);
+    e2 = follow_world(t, pos);
 
     if (e2)
       return e2;
@@ -517,7 +521,7 @@ static int setup(trainer_t *t, gs_position_t *pos)
   return 0;
 }
 
-static int validate(trainer_t *t, const gs_position_t *pos, uint64_t epoch)
+static int validate(trainer_t *t, gs_position_t *pos, uint64_t epoch)
 {
   float acc, loss;
   int err = evaluate(t, &acc, &loss, pos);
@@ -590,7 +594,7 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
   return 0;
 }
 
-static void summary(trainer_t *t, const gs_position_t *pos, uint64_t first_step, uint64_t last_step)
+static void summary(trainer_t *t, gs_position_t *pos, uint64_t first_step, uint64_t last_step)
 {
   double secs = (gs_now_ms_f() - t->start_ms) / 1e3;
   double samples = (double)(last_step - first_step) * t->cfg->batch * t->world;

@@ -678,6 +678,9 @@ class DistributedOptimizer:
             return self._sum(tensor)
         except WorldChanged:
             self._follow_world()
+            # The state taken may be a step newer than this rank's: go on from it.
+            info = self._engine.info()
+            self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
             self._sync_buffers()
             self._world_changed()
             raise

@@ -310,6 +310,11 @@ GS_ENGINE_API uint32_t gs_engine_rank(const gs_engine_t *e);
  * started (the lowest at the newest step), e.g. for a front end's
  * unpacked buffers; 0 when the generation started fresh. */
 GS_ENGINE_API uint32_t gs_engine_state_rank(const gs_engine_t *e);
+/* The position of the state this rank holds: the last step it completed,
+ * or after an elastic regroup the position it took with the state (what a
+ * front end goes on from when gs_engine_allreduce_sum said the world
+ * changed: the state may be a step newer than its own). */
+GS_ENGINE_API void gs_engine_position(const gs_engine_t *e, gs_position_t *out);
 /* Whether `err` is the "world changed" error of gs_engine_allreduce_sum
  * (an elastic regroup happened during it). */
 GS_ENGINE_API bool gs_engine_world_changed(int err);
