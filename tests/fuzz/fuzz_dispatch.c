@@ -12,6 +12,7 @@
  * unparked exactly once while its connection is open. State is reset between inputs so that a saved
  * crash input replays the same way on its own. */
 #include <ctype.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fuzz.h"
@@ -126,8 +127,11 @@ static void on_frame(fuzz_world_t *w, gs_peer_t *peer, const uint8_t *payload, s
   call.request_id = env.request_id;
   call.deadline_ms = w->now + (env.timeout_ms ? env.timeout_ms : 30000);
   /* The envelope's session, or else the one this connection's member was
-   * given: an input need not guess 128 random bits to go past the check. */
-  call.session = env.session[0] || !peer->member ? env.session : peer->member->session;
+   * given: an input need not guess 128 random bits to go past the check.
+   * Copied, as rpc.c's is (the envelope's): the call may free the member. */
+  if (!env.session[0] && peer->member)
+    snprintf(env.session, sizeof(env.session), "%s", peer->member->session);
+  call.session = env.session;
   if (fuzz_request_decode(&rq, call.method, body.data, body.len) == 0 &&
       gs__job_name_ok(fuzz_request_job(&rq)))
     dispatch(w, peer, &call, &rq);
