@@ -66,17 +66,12 @@ static void free_object(PyObject *o)
 
 /* ---- errors --------------------------------------------------------- */
 
-static bool is_world_changed(int err)
-{
-  return gs_engine_world_changed(err);
-}
-
 /* The exception class for a failure: the engine's words decide it where
  * its code alone cannot (a refused Join is INVALID_ARGUMENT whatever the
  * difference was). */
 static PyObject *error_class(int err, const char *why)
 {
-  if (is_world_changed(err))
+  if (gs_engine_world_changed(err))
     return error_world_changed;
   if (term_flag &&
       (strstr(why, "interrupted by") || strstr(why, "SIGTERM") || strstr(why, "SIGINT")))

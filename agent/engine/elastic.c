@@ -93,10 +93,7 @@ static int regroup_once(gs_engine_t *e, const char *why, gs_position_t *pos)
   err = err ? err : join_next(e, why, addr);
   err = err ? err : restart_heartbeat(e);
   err = err ? err : gs__engine_agree_packlist(e);
-  err = err ? err : gs__engine_connect_ranks(e);
-  if (!err && e->join.rank == 0 && e->cfg.checkpoint_dir && !e->ckpt_writer.started)
-    err = gs__ckpt_writer_start(&e->ckpt_writer, e->error, sizeof(e->error));
-  err = err ? err : gs__engine_comm_start(e);
+  err = err ? err : gs__engine_go_live(e);
   if (err)
     return err;
   e->steps_begun = 0; /* every rank of the new world counts from here */

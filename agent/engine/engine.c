@@ -365,7 +365,7 @@ static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
   return err;
 }
 
-int gs__engine_connect_ranks(gs_engine_t *e)
+static int connect_ranks(gs_engine_t *e)
 {
   uint32_t w = e->join.world_size;
   const char **addrs = calloc(w, sizeof(*addrs));
@@ -604,13 +604,22 @@ int gs_engine_start(gs_engine_t *e)
   err = alloc_step_state(e);
   if (err)
     return err;
-  err = gs__engine_connect_ranks(e);
+  return gs__engine_go_live(e);
+}
+
+/* The last steps of start, and of an elastic regroup: connect the ranks,
+ * give rank 0 its checkpoint writer (a rank that becomes rank 0 in a
+ * regroup starts one), start the comm thread. */
+int gs__engine_go_live(gs_engine_t *e)
+{
+  int err = connect_ranks(e);
+
   if (err)
     return err;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
          "%u params in %u packs (threshold %" PRIu64 " bytes), %s backend connected",
          e->packs.nparams, e->packs.list.pack_count, e->cfg.pack_threshold, gs_comm_name(e->comm));
-  if (e->join.rank == 0 && e->cfg.checkpoint_dir) {
+  if (e->join.rank == 0 && e->cfg.checkpoint_dir && !e->ckpt_writer.started) {
     err = gs__ckpt_writer_start(&e->ckpt_writer, e->error, sizeof(e->error));
     if (err)
       return err;

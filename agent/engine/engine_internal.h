@@ -152,7 +152,7 @@ int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
 int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
 int gs__engine_start_heartbeat(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_agree_packlist(gs_engine_t *e) GS_WARN_UNUSED;
-int gs__engine_connect_ranks(gs_engine_t *e) GS_WARN_UNUSED;
+int gs__engine_go_live(gs_engine_t *e) GS_WARN_UNUSED;
 void gs__engine_joined(gs_engine_t *e);
 
 /* elastic.c: whether the job is elastic; the regroup after a failed step
