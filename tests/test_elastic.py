@@ -24,17 +24,30 @@ Cases (one per run):
               step boundary; training finishes with every rank
   launcher    gradsync-run --min-ranks 2 without restarts: a killed rank no
               longer stops the others, and the run exits 0
+  late_before rank 2 joins a running 2:3 job late, and rank 1 is killed as
+              generation 2 forms, before rank 2 connected: rank 2 joins
+              generation 3 with rank 0 instead of failing
+  late_after  gradsync-run --min-ranks 2 with rank 2 held back until rank 1
+              was killed and rank 0 regroups: rank 0 waits for it, and
+              ranks 0 and 2 train on
   below_min   2 of a 2:3 job's 3 ranks killed: the survivor waits for
               joiners until --rejoin-timeout, then fails saying why
   fixed       a fixed-size job still fails fast when a rank is lost
   same        an elastic job where nothing fails trains exactly (bit for
               bit) as a fixed job of the same size
 
+Nothing here asserts how long anything takes (that is bench/chaos.sh's
+work): waits end on a line in a log, and their timeouts only decide
+failure. Every case removes its folder and its processes, also when it
+fails or runs out of time.
+
 usage: test_elastic.py CASE BIN_DIR COORDINATOR_BIN
 """
+import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,9 +63,34 @@ TRAIN = ["--reduce", "mean", "--layers", "784,64,10", "--batch", "64", "--seed",
          "--log-interval", "250ms"]
 
 
+# Below ctest's TIMEOUT for these cases (tests/CMakeLists.txt), so that a
+# case out of time still runs its cleanup.
+DEADLINE_S = 270
+# Generous: they only decide failure, on a loaded machine.
+WAIT_S = 120
+SCRATCH = []  # folders removed at exit
+
+
 def read(path):
     with open(path, errors="replace") as f:
         return f.read()
+
+
+def scratch(prefix):
+    """A temporary folder, removed when the case ends however it ends."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    SCRATCH.append(d)
+    return d
+
+
+def die_with_parent():
+    """In a child before exec: SIGKILL when this test process dies, even
+    by SIGKILL, so no agent or coordinator outlives it."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def clean_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
 
 
 class Job:
@@ -60,13 +98,13 @@ class Job:
     its output in a file of a temporary folder."""
 
     def __init__(self, world, *coord_flags, name="el"):
-        self.dir = tempfile.mkdtemp(prefix="gs-elastic-")
+        self.dir = scratch("gs-elastic-")
         self.world, self.name, self.agents = world, name, {}
         self.coord_log = os.path.join(self.dir, "coordinator.log")
         self.coord = subprocess.Popen(
             [COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", *coord_flags],
             stdout=subprocess.PIPE, stderr=open(self.coord_log, "w"), text=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")})
+            env=clean_env(), preexec_fn=die_with_parent)
         words = self.coord.stdout.readline().split()
         self.rpc = words[2].split("=", 1)[1]
         self.http = words[3].split("=", 1)[1]
@@ -77,15 +115,15 @@ class Job:
             [AGENT, "--coordinator", self.rpc, "--job", self.name, "--world-size", self.world,
              "--local-rank", str(local), "--node", "n", "--epochs", str(epochs), *TRAIN,
              "--data", FASHION, *extra],
-            stdout=open(log, "w"), stderr=subprocess.STDOUT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")})
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env(),
+            preexec_fn=die_with_parent)
         self.agents[local] = (p, log)
         return p
 
     def log(self, local):
         return read(self.agents[local][1])
 
-    def wait_line(self, local, pattern, timeout=60):
+    def wait_line(self, local, pattern, timeout=WAIT_S):
         deadline = time.time() + timeout
         while time.time() < deadline:
             m = re.search(pattern, self.log(local))
@@ -99,7 +137,7 @@ class Job:
     def kill(self, local, sig=signal.SIGKILL):
         self.agents[local][0].send_signal(sig)
 
-    def finish(self, locals_, timeout=120):
+    def finish(self, locals_, timeout=WAIT_S):
         """Waits for these agents; returns their exit codes."""
         codes = {}
         for i in locals_:
@@ -110,16 +148,30 @@ class Job:
         return codes
 
     def get(self, path):
-        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=10) as r:
+        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=WAIT_S) as r:
             return r.read().decode()
+
+    def coord_text(self):
+        return read(self.coord_log)
+
+    def wait_coord(self, pattern, timeout=WAIT_S):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(pattern, self.coord_text())
+            if m:
+                return m
+            if self.coord.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"coordinator: no {pattern!r}:\n{self.coord_text()[-3000:]}")
 
     def close(self):
         for p, _ in self.agents.values():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        self.coord.terminate()
-        self.coord.wait(10)
+        self.coord.kill()
+        self.coord.wait()
 
 
 def accuracy(text):
@@ -171,7 +223,6 @@ def case_kill():
         m = regroup_line(text)
         assert m.group(2) == "2", m.group(0)
         assert "rank 2 (node 'n', local_rank 2) lost" in m.group(1), m.group(0)
-        assert float(m.group(5)) < 5, m.group(0)
         acc = accuracy(text)
         print(f"uninterrupted 3 ranks: {base:.4f}; 3 then 2 ranks: {acc:.4f}; {m.group(0)}")
         assert abs(acc - base) <= 0.005, f"accuracy {acc} vs {base}"
@@ -221,18 +272,24 @@ def case_two():
 
 
 def case_during():
-    job = Job("2:4", "--heartbeat-timeout", "2s")
+    # Stopped first, so it cannot come back: the kill that follows ends
+    # the generation while it is silent, and the regroup waits for it up
+    # to the heartbeat timeout only.
+    job = Job("2:4", "--heartbeat-timeout", "4s")
     try:
         for i in range(4):
             job.start(i)
         job.wait_line(0, r"epoch 1 validation")
-        job.kill(3)
         job.kill(2, signal.SIGSTOP)
-        m = job.wait_line(0, r"continuing with 2 ranks from step \d+ \(detect [0-9.]+ s, "
-                             r"regroup ([0-9.]+) s\)", timeout=30)
-        assert 1.5 < float(m.group(1)) < 10, m.group(0)
-        assert "rank 2 (node 'n', local_rank 2) lost" in job.log(0), job.log(0)[-3000:]
+        job.kill(3)
+        m = job.wait_line(0, r"continuing with 2 ranks from step \d+")
         expect_ok(job, [0, 1])
+        coord = job.coord_text()
+        stopped = re.search(r"rank 2 \(node 'n', local_rank 2\) lost: no heartbeat", coord)
+        killed = re.search(r"rank 3 \(node 'n', local_rank 3\) lost", coord)
+        started = re.search(r"generation 2 started with 2 ranks", coord)
+        assert stopped and killed and started, coord[-4000:]
+        assert stopped.start() < started.start(), coord[-4000:]
         print(m.group(0))
     finally:
         job.kill(2, signal.SIGKILL)
@@ -240,17 +297,17 @@ def case_during():
 
 
 def case_sigstop():
-    job = Job("2:3", "--heartbeat-timeout", "2s")
+    job = Job("2:3", "--heartbeat-timeout", "4s")
     try:
         for i in range(3):
             job.start(i, epochs=5)
         job.wait_line(0, r"epoch 1 validation")
         job.kill(2, signal.SIGSTOP)
-        m = job.wait_line(0, r"continuing with 2 ranks from step (\d+)", timeout=30)
-        job.wait_line(0, r"step \d+/\d+ epoch", timeout=30)
+        m = job.wait_line(0, r"continuing with 2 ranks from step (\d+)")
+        job.wait_line(0, r"step \d+/\d+ epoch")
         job.kill(2, signal.SIGCONT)
-        job.wait_line(2, r"join again as a new agent", timeout=30)
-        job.wait_line(0, r"new ranks joined; continuing with 3 ranks", timeout=60)
+        job.wait_line(2, r"join again as a new agent")
+        job.wait_line(0, r"new ranks joined; continuing with 3 ranks")
         expect_ok(job, [0, 1, 2])
         print(m.group(0), "; then back to 3 ranks")
         assert "no heartbeat" in job.log(0), job.log(0)[-3000:]
@@ -286,12 +343,18 @@ def launch(tmp, *flags, epochs):
     p = subprocess.Popen([RUN, "--nproc", "3", "--job", "elrun", *flags, "--", *TRAIN,
                           "--data", FASHION, "--epochs", str(epochs)],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                         env={k: v for k, v in os.environ.items()
-                              if not k.startswith("GRADSYNC_")})
+                         env=clean_env(), preexec_fn=die_with_parent)
     return p, log
 
 
-def wait_text(log, pattern, p, timeout=60):
+def stop_launch(p):
+    """Ends gradsync-run and everything it started (its process group)."""
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def wait_text(log, pattern, p, timeout=WAIT_S):
     deadline = time.time() + timeout
     while time.time() < deadline:
         m = re.search(pattern, read(log))
@@ -308,14 +371,14 @@ def kill_local_rank(local):
 
 
 def case_restart():
-    tmp = tempfile.mkdtemp(prefix="gs-elastic-run-")
+    tmp = scratch("gs-elastic-run-")
     p, log = launch(tmp, "--min-ranks", "2", "--max-restarts", "1", epochs=40)
     try:
         wait_text(log, r"epoch 1 validation", p)
         kill_local_rank(2)
         m = wait_text(log, r"continuing with 2 ranks from step (\d+)", p)
         g = wait_text(log, r"new ranks joined; continuing with 3 ranks from step (\d+)", p)
-        assert p.wait(120) == 0, read(log)[-4000:]
+        assert p.wait(WAIT_S) == 0, read(log)[-4000:]
         text = read(log)
         assert "restarting it in" in text, text[-3000:]
         assert re.search(r"all 3 ranks finished after \d+ restarts?", text), text[-3000:]
@@ -323,26 +386,120 @@ def case_restart():
         assert accuracy(text) > 0.80
         print(m.group(0), "|", g.group(0))
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+        stop_launch(p)
 
 
 def case_launcher():
-    tmp = tempfile.mkdtemp(prefix="gs-elastic-run-")
+    tmp = scratch("gs-elastic-run-")
     p, log = launch(tmp, "--min-ranks", "2", epochs=3)
     try:
         wait_text(log, r"epoch 1 validation", p)
         kill_local_rank(1)
         m = wait_text(log, r"continuing with 2 ranks from step (\d+)", p)
-        assert p.wait(120) == 0, read(log)[-4000:]
+        assert p.wait(WAIT_S) == 0, read(log)[-4000:]
         text = read(log)
         assert "the elastic job goes on without rank 1" in text, text[-3000:]
         assert "2 of 3 ranks finished" in text, text[-3000:]
         assert accuracy(text) > 0.80
         print(m.group(0))
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+        stop_launch(p)
+
+
+def gated_agent(tmp):
+    """An --agent-bin that holds local rank 2 back until the test creates
+    the gate file (a rank late on purpose, by as much as the test says);
+    the other ranks start at once. The gate's path."""
+    gate = os.path.join(tmp, "gate")
+    wrapper = os.path.join(tmp, "gated-agent")
+    with open(wrapper, "w") as f:
+        f.write("#!/bin/sh\n"
+                f'if [ "$GRADSYNC_LOCAL_RANK" = 2 ]; then\n'
+                f"  while [ ! -e {gate} ]; do sleep 0.05; done\n"
+                "fi\n"
+                f'exec {AGENT} "$@"\n')
+    os.chmod(wrapper, 0o755)
+    return wrapper, gate
+
+
+def stop_job(log, p, job="elrun"):
+    """Asks the coordinator gradsync-run started to stop the job: every
+    rank stops after the same step and exits 0."""
+    url = wait_text(log, r"status at (http://[0-9.:]+)/status", p).group(1)
+    req = urllib.request.Request(f"{url}/jobs/{job}/control", method="POST",
+                                 data=json.dumps({"action": "stop"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=WAIT_S) as r:
+        assert r.status == 200, r.status
+
+
+def case_late_after():
+    """gradsync-run --min-ranks 2 whose rank 2 comes late, after
+    generation 1 formed with ranks 0 and 1 and trained an epoch, and after
+    rank 1 was killed and rank 0 regroups: rank 0 waits for it, ranks 0
+    and 2 train together, and once they do the job is stopped (it may not
+    end before rank 2 came, however slowly it starts)."""
+    tmp = scratch("gs-elastic-late-")
+    wrapper, gate = gated_agent(tmp)
+    p, log = launch(tmp, "--min-ranks", "2", "--agent-bin", wrapper, epochs=1000)
+    try:
+        wait_text(log, r"generation 1 started with 2 ranks", p)
+        wait_text(log, r"\[rank 0\] epoch 1 validation", p)
+        kill_local_rank(1)
+        wait_text(log, r"\[rank 0\].*regrouping from step", p)
+        open(gate, "w").close()
+        # Rank 2 in a world of two: as it joined, or after a regroup.
+        m = wait_text(log, r"\[rank 2\].*(joined generation \d+: rank 1 of 2|"
+                           r"continuing with 2 ranks from step \d+)", p)
+        wait_text(log, r"\[rank 0\] step \d+/\d+ epoch", p)  # training goes on
+        stop_job(log, p)
+        assert p.wait(WAIT_S) == 0, read(log)[-5000:]
+        text = read(log)
+        assert "the elastic job goes on without rank 1" in text, text[-4000:]
+        assert "2 of 3 ranks finished" in text, text[-4000:]
+        gens = re.findall(r"generation (\d+) started with (\d+) ranks", text)
+        assert gens[-1][1] == "2", (gens, text[-4000:])
+        assert re.search(r"\[rank 0\] stopped after step \d+: the coordinator asked", text)
+        print("generations (number, world):", gens, "|", m.group(1))
+    finally:
+        stop_launch(p)
+
+
+def case_late_before():
+    """Rank 2 joins while generation 1 of ranks 0 and 1 trains, and the
+    world breaks as it starts: generation 2 forms with all three, rank 1
+    is killed before rank 2 connected, and rank 2 must join generation 3
+    rather than fail. Stopping ranks is what makes each step happen in
+    this order, whatever the load: rank 0 stopped holds generation 1 (and
+    its regroup) back while rank 2's Join waits at the coordinator; rank 2
+    stopped with its Join answered keeps it from connecting until rank 1
+    is gone."""
+    job = Job("2:3", "--heartbeat-timeout", "5m", "--log-level", "debug")
+    try:
+        job.start(0, epochs=1000)
+        job.start(1, epochs=1000)
+        job.wait_line(0, r"epoch 1 validation")
+        job.kill(0, signal.SIGSTOP)
+        job.start(2, epochs=1000)
+        job.wait_coord(r"\(node 'n', local_rank 2\) joined: 1 of 3")
+        job.kill(2, signal.SIGSTOP)
+        job.kill(0, signal.SIGCONT)
+        job.wait_coord(r"generation 2 started with 3 ranks")
+        job.kill(1)
+        job.wait_coord(r"generation 2 aborted: rank 1 \(node 'n', local_rank 1\) lost")
+        job.kill(2, signal.SIGCONT)
+        m = job.wait_line(2, r"generation 2 broke before this rank trained in it: (.*); joining "
+                             r"the next one")
+        job.wait_line(2, r"joined generation \d+: rank 1 of 2")
+        # Rank 0's progress lines after the regroup: the world of two trains.
+        job.wait_line(0, r"continuing with 2 ranks from step \d+.*\n(.*\n)*step \d+/\d+ epoch")
+        status = json.loads(job.get(f"/jobs/{job.name}"))
+        assert status["generations"][-1]["world_size"] == 2, status["generations"]
+        print("rank 2:", m.group(0))
+    finally:
+        for i in (0, 2):
+            job.kill(i, signal.SIGCONT)
+        job.close()
 
 
 def case_below_min():
@@ -353,14 +510,11 @@ def case_below_min():
         job.wait_line(0, r"epoch 1 validation")
         job.kill(1)
         job.kill(2)
-        t0 = time.time()
-        codes = job.finish([0], timeout=60)
-        waited = time.time() - t0
+        codes = job.finish([0])
         text = job.log(0)
         assert codes[0] != 0, text[-2000:]
         assert "could not regroup" in text and "fewer ranks than its minimum" in text, text[-3000:]
-        assert 2.5 < waited < 20, waited
-        print(f"failed after {waited:.1f} s:", re.search(r"error: (.*)", text).group(1))
+        print("failed:", re.search(r"error: (.*)", text).group(1))
     finally:
         job.close()
 
@@ -371,11 +525,9 @@ def case_fixed():
         for i in range(3):
             job.start(i)
         job.wait_line(0, r"epoch 1 validation")
-        t0 = time.time()
         job.kill(2)
-        codes = job.finish([0, 1], timeout=60)
+        codes = job.finish([0, 1])
         assert codes[0] != 0 and codes[1] != 0, codes
-        assert time.time() - t0 < 10
         assert "lost" in job.log(0), job.log(0)[-2000:]
         assert "continuing with" not in job.log(0)
     finally:
@@ -383,7 +535,7 @@ def case_fixed():
 
 
 def case_same():
-    out = tempfile.mkdtemp(prefix="gs-elastic-same-")
+    out = scratch("gs-elastic-same-")
     fixed, _ = run_plain("3", 3, "--save-model", os.path.join(out, "fixed.safetensors"), epochs=1)
     elastic, _ = run_plain("2:3", 3, "--save-model", os.path.join(out, "elastic.safetensors"),
                            epochs=1)
@@ -393,11 +545,22 @@ def case_same():
     print(f"bit-identical models ({len(a)} bytes), accuracy {fixed:.4f} = {elastic:.4f}")
 
 
+def out_of_time(signum, frame):
+    raise AssertionError(f"case {CASE} still running after {DEADLINE_S} s")
+
+
 def main():
     if not os.path.isdir(FASHION):
         print(f"skip: {FASHION} missing (apt-get install dataset-fashion-mnist)")
         return 77
-    globals()["case_" + CASE]()
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(DEADLINE_S)
+    try:
+        globals()["case_" + CASE]()
+    finally:
+        signal.alarm(0)
+        for d in SCRATCH:
+            shutil.rmtree(d, ignore_errors=True)
     print(f"elastic {CASE}: ok")
     return 0
 

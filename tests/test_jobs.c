@@ -1286,6 +1286,44 @@ START_TEST(elastic_survivors_regroup_without_the_lost_rank)
 }
 END_TEST
 
+/* A member that joined as the world broke holds no state yet (its ranks
+ * could not connect): its Join without one, carrying its session, counts
+ * it back all the same and ends the generation, so the regroup neither
+ * refuses it (its connection is bound to a running member) nor waits for
+ * its silence; the state comes from a rank that has one. A Join with
+ * neither state nor session on that connection is refused. */
+START_TEST(elastic_member_without_state_comes_back)
+{
+  gradsync_JoinRequest req = th_join_request("n", 3, "e1", 0);
+  gradsync_JoinResponse r;
+  gs_job_t *job;
+
+  start_elastic("n", 3, 2, 3, 0);
+  job = gs__jobs_find(&jobs, "n");
+  req.world_min = 2;
+  snprintf(req.reason, sizeof(req.reason), "connecting to the other ranks failed");
+  rejoin(1, &req, 100, "");
+  ck_assert_int_eq(last_reply(1)->err, GS_EPRECOND); /* no session: another agent */
+  ck_assert_str_eq(gs__job_state_name(job->state), "running");
+  join(1, &req, 110); /* its own session, no state */
+  ck_assert_int_eq(fake.parked[peers[1].id], 1);
+  ck_assert_str_eq(gs__job_state_name(job->state), "waiting");
+  ck_assert_msg(strstr(job->abort_reason, "connecting to the other ranks failed"), "%s",
+                job->abort_reason);
+  ck_assert_uint_eq(job->regroup_pending, 2);
+  gs__jobs_peer_closed(&jobs, &peers[2]);
+  ck_assert_uint_eq(job->regroup_pending, 1);
+  join_elastic(0, "n", 2, 3, "e0", 0, "collective failed", 9, 120);
+  r = join_reply(1);
+  ck_assert_uint_eq(r.generation, 2);
+  ck_assert_uint_eq(r.world_size, 2);
+  ck_assert(r.resume_state);
+  ck_assert_uint_eq(r.state_rank, 0);
+  ck_assert_uint_eq(r.state_step, 9);
+  ck_assert_uint_eq(join_reply(0).world_size, 2);
+}
+END_TEST
+
 /* Fewer than world_min come back: the job waits for joiners until the
  * Joins' deadline, then fails saying so. A fixed job still fails at once. */
 START_TEST(elastic_job_below_its_minimum_waits_then_fails)
@@ -1468,6 +1506,7 @@ static Suite *jobs_suite(void)
       {"stalled", job_whose_step_stops_is_stalled},
       {"heartbeat_long_poll", heartbeats_wait_for_news},
       {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},
+      {"elastic_stateless_member", elastic_member_without_state_comes_back},
       {"elastic_minimum", elastic_job_below_its_minimum_waits_then_fails},
       {"elastic_grow", elastic_job_grows_at_a_regroup},
       {"elastic_evicted", evicted_rank_must_join_afresh},

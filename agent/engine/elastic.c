@@ -30,12 +30,16 @@ static void close_generation(gs_engine_t *e)
   e->qhead = e->qtail = 0;
   pthread_mutex_unlock(&e->mu);
   gs_comm_destroy(comm);
-  memset(e->jobs, 0, (e->packs.list.pack_count + 1) * sizeof(*e->jobs));
+  if (e->jobs) /* none yet when the first generation broke as it went live */
+    memset(e->jobs, 0, (e->packs.list.pack_count + 1) * sizeof(*e->jobs));
 }
 
-/* Joins the next generation with this rank's state. A rank the
- * coordinator no longer counts as a member (evicted while it was stopped)
- * joins again as a new agent and takes the others' state. */
+/* Joins the next generation, with this rank's state if it holds one. The
+ * Join carries this rank's session, so the coordinator counts it back as
+ * a member of the generation that ended, state or not. A rank the
+ * coordinator no longer counts as a member (evicted while it was
+ * stopped) joins again as a new agent, without its session, and takes
+ * the others' state. */
 static int join_next(gs_engine_t *e, const char *why, const char *addr)
 {
   gradsync_JoinRequest req = e->join_req;
@@ -43,15 +47,18 @@ static int join_next(gs_engine_t *e, const char *why, const char *addr)
   int err;
 
   req.has_state = e->has_state;
-  req.state_step = e->committed.step;
+  req.state_step = e->has_state ? e->committed.step : 0;
   req.bcast_period = e->period;
   snprintf(req.reason, sizeof(req.reason), "%.250s", why); /* the rest stays in our log */
   snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", addr);
   err = gs_client_join(e->client, &req, e->cfg.rejoin_timeout_ms, &res);
-  if (err == GS_EABORTED && req.has_state) {
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
-           "%s (its state is dropped: it takes the others')", gs_client_error(e->client));
+  if (err == GS_EABORTED) {
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank, "%s%s",
+           gs_client_error(e->client),
+           req.has_state ? " (its state is dropped: it takes the others')" : "");
     e->has_state = req.has_state = false;
+    req.state_step = 0;
+    gs_client_set_session(e->client, "");
     err = gs_client_join(e->client, &req, e->cfg.rejoin_timeout_ms, &res);
   }
   if (err) {
@@ -81,8 +88,9 @@ static int restart_heartbeat(gs_engine_t *e)
   return gs__engine_start_heartbeat(e);
 }
 
-/* One attempt: the next generation, connected, holding one state. */
-static int regroup_once(gs_engine_t *e, const char *why, gs_position_t *pos)
+/* One attempt: the next generation, connected, and, when `sync`, holding
+ * one state (else the front end's gs_engine_sync_initial follows). */
+static int regroup_once(gs_engine_t *e, const char *why, bool sync, gs_position_t *pos)
 {
   char addr[256];
   bool same_step;
@@ -94,12 +102,12 @@ static int regroup_once(gs_engine_t *e, const char *why, gs_position_t *pos)
   err = err ? err : restart_heartbeat(e);
   err = err ? err : gs__engine_agree_packlist(e);
   err = err ? err : gs__engine_go_live(e);
-  if (err)
+  if (err || !sync)
     return err;
   e->steps_begun = 0; /* every rank of the new world counts from here */
   same_step = e->join.state_step == e->committed.step;
   *pos = e->committed;
-  err = gs__engine_share_state(e, pos);
+  err = gs__engine_sync_state(e, pos);
   /* A broadcast cut short leaves this rank's state a mix of two steps
    * unless it held the same step already. */
   if (err && !same_step && e->join.rank != e->join.state_rank)
@@ -107,33 +115,61 @@ static int regroup_once(gs_engine_t *e, const char *why, gs_position_t *pos)
   return err;
 }
 
-int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double step_start_ms,
-                       gs_step_result_t *out)
+bool gs__engine_may_regroup(int err)
 {
-  uint64_t old_gen = e->join.generation;
-  double noticed = gs_now_ms_f(), deadline = noticed + (double)e->cfg.rejoin_timeout_ms;
+  /* A signal, or this rank's own setup (memory, a pack list or settings
+   * that differ): the next generation would fail alike. */
+  return err != GS_EINTR && err != GS_ENOMEM && err != GS_EINVAL;
+}
+
+/* Joins generations until one holds (`sync`: with one state) or the
+ * rejoin timeout passes. The first attempt says `why` (a planned regroup
+ * says "regroup"); a later one the failure that ended the attempt
+ * before, so the coordinator logs a lost rank as such. */
+static int regroup_until_held(gs_engine_t *e, const char *why, bool sync, gs_position_t *pos,
+                              bool *retried)
+{
+  double deadline = gs_now_ms_f() + (double)e->cfg.rejoin_timeout_ms;
   char reason[sizeof(e->error)];
-  gs_position_t pos;
   int err;
 
   snprintf(reason, sizeof(reason), "%s", why);
-  gs_log(e->cfg.log, planned ? GS_LOG_INFO : GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
-         "generation %" PRIu64 " %s; regrouping from step %" PRIu64, old_gen,
-         planned ? "regroups to admit new ranks" : reason, e->committed.step);
+  *retried = false;
   for (;;) {
     uint64_t before = e->join.generation;
 
     e->failed = 0; /* a lost peer is not this rank's failure */
-    err = regroup_once(e, planned ? "regroup" : reason, &pos);
+    err = regroup_once(e, reason, sync, pos);
     /* A refused Join (the job finished, or is full) has nothing to retry. */
-    if (!err || err == GS_EINTR || e->join.generation == before || gs_now_ms_f() > deadline)
-      break;
+    if (!err || !gs__engine_may_regroup(err) || e->join.generation == before ||
+        gs_now_ms_f() > deadline)
+      return err;
     /* Lost again while regrouping: try the next generation. */
+    *retried = true;
     snprintf(reason, sizeof(reason), "%s", e->error);
     gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
            "regroup into generation %" PRIu64 " failed: %s; trying again", e->join.generation,
            reason);
   }
+}
+
+int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double step_start_ms,
+                       gs_step_result_t *out)
+{
+  uint64_t old_gen = e->join.generation;
+  double noticed = gs_now_ms_f();
+  gs_position_t pos;
+  bool retried;
+  int err;
+
+  if (e->has_state)
+    gs_log(e->cfg.log, planned ? GS_LOG_INFO : GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "generation %" PRIu64 " %s; regrouping from step %" PRIu64, old_gen,
+           planned ? "regroups to admit new ranks" : why, e->committed.step);
+  else
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "generation %" PRIu64 " %s; regrouping (this rank holds no state yet)", old_gen, why);
+  err = regroup_until_held(e, planned ? "regroup" : why, true, &pos, &retried);
   if (err)
     return gs__engine_fail(e, err);
   out->regrouped = true;
@@ -141,7 +177,7 @@ int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double ste
   out->detect_ms = planned ? 0 : noticed - step_start_ms;
   out->regroup_ms = gs_now_ms_f() - noticed;
   e->after = pos;
-  if (planned)
+  if (planned && !retried)
     gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
            "generation %" PRIu64 ": new ranks joined; continuing with %u ranks from step %" PRIu64
            " (regroup %.2f s)",
@@ -150,9 +186,44 @@ int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double ste
     gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
            "generation %" PRIu64 ": %s; continuing with %u ranks from step %" PRIu64
            " (detect %.2f s, regroup %.2f s)",
-           e->join.generation, e->join.regroup_reason[0] ? e->join.regroup_reason : reason,
+           e->join.generation, e->join.regroup_reason[0] ? e->join.regroup_reason : why,
            e->join.world_size, pos.step, out->detect_ms / 1000.0, out->regroup_ms / 1000.0);
   return 0;
+}
+
+int gs__engine_regroup_before_training(gs_engine_t *e)
+{
+  uint64_t old_gen = e->join.generation;
+  char why[sizeof(e->error)];
+  bool retried;
+  int err;
+
+  snprintf(why, sizeof(why), "%s", e->error);
+  gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+         "generation %" PRIu64 " broke before this rank trained in it: %s; joining the next one",
+         old_gen, why);
+  err = regroup_until_held(e, why, false, NULL, &retried);
+  if (err)
+    return err;
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d", e->join.generation,
+         e->join.rank, e->join.world_size, e->period);
+  return 0;
+}
+
+int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
+{
+  gs_step_result_t out;
+  int err = gs__engine_sync_state(e, pos);
+
+  /* The world broke while the ranks agreed on where to start (a rank lost
+   * as this one joined a running job): the next generation's state. */
+  if (!err || !gs__engine_elastic(e) || !gs__engine_may_regroup(err))
+    return err;
+  err = gs__engine_regroup(e, e->error, false, gs_now_ms_f(), &out);
+  if (!err)
+    *pos = out.resume;
+  return err;
 }
 
 int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)

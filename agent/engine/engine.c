@@ -1,8 +1,7 @@
-/* The sync engine's lifecycle: new, start (join the job, start the
- * heartbeat, agree on the pack list, allocate the packs, connect the
- * ranks, start the comm thread),
- * the accessors, finish and free. The step, the comm thread and the
- * syncs outside a step have their own files (engine_internal.h). */
+/* The sync engine's lifecycle: new, start (open the device and the
+ * client, then enter the first generation: generation.c), the accessors,
+ * finish and free. The step, the comm thread, the syncs outside a step
+ * and elastic regroups have their own files (engine_internal.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,251 +197,6 @@ static int describe_params(gs_engine_t *e)
 }
 
 /* ---- start -------------------------------------------------------------- */
-
-/* Whether two pack lists group the same parameters alike. */
-static bool same_packlist(const gs_packlist_t *a, const gs_packlist_t *b)
-{
-  return a->param_count == b->param_count && a->pack_count == b->pack_count &&
-         !memcmp(a->pack_sizes, b->pack_sizes, a->pack_count * sizeof(*a->pack_sizes)) &&
-         !memcmp(a->order, b->order, a->param_count * sizeof(*a->order));
-}
-
-/* Rank 0 computes and publishes the pack list; the others fetch it. Either
- * way the packs are then built from it. After an elastic regroup the packs
- * exist: rank 0 publishes the list they were built from, and the others
- * check theirs against it. */
-int gs__engine_agree_packlist(gs_engine_t *e)
-{
-  gs_packlist_t list;
-  gs_param_desc_t *params = e->packs.params;
-  uint32_t n = e->packs.nparams;
-  bool fetched = false, built = e->packs.packs != NULL;
-  char why[512];
-  int err;
-
-  if (e->join.rank == 0) {
-    err = built ? 0 : gs_packlist_compute(params, n, e->cfg.pack_threshold, &list);
-    if (err) {
-      gs_set_why(e->error, sizeof(e->error), "cannot compute the pack list: %s", gs_strerror(err));
-      return err;
-    }
-    err =
-        gs_client_publish_packlist(e->client, e->join.generation, 0, built ? &e->packs.list : &list,
-                                   params, n, e->cfg.rpc_timeout_ms);
-    if (err) {
-      gs_set_why(e->error, sizeof(e->error), "cannot publish the pack list: %s",
-                 gs_client_error(e->client));
-      if (!built)
-        gs_packlist_free(&list);
-      return err;
-    }
-  } else {
-    err = gs_client_fetch_packlist(e->client, e->join.generation, &list, &params, &n,
-                                   e->cfg.join_timeout_ms);
-    if (err) {
-      gs_set_why(e->error, sizeof(e->error), "cannot fetch the pack list from the coordinator: %s",
-                 gs_client_error(e->client));
-      return err;
-    }
-    fetched = true;
-  }
-  if (built) {
-    err = e->join.rank == 0 || same_packlist(&list, &e->packs.list) ? 0 : GS_EINVAL;
-    if (err)
-      gs_set_why(e->error, sizeof(e->error),
-                 "rank 0's pack list after the regroup differs from this rank's");
-    if (fetched)
-      gs_packlist_free(&list);
-  } else {
-    err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl_cap, &e->cfg.sgd, why,
-                         sizeof(why));
-    if (err)
-      gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
-  }
-  if (fetched)
-    gs_client_params_free(params, n);
-  if (!err && e->join.rank == 0)
-    gs_heartbeat_set_packlist(e->hb, &e->packs.list, e->packs.params, e->packs.nparams);
-  return err;
-}
-
-static int join(gs_engine_t *e, const char *comm_addr)
-{
-  gradsync_JoinRequest *req = &e->join_req;
-  int err;
-
-  req->world_size = e->cfg.world_size;
-  req->world_min = e->cfg.world_min;
-  snprintf(req->node, sizeof(req->node), "%s", e->cfg.node);
-  req->local_rank = e->cfg.local_rank;
-  snprintf(req->device, sizeof(req->device), "%s", e->cfg.device);
-  req->has_model_signature = true;
-  gs_packs_signature(&e->packs, &req->model_signature);
-  snprintf(req->comm_addr, sizeof(req->comm_addr), "%s", comm_addr);
-  req->peers = gradsync_PeerSet_PEERS_RING; /* the ring needs its neighbours only */
-  req->bcast_period = e->cfg.bcast_period;
-  /* So the coordinator can refuse a checkpoint request that nobody would act on. */
-  req->checkpoints = e->cfg.checkpoint_dir ? gradsync_Checkpoints_CHECKPOINTS_ON
-                                           : gradsync_Checkpoints_CHECKPOINTS_OFF;
-  err = gs__engine_add_own_settings(e);
-  if (err)
-    return err;
-  gs_pb_array_bind_encode(&req->settings, &e->settings);
-  if (e->cfg.world_min)
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
-           "joining %s:%u as node '%s' local rank %u (elastic: %u to %u ranks)", e->cfg.coord.host,
-           e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_min, e->cfg.world_size);
-  else
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
-           "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
-           e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
-  err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
-  if (err) {
-    /* A signal is no failure of the join: its message says what was waited for. */
-    gs_set_why(e->error, sizeof(e->error), "%s%s",
-               err == GS_EINTR ? "" : "join failed: ", gs_client_error(e->client));
-    return err;
-  }
-  gs__engine_joined(e);
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
-         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d", e->join.generation,
-         e->join.rank, e->join.world_size, e->period);
-  return 0;
-}
-
-/* What follows from a Join's answer: the period, the control vector's
- * length and the scales that depend on the world size. */
-void gs__engine_joined(gs_engine_t *e)
-{
-  pthread_mutex_lock(&e->mu);
-  e->live_generation = e->join.generation;
-  pthread_mutex_unlock(&e->mu);
-  e->joined = true;
-  e->period = e->join.bcast_period;
-  /* Requests made before this Join were for the ranks before it (a rank 0
-   * of an earlier generation passed them on, or they are moot). */
-  e->coordinator_id = e->join.coordinator_id;
-  e->seen_broadcast_seq = e->join.broadcast_seq;
-  e->seen_checkpoint_seq = e->join.checkpoint_seq;
-  e->seen_regroup_seq = e->join.regroup_seq;
-  e->nctl = gs_control_len(e->join.world_size);
-  e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
-  e->lr_scale = e->cfg.elastic_lr == GS_ELASTIC_LR_LINEAR
-                    ? (float)e->join.world_size / (float)e->cfg.world_size
-                    : 1.0f;
-}
-
-#define COMM_ID_KEY "comm-id"
-
-#define COMM_ID_MAX 1024
-
-/* Backends with a rendezvous id (nccl): rank 0 makes it and publishes it
- * for this generation through the coordinator; the others fetch it. */
-static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
-{
-  int err;
-
-  *len = 0;
-  if (!gs_comm_needs_id(e->comm))
-    return 0;
-  if (e->join.rank == 0) {
-    err = gs_comm_make_id(e->comm, id, COMM_ID_MAX, len);
-    if (err) {
-      gs_set_why(e->error, sizeof(e->error), "the %s backend cannot make its rendezvous id: %s",
-                 gs_comm_name(e->comm), gs_strerror(err));
-      return err;
-    }
-    err = gs_client_publish(e->client, e->join.generation, COMM_ID_KEY, id, *len,
-                            e->cfg.rpc_timeout_ms);
-  } else {
-    err = gs_client_fetch(e->client, e->join.generation, COMM_ID_KEY, id, COMM_ID_MAX, len,
-                          e->cfg.join_timeout_ms);
-  }
-  if (err)
-    gs_set_why(
-        e->error, sizeof(e->error), "cannot %s the %s rendezvous id through the coordinator: %s",
-        e->join.rank == 0 ? "publish" : "fetch", gs_comm_name(e->comm), gs_client_error(e->client));
-  return err;
-}
-
-static int connect_ranks(gs_engine_t *e)
-{
-  uint32_t w = e->join.world_size;
-  const char **addrs = calloc(w, sizeof(*addrs));
-  uint8_t id[COMM_ID_MAX];
-  gs_comm_setup_t setup = {
-      .rank = e->join.rank,
-      .world_size = w,
-      .generation = e->join.generation,
-      .timeout_ms = e->cfg.comm_timeout_ms,
-      .connect_timeout_ms = e->cfg.connect_timeout_ms,
-      .interrupt = e->cfg.term_flag,
-      .device = e->cfg.dev,
-      .id = id,
-      /* a step queues one allreduce per pack; a broadcast of the packs two per pack */
-      .max_queued = 2 * e->packs.list.pack_count + 2,
-  };
-  int err;
-
-  if (!addrs)
-    return GS_ENOMEM;
-  err = share_comm_id(e, id, &setup.id_len);
-  if (err) {
-    free(addrs);
-    return err;
-  }
-  for (uint32_t r = 0; r < w; r++)
-    addrs[r] = "";
-  for (uint32_t k = 0; k < w && e->join.peers; k++)
-    if (e->join.peers[k].rank < w && e->join.peers[k].comm_addr[0])
-      addrs[e->join.peers[k].rank] = e->join.peers[k].comm_addr;
-  setup.peer_addrs = addrs;
-  err = gs_comm_init(e->comm, &setup);
-  free(addrs);
-  if (err) {
-    char what[64];
-
-    /* The heartbeat runs already: name the coordinator's abort if there was one. */
-    snprintf(what, sizeof(what), "connecting to the other ranks (%s backend)",
-             gs_comm_name(e->comm));
-    return gs__engine_comm_failed(e, err, what);
-  }
-  return 0;
-}
-
-static int alloc_step_state(gs_engine_t *e)
-{
-  uint32_t packs = e->packs.list.pack_count;
-
-  e->jobs = calloc(packs + 1, sizeof(*e->jobs)); /* +1: never a zero-size calloc */
-  e->qcap = packs + 1;
-  e->queue = calloc(e->qcap, sizeof(*e->queue));
-  e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
-  e->ticket = calloc(packs + 1, sizeof(*e->ticket));
-  e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
-  e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
-  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev) {
-    gs_set_why(e->error, sizeof(e->error), "out of memory");
-    return GS_ENOMEM;
-  }
-  return 0;
-}
-
-/* The coordinator client's view of the config. */
-static gs_client_config_t client_config(const gs_engine_t *e)
-{
-  gs_client_config_t c = {
-      .port = e->cfg.coord.port,
-      .token = e->cfg.coord.token,
-      .job = e->cfg.coord.job,
-      .log = e->cfg.coord.log,
-      .tls = e->tls,
-  };
-
-  snprintf(c.host, sizeof(c.host), "%s", e->cfg.coord.host);
-  return c;
-}
-
 /* The TLS context of coord.tls_*, shared by the client and the heartbeat
  * thread's; made before either dials, so a bad file fails the start. */
 static int open_tls(gs_engine_t *e)
@@ -457,35 +211,6 @@ static int open_tls(gs_engine_t *e)
   if (!e->tls) {
     gs_set_why(e->error, sizeof(e->error), "TLS: %s", why);
     return GS_EINVAL;
-  }
-  return 0;
-}
-
-/* Starts heartbeating right after Join: the coordinator's timeout runs
- * from the Join, and agreeing on the pack list and connecting the ranks
- * (an NCCL init takes seconds to a minute on a real cluster) must neither
- * look like a lost rank nor keep a coordinator's abort from reaching this
- * rank: the abort callback aborts the communicator, which the backends'
- * init waits watch. */
-int gs__engine_start_heartbeat(gs_engine_t *e)
-{
-  gs_heartbeat_config_t hc = {
-      .client = client_config(e),
-      .generation = e->join.generation,
-      .rank = e->join.rank,
-      .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
-      .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
-      .grace_ms = e->cfg.coordinator_grace_ms,
-      .session = e->join.session,
-      .on_abort = gs__engine_on_abort,
-      .arg = e,
-      .rejoin = &e->join_req,
-  };
-
-  e->hb = gs_heartbeat_start(&hc);
-  if (!e->hb) {
-    gs_set_why(e->error, sizeof(e->error), "cannot start the heartbeat thread");
-    return GS_ENOMEM;
   }
   return 0;
 }
@@ -514,30 +239,6 @@ static int open_device(gs_engine_t *e)
     return GS_EUNAVAIL;
   }
   return 0;
-}
-
-/* A new collective backend for this generation, listening for its peers
- * (its address in `addr`). */
-int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len)
-{
-  gs_comm_t *comm = gs_comm_new(e->cfg.backend, e->cfg.log);
-
-  if (!comm) {
-    gs_set_why(e->error, sizeof(e->error), "unknown backend '%s'", e->cfg.backend);
-    return GS_EINVAL;
-  }
-  pthread_mutex_lock(&e->mu); /* the heartbeat's abort reads it */
-  e->comm = comm;
-  pthread_mutex_unlock(&e->mu);
-  /* Blocking backends move host memory, stream-ordered ones device memory. */
-  if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
-    gs_set_why(e->error, sizeof(e->error),
-               "the %s backend cannot work on %s memory (use --backend %s with --device %s)",
-               gs_comm_name(e->comm), e->cfg.dev->label, e->cfg.dev->host_memory ? "host" : "nccl",
-               e->cfg.dev->host_memory ? "cpu" : "cuda");
-    return GS_EINVAL;
-  }
-  return gs__engine_listen(e, addr, addr_len);
 }
 
 int gs_engine_start(gs_engine_t *e)
@@ -577,7 +278,7 @@ int gs_engine_start(gs_engine_t *e)
   if (err)
     return err;
   {
-    gs_client_config_t cc = client_config(e);
+    gs_client_config_t cc = gs__engine_client_config(e);
 
     cc.interrupt = e->cfg.term_flag; /* the waits of start end at a signal; Leave does not */
     e->client = gs_client_new(&cc);
@@ -586,45 +287,21 @@ int gs_engine_start(gs_engine_t *e)
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }
+  e->nctl_cap = gs_control_len(e->cfg.world_size); /* room for the largest world */
   err = gs__engine_open_comm(e, comm_addr, sizeof(comm_addr));
   if (err)
     return err;
-  err = join(e, comm_addr);
+  err = gs__engine_join(e, comm_addr);
   if (err)
     return err;
   err = gs__engine_start_heartbeat(e);
-  if (err)
-    return err;
-  e->nctl_cap = gs_control_len(e->cfg.world_size); /* room for the largest world */
-  err = gs__engine_agree_packlist(e);
-  if (err)
-    return err;
-  e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
-               e->packs.packs[gs_packs_last(&e->packs)].elements;
-  err = alloc_step_state(e);
-  if (err)
-    return err;
-  return gs__engine_go_live(e);
-}
-
-/* The last steps of start, and of an elastic regroup: connect the ranks,
- * give rank 0 its checkpoint writer (a rank that becomes rank 0 in a
- * regroup starts one), start the comm thread. */
-int gs__engine_go_live(gs_engine_t *e)
-{
-  int err = connect_ranks(e);
-
-  if (err)
-    return err;
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
-         "%u params in %u packs (threshold %" PRIu64 " bytes), %s backend connected",
-         e->packs.nparams, e->packs.list.pack_count, e->cfg.pack_threshold, gs_comm_name(e->comm));
-  if (e->join.rank == 0 && e->cfg.checkpoint_dir && !e->ckpt_writer.started) {
-    err = gs__ckpt_writer_start(&e->ckpt_writer, e->error, sizeof(e->error));
-    if (err)
-      return err;
-  }
-  return gs__engine_comm_start(e);
+  err = err ? err : gs__engine_agree_packlist(e);
+  err = err ? err : gs__engine_go_live(e);
+  /* An elastic world that broke before it trained (a rank lost while the
+   * ranks connected) is no failure of this rank: it joins the next one. */
+  if (err && gs__engine_elastic(e) && gs__engine_may_regroup(err))
+    err = gs__engine_regroup_before_training(e);
+  return err;
 }
 
 void gs_engine_report(gs_engine_t *e, const gs_progress_t *p)

@@ -1,11 +1,13 @@
 /* The sync engine's state, shared by the files that make it up (one
- * concept each): engine.c (lifecycle: new, start, finish, free), step.c
- * (a training step: launching the allreduces as gradients arrive, SGD per
- * pack, acting on the control vector), comm_thread.c (the thread that runs
- * blocking collectives, and collectives run at once outside a step),
- * sync.c (state across ranks and time: the initial sync, broadcasts,
- * metric sums, checkpoints) and control.c (the control vector's encoding).
- * Only these files include it. */
+ * concept each): engine.c (lifecycle: new, start, finish, free),
+ * generation.c (entering a generation: Join, heartbeat, pack list,
+ * connecting the ranks), step.c (a training step: launching the
+ * allreduces as gradients arrive, SGD per pack, acting on the control
+ * vector), comm_thread.c (the thread that runs blocking collectives, and
+ * collectives run at once outside a step), sync.c (state across ranks and
+ * time: the initial sync, broadcasts, checkpoints), elastic.c (regroups,
+ * and the calls that may regroup: the initial sync, metric sums) and
+ * control.c (the control vector's encoding). Only these files include it. */
 #ifndef GS_ENGINE_INTERNAL_H
 #define GS_ENGINE_INTERNAL_H
 
@@ -148,12 +150,18 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum, uint32_t root) GS_
  * the Join named (join.state_rank) and checks that all now hold the same. */
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
 
-/* engine.c: the steps of start a regroup repeats. */
+/* generation.c: entering a generation, the steps of start a regroup
+ * repeats: a new backend listening (its address in `addr`), the first
+ * Join, what follows from a Join's answer, the heartbeat, the pack list,
+ * going live (the step's state allocated once, the ranks connected, the
+ * comm thread started). */
+gs_client_config_t gs__engine_client_config(const gs_engine_t *e);
 int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
+int gs__engine_join(gs_engine_t *e, const char *comm_addr) GS_WARN_UNUSED;
+void gs__engine_joined(gs_engine_t *e);
 int gs__engine_start_heartbeat(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_agree_packlist(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_go_live(gs_engine_t *e) GS_WARN_UNUSED;
-void gs__engine_joined(gs_engine_t *e);
 
 /* elastic.c: whether the job is elastic; the regroup after a failed step
  * (`why`: this rank's words for it) or one every rank agreed on; fills
@@ -164,5 +172,16 @@ static inline bool gs__engine_elastic(const gs_engine_t *e)
 }
 int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double step_start_ms,
                        gs_step_result_t *out) GS_WARN_UNUSED;
+/* elastic.c: whether a failure of the world (not of this rank's setup, nor
+ * a signal) is worth a regroup. */
+bool gs__engine_may_regroup(int err);
+/* elastic.c: the generation start joined broke before any rank trained in
+ * it: join the next one, without state (gs_engine_sync_initial follows). */
+int gs__engine_regroup_before_training(gs_engine_t *e) GS_WARN_UNUSED;
+/* sync.c: every rank of a new generation takes one state: the newest one
+ * a member brought (share_state), or, when none brought any, the start of
+ * the job (a checkpoint rank 0 resumes, else rank 0's position and
+ * params). */
+int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
 
 #endif

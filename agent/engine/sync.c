@@ -288,16 +288,18 @@ int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
   return 0;
 }
 
-int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
+int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
 {
   uint64_t hdr[5] = {0, pos->step, pos->epoch, pos->rng_state, pos->sample};
   bool found = false;
   int err;
 
-  /* An elastic job this rank joins while it runs: the others' state. */
+  /* A member brought a state (an elastic job this rank joins while it
+   * runs, or a regroup): the newest. Until it has one, a later regroup
+   * falls back on the caller's start position. */
+  e->committed = *pos;
   if (e->join.resume_state)
     return gs__engine_share_state(e, pos);
-  e->committed = *pos;
   e->has_state = true;
   if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
     err = load_checkpoint(e, pos, &found);
@@ -315,10 +317,11 @@ int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
                            "broadcast of the start position");
   if (err)
     return err;
-  if (hdr[0]) {
-    *pos = (gs_position_t){hdr[1], hdr[2], hdr[3], hdr[4]};
-    e->committed = *pos;
+  /* Rank 0's position, checkpoint or not: ranks that come to a fresh
+   * start from a regroup may hold other ones. */
+  *pos = (gs_position_t){hdr[1], hdr[2], hdr[3], hdr[4]};
+  e->committed = *pos;
+  if (hdr[0])
     return gs__engine_broadcast_packs(e, true, 0);
-  }
   return e->period >= 0 ? gs__engine_broadcast_packs(e, false, 0) : 0;
 }

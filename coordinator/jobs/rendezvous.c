@@ -309,6 +309,17 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
   gs__job_reply_join(job, m, call->request_id);
 }
 
+/* Whether a Join is a running member of an elastic generation coming
+ * back for the next one: with its state, or with its session when it has
+ * none yet (the world broke before it trained). */
+static bool comes_back(const gs_member_t *m, const gs_call_t *call, const gradsync_JoinRequest *req)
+{
+  gs_job_t *job = m->job;
+
+  return m->state == GS_MEMBER_RUNNING && !strcmp(job->name, req->job) &&
+         (req->has_state || gs__session_member(job, call->session, job->generation));
+}
+
 bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRequest *req)
 {
   gs_responder_t *r = jobs->responder;
@@ -337,9 +348,7 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
   }
   /* A running member regrouping comes on the connection it joined on
    * (gs__regroup_survivor checks its session). */
-  if (bound && gs__member_active(bound) &&
-      !(req->has_state && bound->state == GS_MEMBER_RUNNING &&
-        !strcmp(bound->job->name, req->job))) {
+  if (bound && gs__member_active(bound) && !comes_back(bound, call, req)) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EPRECOND,
                       "this connection already joined job %s; use one connection per agent",
                       bound->job->name);
@@ -425,9 +434,12 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   }
   if (range_disagrees(job, call, req))
     return;
-  /* A survivor of an elastic generation: a coordinator that knows no
-   * generation (it restarted) takes its word for its state. */
-  if (req->has_state && job->generation && !gs__regroup_survivor(job, call, req))
+  /* A survivor of an elastic generation, with its state or (it joined as
+   * the world broke) without: a coordinator that knows no generation (it
+   * restarted) takes its word for its state. */
+  if (job->generation &&
+      (req->has_state || gs__session_member(job, call->session, job->generation)) &&
+      !gs__regroup_survivor(job, call, req))
     return;
   if (refuse_running(job, call) || refuse_duplicate(job, call, req))
     return;
@@ -502,9 +514,25 @@ static void log_progress(gs_job_t *job, uint64_t now)
     return;
   job->next_progress_log_ms = now + PROGRESS_LOG_MS;
   format_joined(job, joined, sizeof(joined));
-  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
-         "job %s: waiting for %u more rank(s) of %u (joined: %s)", job->name,
-         job->waiting_world_size - job->waiting_count, job->waiting_world_size, joined);
+  if (!gs__job_elastic(job))
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+           "job %s: waiting for %u more rank(s) of %u (joined: %s)", job->name,
+           job->waiting_world_size - job->waiting_count, job->waiting_world_size, joined);
+  else if (job->regrouping && job->regroup_pending)
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+           "elastic job %s: waiting for %u surviving rank(s) of generation %llu to come back "
+           "(%u..%u ranks; joined: %s)",
+           job->name, job->regroup_pending, (unsigned long long)job->generation, job->world_min,
+           job->world_max, joined);
+  else if (job->waiting_count < job->world_min)
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+           "elastic job %s: waiting for %u more rank(s) to reach its minimum (%u..%u ranks; "
+           "joined: %s)",
+           job->name, job->world_min - job->waiting_count, job->world_min, job->world_max, joined);
+  else
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+           "elastic job %s: %u rank(s) wait for the running generation to make room (joined: %s)",
+           job->name, job->waiting_count, joined);
 }
 
 void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)

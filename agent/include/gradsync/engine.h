@@ -302,7 +302,9 @@ GS_ENGINE_API int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc) GS
 
 /* Joins the job, agrees on the pack list, allocates the packs, connects the
  * ranks. The heartbeat starts right after the Join, so that a slow
- * collective init neither looks like a lost rank nor misses an abort. */
+ * collective init neither looks like a lost rank nor misses an abort. In
+ * an elastic job a world that breaks after the Join (a rank lost as the
+ * ranks connect) is joined again in its next generation. */
 GS_ENGINE_API int gs_engine_start(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
 
 GS_ENGINE_API uint32_t gs_engine_rank(const gs_engine_t *e);
@@ -337,7 +339,10 @@ GS_ENGINE_API uint32_t gs_engine_param_pack(const gs_engine_t *e, uint32_t i);
  * (`pos` is overwritten); no valid checkpoint is an error unless
  * resume_auto (then it starts fresh and says so); a checkpoint of another
  * layout is an error naming both layouts. Otherwise, unless the broadcast
- * period is -1, rank 0's params are broadcast. */
+ * period is -1, rank 0's params are broadcast; every rank takes rank 0's
+ * position. A rank that joins an elastic job while it runs takes the state
+ * of the rank the coordinator names instead; if the world breaks meanwhile
+ * it regroups, and the world size may then differ from start's. */
 GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
 
 /* After forward, before backward: `loss` is this rank's loss (a non-finite
