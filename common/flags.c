@@ -1,6 +1,6 @@
 /* The flag parser: argv and a table of gs_flag_t rows into the caller's
  * struct. Pure: it prints nothing and reads the environment only through
- * the lookup it is given. Help and README rendering are in flags_help.c. */
+ * the lookup it is given. Help and markdown rendering are in flags_help.c. */
 #include "flags.h"
 
 #include <limits.h>

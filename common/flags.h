@@ -1,9 +1,9 @@
 /* Table-driven command-line flags. Each binary describes its flags once, as
  * a static table of gs_flag_t rows (name, kind, where the value goes, its
- * range, the default shown, its environment fallbacks, help and README
- * text);
- * the parser, --help and the README's flag table are all generated from
- * that table, so they cannot drift apart.
+ * range, the default shown, its environment fallbacks, help and flag
+ * reference text); the parser, --help and the flag reference's tables
+ * (docs/guide/flags.md) are all generated from that table, so they cannot
+ * drift apart.
  *
  * Targets are offsets into a struct the caller passes (`base`), so a table
  * is a `static const` array and help can show the defaults the code really
@@ -64,7 +64,7 @@ typedef struct gs_flag {
   size_t given_off;       /* GS_FLAG_GIVEN: a bool set when the flag (or env) is given */
   const char *env;        /* environment variable used when the flag is absent */
   /* Or an ordered, NULL-terminated list of sources tried when the flag is
-   * absent, the first one set winning; --help and the README show the list.
+   * absent, the first one set winning; --help and the flag reference show it.
    * A name is a variable, or one the caller's lookup derives (see
    * gs_flags_opts_t.lookup). A row has .env or .envs, not both. */
   const char *const *envs;
@@ -72,7 +72,7 @@ typedef struct gs_flag {
   const char *def;     /* default as shown (markdown); NULL: the target's value */
   const char *expect;  /* error text for a bad value; NULL: made from kind and range */
   const char *help;    /* --help text (backticks are dropped there) */
-  const char *doc;     /* README "meaning" column (markdown); NULL: help */
+  const char *doc;     /* flag reference "meaning" column (markdown); NULL: help */
 } gs_flag_t;
 
 /* Designated-initializer helpers for table rows. */
@@ -142,7 +142,8 @@ int gs_flags_check_table(const gs_flags_t *spec, char *why, size_t why_len) GS_W
  * them (wrapped to 80 columns), --version and --help, then the epilog. */
 void gs_flags_help(const gs_flags_t *spec, const void *base, FILE *out);
 
-/* Writes the README table: | flag | default | meaning |, one row per flag. */
+/* Writes the flag reference table (markdown): | flag | default | meaning |,
+ * one row per flag. */
 void gs_flags_markdown(const gs_flags_t *spec, const void *base, FILE *out);
 
 /* Answers what the command line asked for instead of running: --help,

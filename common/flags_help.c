@@ -1,4 +1,4 @@
-/* --help and the README flag table, both rendered from the flag table, with
+/* --help and the flag reference table, both rendered from the flag table, with
  * the defaults read from the caller's struct so they show what the code
  * really uses. */
 #include <inttypes.h>
@@ -134,7 +134,7 @@ static void show_addr(const gs_flag_t *f, const char *base, char *buf, size_t le
 }
 
 /* The value `base` holds as text; true when it is a literal value (shown
- * as code in the README) rather than words ("none", "off"). */
+ * as code in the flag reference) rather than words ("none", "off"). */
 static bool show_value(const gs_flag_t *f, const void *base, char *buf, size_t len)
 {
   const char *b = base, *t = b + f->off, *s;
@@ -192,7 +192,7 @@ static bool show_value(const gs_flag_t *f, const void *base, char *buf, size_t l
 }
 
 /* The default as text; true when it is a literal value (shown as code in
- * the README) rather than words ("none", "off", a .def). A switch's
+ * the flag reference) rather than words ("none", "off", a .def). A switch's
  * default is "off" whatever it sets. */
 static bool show_default(const gs_flag_t *f, const void *base, char *buf, size_t len)
 {
@@ -276,7 +276,7 @@ static void keep_suffix_together(char *text)
 }
 
 /* One source's name as shown: "$A", or "$A×$B" for a product "A*B"; in
- * code spans for the README. */
+ * code spans for the flag reference. */
 static size_t source_name(const char *name, bool markdown, char *buf, size_t len)
 {
   const char *tick = markdown ? "`" : "";

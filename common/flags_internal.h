@@ -1,4 +1,4 @@
-/* What flags.c (parsing) and flags_help.c (help, README) share. */
+/* What flags.c (parsing) and flags_help.c (help, flag reference) share. */
 #ifndef GS_FLAGS_INTERNAL_H
 #define GS_FLAGS_INTERNAL_H
 

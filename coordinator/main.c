@@ -13,7 +13,7 @@
 #include "frame.h"
 #include "parse.h"
 
-/* The flags: one row each (common/flags.h); --help and the README table
+/* The flags: one row each (common/flags.h); --help and the flag reference
  * are made from these rows and the defaults gs_coord_config_defaults sets.
  * Kept out of clang-format so each flag stays one block of a few lines. */
 #define CFG(member) GS_FLAG_AT(gs_coord_config_t, member)

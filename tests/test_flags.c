@@ -1,7 +1,7 @@
 /* Tests for common/flags.c and flags_help.c: the table-driven parser, its
  * messages, the environment fallbacks (one variable, or an ordered list of
  * sources through a lookup), pass-through, --print-config, and the help
- * and README text made from the same table. */
+ * and the flag reference's markdown made from the same table. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -399,9 +399,10 @@ def case_elastic_grow(tmp):
 
 
 def case_example(tmp):
-    """examples/torch/fashion_cnn.py, as the README runs it (no PYTHONPATH),
-    for one epoch (three take minutes here): at least 0.87 test accuracy
-    at 2 ranks (0.8897 measured; 0.905 after the README's 3 epochs)."""
+    """examples/torch/fashion_cnn.py, as the README and
+    docs/guide/pytorch.md run it (no PYTHONPATH), for one epoch (three
+    take minutes here): at least 0.87 test accuracy at 2 ranks (0.8897
+    measured; 0.905 after the guide's 3 epochs)."""
     example = os.path.join(os.path.dirname(HERE), "examples", "torch", "fashion_cnn.py")
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # gradsync-run finds the package of its build tree

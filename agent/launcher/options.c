@@ -14,7 +14,7 @@
 #define STR(x) #x
 #define XSTR(x) STR(x)
 
-/* The flags, one row each; --help and the README table are made from them
+/* The flags, one row each; --help and the flag reference are made from them
  * and the defaults set_defaults() writes. Kept out of clang-format so each
  * flag stays one block of a few lines. */
 #define CFG(member) GS_FLAG_AT(gs_run_config_t, member)
@@ -78,8 +78,8 @@ static const gs_flag_t flag_rows[] = {
    .help = "elastic: the job goes on while at least M ranks remain (0: a fixed world)",
    .doc = "make the job elastic: the ranks get `--world-size M:N` (N: the world), a rank that "
           "fails for good no longer stops the others, which go on while at least M remain, and "
-          "a rank `--max-restarts` starts again rejoins at a step boundary (README, \"Elastic "
-          "training\"); 0: a fixed world"},
+          "a rank `--max-restarts` starts again rejoins at a step boundary ([elastic "
+          "training](docs/guide/elastic.md)); 0: a fixed world"},
   {.name = "--coordinator-bin", .kind = GS_FLAG_STR, CFG(coord_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "coordinator program",
    .doc = "the coordinator program to start"},

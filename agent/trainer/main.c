@@ -108,7 +108,7 @@ _Static_assert(GS_ELASTIC_LR_KEEP == 0 && GS_ELASTIC_LR_LINEAR == 1,
 _Static_assert(GS_LR_CONSTANT == 0 && GS_LR_STEP == 1 && GS_LR_COSINE == 2,
                "schedules follows gs_lr_schedule_t");
 
-/* The flags, one row each (common/flags.h): --help and the README table
+/* The flags, one row each (common/flags.h): --help and the flag reference
  * are made from these rows and the defaults defaults() sets. Kept out of
  * clang-format so each flag stays one block of a few lines. */
 #define F(member) GS_FLAG_AT(flags_t, member)
@@ -132,7 +132,7 @@ static const gs_flag_t flag_rows[] = {
    .help = "number of ranks (processes) in the job; MIN:MAX makes it elastic",
    .doc = "ranks (processes) in the job; `MIN:MAX` makes it elastic: a lost rank costs the "
           "step in flight and the others go on while at least MIN remain, new agents join at a "
-          "step boundary up to MAX (README, \"Elastic training\")"},
+          "step boundary up to MAX ([elastic training](docs/guide/elastic.md))"},
   {.name = "--rejoin-timeout", .kind = GS_FLAG_DURATION, E(rejoin_timeout_ms), .umin = 1,
    .metavar = "DUR", .help = "elastic: how long a regroup waits for MIN ranks",
    .doc = "elastic jobs: how long a regroup waits for at least MIN ranks before the job fails"},

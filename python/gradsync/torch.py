@@ -139,8 +139,9 @@ def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None
          tls_ca=None, tls_cert=None, tls_key=None):
     """Where the job is: the arguments given, else gradsync's variables
     (set by gradsync-run), else torchrun's and SLURM's, as gradsync-agent
-    reads them (README, "Environment"). `world_size` (or the variable) is
-    N, or "MIN:MAX" for an elastic job (see the module's docstring).
+    reads them (docs/guide/running.md, "Environment"). `world_size` (or
+    the variable) is N, or "MIN:MAX" for an elastic job (see the module's
+    docstring).
     tls_ca (else $GRADSYNC_TLS_CA) speaks TLS to a coordinator started with
     --tls-cert, verifying it with that CA file; tls_cert and tls_key (else
     $GRADSYNC_TLS_CERT, $GRADSYNC_TLS_KEY) are this rank's certificate for
