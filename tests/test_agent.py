@@ -601,6 +601,51 @@ def case_launcher(tmp):
     assert "exited with status" in err, err
 
 
+def nvidia_gpus():
+    """Whether the NVIDIA driver lists a GPU on this machine."""
+    d = "/proc/driver/nvidia/gpus"
+    return os.path.isdir(d) and bool(os.listdir(d))
+
+
+def case_quiet(tmp):
+    """A normal CPU run is no cause for warnings: `make demo`'s command
+    (scripts/demo.sh, --log-level warn) prints no WARN line, and the one
+    line saying which device the ranks use comes from gradsync-run, once.
+    So does a run at the default log level with every GPU hidden
+    (CUDA_VISIBLE_DEVICES=''), on any machine; a list naming a GPU that is
+    not there is a mistake, and each rank warns."""
+    demo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "demo.sh")
+    cpu = re.compile(r"^gradsync-run: ranks 0-1 use the CPU \((.*)\)$", re.M)
+    env = clean_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    runs = []
+    if nvidia_gpus():  # two ranks on one GPU would rightly warn
+        print("demo: skipped on a machine with a GPU; the run with every GPU hidden stands in")
+    else:
+        runs.append(("demo", [demo, os.path.dirname(BIN_DIR), "--steps", "30", "--no-validate"],
+                     env))
+    runs.append(("hidden", [RUN, "--nproc", "2", "--reduce", "mean", "--steps", "30"] + FAST,
+                 dict(env, CUDA_VISIBLE_DEVICES="")))
+    for name, argv, e in runs:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=e)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, (name, out[-3000:])
+        warns = [line for line in out.splitlines() if " WARN " in line]
+        assert not warns, (name, warns)
+        lines = cpu.findall(p.stderr)
+        assert len(lines) == 1, (name, p.stderr[-3000:])
+        print(f"{name}: no WARN line; gradsync-run: {lines}")
+    p = subprocess.run([RUN, "--nproc", "2", "--reduce", "mean", "--steps", "5"] + FAST,
+                       capture_output=True, text=True, timeout=240,
+                       env=dict(env, CUDA_VISIBLE_DEVICES="GPU-00000000-nosuch"))
+    warns = [line for line in p.stderr.splitlines() if " WARN " in line]
+    if "this build of gradsync has no CUDA" not in p.stderr:
+        assert p.returncode == 0 and len(warns) == 2, p.stderr[-3000:]
+        assert all("names GPUs, but none is visible" in w for w in warns), warns
+        print(f"a GPU list naming none: {warns[0].split(' WARN ')[1]}")
+
+
 def start_coordinator(host="127.0.0.1"):
     """A coordinator on free ports of `host`: (process, rpc port, http port)."""
     c = subprocess.Popen([COORD, "--listen", f"{host}:0", "--http", "127.0.0.1:0"],

@@ -2,7 +2,8 @@
  * from the bottom: say.c (messages), lines.c (pure line splitting),
  * stream.c (pipes), spawn.c (processes), stop.c (stopping in order),
  * restart.c (restarting a failed rank, --max-restarts), supervise.c
- * (starting agents, reaping, forwarding lines), loop.c (the poll loop),
+ * (starting agents, reaping, forwarding lines; devices.c, the line about
+ * the ranks' device), loop.c (the poll loop),
  * options.c (flags) and main.c. Each calls only downward; a
  * stream reports its lines upward through the callback its owner set. */
 #ifndef GS_RUN_LAUNCHER_H
@@ -122,6 +123,7 @@ struct gs_run {
   long lost;          /* elastic: ranks that failed for good while the others went on */
   long finished;      /* ranks that exited 0 */
   int exit_code;      /* the first reason to fail; 0 while none */
+  int gpus;           /* GPUs the ranks will see (gs__run_count_gpus); -1: unknown */
   uint64_t ready_deadline, agents_deadline, coord_deadline; /* ms; 0: none */
 };
 
@@ -159,6 +161,12 @@ int gs__run_next_timeout(const gs_run_t *r);
 /* restart.c: a failed rank started again (--max-restarts). */
 bool gs__run_restart_later(gs_run_t *r, gs_run_child_t *c, const char *how);
 void gs__run_start_due_restarts(gs_run_t *r);
+
+/* devices.c: the GPUs a rank will see (counted in a child process; -1:
+ * cannot tell), and the launcher's line saying the ranks use the CPU when
+ * it knows they all do. */
+int gs__run_count_gpus(void);
+void gs__run_say_devices(const gs_run_t *r);
 
 /* supervise.c: lines from children, starting the agents, reaping. */
 void gs__run_on_line(gs_run_stream_t *s, const char *line, size_t len);

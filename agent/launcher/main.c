@@ -84,6 +84,7 @@ static int start(gs_run_t *r)
   rc = gs__run_raise_nofile(r);
   if (rc)
     return rc;
+  r->gpus = gs__run_count_gpus(); /* before any child or signal handling */
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
     gs__run_say("cannot become a subreaper (%s): processes the ranks leave behind may survive",
                 strerror(errno));
