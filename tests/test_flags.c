@@ -449,8 +449,8 @@ END_TEST
 START_TEST(pass_through)
 {
   char *pass[16];
-  int npass = -1;
-  gs_flags_opts_t fo = {.pass = pass, .npass = &npass};
+  int npass = -1, dashes = -2;
+  gs_flags_opts_t fo = {.pass = pass, .npass = &npass, .pass_dashes = &dashes};
   gs_flags_action_t action;
   char why[256];
   opts_t o;
@@ -471,6 +471,19 @@ START_TEST(pass_through)
   ck_assert_str_eq(pass[3], "--count");
   ck_assert_str_eq(pass[4], "4");
   ck_assert_str_eq(pass[5], "--help");
+  /* What came before "--" is told from what followed it; a "--" taken as
+   * a flag's value is no separator; without one, everything came before. */
+  ck_assert_int_eq(dashes, 3);
+  ck_assert_int_eq(
+      parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1", "--name", "--", "y", "--", "z")),
+      0);
+  ck_assert_str_eq(o.name, "--");
+  ck_assert_int_eq(npass, 2);
+  ck_assert_int_eq(dashes, 1);
+  ck_assert_int_eq(
+      parse(&o, &action, why, sizeof(why), &fo, ARGS("a", "--big", "1", "--count", "5", "b")), 0);
+  ck_assert_int_eq(npass, 2);
+  ck_assert_int_eq(dashes, 2);
 }
 END_TEST
 
