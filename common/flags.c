@@ -408,6 +408,8 @@ static int walk(const gs_flags_t *spec, char *base, int argc, char **argv,
 
     if (!dashes && !strcmp(a, "--")) {
       dashes = true;
+      if (do_apply && opts && opts->pass && opts->pass_dashes)
+        *opts->pass_dashes = *opts->npass;
       continue;
     }
     if (!dashes && is_action(a, action))
@@ -531,6 +533,8 @@ int gs_flags_parse(const gs_flags_t *spec, void *base, int argc, char **argv,
     return err;
   if (opts && opts->pass)
     *opts->npass = 0;
+  if (opts && opts->pass && opts->pass_dashes)
+    *opts->pass_dashes = -1;
   if (opts && opts->sources)
     for (size_t i = 0; i < spec->count; i++)
       opts->sources[i] = NULL;
@@ -540,5 +544,7 @@ int gs_flags_parse(const gs_flags_t *spec, void *base, int argc, char **argv,
   err = walk(spec, base, argc, argv, opts, true, given, action, why, why_len);
   if (err)
     return err;
+  if (opts && opts->pass && opts->pass_dashes && *opts->pass_dashes < 0)
+    *opts->pass_dashes = *opts->npass;
   return finish(spec, base, opts, given, why, why_len);
 }

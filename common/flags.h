@@ -119,6 +119,10 @@ typedef struct gs_flags_opts {
    * instead of being errors. The array needs room for argc entries. */
   char **pass;
   int *npass;
+  /* Non-NULL (with pass): set to how many entries of pass came before
+   * "--" (*npass when there is none), so that the caller can tell what
+   * was given before it from what follows it. */
+  int *pass_dashes;
 } gs_flags_opts_t;
 
 /* Parses argv[1..argc) into the struct at `base`, which holds the defaults.

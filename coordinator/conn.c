@@ -39,6 +39,7 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->tls = lim->tls;
   t->cb = *cb;
   gs_list_init(&t->idle);
+  gs_list_init(&t->linger);
   return t;
 }
 
@@ -114,6 +115,8 @@ static void idle_touch(gs_conn_t *conn)
 {
   gs_conns_t *t = conn->conns;
 
+  if (conn->lingering)
+    return; /* on the linger list, whose clock started with it */
   conn->last_activity_ms = uv_now(t->loop);
   idle_unlink(conn);
   if (conn->closing || conn->waiting > 0)
@@ -147,6 +150,16 @@ static void on_close(uv_handle_t *h)
     t->cb.on_drained(t->cb.ctx);
 }
 
+/* The owner hears once that a connection it kept has ended: when it
+ * closes, or earlier, when it starts to linger. */
+static void tell_owner(gs_conn_t *conn)
+{
+  if (!conn->opened)
+    return;
+  conn->opened = false;
+  conn->conns->cb.on_close(conn->conns->cb.ctx, conn);
+}
+
 void gs__conn_close(gs_conn_t *conn, const char *why)
 {
   gs_conns_t *t = conn->conns;
@@ -156,11 +169,12 @@ void gs__conn_close(gs_conn_t *conn, const char *why)
   conn->closing = true;
   idle_unlink(conn);
   gs_log(t->log, GS_LOG_DEBUG, NULL, -1, "rpc: closing %s: %s", conn->peer, why);
-  if (conn->opened)
-    t->cb.on_close(t->cb.ctx, conn);
+  tell_owner(conn);
   uv_close((uv_handle_t *)&conn->tcp, on_close);
 }
 
+/* Once the last frame is decided, the owner has nothing more to say on a
+ * connection: replies to its parked calls are dropped. */
 gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id)
 {
   uint32_t slot = slot_of(id);
@@ -169,7 +183,7 @@ gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id)
   if (slot >= t->cap || t->gens[slot] != (uint32_t)(id >> 32))
     return NULL;
   conn = t->slots[slot];
-  return conn && !conn->closing ? conn : NULL;
+  return conn && !conn->closing && !conn->close_when_written ? conn : NULL;
 }
 
 /* Takes a free slot for `conn`, growing the table when full. Generations
@@ -390,8 +404,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     gs__conn_close(conn, nread == UV_EOF ? "peer closed" : uv_strerror((int)nread));
     return;
   }
-  if (nread == 0)
-    return;
+  if (nread == 0 || conn->lingering)
+    return; /* a lingering connection reads only to see the peer's EOF */
   if (conn->tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
   else
@@ -527,6 +541,54 @@ void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now)
            (unsigned long long)(now - conn->last_activity_ms));
     gs__conn_close(conn, "idle timeout");
   }
+  while ((oldest = gs_list_first(&t->linger))) {
+    gs_conn_t *conn = GS_CONTAINER_OF(oldest, gs_conn_t, idle_node);
+    uint64_t linger =
+        t->idle_timeout_ms < GS_CONN_LINGER_MS ? t->idle_timeout_ms : GS_CONN_LINGER_MS;
+
+    if (now - conn->last_activity_ms < linger)
+      break;
+    gs__conn_close(conn, "no EOF from the peer after the last frame");
+  }
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+  gs_conn_t *conn = req->handle->data;
+
+  if (status < 0)
+    gs__conn_close(conn, uv_strerror(status));
+}
+
+/* The last frame is written (see gs__conn_send_last): the owner hears that
+ * the connection ended, a TLS session sends its close_notify, our FIN goes
+ * out, and the connection reads (discarding) until the peer's EOF, or
+ * closes after GS_CONN_LINGER_MS: a close with unread bytes would reset
+ * the connection, and the peer's kernel could drop that last frame. */
+static void conn_linger(gs_conn_t *conn)
+{
+  gs_conns_t *t = conn->conns;
+
+  if (conn->closing || conn->lingering)
+    return;
+  tell_owner(conn);
+  if (conn->tls && !conn->notified) {
+    conn->notified = true;
+    gs__tls_shutdown(conn->tls);
+    /* Its record came back through send_raw: written, it called here
+     * again; queued, on_write will. */
+    if (conn->closing || conn->lingering || conn->queued)
+      return;
+  }
+  conn->lingering = true;
+  idle_unlink(conn);
+  conn->last_activity_ms = uv_now(t->loop);
+  gs_list_insert_tail(&t->linger, &conn->idle_node);
+  gs_buf_free(&conn->rbuf);
+  rbuf_recount(conn);
+  if (uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, on_shutdown) ||
+      uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read))
+    gs__conn_close(conn, "cannot end the write side");
 }
 
 static void on_write(uv_write_t *req, int status)
@@ -536,8 +598,10 @@ static void on_write(uv_write_t *req, int status)
 
   conn->queued -= w->cost;
   conn->conns->mem_used -= w->cost;
-  if (status < 0 || w->close_after)
-    gs__conn_close(conn, status < 0 ? uv_strerror(status) : "closed after error reply");
+  if (status < 0)
+    gs__conn_close(conn, uv_strerror(status));
+  else if (w->close_after)
+    conn_linger(conn);
   gs_buf_free(&w->buf);
   free(w);
   maybe_resume(conn);
@@ -545,13 +609,16 @@ static void on_write(uv_write_t *req, int status)
 
 /* Whether `cost` more bytes of replies may wait for `conn`: within its own
  * cap (low before it authenticates) and the budget of all connections;
- * if not, it is closed. */
+ * if not, it is closed. The last frame (an error reply of a few hundred
+ * bytes, then a TLS close_notify) may pass the cap, as nothing follows it:
+ * a client refused with UNAUTHENTICATED learns why even when it has not
+ * read the replies before. */
 static bool queue_ok(gs_conn_t *conn, size_t cost)
 {
   gs_conns_t *t = conn->conns;
   size_t cap = conn->authenticated ? MAX_WRITE_QUEUE : GS_CONN_UNAUTH_WRITE_MAX;
 
-  if (conn->queued + cost > cap) {
+  if (conn->queued + cost > cap && !conn->close_when_written) {
     gs__conn_warn(conn, "is not reading its replies (%zu bytes queued, limit %zu%s); closing",
                   conn->queued, cap, conn->authenticated ? "" : " before authentication");
     gs__conn_close(conn, "write queue overrun");
@@ -571,7 +638,7 @@ static bool queue_ok(gs_conn_t *conn, size_t cost)
  * fit (or must wait behind earlier writes) is copied into a queued write;
  * a connection that stops reading is dropped. `last`: the end of what was
  * handed to gs__conn_send (TLS sends it in pieces), after which a
- * connection that must close closes. */
+ * connection that must close lingers (conn_linger). */
 static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last)
 {
   uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
@@ -579,7 +646,7 @@ static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last
   write_req_t *w;
   int n;
 
-  if (conn->closing)
+  if (conn->closing || conn->lingering)
     return;
   n = uv_try_write(stream, &b, 1);
   if (n == UV_EAGAIN || n == UV_ENOSYS)
@@ -590,7 +657,7 @@ static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last
   }
   if ((size_t)n == len) {
     if (conn->close_when_written && last)
-      gs__conn_close(conn, "closed after error reply");
+      conn_linger(conn);
     return;
   }
   if (!queue_ok(conn, len - (size_t)n + GS_CONN_WRITE_OVERHEAD))

@@ -54,6 +54,12 @@ typedef struct gs_conn_callbacks {
 /* What a queued write costs besides its bytes (request, buffer, malloc):
  * counted, so many small replies cost what they really do. */
 #define GS_CONN_WRITE_OVERHEAD 256
+/* After its last frame (gs__conn_send_last) a connection shuts down its
+ * write side and reads, discarding, until the peer's EOF or this long:
+ * closing a socket whose peer is still sending (pipelined frames we will
+ * not read) makes the kernel reset it, and the reset throws away replies
+ * not yet delivered, the last frame among them. */
+#define GS_CONN_LINGER_MS 2000
 /* What an open connection costs besides its buffers (struct, the owner's
  * state, the kernel's socket is not counted). */
 #define GS_CONN_BOOKKEEPING 1024
@@ -70,7 +76,8 @@ struct gs_conn {
   gs_tls_t *tls; /* the TLS session, when the port speaks TLS */
   uint64_t last_activity_ms;
   /* The idle list: connections that may time out (not closing, nothing
-   * parked), least recently active first. */
+   * parked), least recently active first; or, while it lingers, the
+   * linger list. */
   gs_list_t idle_node;
   uint32_t waiting;       /* calls parked until an event or deadline */
   size_t queued;          /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
@@ -82,6 +89,9 @@ struct gs_conn {
   bool opened;            /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
+  bool notified;           /* our TLS close_notify is out */
+  bool lingering;          /* last frame written, FIN sent: reads are discarded */
+  uv_shutdown_t shutdown;
 };
 
 /* Every RPC connection, by id. */
@@ -103,7 +113,8 @@ typedef struct gs_conns {
   uint32_t cap;
   uint32_t free_count;
   uint32_t open;
-  gs_list_t idle; /* see gs_conn */
+  gs_list_t idle;   /* see gs_conn */
+  gs_list_t linger; /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
   bool closing;
   uint64_t accepted, idle_closed, refused, evicted;
   uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */
@@ -132,17 +143,23 @@ void gs__conns_free(gs_conns_t *t);
 void gs__conns_accept(gs_conns_t *t, uv_stream_t *server);
 /* Closes every connection; on_drained follows the last close callback. */
 void gs__conns_close_all(gs_conns_t *t);
-/* Closes the connections idle for the idle timeout at `now`. */
+/* Closes the connections idle for the idle timeout at `now`, and those
+ * that lingered GS_CONN_LINGER_MS (or the idle timeout, if shorter). */
 void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now);
 
-/* The open connection `id` names, or NULL (closed or closing). */
+/* The open connection `id` names, or NULL (closed, closing or ending
+ * after its last frame). */
 gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id);
 /* Closes a connection (on_close runs now). Idempotent. */
 void gs__conn_close(gs_conn_t *conn, const char *why);
 /* Sends one encoded frame; the bytes are copied only if they must wait. */
 void gs__conn_send(gs_conn_t *conn, const uint8_t *frame, size_t len);
-/* Stops reading and sends a last frame, then closes: for streams we cannot
- * trust. */
+/* For streams we cannot trust: stops reading (frames already received
+ * are not dispatched) and sends a last frame. Once it is written the
+ * owner's on_close runs, the write side is shut down (after a TLS
+ * close_notify) and the connection lingers, discarding what the peer still
+ * sends, until its EOF (see GS_CONN_LINGER_MS); then it closes. Later
+ * sends are dropped. */
 void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len);
 /* A call parked on this connection started / ended waiting: a connection
  * with a parked call is not idle. */

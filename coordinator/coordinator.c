@@ -34,29 +34,6 @@ struct gs_coord {
   bool closing;
 };
 
-void gs_coord_config_defaults(gs_coord_config_t *cfg)
-{
-  memset(cfg, 0, sizeof(*cfg));
-  snprintf(cfg->rpc_host, sizeof(cfg->rpc_host), "0.0.0.0");
-  cfg->rpc_port = 7070;
-  snprintf(cfg->http_host, sizeof(cfg->http_host), "0.0.0.0");
-  cfg->http_port = 8080;
-  cfg->heartbeat_interval_ms = 1000;
-  cfg->heartbeat_timeout_ms = 10000;
-  cfg->rendezvous_timeout_ms = 300000;
-  cfg->idle_timeout_ms = 60000;
-  cfg->default_wait_ms = 60000;
-  cfg->job_retention_ms = 3600000;
-  cfg->stall_timeout_ms = 300000;
-  cfg->max_frame = GS_FRAME_DEFAULT_MAX;
-  cfg->max_world_size = 65536;
-  cfg->max_memory = (size_t)1 << 30;
-  cfg->max_connections = 0; /* from the open-file limit, in main */
-  cfg->max_params = GS_COORD_DEFAULT_MAX_PARAMS;
-  cfg->log.level = GS_LOG_INFO;
-  cfg->log.component = "coordinator";
-}
-
 /* Descriptors kept for everything but RPC connections: the listeners, the
  * HTTP port's connections (so /healthz answers while RPC is full), logs. */
 #define FD_RESERVE 256

@@ -8,41 +8,10 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "config.h"
 #include "error.h"
 #include "log.h"
 #include "tls.h"
-
-/* Pack-list entries accepted by default: a model's tensors (about 700 for
- * a 70B dense model, about 47,000 for a 671B mixture of experts with 256
- * experts per layer), with room; each costs about 300 bytes to decode. */
-#define GS_COORD_DEFAULT_MAX_PARAMS 131072
-
-typedef struct gs_coord_config {
-  char rpc_host[256];
-  uint16_t rpc_port;
-  char http_host[256];
-  uint16_t http_port;
-  char token[256];                /* "" means no authentication */
-  int http_auth;                  /* gs_http_auth_t: what HTTP needs the token for */
-  uint64_t heartbeat_interval_ms; /* told to agents at Join */
-  uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
-  uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
-  uint64_t idle_timeout_ms;       /* a connection with nothing to do is closed */
-  uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
-  uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
-  uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
-  size_t max_frame;               /* largest accepted frame payload */
-  uint32_t max_world_size;
-  size_t max_memory;        /* every connection's buffers together */
-  uint32_t max_connections; /* open RPC connections; 0: the open-file limit less a reserve */
-  uint32_t max_params;      /* entries of a pack list */
-  /* TLS on both ports: the files (--tls-cert, --tls-key, --tls-client-ca;
-   * NULL: none) and the context main made of them (borrowed, outlives the
-   * service; NULL: plaintext). */
-  const char *tls_cert, *tls_key, *tls_client_ca;
-  gs_tls_ctx_t *tls;
-  gs_log_t log;
-} gs_coord_config_t;
 
 typedef struct gs_coord gs_coord_t;
 

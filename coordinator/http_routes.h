@@ -6,17 +6,10 @@
 #include <uv.h>
 
 #include "buf.h"
+#include "config.h"
 #include "http_server.h"
 #include "jobs.h"
 #include "status.h"
-
-/* What HTTP needs a token for, when the coordinator has one
- * (--http-auth). /healthz never does. */
-typedef enum gs_http_auth {
-  GS_HTTP_AUTH_CONTROL = 0, /* control, and what shows ranks' addresses (default) */
-  GS_HTTP_AUTH_READ,        /* every endpoint but /healthz */
-  GS_HTTP_AUTH_NONE,        /* nothing: a coordinator only trusted callers reach */
-} gs_http_auth_t;
 
 typedef struct gs_http_routes {
   gs_jobs_t *jobs;

@@ -351,6 +351,99 @@ def case_shmkill(tmp):
     print("6 kills during pipe setup: nothing left in /dev/shm")
 
 
+def flag_names(binary):
+    """The flags of a binary's table, from its --help-markdown."""
+    out = subprocess.run([binary, "--help-markdown"], capture_output=True, text=True,
+                         check=True).stdout
+    return set(re.findall(r"^\| `(--[a-z0-9-]+)", out, re.M))
+
+
+def case_coordinator_flags(tmp):
+    """gradsync-run takes gradsync-coordinator's flags, by the coordinator's
+    own table: before "--" they reach the coordinator it starts (its
+    command line; a limit it then enforces; --log-level, which the agents
+    have too, quiets both); a bad value, a flag it sets itself, TLS, one
+    with --coordinator (no coordinator started) or one after "--" among
+    the agents' arguments is refused before anything starts, saying whose
+    flag it is and where it goes."""
+    env = clean_env()
+    coord = os.path.join(BIN_DIR, "gradsync-coordinator")
+    p = subprocess.run([RUN, "--help"], capture_output=True, text=True, check=True)
+    assert "Coordinator flags" in p.stdout and "--stall-timeout" in p.stdout, p.stdout
+    # The brief's example: a command's ranks, the coordinator's flag.
+    done = os.path.join(tmp, "done")
+    p = subprocess.Popen([RUN, "--nproc", "2", "--stall-timeout", "2m", "--", "sh", "-c",
+                          f"echo up; while [ ! -e {done} ]; do sleep 0.05; done"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        wait_for(p, lines, r"\[rank 0\] up")
+        wait_for(p, lines, r"\[rank 1\] up")
+        argvs = children(p.pid).values()
+        [c] = [a for a in argvs if a and a[0].endswith("gradsync-coordinator")]
+        assert c[c.index("--stall-timeout") + 1] == "2m", c
+        ranks = [a for a in argvs if a and a[0] == "sh"]
+        assert len(ranks) == 2 and all("--stall-timeout" not in a for a in ranks), argvs
+        open(done, "w").close()
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, "".join(lines) + out
+    finally:
+        p.kill()
+        p.wait()
+    print("--stall-timeout 2m before \"--\": on the coordinator's command line, not the ranks'")
+    # A limit the coordinator then enforces; agent flags around it go on
+    # to the agents.
+    code, _, err = run(["--nproc", "1", "--max-params", "3", "--steps", "5"] + FAST, check=False)
+    assert code == 1 and "more than 3: raise the coordinator's --max-params" in err, err
+    code, out, err = run(["--nproc", "1", "--log-level", "warn", "--steps", "5"] + FAST)
+    assert " INFO " not in out + err, out + err
+    print("--max-params 3: the coordinator refused the 6-entry pack list; --log-level warn "
+          "quiets coordinator and agents")
+    for args, text in [
+            (["--stall-timeout", "soon"], "invalid value 'soon' for --stall-timeout"),
+            (["--max-params"], "--max-params needs a value"),
+            (["--listen", ":7070"], "--listen of gradsync-coordinator is set by gradsync-run"),
+            (["--max-world-size", "9"], "--max-world-size of gradsync-coordinator is set by"),
+            (["--tls-client-ca", "ca.pem"], "starts listens on loopback without TLS"),
+            (["--coordinator", "h:1", "--stall-timeout", "2m"],
+             "--stall-timeout is a flag of gradsync-coordinator, and with --coordinator h:1 "
+             "gradsync-run starts no coordinator"),
+            (["--", "--stall-timeout", "2m"],
+             "--stall-timeout is a flag of gradsync-coordinator, not of gradsync-agent: put it "
+             "before \"--\""),
+            (["--coordinator", "h:1", "--", "--max-frame", "1MiB"],
+             "--max-frame is a flag of gradsync-coordinator, not of gradsync-agent; with "
+             "--coordinator h:1 gradsync-run starts no coordinator")]:
+        p = subprocess.run([RUN, "--nproc", "1"] + args, capture_output=True, text=True,
+                           timeout=30, env=env)
+        assert p.returncode == 2 and text in p.stderr, (args, p)
+        assert "[coordinator]" not in p.stdout + p.stderr, (args, p)
+    # A command's own arguments are its own, flags or not.
+    code, out, _ = run(["--nproc", "1", "--print-config", "python3", "train.py", "--stall-timeout",
+                        "1s"])
+    assert "runs: python3" in out and "coordinator flags" not in out, out
+    # Every flag of the coordinator: one the agents have too stays theirs
+    # (the launcher's list of them matches both tables), any other is the
+    # coordinator's; gradsync-run's own (--http, --token) aside.
+    ours, agents = flag_names(RUN), flag_names(AGENT)
+    for name in sorted(flag_names(coord) - ours):
+        for args in (["--coordinator", "127.0.0.1:1", name, "1", "--print-config"],
+                     ["--print-config", "--", name, "1"]):
+            p = subprocess.run([RUN, "--nproc", "1"] + args, capture_output=True, text=True,
+                               timeout=30, env=env)
+            if name in agents and name.startswith("--tls-") and "--" in args:
+                # The agents' TLS flags against the coordinator it starts.
+                assert p.returncode == 2 and "without TLS" in p.stderr, (name, args, p)
+            elif name in agents:
+                assert p.returncode == 0, (name, args, p)
+            else:
+                assert p.returncode == 2 and f"{name} is a flag of gradsync-coordinator" in \
+                    p.stderr, (name, args, p)
+    print(f"{len(flag_names(coord) - ours)} coordinator flags: "
+          f"{sorted((flag_names(coord) & agents) - ours)} stay the agents', the others are refused "
+          "with --coordinator or after \"--\"")
+
+
 def start_launcher(args):
     p = subprocess.Popen([RUN] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
@@ -599,6 +692,51 @@ def case_launcher(tmp):
     assert re.search(rf"\[rank [01]\] gradsync-agent: error: {re.escape(tmp)}/train-images-idx3-ubyte:"
                      r" No such file", err), err
     assert "exited with status" in err, err
+
+
+def nvidia_gpus():
+    """Whether the NVIDIA driver lists a GPU on this machine."""
+    d = "/proc/driver/nvidia/gpus"
+    return os.path.isdir(d) and bool(os.listdir(d))
+
+
+def case_quiet(tmp):
+    """A normal CPU run is no cause for warnings: `make demo`'s command
+    (scripts/demo.sh, --log-level warn) prints no WARN line, and the one
+    line saying which device the ranks use comes from gradsync-run, once.
+    So does a run at the default log level with every GPU hidden
+    (CUDA_VISIBLE_DEVICES=''), on any machine; a list naming a GPU that is
+    not there is a mistake, and each rank warns."""
+    demo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "demo.sh")
+    cpu = re.compile(r"^gradsync-run: ranks 0-1 use the CPU \((.*)\)$", re.M)
+    env = clean_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    runs = []
+    if nvidia_gpus():  # two ranks on one GPU would rightly warn
+        print("demo: skipped on a machine with a GPU; the run with every GPU hidden stands in")
+    else:
+        runs.append(("demo", [demo, os.path.dirname(BIN_DIR), "--steps", "30", "--no-validate"],
+                     env))
+    runs.append(("hidden", [RUN, "--nproc", "2", "--reduce", "mean", "--steps", "30"] + FAST,
+                 dict(env, CUDA_VISIBLE_DEVICES="")))
+    for name, argv, e in runs:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=e)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, (name, out[-3000:])
+        warns = [line for line in out.splitlines() if " WARN " in line]
+        assert not warns, (name, warns)
+        lines = cpu.findall(p.stderr)
+        assert len(lines) == 1, (name, p.stderr[-3000:])
+        print(f"{name}: no WARN line; gradsync-run: {lines}")
+    p = subprocess.run([RUN, "--nproc", "2", "--reduce", "mean", "--steps", "5"] + FAST,
+                       capture_output=True, text=True, timeout=240,
+                       env=dict(env, CUDA_VISIBLE_DEVICES="GPU-00000000-nosuch"))
+    warns = [line for line in p.stderr.splitlines() if " WARN " in line]
+    if "this build of gradsync has no CUDA" not in p.stderr:
+        assert p.returncode == 0 and len(warns) == 2, p.stderr[-3000:]
+        assert all("names GPUs, but none is visible" in w for w in warns), warns
+        print(f"a GPU list naming none: {warns[0].split(' WARN ')[1]}")
 
 
 def start_coordinator(host="127.0.0.1"):

@@ -87,10 +87,27 @@ START_TEST(shared_gpus_fall_back_with_a_warning)
   CHOSEN(c, "cpu", 0, true, "NCCL needs a GPU per rank");
   c = choose("auto", -1, true, 1, "0,7", 2, 0); /* CUDA stopped at an invalid entry */
   CHOSEN(c, "cpu", 0, true, "give each rank one GPU of its own");
+}
+END_TEST
+
+/* No GPU at all is the normal cpu case, not a warning (gradsync-run says
+ * once which device the ranks use): a machine without one, or every GPU
+ * hidden on purpose. A list naming GPUs that are not there is a mistake. */
+START_TEST(no_gpu_is_no_warning)
+{
+  gs_device_choice_t c = choose("auto", -1, true, 0, NULL, 0, 0);
+
+  CHOSEN(c, "cpu", 0, false, "no GPU is visible to this process; training on the cpu");
+  c = choose("auto", -1, true, 0, NULL, 4, 3);
+  CHOSEN(c, "cpu", 0, false, "no GPU is visible to this process; training on the cpu");
   c = choose("auto", -1, true, 0, "", 1, 0);
-  CHOSEN(c, "cpu", 0, true, "no GPU is visible to this process (CUDA_VISIBLE_DEVICES '')");
-  c = choose("auto", -1, true, 0, NULL, 0, 0);
-  CHOSEN(c, "cpu", 0, true, "(CUDA_VISIBLE_DEVICES unset)");
+  CHOSEN(c, "cpu", 0, false, "(CUDA_VISIBLE_DEVICES='' hides them)");
+  c = choose("auto", -1, true, 0, "-1", 2, 1);
+  CHOSEN(c, "cpu", 0, false, "(CUDA_VISIBLE_DEVICES='-1' hides them)");
+  c = choose("auto", -1, true, 0, "3", 1, 0);
+  CHOSEN(c, "cpu", 0, true, "CUDA_VISIBLE_DEVICES='3' names GPUs, but none is visible");
+  c = choose("auto", -1, true, 0, "GPU-8f1e", 2, 1);
+  CHOSEN(c, "cpu", 0, true, "no such GPU, or no NVIDIA driver");
 }
 END_TEST
 
@@ -134,6 +151,7 @@ int main(void)
       {"own_gpu", a_gpu_of_its_own_is_trusted},
       {"launcher_list", the_launchers_shared_list_is_not_a_gpu_of_its_own},
       {"shared", shared_gpus_fall_back_with_a_warning},
+      {"no_gpu", no_gpu_is_no_warning},
       {"enough", enough_gpus_are_shared_out},
       {"explicit", explicit_devices_are_obeyed},
   };

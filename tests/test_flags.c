@@ -449,8 +449,8 @@ END_TEST
 START_TEST(pass_through)
 {
   char *pass[16];
-  int npass = -1;
-  gs_flags_opts_t fo = {.pass = pass, .npass = &npass};
+  int npass = -1, dashes = -2;
+  gs_flags_opts_t fo = {.pass = pass, .npass = &npass, .pass_dashes = &dashes};
   gs_flags_action_t action;
   char why[256];
   opts_t o;
@@ -471,6 +471,19 @@ START_TEST(pass_through)
   ck_assert_str_eq(pass[3], "--count");
   ck_assert_str_eq(pass[4], "4");
   ck_assert_str_eq(pass[5], "--help");
+  /* What came before "--" is told from what followed it; a "--" taken as
+   * a flag's value is no separator; without one, everything came before. */
+  ck_assert_int_eq(dashes, 3);
+  ck_assert_int_eq(
+      parse(&o, &action, why, sizeof(why), &fo, ARGS("--big", "1", "--name", "--", "y", "--", "z")),
+      0);
+  ck_assert_str_eq(o.name, "--");
+  ck_assert_int_eq(npass, 2);
+  ck_assert_int_eq(dashes, 1);
+  ck_assert_int_eq(
+      parse(&o, &action, why, sizeof(why), &fo, ARGS("a", "--big", "1", "--count", "5", "b")), 0);
+  ck_assert_int_eq(npass, 2);
+  ck_assert_int_eq(dashes, 2);
 }
 END_TEST
 
@@ -635,30 +648,41 @@ START_TEST(env_lookup)
 }
 END_TEST
 
-/* Renders help or markdown into a string (caller frees). */
-static char *render(bool markdown, const opts_t *o)
-{
-  char *text = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&text, &len);
+/* What render writes: open_memstream's buffer and its length. */
+typedef struct {
+  char *text;
+  size_t len;
+} rendered_t;
 
+/* Renders help or markdown into out->text (caller frees). The stream
+ * writes through the caller's pointer and length, not through locals of
+ * this function: once their address has gone to open_memstream, gcc -O2
+ * (-Wdangling-pointer) cannot rule out that the returned text is one of
+ * them, dead after the return. */
+static void render(bool markdown, const opts_t *o, rendered_t *out)
+{
+  FILE *f;
+
+  *out = (rendered_t){0};
+  f = open_memstream(&out->text, &out->len);
   ck_assert_ptr_nonnull(f);
   if (markdown)
     gs_flags_markdown(&spec, o, f);
   else
     gs_flags_help(&spec, o, f);
   fclose(f);
-  return text;
 }
 
 START_TEST(help_text)
 {
+  rendered_t r;
   opts_t o;
   char *help, *line;
 
   defaults(&o);
   o.count = 17; /* the help shows what the struct holds */
-  help = render(false, &o);
+  render(false, &o, &r);
+  help = r.text;
   ck_assert_msg(strncmp(help, "usage: test [options]\n\nGeneral:\n", 32) == 0, "%s", help);
   /* Long texts wrap under their column. */
   ck_assert_ptr_nonnull(strstr(
@@ -691,11 +715,13 @@ START_TEST(markdown_table)
 {
   const char *head = "| flag | default | meaning |\n|---|---|---|\n"
                      "| `--verbose` | off | say more |\n";
+  rendered_t r;
   opts_t o;
   char *md;
 
   defaults(&o);
-  md = render(true, &o);
+  render(true, &o, &r);
+  md = r.text;
   ck_assert_msg(strncmp(md, head, strlen(head)) == 0, "%s", md);
   ck_assert_ptr_nonnull(strstr(md, "| `--name NAME` | none | a name |\n"));
   ck_assert_ptr_nonnull(strstr(md, "| `--token TOKEN` | `$T_TOKEN` | the secret |\n"));

@@ -412,6 +412,12 @@ def case_example(tmp):
     acc = re.findall(r"\[rank 0\] epoch (\d+): loss [\d.]+, test accuracy ([\d.]+)", p.stdout)
     assert p.returncode == 0 and len(acc) == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert float(acc[-1][1]) >= 0.87, acc
+    # A normal run on the CPU warns of nothing; gradsync-run says once
+    # which device the ranks use when no GPU is there to choose.
+    warns = [line for line in (p.stdout + p.stderr).splitlines() if " WARN " in line]
+    assert not warns, warns
+    gpus = os.path.isdir("/proc/driver/nvidia/gpus") and os.listdir("/proc/driver/nvidia/gpus")
+    assert gpus or "gradsync-run: ranks 0-1 use the CPU (" in p.stderr, p.stderr[-3000:]
     print(f"example: test accuracy {acc[-1][1]} after 1 epoch at 2 ranks "
           f"({time.monotonic() - t0:.0f} s)")
 

@@ -2,8 +2,10 @@
  * from the bottom: say.c (messages), lines.c (pure line splitting),
  * stream.c (pipes), spawn.c (processes), stop.c (stopping in order),
  * restart.c (restarting a failed rank, --max-restarts), supervise.c
- * (starting agents, reaping, forwarding lines), loop.c (the poll loop),
- * options.c (flags) and main.c. Each calls only downward; a
+ * (starting agents, reaping, forwarding lines; devices.c, the line about
+ * the ranks' device), loop.c (the poll loop),
+ * coord_args.c (the coordinator's flags it hands on), options.c (flags)
+ * and main.c. Each calls only downward; a
  * stream reports its lines upward through the callback its owner set. */
 #ifndef GS_RUN_LAUNCHER_H
 #define GS_RUN_LAUNCHER_H
@@ -12,6 +14,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 
@@ -31,6 +34,7 @@
 #define GS_RUN_BACKOFF_MS 1000
 #define GS_RUN_BACKOFF_MAX_MS 30000
 #define GS_RUN_USAGE_ERR 2
+#define GS_RUN_MAX_COORD_ARGS 256 /* arguments for the coordinator it starts */
 
 typedef struct gs_run_stream gs_run_stream_t;
 
@@ -94,6 +98,11 @@ typedef struct gs_run_config {
   char python_dir[PATH_MAX];
   char **pass; /* arguments passed to every agent */
   int npass;
+  int pass_dashes; /* how many of them came before "--" */
+  /* gradsync-coordinator's flags, with their values, for the coordinator
+   * it starts (coord_args.c); borrowed from argv. */
+  char **coord_args;
+  int ncoord;
   gs_launch_env_t env; /* the environment sources; STR values may borrow its strings */
 } gs_run_config_t;
 
@@ -122,6 +131,7 @@ struct gs_run {
   long lost;          /* elastic: ranks that failed for good while the others went on */
   long finished;      /* ranks that exited 0 */
   int exit_code;      /* the first reason to fail; 0 while none */
+  int gpus;           /* GPUs the ranks will see (gs__run_count_gpus); -1: unknown */
   uint64_t ready_deadline, agents_deadline, coord_deadline; /* ms; 0: none */
 };
 
@@ -160,6 +170,12 @@ int gs__run_next_timeout(const gs_run_t *r);
 bool gs__run_restart_later(gs_run_t *r, gs_run_child_t *c, const char *how);
 void gs__run_start_due_restarts(gs_run_t *r);
 
+/* devices.c: the GPUs a rank will see (counted in a child process; -1:
+ * cannot tell), and the launcher's line saying the ranks use the CPU when
+ * it knows they all do. */
+int gs__run_count_gpus(void);
+void gs__run_say_devices(const gs_run_t *r);
+
 /* supervise.c: lines from children, starting the agents, reaping. */
 void gs__run_on_line(gs_run_stream_t *s, const char *line, size_t len);
 void gs__run_start_agents(gs_run_t *r);
@@ -172,6 +188,16 @@ void gs__run_reap_adopted(pid_t self);
 /* loop.c: signals through a signalfd, and the poll loop. */
 int gs__run_setup_signals(gs_run_t *r);
 int gs__run_loop(gs_run_t *r);
+
+/* coord_args.c: gradsync-coordinator's flags among the arguments. Takes
+ * those before "--" out of cfg->pass into cfg->coord_args, checking their
+ * values with the coordinator's table, or refuses them (--coordinator
+ * given, a flag gradsync-run sets, TLS): 0 or an exit status. */
+int gs__run_take_coord_flags(gs_run_config_t *cfg);
+/* Refuses a flag of the coordinator alone after "--" among the agents'. */
+int gs__run_check_misplaced(const gs_run_config_t *cfg);
+/* The list of them in --help. */
+void gs__run_help_coord_flags(FILE *out);
 
 /* options.c: flags (and their environment sources, launch_env.h) and the
  * programs to start. Returns 0 to run, or an exit status (-1: exit 0).

@@ -60,11 +60,14 @@ static int start(gs_run_t *r)
 {
   char world[24], http[300];
   /* The job's size is known: the coordinator need not size itself (its
-   * open-file limit) for the default maximum. */
-  char *argv[] = {r->cfg.coord_bin,   "--listen", "127.0.0.1:0", "--http", http,
-                  "--max-world-size", world,      NULL};
+   * open-file limit) for the default maximum. Then the coordinator flags
+   * gradsync-run was given (coord_args.c), which never set these. */
+  char *argv[7 + GS_RUN_MAX_COORD_ARGS + 1] = {
+      r->cfg.coord_bin, "--listen", "127.0.0.1:0", "--http", http, "--max-world-size", world};
   int rc;
 
+  for (int i = 0; i < r->cfg.ncoord; i++)
+    argv[7 + i] = r->cfg.coord_args[i];
   snprintf(world, sizeof(world), "%ld", r->cfg.nproc);
   /* An IPv6 host needs its brackets back. */
   snprintf(http, sizeof(http), strchr(r->cfg.http_host, ':') ? "[%s]:%u" : "%s:%u",
@@ -84,6 +87,7 @@ static int start(gs_run_t *r)
   rc = gs__run_raise_nofile(r);
   if (rc)
     return rc;
+  r->gpus = gs__run_count_gpus(); /* before any child or signal handling */
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0)
     gs__run_say("cannot become a subreaper (%s): processes the ranks leave behind may survive",
                 strerror(errno));
@@ -153,5 +157,6 @@ out_close:
   free(r.agents);
 out_free_args:
   free(r.cfg.pass);
+  free(r.cfg.coord_args);
   return rc < 0 ? 0 : rc;
 }

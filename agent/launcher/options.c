@@ -95,7 +95,7 @@ static const gs_flag_t flag_rows[] = {
 
 static const gs_flags_t flags = {
     .prog = "gradsync-run",
-    .usage = "usage: gradsync-run --nproc N [options] [--] [agent flags...]\n"
+    .usage = "usage: gradsync-run --nproc N [options] [coordinator flags] [--] [agent flags...]\n"
              "       gradsync-run --nnodes N --node-rank I --coordinator HOST:PORT\n"
              "                    --nproc-per-node K [options] [--] [agent flags | command]\n"
              "\n"
@@ -109,7 +109,9 @@ static const gs_flags_t flags = {
              "Exit status: 0 when every rank finished (exited 0); the failing rank's status\n"
              "(1..125) or 1 when one failed; 128+N when stopped by signal N.\n"
              "\n",
-    .epilog = "Every other argument, and everything after \"--\", goes to each agent unchanged,\n"
+    .epilog = "Flags of gradsync-coordinator (listed below) given before \"--\" go to the\n"
+              "coordinator it starts; a bad value is refused before anything starts.\n"
+              "Every other argument, and everything after \"--\", goes to each agent unchanged,\n"
               "after --coordinator H:P --job NAME --world-size N --local-rank i (and --node\n"
               "NAME when given). When the first of them is not a flag, it is a program to run\n"
               "instead of gradsync-agent, with no flags added. Either gets in its environment\n"
@@ -238,7 +240,11 @@ static int check_pass(gs_run_config_t *cfg)
  * join a coordinator with --coordinator). */
 static int check_tls(const gs_run_config_t *cfg)
 {
-  static const char *const vars[] = {"GRADSYNC_TLS_CA", "GRADSYNC_TLS_CERT", "GRADSYNC_TLS_KEY"};
+  /* The agents' variables, and the coordinator's, which the coordinator
+   * gradsync-run starts would inherit. */
+  static const char *const vars[] = {"GRADSYNC_TLS_CA",         "GRADSYNC_TLS_CERT",
+                                     "GRADSYNC_TLS_KEY",        "GRADSYNC_TLS_SERVER_CERT",
+                                     "GRADSYNC_TLS_SERVER_KEY", "GRADSYNC_TLS_CLIENT_CA"};
   static const char why[] = "the coordinator gradsync-run starts listens on loopback without "
                             "TLS; TLS is for agents joining a coordinator started with "
                             "--tls-cert (--coordinator HOST:PORT)";
@@ -275,6 +281,12 @@ static void print_config(const gs_run_config_t *cfg, const gs_flags_opts_t *opts
     printf("mode: start a coordinator on this machine\n");
   if (cfg->npass)
     printf("runs: %s\n", cfg->command ? cfg->pass[0] : "gradsync-agent");
+  if (cfg->ncoord) {
+    printf("coordinator flags:");
+    for (int i = 0; i < cfg->ncoord; i++)
+      printf(" %s", cfg->coord_args[i]);
+    printf("\n");
+  }
   gs_launch_env_run_notes(le, stdout);
 }
 
@@ -286,13 +298,20 @@ static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action, const gs_
 {
   int rc;
 
-  if (gs_flags_answer(&flags, cfg, action, GS_VERSION))
+  if (gs_flags_answer(&flags, cfg, action, GS_VERSION)) {
+    if (action == GS_FLAGS_HELP)
+      gs__run_help_coord_flags(stdout);
     return -1;
+  }
   cfg->world = cfg->nnodes * cfg->nproc;
   if (cfg->join)
     snprintf(cfg->rpc, sizeof(cfg->rpc), strchr(cfg->coord_host, ':') ? "[%s]:%u" : "%s:%u",
              cfg->coord_host, cfg->coord_port);
-  rc = check_pass(cfg);
+  rc = gs__run_take_coord_flags(cfg);
+  if (!rc)
+    rc = check_pass(cfg);
+  if (!rc)
+    rc = gs__run_check_misplaced(cfg);
   if (!rc)
     rc = check_tls(cfg);
   if (rc)
@@ -313,15 +332,19 @@ static int after_parse(gs_run_config_t *cfg, gs_flags_action_t action, const gs_
 int gs__run_parse_args(int argc, char **argv, gs_run_config_t *cfg)
 {
   const char *sources[sizeof(flag_rows) / sizeof(flag_rows[0])];
-  gs_flags_opts_t opts = {
-      .lookup = gs_launch_env_lookup, .ctx = &cfg->env, .sources = sources, .npass = &cfg->npass};
+  gs_flags_opts_t opts = {.lookup = gs_launch_env_lookup,
+                          .ctx = &cfg->env,
+                          .sources = sources,
+                          .npass = &cfg->npass,
+                          .pass_dashes = &cfg->pass_dashes};
   gs_flags_action_t action;
   char why[512];
 
   set_defaults(cfg);
   gs_launch_env_init(&cfg->env, getenv);
   cfg->pass = calloc((size_t)argc, sizeof(*cfg->pass));
-  if (!cfg->pass) {
+  cfg->coord_args = calloc((size_t)argc, sizeof(*cfg->coord_args));
+  if (!cfg->pass || !cfg->coord_args) {
     fprintf(stderr, "gradsync-run: out of memory\n");
     return 1;
   }

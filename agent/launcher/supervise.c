@@ -16,6 +16,7 @@
 void gs__run_start_agents(gs_run_t *r)
 {
   r->phase = GS_RUN_RUNNING;
+  gs__run_say_devices(r);
   for (long i = 0; i < r->cfg.nproc; i++) {
     if (gs__run_spawn_rank(r, &r->agents[i]) != 0) {
       gs__run_fail(r, 1);

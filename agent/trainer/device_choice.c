@@ -28,12 +28,37 @@ static int default_gpu(const gs_device_env_t *env)
   return env->visible > 0 ? (int)(env->local_rank % (uint32_t)env->visible) : 0;
 }
 
-static void choose_cpu(const gs_device_env_t *env, gs_device_choice_t *out, const char *why)
+/* The cpu; `warn`: the user can expect a GPU here, and should act. */
+static void choose_cpu(gs_device_choice_t *out, bool warn, const char *why)
 {
   out->name = "cpu";
   out->gpu = 0;
-  out->warn = env->cuda_built;
+  out->warn = warn;
   snprintf(out->reason, sizeof(out->reason), "%s", why);
+}
+
+/* No GPU is visible. Unset, empty or "-1" (the usual way to hide them
+ * all), CUDA_VISIBLE_DEVICES says nothing against it: a machine without a
+ * GPU (or driver), or every GPU hidden on purpose; the cpu is the normal
+ * choice, and gradsync-run says so once for all ranks. A list that names
+ * GPUs the process cannot see is a mistake (a wrong index, a missing
+ * driver) worth a warning. */
+static void choose_cpu_no_gpu(const char *cvd, gs_device_choice_t *out)
+{
+  char why[320];
+
+  if (!cvd || !cvd[0] || cvd[0] == '-') {
+    snprintf(why, sizeof(why),
+             "--device auto: no GPU is visible to this process%s%s%s; training on the cpu",
+             cvd ? " (CUDA_VISIBLE_DEVICES='" : "", cvd ? cvd : "", cvd ? "' hides them)" : "");
+    choose_cpu(out, false, why);
+    return;
+  }
+  snprintf(why, sizeof(why),
+           "--device auto: CUDA_VISIBLE_DEVICES='%s' names GPUs, but none is visible to this "
+           "process (no such GPU, or no NVIDIA driver); training on the cpu",
+           cvd);
+  choose_cpu(out, true, why);
 }
 
 void gs_device_choose(const gs_device_env_t *env, gs_device_choice_t *out)
@@ -52,20 +77,16 @@ void gs_device_choose(const gs_device_env_t *env, gs_device_choice_t *out)
     out->gpu = cuda ? default_gpu(env) : 0;
     snprintf(out->reason, sizeof(out->reason), "--device %s", env->device);
   } else if (!env->cuda_built) {
-    choose_cpu(env, out, "--device auto: this build has no CUDA");
+    choose_cpu(out, false, "--device auto: this build has no CUDA");
   } else if (env->visible <= 0) {
-    snprintf(why, sizeof(why),
-             "--device auto: no GPU is visible to this process (CUDA_VISIBLE_DEVICES %s%s%s); "
-             "training on the cpu",
-             cvd ? "'" : "unset", cvd ? cvd : "", cvd ? "'" : "");
-    choose_cpu(env, out, why);
+    choose_cpu_no_gpu(cvd, out);
   } else if (env->local_world > (uint32_t)env->visible && !own_gpu) {
     snprintf(why, sizeof(why),
              "--device auto: %u ranks on this machine (LOCAL_WORLD_SIZE) but %d GPU(s) visible "
              "to each, and NCCL needs a GPU per rank; training on the cpu (give each rank one "
              "GPU of its own in CUDA_VISIBLE_DEVICES, or pass --device cuda)",
              env->local_world, env->visible);
-    choose_cpu(env, out, why);
+    choose_cpu(out, true, why);
   } else {
     out->name = "cuda";
     out->gpu = own_gpu && env->gpu < 0 ? 0 : default_gpu(env);

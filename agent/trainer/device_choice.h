@@ -27,7 +27,10 @@ typedef struct gs_device_env {
 typedef struct gs_device_choice {
   const char *name; /* "cpu" or "cuda" (static) */
   int gpu;          /* the GPU on cuda (0 on cpu) */
-  bool warn;        /* auto fell back to cpu on a build with CUDA: say so loudly */
+  /* auto fell back to cpu where the user can expect a GPU (GPUs visible
+   * but too few, or CUDA_VISIBLE_DEVICES naming GPUs that are not):
+   * say so loudly. No GPU at all is the normal cpu case, not a warning. */
+  bool warn;
   char reason[320];
 } gs_device_choice_t;
 
@@ -42,7 +45,8 @@ uint32_t gs_cuda_visible_count(const char *list);
  * process sees, as schedulers that give each task its own GPU set it
  * (SLURM --gpus-per-task=1, a Kubernetes pod per rank): that GPU is this
  * rank's (unless it is the list gradsync-run gave every rank alike).
- * Otherwise cpu, with `warn` on a CUDA build. */
+ * Otherwise cpu, with `warn` when GPUs are there but cannot serve every
+ * rank, or CUDA_VISIBLE_DEVICES names GPUs none of which is visible. */
 void gs_device_choose(const gs_device_env_t *env, gs_device_choice_t *out);
 
 #endif
