@@ -51,7 +51,7 @@ WAS = {"kill": 5.0, "signal": 1.5, "refusal": 30.0, "launcher": 10.0, "healthz":
 def coordinator(b, *flags):
     """A coordinator on free ports: (process, rpc address, http address)."""
     c = subprocess.Popen([os.path.join(b, "gradsync-coordinator"), "--listen", "127.0.0.1:0",
-                          "--http", "127.0.0.1:0", "--log-level", "warn", *flags],
+                          "--http", "127.0.0.1:0", "--log-level", "error", *flags],
                          stdout=subprocess.PIPE, text=True)
     m = re.search(r"rpc=(\S+) http=(\S+)", c.stdout.readline())
     return c, m.group(1), m.group(2)
@@ -77,8 +77,10 @@ def row_kill(b):
         Lines(a[0].stdout, "rank 0").wait(r"^step")
         a[1].kill()
         t0 = time.monotonic()
-        a[0].wait(timeout=300)
-        return time.monotonic() - t0
+        code = a[0].wait(timeout=300)
+        took = time.monotonic() - t0
+        assert code == 1, f"rank 0 exited {code}"
+        return took
     finally:
         stop(*a, c)
 
@@ -95,8 +97,10 @@ def row_signal(b):
         wait_until("the agent in the rendezvous", parked)
         a.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
-        a.wait(timeout=300)
-        return time.monotonic() - t0
+        code = a.wait(timeout=300)
+        took = time.monotonic() - t0
+        assert code == 128 + signal.SIGTERM, f"the agent exited {code}"
+        return took
     finally:
         stop(a, c)
 
@@ -110,20 +114,23 @@ def row_refusal(b):
         for i, p in enumerate(a):
             Lines(p.stderr, f"rank {i}").wait(r"joining ")
         t0 = time.monotonic()
-        for p in a:
-            p.wait(timeout=300)
-        return time.monotonic() - t0
+        codes = [p.wait(timeout=300) for p in a]
+        took = time.monotonic() - t0
+        assert all(c == 1 for c in codes), f"the agents exited {codes}"
+        return took
     finally:
         stop(*a, c)
 
 
 def row_launcher(b):
     t0 = time.monotonic()
-    subprocess.run([os.path.join(b, "gradsync-run"), "--nproc", "2", "--coordinator",
-                    "127.0.0.1:9", "--", "sh", "-c",
-                    '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 3600'],
-                   capture_output=True, timeout=300)
-    return time.monotonic() - t0
+    p = subprocess.run([os.path.join(b, "gradsync-run"), "--nproc", "2", "--coordinator",
+                        "127.0.0.1:9", "--", "sh", "-c",
+                        '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 3600'],
+                       capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert p.returncode == 5 and "stopping the other ranks" in p.stderr, p.stderr
+    return took
 
 
 def row_healthz(b, pb):
