@@ -8,7 +8,10 @@ FUZZ_TEST_SECONDS ?= 4
 FUZZ_SECONDS ?= 60
 JOBS       ?= $(shell nproc)
 
-.PHONY: all deps build build-release test test-asan test-fuzz fuzz test-containers demo clean
+# CPU hogs beside the suite in `make test-loaded`.
+HOGS       ?= 2
+
+.PHONY: all deps build build-release test test-loaded test-asan test-fuzz fuzz test-containers demo clean
 
 all: build
 
@@ -32,16 +35,22 @@ build-release: deps
 
 # Every test, then the coordinator tests once more under ASan + UBSan, and
 # each fuzz harness for a few seconds; the Release build must compile
-# without warnings too.
+# without warnings too. Each test has its own generous TIMEOUT
+# (tests/CMakeLists.txt); --timeout is the default of one without.
 test: build build-release test-asan test-fuzz
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 300
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --timeout 900
+
+# `make test` beside HOGS processes that each keep a core busy, as on a
+# loaded machine; prints the time it took and the load it ran under.
+test-loaded:
+	HOGS=$(HOGS) JOBS=$(JOBS) scripts/test-loaded.sh
 
 # The sanitizer build is CPU-only: ASan's shadow mapping and the CUDA
 # runtime do not mix, and the plain build already compiles the GPU path.
 test-asan: deps
 	cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=Debug -DGS_SANITIZE=ON -DGS_CUDA=OFF >/dev/null
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
-	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) --timeout 300 -L asan
+	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) --timeout 900 -L asan
 
 # The libFuzzer harnesses (tests/fuzz/, clang): each over its corpus and
 # saved crashes, then fuzzing FUZZ_TEST_SECONDS (make test) or FUZZ_SECONDS

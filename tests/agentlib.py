@@ -10,19 +10,22 @@ import time
 import urllib.request
 
 from checkpoints import newest_checkpoint, read_checkpoint
+from testlib import WAIT
 
 
 def post(url, body):
     """POSTs `body` as JSON; the HTTP status."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=WAIT) as r:
         return r.status
 
 
-def wait_for(p, lines, pattern, timeout=60):
+def wait_for(p, lines, pattern, timeout=WAIT):
     """Reads p's stdout (appending to `lines`) until a line matches
-    `pattern`; the match, or AssertionError with the last lines."""
+    `pattern`; the match, or AssertionError with the last lines. The
+    timeout is looked at between lines (a silent process is the test's
+    own deadline's, testlib)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         line = p.stdout.readline()
@@ -35,7 +38,7 @@ def wait_for(p, lines, pattern, timeout=60):
     raise AssertionError(f"no line matching {pattern!r}:\n" + "".join(lines[-40:]))
 
 
-def check_control(p, url, lines, timeout=60):
+def check_control(p, url, lines, timeout=WAIT):
     """On a running job `ctl` started by gradsync-run (p, its status URL and
     the lines read so far): a new broadcast period and then a stop, posted
     to the coordinator, act on ranks 0 and 1 at one step each, and the
@@ -59,7 +62,7 @@ def check_control(p, url, lines, timeout=60):
     return steps[0][0], stop.group(1)
 
 
-def check_sigterm(p, lines, ckpt_dir, timeout=60):
+def check_sigterm(p, lines, ckpt_dir, timeout=WAIT):
     """On a running job started by gradsync-run with --checkpoint-dir
     `ckpt_dir`: SIGTERM to the launcher stops every rank at one step, with
     a checkpoint of that step, and no rank exits on its own. Returns the

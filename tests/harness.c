@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -27,6 +28,7 @@ void th_coord_start(th_coord_t *c, ...)
 {
   const char *argv[64] = {GS_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"};
   int argc = 5, fds[2];
+  pid_t parent = getpid();
   char line[256];
   FILE *out;
   va_list ap;
@@ -40,6 +42,10 @@ void th_coord_start(th_coord_t *c, ...)
   c->pid = fork();
   ck_assert_int_ge(c->pid, 0);
   if (c->pid == 0) {
+    /* Dies with the test: a failed assertion ends the test's process
+     * (check forks one per test) before it could stop the coordinator. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+      _exit(127);
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
@@ -61,7 +67,7 @@ int th_coord_stop(th_coord_t *c)
   int status;
 
   kill(c->pid, SIGTERM);
-  for (int i = 0; i < 1000; i++) {
+  for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS; gs_now_ms() < deadline;) {
     if (waitpid(c->pid, &status, WNOHANG) == c->pid)
       return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     usleep(10000);
@@ -218,7 +224,7 @@ int th_call(th_client_t *cl, const char *method, const pb_msgdesc_t *req_fields,
   gradsync_Envelope env;
   uint64_t id = th_send(cl, method, 0, req_fields, req);
 
-  ck_assert_msg(th_recv(cl, &env, resp_fields, resp, 10000) == 0, "no reply to %s", method);
+  ck_assert_msg(th_recv(cl, &env, resp_fields, resp, TH_WAIT_MS) == 0, "no reply to %s", method);
   ck_assert_uint_eq(env.request_id, id);
   if (msg)
     snprintf(msg, msg_len, "%s", env.message);
@@ -250,7 +256,7 @@ int th_http(uint16_t port, const char *method, const char *path, const char *hea
   int fd = connect_port(port), status = -1;
   size_t cap = 1 << 16, len = 0;
   char *buf = malloc(cap), *req, *p;
-  long deadline = (long)gs_now_ms() + 10000;
+  long deadline = (long)gs_now_ms() + TH_WAIT_MS;
   int n;
 
   ck_assert_int_ge(fd, 0);
@@ -281,4 +287,38 @@ int th_http(uint16_t port, const char *method, const char *path, const char *hea
   *resp_body = strdup(p ? p + 4 : "");
   free(buf);
   return status;
+}
+
+char *th_http_wait(uint16_t port, const char *path, const char *needle)
+{
+  uint64_t deadline = gs_now_ms() + TH_WAIT_MS;
+  char *body = NULL;
+
+  for (;;) {
+    free(body);
+    body = NULL;
+    if (th_http(port, "GET", path, NULL, NULL, &body) == 200 && strstr(body, needle))
+      return body;
+    if (gs_now_ms() > deadline)
+      break;
+    usleep(20000);
+  }
+  ck_abort_msg("GET %s: no '%s' within %d ms; last: %s", path, needle, TH_WAIT_MS, body);
+  return NULL;
+}
+
+double th_metric(uint16_t port, const char *name)
+{
+  char *body = NULL, *at;
+  double v = -1;
+  size_t n = strlen(name);
+
+  ck_assert_int_eq(th_http(port, "GET", "/metrics", NULL, NULL, &body), 200);
+  for (at = body; (at = strstr(at, name)); at += n)
+    if ((at == body || at[-1] == '\n') && at[n] == ' ') {
+      v = strtod(at + n + 1, NULL);
+      break;
+    }
+  free(body);
+  return v;
 }

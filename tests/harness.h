@@ -15,6 +15,11 @@
 #include "pb_array.h"
 #include "wire.h"
 
+/* How long a test waits for what is to happen (a reply, a state, an exit):
+ * it only decides failure. On an idle machine these waits end in
+ * milliseconds; a loaded one can starve a process for seconds. */
+#define TH_WAIT_MS 60000
+
 typedef struct th_coord {
   pid_t pid;
   uint16_t rpc_port;
@@ -22,9 +27,11 @@ typedef struct th_coord {
 } th_coord_t;
 
 /* Starts the coordinator with extra flags (NULL-terminated list) and waits
- * for its "listening" line. Aborts the test on failure. */
+ * for its "listening" line. Aborts the test on failure. It is killed when
+ * the test's process ends, however the test ended. */
 void th_coord_start(th_coord_t *c, ...);
-/* SIGTERM, then waits; returns the exit status (or -1 if it had to be killed). */
+/* SIGTERM, then waits up to TH_WAIT_MS; returns the exit status (or -1 if
+ * it had to be killed). */
 int th_coord_stop(th_coord_t *c);
 /* SIGKILL without waiting for a clean exit. */
 void th_coord_kill(th_coord_t *c);
@@ -64,5 +71,12 @@ gradsync_JoinRequest th_join_request(const char *job, uint32_t world, const char
  * puts the body (NUL-terminated) in *body, which the caller frees. */
 int th_http(uint16_t port, const char *method, const char *path, const char *headers,
             const char *body, char **resp_body);
+/* GETs `path` until its body holds `needle` (the status JSON is compact:
+ * "\"joined\":1,"), up to TH_WAIT_MS, else aborts the test; returns that
+ * body, which the caller frees. How a test waits for a state. */
+char *th_http_wait(uint16_t port, const char *path, const char *needle);
+/* The value of the /metrics line `name` (with its labels, as printed), or
+ * -1 when there is none. */
+double th_metric(uint16_t port, const char *name);
 
 #endif

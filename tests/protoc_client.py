@@ -5,6 +5,7 @@ rendezvouses four fake ranks, heartbeats, reads /status and leaves.
 
 usage: protoc_client.py COORDINATOR_BINARY PROTO_DIR
 """
+import importlib.util
 import json
 import os
 import socket
@@ -14,22 +15,30 @@ import sys
 import tempfile
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import WAIT  # noqa: E402
+
 PREFIX = "/gradsync.Coordinator/"
 
 
 def load_proto(proto_dir):
-    out = tempfile.mkdtemp()
-    subprocess.run(["protoc", f"--proto_path={proto_dir}", f"--python_out={out}",
-                    os.path.join(proto_dir, "gradsync.proto")], check=True)
-    sys.path.insert(0, out)
-    import gradsync_pb2
-    return gradsync_pb2
+    """The module stock protoc generates from gradsync.proto, made in a
+    temporary folder that is gone once it is loaded."""
+    with tempfile.TemporaryDirectory(prefix="gs-protoc-") as out:
+        subprocess.run(["protoc", f"--proto_path={proto_dir}", f"--python_out={out}",
+                        os.path.join(proto_dir, "gradsync.proto")], check=True)
+        spec = importlib.util.spec_from_file_location("gradsync_pb2",
+                                                      os.path.join(out, "gradsync_pb2.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["gradsync_pb2"] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 class Client:
     def __init__(self, pb, port):
         self.pb = pb
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
         self.next_id = 1
         self.session = ""  # JoinResponse.session: sent with every later call
 
@@ -99,23 +108,25 @@ def main():
         rid = clients[0].send("Dance", pb.LeaveRequest())
         env = clients[0].recv_envelope()
         assert (env.status, env.request_id, env.method) == (12, rid, PREFIX + "Dance"), env
-        status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status"))
+        status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status",
+                                                  timeout=WAIT))
         job = status["jobs"][0]
         assert job["name"] == "py" and job["state"] == "running", job
         assert job["rank_summary"]["running"] == 4 and job["rank_summary"]["step_max"] == 10, job
         status = json.load(
-            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status?ranks=1"))
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status?ranks=1", timeout=WAIT))
         job = status["jobs"][0]
         assert [r["step"] for r in job["ranks"]] == [10] * 4, job
         for c, r in zip(clients, replies):
             c.send("Leave", pb.LeaveRequest(job="py", generation=1, rank=r.rank, finished=True))
             c.recv(pb.LeaveResponse)
-        status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{http_port}/jobs/py"))
+        status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{http_port}/jobs/py",
+                                                  timeout=WAIT))
         assert status["state"] == "finished", status
         print("protoc client: 4 ranks joined, heartbeated and left: ok")
     finally:
         coord.terminate()
-        rc = coord.wait(timeout=10)
+        rc = coord.wait(timeout=WAIT)
     if rc != 0:
         sys.exit(f"coordinator exited with {rc}")
 

@@ -23,6 +23,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
 from agentlib import check_control, check_sigterm, node_address, wait_for  # noqa: E402
+from testlib import WAIT, Lines, wait_until  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -206,26 +207,26 @@ def case_ckptdir(tmp):
     open(blocker, "w").close()
     for d, why in ((os.path.join(blocker, "ck"), "mkdir: Not a directory"),
                    (blocker, "not a directory")):
-        t0 = time.time()
+        # Before the rendezvous: it never says it is joining (the join, to
+        # a port nobody serves, would take its 5 minutes' --join-timeout).
         p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "2",
                             "--reduce", "mean", "--checkpoint-dir", d, "--steps", "5"] + FAST,
-                           capture_output=True, text=True, timeout=60)
-        took = time.time() - t0
+                           capture_output=True, text=True, timeout=WAIT)
         assert p.returncode == 1, (p.returncode, p.stderr)
         assert f"checkpoint directory {d} is not usable" in p.stderr and why in p.stderr, p.stderr
-        assert "joining" not in p.stderr and took < 10, (took, p.stderr)
-        print(f"{d}: refused after {took:.1f} s: {p.stderr.strip().splitlines()[-1]}")
+        assert "joining" not in p.stderr, p.stderr
+        print(f"{d}: refused: {p.stderr.strip().splitlines()[-1]}")
     # --save-model into a folder that is not there: refused at start too.
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
                         "--save-model", os.path.join(tmp, "nowhere", "m.safetensors")] + FAST,
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=WAIT)
     assert p.returncode == 1 and "nowhere does not exist" in p.stderr, p.stderr
     assert "joining" not in p.stderr, p.stderr
     ok = os.path.join(tmp, "new", "ck")
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
                         "--checkpoint-dir", ok, "--steps", "5", "--join-timeout", "300ms",
                         "--rpc-timeout", "300ms"] + FAST, capture_output=True, text=True,
-                       timeout=60)
+                       timeout=WAIT)
     assert p.returncode == 1 and "not usable" not in p.stderr, p.stderr
     assert os.path.isdir(ok) and os.listdir(ok) == [], os.listdir(ok)
 
@@ -285,7 +286,7 @@ def case_ckptfail(tmp):
             assert int(after.group(1)) > int(m.group(1)), (after.group(0), m.group(0))
             p.send_signal(signal.SIGTERM)
             lines.append(p.stdout.read())
-            p.wait(timeout=60)
+            p.wait(timeout=WAIT)
         finally:
             p.kill()
         text = "".join(lines)
@@ -342,7 +343,7 @@ def case_shmkill(tmp):
             time.sleep(rng.uniform(0, 0.004))
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
-            p.communicate(timeout=60)
+            p.communicate(timeout=WAIT)
         finally:
             p.kill()
             p.wait()
@@ -375,18 +376,17 @@ def case_coordinator_flags(tmp):
     p = subprocess.Popen([RUN, "--nproc", "2", "--stall-timeout", "2m", "--", "sh", "-c",
                           f"echo up; while [ ! -e {done} ]; do sleep 0.05; done"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
+    out = Lines(p.stdout, "gradsync-run")
     try:
-        wait_for(p, lines, r"\[rank 0\] up")
-        wait_for(p, lines, r"\[rank 1\] up")
+        out.wait(r"\[rank 0\] up")  # in either order: each wait looks at every line read
+        out.wait(r"\[rank 1\] up")
         argvs = children(p.pid).values()
         [c] = [a for a in argvs if a and a[0].endswith("gradsync-coordinator")]
         assert c[c.index("--stall-timeout") + 1] == "2m", c
         ranks = [a for a in argvs if a and a[0] == "sh"]
         assert len(ranks) == 2 and all("--stall-timeout" not in a for a in ranks), argvs
         open(done, "w").close()
-        out, _ = p.communicate(timeout=60)
-        assert p.returncode == 0, "".join(lines) + out
+        assert p.wait(WAIT) == 0, out.close()
     finally:
         p.kill()
         p.wait()
@@ -464,7 +464,7 @@ def post_status(url, body):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=WAIT) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -506,10 +506,14 @@ def case_training(tmp):
 
 
 def case_kill(tmp):
-    """kill -9 of one rank makes the other exit with a clear error within the
-    heartbeat timeout instead of hanging."""
+    """kill -9 of one rank makes the other exit with a clear error at once,
+    instead of hanging: the coordinator sees the rank's connection close
+    and aborts the generation. The heartbeat timeout is far longer than the
+    test waits, so that a failure noticed only by the silence would fail
+    the test rather than pass slowly. How long it takes is bench/'s
+    (bench/reaction.py)."""
     coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
-                              "--heartbeat-timeout", "5s", "--log-level", "warn"],
+                              "--heartbeat-timeout", "3600s", "--log-level", "warn"],
                              stdout=subprocess.PIPE, text=True)
     rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
     agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "kill", "--world-size", "2",
@@ -522,16 +526,18 @@ def case_kill(tmp):
         assert line.startswith("step"), line
         agents[1].send_signal(signal.SIGKILL)
         t0 = time.time()
-        out, err = agents[0].communicate(timeout=30)
+        out, err = agents[0].communicate(timeout=WAIT)
         took = time.time() - t0
     finally:
         for a in agents:
             a.kill()
+            a.wait()
         coord.kill()
+        coord.wait()
     print(f"rank 0 exited {agents[0].returncode} after {took:.1f}s:\n{err[-800:]}")
     assert agents[0].returncode == 1, agents[0].returncode
-    assert took < 5.0, took
     assert "error:" in err and "failed" in err, err
+    assert "lost: connection closed" in err, err
 
 
 def free_port():
@@ -540,45 +546,61 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_listening(argv):
+    """A coordinator started with argv, once it said it listens."""
+    c = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    line = c.stdout.readline()
+    assert "listening" in line, line
+    return c
+
+
 def case_outage(tmp):
-    """The coordinator killed mid-training and back 5 s later (past its
-    heartbeat timeout): the ranks train on, re-register, and finish with
-    the accuracy of an uninterrupted run; the restarted coordinator keeps
-    the broadcast period an operator set before the outage and shows rank
-    0's pack list again."""
-    steps = ["--reduce", "mean", "--steps", "12000", "--no-validate", "--seed", "3"]
+    """The coordinator killed mid-training and back once the ranks found it
+    unreachable for longer than its heartbeat timeout: the ranks train on,
+    re-register, and finish with the accuracy of an uninterrupted run; the
+    restarted coordinator keeps the broadcast period an operator set before
+    the outage and shows rank 0's pack list again."""
+    # Long enough to train on through the outage (about 4 s) on an idle machine.
+    steps = ["--reduce", "mean", "--steps", "6000", "--no-validate", "--seed", "3"]
     _, out, _ = run(["--nproc", "2"] + steps)
     want = re.search(r"final: test accuracy ([\d.]+)", out).group(1)
     rpc, http = free_port(), free_port()
     argv = [COORD, "--listen", f"127.0.0.1:{rpc}", "--http", f"127.0.0.1:{http}",
-            "--heartbeat-timeout", "2s", "--log-level", "warn"]
-    coord = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    agents = []
+            "--heartbeat-interval", "250ms", "--heartbeat-timeout", "3s", "--log-level", "warn"]
+    coord = start_listening(argv)
+    agents, outs = [], []
     try:
-        time.sleep(0.3)
         agents = [subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--job", "out",
                                     "--world-size", "2", "--local-rank", str(i),
-                                    "--coordinator-grace", "60s", "--log-interval", "200ms"]
+                                    "--coordinator-grace", "600s", "--log-interval", "200ms"]
                                    + steps, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
                   for i in range(2)]
-        line = agents[0].stdout.readline()
-        assert line.startswith("step"), line
+        outs = [(Lines(a.stdout, f"rank {i} stdout"), Lines(a.stderr, f"rank {i} stderr"))
+                for i, a in enumerate(agents)]
+        outs[0][0].wait(r"^step")
         url = f"http://127.0.0.1:{http}/jobs/out"
         req = urllib.request.Request(url + "/control", data=json.dumps({"bcast_period": 500})
                                      .encode(), method="POST")
-        assert urllib.request.urlopen(req, timeout=10).status == 200
-        time.sleep(1.5)  # rank 0 takes the period at a step, and its heartbeats report it
+        assert urllib.request.urlopen(req, timeout=WAIT).status == 200
+        # Each rank takes the period at a step; a re-registration reports it from then on.
+        for _, err in outs:
+            err.wait(r"broadcast period set to 500")
         coord.kill()
         coord.wait()
-        time.sleep(5)
-        coord = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        outs = [a.communicate(timeout=120) for a in agents]
-        with urllib.request.urlopen(url, timeout=10) as r:
+        # Down until the ranks say so: past the heartbeat timeout, as they see it.
+        for _, err in outs:
+            err.wait(r"unreachable for [\d.]+ s; training goes on")
+        coord = start_listening(argv)
+        for a in agents:
+            a.wait(timeout=WAIT)
+        outs = [(o.close(), e.close()) for o, e in outs]
+        with urllib.request.urlopen(url, timeout=WAIT) as r:
             job = json.load(r)
     finally:
         for a in agents:
             a.kill()
+            a.wait()
         coord.kill()
         coord.wait()
     for a, (o, e) in zip(agents, outs):
@@ -597,46 +619,57 @@ def case_outage(tmp):
 
 def case_coordinator_stall(tmp):
     """A coordinator stopped (SIGSTOP) for twice its heartbeat timeout does
-    not lose every rank when it runs again: the silence was its own."""
+    not lose every rank when it runs again: the silence was its own. The
+    stop is the test's own, 8 s; the timeout, 4 s with a heartbeat every
+    250 ms, is one that a loaded machine does not reach by starving an
+    agent (a 2 s timeout with heartbeats every second lost a rank there)."""
     coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
-                              "--heartbeat-timeout", "2s"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                              "--heartbeat-interval", "250ms", "--heartbeat-timeout", "4s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
     agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "stall", "--world-size", "2",
-                                "--local-rank", str(i), "--reduce", "mean", "--steps", "12000",
+                                "--local-rank", str(i), "--reduce", "mean", "--steps", "6000",
                                 "--no-validate", "--log-interval", "200ms"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for i in range(2)]
+    log = Lines(coord.stderr, "coordinator")
     try:
-        line = agents[0].stdout.readline()
-        assert line.startswith("step"), line
+        outs = [(Lines(a.stdout, f"rank {i} stdout"), Lines(a.stderr, f"rank {i} stderr"))
+                for i, a in enumerate(agents)]
+        outs[0][0].wait(r"^step")
         coord.send_signal(signal.SIGSTOP)
-        time.sleep(4)
+        time.sleep(8)  # the stop itself, not a wait for something
         coord.send_signal(signal.SIGCONT)
-        outs = [a.communicate(timeout=120) for a in agents]
+        for a in agents:
+            a.wait(timeout=WAIT)
+        outs = [(o.close(), e.close()) for o, e in outs]
         coord.terminate()
-        _, log = coord.communicate(timeout=10)
+        coord.wait(timeout=WAIT)
+        log = log.close()
     finally:
         for a in agents:
             a.kill()
+            a.wait()
         coord.kill()
+        coord.wait()
     for a, (_, e) in zip(agents, outs):
         assert a.returncode == 0, (a.returncode, e[-3000:])
     assert "the coordinator did not run for" in log, log[-3000:]
     assert "lost" not in log, log[-3000:]
-    print("coordinator stopped 4 s (heartbeat timeout 2 s): no rank lost, the job finished")
+    print("coordinator stopped 8 s (heartbeat timeout 4 s): no rank lost, the job finished")
 
 
 def case_settings(tmp):
     """Ranks that disagree on a setting that decides the collectives or the
-    arithmetic are refused at Join, promptly (not at a timeout), with an
-    error naming the setting and both values; each run starts a fresh
-    job."""
+    arithmetic are refused at Join, promptly (not at a timeout: theirs is an
+    hour, far past what the test waits), with an error naming the setting
+    and both values; each run starts a fresh job."""
     coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                               "--log-level", "warn"], stdout=subprocess.PIPE, text=True)
     rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
-    common = ["--coordinator", rpc, "--world-size", "2", "--join-timeout", "60s",
+    common = ["--coordinator", rpc, "--world-size", "2", "--join-timeout", "3600s",
               "--steps", "5"] + FAST
+    agents = []
     try:
         for job, flags, named in [
                 ("batch", [["--reduce", "mean", "--batch", "64"],
@@ -651,10 +684,9 @@ def case_settings(tmp):
                                        + flags[i], stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True)
                       for i in range(2)]
-            errs = [a.communicate(timeout=60)[1] for a in agents]
+            errs = [a.communicate(timeout=WAIT)[1] for a in agents]
             took = time.time() - t0
             print(f"{job}: refused after {took:.1f}s: {errs[1].strip().splitlines()[-1]}")
-            assert took < 30, took
             for i, a in enumerate(agents):
                 assert a.returncode == 1, (i, a.returncode, errs[i])
                 assert "rendezvous of job " + job + " failed" in errs[i], errs[i]
@@ -668,9 +700,12 @@ def case_settings(tmp):
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                   for i in range(2)]
         for a in agents:
-            _, err = a.communicate(timeout=120)
+            _, err = a.communicate(timeout=WAIT)
             assert a.returncode == 0, err
     finally:
+        for a in agents:
+            a.kill()
+            a.wait()
         coord.kill()
         coord.wait()
 
@@ -748,76 +783,94 @@ def start_coordinator(host="127.0.0.1"):
     return c, int(m.group(1)), int(m.group(2))
 
 
-def interrupt_in_rendezvous(rpc_port, sig, job):
-    """An agent of a 2-rank job alone in the rendezvous ends within about a
-    second of `sig`, saying what it waited for, and exits as for that signal."""
-    a = subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
-                          "--reduce", "mean", "--job", job, "--steps", "5"] + FAST,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
+def job_json(http_port, job):
+    """/jobs/JOB of the coordinator at http_port, or None while it has no such job."""
     try:
-        for line in a.stderr:
-            lines.append(line)
-            if "joining " in line:
-                break
-        time.sleep(0.3)  # parked in the coordinator's rendezvous by now
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/jobs/{job}", timeout=WAIT) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def interrupt_in_rendezvous(rpc_port, http_port, sig, job):
+    """An agent of a 2-rank job alone in the rendezvous ends at once at
+    `sig`, saying what it waited for, and exits as for that signal. Its
+    --join-timeout is an hour: an agent that waited for it instead would
+    fail the test at its wait."""
+    a = subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
+                          "--reduce", "mean", "--job", job, "--steps", "5",
+                          "--join-timeout", "3600s"] + FAST,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = Lines(a.stderr, f"agent of job {job}")
+    try:
+        wait_until(f"the agent parked in job {job}'s rendezvous",
+                   lambda: ((job_json(http_port, job) or {}).get("rendezvous") or {})
+                   .get("joined") == 1)
         t0 = time.monotonic()
         a.send_signal(sig)
-        code = a.wait(timeout=10)
+        code = a.wait(timeout=WAIT)
         took = time.monotonic() - t0
     finally:
         a.kill()
-    err = "".join(lines) + a.stderr.read()
+        a.wait()
+    err = err.close()
     name = signal.Signals(sig).name
-    assert took < 1.5, f"{name}: exited {took:.2f} s after the signal"
     assert code == 128 + sig, (code, err)
     assert f"interrupted by {name} while waiting for the other ranks of job {job}" in err, err
     assert "no error" not in err, err
     return took
 
 
-def interrupt_while_connecting(rpc_port, tmp):
+def interrupt_while_connecting(rpc_port, http_port, job):
     """Rank 1 advertises an address nobody listens on, so rank 0 keeps
-    dialing it: SIGTERM ends rank 0 within about a second (not at the
-    connect timeout), saying what it was doing."""
+    dialing it: SIGTERM ends rank 0 at once (not at its connect timeout,
+    an hour), saying what it was doing. Returns (seconds, its stderr)."""
     common = [AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
-              "--reduce", "mean", "--job", "ring", "--steps", "5", "--connect-timeout", "60s"]
+              "--reduce", "mean", "--job", job, "--steps", "5", "--connect-timeout", "3600s"]
     r1 = subprocess.Popen(common + ["--local-rank", "1", "--comm-advertise", "127.0.0.1:1"] + FAST,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r0 = subprocess.Popen(common + ["--local-rank", "0"] + FAST, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
-    lines = []
+    err = Lines(r0.stderr, "rank 0")
     try:
-        for line in r0.stderr:
-            lines.append(line)
-            if "joined generation" in line:
-                break
-        time.sleep(0.5)  # dialing 127.0.0.1:1 by now
+        # Rank 0 publishes the pack list, its last call to the coordinator
+        # before it dials rank 1 (a signal during that call says so instead).
+        wait_until("rank 0's pack list at the coordinator",
+                   lambda: (job_json(http_port, job) or {}).get("pack_list"))
         t0 = time.monotonic()
         r0.send_signal(signal.SIGTERM)
-        code = r0.wait(timeout=10)
+        code = r0.wait(timeout=WAIT)
         took = time.monotonic() - t0
     finally:
         r0.kill()
+        r0.wait()
         r1.kill()
         r1.wait()
-    err = "".join(lines) + r0.stderr.read()
-    assert took < 1.5, f"exited {took:.2f} s after SIGTERM:\n{err}"
+    err = err.close()
     assert code == 128 + signal.SIGTERM, (code, err)
-    assert "interrupted by SIGTERM while connecting to rank 1" in err, err
-    return took
+    assert "interrupted by SIGTERM while " in err, err
+    return took, err
 
 
 def case_signals(tmp):
     """SIGTERM and SIGINT end an agent waiting in the rendezvous, or
     connecting to its peers, at once; each is named as what it is."""
-    c, rpc, _ = start_coordinator()
+    c, rpc, http = start_coordinator()
     try:
         for sig, job in ((signal.SIGTERM, "sigterm"), (signal.SIGINT, "sigint")):
-            took = interrupt_in_rendezvous(rpc, sig, job)
+            took = interrupt_in_rendezvous(rpc, http, sig, job)
             print(f"{signal.Signals(sig).name} in the rendezvous: exited after {took:.2f} s")
-        took = interrupt_while_connecting(rpc, tmp)
-        print(f"SIGTERM while connecting to the ranks: exited after {took:.2f} s")
+        # The pack list is seen at the coordinator a moment before rank 0
+        # has its reply: a signal then interrupts that call instead (it
+        # says so, and ends as soon). Another try then, on a fresh job.
+        for attempt in range(3):
+            took, err = interrupt_while_connecting(rpc, http, f"ring{attempt}")
+            if "interrupted by SIGTERM while connecting to rank 1" in err:
+                break
+            print(f"SIGTERM landed before the ring's dialing: {err.splitlines()[-1]}")
+        assert "interrupted by SIGTERM while connecting to rank 1" in err, err
     finally:
         c.kill()
         c.wait()
@@ -838,12 +891,12 @@ def case_messages(tmp):
     try:
         p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{http}", "--world-size", "1",
                             "--steps", "1", "--join-timeout", "5s"] + FAST,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=WAIT)
         assert p.returncode == 1 and "answered like an HTTP server" in p.stderr, p.stderr
         assert "--listen" in p.stderr and "byte limit" not in p.stderr, p.stderr
         p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--world-size", "1",
                             "--batch", "100000", "--job", "big", "--steps", "1"] + FAST,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=WAIT)
         assert p.returncode == 1 and "--batch 100000 on 1 ranks needs" in p.stderr, p.stderr
         assert "no error" not in p.stderr, p.stderr
         # A label past the model's outputs is named as such, not as a --layers mismatch.
@@ -855,7 +908,7 @@ def case_messages(tmp):
                       bytes([0, 1, 2, 10, 1, 10][:n]))
         p = subprocess.run([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--world-size", "1",
                             "--layers", "4,10", "--data", data, "--steps", "1"] + FAST,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=WAIT)
         want = (f"{data}/train-labels-idx1-ubyte: label 10 (example 3, counting from 0) is out of "
                 "range: the model has 10 classes")
         assert p.returncode == 1 and want in p.stderr, p.stderr
@@ -889,7 +942,7 @@ def case_errors(tmp):
     assert p.returncode == 2 and "--layers" in p.stderr, p.stderr
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
                         "--momentum", "1.5", "--rpc-timeout", "300ms", "--join-timeout",
-                        "300ms"], capture_output=True, text=True, timeout=60)
+                        "300ms"], capture_output=True, text=True, timeout=WAIT)
     assert p.returncode == 2 and "--momentum" in p.stderr, p.stderr
     p = subprocess.run([AGENT, "--coordinator", "127.0.0.1:1", "--world-size", "1",
                         "--device", "tpu"], capture_output=True, text=True)
@@ -914,7 +967,7 @@ def case_environment(tmp):
                SLURM_NODEID="1", SLURMD_NODENAME="gpu-07", GRADSYNC_COORDINATOR="head:7171",
                GRADSYNC_TOKEN="s3cret-token")
     p = subprocess.run([AGENT, "--print-config", "--lr", "0.1"], capture_output=True, text=True,
-                       env=env, timeout=60)
+                       env=env, timeout=WAIT)
     assert p.returncode == 0, p
     rows = {line.split()[0]: line.split(None, 2)[1:] for line in p.stdout.splitlines()
             if line.startswith("--")}
@@ -931,7 +984,7 @@ def case_environment(tmp):
     # A flag wins over GRADSYNC_*, which wins over SLURM's; the lost ones are named.
     env.update(GRADSYNC_WORLD_SIZE="4")
     p = subprocess.run([AGENT, "--print-config", "--job", "mine"], capture_output=True,
-                       text=True, env=env, timeout=60)
+                       text=True, env=env, timeout=WAIT)
     assert p.returncode == 0, p
     assert re.search(r"^--job +mine +flag; unused: \$SLURM_JOB_ID=slurm-4242$", p.stdout,
                      re.M), p.stdout
@@ -952,11 +1005,11 @@ def clean_env(**extra):
 
 def job_state(http, job):
     """The job's state at the coordinator's /jobs/NAME."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{http}/jobs/{job}", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/jobs/{job}", timeout=WAIT) as r:
         return json.load(r)["state"]
 
 
-def run_nodes(argvs, envs, timeout=120):
+def run_nodes(argvs, envs, timeout=2 * WAIT):
     """Runs one gradsync-run per node at once; their (exit code, output)."""
     procs = [subprocess.Popen([RUN] + a, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=e) for a, e in zip(argvs, envs)]
@@ -1001,7 +1054,7 @@ def case_multinode(tmp):
                           SLURM_PROCID=str(i), SLURM_LOCALID="0", MASTER_ADDR=host,
                           GRADSYNC_COORDINATOR_PORT=str(rpc)) for i in range(2)]
         p = subprocess.run([RUN, "--print-config"], capture_output=True, text=True, env=envs[1],
-                           timeout=30)
+                           timeout=WAIT)
         assert p.returncode == 0, p
         for flag, value, source in [("--nproc", "1", "$SLURM_GPUS_ON_NODE"),
                                     ("--nnodes", "2", "$SLURM_NNODES"),
@@ -1037,7 +1090,7 @@ def case_command(tmp):
     p = subprocess.run([RUN, "--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "2",
                         "--coordinator", "127.0.0.1:9", "--node", "cmd-node", "--job", "cmd",
                         "--", sys.executable, "-c", script, "--lr", "1"],
-                       capture_output=True, text=True, timeout=60, env=clean_env())
+                       capture_output=True, text=True, timeout=WAIT, env=clean_env())
     assert p.returncode == 0, p
     for i in range(2):
         assert f"[local rank {i}] ARGS ['--lr', '1']" in p.stdout, p.stdout
@@ -1051,19 +1104,17 @@ def case_command(tmp):
     # run (1: a status above 125 is the shell's, not the rank's).
     p = subprocess.run([RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--",
                         "sh", "-c", "exit $((3 + LOCAL_RANK))"],
-                       capture_output=True, text=True, timeout=60, env=clean_env())
+                       capture_output=True, text=True, timeout=WAIT, env=clean_env())
     assert p.returncode in (3, 4) and "exited with status" in p.stderr, p
-    # One local rank failing stops the others on its node (SIGTERM), at once.
-    t0 = time.monotonic()
+    # One local rank failing stops the others on its node (SIGTERM), at once:
+    # the other would sleep an hour.
     p = subprocess.run([RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--", "sh", "-c",
-                        '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 60'],
-                       capture_output=True, text=True, timeout=60, env=clean_env())
-    took = time.monotonic() - t0
+                        '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 3600'],
+                       capture_output=True, text=True, timeout=WAIT, env=clean_env())
     assert p.returncode == 5 and "stopping the other ranks" in p.stderr, p
     assert "rank 0 killed by signal SIGTERM" in p.stderr, p.stderr
-    assert took < 10, took
     p = subprocess.run([RUN, "--nproc", "1", "--coordinator", "127.0.0.1:9", "--",
-                        "no-such-program-gs"], capture_output=True, text=True, timeout=60,
+                        "no-such-program-gs"], capture_output=True, text=True, timeout=WAIT,
                        env=clean_env())
     assert p.returncode == 1 and "cannot execute no-such-program-gs" in p.stderr, p
     assert "rank 0 exited with status 127" in p.stderr, p
@@ -1105,7 +1156,7 @@ def case_restart(tmp):
         wait_for(p, lines, r"\[rank 1\].*joined generation 2")
         seen.update(children(p.pid))
         lines.append(p.stdout.read())
-        p.wait(timeout=120)
+        p.wait(timeout=2 * WAIT)
         took = time.monotonic() - t0
     finally:
         p.kill()
@@ -1141,7 +1192,7 @@ def run_until(args, pattern, act):
         wait_for(p, lines, pattern)
         act(p)
         lines.append(p.stdout.read())
-        p.wait(timeout=30)
+        p.wait(timeout=WAIT)
     finally:
         p.kill()
         p.wait()
@@ -1158,7 +1209,7 @@ def case_restart_command(tmp):
     base = [RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--"]
     t0 = time.monotonic()
     p = subprocess.run([RUN, "--max-restarts", "2"] + base[1:] + ["sh", "-c", "echo start; exit 3"],
-                       capture_output=True, text=True, timeout=60, env=clean_env())
+                       capture_output=True, text=True, timeout=WAIT, env=clean_env())
     took = time.monotonic() - t0
     assert p.returncode == 3, p
     for i in range(2):
@@ -1174,7 +1225,7 @@ def case_restart_command(tmp):
             f"not restarting local rank {other}: stopping" in p.stderr), p.stderr
     assert p.stdout.count(f"[local rank {last[0]}] start") == 3, p.stdout
     assert p.stdout.count(f"[local rank {other}] start") in (2, 3), p.stdout
-    assert 3.0 <= took < 10, took
+    assert took >= 3.0, took  # it waited 1 s, then 2 s
     print(f"always failing: 3 starts in slot {last[0]}, then exit 3 after {took:.1f} s")
 
     # Fails the first time in each slot, then finishes: exit 0.
@@ -1183,7 +1234,7 @@ def case_restart_command(tmp):
               "print('again' if again else 'first', os.environ['GRADSYNC_LOCAL_RANK'], "
               "os.environ['WORLD_SIZE'], sys.argv[2]); sys.exit(0 if again else 4)")
     p = subprocess.run(base + [sys.executable, "-c", script, tmp, "arg"], capture_output=True,
-                       text=True, timeout=60, env=clean_env(GRADSYNC_MAX_RESTARTS="1"))
+                       text=True, timeout=WAIT, env=clean_env(GRADSYNC_MAX_RESTARTS="1"))
     assert p.returncode == 0, p
     for i in range(2):
         assert f"[local rank {i}] first {i} 2 arg" in p.stdout, p.stdout
@@ -1192,15 +1243,13 @@ def case_restart_command(tmp):
     assert "all 2 local ranks of node 0 finished after 2 restarts" in p.stderr, p.stderr
     print("failing once per slot (GRADSYNC_MAX_RESTARTS=1): restarted, exit 0")
 
-    # The flag beats the variable; 0 is the first failure stopping the others.
-    t0 = time.monotonic()
+    # The flag beats the variable; 0 is the first failure stopping the others
+    # (the other would sleep an hour).
     p = subprocess.run([RUN, "--max-restarts", "0"] + base[1:] + [
-        "sh", "-c", '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 60'],
-        capture_output=True, text=True, timeout=60, env=clean_env(GRADSYNC_MAX_RESTARTS="5"))
-    took = time.monotonic() - t0
+        "sh", "-c", '[ "$LOCAL_RANK" = 1 ] && exit 5; exec sleep 3600'],
+        capture_output=True, text=True, timeout=WAIT, env=clean_env(GRADSYNC_MAX_RESTARTS="5"))
     assert p.returncode == 5 and "stopping the other ranks" in p.stderr, p
     assert "restart" not in p.stderr and "local rank 1 exited with status 5\n" in p.stderr, p
-    assert took < 10, took
 
     # SIGTERM while a restart waits: it does not happen.
     code, text = run_until(["--max-restarts", "5", "--nproc", "1"] + base[3:] +
@@ -1219,7 +1268,7 @@ def case_restart_command(tmp):
         assert len(coord) == 1, children(p.pid)
         os.kill(coord[0], signal.SIGKILL)
 
-    code, text = run_until(["--nproc", "2", "--max-restarts", "3", "--", "sleep", "60"],
+    code, text = run_until(["--nproc", "2", "--max-restarts", "3", "--", "sleep", "3600"],
                            r"coordinator rpc=", kill_coordinator)
     assert code == 1, (code, text)
     assert "coordinator killed by signal SIGKILL while ranks were running" in text, text
@@ -1250,13 +1299,13 @@ def case_launcher_errors(tmp):
             ([], {"PET_NNODES": "2"}, 2, "--nproc N is required"),
             (["--nproc", "1", "--coordinator", "h:1", "--", "--node", "x"], {}, 2,
              "'--node' is set by the launcher")]:
-        p = subprocess.run([RUN] + args, capture_output=True, text=True, timeout=30,
+        p = subprocess.run([RUN] + args, capture_output=True, text=True, timeout=WAIT,
                            env=dict(env, **extra))
         assert p.returncode == code and text in p.stderr, (args, extra, p)
     # A coordinator nobody serves: the agents' own error, the run fails.
     p = subprocess.run([RUN, "--nproc", "1", "--coordinator", "127.0.0.1:9", "--",
                         "--steps", "1", "--join-timeout", "1s", "--rpc-timeout", "1s"],
-                       capture_output=True, text=True, timeout=60, env=env)
+                       capture_output=True, text=True, timeout=WAIT, env=env)
     assert p.returncode != 0 and "[local rank 0]" in p.stderr, p
     print("bad multi-node settings are refused with the flag and its source")
 

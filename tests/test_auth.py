@@ -13,6 +13,9 @@ import sys
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import WAIT  # noqa: E402
+
 BIN_DIR, COORD = sys.argv[1], sys.argv[2]
 AGENT = os.path.join(BIN_DIR, "gradsync-agent")
 SECRET = "cluster-secret-0123"
@@ -37,10 +40,19 @@ def train(rpc, job, token, world=2):
     env = dict(os.environ, GRADSYNC_TOKEN=token)
     ps = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", job, "--world-size", str(world),
                             "--local-rank", str(i), "--reduce", "mean", "--steps", "20",
-                            "--no-validate", "--join-timeout", "20s"],
+                            "--no-validate", "--join-timeout", "600s"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
           for i in range(world)]
-    return [(p.wait(timeout=120), p.stderr.read()) for p in ps]
+    try:
+        out = []
+        for p in ps:
+            _, err = p.communicate(timeout=2 * WAIT)
+            out.append((p.returncode, err))
+        return out
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
 
 
 def http(url, token=None, body=None):
@@ -50,7 +62,7 @@ def http(url, token=None, body=None):
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=WAIT) as r:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code

@@ -18,6 +18,7 @@
 #include <zlib.h>
 
 #include "checkpoint.h"
+#include "scratch.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define HASH 0x0123456789abcdefULL
@@ -122,10 +123,10 @@ static void expect_same(const tstate_t *got, const tstate_t *want)
 
 static char *make_dir(void)
 {
-  char tmpl[] = "/tmp/ckpt-test-XXXXXX";
+  char dir[PATH_MAX];
 
-  ck_assert_ptr_nonnull(mkdtemp(tmpl));
-  return strdup(tmpl);
+  ts_mkdtemp(dir, sizeof(dir), "ckpt");
+  return strdup(dir);
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -1311,8 +1312,10 @@ int main(void)
   SRunner *sr = srunner_create(checkpoint_suite());
   int failed;
 
+  ts_begin("test_checkpoint");
   srunner_run_all(sr, CK_NORMAL);
   failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  ts_end();
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -26,6 +26,13 @@
 
 #define MAX_W 5
 #define BIG 3000017 /* floats; prime, so the ring segments differ in length */
+/* The comm timeout where nothing is to time out: generous, since a loaded
+ * machine can starve a rank's thread for seconds. */
+#define WAIT_MS 60000
+/* Where only an abort, a signal or a peer's close may end the wait: an
+ * hour, so that a wait that did not end would fail the test (at its check
+ * timeout) rather than pass slowly. How soon they end is bench/'s. */
+#define NEVER_MS 3600000
 
 typedef struct world world_t;
 
@@ -37,6 +44,7 @@ typedef struct rank_ctx {
   int init_err;
   int err;       /* what the body's operation of interest returned */
   uint64_t took; /* ms the body's operation of interest took */
+  int stage;     /* 1: calling init; 2: calling the operation of interest (atomic) */
   char why[512]; /* first mismatch found by the body, "" if none */
   float *result; /* body_agree's results, compared across ranks */
   pthread_t thread;
@@ -48,6 +56,7 @@ struct world {
   uint32_t size;
   uint64_t generation;
   uint64_t timeout_ms;
+  uint64_t connect_timeout_ms; /* 0: timeout_ms */
   char addrs[MAX_W][64];
   const char *addr_ptrs[MAX_W];
   rank_ctx_t ranks[MAX_W];
@@ -110,10 +119,12 @@ static void *rank_main(void *arg)
                            .world_size = w->size,
                            .generation = gen,
                            .peer_addrs = w->addr_ptrs,
-                           .timeout_ms = w->timeout_ms};
+                           .timeout_ms = w->timeout_ms,
+                           .connect_timeout_ms = w->connect_timeout_ms};
 
   if (w->skip_init[rc->rank])
     return NULL;
+  __atomic_store_n(&rc->stage, 1, __ATOMIC_SEQ_CST);
   rc->init_err = gs_comm_init(rc->comm, &setup);
   if (rc->init_err == 0 && w->body)
     w->body(rc);
@@ -125,6 +136,17 @@ static void world_start(world_t *w, body_fn body)
   w->body = body;
   for (uint32_t r = 0; r < w->size; r++)
     ck_assert_int_eq(pthread_create(&w->ranks[r].thread, NULL, rank_main, &w->ranks[r]), 0);
+}
+
+/* Waits until ranks 0..n-1 reached `stage` (see rank_ctx_t). */
+static void world_wait_stage(world_t *w, uint32_t n, int stage)
+{
+  for (uint32_t r = 0; r < n; r++)
+    for (uint64_t deadline = gs_now_ms() + WAIT_MS;
+         __atomic_load_n(&w->ranks[r].stage, __ATOMIC_SEQ_CST) < stage;) {
+      ck_assert_msg(gs_now_ms() < deadline, "rank %u never reached stage %d", r, stage);
+      sleep_ms(1);
+    }
 }
 
 static void world_join(world_t *w)
@@ -159,7 +181,7 @@ static void run_world(uint32_t size, body_fn body)
   world_t *w = malloc(sizeof(*w));
 
   ck_assert_ptr_nonnull(w);
-  world_open(w, size, 42, 10000);
+  world_open(w, size, 42, WAIT_MS);
   world_start(w, body);
   world_join(w);
   world_check(w, true);
@@ -356,7 +378,7 @@ START_TEST(ranks_agree_bitwise)
   size_t total = 1000 + 100003;
 
   ck_assert_ptr_nonnull(w);
-  world_open(w, (uint32_t)_i, 42, 10000);
+  world_open(w, (uint32_t)_i, 42, WAIT_MS);
   world_start(w, body_agree);
   world_join(w);
   world_check(w, true);
@@ -445,6 +467,7 @@ static void timed_allreduce(rank_ctx_t *rc, size_t n)
   float *buf = calloc(n, sizeof(float));
   uint64_t t0 = gs_now_ms();
 
+  __atomic_store_n(&rc->stage, 2, __ATOMIC_SEQ_CST);
   rc->err = buf ? gs_comm_allreduce(rc->comm, buf, n, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) : GS_ENOMEM;
   rc->took = gs_now_ms() - t0;
   free(buf);
@@ -467,59 +490,60 @@ static void body_stuck(rank_ctx_t *rc)
     mismatch(rc, "the operation after a failed one did not fail the same way");
 }
 
-/* Aborting ranks 1 and 0 from the main thread 200 ms in: both return
- * GS_EABORTED within a second. Rank 1 is aborted first: its closed sockets
- * cannot reach rank 0, which by then only waits on rank 2; the other order
- * could let rank 1 see rank 0's close (GS_ECLOSED) before its own abort. */
+/* Aborting ranks 1 and 0 from the main thread once both are in the
+ * allreduce: both return GS_EABORTED (their timeout is an hour). Rank 1 is
+ * aborted first: its closed sockets cannot reach rank 0, which only waits
+ * on rank 2; the other order could let rank 1 see rank 0's close
+ * (GS_ECLOSED) before its own abort. */
 START_TEST(abort_unblocks)
 {
   world_t *w = malloc(sizeof(*w));
 
-  world_open(w, 3, 1, 10000);
+  world_open(w, 3, 1, NEVER_MS);
   w->stuck_len = stuck_lens[_i];
   world_start(w, body_stuck);
-  sleep_ms(200);
+  world_wait_stage(w, 2, 2);
   gs_comm_abort(w->ranks[1].comm);
   gs_comm_abort(w->ranks[0].comm);
   gs_comm_abort(w->ranks[0].comm); /* idempotent */
   world_join(w);
   world_check(w, true);
-  for (uint32_t r = 0; r < 2; r++) {
+  for (uint32_t r = 0; r < 2; r++)
     ck_assert_msg(w->ranks[r].err == GS_EABORTED, "rank %u: %s", r, gs_err_name(w->ranks[r].err));
-    ck_assert_msg(w->ranks[r].took < 1200, "rank %u took %llu ms", r,
-                  (unsigned long long)w->ranks[r].took);
-  }
   world_close(w);
   free(w);
 }
 END_TEST
 
-/* Aborting a rank that waits in init for a peer that never comes. */
+/* Aborting a rank that waits in init for a peer that never comes (for an
+ * hour, its timeout). */
 START_TEST(abort_during_init)
 {
   world_t *w = malloc(sizeof(*w));
-  uint64_t t0 = gs_now_ms();
 
-  world_open(w, 2, 1, 10000);
+  world_open(w, 2, 1, NEVER_MS);
   w->skip_init[1] = true;
   world_start(w, NULL);
-  sleep_ms(100);
+  world_wait_stage(w, 1, 1);
   gs_comm_abort(w->ranks[0].comm);
   world_join(w);
   ck_assert_int_eq(w->ranks[0].init_err, GS_EABORTED);
-  ck_assert_uint_lt(gs_now_ms() - t0, 2000);
   world_close(w);
   free(w);
 }
 END_TEST
 
 /* Same as abort_unblocks, no abort, a 300 ms timeout: rank 0 (which waits
- * on rank 2) times out; rank 1 times out too, or sees rank 0 give up. */
+ * on rank 2) times out; rank 1 times out too, or sees rank 0 give up. A
+ * rank that timed out did not before its timeout (how soon after is no
+ * test's business); one that saw the other give up may have started late.
+ * The ring itself may take its time to form (a loaded machine). */
 START_TEST(timeout_in_op)
 {
   world_t *w = malloc(sizeof(*w));
 
   world_open(w, 3, 1, 300);
+  w->connect_timeout_ms = WAIT_MS;
   w->stuck_len = stuck_lens[_i];
   world_start(w, body_stuck);
   world_join(w);
@@ -528,8 +552,9 @@ START_TEST(timeout_in_op)
   ck_assert_msg(w->ranks[1].err == GS_ETIMEDOUT || w->ranks[1].err == GS_ECLOSED, "rank 1: %s",
                 gs_err_name(w->ranks[1].err));
   for (uint32_t r = 0; r < 2; r++)
-    ck_assert_msg(w->ranks[r].took >= 250 && w->ranks[r].took < 1500, "rank %u took %llu ms", r,
-                  (unsigned long long)w->ranks[r].took);
+    if (w->ranks[r].err == GS_ETIMEDOUT)
+      ck_assert_msg(w->ranks[r].took >= 250, "rank %u took %llu ms", r,
+                    (unsigned long long)w->ranks[r].took);
   world_close(w);
   free(w);
 }
@@ -546,7 +571,7 @@ START_TEST(timeout_in_init)
   world_join(w);
   took = gs_now_ms() - t0;
   ck_assert_int_eq(w->ranks[0].init_err, GS_ETIMEDOUT);
-  ck_assert_msg(took >= 250 && took < 1500, "took %llu ms", (unsigned long long)took);
+  ck_assert_msg(took >= 250, "took %llu ms", (unsigned long long)took);
   world_close(w);
   free(w);
 }
@@ -586,7 +611,7 @@ START_TEST(peer_death)
   world_t *w = malloc(sizeof(*w));
   char text[2][4096];
 
-  world_open(w, 3, 1, 10000);
+  world_open(w, 3, 1, NEVER_MS); /* only rank 2's close can end the wait */
   for (uint32_t r = 0; r < 2; r++)
     ck_assert_ptr_nonnull(w->ranks[r].log.out = tmpfile());
   world_start(w, body_death);
@@ -594,8 +619,6 @@ START_TEST(peer_death)
   world_check(w, true);
   for (uint32_t r = 0; r < 2; r++) {
     ck_assert_msg(w->ranks[r].err == GS_ECLOSED, "rank %u: %s", r, gs_err_name(w->ranks[r].err));
-    ck_assert_msg(w->ranks[r].took < 3000, "rank %u took %llu ms", r,
-                  (unsigned long long)w->ranks[r].took);
     read_log(w->ranks[r].log.out, text[r], sizeof(text[r]));
   }
   /* Whoever noticed first names rank 2 and its address. */
@@ -664,7 +687,7 @@ START_TEST(handshake_refuses_strangers)
   uint8_t hello[3][24], reply[64];
   int fd[3];
 
-  world_open(w, 2, 7, 10000);
+  world_open(w, 2, 7, WAIT_MS);
   encode_hello(hello[0], 0, 2, 6); /* a stale rank 0 */
   encode_hello(hello[1], 1, 2, 7); /* claims to be rank 1 */
   memset(hello[2], 'x', sizeof(hello[2]));
@@ -698,7 +721,7 @@ START_TEST(handshake_stale_rank)
   world_t *w = malloc(sizeof(*w));
   int e0, e1;
 
-  world_open(w, 2, 7, 1000);
+  world_open(w, 2, 7, 5000);
   w->generation_of[1] = 8;
   world_start(w, NULL);
   world_join(w);
@@ -858,7 +881,7 @@ END_TEST
 static gs_comm_setup_t rank0_of_two(const char **addrs)
 {
   return (gs_comm_setup_t){
-      .rank = 0, .world_size = 2, .generation = 1, .peer_addrs = addrs, .timeout_ms = 60000};
+      .rank = 0, .world_size = 2, .generation = 1, .peer_addrs = addrs, .timeout_ms = NEVER_MS};
 }
 
 /* A peer that cannot be reached fails within the connect timeout, with a
@@ -875,7 +898,7 @@ START_TEST(unreachable_peer_fails_within_connect_timeout)
   setup.connect_timeout_ms = 300;
   t0 = gs_now_ms();
   ck_assert_int_eq(gs_comm_init(c, &setup), GS_ETIMEDOUT);
-  ck_assert_uint_lt(gs_now_ms() - t0, 5000);
+  ck_assert_uint_ge(gs_now_ms() - t0, 290); /* its own (0.3 s), not the hour of rank0_of_two */
   snprintf(want, sizeof(want),
            "rank 0 could not connect to rank 1 at %s within 0.3 s: connection refused", peer);
   ck_assert_msg(strstr(gs_comm_why(c), want), "%s", gs_comm_why(c));
@@ -895,8 +918,8 @@ static void *raise_term_later(void *arg)
   return NULL;
 }
 
-/* The owner's signal ends a rendezvous whose peer is missing within
- * about 100 ms, not at the connect timeout. */
+/* The owner's signal ends a rendezvous whose peer is missing, not the
+ * connect timeout (an hour). */
 START_TEST(signal_ends_connecting)
 {
   char self[64], peer[64];
@@ -904,15 +927,12 @@ START_TEST(signal_ends_connecting)
   gs_comm_t *c = listen_as(&(gs_comm_endpoint_t){.bind = "127.0.0.1"}, 0, self, sizeof(self));
   gs_comm_setup_t setup = rank0_of_two(addrs);
   pthread_t t;
-  uint64_t t0;
 
   snprintf(peer, sizeof(peer), "127.0.0.1:%u", free_port());
   setup.interrupt = &term_flag;
   term_flag = 0;
   ck_assert_int_eq(pthread_create(&t, NULL, raise_term_later, NULL), 0);
-  t0 = gs_now_ms();
   ck_assert_int_eq(gs_comm_init(c, &setup), GS_EINTR);
-  ck_assert_uint_lt(gs_now_ms() - t0, 1000);
   ck_assert_msg(strstr(gs_comm_why(c), "rank 0: interrupted by SIGTERM while connecting to rank 1"),
                 "%s", gs_comm_why(c));
   pthread_join(t, NULL);
@@ -948,7 +968,7 @@ START_TEST(ipv6_loopback)
   memset(w, 0, sizeof(*w));
   w->size = 2;
   w->generation = 3;
-  w->timeout_ms = 5000;
+  w->timeout_ms = WAIT_MS;
   for (int r = 0; r < 2; r++) {
     w->ranks[r] = (rank_ctx_t){.w = w, .rank = (uint32_t)r, .comm = c[r]};
     w->addr_ptrs[r] = addrs[r];
@@ -973,7 +993,7 @@ START_TEST(transport_as_configured)
   world_t *w = malloc(sizeof(*w));
   char text[4096];
 
-  world_open(w, 3, 1, 10000);
+  world_open(w, 3, 1, WAIT_MS);
   w->ranks[0].log.level = GS_LOG_DEBUG;
   ck_assert_ptr_nonnull(w->ranks[0].log.out = tmpfile());
   world_start(w, body_small_sum);
@@ -1048,7 +1068,7 @@ static pid_t fork_reader(const uint8_t *offer, int out)
     char buf[8] = "", c = 'n';
     bool wake;
 
-    for (uint64_t t0 = gs_now_ms(); p && gs_now_ms() - t0 < 5000;)
+    for (uint64_t t0 = gs_now_ms(); p && gs_now_ms() - t0 < WAIT_MS;)
       if (gs__shm_read(p, buf, 5, &wake) == 5) {
         c = memcmp(buf, "hello", 5) == 0 ? 'y' : 'x';
         break;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "harness.h"
 
 #define OK 0
@@ -44,7 +45,7 @@ static void join_all(th_client_t *cl, gradsync_JoinResponse *resp, bool with_pee
       gs_pb_array_init(&arrs[i], gradsync_Peer_fields, sizeof(gradsync_Peer), 64);
       gs_pb_array_bind_decode(&resp[i].peers, &arrs[i]);
     }
-    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], 10000), 0);
+    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], TH_WAIT_MS), 0);
     ck_assert_msg(env.status == OK, "join %u: %s", i, env.message);
   }
 }
@@ -124,7 +125,7 @@ START_TEST(ring_peers_list_neighbours_only)
 
     gs_pb_array_init(&arr[i], gradsync_Peer_fields, sizeof(gradsync_Peer), 8);
     gs_pb_array_bind_decode(&resp.peers, &arr[i]);
-    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS), 0);
     ck_assert_int_eq(env.status, OK);
     p = arr[i].items;
     ck_assert_uint_eq(arr[i].count, 2);
@@ -150,6 +151,7 @@ START_TEST(join_refusals_name_the_difference)
   th_connect(&b, coord.rpc_port);
   req = th_join_request("j", 2, "n0", 0);
   th_send(&a, "Join", 0, gradsync_JoinRequest_fields, &req);
+  free(th_http_wait(coord.http_port, "/status", "\"rendezvous\":{\"joined\":1,"));
   /* World size disagreement: refused at once. */
   req = th_join_request("j", 3, "n1", 0);
   ck_assert_int_eq(
@@ -167,7 +169,7 @@ START_TEST(join_refusals_name_the_difference)
   /* A duplicate (node, local_rank) is refused at once. */
   req = th_join_request("j", 2, "n0", 0);
   th_send(&b, "Join", 0, gradsync_JoinRequest_fields, &req);
-  ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 6);
   ck_assert_ptr_nonnull(strstr(env.message, "local_rank 0 already joined"));
   /* A different model fails the whole rendezvous, for every member. */
@@ -175,10 +177,10 @@ START_TEST(join_refusals_name_the_difference)
   req = th_join_request("j", 2, "n1", 0);
   req.model_signature.param_count = 8;
   th_send(&c, "Join", 0, gradsync_JoinRequest_fields, &req);
-  ck_assert_int_eq(th_recv(&c, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&c, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 3);
   ck_assert_ptr_nonnull(strstr(env.message, "param_count 8 vs 6"));
-  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 9);
   ck_assert_ptr_nonnull(strstr(env.message, "unlike rank 0's"));
   /* The job can rendezvous again afterwards, and refuses a join while running. */
@@ -189,7 +191,7 @@ START_TEST(join_refusals_name_the_difference)
                            gradsync_JoinResponse_fields, &resp, NULL, 0),
                    OK);
   ck_assert_uint_eq(resp.rank, 1);
-  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, OK);
   th_connect(&d, coord.rpc_port);
   req = th_join_request("j", 2, "n2", 0);
@@ -218,14 +220,14 @@ START_TEST(token_is_required_when_set)
   ck_assert_str_eq(msg, "missing token");
   /* One error reply, then the coordinator closes an unauthenticated
    * connection: a client without the token gets nothing more. */
-  ck_assert(th_closed_by_peer(&a, 2000));
+  ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
   th_close(&a);
   th_connect(&a, coord.rpc_port);
   a.token = "s3cre";
   ck_assert_int_eq(
       th_call(&a, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 16);
   ck_assert_str_eq(msg, "wrong token");
-  ck_assert(th_closed_by_peer(&a, 2000));
+  ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
   th_close(&a);
   th_connect(&a, coord.rpc_port);
   a.token = "s3cret";
@@ -260,8 +262,10 @@ START_TEST(fetch_waits_for_publish)
   snprintf(fetch.job, sizeof(fetch.job), "b");
   fetch.generation = 1;
   snprintf(fetch.key, sizeof(fetch.key), "nccl_id");
-  th_send(&cl[1], "Fetch", 5000, gradsync_FetchRequest_fields, &fetch);
-  /* Not answered before the publish. */
+  th_send(&cl[1], "Fetch", TH_WAIT_MS, gradsync_FetchRequest_fields, &fetch);
+  /* The coordinator has it, and has not answered it before the publish. */
+  free(th_http_wait(coord.http_port, "/metrics",
+                    "gradsync_rpc_requests_total{method=\"Fetch\"} 1\n"));
   ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, 200), -1);
   snprintf(pub.job, sizeof(pub.job), "b");
   pub.generation = 1;
@@ -270,7 +274,7 @@ START_TEST(fetch_waits_for_publish)
   memset(pub.value.bytes, 0xab, 128);
   ck_assert_int_eq(
       th_call(&cl[0], "Publish", gradsync_PublishRequest_fields, &pub, NULL, NULL, NULL, 0), OK);
-  ck_assert_int_eq(th_recv(&cl[1], &env, gradsync_FetchResponse_fields, &got, 5000), 0);
+  ck_assert_int_eq(th_recv(&cl[1], &env, gradsync_FetchResponse_fields, &got, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, OK);
   ck_assert_uint_eq(got.value.size, 128);
   ck_assert_uint_eq(got.value.bytes[127], 0xab);
@@ -282,7 +286,7 @@ START_TEST(fetch_waits_for_publish)
   /* A fetch of a blob never published ends at its deadline. */
   snprintf(fetch.key, sizeof(fetch.key), "never");
   th_send(&cl[1], "Fetch", 300, gradsync_FetchRequest_fields, &fetch);
-  ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 4);
   /* Wrong generation. */
   fetch.generation = 7;
@@ -355,14 +359,17 @@ START_TEST(pack_list_published_by_rank0_reaches_all)
       th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
     }
     for (uint32_t i = 0; i < 2; i++) {
-      ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], 5000), 0);
+      ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], TH_WAIT_MS),
+                       0);
       ck_assert_int_eq(env.status, OK);
       ck_assert_uint_eq(resp[i].rank, i);
     }
   }
   snprintf(fetch.job, sizeof(fetch.job), "p");
   fetch.generation = 1;
-  th_send(&cl[1], "FetchPackList", 5000, gradsync_FetchPackListRequest_fields, &fetch);
+  th_send(&cl[1], "FetchPackList", TH_WAIT_MS, gradsync_FetchPackListRequest_fields, &fetch);
+  free(th_http_wait(coord.http_port, "/metrics",
+                    "gradsync_rpc_requests_total{method=\"FetchPackList\"} 1\n"));
   ck_assert_int_eq(th_recv(&cl[1], &env, NULL, NULL, 200), -1);
   /* Only rank 0 may publish. */
   pl_init(&f, 1);
@@ -391,7 +398,8 @@ START_TEST(pack_list_published_by_rank0_reaches_all)
   gs_pb_array_bind_decode(&got.pack_list.params, &g_params);
   gs_pb_array_bind_decode(&got.pack_list.pack_sizes, &g_sizes);
   gs_pb_array_bind_decode(&got.pack_list.pack_params, &g_order);
-  ck_assert_int_eq(th_recv(&cl[1], &env, gradsync_FetchPackListResponse_fields, &got, 5000), 0);
+  ck_assert_int_eq(th_recv(&cl[1], &env, gradsync_FetchPackListResponse_fields, &got, TH_WAIT_MS),
+                   0);
   ck_assert_int_eq(env.status, OK);
   ck_assert_uint_eq(got.pack_list.threshold_bytes, 1000);
   ck_assert_uint_eq(g_params.count, 3);
@@ -435,6 +443,10 @@ static int heartbeat(th_client_t *cl, const char *job, uint64_t gen, uint32_t ra
                  gradsync_HeartbeatResponse_fields, resp, NULL, 0);
 }
 
+/* Everyone but one rank keeps heartbeating, every 100 ms: the silent one
+ * is lost after 3 s, a timeout that a loaded machine does not reach by
+ * starving the test between two heartbeats of the others (at 400 ms it
+ * did: the reason named another rank). */
 START_TEST(silent_rank_aborts_generation_then_rejoin)
 {
   th_client_t cl[3];
@@ -442,10 +454,9 @@ START_TEST(silent_rank_aborts_generation_then_rejoin)
   gradsync_HeartbeatResponse hb;
   uint32_t quiet = 2;
 
-  th_coord_start(&coord, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "400ms", NULL);
+  th_coord_start(&coord, "--heartbeat-interval", "100ms", "--heartbeat-timeout", "3s", NULL);
   join_all(cl, resp, false, NULL, 3, "h");
-  /* Everyone but one rank keeps heartbeating. */
-  for (int t = 0; t < 12; t++) {
+  for (uint64_t t = 0, deadline = gs_now_ms() + TH_WAIT_MS; gs_now_ms() < deadline; t++) {
     for (uint32_t i = 0; i < 3; i++) {
       if (resp[i].rank == quiet)
         continue;
@@ -477,7 +488,7 @@ aborted:
   for (uint32_t i = 0; i < 3; i++) {
     gradsync_Envelope env;
 
-    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], 5000), 0);
+    ck_assert_int_eq(th_recv(&cl[i], &env, gradsync_JoinResponse_fields, &resp[i], TH_WAIT_MS), 0);
     ck_assert_msg(env.status == OK, "%s", env.message);
     ck_assert_uint_eq(resp[i].generation, 2);
   }
@@ -504,8 +515,13 @@ START_TEST(dropped_connection_aborts_generation)
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 2, "d");
   th_close(&cl[1]);
-  usleep(100000);
-  ck_assert_int_eq(heartbeat(&cl[0], "d", 1, resp[0].rank, 1, &hb), OK);
+  /* Heartbeats go on until the coordinator has seen the close. */
+  for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS;;) {
+    ck_assert_int_eq(heartbeat(&cl[0], "d", 1, resp[0].rank, 1, &hb), OK);
+    if (hb.abort || gs_now_ms() > deadline)
+      break;
+    usleep(10000);
+  }
   ck_assert(hb.abort);
   ck_assert_ptr_nonnull(strstr(hb.abort_reason, "connection closed"));
   /* The job is failed, with the reason, until agents Join again. */
@@ -546,7 +562,12 @@ START_TEST(leave_then_close_loses_nothing)
   lv.rank = resp[0].rank;
   th_send(&cl[0], "Leave", 0, gradsync_LeaveRequest_fields, &lv);
   th_close(&cl[0]);
-  usleep(100000);
+  /* Once the coordinator took the Leave and saw the close: one rank left,
+   * none lost, and the other's heartbeat hears no abort. */
+  free(th_http_wait(coord.http_port, "/status", "\"connections\":1,"));
+  body = th_http_wait(coord.http_port, "/jobs/lc", "\"left\":1,");
+  ck_assert_ptr_nonnull(strstr(body, "\"lost\":0,"));
+  free(body);
   ck_assert_int_eq(heartbeat(&cl[1], "lc", 1, resp[1].rank, 1, &hb), OK);
   ck_assert(!hb.abort);
   lv.rank = resp[1].rank;
@@ -554,8 +575,7 @@ START_TEST(leave_then_close_loses_nothing)
     ck_assert_int_eq(
         th_call(&cl[1], "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0), OK);
   th_close(&cl[1]);
-  usleep(100000);
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/lc", NULL, NULL, &body), 200);
+  body = th_http_wait(coord.http_port, "/jobs/lc", "\"state\":\"finished\"");
   doc = cJSON_Parse(body);
   ck_assert_str_eq(cJSON_GetObjectItem(doc, "state")->valuestring, "finished");
   cJSON_Delete(doc);
@@ -618,7 +638,10 @@ START_TEST(status_json_field_by_field)
   ck_assert_int_eq(cJSON_GetObjectItem(summary, "lost")->valueint, 0);
   ck_assert_int_eq(cJSON_GetObjectItem(summary, "step_min")->valueint, 42);
   ck_assert_int_eq(cJSON_GetObjectItem(summary, "step_max")->valueint, 42);
-  ck_assert_double_lt(cJSON_GetObjectItem(summary, "oldest_heartbeat_s")->valuedouble, 5);
+  /* Seconds since the heartbeats just sent: small, but a loaded machine
+   * can take a while between the two calls. */
+  ck_assert_double_lt(cJSON_GetObjectItem(summary, "oldest_heartbeat_s")->valuedouble,
+                      TH_WAIT_MS / 1000.0);
   cJSON_Delete(doc);
   free(body);
   /* ?ranks=1 adds every rank. */
@@ -636,7 +659,8 @@ START_TEST(status_json_field_by_field)
   ck_assert_int_eq(cJSON_GetObjectItem(r1, "step")->valueint, 42);
   ck_assert_double_eq(cJSON_GetObjectItem(r1, "loss")->valuedouble, 0.5);
   ck_assert_double_eq(cJSON_GetObjectItem(r1, "samples_per_sec")->valuedouble, 1000);
-  ck_assert_double_lt(cJSON_GetObjectItem(r1, "last_heartbeat_s")->valuedouble, 5);
+  ck_assert_double_lt(cJSON_GetObjectItem(r1, "last_heartbeat_s")->valuedouble,
+                      TH_WAIT_MS / 1000.0);
   ck_assert_str_eq(cJSON_GetObjectItem(r1, "state")->valuestring, "running");
   cJSON_Delete(doc);
   free(body);
@@ -802,25 +826,28 @@ START_TEST(bad_input_never_harms_the_service)
   static const uint8_t bad_env[] = {0, 0, 0, 4, 0x0a, 100, 'a', 'b'};
   char msg[256];
 
-  th_coord_start(&coord, "--idle-timeout", "500ms", "--max-frame", "64KiB", NULL);
+  /* Connections idle far longer than the test waits: what closes one here
+   * is the bad input alone (a loaded machine can starve the test between
+   * two calls, or through the 300 heartbeats below, past a short one). */
+  th_coord_start(&coord, "--idle-timeout", "600s", "--max-frame", "64KiB", NULL);
   /* Oversized frame: an error reply, then the connection is closed. */
   th_connect(&a, coord.rpc_port);
   th_send_raw(&a, huge, sizeof(huge));
-  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 8);
-  ck_assert(th_closed_by_peer(&a, 5000));
+  ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
   th_close(&a);
   /* HTTP sent to the RPC port reads as an oversized frame too. */
   th_connect(&a, coord.rpc_port);
   th_send_raw(&a, garbage, strlen(garbage));
-  ck_assert(th_closed_by_peer(&a, 5000));
+  ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
   th_close(&a);
   /* An undecodable envelope. */
   th_connect(&b, coord.rpc_port);
   th_send_raw(&b, bad_env, sizeof(bad_env));
-  ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&b, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 3);
-  ck_assert(th_closed_by_peer(&b, 5000));
+  ck_assert(th_closed_by_peer(&b, TH_WAIT_MS));
   th_close(&b);
   /* Unknown method and an undecodable body: error replies, connection kept. */
   th_connect(&c, coord.rpc_port);
@@ -838,15 +865,7 @@ START_TEST(bad_input_never_harms_the_service)
   }
   /* Unknown job. */
   ck_assert_int_eq(heartbeat(&c, "ghost", 1, 0, 1, &hb), 5);
-  /* A truncated frame followed by silence: closed by the idle timeout. */
-  th_connect(&d, coord.rpc_port);
-  th_send_raw(&d, bad_env, 5);
-  ck_assert(th_closed_by_peer(&d, 5000));
-  th_close(&d);
-  /* A client that connects and sends nothing. */
-  th_connect(&e, coord.rpc_port);
-  ck_assert(th_closed_by_peer(&e, 5000));
-  th_close(&e);
+  th_close(&c);
   /* Many connections at once, then the service still answers. */
   {
     enum { N = 300 };
@@ -869,6 +888,18 @@ START_TEST(bad_input_never_harms_the_service)
                      OK);
   }
   th_close(&c);
+  stop_and_check();
+  /* Silence is what closes these two, at a short idle timeout. */
+  th_coord_start(&coord, "--idle-timeout", "500ms", NULL);
+  /* A truncated frame followed by silence: closed by the idle timeout. */
+  th_connect(&d, coord.rpc_port);
+  th_send_raw(&d, bad_env, 5);
+  ck_assert(th_closed_by_peer(&d, TH_WAIT_MS));
+  th_close(&d);
+  /* A client that connects and sends nothing. */
+  th_connect(&e, coord.rpc_port);
+  ck_assert(th_closed_by_peer(&e, TH_WAIT_MS));
+  th_close(&e);
   stop_and_check();
 }
 END_TEST
@@ -940,8 +971,7 @@ START_TEST(leaving_ranks_finish_the_job)
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 2, "f");
   leave_finished(cl, resp, 2, "f");
-  usleep(100000);
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
+  body = th_http_wait(coord.http_port, "/jobs/f", "\"state\":\"finished\"");
   doc = cJSON_Parse(body);
   ck_assert_str_eq(cJSON_GetObjectItem(doc, "state")->valuestring, "finished");
   ck_assert_str_eq(cJSON_GetObjectItem(doc, "abort_reason")->valuestring, "");
@@ -961,20 +991,20 @@ START_TEST(finished_job_is_forgotten_after_retention)
   char *body;
   int code = 0;
 
-  th_coord_start(&coord, "--job-retention", "300ms", NULL);
+  th_coord_start(&coord, "--job-retention", "300ms", "--heartbeat-timeout", "600s", NULL);
   join_all(other, oresp, false, NULL, 2, "running");
   join_all(cl, resp, false, NULL, 2, "f");
   leave_finished(cl, resp, 2, "f");
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
   free(body);
-  for (int i = 0; i < 100 && code != 404; i++) {
+  for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS; code != 404 && gs_now_ms() < deadline;) {
     usleep(50000);
     code = th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body);
     free(body);
   }
   ck_assert_int_eq(code, 404);
-  /* The other job is running (no heartbeats needed within the default
-   * 10 s timeout) and stays. */
+  /* The other job is running (no heartbeats needed within its 600 s
+   * timeout, however long the wait above took) and stays. */
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/running", NULL, NULL, &body), 200);
   free(body);
   th_close(&other[0]);
@@ -1007,11 +1037,11 @@ START_TEST(waiting_agent_that_disconnects_is_replaced)
 
     th_connect(&cl[i], coord.rpc_port);
     th_send(&cl[i], "Join", 0, gradsync_JoinRequest_fields, &req);
-    usleep(50000);
     if (i == 2) {
-      th_close(&cl[1]); /* in the middle of the waiting list */
-      usleep(100000);
-      ck_assert_int_eq(th_http(coord.http_port, "GET", "/status", NULL, NULL, &body), 200);
+      /* All three wait; then the one in the middle of the list goes. */
+      free(th_http_wait(coord.http_port, "/status", "\"rendezvous\":{\"joined\":3,"));
+      th_close(&cl[1]);
+      body = th_http_wait(coord.http_port, "/status", "\"rendezvous\":{\"joined\":2,");
       doc = cJSON_Parse(body);
       job = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "jobs"), 0);
       ck_assert_int_eq(
@@ -1023,7 +1053,8 @@ START_TEST(waiting_agent_that_disconnects_is_replaced)
   /* Ranks follow (node, local_rank): n0/0, n0/2, n0/3, n1/0. */
   for (uint32_t k = 0; k < 4; k++) {
     memset(&resp, 0, sizeof(resp));
-    ck_assert_int_eq(th_recv(&cl[kept[k]], &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+    ck_assert_int_eq(th_recv(&cl[kept[k]], &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS),
+                     0);
     ck_assert_msg(env.status == OK, "%s", env.message);
     ck_assert_uint_eq(resp.rank, k);
     ck_assert_uint_eq(resp.world_size, 4);
@@ -1121,7 +1152,7 @@ START_TEST(frames_split_or_batched_are_all_answered)
   }
   for (uint64_t id = 101; id <= 103; id++) {
     memset(&got, 0, sizeof(got));
-    ck_assert_int_eq(th_recv(&cl, &env, gradsync_HeartbeatResponse_fields, &got, 5000), 0);
+    ck_assert_int_eq(th_recv(&cl, &env, gradsync_HeartbeatResponse_fields, &got, TH_WAIT_MS), 0);
     ck_assert_int_eq(env.status, OK);
     ck_assert_uint_eq(env.request_id, id);
     ck_assert(!got.abort);
@@ -1133,7 +1164,9 @@ START_TEST(frames_split_or_batched_are_all_answered)
 END_TEST
 
 /* A connection whose Join waits for the world is not idle, however long it
- * waits; once answered, the idle clock runs again. */
+ * waits; once answered, the idle clock runs again. The idle timeout is a
+ * second, so that a loaded machine does not starve the test past it
+ * between b's connect and its Join. */
 START_TEST(parked_join_outlives_idle_timeout)
 {
   th_client_t a, b;
@@ -1141,19 +1174,20 @@ START_TEST(parked_join_outlives_idle_timeout)
   gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
   gradsync_Envelope env;
 
-  th_coord_start(&coord, "--idle-timeout", "300ms", NULL);
+  th_coord_start(&coord, "--idle-timeout", "1s", NULL);
   th_connect(&a, coord.rpc_port);
   th_send(&a, "Join", 0, gradsync_JoinRequest_fields, &req);
-  ck_assert(!th_closed_by_peer(&a, 900));
+  free(th_http_wait(coord.http_port, "/status", "\"rendezvous\":{\"joined\":1,"));
+  ck_assert(!th_closed_by_peer(&a, 3000));
   th_connect(&b, coord.rpc_port);
   req = th_join_request("idle", 2, "n0", 1);
   th_send(&b, "Join", 0, gradsync_JoinRequest_fields, &req);
-  ck_assert_int_eq(th_recv(&a, &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+  ck_assert_int_eq(th_recv(&a, &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, OK);
-  ck_assert_int_eq(th_recv(&b, &env, gradsync_JoinResponse_fields, &resp, 5000), 0);
+  ck_assert_int_eq(th_recv(&b, &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, OK);
-  ck_assert(th_closed_by_peer(&a, 5000));
-  ck_assert(th_closed_by_peer(&b, 5000));
+  ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
+  ck_assert(th_closed_by_peer(&b, TH_WAIT_MS));
   th_close(&a);
   th_close(&b);
   stop_and_check();
@@ -1172,7 +1206,7 @@ START_TEST(unknown_method_is_echoed)
   th_coord_start(&coord, NULL);
   th_connect(&a, coord.rpc_port);
   id = th_send(&a, "Dance", 0, NULL, NULL);
-  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, 5000), 0);
+  ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, TH_WAIT_MS), 0);
   ck_assert_int_eq(env.status, 12);
   ck_assert_uint_eq(env.request_id, id);
   ck_assert_str_eq(env.method, GS_METHOD_PREFIX "Dance");
@@ -1201,7 +1235,8 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
   ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 1, &hb), OK);
   ck_assert(!hb.abort);
   th_close(&cl[0]);
-  usleep(100000);
+  /* Once the coordinator has seen the close (3 connections, then 2). */
+  free(th_http_wait(coord.http_port, "/status", "\"connections\":2,"));
   ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 1, &hb), OK);
   ck_assert(!hb.abort);
   ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 2, &hb), OK);
@@ -1220,12 +1255,17 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
     ck_assert_ptr_nonnull(strstr(msg, "another connection"));
   }
   th_close(&intruder);
-  usleep(100000);
+  free(th_http_wait(coord.http_port, "/status", "\"connections\":2,"));
   ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 2, &hb), OK);
   ck_assert(!hb.abort);
   th_close(&hb_conn);
-  usleep(100000);
-  ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 2, &hb), OK);
+  /* Heartbeats go on until the coordinator has seen that close. */
+  for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS;;) {
+    ck_assert_int_eq(heartbeat(&cl[1], "hc", 1, resp[1].rank, 2, &hb), OK);
+    if (hb.abort || gs_now_ms() > deadline)
+      break;
+    usleep(10000);
+  }
   ck_assert(hb.abort);
   ck_assert_ptr_nonnull(strstr(hb.abort_reason, "connection closed"));
   th_close(&cl[1]);

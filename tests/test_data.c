@@ -19,6 +19,7 @@
 
 #include "idx.h"
 #include "sampler.h"
+#include "scratch.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -105,11 +106,10 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
   return remove(path);
 }
 
-/* A fresh directory under /tmp; remove it with rm_tmpdir. */
+/* A fresh directory (in the binary's own, scratch.h); remove it with rm_tmpdir. */
 static void make_tmpdir(char *dir, size_t len)
 {
-  ck_assert_int_lt(snprintf(dir, len, "/tmp/gs_test_data.XXXXXX"), (int)len);
-  ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+  ts_mkdtemp(dir, len, "data");
 }
 
 static void rm_tmpdir(const char *dir)
@@ -229,7 +229,7 @@ END_TEST
  * the plain file wins when both exist, and plain and gzip files mix. */
 START_TEST(plain_vs_gzip)
 {
-  char dir[64], p[256], q[256], why[512] = "";
+  char dir[160], p[256], q[256], why[512] = "";
   gs_dataset_t gz, plain;
   gs_idx_t a, b;
   uint8_t *bytes;
@@ -426,7 +426,7 @@ END_TEST
 START_TEST(load_file_errors)
 {
   static const uint32_t real[] = {60000, 28, 28}, one[] = {5};
-  char dir[64], p[256], want[512];
+  char dir[160], p[256], want[512];
   uint8_t buf[2048];
   size_t len;
 
@@ -477,7 +477,7 @@ END_TEST
 START_TEST(load_gzip)
 {
   static const uint32_t dims[] = {40, 50};
-  char dir[64], p[256], why[512] = "";
+  char dir[160], p[256], why[512] = "";
   uint8_t buf[2048], both[4096], *gz1, *gz2;
   size_t len, n1, n2;
   gs_idx_t idx;
@@ -540,7 +540,7 @@ END_TEST
 START_TEST(gunzip_cap)
 {
   static const uint32_t dims[] = {5000};
-  char dir[64], p[256], why[512] = "", want[512];
+  char dir[160], p[256], why[512] = "", want[512];
   uint8_t buf[6000];
   size_t len;
   gs_idx_t idx;
@@ -579,7 +579,7 @@ END_TEST
  * child, whose peak is its own). */
 START_TEST(gzip_bomb_bounded)
 {
-  char dir[64], p[256];
+  char dir[160], p[256];
   uint8_t *zeros, out[1 << 16];
   z_stream z;
   FILE *f;
@@ -639,7 +639,7 @@ END_TEST
  * blocking open of a FIFO waits for a writer forever). */
 START_TEST(fifo_refused)
 {
-  char dir[64], p[256], want[512];
+  char dir[160], p[256], want[512];
 
   make_tmpdir(dir, sizeof(dir));
   join(p, sizeof(p), dir, "t10k-images-idx3-ubyte");
@@ -657,7 +657,7 @@ START_TEST(dataset_small)
   static const uint32_t img_dims[] = {3, 2, 2}, lbl_dims[] = {3};
   static const uint8_t pixels[12] = {0, 255, 51, 1, 2, 3, 4, 5, 128, 127, 254, 0};
   static const uint8_t labels[3] = {2, 0, 7};
-  char dir[64], p[256], why[512] = "";
+  char dir[160], p[256], why[512] = "";
   uint8_t buf[64];
   gs_dataset_t ds;
   size_t len, i;
@@ -693,7 +693,7 @@ START_TEST(dataset_label_out_of_range)
 {
   static const uint32_t img_dims[] = {4, 1, 2}, lbl_dims[] = {4};
   static const uint8_t labels[4] = {3, 10, 1, 10};
-  char dir[64], p[256], want[512], why[512] = "";
+  char dir[160], p[256], want[512], why[512] = "";
   uint8_t buf[64];
   gs_dataset_t ds;
   size_t len;
@@ -723,7 +723,7 @@ END_TEST
 START_TEST(dataset_features)
 {
   static const uint32_t img_dims[] = {2, 3, 3}, lbl_dims[] = {2};
-  char dir[64], p[256], want[512], why[512] = "";
+  char dir[160], p[256], want[512], why[512] = "";
   uint8_t buf[64];
   gs_dataset_t ds;
   size_t len;
@@ -760,7 +760,7 @@ START_TEST(dataset_errors)
 {
   static const uint32_t img3[] = {3, 2, 2}, img2[] = {3, 4}, lbl4[] = {4}, lbl3[] = {3};
   static const uint32_t lbl2d[] = {3, 1}, img0[] = {0, 2, 2}, lbl0[] = {0};
-  char dir[64], img[256], lbl[256], want[1024];
+  char dir[160], img[256], lbl[256], want[1024];
   uint8_t buf[64];
   size_t len;
 
@@ -1167,8 +1167,10 @@ int main(void)
   SRunner *sr = srunner_create(data_suite());
   int failed;
 
+  ts_begin("test_data");
   srunner_run_all(sr, CK_NORMAL);
   failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  ts_end();
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

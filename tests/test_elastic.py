@@ -43,7 +43,6 @@ fails or runs out of time.
 
 usage: test_elastic.py CASE BIN_DIR COORDINATOR_BIN
 """
-import ctypes
 import json
 import os
 import re
@@ -52,8 +51,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import WAIT, descendants, wait_until  # noqa: E402
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 CASE, BIN_DIR, COORD = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
@@ -61,14 +62,19 @@ AGENT = os.path.join(BIN_DIR, "gradsync-agent")
 # A small model and a short run: a few seconds an epoch on two cores.
 TRAIN = ["--reduce", "mean", "--layers", "784,64,10", "--batch", "64", "--seed", "7",
          "--log-interval", "250ms"]
+# Jobs that must outlast what a case does to them train "forever" and are
+# stopped (every rank at one step, exit 0) once it is done.
+FOREVER = 1000
+SCRATCH = []  # folders removed when the case ends
+# A silent rank is lost after 4 s; heartbeats every 250 ms, so that only a
+# rank stopped on purpose, not one the load starves for a moment, is.
+QUICK_LOSS = ["--heartbeat-timeout", "4s", "--heartbeat-interval", "250ms"]
+VALIDATION = r"epoch \d+ validation"
 
 
-# Below ctest's TIMEOUT for these cases (tests/CMakeLists.txt), so that a
-# case out of time still runs its cleanup.
-DEADLINE_S = 270
-# Generous: they only decide failure, on a loaded machine.
-WAIT_S = 120
-SCRATCH = []  # folders removed at exit
+def AFTER(first, then):
+    """A pattern for a line matching `then` after one matching `first`."""
+    return f"{first}.*\n(.*\n)*.*{then}"
 
 
 def read(path):
@@ -83,14 +89,32 @@ def scratch(prefix):
     return d
 
 
-def die_with_parent():
-    """In a child before exec: SIGKILL when this test process dies, even
-    by SIGKILL, so no agent or coordinator outlives it."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def clean_env():
     return {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
+
+
+def post_stop(http, job):
+    """Asks the coordinator at `http` (HOST:PORT) to stop `job`: every rank
+    stops after the same step and exits 0."""
+    req = urllib.request.Request(f"http://{http}/jobs/{job}/control", method="POST",
+                                 data=json.dumps({"action": "stop"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=WAIT) as r:
+        assert r.status == 200, r.status
+
+
+def wait_text(what, text, pattern, alive):
+    """Waits until text() matches `pattern` (its match); fails at once when
+    alive() turns false first."""
+    def check():
+        m = re.search(pattern, text())
+        if m or alive():
+            return m or None
+        raise AssertionError(f"{what} ended without {pattern!r}:\n{text()[-4000:]}")
+    try:
+        return wait_until(f"{what}: {pattern!r}", check)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{text()[-4000:]}") from None
 
 
 class Job:
@@ -104,7 +128,7 @@ class Job:
         self.coord = subprocess.Popen(
             [COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", *coord_flags],
             stdout=subprocess.PIPE, stderr=open(self.coord_log, "w"), text=True,
-            env=clean_env(), preexec_fn=die_with_parent)
+            env=clean_env())
         words = self.coord.stdout.readline().split()
         self.rpc = words[2].split("=", 1)[1]
         self.http = words[3].split("=", 1)[1]
@@ -115,29 +139,22 @@ class Job:
             [AGENT, "--coordinator", self.rpc, "--job", self.name, "--world-size", self.world,
              "--local-rank", str(local), "--node", "n", "--epochs", str(epochs), *TRAIN,
              "--data", FASHION, *extra],
-            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env(),
-            preexec_fn=die_with_parent)
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env())
         self.agents[local] = (p, log)
         return p
 
     def log(self, local):
         return read(self.agents[local][1])
 
-    def wait_line(self, local, pattern, timeout=WAIT_S):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            m = re.search(pattern, self.log(local))
-            if m:
-                return m
-            if self.agents[local][0].poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"agent {local}: no {pattern!r}:\n{self.log(local)[-3000:]}")
+    def wait_line(self, local, pattern):
+        p = self.agents[local][0]
+        return wait_text(f"agent {local}", lambda: self.log(local), pattern,
+                         lambda: p.poll() is None)
 
     def kill(self, local, sig=signal.SIGKILL):
         self.agents[local][0].send_signal(sig)
 
-    def finish(self, locals_, timeout=WAIT_S):
+    def finish(self, locals_, timeout=WAIT):
         """Waits for these agents; returns their exit codes."""
         codes = {}
         for i in locals_:
@@ -148,22 +165,17 @@ class Job:
         return codes
 
     def get(self, path):
-        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=WAIT_S) as r:
+        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=WAIT) as r:
             return r.read().decode()
 
     def coord_text(self):
         return read(self.coord_log)
 
-    def wait_coord(self, pattern, timeout=WAIT_S):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            m = re.search(pattern, self.coord_text())
-            if m:
-                return m
-            if self.coord.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"coordinator: no {pattern!r}:\n{self.coord_text()[-3000:]}")
+    def wait_coord(self, pattern):
+        return wait_text("coordinator", self.coord_text, pattern, lambda: self.coord.poll() is None)
+
+    def stop(self):
+        post_stop(self.http, self.name)
 
     def close(self):
         for p, _ in self.agents.values():
@@ -275,7 +287,7 @@ def case_during():
     # Stopped first, so it cannot come back: the kill that follows ends
     # the generation while it is silent, and the regroup waits for it up
     # to the heartbeat timeout only.
-    job = Job("2:4", "--heartbeat-timeout", "4s")
+    job = Job("2:4", *QUICK_LOSS)
     try:
         for i in range(4):
             job.start(i)
@@ -297,17 +309,18 @@ def case_during():
 
 
 def case_sigstop():
-    job = Job("2:3", "--heartbeat-timeout", "4s")
+    job = Job("2:3", *QUICK_LOSS)
     try:
         for i in range(3):
-            job.start(i, epochs=5)
+            job.start(i, epochs=FOREVER)
         job.wait_line(0, r"epoch 1 validation")
         job.kill(2, signal.SIGSTOP)
         m = job.wait_line(0, r"continuing with 2 ranks from step (\d+)")
-        job.wait_line(0, r"step \d+/\d+ epoch")
+        job.wait_line(0, r"continuing with 2 ranks.*\n(.*\n)*step \d+/\d+ epoch")
         job.kill(2, signal.SIGCONT)
         job.wait_line(2, r"join again as a new agent")
-        job.wait_line(0, r"new ranks joined; continuing with 3 ranks")
+        job.wait_line(0, AFTER("new ranks joined; continuing with 3 ranks", VALIDATION))
+        job.stop()
         expect_ok(job, [0, 1, 2])
         print(m.group(0), "; then back to 3 ranks")
         assert "no heartbeat" in job.log(0), job.log(0)[-3000:]
@@ -319,13 +332,15 @@ def case_sigstop():
 def case_grow():
     job = Job("2:3")
     try:
-        job.start(0, epochs=8)
-        job.start(1, epochs=8)
+        job.start(0, epochs=FOREVER)
+        job.start(1, epochs=FOREVER)
         job.wait_line(0, r"joined generation 1: rank 0 of 2")
         job.wait_line(0, r"epoch 1 validation")
-        job.start(2, epochs=8)
+        job.start(2, epochs=FOREVER)
         m = job.wait_line(0, r"generation 2: new ranks joined; continuing with 3 ranks from step "
                              r"(\d+)")
+        job.wait_line(0, AFTER("new ranks joined", VALIDATION))
+        job.stop()
         expect_ok(job, [0, 1, 2])
         m2 = job.wait_line(2, r"joined generation 2: rank 2 of 3")
         assert accuracy(job.log(0)) > 0.80
@@ -343,7 +358,7 @@ def launch(tmp, *flags, epochs):
     p = subprocess.Popen([RUN, "--nproc", "3", "--job", "elrun", *flags, "--", *TRAIN,
                           "--data", FASHION, "--epochs", str(epochs)],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-                         env=clean_env(), preexec_fn=die_with_parent)
+                         env=clean_env())
     return p, log
 
 
@@ -354,31 +369,51 @@ def stop_launch(p):
         p.wait()
 
 
-def wait_text(log, pattern, p, timeout=WAIT_S):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        m = re.search(pattern, read(log))
-        if m:
-            return m
-        if p.poll() is not None:
-            break
-        time.sleep(0.05)
-    raise AssertionError(f"no {pattern!r}:\n{read(log)[-4000:]}")
+def wait_log(log, pattern, p):
+    """Waits for `pattern` in gradsync-run's output; its match."""
+    return wait_text("gradsync-run", lambda: read(log), pattern, lambda: p.poll() is None)
 
 
-def kill_local_rank(local):
-    subprocess.run(["pkill", "-9", "-f", f"job elrun --world-size 2:3 --local-rank {local} "])
+def kill_local_rank(p, local):
+    """SIGKILLs the agent of local rank `local` that gradsync-run `p`
+    started (found among its descendants, not by name: other runs may be
+    on this machine)."""
+    for pid in descendants(p.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[0].endswith("gradsync-agent") and "--local-rank" in argv and \
+                argv[argv.index("--local-rank") + 1] == str(local):
+            os.kill(pid, signal.SIGKILL)
+            return
+    raise AssertionError(f"no agent of local rank {local} below gradsync-run")
+
+
+def stop_run(log, p, job="elrun"):
+    """Stops the job at the coordinator gradsync-run started."""
+    http = wait_log(log, r"status at http://([0-9.:]+)/status", p).group(1)
+    post_stop(http, job)
+
+
+def three_ranks_trained(log, p):
+    """Waits until a generation of all three ranks trained an epoch (rank 2
+    may start late and join generation 1 of two at a regroup)."""
+    wait_log(log, AFTER(r"generation \d+ started with 3 ranks", r"\[rank 0\] " + VALIDATION), p)
 
 
 def case_restart():
     tmp = scratch("gs-elastic-run-")
-    p, log = launch(tmp, "--min-ranks", "2", "--max-restarts", "1", epochs=40)
+    p, log = launch(tmp, "--min-ranks", "2", "--max-restarts", "1", epochs=FOREVER)
     try:
-        wait_text(log, r"epoch 1 validation", p)
-        kill_local_rank(2)
-        m = wait_text(log, r"continuing with 2 ranks from step (\d+)", p)
-        g = wait_text(log, r"new ranks joined; continuing with 3 ranks from step (\d+)", p)
-        assert p.wait(WAIT_S) == 0, read(log)[-4000:]
+        three_ranks_trained(log, p)
+        kill_local_rank(p, 2)
+        m = wait_log(log, r"continuing with 2 ranks from step (\d+)", p)
+        g = wait_log(log, r"new ranks joined; continuing with 3 ranks from step (\d+)", p)
+        wait_log(log, AFTER("new ranks joined; continuing with 3 ranks", VALIDATION), p)
+        stop_run(log, p)
+        assert p.wait(WAIT) == 0, read(log)[-4000:]
         text = read(log)
         assert "restarting it in" in text, text[-3000:]
         assert re.search(r"all 3 ranks finished after \d+ restarts?", text), text[-3000:]
@@ -391,12 +426,14 @@ def case_restart():
 
 def case_launcher():
     tmp = scratch("gs-elastic-run-")
-    p, log = launch(tmp, "--min-ranks", "2", epochs=3)
+    p, log = launch(tmp, "--min-ranks", "2", epochs=FOREVER)
     try:
-        wait_text(log, r"epoch 1 validation", p)
-        kill_local_rank(1)
-        m = wait_text(log, r"continuing with 2 ranks from step (\d+)", p)
-        assert p.wait(WAIT_S) == 0, read(log)[-4000:]
+        three_ranks_trained(log, p)
+        kill_local_rank(p, 1)
+        m = wait_log(log, r"continuing with 2 ranks from step (\d+)", p)
+        wait_log(log, AFTER("continuing with 2 ranks", VALIDATION), p)
+        stop_run(log, p)
+        assert p.wait(WAIT) == 0, read(log)[-4000:]
         text = read(log)
         assert "the elastic job goes on without rank 1" in text, text[-3000:]
         assert "2 of 3 ranks finished" in text, text[-3000:]
@@ -422,17 +459,6 @@ def gated_agent(tmp):
     return wrapper, gate
 
 
-def stop_job(log, p, job="elrun"):
-    """Asks the coordinator gradsync-run started to stop the job: every
-    rank stops after the same step and exits 0."""
-    url = wait_text(log, r"status at (http://[0-9.:]+)/status", p).group(1)
-    req = urllib.request.Request(f"{url}/jobs/{job}/control", method="POST",
-                                 data=json.dumps({"action": "stop"}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=WAIT_S) as r:
-        assert r.status == 200, r.status
-
-
 def case_late_after():
     """gradsync-run --min-ranks 2 whose rank 2 comes late, after
     generation 1 formed with ranks 0 and 1 and trained an epoch, and after
@@ -441,19 +467,19 @@ def case_late_after():
     end before rank 2 came, however slowly it starts)."""
     tmp = scratch("gs-elastic-late-")
     wrapper, gate = gated_agent(tmp)
-    p, log = launch(tmp, "--min-ranks", "2", "--agent-bin", wrapper, epochs=1000)
+    p, log = launch(tmp, "--min-ranks", "2", "--agent-bin", wrapper, epochs=FOREVER)
     try:
-        wait_text(log, r"generation 1 started with 2 ranks", p)
-        wait_text(log, r"\[rank 0\] epoch 1 validation", p)
-        kill_local_rank(1)
-        wait_text(log, r"\[rank 0\].*regrouping from step", p)
+        wait_log(log, r"generation 1 started with 2 ranks", p)
+        wait_log(log, r"\[rank 0\] epoch 1 validation", p)
+        kill_local_rank(p, 1)
+        wait_log(log, r"\[rank 0\].*regrouping from step", p)
         open(gate, "w").close()
         # Rank 2 in a world of two: as it joined, or after a regroup.
-        m = wait_text(log, r"\[rank 2\].*(joined generation \d+: rank 1 of 2|"
+        m = wait_log(log, r"\[rank 2\].*(joined generation \d+: rank 1 of 2|"
                            r"continuing with 2 ranks from step \d+)", p)
-        wait_text(log, r"\[rank 0\] step \d+/\d+ epoch", p)  # training goes on
-        stop_job(log, p)
-        assert p.wait(WAIT_S) == 0, read(log)[-5000:]
+        wait_log(log, AFTER(re.escape(m.group(0)), r"\[rank 0\] " + VALIDATION), p)
+        stop_run(log, p)
+        assert p.wait(WAIT) == 0, read(log)[-5000:]
         text = read(log)
         assert "the elastic job goes on without rank 1" in text, text[-4000:]
         assert "2 of 3 ranks finished" in text, text[-4000:]
@@ -476,11 +502,11 @@ def case_late_before():
     is gone."""
     job = Job("2:3", "--heartbeat-timeout", "5m", "--log-level", "debug")
     try:
-        job.start(0, epochs=1000)
-        job.start(1, epochs=1000)
+        job.start(0, epochs=FOREVER)
+        job.start(1, epochs=FOREVER)
         job.wait_line(0, r"epoch 1 validation")
         job.kill(0, signal.SIGSTOP)
-        job.start(2, epochs=1000)
+        job.start(2, epochs=FOREVER)
         job.wait_coord(r"\(node 'n', local_rank 2\) joined: 1 of 3")
         job.kill(2, signal.SIGSTOP)
         job.kill(0, signal.SIGCONT)
@@ -492,7 +518,7 @@ def case_late_before():
                              r"the next one")
         job.wait_line(2, r"joined generation \d+: rank 1 of 2")
         # Rank 0's progress lines after the regroup: the world of two trains.
-        job.wait_line(0, r"continuing with 2 ranks from step \d+.*\n(.*\n)*step \d+/\d+ epoch")
+        job.wait_line(0, AFTER(r"continuing with 2 ranks from step \d+", r"step \d+/\d+ epoch"))
         status = json.loads(job.get(f"/jobs/{job.name}"))
         assert status["generations"][-1]["world_size"] == 2, status["generations"]
         print("rank 2:", m.group(0))
@@ -545,20 +571,13 @@ def case_same():
     print(f"bit-identical models ({len(a)} bytes), accuracy {fixed:.4f} = {elastic:.4f}")
 
 
-def out_of_time(signum, frame):
-    raise AssertionError(f"case {CASE} still running after {DEADLINE_S} s")
-
-
 def main():
     if not os.path.isdir(FASHION):
         print(f"skip: {FASHION} missing (apt-get install dataset-fashion-mnist)")
         return 77
-    signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(DEADLINE_S)
     try:
         globals()["case_" + CASE]()
     finally:
-        signal.alarm(0)
         for d in SCRATCH:
             shutil.rmtree(d, ignore_errors=True)
     print(f"elastic {CASE}: ok")

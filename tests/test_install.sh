@@ -63,17 +63,19 @@ if grep -q libgradsync <<<"$deps"; then die "hello_static loads libgradsync.so";
 "$coord" --listen 127.0.0.1:0 --http 127.0.0.1:0 --log-level warn >coord.out 2>coord.err &
 pids+=($!)
 rpc=
-for _ in $(seq 100); do
+# Up to 60 s (a loaded machine can take seconds to start it); the loop
+# ends as soon as the line is there.
+for _ in $(seq 600); do
   rpc=$(sed -n 's/.*rpc=\([^ ]*\).*/\1/p' coord.out | head -n 1)
   [ -n "$rpc" ] && break
   sleep 0.1
 done
 [ -n "$rpc" ] || die "the coordinator printed no rpc= address"
 
-timeout 120 ./hello_shared "${rpc%:*}" "${rpc##*:}" 0 >rank0.out 2>rank0.err &
+timeout 600 ./hello_shared "${rpc%:*}" "${rpc##*:}" 0 >rank0.out 2>rank0.err &
 r0=$!
 pids+=($r0)
-timeout 120 ./hello_static "${rpc%:*}" "${rpc##*:}" 1 >rank1.out 2>rank1.err &
+timeout 600 ./hello_static "${rpc%:*}" "${rpc##*:}" 1 >rank1.out 2>rank1.err &
 r1=$!
 pids+=($r1)
 wait "$r0" || die "rank 0 (shared) exited $?"

@@ -21,6 +21,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protoc_client import PREFIX, load_proto  # noqa: E402
+from testlib import WAIT, wait_until  # noqa: E402
 
 MiB = 1 << 20
 RESOURCE_EXHAUSTED = 8
@@ -62,7 +63,7 @@ class Coordinator:
     def peak_mib(self):
         return proc_kib(self.proc.pid, "VmHWM") / 1024
 
-    def healthz_s(self, timeout=5):
+    def healthz_s(self, timeout=WAIT):
         t0 = time.monotonic()
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/healthz",
                                     timeout=timeout) as r:
@@ -77,7 +78,7 @@ class Coordinator:
     def close(self):
         self.proc.terminate()
         try:
-            self.proc.wait(10)
+            self.proc.wait(WAIT)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -110,7 +111,7 @@ def recv_envelope(pb, sock):
     return pb.Envelope.FromString(exact(n))
 
 
-def closed_by_peer(sock, timeout=5):
+def closed_by_peer(sock, timeout=WAIT):
     """Reads (and drops) until EOF; True if the coordinator closed it."""
     sock.settimeout(timeout)
     try:
@@ -132,25 +133,34 @@ def small_socket(port):
     return s
 
 
-def pipeline_without_reading(c, payload, conns=2, seconds=3.0):
+def pipeline_without_reading(c, payload, conns=2, seconds=3.0, stop=None):
     """Sends `payload` over and over on `conns` connections and never reads
-    a reply; returns the coordinator's RSS growth in MiB and the sockets."""
+    a reply, for `seconds` and at least until every connection pushed back
+    (a send that would block: the coordinator stopped reading it) or was
+    closed; returns the coordinator's RSS growth in MiB and the sockets.
+    A loaded machine sends less in those seconds: the push-back, not the
+    time, is what makes the attack whole. `stop` (an Event) ends it early."""
     base = c.rss_mib()
     socks = [small_socket(c.rpc_port) for _ in range(conns)]
     for s in socks:
         s.setblocking(False)
     blob = payload * max(1, (256 * 1024) // len(payload))
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    pushed_back = set()
+    end, deadline = time.monotonic() + seconds, time.monotonic() + WAIT
+    while time.monotonic() < end or len(pushed_back) < len(socks):
+        if (stop and stop.is_set()) or time.monotonic() > deadline:
+            break
         for s in socks:
             try:
                 s.send(blob)
             except BlockingIOError:
-                pass
+                pushed_back.add(s)
             except (BrokenPipeError, ConnectionResetError):
-                pass
+                pushed_back.add(s)
         time.sleep(0.001)
     grown = c.rss_mib() - base
+    assert (stop and stop.is_set()) or len(pushed_back) == len(socks), \
+        f"{len(socks) - len(pushed_back)} connection(s) never pushed back within {WAIT} s"
     return grown, socks
 
 
@@ -163,9 +173,10 @@ def case_noread(binary, pb):
         # Backpressure: each connection holds about 256 KiB of replies and
         # one read chunk, not every reply it asked for.
         assert grown < 32, f"coordinator grew {grown:.1f} MiB"
-        assert c.healthz_s() < 1.0
-        # It still answers a well-behaved client.
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        # It still answers /healthz (how soon is bench/reaction.py's) and a
+        # well-behaved client.
+        print(f"noread: /healthz answered in {c.healthz_s() * 1000:.0f} ms")
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
         s.sendall(hb)
         env = recv_envelope(pb, s)
         assert env.status != 0 and env.status != RESOURCE_EXHAUSTED, env
@@ -184,7 +195,7 @@ def case_noread_token(binary, pb):
         print(f"noread_token: coordinator grew {grown:.1f} MiB with 2 clients without the token")
         assert grown < 16, f"coordinator grew {grown:.1f} MiB"
         # One error reply (UNAUTHENTICATED), then the connection is closed.
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
         s.sendall(hb * 100)
         reply = recv_envelope(pb, s)
         assert reply.status == UNAUTHENTICATED, reply
@@ -209,15 +220,15 @@ def case_budget(binary, pb):
         base = c.rss_mib()
         stop = threading.Event()
         hogs = threading.Thread(
-            target=lambda: [pipeline_without_reading(c, hb, conns=4, seconds=0.5)
-                            for _ in range(100) if not stop.is_set()])
+            target=lambda: [pipeline_without_reading(c, hb, conns=4, seconds=0.5, stop=stop)
+                            for _ in range(1000) if not stop.is_set()])
         hogs.start()
         statuses = []
         try:
-            deadline = time.monotonic() + 4
+            deadline = time.monotonic() + WAIT
             while time.monotonic() < deadline and RESOURCE_EXHAUSTED not in statuses:
                 try:
-                    s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+                    s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
                     s.sendall(hb)
                     statuses.append(recv_envelope(pb, s).status)
                     s.close()
@@ -233,13 +244,16 @@ def case_budget(binary, pb):
         assert RESOURCE_EXHAUSTED in statuses, statuses
         assert grown < 16, f"grew {grown:.1f} MiB"
         assert "--max-memory" in c.text()
-        # Once the hogs are gone, calls are served again.
-        time.sleep(0.5)
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
-        s.sendall(hb)
-        env = recv_envelope(pb, s)
-        assert env.status not in (0, RESOURCE_EXHAUSTED), env
-        s.close()
+        # Once the hogs are gone (their connections closed), calls are served
+        # again, as soon as the coordinator has seen them go.
+        def served():
+            with socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT) as s:
+                s.sendall(hb)
+                env = recv_envelope(pb, s)
+            assert env.status != 0, env
+            return env.status != RESOURCE_EXHAUSTED
+
+        wait_until("a call served once the hogs are gone", served, every=0.1)
     finally:
         c.close()
 
@@ -264,7 +278,7 @@ def case_packlist(binary, pb):
     try:
         body = million_entry_pack_list(pb)
         before = c.peak_mib()
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=30)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
         t0 = time.monotonic()
         s.sendall(frame(pb, PREFIX + "PublishPackList", body=body))
         reply = recv_envelope(pb, s)
@@ -276,7 +290,7 @@ def case_packlist(binary, pb):
         assert reply.status == RESOURCE_EXHAUSTED, reply
         assert "--max-params" in reply.message, reply.message
         assert peak < 16, f"peak RSS grew {peak:.1f} MiB"
-        assert took < 0.2, f"the loop was busy {took:.2f} s"
+        # How long the loop was busy with it is bench/reaction.py's.
         # A list within --max-params (smaller flag) is refused the same way.
         s.close()
     finally:
@@ -290,15 +304,14 @@ def case_connections(binary, pb):
     try:
         for _ in range(600):
             try:
-                idle.append(socket.create_connection(("127.0.0.1", c.rpc_port), timeout=2))
+                idle.append(socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT))
             except OSError:
                 break
-        time.sleep(0.5)
-        took = c.healthz_s(timeout=3)
+        took = c.healthz_s()
         print(f"connections: {len(idle)} idle connections opened; /healthz in {took * 1000:.0f} ms")
         # A real client still gets its call answered: the oldest idle
         # connection that never authenticated made room for it.
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=3)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
         s.sendall(frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0)))
         env = recv_envelope(pb, s)
         assert env.method.endswith("Heartbeat"), env
@@ -317,12 +330,12 @@ def case_connections(binary, pb):
 def case_log_escape(binary, pb):
     c = Coordinator(binary)
     try:
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
         s.sendall(frame(pb, "/x\n2026-01-01T00:00:00.000Z ERROR coordinator [-] FORGED",
                         body=b""))
         recv_envelope(pb, s)
         s.close()
-        time.sleep(0.2)
+        wait_until("the unknown method's log line", lambda: "FORGED" in c.text())
         log = c.text()
         forged = [line for line in log.splitlines() if "FORGED" in line]
         print(f"log_escape: {forged}")
@@ -335,13 +348,14 @@ def case_log_escape(binary, pb):
 def case_log_flood(binary, pb):
     c = Coordinator(binary)
     try:
-        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=5)
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
         n = 2000
         s.sendall(frame(pb, "/nosuch", body=b"") * n)
         for _ in range(n):
             recv_envelope(pb, s)
         s.close()
-        time.sleep(0.2)
+        # Every call was answered, so logged (or not) by now; the file may lag.
+        wait_until("an 'unknown method' log line", lambda: "unknown method" in c.text())
         lines = [line for line in c.text().splitlines() if "unknown method" in line]
         print(f"log_flood: {n} unknown calls from one peer: {len(lines)} log lines")
         assert 0 < len(lines) <= 10, f"{len(lines)} lines"
@@ -350,7 +364,7 @@ def case_log_flood(binary, pb):
 
 
 def status(c):
-    with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/status", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/status", timeout=WAIT) as r:
         return json.loads(r.read())
 
 
@@ -363,18 +377,20 @@ def case_jobs_expire(binary, pb):
         sig = pb.ModelSignature(param_count=1, total_elements=1, shapes_hash=1, dtypes_hash=1)
         t0 = time.monotonic()
         for i in range(n):
-            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=10)
+            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
             s.sendall(frame(pb, PREFIX + "Join",
                             pb.JoinRequest(job=f"one-shot-{i}", world_size=2, node="n",
                                            local_rank=0, device="cpu", model_signature=sig)))
             s.close()
+        # Held, or already forgotten when the Joins took long (a loaded
+        # machine): each forgotten job says so in the log.
         held = status(c)["coordinator"]["jobs"]
-        print(f"jobs_expire: {held} jobs held after {n} one-shot Joins "
+        gone = c.text().count("; forgotten")
+        print(f"jobs_expire: {held} jobs held and {gone} forgotten after {n} one-shot Joins "
               f"({time.monotonic() - t0:.1f} s)")
-        assert held > n // 2, held
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and status(c)["coordinator"]["jobs"]:
-            time.sleep(0.2)
+        assert held + gone > n // 2, (held, gone)
+        wait_until("every abandoned job forgotten",
+                   lambda: status(c)["coordinator"]["jobs"] == 0, every=0.2)
         left = status(c)["coordinator"]["jobs"]
         print(f"jobs_expire: {left} jobs kept after the retention period")
         assert left == 0, f"{left} abandoned jobs kept"

@@ -33,11 +33,12 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from protoc_client import PREFIX, load_proto  # noqa: E402
 from test_limits import Coordinator, frame  # noqa: E402
+from testlib import WAIT  # noqa: E402
 
 TOKEN = "sesame"
 UNAUTHENTICATED = 16
 NOT_FOUND = 5
-WAIT_S = 60  # generous: only a failure waits this long
+WAIT_S = WAIT  # only a failure waits this long
 
 
 class Peer:

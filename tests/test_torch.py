@@ -24,9 +24,10 @@ WORKER = os.path.join(HERE, "torch_worker.py")
 sys.path.insert(0, HERE)
 sys.path.insert(0, PY_DIR)
 import torch_worker  # noqa: E402  (its models and data, for the references)
+from testlib import WAIT, wait_until  # noqa: E402
 
 
-def run(nproc, scenario, out, *opts, check=True, timeout=120):
+def run(nproc, scenario, out, *opts, check=True, timeout=2 * WAIT):
     env = dict(os.environ, PYTHONPATH=PY_DIR)
     p = subprocess.run([RUN, "--nproc", str(nproc), "--", sys.executable, WORKER, scenario, out]
                        + list(opts), capture_output=True, text=True, env=env, timeout=timeout)
@@ -126,17 +127,19 @@ def case_status(tmp):
                 url = m.group(1)
                 break
         assert url, "gradsync-run printed no status URL"
-        ranks, deadline = [], time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
+        ranks = []
+
+        def progressed():
             try:
-                with urllib.request.urlopen(url + "/jobs/local", timeout=5) as r:
-                    ranks = json.load(r).get("ranks", [])
+                with urllib.request.urlopen(url + "/jobs/local", timeout=WAIT) as r:
+                    ranks[:] = json.load(r).get("ranks", [])
             except OSError:
-                continue
-            if len(ranks) == 2 and all(x["step"] > 5 and x["samples_per_sec"] > 0 for x in ranks):
-                break
-        assert len(ranks) == 2, ranks
+                return False
+            return len(ranks) == 2 and all(x["step"] > 5 and x["samples_per_sec"] > 0
+                                           for x in ranks)
+
+        wait_until(f"both ranks past step 5 at {url}/jobs/local (last: {ranks})", progressed,
+                   every=0.2)
         for x in ranks:
             assert x["step"] > 5 and x["loss"] > 0 and x["samples_per_sec"] > 0 and \
                 x["compute_ms"] > 0, ranks
@@ -144,7 +147,7 @@ def case_status(tmp):
               f"{ranks[0]['samples_per_sec']:.0f} samples/s")
     finally:
         p.stdout.read()
-        p.wait(timeout=60)
+        p.wait(timeout=WAIT)
     assert p.returncode == 0, p.returncode
 
 
@@ -190,18 +193,20 @@ def case_errors(tmp):
     assert "on rank(s) 1;" in stops[0][1], stops
     print(f"NaN loss on rank 1: both stopped at step 5: {stops[0][1]}")
 
+    # How soon is bench/'s (bench/reaction.py); here that it comes at all.
     t0 = time.monotonic()
-    p = run(2, "killed", out, check=False, timeout=60)
+    p = run(2, "killed", out, check=False)
     m = re.search(r"PeerLost after ([\d.]+) s", p.stdout)
-    assert m and float(m.group(1)) < 15, p.stdout[-3000:] + p.stderr[-2000:]
+    assert m, p.stdout[-3000:] + p.stderr[-2000:]
     print(f"kill -9 of rank 1: rank 0 raised PeerLost after {m.group(1)} s "
           f"(the whole run {time.monotonic() - t0:.1f} s)")
 
     env = dict(os.environ, PYTHONPATH=PY_DIR)
     p = subprocess.run([sys.executable, WORKER, "no_coordinator", out, "coordinator=127.0.0.1:9",
-                        "timeout=3"], capture_output=True, text=True, env=env, timeout=60)
+                        "timeout=3"], capture_output=True, text=True, env=env, timeout=WAIT)
     m = re.search(r"(\w+) after ([\d.]+) s: (.*)", p.stdout)
-    assert p.returncode == 3 and m and float(m.group(2)) < 10, p.stdout + p.stderr[-2000:]
+    # Not before the join timeout (3 s); not long after is bench/'s.
+    assert p.returncode == 3 and m and float(m.group(2)) >= 2.9, p.stdout + p.stderr[-2000:]
     print(f"no coordinator: {m.group(1)} after {m.group(2)} s: {m.group(3)[:120]}")
 
 
@@ -212,7 +217,9 @@ def elastic_job(tmp, *opts, late=2, kill_after=None, grow_after=None):
     step `kill_after`, or started only once another has printed step
     `grow_after`. Waits for the others to succeed (all three when the job
     grows); returns the results by rank, and the seconds from the kill or
-    the late start to the end."""
+    the late start to the end. A job that grows waits at `grow_after` + 10
+    for the late one to be at the coordinator (torch_worker's hold), since
+    it may take seconds to start."""
     coord_bin = os.path.join(BIN_DIR, "gradsync-coordinator")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRADSYNC_")}
     coord = subprocess.Popen([coord_bin, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
@@ -221,7 +228,10 @@ def elastic_job(tmp, *opts, late=2, kill_after=None, grow_after=None):
     workers, logs = {}, [os.path.join(tmp, f"worker{i}.log") for i in range(3)]
     others = [i for i in range(3) if i != late]
     try:
-        rpc = coord.stdout.readline().split()[2].split("=", 1)[1]
+        words = coord.stdout.readline().split()
+        rpc, http = (w.split("=", 1)[1] for w in words[2:4])
+        if grow_after:
+            opts += (f"hold={grow_after + 10}",)
 
         def start(i):
             env = dict(clean, PYTHONPATH=PY_DIR, GRADSYNC_COORDINATOR=rpc, GRADSYNC_JOB="el",
@@ -231,26 +241,36 @@ def elastic_job(tmp, *opts, late=2, kill_after=None, grow_after=None):
                                           env=env)
 
         def wait_step(i, step):
-            deadline = time.monotonic() + 60
-            while f"step {step}\n" not in open(logs[i]).read():
-                assert time.monotonic() < deadline and workers[i].poll() is None, \
-                    open(logs[i]).read()[-3000:]
-                time.sleep(0.02)
+            try:
+                wait_until(f"worker {i} at step {step}",
+                           lambda: f"step {step}\n" in open(logs[i]).read() or
+                           workers[i].poll() is not None, every=0.02)
+            except AssertionError as e:
+                raise AssertionError(f"{e}:\n{open(logs[i]).read()[-3000:]}")
+            assert workers[i].poll() is None, open(logs[i]).read()[-3000:]
+
+        def joining():
+            """The late worker waits in the rendezvous, or joined already."""
+            with urllib.request.urlopen(f"http://{http}/jobs/el", timeout=WAIT) as r:
+                job = json.load(r)
+            return job["rendezvous"]["joined"] >= 1 or job["world_size"] == 3
 
         for i in others if grow_after else range(3):
             start(i)
         if grow_after:
             wait_step(others[0], grow_after)
             start(late)
+            wait_until("the late worker at the coordinator", joining, every=0.1)
+            open(os.path.join(tmp, "release"), "w").close()
         if kill_after:
             wait_step(late, kill_after)
             workers[late].kill()
         t0 = time.monotonic()
         for i in range(3) if grow_after else others:
-            assert workers[i].wait(timeout=60) == 0, open(logs[i]).read()[-4000:]
+            assert workers[i].wait(timeout=2 * WAIT) == 0, open(logs[i]).read()[-4000:]
         took = time.monotonic() - t0
         if not grow_after:
-            assert workers[late].wait(timeout=10) == -signal.SIGKILL, \
+            assert workers[late].wait(timeout=WAIT) == -signal.SIGKILL, \
                 open(logs[late]).read()[-3000:]
     finally:
         for w in workers.values():
@@ -258,7 +278,7 @@ def elastic_job(tmp, *opts, late=2, kill_after=None, grow_after=None):
                 w.kill()
             w.wait()
         coord.terminate()
-        coord.wait(10)
+        coord.wait(WAIT)
     got = [result(tmp, r) for r in range(3 if grow_after else 2)]
     a = got[0]
     assert [g["local_rank"] for g in got] == (list(range(3)) if grow_after else others), \
@@ -364,8 +384,7 @@ def case_elastic_grow(tmp):
     newcomer starts from their position with their BatchNorm buffers (not
     its own fresh ones, though it is rank 0), and all three finish with
     identical params."""
-    # Slower steps: the newcomer takes seconds to import torch and join.
-    (c, a, b), took = elastic_job(tmp, "delay=0.05", late=0, grow_after=20)
+    (c, a, b), took = elastic_job(tmp, late=0, grow_after=20)
     assert a["committed"] == b["committed"]
     first = a["results"][0]
     assert first["world_size"] == 3 and first["before"][2] == 2, first
@@ -408,7 +427,7 @@ def case_example(tmp):
     env.pop("PYTHONPATH", None)  # gradsync-run finds the package of its build tree
     t0 = time.monotonic()
     p = subprocess.run([RUN, "--nproc", "2", "--", sys.executable, example, "--epochs", "1"],
-                       capture_output=True, text=True, env=env, timeout=600)
+                       capture_output=True, text=True, env=env, timeout=1500)
     acc = re.findall(r"\[rank 0\] epoch (\d+): loss [\d.]+, test accuracy ([\d.]+)", p.stdout)
     assert p.returncode == 0 and len(acc) == 1, p.stdout[-3000:] + p.stderr[-3000:]
     assert float(acc[-1][1]) >= 0.87, acc

@@ -231,7 +231,10 @@ def elastic():
     over n examples, each step's global batch cut from the optimizer's
     position (epoch, sample) in the epoch's order, rank r taking its
     slice; after a world change it goes on from where every rank is. At
-    each epoch's end the ranks sum their share of the test accuracy."""
+    each epoch's end the ranks sum their share of the test accuracy.
+    hold=STEP: before step STEP + 1, wait until OUT/release exists (the
+    test makes it once a joining rank waits at the coordinator, so that
+    the job cannot end before it joins, however slowly it starts)."""
     gs.init()
     model = mlp(hidden=32, bn=True)
     changes, results, committed, sums = [], [], [], []
@@ -250,7 +253,11 @@ def elastic():
     x, y = teacher(n + 1000)
     xt, yt, x, y = x[n:], y[n:], x[:n], y[:n]
     before = test_metrics(model, xt, yt)
+    hold = int(OPTS.get("hold", -1))
     while opt.epoch < epochs:
+        if opt.step_count == hold:
+            while not os.path.exists(os.path.join(OUT, "release")):
+                time.sleep(0.02)
         world, r = gs.world_size(), gs.rank()
         if opt.sample + batch * world > n:  # the epoch's last whole global batch is done
             sums.append((opt.step_count,) + shared_accuracy(model, opt, xt, yt))

@@ -213,12 +213,13 @@ user=$("$rt" image inspect --format '{{.Config.User}}' "$agent_image")
 
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 http=""
-get() { curl -fsS --max-time 5 "http://$http$1"; }
+get() { curl -fsS --max-time 30 "http://$http$1"; }
 
-# /healthz answers at $http.
+# /healthz answers at $http (waited for up to a minute, more on a loaded
+# machine; the loop ends as soon as it does).
 check_healthz() {
   local health
-  for _ in $(seq 100); do
+  for _ in $(seq 300); do
     get /healthz >/dev/null 2>&1 && break
     sleep 0.2
   done
@@ -285,7 +286,7 @@ if [ "$rt" = podman ]; then
   "$rt" healthcheck run "$run_id-coordinator" || fail "the image's HEALTHCHECK fails"
   health=healthy
 else
-  for _ in $(seq 40); do
+  for _ in $(seq 240); do
     health=$("$rt" inspect --format '{{.State.Health.Status}}' "$run_id-coordinator")
     [ "$health" = starting ] || break
     sleep 0.5

@@ -42,9 +42,10 @@ for name in $harnesses; do
   artifacts=$build/artifacts/$name
   mkdir -p "$work" "$artifacts"
   log=$build/fuzz-$name.log
-  # -timeout: one input taking 10 s is a hang; -rss_limit_mb: a memory blow-up.
+  # -timeout: one input taking 60 s is a hang (they take milliseconds; a
+  # loaded machine can stretch that to seconds); -rss_limit_mb: a memory blow-up.
   if "$bin" -runs=0 "$seeds" "$src/tests/fuzz/regressions/$name" >"$log" 2>&1 &&
-    "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    "$bin" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="$artifacts/" "$work" "$seeds" >>"$log" 2>&1; then
     echo "fuzz: $name: $(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$') runs in ${seconds} s, no crash"
   else

@@ -16,7 +16,8 @@
 #   lib/        every shared library they need except the ones every Linux has
 #               (glibc, libgcc_s, libstdc++) and the CUDA ones the GPU machine has
 #   tests/gpu/  tests/gpu/*.py, run.sh and one_gpu_ranks.sh, as in the
-#               repository, and the tests/checkpoints.py and agentlib.py they import
+#               repository, and the tests/checkpoints.py, agentlib.py and
+#               testlib.py they import
 #   bench/      bench/gpu_*.py, bench/torch_mlp.py and bench/benchlib.py, as in the repository
 #   python/     the gradsync Python package (gradsync._engine on the stable ABI)
 #   MANIFEST.txt
@@ -107,8 +108,8 @@ for f in "$repo"/tests/gpu/*.py "$repo"/tests/gpu/run.sh "$repo"/tests/gpu/one_g
   cp "$f" "$out/tests/gpu/"
 done
 # tests/gpu/*.py import helpers from tests/ (checkpoints.py, agentlib.py,
-# and the PyTorch front end's test_torch.py and torch_worker.py).
-for f in checkpoints.py agentlib.py test_torch.py torch_worker.py; do
+# testlib.py, and the PyTorch front end's test_torch.py and torch_worker.py).
+for f in checkpoints.py agentlib.py testlib.py test_torch.py torch_worker.py; do
   if [ -f "$repo/tests/$f" ]; then cp "$repo/tests/$f" "$out/tests/"; fi
 done
 # The Python package (the stable ABI: any CPython from 3.11 imports it).

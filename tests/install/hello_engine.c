@@ -81,7 +81,8 @@ int main(int argc, char **argv)
   cfg.sgd.lr = 0.1f;
   cfg.sgd.momentum = 0.0f;
   cfg.sgd.weight_decay = cfg.sgd.bias_wd = 0.0f;
-  cfg.join_timeout_ms = cfg.rpc_timeout_ms = cfg.comm_timeout_ms = 20000;
+  /* Generous: the test runs on machines busy with other things. */
+  cfg.join_timeout_ms = cfg.rpc_timeout_ms = cfg.comm_timeout_ms = 300000;
   e = gs_engine_new(&cfg);
   if (!e)
     return 1;
