@@ -30,6 +30,8 @@ Cases (one per run):
   late_after  gradsync-run --min-ranks 2 with rank 2 held back until rank 1
               was killed and rank 0 regroups: rank 0 waits for it, and
               ranks 0 and 2 train on
+  unlike      a 4th agent with another --batch asks to join a running 2:4
+              job: it alone is refused, and the job trains on untouched
   below_min   2 of a 2:3 job's 3 ranks killed: the survivor waits for
               joiners until --rejoin-timeout, then fails saying why
   fixed       a fixed-size job still fails fast when a rank is lost
@@ -150,6 +152,18 @@ class Job:
         p = self.agents[local][0]
         return wait_text(f"agent {local}", lambda: self.log(local), pattern,
                          lambda: p.poll() is None)
+
+    def wait_more(self, local, pattern):
+        """Waits until agent `local` logged one more line matching `pattern`
+        than it has now."""
+        seen = len(re.findall(pattern, self.log(local)))
+        p = self.agents[local][0]
+        wait_until(f"agent {local}: one more {pattern!r}",
+                   lambda: len(re.findall(pattern, self.log(local))) > seen or
+                   (p.poll() is not None and self.fail(local, pattern)))
+
+    def fail(self, local, pattern):
+        raise AssertionError(f"agent {local} ended without {pattern!r}:\n{self.log(local)[-3000:]}")
 
     def kill(self, local, sig=signal.SIGKILL):
         self.agents[local][0].send_signal(sig)
@@ -525,6 +539,32 @@ def case_late_before():
     finally:
         for i in (0, 2):
             job.kill(i, signal.SIGCONT)
+        job.close()
+
+
+def case_unlike():
+    """A 4th agent with another --batch asks to join a running 2:4 job: it
+    alone is refused, saying what differs, and the three ranks train on
+    in the same generation (no regroup), then finish."""
+    job = Job("2:4")
+    try:
+        for i in range(3):
+            job.start(i, epochs=FOREVER)
+        # All three together (the third may come late and join at a regroup).
+        job.wait_coord(AFTER(r"generation \d+ started with 3 ranks", "."))
+        before = json.loads(job.get(f"/jobs/{job.name}"))["generations"]
+        odd = job.start(3, "--batch", "32", epochs=FOREVER)
+        assert odd.wait(WAIT) != 0, job.log(3)[-3000:]
+        assert re.search(r"join failed: .*this agent has settings unlike its rank 0's: "
+                         r"setting 'batch' is '32' vs '64'", job.log(3)), job.log(3)[-3000:]
+        job.wait_more(0, VALIDATION)  # trains on
+        job.stop()
+        expect_ok(job, [0, 1, 2])
+        after = json.loads(job.get(f"/jobs/{job.name}"))["generations"]
+        assert [g["generation"] for g in after] == [g["generation"] for g in before], (before, after)
+        assert after[-1]["world_size"] == 3, after
+        print("refused:", re.search(r"error: (.*)", job.log(3)).group(1)[:160], "...")
+    finally:
         job.close()
 
 

@@ -1387,6 +1387,52 @@ START_TEST(elastic_job_grows_at_a_regroup)
 }
 END_TEST
 
+/* A new agent whose settings (or model, or device kind) differ from the
+ * running generation's is refused alone, at its Join: no regroup is asked
+ * for, the ranks train on, and an agent that agrees is admitted after it. */
+START_TEST(elastic_newcomer_unlike_the_job_is_refused_alone)
+{
+  static const char *const base[] = {"batch", "64", "reduce", "mean", NULL};
+  static const char *const other[] = {"batch", "32", "reduce", "mean", NULL};
+  const char *const *kv[] = {base, base};
+  gs_job_t *job;
+
+  for (uint32_t i = 0; i < 2; i++) {
+    char node[16];
+    settings_t st;
+    gradsync_JoinRequest req;
+
+    snprintf(node, sizeof(node), "e%u", i);
+    req = th_join_request("u", 4, node, 0);
+    req.world_min = 2;
+    set_settings(&req, &st, kv[i]);
+    join(i, &req, 0);
+  }
+  gs__jobs_sweep(&jobs, 2000); /* settled: generation 1 of two */
+  job = gs__jobs_find(&jobs, "u");
+  ck_assert_uint_eq(job->world_size, 2);
+  for (uint32_t k = 0; k < 2; k++) {
+    settings_t st;
+    gradsync_JoinRequest req = th_join_request("u", 4, "e5", k);
+
+    req.world_min = 2;
+    set_settings(&req, &st, k == 0 ? other : base);
+    join(5 + k, &req, 3000 + k);
+  }
+  ck_assert_int_eq(last_reply(5)->err, GS_EINVAL);
+  ck_assert_msg(strstr(last_reply(5)->message,
+                       "job u runs generation 1, and this agent has settings unlike its rank 0's: "
+                       "setting 'batch' is '32' vs '64' (this agent: node 'e5', local_rank 0; "
+                       "rank 0: node 'e0', local_rank 0)"),
+                "%s", last_reply(5)->message);
+  ck_assert_int_eq(fake.parked[peers[5].id], 0);
+  ck_assert_int_eq(fake.parked[peers[6].id], 1); /* the one that agrees waits */
+  ck_assert_uint_eq(job->regroup_seq, 1);        /* for it alone */
+  ck_assert_uint_eq(job->waiting_count, 1);
+  ck_assert_str_eq(gs__job_state_name(job->state), "running");
+}
+END_TEST
+
 /* A rank evicted for its silence that wakes up holds no place any more:
  * its Join with state is refused, and it joins again as a new agent. */
 START_TEST(evicted_rank_must_join_afresh)
@@ -1509,6 +1555,7 @@ static Suite *jobs_suite(void)
       {"elastic_stateless_member", elastic_member_without_state_comes_back},
       {"elastic_minimum", elastic_job_below_its_minimum_waits_then_fails},
       {"elastic_grow", elastic_job_grows_at_a_regroup},
+      {"elastic_newcomer_unlike", elastic_newcomer_unlike_the_job_is_refused_alone},
       {"elastic_evicted", evicted_rank_must_join_afresh},
   };
 

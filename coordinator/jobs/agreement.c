@@ -187,6 +187,26 @@ bool gs__agreement_differs(const gs_disagreement_t *d, gs_member_t *const *m, ui
          comparisons[d->comparison].diff(m[i], m[d->ref], detail, sizeof(detail));
 }
 
+bool gs__agreement_newcomer(const gs_member_t *m, const gs_member_t *ref, const char *job,
+                            char *msg, size_t len)
+{
+  char detail[512];
+
+  for (uint32_t c = 0; c < NCOMPARISONS; c++) {
+    if (comparisons[c].has && (!comparisons[c].has(m) || !comparisons[c].has(ref)))
+      continue;
+    if (!comparisons[c].diff(m, ref, detail, sizeof(detail)))
+      continue;
+    snprintf(msg, len,
+             "job %s runs generation %llu, and this agent has %s unlike its rank %u's: %s (this "
+             "agent: node '%s', local_rank %u; rank %u: node '%s', local_rank %u)",
+             job, (unsigned long long)ref->generation, comparisons[c].what, ref->rank, detail,
+             m->req.node, m->req.local_rank, ref->rank, ref->req.node, ref->req.local_rank);
+    return true;
+  }
+  return false;
+}
+
 static bool setting_name_ok(const char *s)
 {
   if (!*s)

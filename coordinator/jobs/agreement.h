@@ -41,5 +41,10 @@ bool gs__agreement_find(gs_member_t *const *m, uint32_t n, const char *job, gs_d
 /* Whether member i differs from the reference in d's comparison (so is
  * one to blame); false for the reference and the members before it. */
 bool gs__agreement_differs(const gs_disagreement_t *d, gs_member_t *const *m, uint32_t i);
+/* Compares a new agent `m` with `ref`, a member of the generation that
+ * runs (the same comparisons, in the same order); writes the first
+ * difference to `msg` and returns true when there is one. */
+bool gs__agreement_newcomer(const gs_member_t *m, const gs_member_t *ref, const char *job,
+                            char *msg, size_t len);
 
 #endif

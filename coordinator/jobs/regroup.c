@@ -50,13 +50,15 @@ bool gs__regroup_survivor(gs_job_t *job, const gs_call_t *call, const gradsync_J
   return true;
 }
 
-bool gs__regroup_admit(gs_job_t *job)
+bool gs__regroup_has_room(const gs_job_t *job)
 {
-  if (!gs__job_elastic(job) || job->world_size + job->waiting_count >= job->world_max)
-    return false;
+  return gs__job_elastic(job) && job->world_size + job->waiting_count < job->world_max;
+}
+
+void gs__regroup_request(gs_job_t *job)
+{
   job->regroup_seq++;
   job->news++;
-  return true;
 }
 
 bool gs__regroup_ready(const gs_job_t *job, uint64_t now)

@@ -28,10 +28,13 @@ static inline bool gs__job_elastic(const gs_job_t *job)
  * call when the session names no such member (it joins afresh). */
 bool gs__regroup_survivor(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req);
 
-/* A new agent asks to join while a generation runs: true when it may wait
+/* A new agent asks to join while a generation runs: whether it may wait
  * for the next (the job is elastic and below world_max, counting those
- * already waiting); the regroup directive then asks the ranks to regroup. */
-bool gs__regroup_admit(gs_job_t *job);
+ * already waiting). */
+bool gs__regroup_has_room(const gs_job_t *job);
+/* A new agent waits for the running generation: the regroup directive
+ * asks its ranks to regroup after one step. */
+void gs__regroup_request(gs_job_t *job);
 
 /* Whether the rendezvous gathered enough: a fixed world all world_size; an
  * elastic one world_max, or at least world_min once every survivor is

@@ -309,6 +309,14 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
   gs__job_reply_join(job, m, call->request_id);
 }
 
+/* Whether the call's session names a member of the job's generation, in
+ * an elastic job: one that comes back for the next generation even
+ * without state. (A fixed job's ranks join every generation afresh.) */
+static bool elastic_member(gs_job_t *job, const gs_call_t *call)
+{
+  return gs__job_elastic(job) && gs__session_member(job, call->session, job->generation);
+}
+
 /* Whether a Join is a running member of an elastic generation coming
  * back for the next one: with its state, or with its session when it has
  * none yet (the world broke before it trained). */
@@ -317,7 +325,7 @@ static bool comes_back(const gs_member_t *m, const gs_call_t *call, const gradsy
   gs_job_t *job = m->job;
 
   return m->state == GS_MEMBER_RUNNING && !strcmp(job->name, req->job) &&
-         (req->has_state || gs__session_member(job, call->session, job->generation));
+         (req->has_state || elastic_member(job, call));
 }
 
 bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRequest *req)
@@ -403,12 +411,17 @@ static bool range_disagrees(gs_job_t *job, const gs_call_t *call, const gradsync
   return true;
 }
 
+/* Whether the job's generation runs (not ended, not aborted). */
+static bool generation_runs(const gs_job_t *job)
+{
+  return job->state == GS_JOB_RUNNING && job->aborted_generation != job->generation;
+}
+
 /* A Join that may not wait: a fixed job's generation runs, or an elastic
  * one's runs with its largest world. */
 static bool refuse_running(gs_job_t *job, const gs_call_t *call)
 {
-  if (job->state != GS_JOB_RUNNING || job->aborted_generation == job->generation ||
-      gs__regroup_admit(job))
+  if (!generation_runs(job) || gs__regroup_has_room(job))
     return false;
   if (gs__job_elastic(job))
     REPLY_ERR(job, call, GS_EPRECOND,
@@ -423,10 +436,40 @@ static bool refuse_running(gs_job_t *job, const gs_call_t *call)
   return true;
 }
 
+/* A member of the elastic generation that runs or regroups, which a new
+ * agent must agree with: the one of lowest rank left (after a coordinator
+ * restart, until the ranks re-registered, there may be none). */
+static const gs_member_t *running_reference(const gs_job_t *job)
+{
+  if (!gs__job_elastic(job) || !(generation_runs(job) || job->regrouping))
+    return NULL;
+  for (uint32_t r = 0; job->ranks && r < job->world_size; r++)
+    if (job->ranks[r])
+      return job->ranks[r];
+  return NULL;
+}
+
+/* Refuses a new agent that differs from the generation it would join (its
+ * settings, model or device kind): it alone gets INVALID_ARGUMENT, before
+ * any regroup is asked for, so the ranks training go on untouched. */
+static bool refuse_unlike(gs_job_t *job, const gs_call_t *call, const gs_member_t *m)
+{
+  const gs_member_t *ref = running_reference(job);
+  char msg[1200];
+
+  if (!ref || !gs__agreement_newcomer(m, ref, job->name, msg, sizeof(msg)))
+    return false;
+  gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "join refused: %s (from %s)", msg,
+         call->peer->name);
+  REPLY_ERR(job, call, GS_EINVAL, "%s", msg);
+  return true;
+}
+
 void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
 {
   gs_responder_t *r = job->jobs->responder;
   gs_member_t *m;
+  bool back;
 
   if (req->rejoin_generation) {
     rejoin(job, call, req);
@@ -437,9 +480,8 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   /* A survivor of an elastic generation, with its state or (it joined as
    * the world broke) without: a coordinator that knows no generation (it
    * restarted) takes its word for its state. */
-  if (job->generation &&
-      (req->has_state || gs__session_member(job, call->session, job->generation)) &&
-      !gs__regroup_survivor(job, call, req))
+  back = job->generation && (req->has_state || elastic_member(job, call));
+  if (back && !gs__regroup_survivor(job, call, req))
     return;
   if (refuse_running(job, call) || refuse_duplicate(job, call, req))
     return;
@@ -452,6 +494,12 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
     return;
   }
+  if (!back && refuse_unlike(job, call, m)) {
+    gs__member_free(m);
+    return;
+  }
+  if (generation_runs(job))
+    gs__regroup_request(job); /* a newcomer: the ranks make room for it */
   if (job->waiting_count == 0 || m->join_deadline_ms < job->next_join_deadline_ms)
     job->next_join_deadline_ms = m->join_deadline_ms;
   if (job->waiting_count == 0) {
