@@ -106,13 +106,43 @@ static bool authorized(gs_http_routes_t *r, const gs_http_request_t *req, const 
   return false;
 }
 
-/* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}. */
+/* Whether a JSON text holds a NUL: a raw one, or one escaped in a string
+ * (\u0000), which cJSON decodes into a C string that ends there:
+ * "stop\u0000x" would read as "stop". Walks the strings and their
+ * escapes; reads only `len` bytes. */
+static bool json_has_nul(const char *text, size_t len)
+{
+  bool in_string = false;
+
+  for (size_t i = 0; i < len; i++) {
+    if (text[i] == '\0') {
+      return true; /* a raw one, in a string or not, ends what cJSON reads */
+    } else if (text[i] == '"') {
+      in_string = !in_string;
+    } else if (in_string && text[i] == '\\' && i + 1 < len) {
+      if (text[i + 1] == 'u' && i + 5 < len && !memcmp(text + i + 2, "0000", 4))
+        return true;
+      i++; /* the escaped character: an escaped quote ends no string */
+    }
+  }
+  return false;
+}
+
+/* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}.
+ * Read strictly: a field given twice or a string with a NUL is refused,
+ * not resolved (which copy wins, or where a string ends, is not ours to
+ * guess for a request that stops a job). */
 static void control(gs_http_routes_t *r, gs_job_t *job, const gs_http_request_t *req,
                     gs_http_response_t *res)
 {
-  cJSON *doc = cJSON_ParseWithLength(req->body, req->body_len), *item, *out;
+  cJSON *doc, *item, *out;
   const cJSON *period = NULL, *action = NULL;
 
+  if (json_has_nul(req->body, req->body_len)) {
+    respond_error(res, 400, "a string in the body holds a NUL (\\u0000)");
+    return;
+  }
+  doc = cJSON_ParseWithLength(req->body, req->body_len);
   if (!cJSON_IsObject(doc)) {
     cJSON_Delete(doc);
     respond_error(res, 400, "the body must be a JSON object");
@@ -120,15 +150,20 @@ static void control(gs_http_routes_t *r, gs_job_t *job, const gs_http_request_t 
   }
   cJSON_ArrayForEach(item, doc)
   {
-    if (strcmp(item->string, "bcast_period") == 0)
-      period = item;
-    else if (strcmp(item->string, "action") == 0)
-      action = item;
-    else {
-      respond_error(res, 400, "unknown field '%s' (expected bcast_period or action)", item->string);
+    const cJSON **slot = strcmp(item->string, "bcast_period") == 0 ? &period
+                         : strcmp(item->string, "action") == 0     ? &action
+                                                                   : NULL;
+
+    if (!slot || *slot) {
+      if (slot)
+        respond_error(res, 400, "field '%s' is given twice", item->string);
+      else
+        respond_error(res, 400, "unknown field '%s' (expected bcast_period or action)",
+                      item->string);
       cJSON_Delete(doc);
       return;
     }
+    *slot = item;
   }
   if (!period && !action) {
     cJSON_Delete(doc);

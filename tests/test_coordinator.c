@@ -710,6 +710,47 @@ START_TEST(metrics_text)
 }
 END_TEST
 
+/* The control body is read strictly: a field given twice (which copy
+ * would win?) or a string holding a NUL (where would it end?) is a 400,
+ * and nothing is applied; an escaped backslash before "u0000" is text. */
+START_TEST(control_body_is_read_strictly)
+{
+  th_client_t cl;
+  gradsync_JoinResponse resp = {0};
+  gradsync_HeartbeatResponse hb;
+  const struct {
+    const char *body, *error;
+  } bad[] = {
+      {"{\"action\": \"broadcast\", \"action\": \"stop\"}", "field 'action' is given twice"},
+      {"{\"bcast_period\": 5, \"bcast_period\": 7}", "field 'bcast_period' is given twice"},
+      {"{\"action\": \"stop\\u0000\"}", "holds a NUL"},
+      {"{\"action\\u0000x\": \"stop\"}", "holds a NUL"},
+      {"{\"action\": \"stop\\\\u0000\"}", "action must be"},
+  };
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  th_connect(&cl, coord.rpc_port);
+  {
+    gradsync_JoinRequest req = th_join_request("c", 1, "n", 0);
+
+    ck_assert_int_eq(th_call(&cl, "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &resp, NULL, 0),
+                     OK);
+  }
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control", NULL, bad[i].body, &body),
+                     400);
+    ck_assert_msg(strstr(body, bad[i].error), "%s: %s", bad[i].body, body);
+    free(body);
+  }
+  ck_assert_int_eq(heartbeat(&cl, "c", 1, 0, 1, &hb), OK);
+  ck_assert(!hb.directives.stop);
+  ck_assert_uint_eq(hb.directives.broadcast_seq, 0);
+  th_close(&cl);
+}
+END_TEST
+
 START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
 {
   th_client_t cl[2];
@@ -1293,6 +1334,7 @@ static Suite *coordinator_suite(void)
       {"status", status_json_field_by_field},
       {"metrics", metrics_text},
       {"control", control_endpoint_needs_token_and_reaches_heartbeats},
+      {"control_strict", control_body_is_read_strictly},
       {"bad_input", bad_input_never_harms_the_service},
       {"restart", agents_rebuild_state_after_restart},
       {"leave", leaving_ranks_finish_the_job},
