@@ -1002,6 +1002,61 @@ START_TEST(agents_rebuild_state_after_restart)
 }
 END_TEST
 
+/* A restarted coordinator adopts the generation the re-registrations
+ * name, with that generation's world (an elastic job's may be below its
+ * largest); a place nobody re-registers for within the heartbeat timeout
+ * is a lost rank, and the generation ends instead of running forever. */
+START_TEST(adopted_generation_loses_ranks_that_never_reregister)
+{
+  th_client_t cl[2];
+  gradsync_HeartbeatResponse hb;
+  char *body;
+  cJSON *doc;
+
+  th_coord_start(&coord, "--heartbeat-timeout", "1s", "--heartbeat-interval", "200ms", NULL);
+  for (uint32_t r = 0; r < 2; r++) {
+    gradsync_JoinRequest req = th_join_request("ad", 4, "node00", r);
+    gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+
+    req.world_min = 2;
+    req.rejoin_generation = 5;
+    req.rejoin_rank = r;
+    req.rejoin_world_size = 3; /* shrunk from 4: rank 2 died meanwhile */
+    th_connect(&cl[r], coord.rpc_port);
+    snprintf(cl[r].session, sizeof(cl[r].session), "%u.00112233445566778899aabbccddeeff", r);
+    if (r == 0) { /* a generation larger than the job's largest is refused */
+      req.rejoin_world_size = 5;
+      ck_assert_int_eq(th_call(&cl[r], "Join", gradsync_JoinRequest_fields, &req,
+                               gradsync_JoinResponse_fields, &resp, NULL, 0),
+                       3); /* INVALID_ARGUMENT */
+      req.rejoin_world_size = 3;
+    }
+    ck_assert_int_eq(th_call(&cl[r], "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &resp, NULL, 0),
+                     OK);
+    ck_assert_uint_eq(resp.world_size, 3);
+  }
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/ad", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  ck_assert_int_eq(cJSON_GetObjectItem(doc, "world_size")->valueint, 3);
+  ck_assert_int_eq(cJSON_GetObjectItem(doc, "world_max")->valueint, 4);
+  cJSON_Delete(doc);
+  free(body);
+  /* Both heartbeat; rank 2's place stays empty past the timeout. */
+  do {
+    ck_assert_int_eq(heartbeat(&cl[0], "ad", 5, 0, 1, &hb), OK);
+    ck_assert_int_eq(heartbeat(&cl[1], "ad", 5, 1, 1, &hb), OK);
+    usleep(50 * 1000); /* pacing only: the loop ends on the abort */
+  } while (!hb.abort);
+  ck_assert_msg(strstr(hb.abort_reason, "1 rank(s) did not re-register within 1 s of the "
+                                        "coordinator's restart (2)"),
+                "%s", hb.abort_reason);
+  th_close(&cl[0]);
+  th_close(&cl[1]);
+  stop_and_check();
+}
+END_TEST
+
 START_TEST(leaving_ranks_finish_the_job)
 {
   th_client_t cl[2];
@@ -1337,6 +1392,7 @@ static Suite *coordinator_suite(void)
       {"control_strict", control_body_is_read_strictly},
       {"bad_input", bad_input_never_harms_the_service},
       {"restart", agents_rebuild_state_after_restart},
+      {"restart_lost", adopted_generation_loses_ranks_that_never_reregister},
       {"leave", leaving_ranks_finish_the_job},
       {"job_retention", finished_job_is_forgotten_after_retention},
       {"status_fresh", status_summary_follows_every_change},

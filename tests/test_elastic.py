@@ -30,6 +30,9 @@ Cases (one per run):
   late_after  gradsync-run --min-ranks 2 with rank 2 held back until rank 1
               was killed and rank 0 regroups: rank 0 waits for it, and
               ranks 0 and 2 train on
+  coord_restart 4 ranks of a 2:4 job, one killed, then the coordinator
+              restarts: the job re-registers with its 3 ranks, admits a
+              replacement and ends finished
   unlike      a 4th agent with another --batch asks to join a running 2:4
               job: it alone is refused, and the job trains on untouched
   below_min   2 of a 2:3 job's 3 ranks killed: the survivor waits for
@@ -125,7 +128,7 @@ class Job:
 
     def __init__(self, world, *coord_flags, name="el"):
         self.dir = scratch("gs-elastic-")
-        self.world, self.name, self.agents = world, name, {}
+        self.world, self.name, self.agents, self.coord_flags = world, name, {}, coord_flags
         self.coord_log = os.path.join(self.dir, "coordinator.log")
         self.coord = subprocess.Popen(
             [COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", *coord_flags],
@@ -190,6 +193,15 @@ class Job:
 
     def stop(self):
         post_stop(self.http, self.name)
+
+    def restart_coordinator(self):
+        """Kills the coordinator and starts a new one on the same ports (its
+        log continues in the same file): the agents re-register with it."""
+        self.coord.kill()
+        self.coord.wait()
+        self.coord = subprocess.Popen(
+            [COORD, "--listen", self.rpc, "--http", self.http, *self.coord_flags],
+            stdout=subprocess.DEVNULL, stderr=open(self.coord_log, "a"), env=clean_env())
 
     def close(self):
         for p, _ in self.agents.values():
@@ -564,6 +576,37 @@ def case_unlike():
         assert [g["generation"] for g in after] == [g["generation"] for g in before], (before, after)
         assert after[-1]["world_size"] == 3, after
         print("refused:", re.search(r"error: (.*)", job.log(3)).group(1)[:160], "...")
+    finally:
+        job.close()
+
+
+def case_coord_restart():
+    """4 ranks of a 2:4 job, one killed: the job goes on with 3. Then the
+    coordinator restarts: the ranks re-register a generation of 3 (not of
+    4 with the lost rank's place empty), a replacement agent is admitted
+    at a regroup, and once stopped the job ends finished."""
+    job = Job("2:4")
+    try:
+        for i in range(4):
+            job.start(i, epochs=FOREVER)
+        four = job.wait_coord(AFTER(r"generation \d+ started with 4 ranks", "."))
+        job.kill(3)
+        job.finish([3])
+        job.wait_coord(AFTER(re.escape(four.group(0)), r"generation \d+ started with 3 ranks"))
+        job.restart_coordinator()
+        m = job.wait_coord(AFTER("re-registered", AFTER("re-registered", "re-registered")))
+        status = json.loads(job.get(f"/jobs/{job.name}"))
+        assert status["world_size"] == 3, status
+        assert [r["state"] for r in status["ranks"]] == ["running"] * 3, status["ranks"]
+        job.start(3, epochs=FOREVER)
+        job.wait_coord(AFTER(re.escape(m.group(0)), r"generation \d+ started with 4 ranks"))
+        job.wait_line(0, AFTER(r"continuing with 4 ranks from step \d+", VALIDATION))  # trains
+        job.stop()
+        expect_ok(job, range(4))
+        status = wait_until("the job finished", lambda: (
+            lambda s: s if s["state"] == "finished" else None)(json.loads(job.get(f"/jobs/{job.name}"))))
+        print("after the restart:", [(g["generation"], g["world_size"])
+                                     for g in status["generations"]])
     finally:
         job.close()
 

@@ -171,6 +171,7 @@ static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
   pthread_mutex_unlock(&hb->lock);
   req.rejoin_generation = hb->cfg.generation;
   req.rejoin_rank = hb->cfg.rank;
+  req.rejoin_world_size = hb->cfg.world_size;
   err = gs_client_join(hb->cl, &req, deadline_ms, &res);
   gs_join_result_free(&res);
   if (err == 0) {

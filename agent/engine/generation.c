@@ -275,6 +275,7 @@ int gs__engine_start_heartbeat(gs_engine_t *e)
       .client = gs__engine_client_config(e),
       .generation = e->join.generation,
       .rank = e->join.rank,
+      .world_size = e->join.world_size,
       .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
       .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
       .grace_ms = e->cfg.coordinator_grace_ms,

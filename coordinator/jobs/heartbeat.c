@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "history.h"
 #include "session.h"
 #include "wire.h"
 
@@ -247,6 +248,40 @@ static void end_waits(gs_job_t *job, uint64_t now)
   }
 }
 
+/* A generation adopted after a coordinator restart whose ranks did not
+ * all re-register within a heartbeat timeout: the missing ones died
+ * while the coordinator was away (a live rank re-registers at its next
+ * heartbeat). Their places were never filled, so no heartbeat would
+ * ever lose them: the generation ends here, as for a lost rank. */
+static void lose_unregistered(gs_job_t *job, uint64_t now)
+{
+  char missing[160] = "";
+  size_t used = 0;
+  uint32_t count = 0;
+
+  if (!job->reregister_deadline_ms || now < job->reregister_deadline_ms)
+    return;
+  job->reregister_deadline_ms = 0;
+  if (job->state != GS_JOB_RUNNING)
+    return;
+  for (uint32_t r = 0; r < job->world_size; r++) {
+    if (job->ranks[r])
+      continue;
+    if (count++ < 8 && used < sizeof(missing))
+      used += (size_t)snprintf(missing + used, sizeof(missing) - used, "%s%u",
+                               count > 1 ? ", " : "", r);
+  }
+  if (!count)
+    return;
+  job->jobs->stats.ranks_lost += count;
+  if (job->world_min)
+    gs__generation_note(job, "rank(s) %s%s lost: not re-registered after the coordinator restarted",
+                        missing, count > 8 ? ", ..." : "");
+  gs__job_abort(
+      job, "%u rank(s) did not re-register within %.0f s of the coordinator's restart (%s%s)",
+      count, job->jobs->cfg.heartbeat_timeout_ms / 1000.0, missing, count > 8 ? ", ..." : "");
+}
+
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
 {
   uint64_t gap = job->last_hb_sweep_ms ? now - job->last_hb_sweep_ms : 0;
@@ -256,6 +291,7 @@ void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
 
   job->last_hb_sweep_ms = now;
   end_waits(job, now);
+  lose_unregistered(job, now);
   if (job->state == GS_JOB_RUNNING && gap > job->jobs->cfg.heartbeat_timeout_ms / 2)
     forgive_own_stall(job, now, gap);
   oldest = gs_list_first(&job->hb_list);

@@ -150,6 +150,9 @@ struct gs_job {
   gs_member_t **ranks;
   gradsync_Peer *peers; /* rank order, for Join replies */
   uint64_t started_ms;
+  /* A generation adopted from re-registrations (a coordinator restart):
+   * its places still empty at this time are lost ranks. 0: none. */
+  uint64_t reregister_deadline_ms;
   uint64_t finished_ms; /* when it became FINISHED: forgotten after cfg.job_retention_ms */
   /* When the sweep first saw it with nothing in progress (no rendezvous
    * gathering, no parked call, not running): a rendezvous that timed out

@@ -210,26 +210,38 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   }
 }
 
-/* Starts generation `g` of `world_size` ranks from what re-registering
- * agents say, after a coordinator restart; false when out of memory. */
+/* The world of the generation a re-registration names: an elastic one may
+ * have shrunk below the job's largest (an older agent does not say). */
+static uint32_t rejoin_world(const gradsync_JoinRequest *req)
+{
+  return req->rejoin_world_size ? req->rejoin_world_size : req->world_size;
+}
+
+/* Starts generation `g` from what re-registering agents say, after a
+ * coordinator restart; false when out of memory. Its ranks that do not
+ * re-register within the heartbeat timeout are lost (gs__heartbeat_sweep). */
 static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
 {
+  uint32_t world = rejoin_world(req);
+
   gs__store_reset(&job->store);
   gs__job_free_ranks(job);
-  job->ranks = calloc(req->world_size, sizeof(*job->ranks));
-  job->peers = calloc(req->world_size, sizeof(*job->peers));
+  job->ranks = calloc(world, sizeof(*job->ranks));
+  job->peers = calloc(world, sizeof(*job->peers));
   if (!job->ranks || !job->peers) {
     gs__job_free_ranks(job);
     return false;
   }
   job->generation = req->rejoin_generation;
-  job->world_size = req->world_size;
+  job->world_size = world;
   job->world_min = req->world_min;
   job->world_max = req->world_size;
   job->state = GS_JOB_RUNNING;
   job->started_ms = call->now_ms;
+  job->reregister_deadline_ms = call->now_ms + job->jobs->cfg.heartbeat_timeout_ms;
   job->bcast_period = req->bcast_period;
   gs__job_stall_reset(job, call->now_ms);
+  gs__generation_started(job, call->now_ms);
   return true;
 }
 
@@ -241,9 +253,10 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
   uint32_t r = req->rejoin_rank;
   gs_member_t *m, *old;
 
-  if (r >= req->world_size) {
-    REPLY_ERR(job, call, GS_EINVAL, "rejoin_rank %u is not below world_size %u", r,
-              req->world_size);
+  if (rejoin_world(req) > req->world_size || r >= rejoin_world(req)) {
+    REPLY_ERR(job, call, GS_EINVAL,
+              "rejoin_rank %u must be below rejoin_world_size %u, at most world_size %u", r,
+              rejoin_world(req), req->world_size);
     return;
   }
   /* The session it had: a re-registration acts for its own rank only. */
@@ -271,9 +284,9 @@ static void rejoin(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequ
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");
     return;
   }
-  if (req->world_size != job->world_size) {
+  if (rejoin_world(req) != job->world_size) {
     REPLY_ERR(job, call, GS_EINVAL, "world size %u disagrees with generation %llu's %u",
-              req->world_size, (unsigned long long)g, job->world_size);
+              rejoin_world(req), (unsigned long long)g, job->world_size);
     return;
   }
   old = job->ranks[r];

@@ -36,6 +36,7 @@ typedef struct gs_heartbeat_config {
   gs_client_config_t client; /* a connection of its own */
   uint64_t generation;
   uint32_t rank;
+  uint32_t world_size;  /* the generation's (an elastic one may be below the job's largest) */
   uint32_t interval_ms; /* from the JoinResponse */
   uint32_t timeout_ms;  /* the coordinator's heartbeat timeout */
   uint64_t grace_ms;    /* unreachable for this long: abort (0: timeout_ms) */
