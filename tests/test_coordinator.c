@@ -1326,6 +1326,23 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
 
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 2, "hc");
+  /* Rank 0's heartbeat (with its session) on the connection where rank 1
+   * joined and has not heartbeated yet: that connection is rank 1's. */
+  {
+    gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+    char own[sizeof(cl[1].session)];
+
+    snprintf(own, sizeof(own), "%s", cl[1].session);
+    snprintf(cl[1].session, sizeof(cl[1].session), "%s", cl[0].session);
+    snprintf(req.job, sizeof(req.job), "hc");
+    req.generation = 1;
+    req.rank = resp[0].rank;
+    ck_assert_int_eq(th_call(&cl[1], "Heartbeat", gradsync_HeartbeatRequest_fields, &req, NULL,
+                             NULL, msg, sizeof(msg)),
+                     9);
+    ck_assert_msg(strstr(msg, "this connection belongs to rank"), "%s", msg);
+    snprintf(cl[1].session, sizeof(cl[1].session), "%s", own);
+  }
   th_connect(&hb_conn, coord.rpc_port);
   snprintf(hb_conn.session, sizeof(hb_conn.session), "%s", cl[0].session);
   ck_assert_int_eq(heartbeat(&hb_conn, "hc", 1, resp[0].rank, 1, &hb), OK);

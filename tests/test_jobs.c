@@ -446,7 +446,7 @@ END_TEST
  * one connection and heartbeats on its heartbeat thread's own. Closing the
  * Join connection afterwards loses nothing; heartbeats for the rank from
  * any other connection are refused (no silent takeover), as is a first
- * heartbeat from a connection that carries another rank's; closing the
+ * heartbeat from a connection that belongs to another rank; closing the
  * heartbeat connection loses the rank. */
 START_TEST(heartbeats_tie_a_rank_to_their_connection)
 {
@@ -469,7 +469,7 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
   ck_assert_int_eq(err, GS_EPRECOND);
   heartbeat(9, "c", 1, 2, 15, &err);
   ck_assert_int_eq(err, GS_EPRECOND);
-  ck_assert_ptr_nonnull(strstr(last_reply(9)->message, "heartbeats of rank 1"));
+  ck_assert_ptr_nonnull(strstr(last_reply(9)->message, "belongs to rank 1"));
   ck_assert_ptr_eq(job->ranks[0]->peer, &peers[8]);
   ck_assert_ptr_eq(job->ranks[1]->peer, &peers[9]);
   heartbeat(2, "c", 1, 2, 15, &err);

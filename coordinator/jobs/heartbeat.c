@@ -112,7 +112,8 @@ static void wait_for_news(gs_member_t *m, const gs_call_t *call, uint32_t wait_m
  * Join connection to its own; from then on the rank belongs to that
  * connection, and a heartbeat for it from any other is refused, as is one
  * from a connection that carries another running rank: nobody takes a
- * rank over in silence. Returns false when the call was refused (answered). */
+ * rank over in silence (nor one from the connection another running rank
+ * joined on). Returns false when the call was refused (answered). */
 static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
 {
   gs_peer_t *peer = call->peer;
@@ -138,9 +139,11 @@ static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
                       other->job->name);
     return false;
   }
-  if (other && other->heartbeats_seen && gs__member_active(other)) {
+  /* Whether the other rank joined here or heartbeats here, the
+   * connection is its own. */
+  if (other && gs__member_active(other)) {
     gs__respond_error(job->jobs->responder, peer->id, call->method, call->request_id, GS_EPRECOND,
-                      "this connection carries the heartbeats of rank %u of job %s; "
+                      "this connection belongs to rank %u of job %s; "
                       "use one connection per rank",
                       other->rank, other->job->name);
     return false;
