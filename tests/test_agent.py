@@ -617,6 +617,49 @@ def case_outage(tmp):
           f"period {job['bcast_period']} and the pack list kept")
 
 
+def case_short_grace(tmp):
+    """--coordinator-grace below the coordinator's heartbeat timeout: each
+    rank says so once it joined (it waits the timeout instead); with the
+    coordinator killed, the ranks stop saying the coordinator was
+    unreachable, not that it aborted them."""
+    rpc, http = free_port(), free_port()
+    coord = start_listening([COORD, "--listen", f"127.0.0.1:{rpc}", "--http", f"127.0.0.1:{http}",
+                             "--heartbeat-interval", "250ms", "--heartbeat-timeout", "3s",
+                             "--log-level", "warn"])
+    agents = []
+    try:
+        agents = [subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--job", "gr",
+                                    "--world-size", "2", "--local-rank", str(i), "--steps",
+                                    "1000000", "--reduce", "mean", "--coordinator-grace", "1s"] + FAST,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for i in range(2)]
+        outs = [Lines(a.stderr, f"rank {i} stderr") for i, a in enumerate(agents)]
+        for err in outs:
+            err.wait(r"--coordinator-grace 1\.0 s is below the coordinator's heartbeat timeout "
+                     r"\(3\.0 s\): this rank waits 3\.0 s")
+        steps = [Lines(a.stdout, f"rank {i} stdout") for i, a in enumerate(agents)]
+        steps[0].wait(r"^step")
+        coord.kill()
+        coord.wait()
+        codes = [a.wait(timeout=WAIT) for a in agents]
+        texts = [err.close() for err in outs]
+    finally:
+        for a in agents:
+            a.kill()
+            a.wait()
+        coord.kill()
+        coord.wait()
+    for code, text in zip(codes, texts):
+        assert code != 0, text[-3000:]
+        error = re.search(r"error: (.*)", text)
+        assert error, text[-3000:]
+        assert "the coordinator aborted" not in error.group(1), error.group(1)
+        assert re.search(r"this rank ended generation 1: coordinator unreachable for [\d.]+ s, "
+                         r"longer than --coordinator-grace \(raised to the coordinator's "
+                         r"heartbeat timeout\)", error.group(1)), error.group(1)
+    print("short grace:", error.group(1)[:200])
+
+
 def case_coordinator_stall(tmp):
     """A coordinator stopped (SIGSTOP) for twice its heartbeat timeout does
     not lose every rank when it runs again: the silence was its own. The

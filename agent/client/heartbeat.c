@@ -26,6 +26,8 @@ struct gs_heartbeat {
   pthread_cond_t wake;  /* signalled by stop */
   bool stopping;
   bool aborted;
+  bool gave_up; /* the abort is this rank's own: the coordinator unreachable, or it refused us */
+  bool grace_raised; /* cfg.grace_ms was below the coordinator's heartbeat timeout */
   char why[512];
   gs_progress_t progress;
   gs_directives_t directives;
@@ -52,12 +54,13 @@ static bool wait_until(gs_heartbeat_t *hb, uint64_t until)
 
 /* Records the abort and calls on_abort (without the lock, so that it may
  * call back into gs_heartbeat_aborted). */
-static void fire_abort(gs_heartbeat_t *hb, const char *why)
+static void fire_abort(gs_heartbeat_t *hb, bool gave_up, const char *why)
 {
   const gs_client_config_t *cc = &hb->cfg.client;
 
   pthread_mutex_lock(&hb->lock);
   hb->aborted = true;
+  hb->gave_up = gave_up;
   snprintf(hb->why, sizeof(hb->why), "%s", why);
   pthread_mutex_unlock(&hb->lock);
   gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank, "generation %llu aborted: %s",
@@ -181,7 +184,7 @@ static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
     republish_packlist(hb, deadline_ms);
   } else if (err == GS_EABORTED) {
     snprintf(why, sizeof(why), "re-registration refused: %s", gs_client_error(hb->cl));
-    fire_abort(hb, why);
+    fire_abort(hb, true, why);
   }
   return err;
 }
@@ -215,9 +218,11 @@ static bool check_unreachable(gs_heartbeat_t *hb, uint64_t last_ok, bool *told)
   }
   if (silent <= hb->cfg.grace_ms)
     return false;
-  snprintf(why, sizeof(why), "coordinator unreachable for %.1fs: %s", silent / 1000.0,
-           gs_client_error(hb->cl));
-  fire_abort(hb, why);
+  snprintf(
+      why, sizeof(why), "coordinator unreachable for %.1f s, longer than --coordinator-grace%s: %s",
+      silent / 1000.0, hb->grace_raised ? " (raised to the coordinator's heartbeat timeout)" : "",
+      gs_client_error(hb->cl));
+  fire_abort(hb, true, why);
   return true;
 }
 
@@ -249,7 +254,7 @@ static void *run(void *arg)
       last_ok = gs_now_ms();
       failing = told = false;
       if (abort) {
-        fire_abort(hb, why);
+        fire_abort(hb, false, why);
         done = true;
       }
     } else {
@@ -270,7 +275,10 @@ static void *run(void *arg)
 static int copy_config(gs_heartbeat_t *hb, const gs_heartbeat_config_t *cfg)
 {
   hb->cfg = *cfg;
-  if (hb->cfg.grace_ms < hb->cfg.timeout_ms)
+  /* Giving up sooner than the coordinator would lose this rank ends a
+   * generation the coordinator still runs. */
+  hb->grace_raised = hb->cfg.grace_ms < hb->cfg.timeout_ms;
+  if (hb->grace_raised)
     hb->cfg.grace_ms = hb->cfg.timeout_ms;
   hb->can_rejoin = cfg->rejoin != NULL;
   if (cfg->rejoin)
@@ -398,6 +406,16 @@ bool gs_heartbeat_aborted(gs_heartbeat_t *hb, char *why, size_t len)
     snprintf(why, len, "%s", hb->why);
   pthread_mutex_unlock(&hb->lock);
   return aborted;
+}
+
+bool gs_heartbeat_gave_up(gs_heartbeat_t *hb)
+{
+  bool gave_up;
+
+  pthread_mutex_lock(&hb->lock);
+  gave_up = hb->aborted && hb->gave_up;
+  pthread_mutex_unlock(&hb->lock);
+  return gave_up;
 }
 
 void gs_heartbeat_stop(gs_heartbeat_t *hb)

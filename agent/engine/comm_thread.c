@@ -111,8 +111,8 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
     nanosleep(&ts, NULL);
   }
   if (why[0])
-    gs_set_why(e->error, sizeof(e->error),
-               "%s failed: the coordinator aborted generation %" PRIu64 ": %s", what,
+    gs_set_why(e->error, sizeof(e->error), "%s failed: %s generation %" PRIu64 ": %s", what,
+               gs_heartbeat_gave_up(e->hb) ? "this rank ended" : "the coordinator aborted",
                e->join.generation, why);
   else if (gs_comm_why(e->comm)[0])
     gs_set_why(e->error, sizeof(e->error), "%s failed: %s", what, gs_comm_why(e->comm));

@@ -66,6 +66,7 @@ struct gs_engine {
   gs_pb_array_t settings;        /* gradsync_Setting, sent with join_req (config.c) */
   gs_join_result_t join;
   bool joined;
+  bool grace_told; /* said once that --coordinator-grace is below the heartbeat timeout */
   int32_t period;
   double grad_scale;
   float lr_scale; /* elastic_lr linear: world / world_size */

@@ -285,6 +285,14 @@ int gs__engine_start_heartbeat(gs_engine_t *e)
       .rejoin = &e->join_req,
   };
 
+  if (hc.grace_ms < hc.timeout_ms && !e->grace_told) {
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "--coordinator-grace %.1f s is below the coordinator's heartbeat timeout (%.1f s): this "
+           "rank waits %.1f s for an unreachable coordinator before it stops (it may not give up "
+           "on a generation the coordinator still runs)",
+           hc.grace_ms / 1000.0, hc.timeout_ms / 1000.0, hc.timeout_ms / 1000.0);
+    e->grace_told = true;
+  }
   e->hb = gs_heartbeat_start(&hc);
   if (!e->hb) {
     gs_set_why(e->error, sizeof(e->error), "cannot start the heartbeat thread");

@@ -308,7 +308,8 @@ static const gs_flag_t flag_rows[] = {
    .metavar = "DUR", .env = "GRADSYNC_COORDINATOR_GRACE",
    .help = "train on through a coordinator outage this long, then stop",
    .doc = "how long the ranks train on while the coordinator is unreachable (they re-register "
-          "when it is back); past it, training ends"},
+          "when it is back); past it, training ends. Below the coordinator's --heartbeat-timeout it "
+          "is raised to it, with a warning"},
   {.name = "--comm-timeout", .kind = GS_FLAG_DURATION, E(comm_timeout_ms), .metavar = "DUR",
    .help = "no progress in a collective", .doc = "no progress inside a collective is an error"},
   {.name = "--log-interval", .kind = GS_FLAG_DURATION, F(t.log_interval_ms), .metavar = "DUR",

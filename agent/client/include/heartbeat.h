@@ -75,6 +75,11 @@ void gs_heartbeat_set_packlist(gs_heartbeat_t *hb, const gs_packlist_t *list,
 /* Whether on_abort has fired, with the reason copied to `why`. */
 bool gs_heartbeat_aborted(gs_heartbeat_t *hb, char *why, size_t len);
 
+/* Whether the abort was this rank's own decision (the coordinator was
+ * unreachable past the grace, or refused its re-registration) rather than
+ * the coordinator's. */
+bool gs_heartbeat_gave_up(gs_heartbeat_t *hb);
+
 /* Stops the thread promptly (it never sleeps through a stop), joins it, and
  * frees it. NULL is a no-op. */
 void gs_heartbeat_stop(gs_heartbeat_t *hb);
