@@ -229,6 +229,24 @@ START_TEST(token_is_required_when_set)
   ck_assert_str_eq(msg, "wrong token");
   ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
   th_close(&a);
+  /* A token shaped like a job's, of no use for the job the body names, is
+   * refused before the rest of the body is decoded: this one does not
+   * decode (a Publish body sent as a Heartbeat), and the answer is still
+   * UNAUTHENTICATED, not a decoding error. */
+  th_connect(&a, coord.rpc_port);
+  a.token = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+  {
+    gradsync_PublishRequest junk = gradsync_PublishRequest_init_zero;
+
+    snprintf(junk.job, sizeof(junk.job), "t");
+    junk.value.size = 3;
+    ck_assert_int_eq(th_call(&a, "Heartbeat", gradsync_PublishRequest_fields, &junk, NULL, NULL,
+                             msg, sizeof(msg)),
+                     16);
+    ck_assert_str_eq(msg, "wrong token (not the coordinator's, not job t's)");
+  }
+  ck_assert(th_closed_by_peer(&a, TH_WAIT_MS));
+  th_close(&a);
   th_connect(&a, coord.rpc_port);
   a.token = "s3cret";
   ck_assert_int_eq(th_call(&a, "Join", gradsync_JoinRequest_fields, &req,
