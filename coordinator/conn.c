@@ -37,6 +37,7 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->max_memory = lim->max_memory;
   t->max_connections = lim->max_connections;
   t->tls = lim->tls;
+  t->lines = lim->lines;
   t->cb = *cb;
   gs_list_init(&t->idle);
   gs_list_init(&t->linger);
@@ -68,26 +69,15 @@ static void tls_recount(gs_conn_t *conn)
   conn->tls_counted = now;
 }
 
-void gs__conn_warn(gs_conn_t *conn, const char *fmt, ...)
+void gs__conn_log(gs_conn_t *conn, gs_log_kind_t kind, const char *fmt, ...)
 {
-  gs_conns_t *t;
-  uint32_t held_back;
-  char text[512];
   va_list ap;
 
   if (!conn)
     return;
-  t = conn->conns;
-  if (!gs_ratelimit_allow(&conn->warn_rl, uv_now(t->loop), &held_back))
-    return;
   va_start(ap, fmt);
-  vsnprintf(text, sizeof(text), fmt, ap);
+  gs__log_limit_vline(conn->conns->lines, uv_now(conn->conns->loop), conn->peer, kind, fmt, ap);
   va_end(ap);
-  if (held_back)
-    gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s (and %u similar warnings held back)",
-           conn->peer, text, held_back);
-  else
-    gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s: %s", conn->peer, text);
 }
 
 void gs__conns_free(gs_conns_t *t)
@@ -255,16 +245,11 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
     if (used < 0 && !t->tls && len - off >= 2 && data[off] == 0x16 && data[off + 1] == 0x03) {
       /* A TLS ClientHello read as a frame's length: the error frame that
        * follows is what tells the client that this port has no TLS. */
-      uint32_t held_back;
-
-      if (gs_ratelimit_allow(&t->tls_rl, uv_now(t->loop), &held_back))
-        gs_log(t->log, GS_LOG_WARN, NULL, -1,
-               "rpc: %s speaks TLS, but this coordinator has no --tls-cert; closing (%u such "
-               "lines held back)",
-               conn->peer, held_back);
+      gs__conn_log(conn, GS_LOG_KIND_RPC_TLS,
+                   "speaks TLS, but this coordinator has no --tls-cert; closing");
     } else if (used < 0) {
-      gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s sent a frame over the %zu-byte limit; closing",
-             conn->peer, t->max_frame);
+      gs__conn_log(conn, GS_LOG_KIND_RPC_FRAME, "sent a frame over the %zu-byte limit; closing",
+                   t->max_frame);
     }
     if (used < 0) {
       t->cb.on_oversized(t->cb.ctx, conn, t->max_frame);
@@ -285,8 +270,9 @@ static bool rbuf_append(gs_conn_t *conn, const uint8_t *data, size_t len)
   gs_conns_t *t = conn->conns;
 
   if (conn->rbuf.len + len > conn->rbuf.cap && t->mem_used + len > t->max_memory) {
-    gs__conn_warn(conn, "over the coordinator's memory budget (--max-memory %zu bytes); closing",
-                  t->max_memory);
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "over the coordinator's memory budget (--max-memory %zu bytes); closing",
+                 t->max_memory);
     gs__conn_close(conn, "memory budget exhausted");
     return false;
   }
@@ -345,24 +331,17 @@ static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
   return !conn->closing;
 }
 
-/* A handshake that failed is logged (rate-limited over every connection,
- * so a scanner writes few lines) and the connection closed once the
- * alert, if any, is written. A client that spoke no TLS gets an alert
- * too, which a gradsync client without --tls-ca recognises. */
+/* A handshake that failed is logged (limited per peer address, so a
+ * scanner writes few lines) and the connection closed once the alert, if
+ * any, is written. A client that spoke no TLS gets an alert too, which a
+ * gradsync client without --tls-ca recognises. */
 static void tls_failed(gs_conn_t *conn)
 {
-  gs_conns_t *t = conn->conns;
   bool plain = gs__tls_peer_not_tls(conn->tls);
-  uint32_t held_back;
-  char more[48] = "";
 
-  if (gs_ratelimit_allow(&t->tls_rl, uv_now(t->loop), &held_back)) {
-    if (held_back)
-      snprintf(more, sizeof(more), " (%u such lines held back)", held_back);
-    gs_log(t->log, GS_LOG_WARN, NULL, -1, "rpc: %s: TLS handshake failed: %s%s; closing%s",
-           conn->peer, gs__tls_error(conn->tls),
-           plain ? " (a client without TLS? agents need --tls-ca)" : "", more);
-  }
+  gs__conn_log(conn, GS_LOG_KIND_RPC_TLS, "TLS handshake failed: %s%s; closing",
+               gs__tls_error(conn->tls),
+               plain ? " (a client without TLS? agents need --tls-ca)" : "");
   if (conn->closing)
     return;
   uv_read_stop((uv_stream_t *)&conn->tcp);
@@ -382,8 +361,9 @@ static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
   int err;
 
   if (len && t->mem_used + len > t->max_memory) {
-    gs__conn_warn(conn, "over the coordinator's memory budget (--max-memory %zu bytes); closing",
-                  t->max_memory);
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "over the coordinator's memory budget (--max-memory %zu bytes); closing",
+                 t->max_memory);
     gs__conn_close(conn, "memory budget exhausted");
     return;
   }
@@ -537,8 +517,8 @@ void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now)
     if (now - conn->last_activity_ms < t->idle_timeout_ms)
       break;
     t->idle_closed++;
-    gs_log(t->log, GS_LOG_INFO, NULL, -1, "rpc: %s idle for %llu ms; closing", conn->peer,
-           (unsigned long long)(now - conn->last_activity_ms));
+    gs__conn_log(conn, GS_LOG_KIND_RPC_IDLE, "idle for %llu ms; closing",
+                 (unsigned long long)(now - conn->last_activity_ms));
     gs__conn_close(conn, "idle timeout");
   }
   while ((oldest = gs_list_first(&t->linger))) {
@@ -619,14 +599,16 @@ static bool queue_ok(gs_conn_t *conn, size_t cost)
   size_t cap = conn->authenticated ? MAX_WRITE_QUEUE : GS_CONN_UNAUTH_WRITE_MAX;
 
   if (conn->queued + cost > cap && !conn->close_when_written) {
-    gs__conn_warn(conn, "is not reading its replies (%zu bytes queued, limit %zu%s); closing",
-                  conn->queued, cap, conn->authenticated ? "" : " before authentication");
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "is not reading its replies (%zu bytes queued, limit %zu%s); closing",
+                 conn->queued, cap, conn->authenticated ? "" : " before authentication");
     gs__conn_close(conn, "write queue overrun");
     return false;
   }
   if (t->mem_used + cost > t->max_memory) {
-    gs__conn_warn(conn, "a reply would pass the memory budget (--max-memory %zu bytes); closing",
-                  t->max_memory);
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "a reply would pass the memory budget (--max-memory %zu bytes); closing",
+                 t->max_memory);
     gs__conn_close(conn, "memory budget exhausted");
     return false;
   }

@@ -14,6 +14,7 @@
 #include "error.h"
 #include "list.h"
 #include "log.h"
+#include "log_limit.h"
 #include "ratelimit.h"
 #include "tls.h"
 
@@ -79,14 +80,13 @@ struct gs_conn {
    * parked), least recently active first; or, while it lingers, the
    * linger list. */
   gs_list_t idle_node;
-  uint32_t waiting;       /* calls parked until an event or deadline */
-  size_t queued;          /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
-  size_t rbuf_counted;    /* rbuf.cap as counted in conns->mem_used */
-  size_t tls_counted;     /* gs__tls_memory as counted in conns->mem_used */
-  gs_ratelimit_t warn_rl; /* see gs__conn_warn */
-  bool authenticated;     /* the owner says a call passed its token check */
-  bool read_paused;       /* backpressure: see GS_CONN_WRITE_HIGH */
-  bool opened;            /* on_open kept it: on_close will tell the owner */
+  uint32_t waiting;    /* calls parked until an event or deadline */
+  size_t queued;       /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
+  size_t rbuf_counted; /* rbuf.cap as counted in conns->mem_used */
+  size_t tls_counted;  /* gs__tls_memory as counted in conns->mem_used */
+  bool authenticated;  /* the owner says a call passed its token check */
+  bool read_paused;    /* backpressure: see GS_CONN_WRITE_HIGH */
+  bool opened;         /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
   bool notified;           /* our TLS close_notify is out */
@@ -104,7 +104,7 @@ typedef struct gs_conns {
   size_t mem_used;          /* what they hold now: bookkeeping, rbufs, queued replies */
   uint32_t max_connections; /* open connections at most */
   gs_ratelimit_t accept_rl; /* warnings about refused connections */
-  gs_ratelimit_t tls_rl;    /* warnings about failed TLS handshakes */
+  gs_log_limit_t *lines;    /* borrowed: lines about one peer (gs__conn_log) */
   gs_tls_ctx_t *tls;        /* borrowed; NULL: plaintext */
   gs_conn_callbacks_t cb;
   gs_conn_t **slots;
@@ -129,6 +129,8 @@ typedef struct gs_conn_limits {
   /* Borrowed, outlives the table; NULL: plaintext. With it every
    * connection speaks only TLS, and its session counts in its memory. */
   gs_tls_ctx_t *tls;
+  /* Borrowed, outlives the table: limits the lines about each peer. */
+  gs_log_limit_t *lines;
 } gs_conn_limits_t;
 
 /* A table with no connections; free with gs__conns_free once drained. */
@@ -164,9 +166,10 @@ void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len);
 /* A call parked on this connection started / ended waiting: a connection
  * with a parked call is not idle. */
 void gs__conn_park(gs_conn_t *conn);
-/* Logs a warning about `conn`'s peer ("rpc: PEER: ..."), rate-limited per
- * connection (common/ratelimit.h) with the count of lines held back. */
-void gs__conn_warn(gs_conn_t *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Logs a line of `kind` about `conn`'s peer ("rpc: PEER: ..."), limited
+ * per peer address and kind (log_limit.h); a NULL `conn` logs nothing. */
+void gs__conn_log(gs_conn_t *conn, gs_log_kind_t kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 void gs__conn_unpark(gs_conn_t *conn);
 
 #endif

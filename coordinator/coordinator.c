@@ -28,6 +28,7 @@ struct gs_coord {
   gs_rpc_t rpc;
   gs_jobs_t jobs;
   gs_http_routes_t routes;
+  gs_log_limit_t lines; /* lines about clients, both ports' */
   uint64_t started_ms;
   gs_ratelimit_t accept_rl; /* failed accepts are logged, not each one */
   uint32_t handles_open;    /* listener + timer; freed when 0 and closing */
@@ -121,8 +122,10 @@ static int wire_layers(gs_coord_t *c)
       .max_memory = c->cfg.max_memory,
       .max_connections = c->cfg.max_connections,
       .tls = c->cfg.tls,
+      .lines = &c->lines,
   };
 
+  gs__log_limit_init(&c->lines, &c->cfg.log);
   c->conns = gs__conns_new(c->loop, &c->cfg.log, &lim, &cb);
   if (!c->conns)
     return GS_ENOMEM;
@@ -134,6 +137,7 @@ static int wire_layers(gs_coord_t *c)
       .jobs = &c->jobs,
       .loop = c->loop,
       .log = &c->cfg.log,
+      .lines = &c->lines,
       .token = c->cfg.token,
       .auth = (gs_http_auth_t)c->cfg.http_auth,
       .service_info = service_info,
@@ -176,6 +180,7 @@ static void on_housekeeping(uv_timer_t *t)
 
   gs__jobs_sweep(&c->jobs, now);
   gs__conns_sweep_idle(c->conns, now);
+  gs__log_limit_sweep(&c->lines, now); /* summaries, even of clients gone quiet */
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -241,6 +246,7 @@ void gs_coord_close(gs_coord_t *c)
   if (c->routes.http)
     gs_http_server_close(c->routes.http);
   c->routes.http = NULL;
+  gs__log_limit_close(&c->lines, uv_now(c->loop)); /* what was held back, counted */
   uv_close((uv_handle_t *)&c->listener, on_handle_closed);
   uv_close((uv_handle_t *)&c->housekeeping, on_handle_closed);
 }

@@ -87,7 +87,7 @@ static const char *bearer(const char *auth)
 /* Whether the request may go on: a request that changes something, or
  * shows ranks' addresses (`reveals`), or any with --http-auth read, needs
  * the coordinator's token, or the token of `job` (NULL: no job's will
- * do). Answers 401 and logs when it may not. */
+ * do). Answers 401 and logs (limited per client) when it may not. */
 static bool authorized(gs_http_routes_t *r, const gs_http_request_t *req, const char *job,
                        bool changes, bool reveals, gs_http_response_t *res)
 {
@@ -99,8 +99,9 @@ static bool authorized(gs_http_routes_t *r, const gs_http_request_t *req, const 
   given = bearer(req->authorization);
   if (given && (gs__token_ok(r->token, given) || (job && gs__job_token_ok(r->token, job, given))))
     return true;
-  gs_log(r->log, GS_LOG_WARN, job, -1, "http: %s %s with a %s token", req->method, req->path,
-         req->authorization ? "wrong" : "missing");
+  gs__log_limit_line(r->lines, uv_now(r->loop), req->peer, GS_LOG_KIND_HTTP_TOKEN,
+                     "%s %s with a %s token", req->method, req->path,
+                     req->authorization ? "wrong" : "missing");
   respond_error(res, 401, "%s needs 'Authorization: Bearer TOKEN' (the coordinator's%s)", req->path,
                 job ? " or the job's" : "");
   return false;
@@ -342,6 +343,7 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
       .max_header_bytes = 16 * 1024,
       .max_body_bytes = 64 * 1024,
       .idle_timeout_ms = idle_timeout_ms,
+      .lines = r->lines,
   };
 
   r->http = gs_http_server_new(r->loop, r->log, &limits, gs__http_routes_handle, r);

@@ -21,6 +21,8 @@ typedef struct gs_http_routes {
   void (*service_info)(void *ctx, gs_service_info_t *out);
   void *ctx;
   gs_tls_ctx_t *tls; /* borrowed; NULL: plain HTTP */
+  /* Borrowed: limits the lines about each client (log_limit.h). */
+  gs_log_limit_t *lines;
   gs_http_server_t *http;
   /* GET /status is cached: the rendered document is reused while nothing
    * it shows changed (the jobs' version and the connection count) within

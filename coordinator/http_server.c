@@ -6,6 +6,7 @@
  * reply, `Connection: close`, end of input) stops parsing, flushes its
  * replies, shuts down its write side and lingers briefly for the peer's EOF,
  * so that a reply is not lost to a reset caused by unread request bytes. */
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,6 @@
 
 #include "buf.h"
 #include "net.h"
-#include "ratelimit.h"
 
 #define READ_CHUNK (64 * 1024)
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
@@ -38,7 +38,8 @@ struct gs_http_server {
   size_t open;        /* connections not closing */
   uint16_t port;
   gs_tls_ctx_t *tls;     /* borrowed; NULL: plaintext */
-  gs_ratelimit_t tls_rl; /* failed handshakes are logged, not each one */
+  gs_log_limit_t *lines; /* limits.lines, or own_lines */
+  gs_log_limit_t own_lines;
   bool closing;
   bool listener_closed;
   /* Shared by all connections: the loop is single-threaded and every read
@@ -79,6 +80,19 @@ typedef struct http_write {
   char *body; /* the handler's malloc'd body; freed with the request */
   char head[];
 } http_write_t;
+
+/* Logs a line of `kind` about the connection's client ("http: PEER: ..."),
+ * limited per address and kind. */
+static void conn_log(http_conn_t *conn, gs_log_kind_t kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void conn_log(http_conn_t *conn, gs_log_kind_t kind, const char *fmt, ...)
+{
+  va_list ap;
+
+  va_start(ap, fmt);
+  gs__log_limit_vline(conn->srv->lines, uv_now(conn->srv->loop), conn->peer, kind, fmt, ap);
+  va_end(ap);
+}
 
 /* Empties a buffer filled with gs_buf_append_str, keeping its storage. */
 static void strbuf_clear(gs_buf_t *b)
@@ -152,8 +166,8 @@ static void on_timer(uv_timer_t *t)
   http_conn_t *conn = t->data;
 
   if (!conn->draining)
-    gs_log(conn->srv->log, GS_LOG_INFO, NULL, -1, "http: %s idle for %llu ms; closing", conn->peer,
-           (unsigned long long)conn->srv->limits.idle_timeout_ms);
+    conn_log(conn, GS_LOG_KIND_HTTP_IDLE, "idle for %llu ms; closing",
+             (unsigned long long)conn->srv->limits.idle_timeout_ms);
   conn_close(conn);
 }
 
@@ -213,8 +227,7 @@ static void on_write(uv_write_t *req, int status)
   if (status < 0) {
     /* Later writes fail the same way, or are cancelled: log only the first. */
     if (!conn->closing)
-      gs_log(conn->srv->log, GS_LOG_INFO, NULL, -1, "http: write to %s failed: %s", conn->peer,
-             uv_strerror(status));
+      conn_log(conn, GS_LOG_KIND_HTTP_IO, "write failed: %s", uv_strerror(status));
     conn_close(conn);
   } else if (conn->draining && conn->writes == 0 && !conn->closing) {
     conn_linger(conn);
@@ -331,8 +344,7 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
   if (conn->closing)
     goto out_free_body;
   if (uv_stream_get_write_queue_size(stream) > MAX_WRITE_QUEUE) {
-    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1, "http: %s is not reading its replies; closing",
-           conn->peer);
+    conn_log(conn, GS_LOG_KIND_HTTP_LIMIT, "is not reading its replies; closing");
     goto out_close;
   }
   w = response_head(res, close);
@@ -524,6 +536,7 @@ static int on_message_complete(http_parser *p)
   gs_http_request_t req = {
       .method = http_method_str((enum http_method)p->method),
       .authorization = conn->has_auth ? gs_buf_str(&conn->auth) : NULL,
+      .peer = conn->peer,
       .body = gs_buf_str(&conn->body),
       .body_len = conn->body.len,
   };
@@ -562,7 +575,7 @@ static const http_parser_settings parser_settings = {
     .on_message_complete = on_message_complete,
 };
 
-/* The parser stopped on an error: log one line, reply and end. */
+/* The parser stopped on an error: log one line (limited), reply and end. */
 static void reject_request(http_conn_t *conn, enum http_errno err)
 {
   const gs_http_limits_t *lim = &conn->srv->limits;
@@ -574,16 +587,14 @@ static void reject_request(http_conn_t *conn, enum http_errno err)
     why = err == HPE_HEADER_OVERFLOW ? "request headers too large" : "malformed request";
   }
   if (status == 413)
-    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1,
-           "http: %s sent a body over the %zu-byte limit; replying 413", conn->peer,
-           lim->max_body_bytes);
+    conn_log(conn, GS_LOG_KIND_HTTP_REQUEST, "sent a body over the %zu-byte limit; replying 413",
+             lim->max_body_bytes);
   else if (status == 431)
-    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1,
-           "http: %s sent headers over the %zu-byte limit; replying 431", conn->peer,
-           lim->max_header_bytes);
+    conn_log(conn, GS_LOG_KIND_HTTP_REQUEST, "sent headers over the %zu-byte limit; replying 431",
+             lim->max_header_bytes);
   else
-    gs_log(conn->srv->log, GS_LOG_WARN, NULL, -1, "http: %s sent a bad request (%s); replying %d",
-           conn->peer, conn->refuse_why ? conn->refuse_why : http_errno_description(err), status);
+    conn_log(conn, GS_LOG_KIND_HTTP_REQUEST, "sent a bad request (%s); replying %d",
+             conn->refuse_why ? conn->refuse_why : http_errno_description(err), status);
   send_error(conn, status, why);
 }
 
@@ -626,8 +637,8 @@ static const char plain_http_reply[] = "HTTP/1.1 400 Bad Request\r\n"
                                        "\r\n" PLAIN_HTTP_BODY;
 _Static_assert(sizeof(PLAIN_HTTP_BODY) - 1 == 59, "plain_http_reply's Content-Length");
 
-/* A failed handshake: one line (rate-limited over all connections, so a
- * scanner writes few), the plain-text 400 for a plain HTTP request, and
+/* A failed handshake: one line (limited per client address, so a scanner
+ * writes few), the plain-text 400 for a plain HTTP request, and
  * the end of the connection. That 400 tells its client what is wrong, and
  * the images' health check (docker/healthcheck.sh, bash cannot speak TLS)
  * gets one every 10 s, so it is logged at debug level only. */
@@ -635,18 +646,12 @@ static void tls_failed(http_conn_t *conn)
 {
   gs_http_server_t *srv = conn->srv;
   bool http = gs__tls_peer_plain_http(conn->tls);
-  uint32_t held_back;
-  char more[48] = "";
 
-  if (http) {
+  if (http)
     gs_log(srv->log, GS_LOG_DEBUG, NULL, -1, "http: %s sent plain http to the https port: 400",
            conn->peer);
-  } else if (gs_ratelimit_allow(&srv->tls_rl, uv_now(srv->loop), &held_back)) {
-    if (held_back)
-      snprintf(more, sizeof(more), " (%u such lines held back)", held_back);
-    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: %s: TLS handshake failed: %s%s", conn->peer,
-           gs__tls_error(conn->tls), more);
-  }
+  else
+    conn_log(conn, GS_LOG_KIND_HTTP_TLS, "TLS handshake failed: %s", gs__tls_error(conn->tls));
   if (http && write_raw(conn, (const uint8_t *)plain_http_reply, sizeof(plain_http_reply) - 1))
     conn_drain(conn);
   else
@@ -685,8 +690,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
   if (nread < 0) {
     if (nread != UV_EOF) {
-      gs_log(conn->srv->log, GS_LOG_INFO, NULL, -1, "http: read from %s failed: %s", conn->peer,
-             uv_strerror((int)nread));
+      conn_log(conn, GS_LOG_KIND_HTTP_IO, "read failed: %s", uv_strerror((int)nread));
       conn_close(conn);
       return;
     }
@@ -790,6 +794,8 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   srv->loop = loop;
   srv->log = log;
   srv->limits = *limits;
+  srv->lines = limits->lines ? limits->lines : &srv->own_lines;
+  gs__log_limit_init(&srv->own_lines, log);
   srv->handler = handler;
   srv->ctx = ctx;
   srv->listener.data = srv;
@@ -836,6 +842,7 @@ void gs_http_server_close(gs_http_server_t *srv)
   if (!srv || srv->closing)
     return;
   srv->closing = true;
+  gs__log_limit_close(&srv->own_lines, uv_now(srv->loop)); /* a shared table is its owner's */
   uv_close((uv_handle_t *)&srv->listener, on_listener_close);
   for (http_conn_t *conn = srv->conns; conn; conn = conn->next)
     conn_close(conn);

@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "log_limit.h"
 #include "tls.h"
 
 typedef struct gs_http_request {
@@ -20,6 +21,7 @@ typedef struct gs_http_request {
   const char *path;          /* URL path, without the query ("/jobs/a") */
   const char *query;         /* after '?', or "" */
   const char *authorization; /* value of the Authorization header, or NULL */
+  const char *peer;          /* "1.2.3.4:5", for lines about it (log_limit.h) */
   const char *body;          /* NUL-terminated; body_len bytes */
   size_t body_len;
 } gs_http_request_t;
@@ -40,6 +42,9 @@ typedef struct gs_http_limits {
   size_t max_header_bytes;  /* request line + headers; 431 beyond */
   size_t max_body_bytes;    /* 413 beyond */
   uint64_t idle_timeout_ms; /* a connection with no complete request for this long is closed */
+  /* Limits the lines about each client (log_limit.h); borrowed, outlives
+   * the server. NULL: the server limits them with a table of its own. */
+  gs_log_limit_t *lines;
 } gs_http_limits_t;
 
 typedef struct gs_http_server gs_http_server_t;

@@ -169,8 +169,9 @@ static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
     return false;
   }
   if (rq->job_token && !gs__job_token_ok(rpc->token, name, rq->job_token)) {
-    gs__conn_warn(rq->conn, "%s for job %s with a token of no use there; closing",
-                  gs_method_name(rq->call.method), name);
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN,
+                 "%s for job %s with a token of no use there; closing",
+                 gs_method_name(rq->call.method), name);
     snprintf(text, sizeof(text), "wrong token (not the coordinator's, not job %s's)", name);
     refuse_token(rpc, rq, text);
     return false;
@@ -213,8 +214,8 @@ static bool check_job_token(gs_rpc_t *rpc, const request_t *rq)
   char job[sizeof(((gradsync_JoinRequest *)0)->job)];
 
   if (!body_job(rq->body, rq->body_len, job, sizeof(job))) {
-    gs__conn_warn(rq->conn, "%s with a job's token and no job named; closing",
-                  gs_method_name(rq->call.method));
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s with a job's token and no job named; closing",
+                 gs_method_name(rq->call.method));
     refuse_token(rpc, rq, "wrong token (a job's token needs the job named in the request)");
     return false;
   }
@@ -227,8 +228,8 @@ static bool decode_body(gs_rpc_t *rpc, const request_t *rq, const pb_msgdesc_t *
 
   if (gs_wire_decode(rq->body, rq->body_len, fields, msg, why, sizeof(why)) == 0)
     return true;
-  gs__conn_warn(gs__conn_get(rpc->conns, rq->call.peer->id), "sent an undecodable %s: %s",
-                gs_method_name(rq->call.method), why);
+  gs__conn_log(gs__conn_get(rpc->conns, rq->call.peer->id), GS_LOG_KIND_RPC_CALL,
+               "sent an undecodable %s: %s", gs_method_name(rq->call.method), why);
   reply_error(rpc, &rq->call, GS_EINVAL, "cannot decode %sRequest: %s",
               gs_method_name(rq->call.method), why);
   return false;
@@ -278,15 +279,15 @@ static void on_publish_pack_list(gs_rpc_t *rpc, const request_t *rq)
   char why[256];
 
   if (!gs__pack_list_count(rq->body, rq->body_len, &params, why, sizeof(why))) {
-    gs__conn_warn(gs__conn_get(rpc->conns, rq->call.peer->id),
-                  "sent an undecodable PublishPackList: %s", why);
+    gs__conn_log(gs__conn_get(rpc->conns, rq->call.peer->id), GS_LOG_KIND_RPC_CALL,
+                 "sent an undecodable PublishPackList: %s", why);
     reply_error(rpc, &rq->call, GS_EINVAL, "cannot decode PublishPackListRequest: %s", why);
     return;
   }
   if (params > rpc->max_params) {
-    gs__conn_warn(gs__conn_get(rpc->conns, rq->call.peer->id),
-                  "sent a pack list of %zu entries, over --max-params %u; refused", params,
-                  rpc->max_params);
+    gs__conn_log(gs__conn_get(rpc->conns, rq->call.peer->id), GS_LOG_KIND_RPC_CALL,
+                 "sent a pack list of %zu entries, over --max-params %u; refused", params,
+                 rpc->max_params);
     reply_error(rpc, &rq->call, GS_ELIMIT,
                 "pack list has %zu entries, more than %u: raise the coordinator's --max-params",
                 params, rpc->max_params);
@@ -415,7 +416,7 @@ static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_
   char text[sizeof(env.message)];
 
   rpc->stats.bad_frames++;
-  gs__conn_warn(conn, "called unknown method '%s'", req->method);
+  gs__conn_log(conn, GS_LOG_KIND_RPC_CALL, "called unknown method '%s'", req->method);
   snprintf(text, sizeof(text), "unknown method '%s'", req->method);
   envelope_for(&env, req->method, req->request_id, GS_EUNIMPL, text);
   send_envelope(rpc, conn, &env, NULL, false);
@@ -431,7 +432,7 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
 
   if (gs_wire_decode_envelope(payload, len, &env, body, why, sizeof(why))) {
     rpc->stats.bad_frames++;
-    gs__conn_warn(conn, "sent an undecodable envelope (%s); closing", why);
+    gs__conn_log(conn, GS_LOG_KIND_RPC_FRAME, "sent an undecodable envelope (%s); closing", why);
     fail_stream(rpc, conn, GS_EINVAL, "cannot decode Envelope: %s", why);
     goto out;
   }
@@ -447,8 +448,8 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
   rpc->stats.requests[rq.call.method]++;
   if (!gs__token_ok(rpc->token, env.token)) {
     if (strlen(env.token) != GS_JOB_TOKEN_LEN) {
-      gs__conn_warn(conn, "%s with a %s token; closing", gs_method_name(rq.call.method),
-                    env.token[0] ? "wrong" : "missing");
+      gs__conn_log(conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token; closing",
+                   gs_method_name(rq.call.method), env.token[0] ? "wrong" : "missing");
       refuse_token(rpc, &rq, env.token[0] ? "wrong token" : "missing token");
       goto out;
     }
@@ -457,10 +458,10 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
     conn->authenticated = true;
   }
   if (gs__conns_over_budget(rpc->conns)) {
-    gs__conn_warn(conn,
-                  "%s refused: the coordinator's connections hold more than --max-memory "
-                  "(%zu bytes)",
-                  gs_method_name(rq.call.method), rpc->conns->max_memory);
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "%s refused: the coordinator's connections hold more than --max-memory "
+                 "(%zu bytes)",
+                 gs_method_name(rq.call.method), rpc->conns->max_memory);
     reply_error(rpc, &rq.call, GS_ELIMIT,
                 "coordinator memory budget exhausted (--max-memory); try again later");
     goto out;

@@ -5,10 +5,12 @@ hostile or careless client would, and reads its memory from /proc.
 
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
 cases: noread, noread_token, budget, packlist, connections, log_escape, log_flood,
-       jobs_expire
+       log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire
 """
+import http.client
 import json
 import os
+import re
 import resource
 import socket
 import struct
@@ -363,6 +365,148 @@ def case_log_flood(binary, pb):
         c.close()
 
 
+# The coordinator's limits on lines about clients (docs/guide/security.md):
+# per peer address and kind of line, BURST lines per window, then the count
+# of the rest in one summary line when the window ends; ALL_CLIENTS lines
+# per window for every client together.
+BURST, WINDOW_S, ALL_CLIENTS = 5, 10, 50
+SUMMARY = re.compile(r": (\S+): (\d+) more '([^']+)' lines suppressed in the last")
+ALL_SUMMARY = re.compile(r" (\d+) more lines about clients suppressed in the last")
+
+
+def windows(seconds):
+    """How many windows can have started while a flood went on for
+    `seconds`: each lasts WINDOW_S from its first line. A bound that the
+    time taken widens, so a slow machine cannot fail it."""
+    return 2 + int(seconds // WINDOW_S)
+
+
+def held_back(log, kind, address="127.0.0.1"):
+    """The lines of `kind` about `address` that summaries say were
+    suppressed."""
+    return sum(int(m.group(2)) for m in SUMMARY.finditer(log)
+               if m.group(1) == address and m.group(3) == kind)
+
+
+def flood_accounted(c, what, written, kind, n):
+    """Waits until the summaries (written when the window ends, the peer
+    quiet by then) account for every one of the `n` lines not `written`;
+    returns how many they hold."""
+    def done():
+        log = c.text()
+        got = len(written(log)) + held_back(log, kind)
+        assert got <= n, f"{what}: {got} lines accounted for, {n} sent"
+        return got == n and log
+    log = wait_until(f"{what}: the summary of '{kind}' lines", done)
+    return held_back(log, kind)
+
+
+def case_log_flood_http(binary, pb):
+    # Refused HTTP requests on one keep-alive connection: each was a line.
+    c = Coordinator(binary, env=dict(os.environ, GRADSYNC_TOKEN="sesame"))
+    try:
+        n = 3000
+        conn = http.client.HTTPConnection("127.0.0.1", c.http_port, timeout=WAIT)
+        t0 = time.monotonic()
+        for _ in range(n):
+            conn.request("POST", "/jobs/j/control", body=b'{"action":"stop"}',
+                         headers={"Authorization": "Bearer wrong"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 401, r.status
+        took = time.monotonic() - t0
+        conn.close()
+
+        def wrong(log):
+            return [line for line in log.splitlines() if "with a wrong token" in line]
+        # Each refusal was logged or counted before its reply went out.
+        lines = wrong(c.text())
+        print(f"log_flood_http: {n} wrong-token POSTs on one connection in {took:.1f} s: "
+              f"{len(lines)} lines")
+        assert len(lines) <= BURST * windows(took), f"{len(lines)} lines: {lines[-3:]}"
+        held = flood_accounted(c, "log_flood_http", wrong, "refused token", n)
+        print(f"log_flood_http: and a summary of {held} suppressed")
+    finally:
+        c.close()
+
+
+def case_log_flood_peer(binary, pb):
+    # Many connections from one address, each refused once: the limit was
+    # per connection, so each wrote a line (63,540 lines in 20 s, once).
+    c = Coordinator(binary, env=dict(os.environ, GRADSYNC_TOKEN="sesame"))
+    try:
+        n = 400
+        wrong = frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="j", rank=0),
+                      token="wrong")
+        undecodable = struct.pack(">I", 3) + b"\xff\xff\xff"
+        t0 = time.monotonic()
+        for i in range(2 * n):
+            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+            s.sendall(wrong if i % 2 else undecodable)
+            recv_envelope(pb, s)
+            s.close()
+        took = time.monotonic() - t0
+
+        def token(log):
+            return [line for line in log.splitlines() if "with a wrong token" in line]
+
+        def envelope(log):
+            return [line for line in log.splitlines() if "undecodable envelope" in line]
+        log = c.text()
+        print(f"log_flood_peer: {n} connections with a wrong token and {n} with a bad frame "
+              f"from 127.0.0.1 in {took:.1f} s: {len(token(log))} and {len(envelope(log))} lines")
+        for kind, lines in (("refused token", token(log)), ("bad frame", envelope(log))):
+            assert len(lines) <= BURST * windows(took), f"{kind}: {len(lines)} lines"
+        held = [flood_accounted(c, "log_flood_peer", token, "refused token", n),
+                flood_accounted(c, "log_flood_peer", envelope, "bad frame", n)]
+        print(f"log_flood_peer: and summaries of {held[0]} and {held[1]} suppressed")
+    finally:
+        c.close()
+
+
+def case_log_flood_addresses(binary, pb):
+    # Many addresses (all of 127.0.0.0/8 is this host), more than the
+    # coordinator remembers, each refused a few times: no per-address
+    # limit holds them, the one for all clients together does.
+    c = Coordinator(binary, env=dict(os.environ, GRADSYNC_TOKEN="sesame"))
+    try:
+        addresses = [f"127.0.{1 + i // 200}.{1 + i % 200}" for i in range(600)]
+        rounds = BURST + 2
+        wrong = frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="j", rank=0),
+                      token="wrong")
+        t0 = time.monotonic()
+        for _ in range(rounds):
+            for a in addresses:
+                s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT,
+                                             source_address=(a, 0))
+                s.sendall(wrong)
+                recv_envelope(pb, s)
+                s.close()
+        took = time.monotonic() - t0
+        n = rounds * len(addresses)
+
+        def written(log):
+            return [line for line in log.splitlines() if "with a wrong token" in line or
+                    SUMMARY.search(line)]
+
+        def counted(log):
+            return (sum(1 for line in log.splitlines() if "with a wrong token" in line) +
+                    sum(int(m.group(2)) for m in SUMMARY.finditer(log)) +
+                    sum(int(m.group(1)) for m in ALL_SUMMARY.finditer(log)))
+        lines = written(c.text())
+        print(f"log_flood_addresses: {n} refusals from {len(addresses)} addresses in {took:.1f} s: "
+              f"{len(lines)} lines")
+        assert len(lines) <= ALL_CLIENTS * windows(took), f"{len(lines)} lines"
+        log = wait_until("log_flood_addresses: summaries of every refusal",
+                         lambda: counted(c.text()) >= n and c.text())
+        assert counted(log) == n, f"{counted(log)} refusals accounted for, {n} sent"
+        summaries = [line for line in log.splitlines() if ALL_SUMMARY.search(line)]
+        print(f"log_flood_addresses: {len(written(log))} lines and {len(summaries)} "
+              f"summaries for all clients, e.g. {summaries[0].split(' [-] ')[-1]}")
+    finally:
+        c.close()
+
+
 def status(c):
     with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/status", timeout=WAIT) as r:
         return json.loads(r.read())
@@ -407,6 +551,9 @@ CASES = {
     "connections": case_connections,
     "log_escape": case_log_escape,
     "log_flood": case_log_flood,
+    "log_flood_http": case_log_flood_http,
+    "log_flood_peer": case_log_flood_peer,
+    "log_flood_addresses": case_log_flood_addresses,
     "jobs_expire": case_jobs_expire,
 }
 

@@ -15,6 +15,7 @@ typedef struct fuzz_http {
   gs_responder_t responder;
   gs_jobs_t jobs;
   gs_http_routes_t routes;
+  gs_log_limit_t lines;
   gs_peer_t peer;
   uv_loop_t loop;
 } fuzz_http_t;
@@ -99,9 +100,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       &(gs_call_t){
           .peer = &f.peer, .method = GS_METHOD_JOIN, .request_id = 1, .deadline_ms = 60000},
       &join);
+  gs__log_limit_init(&f.lines, &quiet);
   f.routes = (gs_http_routes_t){.jobs = &f.jobs,
                                 .loop = &f.loop,
                                 .log = &quiet,
+                                .lines = &f.lines,
                                 .token = "t0ken",
                                 .service_info = service_info};
   p = take_line(p, end, method, sizeof(method));
