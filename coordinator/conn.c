@@ -36,6 +36,12 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->idle_timeout_ms = lim->idle_timeout_ms;
   t->max_memory = lim->max_memory;
   t->max_connections = lim->max_connections;
+  t->unauth_max_memory = lim->max_memory / GS_CONN_UNAUTH_SHARE;
+  t->unauth_max_connections = (uint32_t)(t->unauth_max_memory / GS_CONN_UNAUTH_EACH);
+  if (t->unauth_max_connections < GS_CONN_UNAUTH_MIN)
+    t->unauth_max_connections = GS_CONN_UNAUTH_MIN;
+  if (t->unauth_max_connections > lim->max_connections)
+    t->unauth_max_connections = lim->max_connections;
   t->tls = lim->tls;
   t->lines = lim->lines;
   t->cb = *cb;
@@ -44,18 +50,77 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   return t;
 }
 
-/* New work stops at three quarters of the budget, so that replies to
- * calls already accepted (parked ones, answered later) still fit under it. */
+/* New work stops at three quarters of the members' part of the budget,
+ * so that replies to calls already accepted (parked ones, answered later)
+ * still fit under it. */
 bool gs__conns_over_budget(const gs_conns_t *t)
 {
-  return t->mem_used > t->max_memory - t->max_memory / 4;
+  size_t members = t->max_memory - t->unauth_max_memory;
+
+  return t->mem_used - t->unauth_used > members - members / 4;
+}
+
+/* What `conn` holds grows by `add` and shrinks by `sub`: counted in the
+ * total, and in the unauthenticated share while it has not authenticated. */
+static void mem_count(gs_conn_t *conn, size_t add, size_t sub)
+{
+  gs_conns_t *t = conn->conns;
+
+  t->mem_used += add;
+  t->mem_used -= sub;
+  if (!conn->authenticated) {
+    t->unauth_used += add;
+    t->unauth_used -= sub;
+  }
+}
+
+/* What `conn` holds in the budget now. */
+static size_t mem_of(const gs_conn_t *conn)
+{
+  return GS_CONN_BOOKKEEPING + conn->rbuf_counted + conn->tls_counted + conn->queued;
+}
+
+/* Whether `conn` may hold `more` bytes: within the budget, and within
+ * the unauthenticated share before it authenticated. If not, it is
+ * closed, saying which limit `what` would pass. */
+static bool budget_allows(gs_conn_t *conn, size_t more, const char *what)
+{
+  gs_conns_t *t = conn->conns;
+
+  if (!conn->authenticated && t->unauth_used + more > t->unauth_max_memory) {
+    t->unauth_closed++;
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "%s would pass what connections not yet authenticated may hold (%zu bytes, a "
+                 "quarter of --max-memory); closing",
+                 what, t->unauth_max_memory);
+    gs__conn_close(conn, "unauthenticated share of the memory budget exhausted");
+    return false;
+  }
+  if (t->mem_used + more > t->max_memory) {
+    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
+                 "%s would pass the memory budget (--max-memory %zu bytes); closing", what,
+                 t->max_memory);
+    gs__conn_close(conn, "memory budget exhausted");
+    return false;
+  }
+  return true;
+}
+
+void gs__conn_authenticate(gs_conn_t *conn)
+{
+  gs_conns_t *t = conn->conns;
+
+  if (conn->authenticated)
+    return;
+  t->unauth_used -= mem_of(conn);
+  t->unauth_open--;
+  conn->authenticated = true;
 }
 
 /* Counts a change of the read buffer's capacity. */
 static void rbuf_recount(gs_conn_t *conn)
 {
-  conn->conns->mem_used += conn->rbuf.cap;
-  conn->conns->mem_used -= conn->rbuf_counted;
+  mem_count(conn, conn->rbuf.cap, conn->rbuf_counted);
   conn->rbuf_counted = conn->rbuf.cap;
 }
 
@@ -64,8 +129,7 @@ static void tls_recount(gs_conn_t *conn)
 {
   size_t now = conn->tls ? gs__tls_memory(conn->tls) : 0;
 
-  conn->conns->mem_used += now;
-  conn->conns->mem_used -= conn->tls_counted;
+  mem_count(conn, now, conn->tls_counted);
   conn->tls_counted = now;
 }
 
@@ -134,7 +198,9 @@ static void on_close(uv_handle_t *h)
   gs__tls_free(conn->tls);
   conn->tls = NULL;
   tls_recount(conn);
-  t->mem_used -= GS_CONN_BOOKKEEPING;
+  mem_count(conn, 0, GS_CONN_BOOKKEEPING);
+  if (!conn->authenticated)
+    t->unauth_open--;
   free(conn);
   if (t->closing && t->open == 0 && t->cb.on_drained)
     t->cb.on_drained(t->cb.ctx);
@@ -209,7 +275,6 @@ static int table_insert(gs_conns_t *t, gs_conn_t *conn)
   conn->id = (uint64_t)t->gens[slot] << 32 | slot;
   t->slots[slot] = conn;
   t->open++;
-  t->mem_used += GS_CONN_BOOKKEEPING;
   return 0;
 }
 
@@ -267,15 +332,8 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
  * connection's rbuf, within the memory budget; false if it was closed. */
 static bool rbuf_append(gs_conn_t *conn, const uint8_t *data, size_t len)
 {
-  gs_conns_t *t = conn->conns;
-
-  if (conn->rbuf.len + len > conn->rbuf.cap && t->mem_used + len > t->max_memory) {
-    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
-                 "over the coordinator's memory budget (--max-memory %zu bytes); closing",
-                 t->max_memory);
-    gs__conn_close(conn, "memory budget exhausted");
+  if (conn->rbuf.len + len > conn->rbuf.cap && !budget_allows(conn, len, "a frame's bytes"))
     return false;
-  }
   if (gs_buf_append(&conn->rbuf, data, len)) {
     gs__conn_close(conn, "out of memory");
     return false;
@@ -360,13 +418,8 @@ static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
   gs_conns_t *t = conn->conns;
   int err;
 
-  if (len && t->mem_used + len > t->max_memory) {
-    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
-                 "over the coordinator's memory budget (--max-memory %zu bytes); closing",
-                 t->max_memory);
-    gs__conn_close(conn, "memory budget exhausted");
+  if (len && !budget_allows(conn, len, "TLS input"))
     return;
-  }
   err = gs__tls_input(conn->tls, data, len, t->rbuf, sizeof(t->rbuf));
   if (!conn->closing)
     tls_recount(conn);
@@ -413,43 +466,64 @@ static void free_refused(uv_handle_t *h)
   free(h);
 }
 
-/* At --max-connections: the oldest idle connection that never
+/* At a cap (`cap` names it): the oldest idle connection that never
  * authenticated makes room (an agent's connections authenticate at their
- * first call), else the new one is refused. Either way it is logged. */
-static bool make_room(gs_conns_t *t)
+ * first call), else the new one is refused. Either way it is logged.
+ * `min_idle_ms`: only one idle at least this long may go. */
+static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
 {
+  uint64_t now = uv_now(t->loop);
   uint32_t held_back;
-  bool say = gs_ratelimit_allow(&t->accept_rl, uv_now(t->loop), &held_back);
+  bool say = gs_ratelimit_allow(&t->accept_rl, now, &held_back);
 
   for (gs_list_t *node = t->idle.next; node != &t->idle; node = node->next) {
     gs_conn_t *old = GS_CONTAINER_OF(node, gs_conn_t, idle_node);
 
     if (old->authenticated)
       continue;
+    if (now - old->last_activity_ms < min_idle_ms)
+      break; /* the idle list is oldest first: none older */
     t->evicted++;
     if (say)
       gs_log(t->log, GS_LOG_WARN, NULL, -1,
-             "rpc: %u connections (--max-connections): closing %s, the oldest idle one that "
-             "never authenticated, to admit a new one (%u such lines held back)",
-             t->open, old->peer, held_back);
-    gs__conn_close(old, "evicted at --max-connections");
+             "rpc: %u connections, %u unauthenticated (%s): closing %s, the oldest idle one "
+             "that never authenticated, to admit a new one (%u such lines held back)",
+             t->open, t->unauth_open, cap, old->peer, held_back);
+    gs__conn_close(old, "evicted at a connection cap");
     return true;
   }
   t->refused++;
   if (say)
     gs_log(t->log, GS_LOG_WARN, NULL, -1,
-           "rpc: %u connections (--max-connections) and none idle unauthenticated: refusing a "
-           "new connection (%llu refused so far; %u such lines held back)",
-           t->open, (unsigned long long)t->refused, held_back);
+           "rpc: %u connections, %u unauthenticated (%s), and none idle unauthenticated to close: "
+           "refusing a new connection (%llu refused so far; %u such lines held back)",
+           t->open, t->unauth_open, cap, (unsigned long long)t->refused, held_back);
   return false;
+}
+
+/* Whether a new connection may open: under --max-connections, and with
+ * room in the unauthenticated connections' share (count and memory),
+ * which it joins until its first call passes the token check. */
+static bool admit(gs_conns_t *t)
+{
+  /* t->open counts connections closing too, until their close callback. */
+  if (t->open >= t->max_connections && !make_room(t, "--max-connections", 0))
+    return false;
+  if (t->unauth_open >= t->unauth_max_connections ||
+      t->unauth_used + GS_CONN_BOOKKEEPING > t->unauth_max_memory) {
+    if (!make_room(t, "their share of --max-memory", GS_CONN_UNAUTH_EVICT_IDLE_MS)) {
+      t->unauth_closed++;
+      return false;
+    }
+  }
+  return true;
 }
 
 void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
 {
   gs_conn_t *conn;
 
-  /* t->open counts connections closing too, until their close callback. */
-  if (t->open >= t->max_connections && !make_room(t)) {
+  if (!admit(t)) {
     uv_tcp_t *refused = calloc(1, sizeof(*refused));
 
     /* Accepted and closed at once, so the kernel's queue does not fill. */
@@ -469,6 +543,8 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
   }
   conn->conns = t;
   conn->tcp.data = conn;
+  t->unauth_open++;
+  mem_count(conn, GS_CONN_BOOKKEEPING, 0);
   idle_touch(conn);
   uv_tcp_init(t->loop, &conn->tcp);
   if (uv_accept(server, (uv_stream_t *)&conn->tcp)) {
@@ -577,7 +653,7 @@ static void on_write(uv_write_t *req, int status)
   gs_conn_t *conn = req->handle->data;
 
   conn->queued -= w->cost;
-  conn->conns->mem_used -= w->cost;
+  mem_count(conn, 0, w->cost);
   if (status < 0)
     gs__conn_close(conn, uv_strerror(status));
   else if (w->close_after)
@@ -595,7 +671,6 @@ static void on_write(uv_write_t *req, int status)
  * read the replies before. */
 static bool queue_ok(gs_conn_t *conn, size_t cost)
 {
-  gs_conns_t *t = conn->conns;
   size_t cap = conn->authenticated ? MAX_WRITE_QUEUE : GS_CONN_UNAUTH_WRITE_MAX;
 
   if (conn->queued + cost > cap && !conn->close_when_written) {
@@ -605,14 +680,7 @@ static bool queue_ok(gs_conn_t *conn, size_t cost)
     gs__conn_close(conn, "write queue overrun");
     return false;
   }
-  if (t->mem_used + cost > t->max_memory) {
-    gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
-                 "a reply would pass the memory budget (--max-memory %zu bytes); closing",
-                 t->max_memory);
-    gs__conn_close(conn, "memory budget exhausted");
-    return false;
-  }
-  return true;
+  return budget_allows(conn, cost, "a reply");
 }
 
 /* Most replies fit in the socket buffer at once: uv_try_write sends them
@@ -652,7 +720,7 @@ static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last
   }
   w->cost = w->buf.cap + GS_CONN_WRITE_OVERHEAD;
   conn->queued += w->cost;
-  conn->conns->mem_used += w->cost;
+  mem_count(conn, w->cost, 0);
   w->close_after = conn->close_when_written && last;
   b = uv_buf_init((char *)w->buf.data, (unsigned)w->buf.len);
   n = uv_write(&w->req, stream, &b, 1, on_write);

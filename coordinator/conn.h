@@ -52,6 +52,18 @@ typedef struct gs_conn_callbacks {
 /* A connection that has not authenticated (no call has passed the token
  * check yet) may queue this much; past it, it is closed. */
 #define GS_CONN_UNAUTH_WRITE_MAX (64 * 1024)
+/* The connections that have not authenticated share this part of
+ * --max-memory (a quarter), and are at most that share over
+ * GS_CONN_UNAUTH_EACH of them (GS_CONN_UNAUTH_MIN at least, and within
+ * --max-connections): whatever clients without the token hold, the
+ * members keep the rest. */
+#define GS_CONN_UNAUTH_SHARE 4
+#define GS_CONN_UNAUTH_EACH (64 * 1024)
+#define GS_CONN_UNAUTH_MIN 64
+/* At their cap, the oldest idle unauthenticated connection makes room if
+ * it has been idle this long (a new agent's first call is on its way);
+ * else the new connection is refused (agents redial with backoff). */
+#define GS_CONN_UNAUTH_EVICT_IDLE_MS 1000
 /* What a queued write costs besides its bytes (request, buffer, malloc):
  * counted, so many small replies cost what they really do. */
 #define GS_CONN_WRITE_OVERHEAD 256
@@ -84,7 +96,7 @@ struct gs_conn {
   size_t queued;       /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
   size_t rbuf_counted; /* rbuf.cap as counted in conns->mem_used */
   size_t tls_counted;  /* gs__tls_memory as counted in conns->mem_used */
-  bool authenticated;  /* the owner says a call passed its token check */
+  bool authenticated;  /* a call passed its token check (gs__conn_authenticate) */
   bool read_paused;    /* backpressure: see GS_CONN_WRITE_HIGH */
   bool opened;         /* on_open kept it: on_close will tell the owner */
   bool closing;
@@ -102,6 +114,10 @@ typedef struct gs_conns {
   uint64_t idle_timeout_ms;
   size_t max_memory;        /* budget for every connection's buffers together */
   size_t mem_used;          /* what they hold now: bookkeeping, rbufs, queued replies */
+  size_t unauth_used;       /* the part held by connections not authenticated */
+  size_t unauth_max_memory; /* their share of max_memory (GS_CONN_UNAUTH_SHARE) */
+  uint32_t unauth_open;     /* connections open and not authenticated */
+  uint32_t unauth_max_connections;
   uint32_t max_connections; /* open connections at most */
   gs_ratelimit_t accept_rl; /* warnings about refused connections */
   gs_log_limit_t *lines;    /* borrowed: lines about one peer (gs__conn_log) */
@@ -117,6 +133,7 @@ typedef struct gs_conns {
   gs_list_t linger; /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
   bool closing;
   uint64_t accepted, idle_closed, refused, evicted;
+  uint64_t unauth_closed; /* unauthenticated connections closed or refused for their share */
   uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */
 } gs_conns_t;
 
@@ -136,9 +153,11 @@ typedef struct gs_conn_limits {
 /* A table with no connections; free with gs__conns_free once drained. */
 gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_limits_t *lim,
                           const gs_conn_callbacks_t *cb);
-/* Whether the connections hold more than three quarters of the memory
- * budget: new work is then refused (RESOURCE_EXHAUSTED) until replies
- * drain; at the budget itself a connection that would grow is closed. */
+/* Whether the authenticated connections hold more than three quarters of
+ * their part of the memory budget (all but the unauthenticated share):
+ * new work is then refused (RESOURCE_EXHAUSTED) until replies drain; at
+ * the budget itself a connection that would grow is closed. What clients
+ * without the token hold never counts here. */
 bool gs__conns_over_budget(const gs_conns_t *t);
 void gs__conns_free(gs_conns_t *t);
 /* Accepts one connection from `server` (call from its connection_cb). */
@@ -154,6 +173,9 @@ void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now);
 gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id);
 /* Closes a connection (on_close runs now). Idempotent. */
 void gs__conn_close(gs_conn_t *conn, const char *why);
+/* A call on `conn` passed its token check: from now on it counts against
+ * the members' budget, not the unauthenticated share. Idempotent. */
+void gs__conn_authenticate(gs_conn_t *conn);
 /* Sends one encoded frame; the bytes are copied only if they must wait. */
 void gs__conn_send(gs_conn_t *conn, const uint8_t *frame, size_t len);
 /* For streams we cannot trust: stops reading (frames already received

@@ -84,6 +84,10 @@ static void service_info(void *ctx, gs_service_info_t *out)
   *out = (gs_service_info_t){
       .uptime_ms = uv_now(c->loop) - c->started_ms,
       .connections = c->conns->open,
+      .unauthenticated = c->conns->unauth_open,
+      .memory_bytes = c->conns->mem_used,
+      .unauth_memory_bytes = c->conns->unauth_used,
+      .unauth_closed = c->conns->unauth_closed,
       .requests = c->rpc.stats.requests,
       .errors = c->rpc.stats.errors,
       .bad_frames = c->rpc.stats.bad_frames,

@@ -177,7 +177,7 @@ static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
     return false;
   }
   if (rq->job_token)
-    rq->conn->authenticated = true;
+    gs__conn_authenticate(rq->conn);
   return true;
 }
 
@@ -455,7 +455,7 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
     }
     rq.job_token = env.token; /* perhaps a job's: checked against the job the body names */
   } else {
-    conn->authenticated = true;
+    gs__conn_authenticate(conn);
   }
   if (gs__conns_over_budget(rpc->conns)) {
     gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,

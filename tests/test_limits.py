@@ -4,7 +4,7 @@ each case starts gradsync-coordinator, attacks it over real sockets as a
 hostile or careless client would, and reads its memory from /proc.
 
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
-cases: noread, noread_token, budget, packlist, connections, log_escape, log_flood,
+cases: noread, noread_token, budget, budget_unauth, packlist, connections, log_escape, log_flood,
        log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire
 """
 import http.client
@@ -257,6 +257,86 @@ def case_budget(binary, pb):
 
         wait_until("a call served once the hogs are gone", served, every=0.1)
     finally:
+        c.close()
+
+
+def metrics(c):
+    """The coordinator's /metrics as {name with labels: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/metrics", timeout=WAIT) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+
+
+def case_budget_unauth(binary, pb):
+    """40 clients without the token each send half a megabyte of a frame
+    they never finish, against --max-memory 16MiB: they hold no more than
+    the unauthenticated share (a quarter), the rest are closed, and a
+    member's heartbeats are answered throughout (they were refused with
+    RESOURCE_EXHAUSTED once such clients held three quarters)."""
+    env = dict(os.environ, GRADSYNC_TOKEN="sesame")
+    c = Coordinator(binary, "--max-memory", "16MiB", env=env)
+    attackers = []
+    try:
+        member = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+        join = pb.JoinRequest(job="m", world_size=1, node="n", local_rank=0, device="cpu")
+        member.sendall(frame(pb, PREFIX + "Join", join, token="sesame"))
+        reply = recv_envelope(pb, member)
+        assert reply.status == 0, reply
+        session = pb.JoinResponse.FromString(reply.body).session
+        beats = [0]
+
+        def heartbeat():
+            beats[0] += 1
+            env = pb.Envelope(method=PREFIX + "Heartbeat", request_id=beats[0], token="sesame",
+                              session=session, body=pb.HeartbeatRequest(
+                                  job="m", generation=1, rank=0, step=beats[0])
+                              .SerializeToString())
+            data = env.SerializeToString()
+            member.sendall(struct.pack(">I", len(data)) + data)
+            return recv_envelope(pb, member).status
+
+        assert heartbeat() == 0
+        part = struct.pack(">I", 1 * MiB) + b"\x0a" * (MiB // 2)
+        for _ in range(40):
+            try:
+                a = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+                attackers.append(a)
+                a.sendall(part)
+            except OSError:
+                pass  # refused or closed: their share is full
+
+        ended = set()  # attackers the coordinator closed (or refused)
+
+        def attack_over():
+            """Each attacker closed, or holding its whole half megabyte."""
+            status = heartbeat()
+            assert status == 0, f"a member's heartbeat got status {status}"
+            for i, a in enumerate(attackers):
+                try:
+                    a.setblocking(False)
+                    if i not in ended and a.recv(1 << 16) == b"":
+                        ended.add(i)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    ended.add(i)
+            m = metrics(c)
+            unauth = m.get('gradsync_rpc_memory_bytes{clients="unauthenticated"}', 0)
+            closed = m.get("gradsync_rpc_unauthenticated_closed_total", 0)
+            held = int(unauth // (MiB // 2))
+            return len(ended) + held >= len(attackers) and closed >= 1 and (unauth, closed)
+
+        unauth, closed = wait_until("every attacker closed or read", attack_over, every=0.05)
+        peak = c.peak_mib()
+        print(f"budget_unauth: unauthenticated clients hold {unauth / MiB:.1f} MiB, {closed:.0f} "
+              f"closed or refused; {beats[0]} heartbeats all answered; peak RSS {peak:.1f} MiB")
+        assert unauth <= 4 * MiB + MiB, unauth  # the share, and one buffer's growth
+        assert heartbeat() == 0
+        assert "a quarter of --max-memory" in c.text(), c.text()[-3000:]
+    finally:
+        for a in attackers:
+            a.close()
         c.close()
 
 
@@ -547,6 +627,7 @@ CASES = {
     "noread": case_noread,
     "noread_token": case_noread_token,
     "budget": case_budget,
+    "budget_unauth": case_budget_unauth,
     "packlist": case_packlist,
     "connections": case_connections,
     "log_escape": case_log_escape,

@@ -82,8 +82,9 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--max-memory", .kind = GS_FLAG_SIZE, CFG(max_memory), .umin = 1u << 20,
    .metavar = "SIZE", .help = "memory all RPC connections' buffers may hold together",
    .doc = "budget for what every RPC connection holds together (partial frames, queued "
-          "replies, bookkeeping); past three quarters of it new calls get RESOURCE_EXHAUSTED, "
-          "and a connection that would pass it is closed"},
+          "replies, bookkeeping); connections not yet authenticated share a quarter of it; past "
+          "three quarters of the rest new calls get RESOURCE_EXHAUSTED, and a connection that "
+          "would pass it is closed"},
   {.name = "--max-connections", .kind = GS_FLAG_INT, CFG(max_connections), .min = 0,
    .max = 1 << 20, .metavar = "N",
    .help = "open RPC connections at most (0: the open-file limit less 256)",

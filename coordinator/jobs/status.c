@@ -382,6 +382,19 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
   err |= emit(out, "gradsync_jobs %u\n", jobs->job_count);
   err |= family(out, "gradsync_rpc_connections", "gauge", "Open RPC connections.");
   err |= emit(out, "gradsync_rpc_connections %u\n", svc->connections);
+  err |= family(out, "gradsync_rpc_unauthenticated_connections", "gauge",
+                "Open RPC connections no call of which has passed the token check yet.");
+  err |= emit(out, "gradsync_rpc_unauthenticated_connections %u\n", svc->unauthenticated);
+  err |= family(out, "gradsync_rpc_memory_bytes", "gauge",
+                "What the RPC connections hold (--max-memory), by whether they authenticated.");
+  err |= emit(out, "gradsync_rpc_memory_bytes{clients=\"authenticated\"} %" PRIu64 "\n",
+              svc->memory_bytes - svc->unauth_memory_bytes);
+  err |= emit(out, "gradsync_rpc_memory_bytes{clients=\"unauthenticated\"} %" PRIu64 "\n",
+              svc->unauth_memory_bytes);
+  err |= family(out, "gradsync_rpc_unauthenticated_closed_total", "counter",
+                "Unauthenticated RPC connections closed or refused for their share of the "
+                "memory budget.");
+  err |= emit(out, "gradsync_rpc_unauthenticated_closed_total %" PRIu64 "\n", svc->unauth_closed);
   err |= family(out, "gradsync_rpc_requests_total", "counter", "RPC requests by method.");
   for (int m = 0; m < GS_METHOD_COUNT; m++)
     err |= emit(out, "gradsync_rpc_requests_total{method=\"%s\"} %" PRIu64 "\n", gs_method_name(m),

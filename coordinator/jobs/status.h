@@ -12,8 +12,12 @@
 typedef struct gs_service_info {
   uint64_t uptime_ms;
   uint32_t connections;
-  const uint64_t *requests; /* [GS_METHOD_COUNT] */
-  const uint64_t *errors;   /* [GS_METHOD_COUNT] */
+  uint32_t unauthenticated;     /* of them, not (yet) past a token check */
+  uint64_t memory_bytes;        /* what the connections hold (--max-memory) */
+  uint64_t unauth_memory_bytes; /* the part the unauthenticated ones hold */
+  uint64_t unauth_closed;       /* unauthenticated ones closed or refused for their share */
+  const uint64_t *requests;     /* [GS_METHOD_COUNT] */
+  const uint64_t *errors;       /* [GS_METHOD_COUNT] */
   uint64_t bad_frames;
 } gs_service_info_t;
 
