@@ -23,6 +23,7 @@
 #include "job_store.h"
 #include "list.h"
 #include "log.h"
+#include "ratelimit.h"
 #include "responder.h"
 
 typedef struct gs_job gs_job_t;
@@ -35,9 +36,10 @@ typedef struct gs_jobs_config {
   uint64_t heartbeat_interval_ms; /* told to agents at Join */
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
-  uint64_t job_retention_ms;      /* a finished or abandoned job is forgotten this long after */
+  uint64_t job_retention_ms;      /* a job that ran and rests is forgotten this long after */
   uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
   uint32_t max_world_size;
+  uint32_t max_jobs;       /* jobs held at once (--max-jobs) */
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
   const gs_log_t *log;     /* borrowed */
 } gs_jobs_config_t;
@@ -56,6 +58,7 @@ typedef struct gs_jobs {
   gs_job_t *jobs;            /* every job, newest first: for the status views */
   gs_job_index_t index;      /* the same jobs by name */
   uint32_t job_count;
+  gs_ratelimit_t job_cap_log; /* Joins refused at --max-jobs are logged, not each one */
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key). */
   uint64_t version;
