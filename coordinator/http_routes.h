@@ -22,7 +22,7 @@ typedef struct gs_http_routes {
   void *ctx;
   gs_tls_ctx_t *tls; /* borrowed; NULL: plain HTTP */
   gs_http_server_t *http;
-  /* GET /status is cached: the rendered document is reused while nothing
+  /* The first page of GET /status is cached: it is reused while nothing
    * it shows changed (the jobs' version and the connection count) within
    * the same loop millisecond (its times have millisecond resolution). */
   gs_buf_t status_body;

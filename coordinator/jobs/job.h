@@ -58,6 +58,7 @@ typedef struct gs_jobs {
   gs_job_t *jobs;            /* every job, newest first: for the status views */
   gs_job_index_t index;      /* the same jobs by name */
   uint32_t job_count;
+  uint64_t jobs_created;      /* ever: the latest job's serial */
   gs_ratelimit_t job_cap_log; /* Joins refused at --max-jobs are logged, not each one */
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key). */
@@ -135,6 +136,9 @@ struct gs_job {
   gs_job_t *hnext; /* its bucket in gs_jobs.index */
   gs_jobs_t *jobs;
   char name[128];
+  /* Its place in creation order, from 1, never reused: /status pages
+   * continue after a serial, which stays right as jobs come and go. */
+  uint64_t serial;
   gs_job_state_t state;
   uint64_t generation; /* the latest completed rendezvous; 0: none yet */
   uint32_t world_size; /* of the running generation */

@@ -67,6 +67,7 @@ static gs_job_t *get_or_create(gs_jobs_t *jobs, const gs_call_t *call, const cha
                       "coordinator out of memory");
     return NULL;
   }
+  job->serial = ++jobs->jobs_created;
   job->next = jobs->jobs;
   jobs->jobs = job;
   jobs->job_count++;
