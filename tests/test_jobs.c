@@ -628,6 +628,36 @@ START_TEST(never_started_job_is_forgotten_at_once)
 }
 END_TEST
 
+/* A job keeps its latest GS_JOB_HISTORY generations, oldest first, in a
+ * ring grown as they start: one that never started holds none, and a job
+ * is small (the ring, embedded, made every job 10 KB: 50,000 abandoned
+ * ones held 520 MB). */
+START_TEST(history_keeps_the_latest_generations)
+{
+  enum { GENERATIONS = GS_JOB_HISTORY + 4 };
+  gradsync_JoinRequest req = th_join_request("never", 2, "n0", 0);
+  const cJSON *gens, *last;
+  cJSON *o;
+
+  ck_assert_uint_lt(sizeof(gs_job_t), 2048);
+  join(1, &req, 0);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "never")->history);
+  for (uint64_t g = 1; g <= GENERATIONS; g++) {
+    start_world("h", 1, g * 10);
+    leave(0, "h", g, 0, false, g * 10 + 1);
+  }
+  o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now, true);
+  gens = cJSON_GetObjectItem(o, "generations");
+  ck_assert_int_eq(cJSON_GetArraySize(gens), GS_JOB_HISTORY);
+  for (int i = 0; i < GS_JOB_HISTORY; i++)
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(gens, i), "generation")->valueint,
+                     GENERATIONS - GS_JOB_HISTORY + 1 + i);
+  last = cJSON_GetArrayItem(gens, GS_JOB_HISTORY - 1);
+  ck_assert_str_eq(cJSON_GetObjectItem(last, "end")->valuestring, "rank 0 left: out of memory");
+  cJSON_Delete(o);
+}
+END_TEST
+
 /* At --max-jobs a Join that would create a job is refused, naming the
  * flag; Joins of the jobs held are not, and a job forgotten makes room. */
 START_TEST(job_cap_refuses_only_new_jobs)
@@ -1600,6 +1630,7 @@ static Suite *jobs_suite(void)
       {"failed_retention", failed_job_is_forgotten_after_retention},
       {"never_started", never_started_job_is_forgotten_at_once},
       {"job_cap", job_cap_refuses_only_new_jobs},
+      {"history", history_keeps_the_latest_generations},
       {"job_index", job_index_finds_many_jobs},
       {"settings_unlike", settings_unlike_rank_0s_are_refused},
       {"settings_absent", joins_without_settings_are_not_compared},

@@ -211,8 +211,11 @@ struct gs_job {
   bool resume_state;
   uint32_t state_rank;
   uint64_t state_step;
-  gs_generation_record_t history[GS_JOB_HISTORY]; /* ring, by generation */
-  uint32_t history_count;
+  /* The latest generations, a ring of up to GS_JOB_HISTORY (history.c),
+   * grown as generations start: most jobs run one, and a ring of 16 in
+   * every job made each cost 10 KB. NULL until the first. */
+  gs_generation_record_t *history;
+  uint32_t history_count, history_cap;
   uint64_t regroups; /* generations that continued an earlier one */
   uint64_t regroup_ms_total;
 };
