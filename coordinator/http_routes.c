@@ -11,6 +11,7 @@
 
 #include "auth.h"
 #include "http_routes.h"
+#include "parse.h"
 
 #define JSON "application/json"
 
@@ -225,24 +226,72 @@ static bool wants_ranks(const char *query)
   return false;
 }
 
-/* GET /status: the summary of every job, rendered once and reused while the
- * state is unchanged (see gs_http_routes_t); ?ranks=1 adds every rank,
- * and is rendered each time. */
+/* A query parameter's value (`len` bytes at `v`) as an integer in
+ * [min, max]; false when it is not one. */
+static bool param_long(const char *v, size_t len, long min, long max, long *out)
+{
+  char text[24];
+
+  if (len >= sizeof(text))
+    return false;
+  memcpy(text, v, len);
+  text[len] = '\0';
+  return gs_parse_long(text, min, max, out) == 0;
+}
+
+/* The page a /status query asks for: "limit=N" (1 to GS_STATUS_PAGE_MAX)
+ * and "after=SERIAL" (from a page's `next`) among its &-separated
+ * parameters. False, with the reason in `why`, when one is malformed. */
+static bool status_page(const char *query, gs_status_page_t *page, char *why, size_t len)
+{
+  *page = (gs_status_page_t){.limit = GS_STATUS_PAGE_DEFAULT};
+  for (const char *p = query; *p;) {
+    size_t n = strcspn(p, "&");
+    long v;
+
+    if (n >= 6 && !strncmp(p, "limit=", 6)) {
+      if (!param_long(p + 6, n - 6, 1, GS_STATUS_PAGE_MAX, &v)) {
+        snprintf(why, len, "limit must be a number of jobs from 1 to %d", GS_STATUS_PAGE_MAX);
+        return false;
+      }
+      page->limit = (uint32_t)v;
+    } else if (n >= 6 && !strncmp(p, "after=", 6)) {
+      if (!param_long(p + 6, n - 6, 1, LONG_MAX, &v)) {
+        snprintf(why, len, "after must be a job serial, as a page's next path gives it");
+        return false;
+      }
+      page->after = (uint64_t)v;
+    }
+    p += n + (p[n] == '&');
+  }
+  return true;
+}
+
+/* GET /status: the service and a page of its jobs (see status_page).
+ * The first page of summaries, which pollers read, is rendered once and
+ * reused while the state is unchanged (see gs_http_routes_t); the others,
+ * and ?ranks=1, are rendered each time. */
 static void status(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res)
 {
   uint64_t now = uv_now(r->loop);
   gs_buf_t *cache = &r->status_body;
+  bool ranks = wants_ranks(req->query);
+  gs_status_page_t page;
   gs_service_info_t svc;
-  char *body, *text;
+  char *body, *text, why[128];
 
+  if (!status_page(req->query, &page, why, sizeof(why))) {
+    respond_error(res, 400, "%s", why);
+    return;
+  }
   r->service_info(r->ctx, &svc);
-  if (wants_ranks(req->query)) {
-    respond_json(res, 200, gs__status_json(r->jobs, &svc, now, true));
+  if (ranks || page.after || page.limit != GS_STATUS_PAGE_DEFAULT) {
+    respond_json(res, 200, gs__status_json(r->jobs, &svc, now, ranks, &page));
     return;
   }
   if (!r->status_valid || r->status_version != r->jobs->version || r->status_ms != now ||
       r->status_connections != svc.connections) {
-    cJSON *doc = gs__status_json(r->jobs, &svc, now, false);
+    cJSON *doc = gs__status_json(r->jobs, &svc, now, false, &page);
 
     text = doc ? cJSON_PrintUnformatted(doc) : NULL;
     cJSON_Delete(doc);

@@ -24,7 +24,7 @@ typedef struct gs_http_routes {
   /* Borrowed: limits the lines about each client (log_limit.h). */
   gs_log_limit_t *lines;
   gs_http_server_t *http;
-  /* GET /status is cached: the rendered document is reused while nothing
+  /* The first page of GET /status is cached: it is reused while nothing
    * it shows changed (the jobs' version and the connection count) within
    * the same loop millisecond (its times have millisecond resolution). */
   gs_buf_t status_body;

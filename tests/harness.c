@@ -307,6 +307,25 @@ char *th_http_wait(uint16_t port, const char *path, const char *needle)
   return NULL;
 }
 
+void th_http_wait_code(uint16_t port, const char *path, int code)
+{
+  uint64_t deadline = gs_now_ms() + TH_WAIT_MS;
+  char *body = NULL;
+  int got;
+
+  for (;;) {
+    free(body);
+    body = NULL;
+    got = th_http(port, "GET", path, NULL, NULL, &body);
+    if (got == code || gs_now_ms() > deadline)
+      break;
+    usleep(20000);
+  }
+  ck_assert_msg(got == code, "GET %s: no %d within %d ms; last: %d %s", path, code, TH_WAIT_MS, got,
+                body);
+  free(body);
+}
+
 double th_metric(uint16_t port, const char *name)
 {
   char *body = NULL, *at;

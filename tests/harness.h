@@ -75,6 +75,9 @@ int th_http(uint16_t port, const char *method, const char *path, const char *hea
  * "\"joined\":1,"), up to TH_WAIT_MS, else aborts the test; returns that
  * body, which the caller frees. How a test waits for a state. */
 char *th_http_wait(uint16_t port, const char *path, const char *needle);
+/* GETs `path` until it answers `code` (a job forgotten: 404), up to
+ * TH_WAIT_MS, else aborts the test. */
+void th_http_wait_code(uint16_t port, const char *path, int code);
 /* The value of the /metrics line `name` (with its labels, as printed), or
  * -1 when there is none. */
 double th_metric(uint16_t port, const char *name);

@@ -1103,7 +1103,6 @@ START_TEST(finished_job_is_forgotten_after_retention)
   th_client_t cl[2], other[2];
   gradsync_JoinResponse resp[2] = {0}, oresp[2] = {0};
   char *body;
-  int code = 0;
 
   th_coord_start(&coord, "--job-retention", "300ms", "--heartbeat-timeout", "600s", NULL);
   join_all(other, oresp, false, NULL, 2, "running");
@@ -1111,12 +1110,7 @@ START_TEST(finished_job_is_forgotten_after_retention)
   leave_finished(cl, resp, 2, "f");
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body), 200);
   free(body);
-  for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS; code != 404 && gs_now_ms() < deadline;) {
-    usleep(50000);
-    code = th_http(coord.http_port, "GET", "/jobs/f", NULL, NULL, &body);
-    free(body);
-  }
-  ck_assert_int_eq(code, 404);
+  th_http_wait_code(coord.http_port, "/jobs/f", 404);
   /* The other job is running (no heartbeats needed within its 600 s
    * timeout, however long the wait above took) and stays. */
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/running", NULL, NULL, &body), 200);
@@ -1404,6 +1398,202 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
 }
 END_TEST
 
+/* One agent runs job `name` as a world of one on `cl` and leaves it
+ * finished, which unties it: its next Join may be for another job. */
+static void run_one_job(th_client_t *cl, const char *name)
+{
+  gradsync_JoinRequest req = th_join_request(name, 1, "n0", 0);
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_LeaveRequest lv = gradsync_LeaveRequest_init_zero;
+  char msg[256];
+
+  ck_assert_msg(th_call(cl, "Join", gradsync_JoinRequest_fields, &req, gradsync_JoinResponse_fields,
+                        &resp, msg, sizeof(msg)) == OK,
+                "join %s: %s", name, msg);
+  snprintf(lv.job, sizeof(lv.job), "%s", name);
+  lv.generation = resp.generation;
+  lv.finished = true;
+  ck_assert_int_eq(th_call(cl, "Leave", gradsync_LeaveRequest_fields, &lv, NULL, NULL, NULL, 0),
+                   OK);
+}
+
+/* --max-jobs bounds the jobs a coordinator holds (issue 23, item 7: any
+ * client made 5,000 a second, 11 KB each): a Join that would create one
+ * more is refused, naming the flag, while the jobs held go on; once one
+ * is forgotten, a new job may start. */
+START_TEST(job_cap_refuses_new_jobs)
+{
+  static const char *const names[3] = {"a", "b", "c"};
+  th_client_t waiting[3], late, second;
+  gradsync_JoinRequest req;
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_Envelope env;
+  char msg[256], *body;
+
+  th_coord_start(&coord, "--max-jobs", "3", NULL);
+  for (uint32_t i = 0; i < 3; i++) {
+    req = th_join_request(names[i], 2, "n0", 0);
+    th_connect(&waiting[i], coord.rpc_port);
+    th_send(&waiting[i], "Join", 0, gradsync_JoinRequest_fields, &req);
+  }
+  free(th_http_wait(coord.http_port, "/status", "\"jobs\":3}"));
+  req = th_join_request("d", 1, "n0", 0);
+  th_connect(&late, coord.rpc_port);
+  ck_assert_int_eq(
+      th_call(&late, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 8);
+  ck_assert_msg(strstr(msg, "--max-jobs"), "%s", msg);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/d", NULL, NULL, &body), 404);
+  free(body);
+  /* A job held takes its agents as before: b completes its world. */
+  req = th_join_request("b", 2, "n1", 0);
+  th_connect(&second, coord.rpc_port);
+  th_send(&second, "Join", 0, gradsync_JoinRequest_fields, &req);
+  ck_assert_int_eq(th_recv(&second, &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS), 0);
+  ck_assert_msg(env.status == OK, "%s", env.message);
+  ck_assert_uint_eq(resp.world_size, 2);
+  ck_assert_int_eq(th_recv(&waiting[1], &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS), 0);
+  ck_assert_msg(env.status == OK, "%s", env.message);
+  /* c's only agent goes: c never started, so it is forgotten, which
+   * makes room for d. */
+  th_close(&waiting[2]);
+  th_http_wait_code(coord.http_port, "/jobs/c", 404);
+  req = th_join_request("d", 1, "n0", 0);
+  ck_assert_msg(th_call(&late, "Join", gradsync_JoinRequest_fields, &req,
+                        gradsync_JoinResponse_fields, &resp, msg, sizeof(msg)) == OK,
+                "%s", msg);
+  th_close(&late);
+  th_close(&second);
+  th_close(&waiting[0]);
+  th_close(&waiting[1]);
+  stop_and_check();
+}
+END_TEST
+
+/* A job that never started is forgotten as soon as nobody waits in it,
+ * not --job-retention (1 h) later (issue 23, item 7: abandoned one-shot
+ * Joins held 520 MB); a job that ran is kept for its retention. */
+START_TEST(never_started_job_is_forgotten_at_once)
+{
+  th_client_t ran, lonely, gone;
+  gradsync_JoinRequest req = th_join_request("lonely", 2, "n0", 0);
+  gradsync_Envelope env;
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  th_connect(&ran, coord.rpc_port);
+  run_one_job(&ran, "ran");
+  /* Its Join's deadline passes with 1 of 2 agents in. */
+  th_connect(&lonely, coord.rpc_port);
+  th_send(&lonely, "Join", 300, gradsync_JoinRequest_fields, &req);
+  ck_assert_int_eq(th_recv(&lonely, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_msg(env.status == 4, "%d %s", (int)env.status, env.message);
+  th_http_wait_code(coord.http_port, "/jobs/lonely", 404);
+  /* Its only agent goes. */
+  req = th_join_request("gone", 2, "n0", 0);
+  th_connect(&gone, coord.rpc_port);
+  th_send(&gone, "Join", 0, gradsync_JoinRequest_fields, &req);
+  free(th_http_wait(coord.http_port, "/jobs/gone", "\"joined\":1,"));
+  th_close(&gone);
+  th_http_wait_code(coord.http_port, "/jobs/gone", 404);
+  /* The job that ran stays for its retention. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/ran", NULL, NULL, &body), 200);
+  free(body);
+  th_close(&lonely);
+  th_close(&ran);
+  stop_and_check();
+}
+END_TEST
+
+/* The next page's path of a /status document ("" on the last page). */
+static void next_page(const cJSON *doc, char *path, size_t len)
+{
+  const cJSON *next = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "page"), "next");
+
+  ck_assert(cJSON_IsString(next) || cJSON_IsNull(next));
+  snprintf(path, len, "%s", cJSON_IsString(next) ? next->valuestring : "");
+}
+
+/* GET /status is a page of jobs, newest first: 100 unless ?limit=N (at
+ * most 1000), with the total and the path of the next page, which holds
+ * every job once even when jobs start while a client pages (issue 23,
+ * item 7: 50,000 jobs made /status 27.7 MB and 1.4 s). */
+START_TEST(status_is_paged)
+{
+  enum { JOBS = 105 };
+  static const char *const refused[] = {"/status?limit=0", "/status?limit=1001", "/status?limit=5x",
+                                        "/status?after=x", "/status?after=0"};
+  th_client_t cl;
+  bool seen[JOBS + 1] = {false};
+  uint32_t pages = 0, shown = 0, newest = JOBS;
+  char name[16], path[128], *body;
+  cJSON *doc, *jobs, *page, *job;
+
+  th_coord_start(&coord, NULL);
+  th_connect(&cl, coord.rpc_port);
+  for (uint32_t i = 0; i < JOBS; i++) {
+    snprintf(name, sizeof(name), "p%03u", i);
+    run_one_job(&cl, name);
+  }
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/status", NULL, NULL, &body), 200);
+  doc = cJSON_Parse(body);
+  jobs = cJSON_GetObjectItem(doc, "jobs");
+  page = cJSON_GetObjectItem(doc, "page");
+  ck_assert_int_eq(cJSON_GetArraySize(jobs), 100);
+  ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(jobs, 0), "name")->valuestring, "p104");
+  ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(jobs, 99), "name")->valuestring, "p005");
+  ck_assert_int_eq(cJSON_GetObjectItem(page, "total")->valueint, JOBS);
+  ck_assert_int_eq(cJSON_GetObjectItem(page, "limit")->valueint, 100);
+  ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "coordinator"), "jobs")->valueint,
+                   JOBS);
+  next_page(doc, path, sizeof(path));
+  ck_assert_str_ne(path, "");
+  cJSON_Delete(doc);
+  free(body);
+  /* Pages of 7, a job started after the first: every job once, in order. */
+  for (snprintf(path, sizeof(path), "/status?limit=7"); path[0]; pages++) {
+    ck_assert_int_eq(th_http(coord.http_port, "GET", path, NULL, NULL, &body), 200);
+    doc = cJSON_Parse(body);
+    ck_assert_ptr_nonnull(doc);
+    ck_assert_int_le(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "jobs")), 7);
+    cJSON_ArrayForEach(job, cJSON_GetObjectItem(doc, "jobs"))
+    {
+      uint32_t i = (uint32_t)atoi(cJSON_GetObjectItem(job, "name")->valuestring + 1);
+
+      ck_assert_uint_lt(i, newest);
+      ck_assert(!seen[i]);
+      seen[i] = true;
+      newest = i;
+      shown++;
+    }
+    next_page(doc, path, sizeof(path));
+    cJSON_Delete(doc);
+    free(body);
+    if (pages == 0)
+      run_one_job(&cl, "p105");
+  }
+  ck_assert_uint_eq(shown, JOBS);
+  ck_assert_uint_eq(pages, JOBS / 7);
+  /* The per-rank view pages the same way, and its next page keeps it. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/status?ranks=1&limit=1", NULL, NULL, &body),
+                   200);
+  doc = cJSON_Parse(body);
+  job = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "jobs"), 0);
+  ck_assert_str_eq(cJSON_GetObjectItem(job, "name")->valuestring, "p105");
+  ck_assert_ptr_nonnull(cJSON_GetObjectItem(job, "ranks"));
+  next_page(doc, path, sizeof(path));
+  ck_assert_ptr_nonnull(strstr(path, "ranks=1"));
+  cJSON_Delete(doc);
+  free(body);
+  for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+    ck_assert_msg(th_http(coord.http_port, "GET", refused[i], NULL, NULL, &body) == 400, "%s: %s",
+                  refused[i], body);
+    free(body);
+  }
+  th_close(&cl);
+  stop_and_check();
+}
+END_TEST
+
 static Suite *coordinator_suite(void)
 {
   Suite *s = suite_create("coordinator");
@@ -1436,6 +1626,9 @@ static Suite *coordinator_suite(void)
       {"rendezvous_disconnect", waiting_agent_that_disconnects_is_replaced},
       {"unknown_method", unknown_method_is_echoed},
       {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
+      {"job_cap", job_cap_refuses_new_jobs},
+      {"never_started", never_started_job_is_forgotten_at_once},
+      {"status_pages", status_is_paged},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

@@ -87,6 +87,7 @@ static void setup(void)
       .rendezvous_timeout_ms = 300000,
       .job_retention_ms = RETENTION_MS,
       .max_world_size = 1024,
+      .max_jobs = 10000,
       .coordinator_id = 0xc0ffee,
       .log = &quiet,
   };
@@ -602,8 +603,91 @@ START_TEST(failed_job_is_forgotten_after_retention)
 }
 END_TEST
 
+/* A job that never started is forgotten at the next sweep once nobody
+ * waits in it (its agent went, or its rendezvous timed out), not
+ * --job-retention later; a job that ran and failed is kept for it. */
+START_TEST(never_started_job_is_forgotten_at_once)
+{
+  gradsync_JoinRequest req = th_join_request("gone", 2, "n0", 0);
+
+  start_world("x", 2, 0);
+  leave(1, "x", 1, 1, false, 10);
+  join(2, &req, 10);
+  req = th_join_request("timed", 2, "n0", 0);
+  join(3, &req, 10);
+  gs__jobs_sweep(&jobs, 20);
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "gone"));
+  gs__jobs_peer_closed(&jobs, &peers[2]);
+  gs__jobs_sweep(&jobs, 30);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "gone"));
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "timed"));
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "x"));
+  gs__jobs_sweep(&jobs, 10 + 300000);
+  ck_assert_int_eq(last_reply(3)->err, GS_ETIMEDOUT);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "timed"));
+}
+END_TEST
+
+/* A job keeps its latest GS_JOB_HISTORY generations, oldest first, in a
+ * ring grown as they start: one that never started holds none, and a job
+ * is small (the ring, embedded, made every job 10 KB: 50,000 abandoned
+ * ones held 520 MB). */
+START_TEST(history_keeps_the_latest_generations)
+{
+  enum { GENERATIONS = GS_JOB_HISTORY + 4 };
+  gradsync_JoinRequest req = th_join_request("never", 2, "n0", 0);
+  const cJSON *gens, *last;
+  cJSON *o;
+
+  ck_assert_uint_lt(sizeof(gs_job_t), 2048);
+  join(1, &req, 0);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "never")->history);
+  for (uint64_t g = 1; g <= GENERATIONS; g++) {
+    start_world("h", 1, g * 10);
+    leave(0, "h", g, 0, false, g * 10 + 1);
+  }
+  o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now, true);
+  gens = cJSON_GetObjectItem(o, "generations");
+  ck_assert_int_eq(cJSON_GetArraySize(gens), GS_JOB_HISTORY);
+  for (int i = 0; i < GS_JOB_HISTORY; i++)
+    ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(gens, i), "generation")->valueint,
+                     GENERATIONS - GS_JOB_HISTORY + 1 + i);
+  last = cJSON_GetArrayItem(gens, GS_JOB_HISTORY - 1);
+  ck_assert_str_eq(cJSON_GetObjectItem(last, "end")->valuestring, "rank 0 left: out of memory");
+  cJSON_Delete(o);
+}
+END_TEST
+
+/* At --max-jobs a Join that would create a job is refused, naming the
+ * flag; Joins of the jobs held are not, and a job forgotten makes room. */
+START_TEST(job_cap_refuses_only_new_jobs)
+{
+  gradsync_JoinRequest req = th_join_request("a", 2, "n0", 0);
+
+  jobs.cfg.max_jobs = 2;
+  join(0, &req, 0);
+  req = th_join_request("b", 2, "n0", 0);
+  join(1, &req, 0);
+  req = th_join_request("c", 1, "n0", 0);
+  join(2, &req, 0);
+  ck_assert_int_eq(last_reply(2)->err, GS_ELIMIT);
+  ck_assert_ptr_nonnull(strstr(last_reply(2)->message, "--max-jobs"));
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "c"));
+  req = th_join_request("a", 2, "n1", 0);
+  join(3, &req, 0);
+  ck_assert_uint_eq(join_reply(0).world_size, 2);
+  ck_assert_uint_eq(join_reply(3).world_size, 2);
+  gs__jobs_peer_closed(&jobs, &peers[1]);
+  gs__jobs_sweep(&jobs, 10);
+  req = th_join_request("c", 1, "n0", 0);
+  join(2, &req, 20);
+  ck_assert_uint_eq(join_reply(2).world_size, 1);
+  ck_assert_uint_eq(jobs.job_count, 2);
+}
+END_TEST
+
 /* The job index finds each of many jobs by name, grows past one job per
- * bucket, and forgets a removed job. */
+ * bucket, forgets a removed job, and shrinks as jobs go. */
 START_TEST(job_index_finds_many_jobs)
 {
   enum { N = 3000 };
@@ -628,6 +712,11 @@ START_TEST(job_index_finds_many_jobs)
   ck_assert_ptr_null(gs__job_index_find(&ix, "j7"));
   ck_assert_ptr_eq(gs__job_index_find(&ix, "j8"), all[8]);
   ck_assert_uint_eq(ix.count, N - 1);
+  /* Emptied, it shrinks back: a flood of jobs leaves no table behind. */
+  for (uint32_t i = 0; i < N; i++)
+    gs__job_index_remove(&ix, all[i]);
+  ck_assert_uint_eq(ix.count, 0);
+  ck_assert_uint_le(ix.nbuckets, 64);
   for (uint32_t i = 0; i < N; i++)
     gs__job_free(all[i]);
   gs__job_index_free(&ix);
@@ -946,7 +1035,8 @@ static void check_views(const char *name, const char *state, const char *reason,
 /* A job whose generation was aborted is `failed`, with the reason, in
  * /status and /metrics, until a rendezvous gathers again (`waiting`); a
  * rendezvous that empties again (timeout) leaves it `failed`, one that
- * completes makes it `running`. A job that never ran stays `waiting`. */
+ * completes makes it `running`. A job that never ran is `waiting` until
+ * its rendezvous empties, and then forgotten. */
 START_TEST(aborted_job_is_failed_until_it_rejoins)
 {
   gs_job_t *job;
@@ -976,8 +1066,9 @@ START_TEST(aborted_job_is_failed_until_it_rejoins)
               "gradsync_job_failed{job=\"x\",reason=\"rank 0 (node 'n0', local_rank 0) lost");
   req = th_join_request("new", 2, "n0", 0);
   join(5, &req, 500000);
-  gs__jobs_sweep(&jobs, 500000 + 300000);
   ck_assert_int_eq(gs__jobs_find(&jobs, "new")->state, GS_JOB_WAITING);
+  gs__jobs_sweep(&jobs, 500000 + 300000);
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "new"));
 }
 END_TEST
 
@@ -1537,6 +1628,9 @@ static Suite *jobs_suite(void)
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"retention", finished_job_is_forgotten_after_retention},
       {"failed_retention", failed_job_is_forgotten_after_retention},
+      {"never_started", never_started_job_is_forgotten_at_once},
+      {"job_cap", job_cap_refuses_only_new_jobs},
+      {"history", history_keeps_the_latest_generations},
       {"job_index", job_index_finds_many_jobs},
       {"settings_unlike", settings_unlike_rank_0s_are_refused},
       {"settings_absent", joins_without_settings_are_not_compared},

@@ -25,6 +25,11 @@ typedef struct gs_tls_ctx gs_tls_ctx_t;
  * experts per layer), with room; each costs about 300 bytes to decode. */
 #define GS_COORD_DEFAULT_MAX_PARAMS 131072
 
+/* Jobs held at once by default: far more than a cluster runs, few enough
+ * that a client creating jobs as fast as it can (5,000 a second) cannot
+ * grow the coordinator without bound. */
+#define GS_COORD_DEFAULT_MAX_JOBS 10000
+
 typedef struct gs_coord_config {
   char rpc_host[256];
   uint16_t rpc_port;
@@ -37,10 +42,11 @@ typedef struct gs_coord_config {
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
   uint64_t idle_timeout_ms;       /* a connection with nothing to do is closed */
   uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
-  uint64_t job_retention_ms;      /* a finished job is forgotten this long after */
+  uint64_t job_retention_ms;      /* a job that ran is forgotten this long after it rested */
   uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
   size_t max_frame;               /* largest accepted frame payload */
   uint32_t max_world_size;
+  uint32_t max_jobs;        /* jobs held at once; a Join for one more is refused */
   size_t max_memory;        /* every connection's buffers together */
   uint32_t max_connections; /* open RPC connections; 0: the open-file limit less a reserve */
   uint32_t max_params;      /* entries of a pack list */

@@ -66,10 +66,11 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--job-retention", .kind = GS_FLAG_DURATION, CFG(job_retention_ms), .umin = 1,
    .metavar = "DUR",
    .help = "forget a finished or abandoned job this long after it came to rest (its status "
-           "stays readable until then)",
-   .doc = "a job with nothing in progress (finished, failed and not rejoined, or a rendezvous "
-          "that timed out) stays in the status this long, then is forgotten; a job of that "
-          "name may start again at any time"},
+           "stays readable until then); one that never started goes at once",
+   .doc = "a job that ran and has nothing in progress (finished, or failed and not rejoined) "
+          "stays in the status this long, then is forgotten; one that never started (its "
+          "rendezvous timed out or its agents went) is forgotten at once. A job of that name "
+          "may start again at any time"},
   {.name = "--stall-timeout", .kind = GS_FLAG_DURATION, CFG(stall_timeout_ms),
    .metavar = "DUR",
    .help = "flag a job stalled when its step has not advanced this long (0s: never)",
@@ -97,6 +98,11 @@ static const gs_flag_t flag_rows[] = {
           "300 bytes to decode, and a larger list is refused before it is stored"},
   {.name = "--max-world-size", .kind = GS_FLAG_INT, CFG(max_world_size), .min = 1,
    .max = 1 << 24, .metavar = "N", .help = "largest world size accepted"},
+  {.name = "--max-jobs", .kind = GS_FLAG_INT, CFG(max_jobs), .min = 1, .max = 1 << 24,
+   .metavar = "N", .help = "jobs held at once; a Join that would create one more is refused",
+   .doc = "jobs held at once (waiting, running, or at rest until `--job-retention`); a Join "
+          "that would create one more is refused with `RESOURCE_EXHAUSTED`, and the jobs held "
+          "go on"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, CFG(log.level),
    .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",
@@ -141,6 +147,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->stall_timeout_ms = 300000;
   cfg->max_frame = GS_FRAME_DEFAULT_MAX;
   cfg->max_world_size = 65536;
+  cfg->max_jobs = GS_COORD_DEFAULT_MAX_JOBS;
   cfg->max_memory = (size_t)1 << 30;
   cfg->max_connections = 0; /* from the open-file limit, in main */
   cfg->max_params = GS_COORD_DEFAULT_MAX_PARAMS;

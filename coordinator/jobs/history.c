@@ -3,11 +3,33 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static gs_generation_record_t *latest(gs_job_t *job)
 {
   return job->history_count ? &job->history[(job->history_count - 1) % GS_JOB_HISTORY] : NULL;
+}
+
+_Static_assert((GS_JOB_HISTORY & (GS_JOB_HISTORY - 1)) == 0,
+               "the ring doubles from 1 to GS_JOB_HISTORY");
+
+/* Room for the next record: the ring doubles until it holds
+ * GS_JOB_HISTORY, and wraps only then, so a record's place is its count
+ * modulo GS_JOB_HISTORY at every size. False when out of memory. */
+static bool reserve(gs_job_t *job)
+{
+  uint32_t cap = job->history_cap ? job->history_cap * 2 : 1;
+  gs_generation_record_t *h;
+
+  if (job->history_count < job->history_cap || job->history_cap == GS_JOB_HISTORY)
+    return true;
+  h = realloc(job->history, cap * sizeof(*h));
+  if (!h)
+    return false;
+  job->history = h;
+  job->history_cap = cap;
+  return true;
 }
 
 void gs__generation_started(gs_job_t *job, uint64_t now)
@@ -20,6 +42,12 @@ void gs__generation_started(gs_job_t *job, uint64_t now)
     job->regroup_ms_total += lost;
     job->jobs->stats.regroups++;
     job->jobs->stats.regroup_ms_total += lost;
+  }
+  if (!reserve(job)) {
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
+           "out of memory: generation %llu is not in the job's history",
+           (unsigned long long)job->generation);
+    return;
   }
   rec = &job->history[job->history_count++ % GS_JOB_HISTORY];
   *rec = (gs_generation_record_t){

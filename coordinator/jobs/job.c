@@ -46,6 +46,7 @@ void gs__job_free(gs_job_t *job)
   gs__job_free_ranks(job);
   gs__store_reset(&job->store);
   gs_buf_free(&job->hb_reply);
+  free(job->history);
   free(job);
 }
 

@@ -23,6 +23,7 @@
 #include "job_store.h"
 #include "list.h"
 #include "log.h"
+#include "ratelimit.h"
 #include "responder.h"
 
 typedef struct gs_job gs_job_t;
@@ -35,9 +36,10 @@ typedef struct gs_jobs_config {
   uint64_t heartbeat_interval_ms; /* told to agents at Join */
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
-  uint64_t job_retention_ms;      /* a finished or abandoned job is forgotten this long after */
+  uint64_t job_retention_ms;      /* a job that ran and rests is forgotten this long after */
   uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
   uint32_t max_world_size;
+  uint32_t max_jobs;       /* jobs held at once (--max-jobs) */
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
   const gs_log_t *log;     /* borrowed */
 } gs_jobs_config_t;
@@ -56,6 +58,8 @@ typedef struct gs_jobs {
   gs_job_t *jobs;            /* every job, newest first: for the status views */
   gs_job_index_t index;      /* the same jobs by name */
   uint32_t job_count;
+  uint64_t jobs_created;      /* ever: the latest job's serial */
+  gs_ratelimit_t job_cap_log; /* Joins refused at --max-jobs are logged, not each one */
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key). */
   uint64_t version;
@@ -132,6 +136,9 @@ struct gs_job {
   gs_job_t *hnext; /* its bucket in gs_jobs.index */
   gs_jobs_t *jobs;
   char name[128];
+  /* Its place in creation order, from 1, never reused: /status pages
+   * continue after a serial, which stays right as jobs come and go. */
+  uint64_t serial;
   gs_job_state_t state;
   uint64_t generation; /* the latest completed rendezvous; 0: none yet */
   uint32_t world_size; /* of the running generation */
@@ -204,8 +211,11 @@ struct gs_job {
   bool resume_state;
   uint32_t state_rank;
   uint64_t state_step;
-  gs_generation_record_t history[GS_JOB_HISTORY]; /* ring, by generation */
-  uint32_t history_count;
+  /* The latest generations, a ring of up to GS_JOB_HISTORY (history.c),
+   * grown as generations start: most jobs run one, and a ring of 16 in
+   * every job made each cost 10 KB. NULL until the first. */
+  gs_generation_record_t *history;
+  uint32_t history_count, history_cap;
   uint64_t regroups; /* generations that continued an earlier one */
   uint64_t regroup_ms_total;
 };

@@ -27,10 +27,12 @@ gs_job_t *gs__job_index_find(const gs_job_index_t *ix, const char *name)
   return NULL;
 }
 
-/* Doubles the table (at one job per bucket on average), rehashing. */
-static int grow(gs_job_index_t *ix)
+/* The smallest table: what a coordinator with a few jobs keeps. */
+#define MIN_BUCKETS 64
+
+/* Moves every job into a table of `n` buckets (a power of two). */
+static int rehash(gs_job_index_t *ix, uint32_t n)
 {
-  uint32_t n = ix->nbuckets ? ix->nbuckets * 2 : 64;
   gs_job_t **b = calloc(n, sizeof(*b));
 
   if (!b)
@@ -54,8 +56,9 @@ int gs__job_index_insert(gs_job_index_t *ix, gs_job_t *job)
 {
   uint32_t at;
 
+  /* Doubled at one job per bucket on average. */
   if (ix->count >= ix->nbuckets) {
-    int err = grow(ix);
+    int err = rehash(ix, ix->nbuckets ? ix->nbuckets * 2 : MIN_BUCKETS);
 
     if (err)
       return err;
@@ -77,9 +80,14 @@ void gs__job_index_remove(gs_job_index_t *ix, gs_job_t *job)
       *at = job->hnext;
       job->hnext = NULL;
       ix->count--;
-      return;
+      break;
     }
   }
+  /* Halved at a quarter full, so a flood of jobs, once forgotten, leaves
+   * no table behind it (and the halving and doubling points lie apart).
+   * Out of memory, the table stays as it is, which is still right. */
+  if (ix->nbuckets > MIN_BUCKETS && ix->count < ix->nbuckets / 4)
+    (void)rehash(ix, ix->nbuckets / 2);
 }
 
 void gs__job_index_free(gs_job_index_t *ix)

@@ -1,6 +1,7 @@
 /* Jobs by name in O(1): every RPC names its job, and a coordinator may
  * hold many (20,000 one-shot Joins once made each lookup walk them all).
- * A chained hash table that grows with the jobs; it owns no job. */
+ * A chained hash table that grows and shrinks with the jobs; it owns no
+ * job. */
 #ifndef GS_JOB_INDEX_H
 #define GS_JOB_INDEX_H
 

@@ -28,19 +28,46 @@ gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name)
   return gs__job_index_find(&jobs->index, name);
 }
 
-static gs_job_t *get_or_create(gs_jobs_t *jobs, const char *name)
+/* Whether a Join for a job not held yet is refused: the coordinator holds
+ * --max-jobs already. The jobs held go on; each refusal is answered, and
+ * logged at a bounded rate (a flood of them is what the cap is for). */
+static bool refuse_new_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name)
+{
+  uint32_t held_back;
+
+  if (jobs->job_count < jobs->cfg.max_jobs)
+    return false;
+  if (gs_ratelimit_allow(&jobs->job_cap_log, call->now_ms, &held_back))
+    gs_log(jobs->cfg.log, GS_LOG_WARN, name, -1,
+           "join refused: the coordinator holds %u jobs, its limit (--max-jobs) "
+           "(%u such lines held back)",
+           jobs->job_count, held_back);
+  gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ELIMIT,
+                    "job %s not created: the coordinator holds %u jobs, its limit (--max-jobs); "
+                    "a job is forgotten once nothing waits in it (--job-retention after it ran)",
+                    name, jobs->job_count);
+  return true;
+}
+
+/* The job a Join names, created when it is new; NULL (the call answered)
+ * when it may not be or memory ran out. */
+static gs_job_t *get_or_create(gs_jobs_t *jobs, const gs_call_t *call, const char *name)
 {
   gs_job_t *job = gs__jobs_find(jobs, name);
 
-  if (job)
+  if (job || refuse_new_job(jobs, call, name))
     return job;
   job = gs__job_new(jobs, name);
-  if (!job)
-    return NULL;
-  if (gs__job_index_insert(&jobs->index, job)) {
+  if (job && gs__job_index_insert(&jobs->index, job)) {
     gs__job_free(job);
+    job = NULL;
+  }
+  if (!job) {
+    gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
+                      "coordinator out of memory");
     return NULL;
   }
+  job->serial = ++jobs->jobs_created;
   job->next = jobs->jobs;
   jobs->jobs = job;
   jobs->job_count++;
@@ -107,13 +134,9 @@ void gs__jobs_join(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_JoinRe
   jobs->now_ms = call->now_ms;
   if (!gs__rendezvous_check(jobs, call, req))
     return;
-  job = get_or_create(jobs, req->job);
-  if (!job) {
-    gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
-                      "coordinator out of memory");
-    return;
-  }
-  gs__rendezvous_join(job, call, req);
+  job = get_or_create(jobs, call, req->job);
+  if (job)
+    gs__rendezvous_join(job, call, req);
   tell_news(job);
 }
 
@@ -243,9 +266,12 @@ static bool job_resting(const gs_job_t *job)
 
 /* A job at rest has nothing left but its status: after the retention
  * period it goes (a finished one counted from when it finished, one whose
- * rendezvous timed out or whose generation failed from when the sweep
- * first saw it at rest), so a long-lived coordinator does not grow with
- * every job it ever saw. */
+ * generation failed from when the sweep first saw it at rest), so a
+ * long-lived coordinator does not grow with every job it ever saw. One
+ * that never started (its rendezvous timed out or its agents went) goes
+ * at once: it has no generation to show, its agents were told why and the
+ * log says who had joined, and one-shot Joins must cost nothing once
+ * their connections close (they came 5,000 a second, 11 KB each). */
 static bool job_expired(gs_job_t *job, uint64_t now)
 {
   uint64_t since;
@@ -258,8 +284,27 @@ static bool job_expired(gs_job_t *job, uint64_t now)
     job->resting = true;
     job->resting_since_ms = now;
   }
+  if (job->generation == 0)
+    return true;
   since = job->state == GS_JOB_FINISHED ? job->finished_ms : job->resting_since_ms;
   return now - since >= job->jobs->cfg.job_retention_ms;
+}
+
+/* One line per job forgotten; one that never started says so only at
+ * debug: its rendezvous' end was logged already, and a flood of one-shot
+ * Joins must not become a flood of lines. */
+static void log_forgotten(const gs_job_t *job, uint64_t now)
+{
+  const gs_log_t *log = job->jobs->cfg.log;
+
+  if (job->generation == 0)
+    gs_log(log, GS_LOG_DEBUG, job->name, -1, "never started and nothing waits in it; forgotten");
+  else if (job->state == GS_JOB_FINISHED)
+    gs_log(log, GS_LOG_INFO, job->name, -1, "finished %.0f s ago; forgotten",
+           (now - job->finished_ms) / 1000.0);
+  else
+    gs_log(log, GS_LOG_INFO, job->name, -1, "%s with nothing in progress for %.0f s; forgotten",
+           gs__job_state_name(job->state), (now - job->resting_since_ms) / 1000.0);
 }
 
 void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
@@ -275,14 +320,7 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
       at = &job->next;
       continue;
     }
-    if (job->state == GS_JOB_FINISHED)
-      gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1, "finished %.0f s ago; forgotten",
-             (now - job->finished_ms) / 1000.0);
-    else
-      gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1,
-             "%s with nothing in progress for %.0f s; "
-             "forgotten",
-             gs__job_state_name(job->state), (now - job->resting_since_ms) / 1000.0);
+    log_forgotten(job, now);
     *at = job->next;
     jobs->job_count--;
     gs__job_index_remove(&jobs->index, job);

@@ -21,6 +21,16 @@
   gs__respond_error((job)->jobs->responder, (call)->peer->id, (call)->method, (call)->request_id,  \
                     (err), __VA_ARGS__)
 
+/* An emptied rendezvous gives back its list and claims: those of a large
+ * world that timed out would otherwise stay as long as the job. */
+static void release_waiting(gs_job_t *job)
+{
+  free(job->waiting);
+  job->waiting = NULL;
+  job->waiting_cap = 0;
+  gs__claims_free(&job->claims);
+}
+
 /* Takes member `i` out of the rendezvous, answering its Join with `err`
  * (0: no answer). The last member takes its place: the order of the
  * waiting list does not matter (ranks are assigned by sorting), and
@@ -39,10 +49,12 @@ static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
   job->waiting[i] = job->waiting[--job->waiting_count];
   job->waiting[i]->waiting_index = i;
   gs__member_free(m);
-  if (job->waiting_count == 0 && job->state == GS_JOB_WAITING)
+  if (job->waiting_count)
+    return;
+  release_waiting(job);
+  if (job->state == GS_JOB_WAITING)
     job->state = gs__job_resting_state(job);
-  if (job->waiting_count == 0)
-    gs__regroup_sweep(job, job->jobs->now_ms); /* an elastic regroup nobody waits in ends */
+  gs__regroup_sweep(job, job->jobs->now_ms); /* an elastic regroup nobody waits in ends */
 }
 
 static int member_order(const void *a, const void *b)

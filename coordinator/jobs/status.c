@@ -283,10 +283,41 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   return o;
 }
 
+/* The first job a page shows (see gs_status_page_t): the list is newest
+ * first, so serials fall along it. */
+static const gs_job_t *first_on_page(const gs_jobs_t *jobs, uint64_t after)
+{
+  const gs_job_t *j = jobs->jobs;
+
+  while (j && after && j->serial >= after)
+    j = j->next;
+  return j;
+}
+
+/* How many jobs there are, how many a page holds, and the path of the
+ * next page, after `last` (null when this page was the last). */
+static void page_json(cJSON *o, const gs_jobs_t *jobs, const gs_status_page_t *page,
+                      bool with_ranks, const gs_job_t *last)
+{
+  cJSON *p = cJSON_AddObjectToObject(o, "page");
+  char next[96];
+
+  cJSON_AddNumberToObject(p, "total", jobs->job_count);
+  cJSON_AddNumberToObject(p, "limit", page->limit);
+  if (!last) {
+    cJSON_AddNullToObject(p, "next");
+    return;
+  }
+  snprintf(next, sizeof(next), "/status?%slimit=%u&after=%" PRIu64, with_ranks ? "ranks=1&" : "",
+           page->limit, last->serial);
+  cJSON_AddStringToObject(p, "next", next);
+}
+
 cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
-                       bool with_ranks)
+                       bool with_ranks, const gs_status_page_t *page)
 {
   cJSON *o = cJSON_CreateObject(), *svc_o, *arr;
+  const gs_job_t *j = first_on_page(jobs, page->after), *last = NULL;
   char id[17];
 
   if (!o)
@@ -299,8 +330,11 @@ cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint
   cJSON_AddNumberToObject(svc_o, "connections", svc->connections);
   cJSON_AddNumberToObject(svc_o, "jobs", jobs->job_count);
   arr = cJSON_AddArrayToObject(o, "jobs");
-  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
+  for (uint32_t shown = 0; j && shown < page->limit; j = j->next, shown++) {
     cJSON_AddItemToArray(arr, gs__job_json(j, now, with_ranks));
+    last = j;
+  }
+  page_json(o, jobs, page, with_ranks, j ? last : NULL);
   return o;
 }
 

@@ -21,13 +21,27 @@ typedef struct gs_service_info {
   uint64_t bad_frames;
 } gs_service_info_t;
 
+/* Which jobs a /status page shows: the newest first, from the first
+ * created before the job of serial `after` (0: from the newest), at most
+ * `limit`. */
+typedef struct gs_status_page {
+  uint32_t limit;
+  uint64_t after;
+} gs_status_page_t;
+
+/* Jobs on a page unless the query says (a summary is about 700 bytes),
+ * and the most it may ask for: 50,000 jobs made one 27.7 MB document. */
+#define GS_STATUS_PAGE_DEFAULT 100
+#define GS_STATUS_PAGE_MAX 1000
+
 /* One job as JSON (caller frees with cJSON_Delete); NULL when out of memory.
  * The summary (counts, step range, stragglers, ...) is always there; the
  * per-rank list only `with_ranks`: it grows with the world size. */
 cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks);
-/* The whole service as JSON (caller frees with cJSON_Delete). */
+/* The service and one page of its jobs as JSON (caller frees with
+ * cJSON_Delete), with the total and the path of the next page. */
 cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
-                       bool with_ranks);
+                       bool with_ranks, const gs_status_page_t *page);
 /* Appends the Prometheus text exposition of every metric to `out`. */
 int gs__metrics_text(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
                      gs_buf_t *out) GS_WARN_UNUSED;

@@ -173,6 +173,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       .job_retention_ms = 5000,
       .stall_timeout_ms = 20000,
       .max_world_size = 64,
+      .max_jobs = 64,
       .coordinator_id = 0xc0ffee,
       .log = &quiet,
   };

@@ -78,6 +78,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                           .rendezvous_timeout_ms = 60000,
                           .job_retention_ms = 5000,
                           .max_world_size = 64,
+                          .max_jobs = 64,
                           .coordinator_id = 1,
                           .log = &quiet};
   gradsync_JoinRequest join = {.job = "a", .world_size = 1, .node = "n", .device = "cpu"};

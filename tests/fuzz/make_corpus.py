@@ -143,6 +143,7 @@ def corpus_http():
         "healthz": req("GET", "/healthz"),
         "status": req("GET", "/status"),
         "status-ranks": req("GET", "/status?ranks=1"),
+        "status-page": req("GET", "/status?limit=1&after=2"),
         "metrics": req("GET", "/metrics"),
         "job": req("GET", "/jobs/a"),
         "no-job": req("GET", "/jobs/zz"),
