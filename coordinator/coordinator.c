@@ -13,6 +13,7 @@
 
 #include "conn.h"
 #include "coordinator.h"
+#include "fd_budget.h"
 #include "frame.h"
 #include "http_routes.h"
 #include "jobs.h"
@@ -43,26 +44,31 @@ struct gs_coord {
   bool closing;
 };
 
-/* Descriptors kept for everything but RPC connections: the listeners, the
- * HTTP port's connections (so /healthz answers while RPC is full), logs. */
-#define FD_RESERVE 256
-
-/* --max-connections when not set: the open-file limit (main raised it to
- * the hard limit) less FD_RESERVE, so the RPC port can never take the
- * descriptors the HTTP port needs. */
-static uint32_t default_max_connections(const gs_log_t *log)
+/* Fills in the connection caps not set from the open-file limit (main
+ * raised it to the hard limit), so that the two ports and the rest never
+ * need more descriptors than it allows (fd_budget.h); warns when the caps
+ * that were set do. */
+static void budget_descriptors(gs_coord_config_t *cfg)
 {
   struct rlimit rl;
-  rlim_t n;
+  uint64_t nofile = UINT64_MAX;
+  gs_fd_budget_t b;
 
-  if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY)
-    return 1u << 20;
-  n = rl.rlim_cur > 2 * FD_RESERVE ? rl.rlim_cur - FD_RESERVE : rl.rlim_cur / 2;
-  if (n > (1u << 20))
-    n = 1u << 20;
-  gs_log(log, GS_LOG_DEBUG, NULL, -1, "open-file limit %llu: at most %llu RPC connections",
-         (unsigned long long)rl.rlim_cur, (unsigned long long)n);
-  return (uint32_t)n;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    nofile = rl.rlim_cur;
+  b = gs__fd_budget(nofile, cfg->max_connections, cfg->max_http_connections);
+  cfg->max_connections = b.rpc;
+  cfg->max_http_connections = b.http;
+  if (!b.fits)
+    gs_log(&cfg->log, GS_LOG_WARN, NULL, -1,
+           "open-file limit %llu is below --max-connections %u, --max-http-connections %u and "
+           "%d descriptors for the rest: connections past it are closed at once, unlogged; "
+           "raise the limit or lower the caps",
+           (unsigned long long)nofile, b.rpc, b.http, GS_FD_OTHERS);
+  else
+    gs_log(&cfg->log, GS_LOG_DEBUG, NULL, -1,
+           "open-file limit %llu: at most %u RPC and %u HTTP connections",
+           (unsigned long long)nofile, b.rpc, b.http);
 }
 
 /* The connection table must outlive the connections' close callbacks, so
@@ -156,6 +162,7 @@ static int wire_layers(gs_coord_t *c)
       .service_info = service_info,
       .ctx = c,
       .tls = c->cfg.tls,
+      .max_connections = c->cfg.max_http_connections,
   };
   return 0;
 }
@@ -170,8 +177,7 @@ gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
   }
   c->loop = loop;
   c->cfg = *cfg;
-  if (c->cfg.max_connections == 0)
-    c->cfg.max_connections = default_max_connections(&c->cfg.log);
+  budget_descriptors(&c->cfg);
   if (wire_layers(c)) {
     gs_log(&cfg->log, GS_LOG_ERROR, NULL, -1, "out of memory creating the coordinator");
     free(c);

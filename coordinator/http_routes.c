@@ -392,6 +392,7 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
       .max_header_bytes = 16 * 1024,
       .max_body_bytes = 64 * 1024,
       .idle_timeout_ms = idle_timeout_ms,
+      .max_connections = r->max_connections,
       .lines = r->lines,
   };
 

@@ -20,7 +20,8 @@ typedef struct gs_http_routes {
   /* Fills in the service's own numbers; set by the owner. */
   void (*service_info)(void *ctx, gs_service_info_t *out);
   void *ctx;
-  gs_tls_ctx_t *tls; /* borrowed; NULL: plain HTTP */
+  gs_tls_ctx_t *tls;        /* borrowed; NULL: plain HTTP */
+  uint32_t max_connections; /* open HTTP connections at most; 0: no cap */
   /* Borrowed: limits the lines about each client (log_limit.h). */
   gs_log_limit_t *lines;
   gs_http_server_t *http;

@@ -5,7 +5,10 @@
  * order without a queue of our own. A connection that must end (an error
  * reply, `Connection: close`, end of input) stops parsing, flushes its
  * replies, shuts down its write side and lingers briefly for the peer's EOF,
- * so that a reply is not lost to a reset caused by unread request bytes. */
+ * so that a reply is not lost to a reset caused by unread request bytes.
+ * Open connections are capped (limits.max_connections): at the cap a new
+ * one closes the one idle longest, so that idle clients, which need no
+ * token, cannot take every descriptor. */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,7 +21,9 @@
 #include "http_server.h"
 
 #include "buf.h"
+#include "list.h"
 #include "net.h"
+#include "ratelimit.h"
 
 #define READ_CHUNK (64 * 1024)
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
@@ -35,7 +40,13 @@ struct gs_http_server {
   void *ctx;
   uv_tcp_t listener;
   http_conn_t *conns; /* every connection not yet freed */
-  size_t open;        /* connections not closing */
+  size_t open;        /* connections not closing: each holds a descriptor */
+  /* The connections that owe no reply, by when they last became idle or
+   * began a request, oldest first: where the cap finds one to close. */
+  gs_list_t quiet;
+  uint64_t evicted, refused; /* at the cap */
+  gs_ratelimit_t cap_rl;     /* lines about the cap, for the whole port */
+  gs_ratelimit_t accept_rl;  /* failed accepts */
   uint16_t port;
   gs_tls_ctx_t *tls;     /* borrowed; NULL: plaintext */
   gs_log_limit_t *lines; /* limits.lines, or own_lines */
@@ -54,7 +65,8 @@ struct http_conn {
   http_parser parser;
   gs_http_server_t *srv;
   http_conn_t *prev, *next;
-  gs_tls_t *tls; /* the TLS session, when the server speaks TLS */
+  gs_list_t quiet_node; /* on srv->quiet while no reply is being written */
+  gs_tls_t *tls;        /* the TLS session, when the server speaks TLS */
   /* The request being parsed. */
   gs_buf_t url, field, auth, body; /* NUL-terminated */
   size_t header_bytes;
@@ -64,6 +76,7 @@ struct http_conn {
   bool is_auth;  /* the value arriving belongs to Authorization */
   bool has_auth;
   bool keep_alive;
+  bool in_request; /* its first bytes came, its end has not */
   /* The connection. */
   unsigned handles; /* handles not yet closed */
   unsigned writes;  /* uv_write requests in flight */
@@ -149,6 +162,15 @@ static void on_conn_handle_close(uv_handle_t *h)
     conn_free(conn);
 }
 
+/* Puts the connection at the end of the quiet list, when it owes no
+ * reply: it became idle or began a request just now. */
+static void quiet_touch(http_conn_t *conn)
+{
+  gs_list_remove(&conn->quiet_node);
+  if (!conn->closing && conn->writes == 0)
+    gs_list_insert_tail(&conn->srv->quiet, &conn->quiet_node);
+}
+
 /* Closes both handles; the memory goes in the last close callback, so the
  * caller may still touch `conn` until it returns to the loop. Idempotent. */
 static void conn_close(http_conn_t *conn)
@@ -157,6 +179,7 @@ static void conn_close(http_conn_t *conn)
     return;
   conn->closing = true;
   conn->srv->open--;
+  gs_list_remove(&conn->quiet_node);
   uv_close((uv_handle_t *)&conn->timer, on_conn_handle_close);
   uv_close((uv_handle_t *)&conn->tcp, on_conn_handle_close);
 }
@@ -212,6 +235,8 @@ static void conn_drain(http_conn_t *conn)
   if (conn->closing || conn->draining)
     return;
   conn->draining = true;
+  conn->in_request = false;
+  quiet_touch(conn);
   if (conn->writes == 0)
     conn_linger(conn);
 }
@@ -224,6 +249,8 @@ static void on_write(uv_write_t *req, int status)
   conn->writes--;
   free(w->body);
   free(w);
+  if (conn->writes == 0)
+    quiet_touch(conn);
   if (status < 0) {
     /* Later writes fail the same way, or are cancelled: log only the first. */
     if (!conn->closing)
@@ -265,6 +292,7 @@ static bool write_raw(http_conn_t *conn, const uint8_t *data, size_t len)
     goto out_close;
   }
   conn->writes++;
+  gs_list_remove(&conn->quiet_node); /* owes a reply: not to be closed for room */
   return true;
 
 out_close:
@@ -388,6 +416,7 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
     goto out_close;
   }
   conn->writes++;
+  gs_list_remove(&conn->quiet_node); /* owes a reply: not to be closed for room */
   return;
 
 out_close:
@@ -434,6 +463,8 @@ static int on_message_begin(http_parser *p)
   /* Each request gets the whole timeout from its first byte, so a client
    * that trickles bytes cannot hold the connection forever. */
   request_reset(conn);
+  conn->in_request = true;
+  quiet_touch(conn);
   timer_restart(conn, conn->srv->limits.idle_timeout_ms);
   return 0;
 }
@@ -554,6 +585,8 @@ static int on_message_complete(http_parser *p)
   }
   send_response(conn, &res, p->method != HTTP_HEAD, !conn->keep_alive);
   request_reset(conn);
+  conn->in_request = false;
+  quiet_touch(conn);
   if (!conn->keep_alive)
     conn_drain(conn);
   /* Stop at this request if the connection is ending (the handler may
@@ -720,6 +753,7 @@ static http_conn_t *conn_new(gs_http_server_t *srv)
   uv_timer_init(srv->loop, &conn->timer);
   conn->tcp.data = conn->timer.data = conn;
   conn->handles = 2;
+  gs_list_init(&conn->quiet_node);
   conn->srv = srv;
   http_parser_init(&conn->parser, HTTP_REQUEST);
   conn->parser.data = conn;
@@ -728,7 +762,89 @@ static http_conn_t *conn_new(gs_http_server_t *srv)
     srv->conns->prev = conn;
   srv->conns = conn;
   srv->open++;
+  quiet_touch(conn);
   return conn;
+}
+
+/* A failed accept: out of descriptors, most likely, when the open-file
+ * limit is below what the caps add up to. A few lines per 10 s. */
+static void accept_failed(gs_http_server_t *srv, int err)
+{
+  uint32_t held_back;
+
+  if (gs_ratelimit_allow(&srv->accept_rl, uv_now(srv->loop), &held_back))
+    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: accept failed: %s%s (%u such lines held back)",
+           uv_strerror(err),
+           err == UV_EMFILE || err == UV_ENFILE
+               ? " (out of file descriptors: raise the open-file limit or lower "
+                 "--max-http-connections or --max-connections)"
+               : "",
+           held_back);
+}
+
+/* The connection to close at the cap: the one idle longest, else the one
+ * whose request began first; NULL when every one owes a reply. The walk
+ * passes only connections with a request in progress. */
+static http_conn_t *eviction_victim(gs_http_server_t *srv)
+{
+  gs_list_t *first = gs_list_first(&srv->quiet);
+
+  for (gs_list_t *node = first; node && node != &srv->quiet; node = node->next) {
+    http_conn_t *conn = GS_CONTAINER_OF(node, http_conn_t, quiet_node);
+
+    if (!conn->in_request)
+      return conn;
+  }
+  return first ? GS_CONTAINER_OF(first, http_conn_t, quiet_node) : NULL;
+}
+
+/* At the cap: closes a connection to admit a new one (true), or says why
+ * the new one is refused (false). One line for the port, a few per 10 s. */
+static bool make_room(gs_http_server_t *srv)
+{
+  http_conn_t *old = eviction_victim(srv);
+  uint32_t held_back;
+  bool say = gs_ratelimit_allow(&srv->cap_rl, uv_now(srv->loop), &held_back);
+
+  if (!old) {
+    srv->refused++;
+    if (say)
+      gs_log(srv->log, GS_LOG_WARN, NULL, -1,
+             "http: %zu connections (--max-http-connections), each with a reply being written: "
+             "refusing a new connection (%llu refused so far; %u such lines held back)",
+             srv->open, (unsigned long long)srv->refused, held_back);
+    return false;
+  }
+  srv->evicted++;
+  if (say)
+    gs_log(srv->log, GS_LOG_WARN, NULL, -1,
+           "http: %zu connections (--max-http-connections): closing %s, the %s, to admit a new "
+           "one (%llu closed so far; %u such lines held back)",
+           srv->open, old->peer,
+           old->in_request ? "one whose request began first" : "one idle longest",
+           (unsigned long long)srv->evicted, held_back);
+  conn_close(old);
+  return true;
+}
+
+static void free_refused(uv_handle_t *h)
+{
+  free(h);
+}
+
+/* Takes the pending connection off the listener and closes it at once,
+ * so that the kernel's queue does not fill (libuv stops watching a
+ * listener whose connection was not accepted). */
+static void refuse_connection(gs_http_server_t *srv, uv_stream_t *server)
+{
+  uv_tcp_t *refused = calloc(1, sizeof(*refused));
+
+  if (refused && uv_tcp_init(srv->loop, refused) == 0) {
+    (void)uv_accept(server, (uv_stream_t *)refused);
+    uv_close((uv_handle_t *)refused, free_refused);
+  } else {
+    free(refused);
+  }
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -738,7 +854,11 @@ static void on_connection(uv_stream_t *server, int status)
   int err;
 
   if (status < 0) {
-    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: accept failed: %s", uv_strerror(status));
+    accept_failed(srv, status);
+    return;
+  }
+  if (srv->limits.max_connections && srv->open >= srv->limits.max_connections && !make_room(srv)) {
+    refuse_connection(srv, server);
     return;
   }
   conn = conn_new(srv);
@@ -750,7 +870,7 @@ static void on_connection(uv_stream_t *server, int status)
   if (!err)
     err = uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
   if (err) {
-    gs_log(srv->log, GS_LOG_WARN, NULL, -1, "http: accept failed: %s", uv_strerror(err));
+    accept_failed(srv, err);
     conn_close(conn);
     return;
   }
@@ -799,6 +919,7 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   srv->handler = handler;
   srv->ctx = ctx;
   srv->listener.data = srv;
+  gs_list_init(&srv->quiet);
   return srv;
 }
 

@@ -3,7 +3,7 @@
  * request goes to one handler function, which fills in a response.
  * Keep-alive is supported; limits on header and body sizes are enforced
  * with 431/413 replies, and malformed requests get 400 and a closed
- * connection. */
+ * connection; open connections are capped (gs_http_limits_t). */
 #ifndef GS_HTTP_SERVER_H
 #define GS_HTTP_SERVER_H
 
@@ -42,6 +42,13 @@ typedef struct gs_http_limits {
   size_t max_header_bytes;  /* request line + headers; 431 beyond */
   size_t max_body_bytes;    /* 413 beyond */
   uint64_t idle_timeout_ms; /* a connection with no complete request for this long is closed */
+  /* Open connections at most (0: no cap). At the cap the one idle longest
+   * (no request in progress, no reply being written) is closed to admit a
+   * new one; if none is idle, the one whose request began first (a client
+   * trickling its requests cannot hold the port); if every one has a reply
+   * being written, the new one is closed at once. Logged, a few lines per
+   * 10 s. */
+  size_t max_connections;
   /* Limits the lines about each client (log_limit.h); borrowed, outlives
    * the server. NULL: the server limits them with a table of its own. */
   gs_log_limit_t *lines;

@@ -9,6 +9,7 @@
 #include "auth.h"
 #include "coord_flags.h"
 #include "coordinator.h"
+#include "fd_budget.h"
 #include "http_routes.h"
 #include "flags.h"
 #include "frame.h"
@@ -88,11 +89,11 @@ static void raise_fd_limit(const gs_coord_config_t *cfg)
    * out of descriptors warns on its own. */
   if (rl.rlim_cur < want)
     gs_log(&cfg->log, GS_LOG_INFO, NULL, -1,
-           "open-file limit is %llu: about %llu agents can connect, fewer than --max-world-size "
+           "open-file limit is %llu: about %u agents can connect, fewer than --max-world-size "
            "%u; raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker --ulimit nofile=) "
            "for jobs that large",
            (unsigned long long)rl.rlim_cur,
-           (unsigned long long)(rl.rlim_cur > FD_HEADROOM ? rl.rlim_cur - FD_HEADROOM : 0),
+           gs__fd_budget(rl.rlim_cur, cfg->max_connections, cfg->max_http_connections).rpc,
            cfg->max_world_size);
   else
     gs_log(&cfg->log, GS_LOG_DEBUG, NULL, -1, "open-file limit is %llu",

@@ -839,6 +839,91 @@ START_TEST(test_ipv6)
 }
 END_TEST
 
+/* Sends GET `path` and reads its reply. */
+static void get_ok(struct client *c, const char *path)
+{
+  char req[128], want[128];
+  struct reply r;
+
+  snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\n\r\n", path);
+  snprintf(want, sizeof(want), "\"path\":\"%s\"", path);
+  send_str(c, req);
+  ck_assert(read_reply(c, &r));
+  ck_assert_int_eq(r.status, 200);
+  ck_assert_ptr_nonnull(strstr(r.body, want));
+}
+
+/* Leaves a request to `path` in progress: its request line without the
+ * blank line that ends it, sent behind a complete request whose reply says
+ * the server has parsed both (one read, one callback, before any other). */
+static void begin_request(struct client *c, const char *path)
+{
+  char req[160], want[128];
+  struct reply r;
+
+  snprintf(req, sizeof(req), "GET /sync HTTP/1.1\r\n\r\nGET %s HTTP/1.1\r\n", path);
+  snprintf(want, sizeof(want), "\"path\":\"%s\"", "/sync");
+  send_str(c, req);
+  ck_assert(read_reply(c, &r));
+  ck_assert_ptr_nonnull(strstr(r.body, want));
+}
+
+/* At the cap of 3 connections, a new one closes the one idle longest; one
+ * with a request in progress is kept while any is idle, and when none is,
+ * the one whose request began first goes. Each is one line of the log. */
+START_TEST(test_max_connections)
+{
+  gs_http_limits_t limits = default_limits();
+  struct fixture f;
+  struct client a, b, c, d, e, g;
+  struct reply r;
+
+  limits.max_connections = 3;
+  fixture_start(&f, &limits);
+  client_open(&a, f.port);
+  get_ok(&a, "/a");
+  client_open(&c, f.port);
+  get_ok(&c, "/c");
+  client_open(&b, f.port);
+  begin_request(&b, "/b");
+  /* a, idle longest, makes room for d; then c for e, while b waits. */
+  client_open(&d, f.port);
+  get_ok(&d, "/d");
+  ck_assert(peer_closed(&a));
+  client_open(&e, f.port);
+  get_ok(&e, "/e");
+  ck_assert(peer_closed(&c));
+  send_str(&b, "\r\n");
+  ck_assert(read_reply(&b, &r));
+  ck_assert_ptr_nonnull(strstr(r.body, "\"path\":\"/b\""));
+  /* None idle: d's request began first. */
+  begin_request(&d, "/d2");
+  begin_request(&e, "/e2");
+  begin_request(&b, "/b2");
+  client_open(&g, f.port);
+  get_ok(&g, "/g");
+  ck_assert(peer_closed(&d));
+  send_str(&e, "\r\n");
+  ck_assert(read_reply(&e, &r));
+  ck_assert_ptr_nonnull(strstr(r.body, "\"path\":\"/e2\""));
+  send_str(&b, "\r\n");
+  ck_assert(read_reply(&b, &r));
+  ck_assert_ptr_nonnull(strstr(r.body, "\"path\":\"/b2\""));
+  send_str(&g, "GET /count HTTP/1.1\r\n\r\n");
+  expect_echo(&g, "3");
+  client_close(&a);
+  client_close(&b);
+  client_close(&c);
+  client_close(&d);
+  client_close(&e);
+  client_close(&g);
+  fixture_stop(&f);
+  ck_assert_uint_eq(count_of(f.log_text, "(--max-http-connections)"), 3);
+  ck_assert_uint_eq(count_of(f.log_text, "the one idle longest"), 2);
+  ck_assert_uint_eq(count_of(f.log_text, "the one whose request began first"), 1);
+}
+END_TEST
+
 static void add_case(Suite *s, const char *name, const TTest *test)
 {
   TCase *tc = tcase_create(name);
@@ -868,6 +953,7 @@ static Suite *http_server_suite(void)
   add_case(s, "one_byte_writes", test_one_byte_writes);
   add_case(s, "shutdown", test_shutdown);
   add_case(s, "ipv6", test_ipv6);
+  add_case(s, "max_connections", test_max_connections);
   return s;
 }
 

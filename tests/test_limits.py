@@ -4,8 +4,9 @@ each case starts gradsync-coordinator, attacks it over real sockets as a
 hostile or careless client would, and reads its memory from /proc.
 
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
-cases: noread, noread_token, budget, budget_unauth, packlist, connections, log_escape, log_flood,
-       log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire, jobs_memory
+cases: noread, noread_token, budget, budget_unauth, packlist, connections, http_connections,
+       log_escape, log_flood, log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire,
+       jobs_memory
 """
 import http.client
 import json
@@ -26,6 +27,7 @@ from protoc_client import PREFIX, load_proto  # noqa: E402
 from testlib import WAIT, wait_until  # noqa: E402
 
 MiB = 1 << 20
+NOT_FOUND = 5
 RESOURCE_EXHAUSTED = 8
 UNAUTHENTICATED = 16
 
@@ -380,7 +382,8 @@ def case_packlist(binary, pb):
 
 
 def case_connections(binary, pb):
-    # 400 descriptors: --max-connections defaults to 400 - 256 = 144.
+    # 400 descriptors: --max-connections defaults to 400 - 32 - 50 (the HTTP
+    # port's share) = 318.
     c = Coordinator(binary, "--idle-timeout", "60s", nofile=400)
     idle = []
     try:
@@ -406,6 +409,64 @@ def case_connections(binary, pb):
     finally:
         for s in idle:
             s.close()
+        c.close()
+
+
+def raise_own_nofile(want):
+    """Raises this process's soft open-file limit towards `want` (at most
+    its hard limit); returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft
+
+
+def case_http_connections(binary, pb):
+    # Idle HTTP connections need no token. Under an open-file limit of 256,
+    # more of them than that used every descriptor up: /healthz was reset,
+    # new RPC connections were closed at once, and nothing was logged. The
+    # HTTP port now has a cap of its own (by default an eighth of the limit)
+    # within the descriptors the RPC port leaves it; at the cap the oldest
+    # idle HTTP connection is closed to admit the new one.
+    nofile = 256
+    n = min(600, raise_own_nofile(1024) - 64)
+    assert n > 2 * nofile, f"this test needs {2 * nofile + 64} descriptors of its own, has {n + 64}"
+    c = Coordinator(binary, "--idle-timeout", "60s", nofile=nofile)
+    idle = []
+    try:
+        for _ in range(n):
+            idle.append(socket.create_connection(("127.0.0.1", c.http_port), timeout=WAIT))
+        try:
+            took = c.healthz_s()
+        except (OSError, http.client.HTTPException) as e:
+            raise AssertionError(f"/healthz with {n} idle HTTP connections open: {e!r}") from e
+        print(f"http_connections: {n} idle HTTP connections opened under nofile {nofile}; "
+              f"/healthz answered in {took * 1000:.0f} ms")
+        # An RPC client still gets its call answered.
+        try:
+            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+            s.sendall(frame(pb, PREFIX + "Heartbeat", pb.HeartbeatRequest(job="nosuch", rank=0)))
+            env = recv_envelope(pb, s)
+        except OSError as e:
+            raise AssertionError(f"an RPC call with {n} idle HTTP connections open: {e!r}") from e
+        assert env.method.endswith("Heartbeat") and env.status == NOT_FOUND, env
+        s.close()
+        # The oldest idle connection was closed to make room; the
+        # coordinator holds few descriptors, whatever the client opened.
+        assert closed_by_peer(idle[0]), "the oldest idle HTTP connection was kept"
+        fds = len(os.listdir(f"/proc/{c.proc.pid}/fd"))
+        print(f"http_connections: the coordinator holds {fds} descriptors")
+        assert fds <= nofile // 4, f"{fds} descriptors open under nofile {nofile}"
+        log = wait_until("a line about --max-http-connections",
+                         lambda: "--max-http-connections" in c.text() and c.text())
+        lines = [line for line in log.splitlines() if "--max-http-connections" in line]
+        print(f"http_connections: {len(lines)} log lines about the cap, e.g. "
+              f"{lines[0].split(' [-] ')[-1]}")
+        assert len(lines) < 50, f"{len(lines)} lines about --max-http-connections"
+    finally:
+        for x in idle:
+            x.close()
         c.close()
 
 
@@ -670,6 +731,7 @@ CASES = {
     "budget_unauth": case_budget_unauth,
     "packlist": case_packlist,
     "connections": case_connections,
+    "http_connections": case_http_connections,
     "log_escape": case_log_escape,
     "log_flood": case_log_flood,
     "log_flood_http": case_log_flood_http,

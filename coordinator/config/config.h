@@ -46,10 +46,11 @@ typedef struct gs_coord_config {
   uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
   size_t max_frame;               /* largest accepted frame payload */
   uint32_t max_world_size;
-  uint32_t max_jobs;        /* jobs held at once; a Join for one more is refused */
-  size_t max_memory;        /* every connection's buffers together */
-  uint32_t max_connections; /* open RPC connections; 0: the open-file limit less a reserve */
-  uint32_t max_params;      /* entries of a pack list */
+  uint32_t max_jobs;             /* jobs held at once; a Join for one more is refused */
+  size_t max_memory;             /* every connection's buffers together */
+  uint32_t max_connections;      /* open RPC connections; 0: what the open-file limit leaves */
+  uint32_t max_http_connections; /* open HTTP connections; 0: a share of that limit */
+  uint32_t max_params;           /* entries of a pack list */
   /* TLS on both ports: the files (--tls-cert, --tls-key, --tls-client-ca;
    * NULL: none) and the context main made of them (borrowed, outlives the
    * service; NULL: plaintext). */

@@ -88,10 +88,16 @@ static const gs_flag_t flag_rows[] = {
           "would pass it is closed"},
   {.name = "--max-connections", .kind = GS_FLAG_INT, CFG(max_connections), .min = 0,
    .max = 1 << 20, .metavar = "N",
-   .help = "open RPC connections at most (0: the open-file limit less 256)",
+   .help = "open RPC connections at most (0: the open-file limit less the HTTP cap and 32)",
    .doc = "open RPC connections at most; at the limit the oldest idle connection that never "
           "authenticated is closed, else the new one is refused (logged). `0`: the open-file "
-          "limit less 256 descriptors kept for the HTTP port"},
+          "limit less `--max-http-connections` and 32 descriptors for the rest"},
+  {.name = "--max-http-connections", .kind = GS_FLAG_INT, CFG(max_http_connections), .min = 0,
+   .max = 1 << 20, .metavar = "N",
+   .help = "open HTTP connections at most (0: an eighth of the open-file limit, at most 256)",
+   .doc = "open HTTP connections at most; at the limit the one idle longest is closed to admit "
+          "a new one (else the one whose request began first; logged), so `/healthz` always "
+          "answers. `0`: an eighth of the open-file limit, at most 256"},
   {.name = "--max-params", .kind = GS_FLAG_INT, CFG(max_params), .min = 1, .max = 1 << 24,
    .metavar = "N", .help = "largest pack list (model tensors) accepted",
    .doc = "entries of a published pack list (a model's tensors) at most; each costs about "
@@ -149,7 +155,8 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->max_world_size = 65536;
   cfg->max_jobs = GS_COORD_DEFAULT_MAX_JOBS;
   cfg->max_memory = (size_t)1 << 30;
-  cfg->max_connections = 0; /* from the open-file limit, in main */
+  cfg->max_connections = 0;      /* from the open-file limit, at start */
+  cfg->max_http_connections = 0; /* likewise */
   cfg->max_params = GS_COORD_DEFAULT_MAX_PARAMS;
   cfg->log.level = GS_LOG_INFO;
   cfg->log.component = "coordinator";
