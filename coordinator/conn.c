@@ -507,16 +507,19 @@ static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
 static bool admit(gs_conns_t *t)
 {
   /* t->open counts connections closing too, until their close callback. */
-  if (t->open >= t->max_connections && !make_room(t, "--max-connections", 0))
-    return false;
-  if (t->unauth_open >= t->unauth_max_connections ||
-      t->unauth_used + GS_CONN_BOOKKEEPING > t->unauth_max_memory) {
-    if (!make_room(t, "their share of --max-memory", GS_CONN_UNAUTH_EVICT_IDLE_MS)) {
-      t->unauth_closed++;
-      return false;
-    }
-  }
-  return true;
+  bool full = t->open >= t->max_connections;
+  bool share_full = t->unauth_open >= t->unauth_max_connections ||
+                    t->unauth_used + GS_CONN_BOOKKEEPING > t->unauth_max_memory;
+
+  if (!full && !share_full)
+    return true;
+  /* The connection closed to make room was unauthenticated: room in both. */
+  if (full ? make_room(t, "--max-connections", 0)
+           : make_room(t, "their share of --max-memory", GS_CONN_UNAUTH_EVICT_IDLE_MS))
+    return true;
+  if (!full)
+    t->unauth_closed++;
+  return false;
 }
 
 void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
