@@ -5,6 +5,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -79,4 +80,50 @@ int gs_tls_use_ca(struct ssl_ctx_st *ctx, const char *flag, const char *ca, char
     return GS_EINVAL;
   }
   return 0;
+}
+
+/* "2026-11-26 14:10 UTC" */
+static void format_time(const ASN1_TIME *t, char *out, size_t len)
+{
+  struct tm tm;
+
+  if (!ASN1_TIME_to_tm(t, &tm) || !strftime(out, len, "%Y-%m-%d %H:%M UTC", &tm))
+    snprintf(out, len, "an unreadable date");
+}
+
+bool gs_tls_cert_dates_warn(const struct ssl_ctx_st *ctx, const char *flag, const char *path,
+                            int soon_days, char *why, size_t why_len)
+{
+  X509 *cert = SSL_CTX_get0_certificate(ctx);
+  const ASN1_TIME *after, *before;
+  char when[64];
+  int days = 0, secs = 0;
+
+  if (!cert)
+    return false;
+  after = X509_get0_notAfter(cert);
+  before = X509_get0_notBefore(cert);
+  if (X509_cmp_current_time(after) < 0) {
+    format_time(after, when, sizeof(when));
+    (void)ASN1_TIME_diff(&days, &secs, after, NULL);
+    snprintf(why, why_len,
+             "%s %s: the certificate expired on %s (%d day(s) ago): TLS clients will refuse it",
+             flag, path, when, days);
+    return true;
+  }
+  if (X509_cmp_current_time(before) > 0) {
+    format_time(before, when, sizeof(when));
+    snprintf(why, why_len,
+             "%s %s: the certificate is not valid before %s (is this machine's clock right?): "
+             "TLS clients will refuse it until then",
+             flag, path, when);
+    return true;
+  }
+  if (ASN1_TIME_diff(&days, &secs, NULL, after) && days < soon_days) {
+    format_time(after, when, sizeof(when));
+    snprintf(why, why_len, "%s %s: the certificate expires on %s, in %d day(s): renew it", flag,
+             path, when, days);
+    return true;
+  }
+  return false;
 }

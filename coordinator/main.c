@@ -41,6 +41,10 @@ static int tls_from_flags(gs_coord_config_t *cfg)
     fprintf(stderr, "gradsync-coordinator: %s\n", why);
     return 2;
   }
+  /* A warning, not a refusal: the certificate may be renewed in place
+   * (the next restart loads it), and a test CA may be short-lived. */
+  if (gs__tls_ctx_cert_warning(cfg->tls, cfg->tls_cert, why, sizeof(why)))
+    gs_log(&cfg->log, GS_LOG_WARN, NULL, -1, "%s", why);
   return 0;
 }
 

@@ -77,6 +77,11 @@ gs_tls_ctx_t *gs__tls_ctx_new(const char *cert, const char *key, const char *cli
   return ctx;
 }
 
+bool gs__tls_ctx_cert_warning(const gs_tls_ctx_t *ctx, const char *cert, char *why, size_t why_len)
+{
+  return gs_tls_cert_dates_warn(ctx->ssl, "--tls-cert", cert, GS_TLS_CERT_SOON_DAYS, why, why_len);
+}
+
 void gs__tls_ctx_free(gs_tls_ctx_t *ctx)
 {
   if (!ctx)

@@ -30,6 +30,10 @@ typedef struct gs_tls gs_tls_t;
 gs_tls_ctx_t *gs__tls_ctx_new(const char *cert, const char *key, const char *client_ca, char *why,
                               size_t why_len);
 void gs__tls_ctx_free(gs_tls_ctx_t *ctx);
+/* Whether the server certificate (from --tls-cert `cert`) is expired, not
+ * yet valid or expires within GS_TLS_CERT_SOON_DAYS; why says which. */
+#define GS_TLS_CERT_SOON_DAYS 14
+bool gs__tls_ctx_cert_warning(const gs_tls_ctx_t *ctx, const char *cert, char *why, size_t why_len);
 
 /* Where a session's bytes go: both run during the session's calls. */
 typedef struct gs_tls_io {

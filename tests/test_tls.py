@@ -58,6 +58,39 @@ def make_pki(d):
     return lambda name: os.path.join(d, name)
 
 
+def expired_cert(d):
+    """A server certificate of the first CA that expired in 2020 (openssl
+    ca takes dates; req and x509 take only days from now)."""
+    with open(os.path.join(d, "ca.cnf"), "w") as f:
+        f.write("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n"
+                "serial = serial\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n")
+    open(os.path.join(d, "index.txt"), "w").close()
+    with open(os.path.join(d, "serial"), "w") as f:
+        f.write("01\n")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "expired.key", "-out", "expired.csr", "-subj", "/CN=expired", cwd=d)
+    openssl("ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in",
+            "expired.csr", "-out", "expired.pem", "-startdate", "20200101000000Z", "-enddate",
+            "20200102000000Z", "-notext", cwd=d)
+    return os.path.join(d, "expired.pem"), os.path.join(d, "expired.key")
+
+
+def check_cert_dates(pki, d):
+    """An expired server certificate is named at start (the coordinator
+    still starts: it may be renewed in place); one that expires within 14
+    days is too (the test CA's live for 2)."""
+    cert, key = expired_cert(d)
+    for pem, key, want in ((cert, key, r"the certificate expired on 2020-01-02 00:00 UTC \(\d+ "
+                                       r"day\(s\) ago\): TLS clients will refuse it"),
+                           (pki("server.pem"), pki("server.key"),
+                            r"the certificate expires on \S+ \S+ UTC, in [01] day\(s\): renew it")):
+        c, _, _ = coordinator("--tls-cert", pem, "--tls-key", key)
+        c.kill()
+        _, err = c.communicate()
+        assert re.search(r"WARN .*--tls-cert " + re.escape(pem) + ": " + want, err), err[-2000:]
+        print("certificate dates:", re.search(r"--tls-cert .*", err).group(0))
+
+
 def coordinator(*extra, env=None):
     c = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                           "--log-level", "warn", "--idle-timeout", "2s"] + list(extra),
@@ -330,6 +363,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="gradsync-tls-") as d:
         pki = make_pki(d)
         case_bad_flags(pki)
+        check_cert_dates(pki, d)
         check_tls_coordinator(pki)
         check_mutual(pki)
         check_raw_client(pki)
