@@ -128,6 +128,7 @@ static int wire_layers(gs_coord_t *c)
       .job_retention_ms = c->cfg.job_retention_ms,
       .stall_timeout_ms = c->cfg.stall_timeout_ms,
       .max_world_size = c->cfg.max_world_size,
+      .max_job_world = c->cfg.max_connections / 2,
       .max_jobs = c->cfg.max_jobs,
       .log = &c->cfg.log,
   };

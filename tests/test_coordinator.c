@@ -266,6 +266,53 @@ static void start_world(th_client_t *cl, uint32_t n, const char *job)
     ck_assert_uint_eq(resp[i].generation, 1);
 }
 
+/* One job may gather at most half of --max-connections ranks (each holds
+ * two connections once it trains): a larger world is refused at its first
+ * Join, and a job that parks all the Joins it may leaves room for
+ * another job's agents to connect and start. */
+START_TEST(one_job_gathers_at_most_half_the_connections)
+{
+  th_client_t big, a[9], b[2];
+  gradsync_JoinRequest req = th_join_request("big", 64, "n", 0);
+  gradsync_JoinResponse resp[2] = {0};
+  char msg[256];
+
+  th_coord_start(&coord, "--max-connections", "20", NULL);
+  th_connect(&big, coord.rpc_port);
+  ck_assert_int_eq(
+      th_call(&big, "Join", gradsync_JoinRequest_fields, &req, NULL, NULL, msg, sizeof(msg)), 8);
+  ck_assert_msg(strstr(msg, "world_size 64 is more than one job may gather on this coordinator: "
+                            "10, half of --max-connections"),
+                "%s", msg);
+  th_close(&big);
+  for (uint32_t i = 0; i < 9; i++) { /* one short of its world of 10: all wait */
+    gradsync_JoinRequest r = th_join_request("a", 10, "n", i);
+
+    th_connect(&a[i], coord.rpc_port);
+    th_send(&a[i], "Join", 0, gradsync_JoinRequest_fields, &r);
+  }
+  free(th_http_wait(coord.http_port, "/jobs/a", "\"joined\":9"));
+  for (uint32_t i = 0; i < 2; i++) {
+    gradsync_JoinRequest r = th_join_request("b", 2, "m", i);
+
+    th_connect(&b[i], coord.rpc_port);
+    th_send(&b[i], "Join", 0, gradsync_JoinRequest_fields, &r);
+  }
+  for (uint32_t i = 0; i < 2; i++) {
+    gradsync_Envelope env;
+
+    ck_assert_int_eq(th_recv(&b[i], &env, gradsync_JoinResponse_fields, &resp[i], TH_WAIT_MS), 0);
+    ck_assert_int_eq(env.status, OK);
+    ck_assert_uint_eq(resp[i].generation, 1);
+  }
+  for (uint32_t i = 0; i < 9; i++)
+    th_close(&a[i]);
+  th_close(&b[0]);
+  th_close(&b[1]);
+  stop_and_check();
+}
+END_TEST
+
 START_TEST(fetch_waits_for_publish)
 {
   th_client_t cl[2];
@@ -1605,6 +1652,7 @@ static Suite *coordinator_suite(void)
       {"ring_peers", ring_peers_list_neighbours_only},
       {"refusals", join_refusals_name_the_difference},
       {"token", token_is_required_when_set},
+      {"job_world_cap", one_job_gathers_at_most_half_the_connections},
       {"blobs", fetch_waits_for_publish},
       {"pack_list", pack_list_published_by_rank0_reaches_all},
       {"heartbeat_timeout", silent_rank_aborts_generation_then_rejoin},

@@ -39,6 +39,11 @@ typedef struct gs_jobs_config {
   uint64_t job_retention_ms;      /* a job that ran and rests is forgotten this long after */
   uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
   uint32_t max_world_size;
+  /* The largest world one job may gather (0: max_world_size): a rank
+   * holds two connections once it trains (its Join's and its
+   * heartbeats'), so a larger job could not run, and one job token's
+   * parked Joins leave the rest of --max-connections to other jobs. */
+  uint32_t max_job_world;
   uint32_t max_jobs;       /* jobs held at once (--max-jobs) */
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
   const gs_log_t *log;     /* borrowed */
