@@ -467,14 +467,12 @@ static void free_refused(uv_handle_t *h)
 }
 
 /* At a cap (`cap` names it): the oldest idle connection that never
- * authenticated makes room (an agent's connections authenticate at their
- * first call), else the new one is refused. Either way it is logged.
- * `min_idle_ms`: only one idle at least this long may go. */
+ * authenticated (an agent's connections authenticate at their first call)
+ * and has been idle `min_idle_ms` makes room; false when there is none. */
 static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
 {
   uint64_t now = uv_now(t->loop);
   uint32_t held_back;
-  bool say = gs_ratelimit_allow(&t->accept_rl, now, &held_back);
 
   for (gs_list_t *node = t->idle.next; node != &t->idle; node = node->next) {
     gs_conn_t *old = GS_CONTAINER_OF(node, gs_conn_t, idle_node);
@@ -484,7 +482,7 @@ static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
     if (now - old->last_activity_ms < min_idle_ms)
       break; /* the idle list is oldest first: none older */
     t->evicted++;
-    if (say)
+    if (gs_ratelimit_allow(&t->accept_rl, now, &held_back))
       gs_log(t->log, GS_LOG_WARN, NULL, -1,
              "rpc: %u connections, %u unauthenticated (%s): closing %s, the oldest idle one "
              "that never authenticated, to admit a new one (%u such lines held back)",
@@ -492,13 +490,46 @@ static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
     gs__conn_close(old, "evicted at a connection cap");
     return true;
   }
-  t->refused++;
-  if (say)
-    gs_log(t->log, GS_LOG_WARN, NULL, -1,
-           "rpc: %u connections, %u unauthenticated (%s), and none idle unauthenticated to close: "
-           "refusing a new connection (%llu refused so far; %u such lines held back)",
-           t->open, t->unauth_open, cap, (unsigned long long)t->refused, held_back);
   return false;
+}
+
+/* At --max-connections with no unauthenticated connection to close: the
+ * oldest authenticated one that holds no rank and has been idle for
+ * GS_CONN_VACANT_EVICT_IDLE_MS; false when there is none. */
+static bool evict_vacant(gs_conns_t *t)
+{
+  uint64_t now = uv_now(t->loop);
+
+  if (!t->cb.is_vacant)
+    return false;
+  for (gs_list_t *node = t->idle.next; node != &t->idle; node = node->next) {
+    gs_conn_t *old = GS_CONTAINER_OF(node, gs_conn_t, idle_node);
+
+    if (now - old->last_activity_ms < GS_CONN_VACANT_EVICT_IDLE_MS)
+      break;
+    if (!old->authenticated || !t->cb.is_vacant(t->cb.ctx, old))
+      continue;
+    t->evicted++;
+    gs__conn_log(old, GS_LOG_KIND_RPC_LIMIT,
+                 "closed at --max-connections: idle for %.0f s and holding no rank",
+                 (now - old->last_activity_ms) / 1000.0);
+    gs__conn_close(old, "evicted at --max-connections (holds no rank)");
+    return true;
+  }
+  return false;
+}
+
+/* A new connection refused at a cap: counted and logged (rate-limited). */
+static void refuse(gs_conns_t *t, const char *cap)
+{
+  uint32_t held_back;
+
+  t->refused++;
+  if (gs_ratelimit_allow(&t->accept_rl, uv_now(t->loop), &held_back))
+    gs_log(t->log, GS_LOG_WARN, NULL, -1,
+           "rpc: %u connections, %u unauthenticated (%s), and none idle to close: refusing a new "
+           "connection (%llu refused so far; %u such lines held back)",
+           t->open, t->unauth_open, cap, (unsigned long long)t->refused, held_back);
 }
 
 /* Whether a new connection may open: under --max-connections, and with
@@ -513,10 +544,12 @@ static bool admit(gs_conns_t *t)
 
   if (!full && !share_full)
     return true;
-  /* The connection closed to make room was unauthenticated: room in both. */
-  if (full ? make_room(t, "--max-connections", 0)
-           : make_room(t, "their share of --max-memory", GS_CONN_UNAUTH_EVICT_IDLE_MS))
+  /* A connection closed to make room was unauthenticated: room in both. */
+  if (full && (make_room(t, "--max-connections", 0) || (!share_full && evict_vacant(t))))
     return true;
+  if (!full && make_room(t, "their share of --max-memory", GS_CONN_UNAUTH_EVICT_IDLE_MS))
+    return true;
+  refuse(t, full ? "--max-connections" : "their share of --max-memory");
   if (!full)
     t->unauth_closed++;
   return false;

@@ -36,6 +36,10 @@ typedef struct gs_conn_callbacks {
   void (*on_close)(void *ctx, gs_conn_t *conn);
   /* The last connection was freed after gs__conns_close_all. */
   void (*on_drained)(void *ctx);
+  /* Whether an authenticated connection holds nothing of the owner's (no
+   * rank's liveness), so that at --max-connections it may be closed, once
+   * idle for GS_CONN_VACANT_EVICT_IDLE_MS, to admit a new one. NULL: never. */
+  bool (*is_vacant)(void *ctx, const gs_conn_t *conn);
 } gs_conn_callbacks_t;
 
 /* Reads land in one buffer shared by every connection (the loop is single
@@ -64,6 +68,11 @@ typedef struct gs_conn_callbacks {
  * it has been idle this long (a new agent's first call is on its way);
  * else the new connection is refused (agents redial with backoff). */
 #define GS_CONN_UNAUTH_EVICT_IDLE_MS 1000
+/* At --max-connections with no unauthenticated connection to close, an
+ * authenticated one that holds no rank (a client's spare connection, or
+ * one left open after a refusal) and has been idle this long makes room
+ * (agents redial a closed connection with backoff). */
+#define GS_CONN_VACANT_EVICT_IDLE_MS 10000
 /* What a queued write costs besides its bytes (request, buffer, malloc):
  * counted, so many small replies cost what they really do. */
 #define GS_CONN_WRITE_OVERHEAD 256

@@ -120,6 +120,7 @@ static int wire_layers(gs_coord_t *c)
       .on_oversized = gs__rpc_on_oversized,
       .on_close = gs__rpc_on_close,
       .on_drained = on_drained,
+      .is_vacant = gs__rpc_is_vacant,
   };
   gs_jobs_config_t jcfg = {
       .heartbeat_interval_ms = c->cfg.heartbeat_interval_ms,

@@ -363,6 +363,14 @@ int gs__rpc_on_open(void *ctx, gs_conn_t *conn)
   return 0;
 }
 
+bool gs__rpc_is_vacant(void *ctx, const gs_conn_t *conn)
+{
+  const gs_peer_t *peer = conn->data;
+
+  (void)ctx;
+  return !peer || !peer->member;
+}
+
 void gs__rpc_on_close(void *ctx, gs_conn_t *conn)
 {
   gs_rpc_t *rpc = ctx;

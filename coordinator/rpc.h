@@ -44,5 +44,8 @@ int gs__rpc_on_open(void *ctx, gs_conn_t *conn);
 void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t len);
 void gs__rpc_on_oversized(void *ctx, gs_conn_t *conn, size_t limit);
 void gs__rpc_on_close(void *ctx, gs_conn_t *conn);
+/* Whether the connection carries no rank (no Join waiting, no rank's
+ * liveness): see gs_conn_callbacks_t.is_vacant. */
+bool gs__rpc_is_vacant(void *ctx, const gs_conn_t *conn);
 
 #endif

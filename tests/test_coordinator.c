@@ -1010,6 +1010,42 @@ START_TEST(bad_input_never_harms_the_service)
 }
 END_TEST
 
+/* At --max-connections, connections that passed the token check but hold
+ * no rank (left open after a call) are closed once idle long enough, to
+ * admit a new one: a client cannot hold the port with them. */
+START_TEST(vacant_connections_make_room)
+{
+  th_client_t hold[4], c;
+  gradsync_HeartbeatResponse hb;
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_JoinRequest req = th_join_request("late", 1, "n", 0);
+  bool joined = false;
+
+  th_coord_start(&coord, "--max-connections", "4", NULL);
+  for (int i = 0; i < 4; i++) {
+    th_connect(&hold[i], coord.rpc_port);
+    ck_assert_int_eq(heartbeat(&hold[i], "ghost", 1, 0, 1, &hb), 5); /* authenticated, no rank */
+  }
+  /* New connections are refused until the oldest has been idle long
+   * enough; then one is closed and the Join is answered. */
+  for (uint64_t deadline = gs_now_ms() + 4 * TH_WAIT_MS; !joined && gs_now_ms() < deadline;) {
+    gradsync_Envelope env;
+
+    th_connect(&c, coord.rpc_port);
+    th_send(&c, "Join", 0, gradsync_JoinRequest_fields, &req);
+    joined =
+        th_recv(&c, &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS) == 0 && env.status == OK;
+    th_close(&c);
+    if (!joined)
+      usleep(100 * 1000); /* pacing only: the loop ends on the answer */
+  }
+  ck_assert_msg(joined, "no connection admitted while vacant ones held --max-connections");
+  for (int i = 0; i < 4; i++)
+    th_close(&hold[i]);
+  stop_and_check();
+}
+END_TEST
+
 START_TEST(agents_rebuild_state_after_restart)
 {
   th_client_t cl[2];
@@ -1653,6 +1689,7 @@ static Suite *coordinator_suite(void)
       {"refusals", join_refusals_name_the_difference},
       {"token", token_is_required_when_set},
       {"job_world_cap", one_job_gathers_at_most_half_the_connections},
+      {"vacant_connections", vacant_connections_make_room},
       {"blobs", fetch_waits_for_publish},
       {"pack_list", pack_list_published_by_rank0_reaches_all},
       {"heartbeat_timeout", silent_rank_aborts_generation_then_rejoin},
