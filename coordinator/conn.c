@@ -19,7 +19,7 @@
 typedef struct write_req {
   uv_write_t req;
   gs_buf_t buf;
-  size_t cost; /* counted in conn->queued and conns->mem_used */
+  size_t cost; /* counted in conn->queued and conns->mem */
   bool close_after;
 } write_req_t;
 
@@ -34,9 +34,9 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->log = log;
   t->max_frame = lim->max_frame;
   t->idle_timeout_ms = lim->idle_timeout_ms;
-  t->max_memory = lim->max_memory;
+  t->mem = lim->mem;
   t->max_connections = lim->max_connections;
-  t->unauth_max_memory = lim->max_memory / GS_CONN_UNAUTH_SHARE;
+  t->unauth_max_memory = lim->mem->max / GS_CONN_UNAUTH_SHARE;
   t->unauth_max_connections = (uint32_t)(t->unauth_max_memory / GS_CONN_UNAUTH_EACH);
   if (t->unauth_max_connections < GS_CONN_UNAUTH_MIN)
     t->unauth_max_connections = GS_CONN_UNAUTH_MIN;
@@ -52,12 +52,12 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
 
 /* New work stops at three quarters of the members' part of the budget,
  * so that replies to calls already accepted (parked ones, answered later)
- * still fit under it. */
+ * still fit under it. What the jobs store counts in that part. */
 bool gs__conns_over_budget(const gs_conns_t *t)
 {
-  size_t members = t->max_memory - t->unauth_max_memory;
+  size_t members = t->mem->max - t->unauth_max_memory;
 
-  return t->mem_used - t->unauth_used > members - members / 4;
+  return t->mem->used - t->unauth_used > members - members / 4;
 }
 
 /* What `conn` holds grows by `add` and shrinks by `sub`: counted in the
@@ -66,8 +66,10 @@ static void mem_count(gs_conn_t *conn, size_t add, size_t sub)
 {
   gs_conns_t *t = conn->conns;
 
-  t->mem_used += add;
-  t->mem_used -= sub;
+  t->mem->used += add;
+  t->mem->used -= sub;
+  t->conn_used += add;
+  t->conn_used -= sub;
   if (!conn->authenticated) {
     t->unauth_used += add;
     t->unauth_used -= sub;
@@ -96,10 +98,10 @@ static bool budget_allows(gs_conn_t *conn, size_t more, const char *what)
     gs__conn_close(conn, "unauthenticated share of the memory budget exhausted");
     return false;
   }
-  if (t->mem_used + more > t->max_memory) {
+  if (t->mem->used + more > t->mem->max) {
     gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
                  "%s would pass the memory budget (--max-memory %zu bytes); closing", what,
-                 t->max_memory);
+                 t->mem->max);
     gs__conn_close(conn, "memory budget exhausted");
     return false;
   }

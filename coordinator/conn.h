@@ -15,6 +15,7 @@
 #include "list.h"
 #include "log.h"
 #include "log_limit.h"
+#include "mem_budget.h"
 #include "ratelimit.h"
 #include "tls.h"
 
@@ -103,8 +104,8 @@ struct gs_conn {
   gs_list_t idle_node;
   uint32_t waiting;    /* calls parked until an event or deadline */
   size_t queued;       /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
-  size_t rbuf_counted; /* rbuf.cap as counted in conns->mem_used */
-  size_t tls_counted;  /* gs__tls_memory as counted in conns->mem_used */
+  size_t rbuf_counted; /* rbuf.cap as counted in conns->mem */
+  size_t tls_counted;  /* gs__tls_memory as counted in conns->mem */
   bool authenticated;  /* a call passed its token check (gs__conn_authenticate) */
   bool read_paused;    /* backpressure: see GS_CONN_WRITE_HIGH */
   bool opened;         /* on_open kept it: on_close will tell the owner */
@@ -121,10 +122,12 @@ typedef struct gs_conns {
   const gs_log_t *log;
   size_t max_frame;
   uint64_t idle_timeout_ms;
-  size_t max_memory;        /* budget for every connection's buffers together */
-  size_t mem_used;          /* what they hold now: bookkeeping, rbufs, queued replies */
-  size_t unauth_used;       /* the part held by connections not authenticated */
-  size_t unauth_max_memory; /* their share of max_memory (GS_CONN_UNAUTH_SHARE) */
+  /* Borrowed: the budget (--max-memory) the connections' bookkeeping,
+   * rbufs and queued replies count in, beside what the jobs store. */
+  gs_mem_budget_t *mem;
+  size_t conn_used;         /* the connections' part of mem->used */
+  size_t unauth_used;       /* of it, what connections not authenticated hold */
+  size_t unauth_max_memory; /* their share of mem->max (GS_CONN_UNAUTH_SHARE) */
   uint32_t unauth_open;     /* connections open and not authenticated */
   uint32_t unauth_max_connections;
   uint32_t max_connections; /* open connections at most */
@@ -150,7 +153,8 @@ typedef struct gs_conns {
 typedef struct gs_conn_limits {
   size_t max_frame;
   uint64_t idle_timeout_ms;
-  size_t max_memory;
+  /* Borrowed, outlives the table: the memory budget (--max-memory). */
+  gs_mem_budget_t *mem;
   uint32_t max_connections;
   /* Borrowed, outlives the table; NULL: plaintext. With it every
    * connection speaks only TLS, and its session counts in its memory. */
@@ -162,9 +166,10 @@ typedef struct gs_conn_limits {
 /* A table with no connections; free with gs__conns_free once drained. */
 gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_limits_t *lim,
                           const gs_conn_callbacks_t *cb);
-/* Whether the authenticated connections hold more than three quarters of
- * their part of the memory budget (all but the unauthenticated share):
- * new work is then refused (RESOURCE_EXHAUSTED) until replies drain; at
+/* Whether the authenticated connections and the jobs' store together hold
+ * more than three quarters of their part of the memory budget (all but
+ * the unauthenticated share): new work is then refused
+ * (RESOURCE_EXHAUSTED) until replies drain or stored data is dropped; at
  * the budget itself a connection that would grow is closed. What clients
  * without the token hold never counts here. */
 bool gs__conns_over_budget(const gs_conns_t *t);

@@ -31,6 +31,7 @@ struct gs_coord {
   gs_coord_config_t cfg;
   uv_tcp_t listener;
   uv_timer_t housekeeping;
+  gs_mem_budget_t mem; /* --max-memory: the connections' and the jobs' store's */
   gs_conns_t *conns;
   gs_rpc_t rpc;
   gs_jobs_t jobs;
@@ -99,7 +100,8 @@ static void service_info(void *ctx, gs_service_info_t *out)
       .uptime_ms = uv_now(c->loop) - c->started_ms,
       .connections = c->conns->open,
       .unauthenticated = c->conns->unauth_open,
-      .memory_bytes = c->conns->mem_used,
+      .memory_bytes = c->conns->conn_used,
+      .stored_bytes = c->mem.stored,
       .unauth_memory_bytes = c->conns->unauth_used,
       .unauth_closed = c->conns->unauth_closed,
       .requests = c->rpc.stats.requests,
@@ -131,6 +133,7 @@ static int wire_layers(gs_coord_t *c)
       .max_world_size = c->cfg.max_world_size,
       .max_job_world = c->cfg.max_connections / 2,
       .max_jobs = c->cfg.max_jobs,
+      .mem = &c->mem,
       .log = &c->cfg.log,
   };
 
@@ -140,12 +143,13 @@ static int wire_layers(gs_coord_t *c)
   gs_conn_limits_t lim = {
       .max_frame = c->cfg.max_frame,
       .idle_timeout_ms = c->cfg.idle_timeout_ms,
-      .max_memory = c->cfg.max_memory,
+      .mem = &c->mem,
       .max_connections = c->cfg.max_connections,
       .tls = c->cfg.tls,
       .lines = &c->lines,
   };
 
+  gs_mem_budget_init(&c->mem, c->cfg.max_memory);
   gs__log_limit_init(&c->lines, &c->cfg.log);
   c->conns = gs__conns_new(c->loop, &c->cfg.log, &lim, &cb);
   if (!c->conns)

@@ -467,9 +467,9 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
   }
   if (gs__conns_over_budget(rpc->conns)) {
     gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
-                 "%s refused: the coordinator's connections hold more than --max-memory "
-                 "(%zu bytes)",
-                 gs_method_name(rq.call.method), rpc->conns->max_memory);
+                 "%s refused: the coordinator's connections and stored blobs hold more than "
+                 "their part of --max-memory (%zu bytes)",
+                 gs_method_name(rq.call.method), rpc->conns->mem->max);
     reply_error(rpc, &rq.call, GS_ELIMIT,
                 "coordinator memory budget exhausted (--max-memory); try again later");
     goto out;

@@ -563,6 +563,80 @@ START_TEST(fetch_waits_for_publish_or_deadline)
 }
 END_TEST
 
+/* Publishes a blob of `size` bytes under `key` from rank 0 (peer `peer`)
+ * of `job`'s generation 1; the reply's error. */
+static int publish_blob(uint32_t peer, const char *job, const char *key, size_t size)
+{
+  gradsync_PublishRequest *pub = calloc(1, sizeof(*pub));
+  gs_call_t call = call_from(peer, GS_METHOD_PUBLISH, 10);
+  int err;
+
+  ck_assert_ptr_nonnull(pub);
+  snprintf(pub->job, sizeof(pub->job), "%s", job);
+  pub->generation = 1;
+  snprintf(pub->key, sizeof(pub->key), "%s", key);
+  pub->value.size = (pb_size_t)size;
+  call.session = rank_session(job, 0);
+  gs__jobs_publish(&jobs, &call, pub);
+  ck_assert_uint_eq(last_reply(peer)->request_id, call.request_id);
+  err = last_reply(peer)->err;
+  free(pub);
+  return err;
+}
+
+/* Fills `job`'s store with 16 KiB blobs until a Publish is refused: that
+ * is at the budget's share for stored data, named in the reply. */
+static void publish_until_refused(uint32_t peer, const char *job, const gs_mem_budget_t *mem)
+{
+  char key[32];
+  int err = 0;
+  uint32_t n;
+
+  for (n = 0; n < 1000 && !err; n++) {
+    snprintf(key, sizeof(key), "k%u", n);
+    err = publish_blob(peer, job, key, 16384);
+  }
+  ck_assert_int_eq(err, GS_ELIMIT);
+  ck_assert_ptr_nonnull(strstr(last_reply(peer)->message, "--max-memory"));
+  ck_assert_uint_gt(n, 1);
+  ck_assert_uint_le(mem->stored, mem->stored_max);
+  ck_assert_uint_gt(mem->stored + 16384 + sizeof(gs_blob_t) + GS_STORE_ALLOC_OVERHEAD,
+                    mem->stored_max);
+  ck_assert_uint_eq(mem->used, mem->stored);
+}
+
+/* Blobs count in the memory budget (--max-memory): past the share for
+ * stored data a Publish is refused, and what a generation stored is given
+ * back as soon as it ends, aborted or finished. */
+START_TEST(blobs_count_in_the_memory_budget)
+{
+  gs_mem_budget_t mem;
+  gs_jobs_config_t cfg;
+
+  gs_mem_budget_init(&mem, 1u << 20);
+  jobs.cfg.mem = &mem;
+  start_world("ma", 2, 0);
+  publish_until_refused(0, "ma", &mem);
+  leave(1, "ma", 1, 1, false, 20); /* aborts the generation */
+  ck_assert_uint_eq(mem.stored, 0);
+  start_world_on("mf", 2, 2, 30);
+  publish_until_refused(2, "mf", &mem);
+  leave(2, "mf", 1, 0, true, 40);
+  ck_assert_uint_gt(mem.stored, 0); /* rank 1 is still at work */
+  leave(3, "mf", 1, 1, true, 40);
+  ck_assert_uint_eq(mem.stored, 0);
+  start_world_on("mk", 1, 4, 50);
+  ck_assert_int_eq(publish_blob(4, "mk", "k", 100), 0);
+  ck_assert_uint_gt(mem.stored, 100);
+  gs__jobs_free(&jobs); /* at shutdown too */
+  ck_assert_uint_eq(mem.stored, 0);
+  ck_assert_uint_eq(mem.used, 0);
+  cfg = jobs.cfg;
+  cfg.mem = NULL; /* for the teardown: `mem` is gone by then */
+  gs__jobs_init(&jobs, &cfg, &fake.responder);
+}
+END_TEST
+
 /* A finished job is forgotten --job-retention after it finished; a running
  * one is kept however long it runs. */
 START_TEST(finished_job_is_forgotten_after_retention)
@@ -1626,6 +1700,7 @@ static Suite *jobs_suite(void)
       {"rendezvous_disconnect", closed_waiting_agent_leaves_the_rendezvous},
       {"heartbeat_while_waiting", waiting_connection_cannot_take_a_rank},
       {"blobs", fetch_waits_for_publish_or_deadline},
+      {"blobs_budget", blobs_count_in_the_memory_budget},
       {"retention", finished_job_is_forgotten_after_retention},
       {"failed_retention", failed_job_is_forgotten_after_retention},
       {"never_started", never_started_job_is_forgotten_at_once},

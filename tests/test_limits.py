@@ -6,7 +6,7 @@ hostile or careless client would, and reads its memory from /proc.
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
 cases: noread, noread_token, budget, budget_unauth, packlist, connections, http_connections,
        log_escape, log_flood, log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire,
-       jobs_memory
+       jobs_memory, blobs
 """
 import http.client
 import json
@@ -724,6 +724,97 @@ def case_jobs_memory(binary, pb):
         c.close()
 
 
+class Member:
+    """The one rank of a job of its own, on a connection kept open (the
+    generation lasts while it does), which calls as its session."""
+
+    def __init__(self, c, pb, job):
+        self.pb, self.job, self.calls = pb, job, 0
+        self.sock = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+        self.session = ""
+        reply = self.call("Join", pb.JoinRequest(job=job, world_size=1, node="n", local_rank=0,
+                                                 device="cpu"))
+        assert reply.status == 0, reply
+        joined = pb.JoinResponse.FromString(reply.body)
+        self.session, self.generation = joined.session, joined.generation
+
+    def send(self, method, msg):
+        self.calls += 1
+        env = self.pb.Envelope(method=PREFIX + method, request_id=self.calls,
+                               session=self.session, body=msg.SerializeToString())
+        data = env.SerializeToString()
+        self.sock.sendall(struct.pack(">I", len(data)) + data)
+
+    def call(self, method, msg):
+        self.send(method, msg)
+        return recv_envelope(self.pb, self.sock)
+
+    def publish(self, first, n, value):
+        """Publishes keys first..first+n-1 pipelined; their replies."""
+        for k in range(first, first + n):
+            self.send("Publish", self.pb.PublishRequest(job=self.job, generation=self.generation,
+                                                        key=f"k{k}", value=value))
+        return [recv_envelope(self.pb, self.sock) for _ in range(n)]
+
+    def heartbeat(self):
+        return self.call("Heartbeat", self.pb.HeartbeatRequest(
+            job=self.job, generation=self.generation, rank=0, step=self.calls)).status
+
+
+def case_blobs(binary, pb):
+    """One-rank jobs each publish blobs up to the per-job cap (1,024 of
+    16 KiB) against --max-memory 32MiB. Blobs were not counted in the
+    budget: 120 such jobs took the coordinator to 1,945 MB in 7 s. Now what
+    the jobs store is held to a quarter of the budget: Publish gets
+    RESOURCE_EXHAUSTED naming --max-memory, the coordinator's peak RSS
+    stays under the budget, heartbeats are answered throughout, and once
+    the jobs end their bytes are given back and Publish works again."""
+    # Ranks lost only when their connections close, however slow the machine.
+    c = Coordinator(binary, "--max-memory", "32MiB", "--heartbeat-timeout", "10m")
+    members = []
+    try:
+        base = c.rss_mib()
+        value = b"\xab" * 16384
+        refused = None
+        for i in range(6):  # 96 MiB of blobs, were they all kept
+            m = Member(c, pb, f"blobs-{i}")
+            members.append(m)
+            for first in range(0, 1024, 64):
+                replies = m.publish(first, 64, value)
+                bad = [r for r in replies if r.status != 0]
+                if bad:
+                    refused = refused or bad[0]
+                    break
+            assert m.heartbeat() == 0, "a member's heartbeat was refused"
+        peak = c.peak_mib() - base
+        stored = metrics(c).get("gradsync_job_store_bytes")
+        print(f"blobs: 6 jobs publishing up to 16 MiB each: peak RSS +{peak:.1f} MiB, stored "
+              f"{stored} bytes; first refusal: {refused and (refused.status, refused.message)}")
+        assert refused is not None, "every Publish was stored: blobs are not in --max-memory"
+        assert refused.status == RESOURCE_EXHAUSTED, refused
+        assert "--max-memory" in refused.message, refused.message
+        assert stored is not None and 0 < stored <= 8 * MiB, stored  # a quarter of the budget
+        if sanitized(binary):
+            print("blobs: a sanitizer build: its allocator keeps freed memory; RSS unchecked")
+        else:
+            assert peak < 32, f"peak RSS grew {peak:.1f} MiB past --max-memory 32MiB"
+        # The jobs end (their ranks' connections close): what they stored
+        # is given back, and a new job may publish again.
+        for m in members:
+            m.sock.close()
+        members.clear()
+        wait_until("the stored blobs given back",
+                   lambda: metrics(c).get("gradsync_job_store_bytes") == 0, every=0.1)
+        m = Member(c, pb, "blobs-after")
+        members.append(m)
+        statuses = [r.status for r in m.publish(0, 64, value)]
+        assert statuses == [0] * 64, statuses
+    finally:
+        for m in members:
+            m.sock.close()
+        c.close()
+
+
 CASES = {
     "noread": case_noread,
     "noread_token": case_noread_token,
@@ -739,6 +830,7 @@ CASES = {
     "log_flood_addresses": case_log_flood_addresses,
     "jobs_expire": case_jobs_expire,
     "jobs_memory": case_jobs_memory,
+    "blobs": case_blobs,
 }
 
 

@@ -47,7 +47,7 @@ typedef struct gs_coord_config {
   size_t max_frame;               /* largest accepted frame payload */
   uint32_t max_world_size;
   uint32_t max_jobs;             /* jobs held at once; a Join for one more is refused */
-  size_t max_memory;             /* every connection's buffers together */
+  size_t max_memory;             /* connections' buffers and stored blobs together */
   uint32_t max_connections;      /* open RPC connections; 0: what the open-file limit leaves */
   uint32_t max_http_connections; /* open HTTP connections; 0: a share of that limit */
   uint32_t max_params;           /* entries of a pack list */

@@ -35,7 +35,7 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
   snprintf(job->name, sizeof(job->name), "%s", name);
   gs_list_init(&job->hb_list);
   gs_list_init(&job->wait_list);
-  gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name);
+  gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name, jobs->cfg.mem);
   return job;
 }
 
@@ -303,6 +303,7 @@ static void end_generation(gs_job_t *job, bool failed, bool urgent, const char *
          failed ? "aborted" : "ended", job->abort_reason);
   gs__generation_ended(job, job->jobs->now_ms, job->abort_reason);
   gs__store_fail_waiters(&job->store, GS_EABORTED, job->abort_reason);
+  gs__store_drop(&job->store); /* the generation's blobs are of no more use */
   if (job->world_min)
     gather_survivors(job);
 }
@@ -371,6 +372,7 @@ void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveReq
         job->state = GS_JOB_FINISHED;
         job->finished_ms = call->now_ms;
         gs__generation_ended(job, call->now_ms, "finished");
+        gs__store_drop(&job->store);
       }
     }
   }

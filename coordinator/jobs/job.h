@@ -46,7 +46,10 @@ typedef struct gs_jobs_config {
   uint32_t max_job_world;
   uint32_t max_jobs;       /* jobs held at once (--max-jobs) */
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
-  const gs_log_t *log;     /* borrowed */
+  /* Borrowed: the memory budget (--max-memory) blobs and pack lists are
+   * counted in; NULL: they are not counted (tests). */
+  gs_mem_budget_t *mem;
+  const gs_log_t *log; /* borrowed */
 } gs_jobs_config_t;
 
 typedef struct gs_jobs_stats {

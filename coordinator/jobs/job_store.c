@@ -8,12 +8,37 @@
 
 #define MAX_BLOBS_PER_JOB 1024
 
-void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job)
+void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job,
+                    gs_mem_budget_t *mem)
 {
   memset(s, 0, sizeof(*s));
   s->responder = r;
   s->log = log;
   s->job = job;
+  s->mem = mem;
+}
+
+/* Whether `n` more bytes may be stored; if not, the call is answered
+ * RESOURCE_EXHAUSTED, naming the budget and what `what` needed. */
+static bool may_store(gs_job_store_t *s, const gs_call_t *call, size_t n, const char *what)
+{
+  if (!s->mem || gs_mem_budget_store_fits(s->mem, n))
+    return true;
+  gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ELIMIT,
+                    "%s of job %s (%zu bytes) would pass what jobs may store (%zu of %zu bytes "
+                    "held, a quarter of --max-memory); it is given back when their generations "
+                    "end",
+                    what, s->job, n, s->mem->stored, s->mem->stored_max);
+  return false;
+}
+
+/* The store holds `add` bytes more and `sub` fewer. */
+static void count(gs_job_store_t *s, size_t add, size_t sub)
+{
+  s->counted += add;
+  s->counted -= sub;
+  if (s->mem)
+    gs_mem_budget_store(s->mem, add, sub);
 }
 
 static gs_blob_t *find_blob(gs_job_store_t *s, const char *key)
@@ -85,6 +110,7 @@ static void wake(gs_job_store_t *s, gs_method_t method, const char *key)
 /* Stores a new blob; 0, or an error already answered. */
 static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_PublishRequest *req)
 {
+  size_t cost = sizeof(gs_blob_t) + req->value.size + GS_STORE_ALLOC_OVERHEAD;
   gs_blob_t *b;
 
   if (s->blob_count >= MAX_BLOBS_PER_JOB) {
@@ -92,6 +118,8 @@ static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_Pub
                       "job %s already holds %u blobs", s->job, s->blob_count);
     return GS_ELIMIT;
   }
+  if (!may_store(s, call, cost, "the blob"))
+    return GS_ELIMIT;
   b = malloc(sizeof(*b) + req->value.size);
   if (!b) {
     gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
@@ -104,6 +132,7 @@ static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_Pub
   b->next = s->blobs;
   s->blobs = b;
   s->blob_count++;
+  count(s, cost, 0);
   return 0;
 }
 
@@ -139,6 +168,7 @@ void gs__store_publish_pack_list(gs_job_store_t *s, const gs_call_t *call, uint6
                                  const gs_buf_t *body, const gs_pack_summary_t *summary)
 {
   static const gradsync_PublishPackListResponse ok = gradsync_PublishPackListResponse_init_zero;
+  uint8_t *copy;
 
   if (s->pack_summary.published) {
     if (s->pack_list_body.len == body->len &&
@@ -151,12 +181,19 @@ void gs__store_publish_pack_list(gs_job_store_t *s, const gs_call_t *call, uint6
                         (unsigned long long)generation);
     return;
   }
-  s->pack_list_body.len = 0;
-  if (gs_buf_append(&s->pack_list_body, body->data, body->len)) {
+  if (!may_store(s, call, body->len + GS_STORE_ALLOC_OVERHEAD, "the pack list"))
+    return;
+  copy = malloc(body->len ? body->len : 1); /* its exact size: it never grows */
+  if (!copy) {
     gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
                       "out of memory");
     return;
   }
+  if (body->len)
+    memcpy(copy, body->data, body->len);
+  gs_buf_free(&s->pack_list_body);
+  s->pack_list_body = (gs_buf_t){.data = copy, .len = body->len, .cap = body->len};
+  count(s, body->len + GS_STORE_ALLOC_OVERHEAD, 0);
   s->pack_summary = *summary;
   gs_log(s->log, GS_LOG_INFO, s->job, 0,
          "pack list published: %u params in %u packs, %llu bytes (threshold %llu)", summary->params,
@@ -213,9 +250,8 @@ void gs__store_sweep(gs_job_store_t *s, uint64_t now)
   }
 }
 
-void gs__store_reset(gs_job_store_t *s)
+void gs__store_drop(gs_job_store_t *s)
 {
-  gs__store_fail_waiters(s, GS_EABORTED, "the generation ended");
   while (s->blobs) {
     gs_blob_t *b = s->blobs;
 
@@ -224,5 +260,12 @@ void gs__store_reset(gs_job_store_t *s)
   }
   s->blob_count = 0;
   gs_buf_free(&s->pack_list_body);
+  count(s, 0, s->counted);
+}
+
+void gs__store_reset(gs_job_store_t *s)
+{
+  gs__store_fail_waiters(s, GS_EABORTED, "the generation ended");
+  gs__store_drop(s);
   memset(&s->pack_summary, 0, sizeof(s->pack_summary));
 }

@@ -10,6 +10,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "mem_budget.h"
 #include "responder.h"
 
 typedef struct gs_pack_summary {
@@ -39,10 +40,16 @@ typedef struct gs_waiter {
   char key[128];
 } gs_waiter_t;
 
+/* What each stored blob or pack list costs besides its bytes: malloc's
+ * header and rounding. */
+#define GS_STORE_ALLOC_OVERHEAD 32
+
 typedef struct gs_job_store {
   gs_responder_t *responder;
   const gs_log_t *log;
-  const char *job; /* the job's name, for messages */
+  const char *job;      /* the job's name, for messages */
+  gs_mem_budget_t *mem; /* borrowed; NULL: nothing counted */
+  size_t counted;       /* what the blobs and pack list hold, as counted in mem */
   gs_blob_t *blobs;
   uint32_t blob_count;
   gs_buf_t pack_list_body; /* encoded FetchPackListResponse */
@@ -50,11 +57,15 @@ typedef struct gs_job_store {
   gs_waiter_t *waiters;
 } gs_job_store_t;
 
-/* An empty store answering through `r`; `log` and `job` are borrowed. */
-void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job);
+/* An empty store answering through `r`; `log`, `job` and `mem` (the
+ * budget its blobs and pack list count in, or NULL) are borrowed. */
+void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job,
+                    gs_mem_budget_t *mem);
 
 /* The RPCs, for a request already checked to name the running generation.
- * Each answers now, or parks the call until its data or deadline. */
+ * Each answers now, or parks the call until its data or deadline. A
+ * Publish or PublishPackList whose data would pass the budget's share for
+ * stored data is refused (RESOURCE_EXHAUSTED). */
 void gs__store_publish(gs_job_store_t *s, const gs_call_t *call,
                        const gradsync_PublishRequest *req);
 void gs__store_fetch(gs_job_store_t *s, const gs_call_t *call, const gradsync_FetchRequest *req);
@@ -67,8 +78,13 @@ void gs__store_fetch_pack_list(gs_job_store_t *s, const gs_call_t *call, uint64_
 void gs__store_fail_waiters(gs_job_store_t *s, int err, const char *msg);
 /* Answers parked requests whose deadline has passed. */
 void gs__store_sweep(gs_job_store_t *s, uint64_t now);
-/* Drops the blobs, the pack list and any parked request (answered ABORTED)
- * when a generation ends. */
+/* Gives the blobs and the pack list back (to the budget too) as soon as
+ * their generation ends: no request can fetch them any more, since each
+ * must name the running generation. The pack list's summary stays, for
+ * /status, and so do parked requests. */
+void gs__store_drop(gs_job_store_t *s);
+/* Drops the blobs, the pack list and its summary, and any parked request
+ * (answered ABORTED), when a new generation starts or the job is freed. */
 void gs__store_reset(gs_job_store_t *s);
 
 #endif

@@ -425,6 +425,10 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
               svc->memory_bytes - svc->unauth_memory_bytes);
   err |= emit(out, "gradsync_rpc_memory_bytes{clients=\"unauthenticated\"} %" PRIu64 "\n",
               svc->unauth_memory_bytes);
+  err |= family(out, "gradsync_job_store_bytes", "gauge",
+                "What the jobs' blobs and pack lists hold (--max-memory, a quarter of it at "
+                "most).");
+  err |= emit(out, "gradsync_job_store_bytes %" PRIu64 "\n", svc->stored_bytes);
   err |= family(out, "gradsync_rpc_unauthenticated_closed_total", "counter",
                 "Unauthenticated RPC connections closed or refused for their share of the "
                 "memory budget.");

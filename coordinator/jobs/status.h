@@ -14,6 +14,7 @@ typedef struct gs_service_info {
   uint32_t connections;
   uint32_t unauthenticated;     /* of them, not (yet) past a token check */
   uint64_t memory_bytes;        /* what the connections hold (--max-memory) */
+  uint64_t stored_bytes;        /* what the jobs' blobs and pack lists hold (the same) */
   uint64_t unauth_memory_bytes; /* the part the unauthenticated ones hold */
   uint64_t unauth_closed;       /* unauthenticated ones closed or refused for their share */
   const uint64_t *requests;     /* [GS_METHOD_COUNT] */

@@ -1,0 +1,33 @@
+/* One memory budget (--max-memory) for everything the coordinator holds
+ * for its clients, counted by each layer as it takes and gives back
+ * bytes: the connections' buffers (conn.c) and what the jobs store, their
+ * blobs and pack lists (job_store.c). Its owner (coordinator.c) holds it
+ * and hands it to both layers, which borrow it; neither sees the other
+ * through it. Counting only, on the loop's thread. */
+#ifndef GS_MEM_BUDGET_H
+#define GS_MEM_BUDGET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* What the jobs may store is at most this part of the budget (a
+ * quarter): whatever one job or tenant publishes, the connections keep
+ * room for heartbeats and replies. */
+#define GS_MEM_STORED_SHARE 4
+
+typedef struct gs_mem_budget {
+  size_t max;        /* everything together (--max-memory) */
+  size_t used;       /* held now: connections and store */
+  size_t stored;     /* of it, the jobs' blobs and pack lists */
+  size_t stored_max; /* what they may hold: max / GS_MEM_STORED_SHARE */
+} gs_mem_budget_t;
+
+/* An empty budget of `max` bytes. */
+void gs_mem_budget_init(gs_mem_budget_t *b, size_t max);
+/* Whether `n` more stored bytes fit, in the stored share and the whole. */
+bool gs_mem_budget_store_fits(const gs_mem_budget_t *b, size_t n);
+/* The store holds `add` bytes more and `sub` fewer (counted in `used`
+ * too); `sub` never passes what it counted before. */
+void gs_mem_budget_store(gs_mem_budget_t *b, size_t add, size_t sub);
+
+#endif
