@@ -560,7 +560,10 @@ void gs__rendezvous_drop(gs_job_t *job, gs_member_t *m)
 {
   if (m->waiting_index >= job->waiting_count || job->waiting[m->waiting_index] != m)
     return;
-  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+  /* A job that never started says it at debug level: a client creating
+   * jobs and leaving them would write a line each (the soak bench's job
+   * flood: 600-940 a second). Its progress lines count who waits. */
+  gs_log(job->jobs->cfg.log, job->generation ? GS_LOG_INFO : GS_LOG_DEBUG, job->name, -1,
          "node '%s' local_rank %u left the rendezvous (connection closed)", m->req.node,
          m->req.local_rank);
   remove_waiting(job, m->waiting_index, 0, NULL);
