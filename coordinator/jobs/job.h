@@ -31,6 +31,10 @@ typedef struct gs_job gs_job_t;
 /* How many settings one Join may carry (JoinRequest.settings): the RPC
  * layer's decode refuses more. */
 #define GS_JOB_MAX_SETTINGS 64
+/* After a coordinator restart, how long past the heartbeat timeout the
+ * ranks of an adopted generation have to re-register (their redial
+ * backoff is at most about 6 s). */
+#define GS_REREGISTER_SLACK_MS 15000
 
 typedef struct gs_jobs_config {
   uint64_t heartbeat_interval_ms; /* told to agents at Join */
@@ -166,7 +170,8 @@ struct gs_job {
   gradsync_Peer *peers; /* rank order, for Join replies */
   uint64_t started_ms;
   /* A generation adopted from re-registrations (a coordinator restart):
-   * its places still empty at this time are lost ranks. 0: none. */
+   * its places still empty at this time (the heartbeat timeout and
+   * GS_REREGISTER_SLACK_MS after the first) are lost ranks. 0: none. */
   uint64_t reregister_deadline_ms;
   uint64_t finished_ms; /* when it became FINISHED: forgotten after cfg.job_retention_ms */
   /* When the sweep first saw it with nothing in progress (no rendezvous

@@ -250,7 +250,11 @@ static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsyn
   job->world_max = req->world_size;
   job->state = GS_JOB_RUNNING;
   job->started_ms = call->now_ms;
-  job->reregister_deadline_ms = call->now_ms + job->jobs->cfg.heartbeat_timeout_ms;
+  /* A live rank re-registers at its next heartbeat, which after an outage
+   * may wait out its redial backoff (up to about 6 s): the heartbeat
+   * timeout and some slack. */
+  job->reregister_deadline_ms =
+      call->now_ms + job->jobs->cfg.heartbeat_timeout_ms + GS_REREGISTER_SLACK_MS;
   job->bcast_period = req->bcast_period;
   gs__job_stall_reset(job, call->now_ms);
   gs__generation_started(job, call->now_ms);
