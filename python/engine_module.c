@@ -42,7 +42,8 @@ static void on_term(int sig)
 typedef struct {
   PyObject_HEAD gs_engine_t *engine;
   bool started, finished;
-  bool on_device; /* a cuda device: pack memory is GPU memory */
+  bool on_device;        /* a cuda device: pack memory is GPU memory */
+  gs_optim_kind_t optim; /* the engine's optimizer: its groups' defaults */
   uint32_t nparams;
   uint64_t *numel; /* per registered param */
 } EngineObject;
@@ -401,6 +402,16 @@ static int parse_elastic_lr(const char *s, void *out)
   return gs_elastic_lr_parse(s, out);
 }
 
+static int parse_optimizer(const char *s, void *out)
+{
+  return gs_optim_kind_parse(s, out);
+}
+
+static int parse_nonfinite(const char *s, void *out)
+{
+  return gs_nonfinite_parse(s, out);
+}
+
 /* A count option in [lo, hi] into an int32_t or uint32_t. */
 static int set_count(PyObject *v, const char *key, long lo, long hi, void *out, bool is_signed)
 {
@@ -480,6 +491,10 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_named(v, key, parse_schedule, &c->sgd.schedule, "'constant', 'step' or 'cosine'");
   if (!strcmp(key, "elastic_lr"))
     return set_named(v, key, parse_elastic_lr, &c->elastic_lr, "'keep' or 'linear'");
+  if (!strcmp(key, "optimizer"))
+    return set_named(v, key, parse_optimizer, &c->optim, "'sgd', 'adam' or 'adamw'");
+  if (!strcmp(key, "nonfinite"))
+    return set_named(v, key, parse_nonfinite, &c->nonfinite, "'stop', 'skip' or 'off'");
   if (!strcmp(key, "resume"))
     return set_resume(c, v);
   if (!strcmp(key, "world_size"))
@@ -561,6 +576,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   }
   cfg.term_flag = &term_flag;
   self->on_device = strncmp(cfg.device, "cuda", 4) == 0;
+  self->optim = cfg.optim;
   self->engine = gs_engine_new(&cfg);
   if (!self->engine) {
     PyErr_NoMemory();
@@ -606,6 +622,145 @@ static PyObject *engine_param_rule(EngineObject *self, PyObject *args)
   if (err)
     return raise_engine(self, err);
   Py_RETURN_NONE;
+}
+
+/* A group's hyperparameters from a torch.optim param_group dict (the keys
+ * it lacks keep torch's defaults; "betas" is a pair), as doubles, the
+ * Python floats torch computes with. */
+static int group_from_dict(PyObject *d, gs_optim_group_t *g)
+{
+  static const struct {
+    const char *key;
+    size_t off;
+  } floats[] = {
+      {"lr", offsetof(gs_optim_group_t, lr)},
+      {"weight_decay", offsetof(gs_optim_group_t, weight_decay)},
+      {"momentum", offsetof(gs_optim_group_t, momentum)},
+      {"dampening", offsetof(gs_optim_group_t, dampening)},
+      {"eps", offsetof(gs_optim_group_t, eps)},
+  };
+  static const struct {
+    const char *key;
+    size_t off;
+  } flags[] = {
+      {"nesterov", offsetof(gs_optim_group_t, nesterov)},
+      {"amsgrad", offsetof(gs_optim_group_t, amsgrad)},
+      {"maximize", offsetof(gs_optim_group_t, maximize)},
+  };
+  PyObject *v;
+
+  if (!PyDict_Check(d)) {
+    PyErr_SetString(PyExc_TypeError, "a group is a dict (torch.optim's param_group)");
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++) {
+    double x;
+
+    v = PyDict_GetItemString(d, floats[i].key); /* borrowed */
+    if (!v)
+      continue;
+    x = PyFloat_AsDouble(v); /* a float, an int, a 0-dim tensor */
+    if (x == -1.0 && PyErr_Occurred())
+      return -1;
+    *(double *)((char *)g + floats[i].off) = x;
+  }
+  for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+    int t;
+
+    v = PyDict_GetItemString(d, flags[i].key);
+    if (!v)
+      continue;
+    t = PyObject_IsTrue(v);
+    if (t < 0)
+      return -1;
+    *(bool *)((char *)g + flags[i].off) = t;
+  }
+  v = PyDict_GetItemString(d, "betas");
+  if (v) {
+    double b1, b2;
+
+    if (!PyArg_ParseTuple(v, "dd", &b1, &b2))
+      return -1;
+    g->beta1 = b1;
+    g->beta2 = b2;
+  }
+  return 0;
+}
+
+static PyObject *engine_add_group(EngineObject *self, PyObject *arg)
+{
+  gs_optim_group_t g;
+  int idx;
+
+  if (!check_open(self, false))
+    return NULL;
+  gs_optim_group_default(self->optim, &g);
+  if (group_from_dict(arg, &g) < 0)
+    return NULL;
+  idx = gs_engine_add_group(self->engine, &g);
+  if (idx < 0)
+    return raise_engine(self, idx);
+  return PyLong_FromLong(idx);
+}
+
+static PyObject *engine_param_group(EngineObject *self, PyObject *args)
+{
+  unsigned int i, group;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "II", &i, &group) || !check_open(self, false))
+    return NULL;
+  err = gs_engine_param_group(self->engine, i, group);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+/* set_group(k, dict): the whole group again (a scheduler's lr), torch's
+ * defaults for what the dict lacks. */
+static PyObject *engine_set_group(EngineObject *self, PyObject *args)
+{
+  unsigned int k;
+  PyObject *d;
+  gs_optim_group_t g;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "IO", &k, &d) || !check_open(self, false))
+    return NULL;
+  gs_optim_group_default(self->optim, &g);
+  if (group_from_dict(d, &g) < 0)
+    return NULL;
+  err = gs_engine_set_group(self->engine, k, &g);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+/* state(i, slot) -> Buffer of parameter i's optimizer state `slot`. */
+static PyObject *engine_state(EngineObject *self, PyObject *args)
+{
+  unsigned int i, slot;
+  float *p;
+
+  if (!PyArg_ParseTuple(args, "II", &i, &slot) || !check_open(self, true))
+    return NULL;
+  if (i >= self->nparams || slot >= gs_engine_state_count(self->engine)) {
+    PyErr_Format(PyExc_IndexError, "no state %u of parameter %u", slot, i);
+    return NULL;
+  }
+  p = gs_engine_state(self->engine, i, slot);
+  return buffer_new(self, p, (Py_ssize_t)(self->numel[i] * sizeof(float)));
+}
+
+static PyObject *engine_optim_steps(EngineObject *self, PyObject *args)
+{
+  unsigned long long n = 0;
+
+  if (!PyArg_ParseTuple(args, "|K", &n) || !check_open(self, true))
+    return NULL;
+  if (PyTuple_Size(args) == 1)
+    gs_engine_set_optim_steps(self->engine, n);
+  return PyLong_FromUnsignedLongLong(gs_engine_optim_steps(self->engine));
 }
 
 static PyObject *engine_add_setting(EngineObject *self, PyObject *args)
@@ -826,14 +981,15 @@ static PyObject *step_result(EngineObject *self, const gs_step_result_t *r)
   if (!resume)
     return NULL;
   return Py_BuildValue(
-      "{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:d,s:d,s:O,s:N,s:d,s:d,s:I,s:I}", "stop",
+      "{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:O,s:d,s:d,s:O,s:N,s:d,s:d,s:I,s:I}", "stop",
       r->stop ? Py_True : Py_False, "stop_reason", r->stop_reason, "bcast_period", r->bcast_period,
       "period_changed", r->period_changed ? Py_True : Py_False, "broadcast",
       r->broadcast ? Py_True : Py_False, "checkpoint", r->checkpoint ? Py_True : Py_False,
-      "nonfinite", r->nonfinite ? Py_True : Py_False, "comm_wait_ms", r->comm_wait_ms,
-      "optimizer_ms", r->optimizer_ms, "regrouped", r->regrouped ? Py_True : Py_False, "resume",
-      resume, "detect_ms", r->detect_ms, "regroup_ms", r->regroup_ms, "rank",
-      gs_engine_rank(self->engine), "world_size", gs_engine_world_size(self->engine));
+      "nonfinite", r->nonfinite ? Py_True : Py_False, "skipped", r->skipped ? Py_True : Py_False,
+      "comm_wait_ms", r->comm_wait_ms, "optimizer_ms", r->optimizer_ms, "regrouped",
+      r->regrouped ? Py_True : Py_False, "resume", resume, "detect_ms", r->detect_ms, "regroup_ms",
+      r->regroup_ms, "rank", gs_engine_rank(self->engine), "world_size",
+      gs_engine_world_size(self->engine));
 }
 
 static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
@@ -846,10 +1002,31 @@ static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
     return NULL;
   memset(&r, 0, sizeof(r));
   Py_BEGIN_ALLOW_THREADS err = gs_engine_end_step(self->engine, &r);
-  Py_END_ALLOW_THREADS if (err && !r.nonfinite) /* a non-finite loss is a stop every rank takes, not
-                                                   an error */
+  Py_END_ALLOW_THREADS if (err && !r.nonfinite) /* a non-finite step is a stop every rank
+                                                   takes, not an error */
       return raise_engine(self, err);
   return step_result(self, &r);
+}
+
+static PyObject *engine_synchronize(EngineObject *self, PyObject *args)
+{
+  int scale = 1, err;
+
+  if (!PyArg_ParseTuple(args, "|p", &scale) || !check_open(self, true))
+    return NULL;
+  Py_BEGIN_ALLOW_THREADS err = gs_engine_synchronize(self->engine, scale);
+  Py_END_ALLOW_THREADS if (err) return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_scale_step(EngineObject *self, PyObject *args)
+{
+  float factor;
+
+  if (!PyArg_ParseTuple(args, "f", &factor) || !check_open(self, true))
+    return NULL;
+  gs_engine_scale_step(self->engine, factor);
+  Py_RETURN_NONE;
 }
 
 /* Sums a writable float32 buffer over the ranks, in place. */
@@ -930,6 +1107,17 @@ static PyMethodDef engine_methods[] = {
      "register(name, numel, is_bias=False) -> index: a float32 parameter, in forward order"},
     {"param_rule", (PyCFunction)engine_param_rule, METH_VARARGS,
      "param_rule(i, lr_mult, weight_decay): parameter i's own, before start"},
+    {"add_group", (PyCFunction)engine_add_group, METH_O,
+     "add_group(dict) -> index: an optimizer parameter group (torch's keys), before start"},
+    {"param_group", (PyCFunction)engine_param_group, METH_VARARGS,
+     "param_group(i, group): parameter i's group, before start"},
+    {"set_group", (PyCFunction)engine_set_group, METH_VARARGS,
+     "set_group(k, dict): group k's hyperparameters from the next step on"},
+    {"state", (PyCFunction)engine_state, METH_VARARGS,
+     "state(i, slot) -> Buffer of parameter i's optimizer state (SGD: 0 momentum; Adam: 0 "
+     "exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq)"},
+    {"optim_steps", (PyCFunction)engine_optim_steps, METH_VARARGS,
+     "optim_steps([n]) -> the updates applied (set to n first when given)"},
     {"add_setting", (PyCFunction)engine_add_setting, METH_VARARGS,
      "add_setting(name, value): a value every rank must share, compared at Join"},
     {"start", (PyCFunction)engine_start, METH_NOARGS,
@@ -951,6 +1139,11 @@ static PyMethodDef engine_methods[] = {
     {"end_step", (PyCFunction)engine_end_step, METH_NOARGS,
      "waits for the allreduces, applies SGD: the step's decisions as a dict (with 'regrouped', "
      "'resume' (step, epoch, sample) or None, 'rank', 'world_size')"},
+    {"synchronize", (PyCFunction)engine_synchronize, METH_VARARGS,
+     "synchronize(scale=True): the step's allreduces done and checked, the update not applied; "
+     "with scale the sums become the gradients the update uses (the mean's 1/world applied)"},
+    {"scale_step", (PyCFunction)engine_scale_step, METH_VARARGS,
+     "scale_step(factor): this step's gradients times factor in the update (clipping)"},
     {"allreduce_sum", (PyCFunction)engine_allreduce_sum, METH_O,
      "allreduce_sum(buffer): sums float32 memory over the ranks, in place; WorldChanged when an "
      "elastic job regrouped meanwhile (sum again)"},

@@ -66,7 +66,7 @@ static void tstate_wire(tstate_t *t, uint64_t step, uint64_t hash)
   t->bufs[2] = (gs_ckpt_buffer_t){t->c, COUNT(t->c)};
   t->bufs[3] = (gs_ckpt_buffer_t){t->d, COUNT(t->d)};
   t->st = (gs_ckpt_state_t){
-      step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0, 0, 0};
+      step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0, 0, 0, 0};
 }
 
 /* Fills the buffers with special values (NaNs with payloads, signed zeros,
@@ -315,8 +315,8 @@ START_TEST(large_buffer)
   float *data = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
   char *dir = make_dir(), path[PATH_MAX], why[512];
   gs_ckpt_buffer_t b = {data, n}, bb = {back, n};
-  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0, 0},
-                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0, 0};
+  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0, 0, 0},
+                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0, 0, 0};
 
   ck_assert_ptr_nonnull(data);
   ck_assert_ptr_nonnull(back);
@@ -441,8 +441,9 @@ START_TEST(corrupt_byte_falls_back)
 END_TEST
 
 /* Every byte of a small file, three different flips each: no single
- * changed byte gets through. Twice: version 1, and version 4 (a flip in
- * the description length, world size or sample offset included). */
+ * changed byte gets through. Twice: version 1, and version 5 (a flip in
+ * the description length, world size, sample offset or optimizer steps
+ * included). */
 START_TEST(every_byte_checked)
 {
   static const uint8_t masks[] = {0x01, 0x80, 0xff};
@@ -454,18 +455,18 @@ START_TEST(every_byte_checked)
 
   ck_assert_ptr_nonnull(devnull);
   for (uint32_t world = 0; world <= 2; world += 2) {
-    gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, world, 0x1122334455667788ULL, 0};
-    gs_ckpt_state_t sb = {2, 0, 6, HASH, 2, bb, NULL, world, 0x8877665544332211ULL, 0};
+    gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, world, 0x1122334455667788ULL, 0, 77};
+    gs_ckpt_state_t sb = {2, 0, 6, HASH, 2, bb, NULL, world, 0x8877665544332211ULL, 0, 88};
     char *dir = make_dir(), path[PATH_MAX], why[512];
     long size;
 
     ck_assert_int_eq(gs_checkpoint_save(dir, &sa, 0, NULL, 0, why, sizeof(why)), 0);
     ck_assert_int_eq(gs_checkpoint_save(dir, &sb, 0, path, sizeof(path), why, sizeof(why)), 0);
     size = file_size(path);
-    ck_assert_int_eq(size, 48 + 8 + 12 + 8 + (world ? 4 + 4 + 8 : 0) + 12);
+    ck_assert_int_eq(size, 48 + 8 + 12 + 8 + (world ? 4 + 4 + 8 + 8 : 0) + 12);
     for (long off = 0; off < size; off++) {
       for (uint32_t m = 0; m < COUNT(masks); m++) {
-        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7, 0};
+        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7, 0, 0};
         int err;
 
         memset(got, 0, sizeof(got));
@@ -476,6 +477,8 @@ START_TEST(every_byte_checked)
                       (unsigned long long)sg.step);
         ck_assert_uint_eq(sg.world_size, world);
         ck_assert_uint_eq(sg.sample, world ? sa.sample : 0);
+        /* Version 5 stores the optimizer steps; before it they are the step. */
+        ck_assert_uint_eq(sg.optim_steps, world ? sa.optim_steps : sa.step);
         ck_assert(memcmp(got, a, sizeof(a)) == 0);
         xor_byte(path, off, masks[m]);
       }
@@ -580,16 +583,17 @@ static void write_with_crc(const char *path, uint8_t *data, size_t len)
   write_file(path, data, len);
 }
 
-/* Turns the version 4 file at `path` into the version 3 file the writer
- * made of the same state before version 4: no sample offset. */
-static void rewrite_as_v3(const char *path)
+/* Turns the file of version `version` + 1 at `path` into the file of
+ * `version` the writer made of the same state before: without its last
+ * field (version 5's optimizer steps, version 4's sample offset). */
+static void rewrite_as_older(const char *path, uint8_t version)
 {
   size_t len;
   uint8_t *data = read_whole(path, &len);
 
-  ck_assert_uint_eq(data[8], 4);
-  data[8] = 3;
-  memmove(data + len - 12 - 8, data + len - 12, 12); /* the trailer over the sample */
+  ck_assert_uint_eq(data[8], version + 1);
+  data[8] = version;
+  memmove(data + len - 12 - 8, data + len - 12, 12); /* the trailer over the last field */
   write_with_crc(path, data, len - 8);
   free(data);
 }
@@ -807,7 +811,7 @@ START_TEST(world_size_stored)
   t.st.world_size = 4;
   save(dir, &t, 0);
   name_of(path, sizeof(path), dir, 100);
-  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 12);
+  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 8 + 12);
   tstate_blank(&got, HASH);
   got.st.desc = "layers 784,256,10";
   ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
@@ -856,6 +860,36 @@ static void expect_refused(const char *path, const char *want, const char *what)
   ck_assert_msg(strstr(why, path) && strstr(why, want), "%s: want '%s' in '%s'", what, want, why);
 }
 
+/* The u64 right before the trailer of the file `data` (`size` bytes, at
+ * `path`): a flip in any of its bytes is a CRC mismatch, and a file that
+ * ends inside it (or right before it), its trailer kept, "ends before
+ * `name`". Leaves the file as `data`. */
+static void expect_last_field_checked(const char *path, const uint8_t *data, size_t size,
+                                      const char *name)
+{
+  size_t at = size - 12 - 8;
+  uint8_t *cut = malloc(size);
+  char what[96], refusal[96];
+
+  ck_assert_ptr_nonnull(cut);
+  for (size_t i = 0; i < 8; i++) {
+    snprintf(what, sizeof(what), "%s: byte %zu flipped", name, i);
+    xor_byte(path, (long)(at + i), 0x40);
+    expect_refused(path, "CRC mismatch", what);
+    xor_byte(path, (long)(at + i), 0x40);
+  }
+  snprintf(refusal, sizeof(refusal), "ends before %s", name);
+  for (size_t k = 0; k < 8; k++) {
+    memcpy(cut, data, at + k);
+    memcpy(cut + at + k, data + size - 12, 12);
+    write_file(path, cut, at + k + 12);
+    snprintf(what, sizeof(what), "%zu bytes of %s", k, name);
+    expect_refused(path, refusal, what);
+  }
+  write_file(path, data, size);
+  free(cut);
+}
+
 /* Version 4 stores the in-epoch sample offset after the world size: it
  * loads back, a flip in any of its bytes is a CRC mismatch, a file that
  * ends inside it is truncated, one byte more is refused, and a version 3
@@ -873,6 +907,7 @@ START_TEST(sample_stored)
   t.st.sample = 0x0102030405060708ULL;
   save(dir, &t, 0);
   name_of(path, sizeof(path), dir, 100);
+  rewrite_as_older(path, 4);
   data = read_whole(path, &size);
   ck_assert_uint_eq(size, 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 12);
   ck_assert_uint_eq(data[8], 4); /* version 4, little-endian */
@@ -884,25 +919,12 @@ START_TEST(sample_stored)
   expect_same(&got, &t);
   ck_assert_uint_eq(got.st.sample, 0x0102030405060708ULL);
 
-  for (size_t i = 0; i < 8; i++) {
-    snprintf(what, sizeof(what), "sample byte %zu flipped", i);
-    xor_byte(path, (long)(at + i), 0x40);
-    expect_refused(path, "CRC mismatch", what);
-    xor_byte(path, (long)(at + i), 0x40);
-  }
+  expect_last_field_checked(path, data, size, "the sample offset");
 
-  /* The file ends inside the sample (or right before it), its trailer
-   * kept; then cut plainly, where the sample is the first field that the
+  /* Then cut plainly, where the sample is the first field that the
    * trailer leaves no room for. */
   cut = malloc(size + 1);
   ck_assert_ptr_nonnull(cut);
-  for (size_t k = 0; k < 8; k++) {
-    memcpy(cut, data, at + k);
-    memcpy(cut + at + k, data + size - 12, 12);
-    write_file(path, cut, at + k + 12);
-    snprintf(what, sizeof(what), "%zu bytes of the sample", k);
-    expect_refused(path, "ends before the sample offset", what);
-  }
   for (size_t len = at + 12; len < size; len++) {
     write_file(path, data, len);
     snprintf(what, sizeof(what), "cut at %zu of %zu", len, size);
@@ -921,13 +943,13 @@ START_TEST(sample_stored)
 
   /* A version from the future is named. */
   memcpy(cut, data, size);
-  cut[8] = 5;
+  cut[8] = 6;
   write_with_crc(path, cut, size);
-  expect_refused(path, "format version 5, this build reads versions 1 to 4", "version 5");
+  expect_refused(path, "format version 6, this build reads versions 1 to 5", "version 6");
 
   /* Version 3, as written before version 4: no sample, sample 0. */
   write_file(path, data, size);
-  rewrite_as_v3(path);
+  rewrite_as_older(path, 3);
   ck_assert_int_eq(file_size(path), (long)size - 8);
   tstate_blank(&got, HASH);
   ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
@@ -939,6 +961,44 @@ START_TEST(sample_stored)
   ck_assert_int_eq(gs_checkpoint_load_latest(dir, &got.st, NULL, NULL, 0, why, sizeof(why)), 0);
   ck_assert_uint_eq(got.st.sample, 0);
   free(cut);
+  free(data);
+  rm_dir(dir);
+}
+END_TEST
+
+/* Version 5 stores the optimizer's steps after the sample offset: they
+ * load back, a flip in any of their bytes is a CRC mismatch, a file that
+ * ends inside them is refused, and a version 4 file loads with the step. */
+START_TEST(optim_steps_stored)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[1024] = "";
+  tstate_t t, got;
+  size_t size, at;
+  uint8_t *data;
+
+  tstate_fill(&t, 100, 1);
+  t.st.desc = "layers 784,128,10";
+  t.st.world_size = 4;
+  t.st.sample = 5;
+  t.st.optim_steps = 0x0102030405060708ULL;
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 100);
+  data = read_whole(path, &size);
+  ck_assert_uint_eq(data[8], 5);
+  at = size - 12 - 8; /* the optimizer steps: little-endian, before the trailer */
+  for (size_t i = 0; i < 8; i++)
+    ck_assert_uint_eq(data[at + i], 8 - i);
+  tstate_blank(&got, HASH);
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+  expect_same(&got, &t);
+  ck_assert_uint_eq(got.st.sample, 5);
+  ck_assert_uint_eq(got.st.optim_steps, 0x0102030405060708ULL);
+  expect_last_field_checked(path, data, size, "the optimizer steps");
+  rewrite_as_older(path, 4);
+  tstate_blank(&got, HASH);
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+  ck_assert_uint_eq(got.st.sample, 5);
+  ck_assert_uint_eq(got.st.optim_steps, 100);
   free(data);
   rm_dir(dir);
 }
@@ -1079,7 +1139,7 @@ END_TEST
 START_TEST(bad_arguments)
 {
   char *dir = make_dir(), why[512] = "";
-  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0, 0};
+  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0, 0, 0};
   gs_ckpt_buffer_t b = {NULL, 3};
   gs_ckpt_buffer_t huge = {(float *)&b, UINT64_MAX / 2};
 
@@ -1147,9 +1207,9 @@ static unsigned long long read_ull(FILE *f)
   return v;
 }
 
-/* Checks that the Python reader printed exactly `t`'s contents (the
- * sample offset only when `sample`: a file of version 4). */
-static void expect_python_output(FILE *f, const tstate_t *t, bool sample)
+/* Checks that the Python reader printed exactly `t`'s contents, as a file
+ * of `version` holds them. */
+static void expect_python_output(FILE *f, const tstate_t *t, int version)
 {
   expect_token(f, "step");
   ck_assert_uint_eq(read_ull(f), t->st.step);
@@ -1172,9 +1232,13 @@ static void expect_python_output(FILE *f, const tstate_t *t, bool sample)
     expect_token(f, "world_size");
     ck_assert_uint_eq(read_ull(f), t->st.world_size);
   }
-  if (sample) {
+  if (version >= 4) {
     expect_token(f, "sample");
     ck_assert_uint_eq(read_ull(f), t->st.sample);
+  }
+  if (version >= 5) {
+    expect_token(f, "optim_steps");
+    ck_assert_uint_eq(read_ull(f), t->st.optim_steps);
   }
   for (uint32_t i = 0; i < t->st.nbuf; i++) {
     expect_token(f, "buffer");
@@ -1200,7 +1264,7 @@ static void expect_python_output(FILE *f, const tstate_t *t, bool sample)
 /* Runs the reader `script` on `ckpt`, its output into `out`, and checks
  * that it printed `t`. */
 static void expect_reader(const char *script, const char *ckpt, const char *out, const tstate_t *t,
-                          bool sample)
+                          int version)
 {
   char cmd[4 * PATH_MAX];
   FILE *f;
@@ -1209,7 +1273,7 @@ static void expect_reader(const char *script, const char *ckpt, const char *out,
   ck_assert_int_eq(system(cmd), 0);
   f = fopen(out, "r");
   ck_assert_ptr_nonnull(f);
-  expect_python_output(f, t, sample);
+  expect_python_output(f, t, version);
   fclose(f);
 }
 
@@ -1234,34 +1298,37 @@ START_TEST(python_reader)
   t.st.rng_state = UINT64_MAX;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1234);
-  expect_reader(script, ckpt, out, &t, false);
+  expect_reader(script, ckpt, out, &t, 1);
 
   /* Version 2, with the layout described. */
   tstate_fill(&t, 1235, 10);
   t.st.desc = "layers 784,256,10";
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1235);
-  expect_reader(script, ckpt, out, &t, false);
+  expect_reader(script, ckpt, out, &t, 2);
 
-  /* Version 4, with the world size and the sample offset; and without a
-   * description. */
+  /* Version 5, with the world size, the sample offset and the optimizer
+   * steps; and without a description. */
   tstate_fill(&t, 1236, 11);
   t.st.desc = "layers 784,256,10";
   t.st.world_size = 12;
   t.st.sample = UINT64_MAX - 1;
+  t.st.optim_steps = 1234567;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1236);
-  expect_reader(script, ckpt, out, &t, true);
+  expect_reader(script, ckpt, out, &t, 5);
   tstate_fill(&t, 1237, 12);
   t.st.world_size = 3;
   t.st.sample = 60000;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1237);
-  expect_reader(script, ckpt, out, &t, true);
+  expect_reader(script, ckpt, out, &t, 5);
 
-  /* Version 3: the world size, no sample offset. */
-  rewrite_as_v3(ckpt);
-  expect_reader(script, ckpt, out, &t, false);
+  /* Version 4: no optimizer steps; version 3: no sample offset either. */
+  rewrite_as_older(ckpt, 4);
+  expect_reader(script, ckpt, out, &t, 4);
+  rewrite_as_older(ckpt, 3);
+  expect_reader(script, ckpt, out, &t, 3);
 
   /* The reader refuses a corrupt file too. */
   xor_byte(ckpt, 48 + 8 + 5, 0x04);
@@ -1299,6 +1366,7 @@ static Suite *checkpoint_suite(void)
   suite_add_tcase(s, tcase("layout_description", layout_description));
   suite_add_tcase(s, tcase("world_size_stored", world_size_stored));
   suite_add_tcase(s, tcase("sample_stored", sample_stored));
+  suite_add_tcase(s, tcase("optim_steps_stored", optim_steps_stored));
   suite_add_tcase(s, tcase("wrong_counts", wrong_counts));
   suite_add_tcase(s, tcase("empty_or_missing_dir", empty_or_missing_dir));
   suite_add_tcase(s, tcase("unwritable_dir", unwritable_dir));

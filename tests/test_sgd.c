@@ -1,13 +1,15 @@
-/* Tests for agent/device/sgd.c: three update steps against values worked out by
- * hand (exact rational arithmetic, written here as literals), for plain
- * momentum, Nesterov, no momentum, a bias segment with its own LR
- * multiplier and decay, and a gradient scale; the learning-rate schedules;
- * and the configuration checks. */
+/* Tests for SGD (agent/device/optim.c's SGD loops, sgd.c's settings):
+ * three update steps against values worked out by hand (exact rational
+ * arithmetic, written here as literals), for plain momentum, Nesterov, no
+ * momentum, a bias segment in a group with its own lr and decay, and a
+ * gradient scale; the learning-rate schedules; and the configuration
+ * checks. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "optim.h"
 #include "sgd.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
@@ -20,23 +22,35 @@ static const float grads[3][6] = {
     {0.5f, -0.5f, 0.0f, 0.25f, 0.5f, 0.5f},
     {0.5f, 0.25f, 2.0f, -1.0f, -1.0f, 0.0f},
 };
-static const gs_sgd_segment_t segs[] = {{0, 4, 1.0f, 0.1f}, {4, 2, 2.0f, 0.0f}};
+static const gs_optim_segment_t segs[] = {{0, 4, 0}, {4, 2, 1}};
 
-/* lr 0.5, then runs three steps and compares the params after each with
- * want[step]. `momentum` 0 passes no buffer. */
+/* Step `t` (1-based) of SGD over a pack: group 0 at lr 0.5 with decay 0.1,
+ * group 1 (the biases) at lr 1 without decay. `buf` may be NULL without
+ * momentum. */
+static void sgd_step(float momentum, bool nesterov, float grad_scale, uint64_t t,
+                     const gs_optim_segment_t *s, uint32_t nseg, float *p, const float *g,
+                     float *buf)
+{
+  const gs_optim_group_t groups[2] = {
+      {.lr = 0.5f, .weight_decay = 0.1f, .momentum = momentum, .nesterov = nesterov},
+      {.lr = 1.0f, .weight_decay = 0.0f, .momentum = momentum, .nesterov = nesterov},
+  };
+  const gs_optim_step_t st = {GS_OPTIM_SGD, groups, 2, t, grad_scale};
+  float *const state[GS_OPTIM_MAX_STATE] = {buf, NULL, NULL};
+
+  gs_optim_step_pack(&st, s, nseg, p, g, state);
+}
+
+/* Runs three steps and compares the params after each with want[step]. */
 static void run_steps(float momentum, bool nesterov, float grad_scale, const double want[3][6])
 {
-  gs_sgd_config_t c;
   float p[6], buf[6] = {0};
   uint32_t s, i;
 
-  gs_sgd_config_default(&c);
-  c.momentum = momentum;
-  c.nesterov = nesterov;
   memcpy(p, p0, sizeof(p));
   for (s = 0; s < 3; s++) {
-    gs_sgd_step_pack(&c, 0.5f, grad_scale, segs, COUNT(segs), p, grads[s],
-                     momentum == 0.0f ? NULL : buf);
+    sgd_step(momentum, nesterov, grad_scale, s + 1, segs, COUNT(segs), p, grads[s],
+             momentum == 0.0f ? NULL : buf);
     for (i = 0; i < 6; i++)
       ck_assert_msg(fabs(p[i] - want[s][i]) <= 1e-5 * fmax(1.0, fabs(want[s][i])),
                     "step %u element %u: %.9g, want %.9g", s + 1, i, p[i], want[s][i]);
@@ -106,21 +120,18 @@ END_TEST
 static void run_long(float momentum, bool nesterov, float grad_scale, double even, double odd)
 {
   enum { N = 1000 + 37, OFF = 3 };
-  gs_sgd_segment_t s[] = {{OFF, N, 1.0f, 0.1f}, {OFF + N, 0, 5.0f, 9.0f}};
+  gs_optim_segment_t s[] = {{OFF, N, 0}, {OFF + N, 0, 1}};
   float *p = malloc((N + 2 * OFF) * sizeof(float)), *g = malloc((N + 2 * OFF) * sizeof(float));
   float *buf = calloc(N + 2 * OFF, sizeof(float));
-  gs_sgd_config_t c;
   uint32_t i, step;
 
-  gs_sgd_config_default(&c);
-  c.momentum = momentum;
-  c.nesterov = nesterov;
   for (i = 0; i < N + 2 * OFF; i++)
     p[i] = p0[(i + 1) % 2]; /* element OFF gets p0[0] */
   for (step = 0; step < 3; step++) {
     for (i = 0; i < N + 2 * OFF; i++)
       g[i] = grads[step][(i + 1) % 2];
-    gs_sgd_step_pack(&c, 0.5f, grad_scale, s, COUNT(s), p, g, momentum == 0.0f ? NULL : buf);
+    sgd_step(momentum, nesterov, grad_scale, step + 1, s, COUNT(s), p, g,
+             momentum == 0.0f ? NULL : buf);
   }
   for (i = 0; i < N + 2 * OFF; i++) {
     double want = (i + 1) % 2 ? odd : even;

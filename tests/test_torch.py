@@ -40,18 +40,31 @@ def result(out, rank):
     return torch.load(os.path.join(out, f"rank-{rank}.pt"))
 
 
-def reference(steps, batch, world, lr, momentum, wd, nesterov):
-    """One plain PyTorch process on the global batch."""
+def reference(steps, batch, world, lr=0.1, momentum=0.0, wd=0.0, nesterov=False, optimizer=None,
+              clip=None):
+    """One plain PyTorch process on the global batch: torch.optim.SGD, or
+    torch_worker.make_optimizer(model, optimizer) with its StepLR; with
+    `clip`, clip_grad_norm_ to it each step. The params, the optimizer's
+    state_dict and the norms clipping saw."""
     model = torch_worker.mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd,
-                          nesterov=nesterov)
+    if optimizer:
+        opt = torch_worker.make_optimizer(model, optimizer)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.5)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd,
+                              nesterov=nesterov)
     x, y = torch_worker.data(steps, batch, world)
+    norms = []
     for s in range(steps):
         loss = F.cross_entropy(model(x[s]), y[s])
         opt.zero_grad()
         loss.backward()
+        if clip:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
         opt.step()
-    return [p.detach() for p in model.parameters()]
+        if optimizer:
+            sched.step()
+    return [p.detach() for p in model.parameters()], opt.state_dict(), norms
 
 
 def rel(a, b):
@@ -66,7 +79,7 @@ def case_equivalence(tmp):
     with half the learning rate (and twice the decay, which the learning
     rate scales) too."""
     for momentum, wd, nesterov in ((0.9, 1e-3, False), (0.9, 1e-3, True), (0.0, 0.0, False)):
-        want = reference(50, 8, 2, 0.1, momentum, wd, nesterov)
+        want = reference(50, 8, 2, 0.1, momentum, wd, nesterov)[0]
         for reduce, lr, decay in (("mean", 0.1, wd), ("sum", 0.05, 2 * wd)):
             out = tempfile.mkdtemp(dir=tmp)
             run(2, "equivalence", out, f"reduce={reduce}", f"lr={lr}", f"momentum={momentum}",
@@ -77,6 +90,69 @@ def case_equivalence(tmp):
             assert err < 1e-5, (momentum, wd, nesterov, reduce, err)
             print(f"momentum {momentum} wd {wd} nesterov {nesterov} reduce {reduce}: "
                   f"relative error {err:.2e}")
+
+
+def state_tensors(sd):
+    """The state_dict's tensors in a fixed order: (index, name, tensor)."""
+    return [(i, k, v) for i in sorted(sd["state"]) for k, v in sorted(sd["state"][i].items())
+            if isinstance(v, torch.Tensor)]
+
+
+def case_optimizers(tmp):
+    """optimizer=torch.optim.SGD/Adam/AdamW (two groups, a StepLR
+    scheduler), fused in the engine: 100 steps at world 2 x batch 8 and
+    world 1 x batch 16 equal one torch process with batch 16, in the
+    params and in every state tensor of state_dict(), to 1e-6."""
+    for name in ("sgd", "nesterov", "adam", "adamw", "adamw_max"):
+        want, want_sd, _ = reference(100, 8, 2, optimizer=name)
+        for world, batch in ((2, 8), (1, 16)):
+            out = tempfile.mkdtemp(dir=tmp)
+            run(world, "optimizers", out, f"opt={name}", f"batch={batch}")
+            got = result(out, 0)
+            assert got["isinstance_optimizer"]
+            err = rel(got["params"], want)
+            assert err < 1e-6, (name, world, err)
+            mine, theirs = state_tensors(got["state"]), state_tensors(want_sd)
+            assert [(i, k) for i, k, _ in mine] == [(i, k) for i, k, _ in theirs], \
+                (name, [(i, k) for i, k, _ in mine], [(i, k) for i, k, _ in theirs])
+            worst = max(rel([a], [b]) for (_, _, a), (_, _, b) in zip(mine, theirs))
+            assert worst < 1e-6, (name, world, worst)
+            assert [g["lr"] for g in got["state"]["param_groups"]] == \
+                [g["lr"] for g in want_sd["param_groups"]], got["state"]["param_groups"]
+            print(f"{name} world {world}: params relative error {err:.2e}, state {worst:.2e}")
+
+
+def case_accumulate(tmp):
+    """no_sync(): 2 ranks x 4 micro-batches of 4, the first three inside
+    no_sync(), equal one torch process with batch 32 per step (also when
+    zero_grad sets the gradients to None)."""
+    want = reference(30, 16, 2, 0.1, 0.9, 1e-3, False)[0]
+    for none in ("0", "1"):
+        out = tempfile.mkdtemp(dir=tmp)
+        run(2, "accumulate", out, f"set_to_none={none}")
+        got = [result(out, r)["params"] for r in (0, 1)]
+        assert all(torch.equal(a, b) for a, b in zip(*got)), "the ranks' params differ"
+        err = rel(got[0], want)
+        assert err < 1e-6, (none, err)
+        print(f"accumulation of 4 micro-batches (set_to_none={none}): relative error {err:.2e}")
+
+
+def case_clip(tmp):
+    """Clipping by the global norm of the reduced gradients: opt.clip_grad_norm_,
+    max_grad_norm=, and opt.synchronize() before torch's own clip_grad_norm_
+    all equal one torch process with batch 16 that clips (norms too)."""
+    want, _, want_norms = reference(30, 8, 2, lr=0.5, momentum=0.9, clip=0.5)
+    assert sum(n > 0.5 for n in want_norms) >= 5, want_norms  # the clip acts
+    for mode in ("method", "ctor", "torch"):
+        out = tempfile.mkdtemp(dir=tmp)
+        run(2, "clip", out, f"mode={mode}")
+        got = result(out, 0)
+        err = rel(got["params"], want)
+        assert err < 1e-5, (mode, err)
+        if mode != "ctor":
+            assert max(abs(a - b) / b for a, b in zip(got["norms"], want_norms)) < 1e-5, \
+                (got["norms"], want_norms)
+        print(f"clip ({mode}): relative error {err:.2e}")
 
 
 def case_zero_copy(tmp):
@@ -174,10 +250,13 @@ def case_errors(tmp):
     error within the join timeout."""
     out = tempfile.mkdtemp(dir=tmp)
     p = run(2, "unlike_models", out, check=False)
-    m = re.search(r"ModelMismatch: the ranks' models differ: parameter (\d+) '([^']+)' "
-                  r"\(shape \[(\d+), 20\]", p.stdout)
-    assert p.returncode != 0 and m and m.group(2) == "0.weight", p.stdout[-3000:]
-    print(f"unlike models: {m.group(0)}")
+    # Each rank names its own parameter, its own rank and the other one.
+    found = re.findall(r"ModelMismatch: the ranks' models differ: parameter 0 '0.weight' "
+                       r"\(shape \[(\d+), 20\]\) on this rank \(rank (\d)\) differs from "
+                       r"rank (\d)'s", p.stdout)
+    assert p.returncode != 0 and sorted(found) == [("16", "0", "1"), ("17", "1", "0")], \
+        p.stdout[-3000:]
+    print(f"unlike models, each rank's words: {found}")
 
     p = run(2, "unused", out, check=False)
     assert p.returncode != 0 and "parameter(s) got no gradient this step (unused.weight, " \
@@ -186,12 +265,32 @@ def case_errors(tmp):
     run(2, "unused", out2, "find=1")
     print("unused parameter: an error naming it; a zero gradient with find_unused_parameters")
 
-    out3 = tempfile.mkdtemp(dir=tmp)
-    p = run(2, "nan_loss", out3)
-    stops = re.findall(r"stopped at step (\d+): (.*)", p.stdout)
-    assert len(stops) == 2 and stops[0][0] == stops[1][0] == "5", p.stdout[-3000:]
-    assert "on rank(s) 1;" in stops[0][1], stops
-    print(f"NaN loss on rank 1: both stopped at step 5: {stops[0][1]}")
+    # A NaN loss (its gradients NaN): the step is not applied (the params
+    # after it are those of step 4), both stop at it, and both exit 1; a
+    # NaN in one gradient alone (the loss finite) names the parameter.
+    out4 = tempfile.mkdtemp(dir=tmp)
+    run(2, "nan_loss", out4, "steps=4")
+    for kind, opts in (("loss", ()), ("grad", ("grad=1",))):
+        out3 = tempfile.mkdtemp(dir=tmp)
+        p = run(2, "nan_loss", out3, *opts, check=False)
+        assert p.returncode != 0, p.stdout[-3000:]
+        stops = re.findall(r"stopped at step (\d+): (.*)", p.stdout)
+        assert len(stops) == 2 and stops[0][0] == stops[1][0] == "5", p.stdout[-3000:]
+        want = "the loss is NaN or infinite on rank(s) 1;" if kind == "loss" else \
+            "the summed gradients hold NaN or infinity (first: parameter '2.bias')"
+        assert want in stops[0][1], stops
+        for r in (0, 1):
+            got, before = result(out3, r), result(out4, r)
+            assert got["step"] == 4, got["step"]
+            assert all(torch.equal(a, b) for a, b in zip(got["params"], before["params"]))
+        print(f"NaN {kind} on rank 1: both stopped at step 5 with the params of step 4, "
+              f"exit {p.returncode}: {stops[0][1]}")
+    # nonfinite="skip": the step is skipped on every rank and training goes on.
+    out5 = tempfile.mkdtemp(dir=tmp)
+    p = run(2, "nan_loss", out5, "skip=1")
+    got = result(out5, 0)
+    assert got["step"] == 10 and got["skipped"] == [5], got
+    print("nonfinite='skip': step 5 skipped on both ranks, 10 steps done")
 
     # How soon is bench/'s (bench/reaction.py); here that it comes at all.
     t0 = time.monotonic()

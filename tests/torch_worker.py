@@ -1,6 +1,7 @@
 """One rank of tests/test_torch.py's jobs, started by gradsync-run:
 `torch_worker.py SCENARIO OUT_DIR [options]`. Writes what the test checks
 to OUT_DIR/rank-R.pt (torch.save of a dict)."""
+import contextlib
 import os
 import signal
 import sys
@@ -72,6 +73,92 @@ def equivalence():
               opt._grad_views[i].data_ptr()) for i, p in enumerate(opt.params)]
     save(params=[p.detach().cpu().clone() for p in model.parameters()], views=views,
          copies=opt.copies)
+
+
+# torch optimizers by name, and their hyperparameters (tests/test_torch.py's
+# case_optimizers): the same on every rank and in the reference.
+def make_optimizer(model, name):
+    """Two parameter groups (the first layer at its own lr), torch's own
+    optimizer of the named configuration."""
+    first, rest = list(model[0].parameters()), [p for m in list(model)[1:] for p in m.parameters()]
+    kinds = {
+        "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=1e-3)),
+        "nesterov": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, maximize=False)),
+        "adam": (torch.optim.Adam, dict(lr=1e-2, weight_decay=1e-3, amsgrad=True)),
+        "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.99))),
+        "adamw_max": (torch.optim.AdamW, dict(lr=1e-2, maximize=True, eps=1e-6)),
+    }
+    cls, kw = kinds[name]
+    lr = kw.pop("lr")
+    return cls([{"params": first, "lr": lr / 2}, {"params": rest}], lr=lr, **kw)
+
+
+def optimizers():
+    """Trains with optimizer=; saves params and the optimizer's state_dict."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, OPTS["opt"]),
+                                  reduce=OPTS.get("reduce", "mean"))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.5)
+    steps, batch = int(OPTS.get("steps", 100)), int(OPTS.get("batch", 8))
+    x, y = data(steps, batch, gs.world_size())
+    r = gs.rank()
+    for s in range(steps):
+        loss = F.cross_entropy(model(x[s, r * batch:(r + 1) * batch]),
+                               y[s, r * batch:(r + 1) * batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+        sched.step()
+    save(params=[p.detach().cpu().clone() for p in model.parameters()],
+         state=opt.state_dict(), isinstance_optimizer=isinstance(opt, torch.optim.Optimizer))
+
+
+def accumulate():
+    """Each step: `micro` backward passes of batch/micro examples, all but
+    the last inside no_sync()."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, **sgd_args())
+    steps, batch, micro = int(OPTS.get("steps", 30)), int(OPTS.get("batch", 16)), 4
+    x, y = data(steps, batch, gs.world_size())
+    r, b = gs.rank(), batch // micro
+    for s in range(steps):
+        xs, ys = x[s, r * batch:(r + 1) * batch], y[s, r * batch:(r + 1) * batch]
+        for k in range(micro):
+            last = k == micro - 1
+            with contextlib.nullcontext() if last else opt.no_sync():
+                loss = F.cross_entropy(model(xs[k * b:(k + 1) * b]), ys[k * b:(k + 1) * b])
+                (loss / micro).backward()
+        opt.step(loss)
+        opt.zero_grad(set_to_none=OPTS.get("set_to_none") == "1")
+    save(params=[p.detach().cpu().clone() for p in model.parameters()])
+
+
+def clip():
+    """Clipping to max norm 0.5 three ways (mode=method: opt.clip_grad_norm_;
+    ctor: max_grad_norm=; torch: opt.synchronize() then torch's own)."""
+    gs.init()
+    model = mlp()
+    mode = OPTS["mode"]
+    opt = gs.DistributedOptimizer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5,
+                                                                   momentum=0.9),
+                                  max_grad_norm=0.5 if mode == "ctor" else None)
+    steps, batch = 30, 8
+    x, y = data(steps, batch, gs.world_size())
+    r, norms = gs.rank(), []
+    for s in range(steps):
+        loss = F.cross_entropy(model(x[s, r * batch:(r + 1) * batch]),
+                               y[s, r * batch:(r + 1) * batch])
+        opt.zero_grad()
+        loss.backward()
+        if mode == "method":
+            norms.append(float(opt.clip_grad_norm_(0.5)))
+        elif mode == "torch":
+            opt.synchronize()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+        opt.step(loss)
+    save(params=[p.detach().cpu().clone() for p in model.parameters()], norms=norms)
 
 
 def resume():
@@ -147,21 +234,31 @@ def unused():
 
 
 def nan_loss():
+    """Rank 1's loss (or with grad=1 one gradient) is NaN at step 5; with
+    steps=N it stops after N steps instead (the reference)."""
     gs.init()
     model = mlp()
-    opt = gs.DistributedOptimizer(model, lr=0.1)
+    opt = gs.DistributedOptimizer(model, lr=0.1,
+                                  nonfinite="skip" if OPTS.get("skip") == "1" else "stop")
     x, y = data(10, 8, gs.world_size())
-    for s in range(10):
+    skipped = []
+    for s in range(int(OPTS.get("steps", 10))):
         loss = F.cross_entropy(model(x[s]), y[s])
-        if s == 4 and gs.rank() == 1:
+        if s == 4 and gs.rank() == 1 and OPTS.get("grad") != "1":
             loss = loss * float("nan")
         opt.zero_grad()
         loss.backward()
+        if s == 4 and gs.rank() == 1 and OPTS.get("grad") == "1":
+            with torch.no_grad():
+                model[2].bias.grad[0] = float("inf")
         r = opt.step(loss)
+        if r.skipped:
+            skipped.append(s + 1)
         if r.stop:
             print(f"stopped at step {s + 1}: {r.stop_reason}", flush=True)
             break
-    save(step=opt.position[0])
+    save(step=opt.position[0], params=[p.detach().clone() for p in model.parameters()],
+         skipped=skipped)
 
 
 def killed():

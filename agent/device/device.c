@@ -99,11 +99,23 @@ int gs_device_zero(gs_device_t *d, void *p, size_t bytes)
   return bytes ? d->ops->zero(d, p, bytes) : 0;
 }
 
-void gs_device_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
-                        const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
-                        const float *grad, float *momentum)
+void gs_device_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
+                          uint32_t nseg, float *param, const float *grad, float *const *state,
+                          const float *skip)
 {
-  d->ops->sgd_pack(d, c, lr, grad_scale, segs, nseg, param, grad, momentum);
+  d->ops->optim_pack(d, s, segs, nseg, param, grad, state, skip);
+}
+
+void gs_device_check_finite(gs_device_t *d, const float *g, size_t n, float *flag)
+{
+  if (n)
+    d->ops->check_finite(d, g, n, flag);
+}
+
+void gs_device_scale(gs_device_t *d, float *x, size_t n, float factor)
+{
+  if (n)
+    d->ops->scale(d, x, n, factor);
 }
 
 void gs_device_fail(gs_device_t *d, int err)

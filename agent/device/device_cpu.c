@@ -1,4 +1,4 @@
-/* The CPU device: host memory and the fused SGD loop (sgd.c). Work runs at
+/* The CPU device: host memory and the fused optimizer loops (optim.c). Work runs at
  * once on the calling thread, so sync has nothing to wait for and device
  * memory is host memory. */
 #include <stdio.h>
@@ -42,12 +42,26 @@ static int cpu_zero(gs_device_t *d, void *p, size_t bytes)
   return 0;
 }
 
-static void cpu_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
-                         const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
-                         const float *grad, float *momentum)
+static void cpu_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
+                           uint32_t nseg, float *param, const float *grad, float *const *state,
+                           const float *skip)
 {
   (void)d;
-  gs_sgd_step_pack(c, lr, grad_scale, segs, nseg, param, grad, momentum);
+  if (!skip || *skip == 0.0f)
+    gs_optim_step_pack(s, segs, nseg, param, grad, state);
+}
+
+static void cpu_scale(gs_device_t *d, float *x, size_t n, float factor)
+{
+  (void)d;
+  gs_optim_scale(x, n, factor);
+}
+
+static void cpu_check_finite(gs_device_t *d, const float *g, size_t n, float *flag)
+{
+  (void)d;
+  if (gs_optim_first_nonfinite(g, n) < n)
+    *flag = 1.0f;
 }
 
 /* Work on the cpu runs at once, so a caller's failure was already seen by
@@ -78,7 +92,9 @@ static const gs_device_ops_t cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .zero = cpu_zero,
-    .sgd_pack = cpu_sgd_pack,
+    .optim_pack = cpu_optim_pack,
+    .check_finite = cpu_check_finite,
+    .scale = cpu_scale,
     .fail = cpu_fail,
     .sync = cpu_sync,
     .destroy = cpu_destroy,

@@ -1,5 +1,5 @@
-/* The cuda device: memory, copies and the fused SGD kernel, all queued in
- * order on one non-blocking stream.
+/* The cuda device: memory, copies and the fused optimizer kernel, all
+ * queued in order on one non-blocking stream.
  *
  * Void operations cannot return an error, so the first one sticks to the
  * device (logged with file:line when it happens) and the next sync or
@@ -23,19 +23,19 @@ extern "C" {
 #define THREADS 256
 #define MAX_BLOCKS 4096 /* grid-stride loops cover the rest */
 
-/* A segment as the SGD kernel reads it: `start` is the sum of the counts
- * before it, so element v of the pack's flattened segments is found by a
- * binary search on start. */
+/* A segment as the optimizer kernel reads it: `start` is the sum of the
+ * counts before it, so element v of the pack's flattened segments is found
+ * by a binary search on start. */
 typedef struct dev_seg {
   size_t offset, count, start;
-  float lr_mult, weight_decay;
+  uint32_t group;
 } dev_seg_t;
 
 /* One pack's segment table, uploaded on first use and kept (the caller's
  * table is stable for the life of the pack). `host` is what was uploaded,
  * so a table reused at the same address with other contents is noticed. */
 typedef struct seg_cache {
-  const gs_sgd_segment_t *key;
+  const gs_optim_segment_t *key;
   uint32_t nseg;
   size_t total;    /* elements in all segments */
   dev_seg_t *host; /* malloc'd */
@@ -50,6 +50,10 @@ typedef struct cuda_device {
   int sticky;      /* first error of a void operation since the last sync */
   seg_cache_t *tables;
   uint32_t ntables, cap_tables;
+  /* The groups' constants of the step, uploaded before each pack's kernel
+   * (stream order keeps a kernel's from being overwritten early). */
+  gs_optim_coef_t *coef_host, *coef_dev;
+  uint32_t cap_coef;
 } cuda_device_t;
 
 static cuda_device_t *cd(gs_device_t *d)
@@ -84,39 +88,79 @@ static unsigned blocks_for(size_t threads)
 
 /* ---- kernels ---------------------------------------------------------- */
 
-/* One SGD step over every segment of a pack (sgd.h): element v of the
- * flattened segments belongs to the last segment whose start is <= v
- * (empty segments share their start with the next, so they never match). */
-static __global__ void sgd_kernel(const dev_seg_t *segs, uint32_t nseg, size_t total, float lr,
-                                  float grad_scale, float momentum, bool nesterov, float *param,
-                                  const float *grad, float *buf)
+/* The segment element v of a pack's flattened segments belongs to: the
+ * last whose start is <= v (empty segments share their start with the
+ * next, so they never match). */
+static __device__ uint32_t segment_of(const dev_seg_t *segs, uint32_t nseg, size_t v)
 {
+  uint32_t lo = 0, hi = nseg - 1;
+
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo + 1) / 2;
+
+    if (segs[mid].start <= v)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+/* One optimizer step over every segment of a pack (optim.h's arithmetic,
+ * element for element as optim.c), unless *skip is set: the step's
+ * gradients held a NaN or an infinity. */
+static __global__ void optim_kernel(const dev_seg_t *segs, uint32_t nseg, size_t total,
+                                    const gs_optim_coef_t *coefs, bool adam, float *param,
+                                    const float *grad, float *s0, float *s1, float *s2,
+                                    const float *skip)
+{
+  if (skip && *skip != 0.0f)
+    return;
   for (size_t v = blockIdx.x * (size_t)blockDim.x + threadIdx.x; v < total;
        v += (size_t)gridDim.x * blockDim.x) {
-    uint32_t lo = 0, hi = nseg - 1;
-
-    while (lo < hi) {
-      uint32_t mid = lo + (hi - lo + 1) / 2;
-
-      if (segs[mid].start <= v)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    size_t i = segs[lo].offset + (v - segs[lo].start);
-    float seg_lr = lr * segs[lo].lr_mult;
+    const dev_seg_t *sg = &segs[segment_of(segs, nseg, v)];
+    const gs_optim_coef_t c = coefs[sg->group];
+    size_t i = sg->offset + (v - sg->start);
     float p = param[i];
-    float d = grad[i] * grad_scale + segs[lo].weight_decay * p;
+    float g = grad[i] * c.scale + c.wd * p;
 
-    if (momentum == 0.0f) {
-      param[i] = p - seg_lr * d;
+    if (adam) {
+      float vi;
+
+      p *= c.decay;
+      s0[i] = s0[i] * c.b1 + c.c1 * g;
+      vi = s1[i] * c.b2 + c.c2 * g * g;
+      s1[i] = vi;
+      if (c.amsgrad && s2) {
+        vi = fmaxf(s2[i], vi);
+        s2[i] = vi;
+      }
+      param[i] = p + c.neg_step * (s0[i] / (sqrtf(vi) / c.bc2_sqrt + c.eps));
+    } else if (c.mom == 0.0f) {
+      param[i] = p - c.lr * g;
     } else {
-      float b = momentum * buf[i] + d;
+      float b = c.m * s0[i] + c.keep * g;
 
-      buf[i] = b;
-      param[i] = p - seg_lr * (nesterov ? d + momentum * b : b);
+      s0[i] = b;
+      param[i] = p - c.lr * (c.nesterov ? g + c.mom * b : b);
     }
   }
+}
+
+static __global__ void scale_kernel(float *x, size_t n, float factor)
+{
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    x[i] *= factor;
+}
+
+/* Sets *flag when g[0..n) holds a NaN or an infinity. */
+static __global__ void check_finite_kernel(const float *g, size_t n, float *flag)
+{
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    if (!isfinite(g[i]))
+      *flag = 1.0f;
 }
 
 /* ---- memory ----------------------------------------------------------- */
@@ -209,18 +253,17 @@ static int cuda_zero(gs_device_t *base, void *p, size_t bytes)
   return 0;
 }
 
-/* ---- SGD -------------------------------------------------------------- */
+/* ---- the optimizer ---------------------------------------------------- */
 
 /* Whether the cached table still holds what `segs` says. */
-static bool table_matches(const seg_cache_t *t, const gs_sgd_segment_t *segs, uint32_t nseg)
+static bool table_matches(const seg_cache_t *t, const gs_optim_segment_t *segs, uint32_t nseg)
 {
   if (t->nseg != nseg)
     return false;
   for (uint32_t s = 0; s < nseg; s++) {
     const dev_seg_t *h = &t->host[s];
 
-    if (h->offset != segs[s].offset || h->count != segs[s].count || h->lr_mult != segs[s].lr_mult ||
-        h->weight_decay != segs[s].weight_decay)
+    if (h->offset != segs[s].offset || h->count != segs[s].count || h->group != segs[s].group)
       return false;
   }
   return true;
@@ -228,7 +271,8 @@ static bool table_matches(const seg_cache_t *t, const gs_sgd_segment_t *segs, ui
 
 /* Builds and uploads `t`'s table for segs (t->dev is free to reuse only
  * once queued kernels are done: the caller waits when it replaces one). */
-static int table_fill(cuda_device_t *d, seg_cache_t *t, const gs_sgd_segment_t *segs, uint32_t nseg)
+static int table_fill(cuda_device_t *d, seg_cache_t *t, const gs_optim_segment_t *segs,
+                      uint32_t nseg)
 {
   size_t bytes = nseg * sizeof(dev_seg_t), start = 0;
 
@@ -238,8 +282,7 @@ static int table_fill(cuda_device_t *d, seg_cache_t *t, const gs_sgd_segment_t *
   if (!t->host)
     return GS_ENOMEM;
   for (uint32_t s = 0; s < nseg; s++) {
-    t->host[s] =
-        dev_seg_t{segs[s].offset, segs[s].count, start, segs[s].lr_mult, segs[s].weight_decay};
+    t->host[s] = dev_seg_t{segs[s].offset, segs[s].count, start, segs[s].group};
     start += segs[s].count;
   }
   t->total = start;
@@ -262,7 +305,7 @@ static void table_drop(cuda_device_t *d, seg_cache_t *t)
 
 /* The device copy of a pack's segment table: found by the host pointer,
  * made on first use. NULL on failure (recorded). */
-static const seg_cache_t *table_for(cuda_device_t *d, const gs_sgd_segment_t *segs, uint32_t nseg)
+static const seg_cache_t *table_for(cuda_device_t *d, const gs_optim_segment_t *segs, uint32_t nseg)
 {
   seg_cache_t *t = NULL;
 
@@ -299,26 +342,76 @@ static const seg_cache_t *table_for(cuda_device_t *d, const gs_sgd_segment_t *se
   return t;
 }
 
-static void cuda_sgd_pack(gs_device_t *base, const gs_sgd_config_t *c, float lr, float grad_scale,
-                          const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
-                          const float *grad, float *momentum)
+/* Uploads the groups' constants of this step (room grown after a wait,
+ * since queued kernels may still read the old buffer). */
+static int coefs_upload(cuda_device_t *d, const gs_optim_step_t *s)
+{
+  size_t bytes = s->ngroups * sizeof(gs_optim_coef_t);
+
+  if (s->ngroups > d->cap_coef) {
+    gs_optim_coef_t *host = (gs_optim_coef_t *)realloc(d->coef_host, bytes);
+
+    if (!host)
+      return GS_ENOMEM;
+    d->coef_host = host;
+    GS_CUDA_CHECK(d->base.log, cudaStreamSynchronize(d->stream));
+    if (d->coef_dev)
+      GS_CUDA_CHECK(d->base.log, cudaFree(d->coef_dev));
+    d->coef_dev = NULL;
+    GS_CUDA_CHECK(d->base.log, cudaMalloc(&d->coef_dev, bytes));
+    d->cap_coef = s->ngroups;
+  }
+  for (uint32_t g = 0; g < s->ngroups; g++)
+    gs_optim_coef(s, &s->groups[g], &d->coef_host[g]);
+  /* From pageable memory: the call returns once the bytes are staged, so
+   * the host array is free for the next pack's constants. */
+  GS_CUDA_CHECK(d->base.log, cudaMemcpyAsync(d->coef_dev, d->coef_host, bytes,
+                                             cudaMemcpyHostToDevice, d->stream));
+  return 0;
+}
+
+static void cuda_optim_pack(gs_device_t *base, const gs_optim_step_t *s,
+                            const gs_optim_segment_t *segs, uint32_t nseg, float *param,
+                            const float *grad, float *const *state, const float *skip)
 {
   cuda_device_t *d = cd(base);
   const seg_cache_t *t;
+  bool adam = s->kind != GS_OPTIM_SGD;
 
-  if (nseg == 0 || note(d, enter(d)))
+  if (nseg == 0 || s->ngroups == 0 || note(d, enter(d)))
     return;
-  if (c->momentum != 0.0f && !momentum) {
-    GS_LOG_ERR(base->log, "%s: SGD with momentum %g needs a momentum buffer", base->label,
-               c->momentum);
+  if (!state[0] || (adam && !state[1])) {
+    GS_LOG_ERR(base->log, "%s: %s needs its state buffers", base->label,
+               gs_optim_kind_name(s->kind));
     note(d, GS_EINVAL);
     return;
   }
   t = table_for(d, segs, nseg);
-  if (!t || t->total == 0)
+  if (!t || t->total == 0 || note(d, coefs_upload(d, s)))
     return;
-  sgd_kernel<<<blocks_for(t->total), THREADS, 0, d->stream>>>(
-      t->dev, nseg, t->total, lr, grad_scale, c->momentum, c->nesterov, param, grad, momentum);
+  optim_kernel<<<blocks_for(t->total), THREADS, 0, d->stream>>>(
+      t->dev, nseg, t->total, d->coef_dev, adam, param, grad, state[0], adam ? state[1] : NULL,
+      adam ? state[2] : NULL, skip);
+  LAUNCHED(d);
+}
+
+static void cuda_scale(gs_device_t *base, float *x, size_t n, float factor)
+{
+  cuda_device_t *d = cd(base);
+
+  if (note(d, enter(d)))
+    return;
+  scale_kernel<<<blocks_for(n), THREADS, 0, d->stream>>>(x, n, factor);
+  LAUNCHED(d);
+}
+
+static void cuda_check_finite(gs_device_t *base, const float *g, size_t n, float *flag)
+{
+  cuda_device_t *d = cd(base);
+
+  if (note(d, enter(d)))
+    return;
+  check_finite_kernel<<<blocks_for(n), THREADS, 0, d->stream>>>(g, n, flag);
   LAUNCHED(d);
 }
 
@@ -351,6 +444,9 @@ static void cuda_destroy(gs_device_t *base)
   for (uint32_t i = 0; i < d->ntables; i++)
     table_drop(d, &d->tables[i]);
   free(d->tables);
+  if (d->coef_dev)
+    GS_CUDA_STATUS(base->log, cudaFree(d->coef_dev));
+  free(d->coef_host);
   if (d->own_stream)
     GS_CUDA_STATUS(base->log, cudaStreamDestroy(d->stream));
   free(d);
@@ -384,7 +480,9 @@ static const gs_device_ops_t cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
-    .sgd_pack = cuda_sgd_pack,
+    .optim_pack = cuda_optim_pack,
+    .check_finite = cuda_check_finite,
+    .scale = cuda_scale,
     .fail = cuda_fail,
     .sync = cuda_sync,
     .use_stream = cuda_use_stream,

@@ -1,17 +1,11 @@
-/* SGD with momentum and weight decay over a pack's contiguous parameters,
- * and the learning-rate schedule (linear warmup, then constant, step or
- * cosine), as sgd.h describes. */
+/* The engine's SGD settings (the trainer's flags) and the learning-rate
+ * schedule (linear warmup, then constant, step or cosine), as sgd.h
+ * describes; the fused update itself is optim.c's. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "sgd.h"
-#include "vectorize.h"
-
-/* Elements per block: a whole number of vectors (SSE, AVX or AVX-512), so
- * that gcc's -O2 "very cheap" vectorizer, which refuses a loop that would
- * need a scalar epilogue, vectorizes the fixed-size inner loops. */
-#define SGD_BLOCK 16
 
 static const char *const schedule_names[] = {
     [GS_LR_CONSTANT] = "constant",
@@ -139,85 +133,4 @@ float gs_sgd_lr(const gs_sgd_config_t *c, uint64_t step)
     f *= c->warmup_factor + (1.0 - c->warmup_factor) * alpha;
   }
   return (float)(c->lr * f);
-}
-
-/* Plain SGD (no momentum buffer) over one segment. */
-GS_WIDE static void step_plain(float *restrict p, const float *restrict g, size_t n, float lr,
-                               float scale, float wd)
-{
-  size_t i = 0, j;
-
-  for (; i + SGD_BLOCK <= n; i += SGD_BLOCK)
-    for (j = i; j < i + SGD_BLOCK; j++)
-      p[j] -= lr * (g[j] * scale + wd * p[j]);
-  for (; i < n; i++)
-    p[i] -= lr * (g[i] * scale + wd * p[i]);
-}
-
-/* Heavy-ball momentum over one segment: buf = m * buf + d; p -= lr * buf. */
-GS_WIDE static void step_momentum(float *restrict p, const float *restrict g, float *restrict buf,
-                                  size_t n, float lr, float scale, float wd, float m)
-{
-  size_t i = 0, j;
-
-  for (; i + SGD_BLOCK <= n; i += SGD_BLOCK) {
-    for (j = i; j < i + SGD_BLOCK; j++) {
-      float b = m * buf[j] + (g[j] * scale + wd * p[j]);
-
-      buf[j] = b;
-      p[j] -= lr * b;
-    }
-  }
-  for (; i < n; i++) {
-    float b = m * buf[i] + (g[i] * scale + wd * p[i]);
-
-    buf[i] = b;
-    p[i] -= lr * b;
-  }
-}
-
-/* Nesterov momentum over one segment: buf = m * buf + d; p -= lr * (d + m * buf). */
-GS_WIDE static void step_nesterov(float *restrict p, const float *restrict g, float *restrict buf,
-                                  size_t n, float lr, float scale, float wd, float m)
-{
-  size_t i = 0, j;
-
-  for (; i + SGD_BLOCK <= n; i += SGD_BLOCK) {
-    for (j = i; j < i + SGD_BLOCK; j++) {
-      float d = g[j] * scale + wd * p[j];
-      float b = m * buf[j] + d;
-
-      buf[j] = b;
-      p[j] -= lr * (d + m * b);
-    }
-  }
-  for (; i < n; i++) {
-    float d = g[i] * scale + wd * p[i];
-    float b = m * buf[i] + d;
-
-    buf[i] = b;
-    p[i] -= lr * (d + m * b);
-  }
-}
-
-/* Updates each segment with its own LR multiplier and decay hoisted out of
- * the element loop; `momentum` may be NULL when c->momentum is 0. */
-void gs_sgd_step_pack(const gs_sgd_config_t *c, float lr, float grad_scale,
-                      const gs_sgd_segment_t *segs, uint32_t nseg, float *param, const float *grad,
-                      float *momentum)
-{
-  float m = c->momentum;
-  uint32_t s;
-
-  for (s = 0; s < nseg; s++) {
-    size_t off = segs[s].offset, n = segs[s].count;
-    float seg_lr = lr * segs[s].lr_mult, wd = segs[s].weight_decay;
-
-    if (m == 0.0f)
-      step_plain(param + off, grad + off, n, seg_lr, grad_scale, wd);
-    else if (c->nesterov)
-      step_nesterov(param + off, grad + off, momentum + off, n, seg_lr, grad_scale, wd, m);
-    else
-      step_momentum(param + off, grad + off, momentum + off, n, seg_lr, grad_scale, wd, m);
-  }
 }

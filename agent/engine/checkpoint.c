@@ -33,9 +33,11 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 #define CKPT_VERSION_DESC 2        /* a layout description after the buffers */
 #define CKPT_VERSION_WORLD 3       /* and the world size after the description */
 #define CKPT_VERSION_SAMPLE 4      /* and the in-epoch sample offset after it */
+#define CKPT_VERSION_OPTIM 5       /* and the optimizer's step count after it */
 #define DESC_LEN 4                 /* u32 length of the description */
 #define WORLD_LEN 4                /* u32 world size */
 #define SAMPLE_LEN 8               /* u64 sample offset */
+#define OPTIM_LEN 8                /* u64 optimizer steps */
 #define HDR_LEN 48
 #define COUNT_LEN 8
 #define TRAILER_LEN 12             /* u32 CRC-32, then the end magic */
@@ -52,7 +54,8 @@ struct ckpt_hdr {
   uint64_t epoch;
   uint64_t rng_state;
   uint64_t layout_hash;
-  uint64_t sample; /* version 4; else 0 */
+  uint64_t sample;      /* version 4; else 0 */
+  uint64_t optim_steps; /* version 5; else step */
 };
 
 /* Records that system call `call` failed on `path` (errno must still be
@@ -140,7 +143,7 @@ static int check_state(const gs_ckpt_state_t *st, char *why, size_t why_len)
     }
     total += COUNT_LEN + count * sizeof(float);
   }
-  if (total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX - WORLD_LEN - SAMPLE_LEN) {
+  if (total > MAX_FILE_BYTES - DESC_LEN - GS_CKPT_DESC_MAX - WORLD_LEN - SAMPLE_LEN - OPTIM_LEN) {
     gs_set_why(why, why_len, "checkpoint too large");
     return GS_ERANGE;
   }
@@ -229,7 +232,7 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
   uint32_t crc = 0, unused = 0;
 
   memcpy(hdr, CKPT_MAGIC, 8);
-  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_SAMPLE
+  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_OPTIM
                          : st->desc     ? CKPT_VERSION_DESC
                                         : CKPT_VERSION);
   gs_store_le32(hdr + 12, st->nbuf);
@@ -256,10 +259,11 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
       return sys_fail(why, why_len, path, "write");
   }
   if (st->world_size) {
-    uint8_t world[WORLD_LEN + SAMPLE_LEN];
+    uint8_t world[WORLD_LEN + SAMPLE_LEN + OPTIM_LEN];
 
     gs_store_le32(world, st->world_size);
     gs_store_le64(world + WORLD_LEN, st->sample);
+    gs_store_le64(world + WORLD_LEN + SAMPLE_LEN, st->optim_steps);
     if (write_all(fd, world, sizeof(world), &crc) != 0)
       return sys_fail(why, why_len, path, "write");
   }
@@ -576,13 +580,18 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
     gs_set_why(why, why_len, "%s: bad magic (not a gradsync checkpoint)", path);
     return GS_EPROTO;
   }
-  *h = (struct ckpt_hdr){gs_load_le32(raw + 8),  0,
-                         gs_load_le32(raw + 12), gs_load_le64(raw + 16),
-                         gs_load_le64(raw + 24), gs_load_le64(raw + 32),
-                         gs_load_le64(raw + 40), 0};
-  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_SAMPLE) {
+  *h = (struct ckpt_hdr){gs_load_le32(raw + 8),
+                         0,
+                         gs_load_le32(raw + 12),
+                         gs_load_le64(raw + 16),
+                         gs_load_le64(raw + 24),
+                         gs_load_le64(raw + 32),
+                         gs_load_le64(raw + 40),
+                         0,
+                         0};
+  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_OPTIM) {
     gs_set_why(why, why_len, "%s: format version %u, this build reads versions %d to %d", path,
-               h->version, CKPT_VERSION, CKPT_VERSION_SAMPLE);
+               h->version, CKPT_VERSION, CKPT_VERSION_OPTIM);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
@@ -641,6 +650,13 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
       return err;
     h->sample = gs_load_le64(raw);
   }
+  h->optim_steps = h->step; /* before version 5 every step applied the optimizer */
+  if (h->version >= CKPT_VERSION_OPTIM) {
+    err = read_field(fd, path, size, &need, OPTIM_LEN, "the optimizer steps", raw, why, why_len);
+    if (err)
+      return err;
+    h->optim_steps = gs_load_le64(raw);
+  }
   need += TRAILER_LEN;
   if (size != need) {
     gs_set_why(why, why_len, "%s: %s (%llu bytes, header and counts say %llu)", path,
@@ -686,7 +702,7 @@ static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, 
     }
   }
   /* The layout description, the world size and the sample offset
-   * (versions 2 to 4): under 4 KiB + 12, check_layout checked. */
+   * (versions 2 to 5): under 4 KiB + 20, check_layout checked. */
   if (!err && off < body)
     err = read_span(fd, path, scratch, (size_t)(body - off), &off, crc, why, why_len);
   return err;
@@ -748,6 +764,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     st->rng_state = h.rng_state;
     st->world_size = h.world_size;
     st->sample = h.sample;
+    st->optim_steps = h.optim_steps;
     st->version = h.version;
   }
 out_close:

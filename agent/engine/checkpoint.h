@@ -1,9 +1,9 @@
 /* Checkpoint files (format: docs/checkpoint.md).
  *
  * A checkpoint is the training position (step, epoch, RNG state, in-epoch
- * sample offset), the hash of the pack layout it was taken with, and a
- * list of float32 buffers (the engine writes each pack's params, then each
- * pack's momentum), all covered by a CRC-32. Saving writes
+ * sample offset, optimizer steps), the hash of the pack layout it was
+ * taken with, and a list of float32 buffers (the engine writes each pack's
+ * params, then its optimizer state buffers), all covered by a CRC-32. Saving writes
  * DIR/.ckpt-STEP.tmp, fsyncs it, renames it to DIR/ckpt-STEP.gsck (STEP
  * zero-padded to 12 digits) and fsyncs DIR, so a crash leaves either the
  * old set of files or the new one, never a torn file under the final name.
@@ -48,6 +48,10 @@ typedef struct gs_ckpt_state {
   /* Loading: the file's format version (so a caller tells a version-4
    * sample of 0 from one the file did not store). */
   uint32_t version;
+  /* Updates the optimizer applied (Adam's bias correction counts them; a
+   * skipped step does not): stored with the world size (version 5);
+   * loading a file before it gives `step`. */
+  uint64_t optim_steps;
 } gs_ckpt_state_t;
 
 #define GS_CKPT_DESC_MAX 4096

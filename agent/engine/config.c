@@ -128,12 +128,17 @@ const char *gs_elastic_lr_name(gs_elastic_lr_t v)
 int gs__engine_add_own_settings(gs_engine_t *e)
 {
   const gs_sgd_config_t *c = &e->cfg.sgd;
+  char groups[64];
   int err = own(e, "backend", "%s", e->cfg.backend);
 
   err = err ? err : own(e, "reduce", "%s", gs_reduce_op_name(e->cfg.reduce));
   err = err ? err : own(e, "pack-threshold", "%" PRIu64, e->cfg.pack_threshold);
   if (e->cfg.world_min) /* it scales the LR */
     err = err ? err : own(e, "elastic-lr", "%s", gs_elastic_lr_name(e->cfg.elastic_lr));
+  err = err ? err : own(e, "optimizer", "%s", gs_optim_kind_name(e->cfg.optim));
+  err = err ? err : own(e, "nonfinite", "%s", gs_nonfinite_name(e->cfg.nonfinite));
+  if (gs__engine_groups_setting(e, groups, sizeof(groups)))
+    err = err ? err : own(e, "optim-groups", "%s", groups);
   err = err ? err : own(e, "lr", "%.9g", c->lr);
   err = err ? err : own(e, "momentum", "%.9g", c->momentum);
   err = err ? err : own(e, "weight-decay", "%.9g", c->weight_decay);

@@ -56,7 +56,14 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
   if (!e->cfg.coord.log)
     e->cfg.coord.log = e->cfg.log;
   e->repeated_param = -1;
+  e->step_factor = 1.0f;
   gs_packs_init(&e->packs);
+  if (gs__engine_groups_init(e)) {
+    gs__engine_groups_free(e);
+    free_strings(e);
+    free(e);
+    return NULL;
+  }
   gs__ckpt_writer_init(&e->ckpt_writer, e->cfg.checkpoint_dir, e->cfg.checkpoint_keep,
                        e->cfg.checkpoint_failures, e->cfg.log, e->cfg.coord.job);
   pthread_mutex_init(&e->mu, NULL);
@@ -78,24 +85,12 @@ int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements, bool
 {
   int idx = gs_packs_register(&e->packs, name, elements, is_bias);
 
+  if (idx >= 0)
+    e->packs.group_of[idx] = gs__engine_default_group(e, is_bias);
   if (idx < 0)
     gs_set_why(e->error, sizeof(e->error), "cannot register parameter '%s': %s", name ? name : "?",
                gs_strerror(idx));
   return idx;
-}
-
-int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult, float weight_decay)
-{
-  int err = gs_packs_set_rule(&e->packs, i, lr_mult, weight_decay);
-
-  if (err)
-    gs_set_why(e->error, sizeof(e->error),
-               "cannot give parameter %u LR multiplier %g and weight decay %g: %s", i,
-               (double)lr_mult, (double)weight_decay,
-               i >= e->packs.nparams ? "no such parameter"
-               : e->packs.packs      ? "the engine has started"
-                                     : "each must be finite and not negative");
-  return err;
 }
 
 uint32_t gs_engine_rank(const gs_engine_t *e)
@@ -255,6 +250,8 @@ int gs_engine_start(gs_engine_t *e)
     gs_set_why(e->error, sizeof(e->error), "%s", why);
     return GS_EINVAL;
   }
+  if (gs__engine_groups_check(e))
+    return GS_EINVAL;
   if (!e->layout_desc && describe_params(e)) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
@@ -365,6 +362,7 @@ void gs_engine_free(gs_engine_t *e)
   if (e->cfg.dev) {
     gs_device_host_free(e->cfg.dev, e->ctl);
     gs_device_free(e->cfg.dev, e->aux_dev);
+    gs_device_free(e->cfg.dev, e->skip_dev);
   }
   if (e->owns_dev)
     gs_device_destroy(e->cfg.dev);
@@ -373,5 +371,6 @@ void gs_engine_free(gs_engine_t *e)
   gs_client_tls_free(e->tls); /* after every client that used it */
   free_strings(e);
   free(e->layout_desc);
+  gs__engine_groups_free(e);
   free(e);
 }

@@ -3,8 +3,8 @@
  * generation.c (entering a generation: Join, heartbeat, pack list,
  * connecting the ranks), step.c (a training step: launching the
  * allreduces as gradients arrive, SGD per pack, acting on the control
- * vector), comm_thread.c (the thread that runs blocking collectives, and
- * collectives run at once outside a step), sync.c (state across ranks and
+ * vector), groups.c (the optimizer's parameter groups), comm_thread.c (the thread that runs
+ * blocking collectives, and collectives run at once outside a step), sync.c (state across ranks and
  * time: the initial sync, broadcasts, checkpoints), elastic.c (regroups,
  * and the calls that may regroup: the initial sync, metric sums) and
  * control.c (the control vector's encoding). Only these files include it. */
@@ -28,6 +28,7 @@
 #include "log.h"
 #include "packs.h"
 #include "pb_array.h"
+#include "optim.h"
 #include "sgd.h"
 
 /* DEFERRED: the step's last pack, run by the training thread itself when
@@ -35,6 +36,15 @@
 typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE, JOB_DEFERRED } job_state_t;
 
 typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST } job_op_t;
+
+/* A step's reductions, done by gs_engine_synchronize or end_step: whether
+ * done this step, their failure, whether the grads were scaled in place,
+ * and the times so far. */
+typedef struct reduced {
+  bool done, scaled;
+  int err;
+  double waited_ms, optimizer_ms;
+} reduced_t;
 
 /* One collective for the comm thread. */
 typedef struct comm_job {
@@ -69,7 +79,21 @@ struct gs_engine {
   bool grace_told; /* said once that --coordinator-grace is below the heartbeat timeout */
   int32_t period;
   double grad_scale;
-  float lr_scale; /* elastic_lr linear: world / world_size */
+
+  /* The optimizer's parameter groups (groups.c): the SGD settings' unless
+   * a front end added its own; step_groups holds them resolved for the
+   * step (lr scheduled and scaled); group_mult the scheduled groups' lr
+   * multipliers. optim_steps counts the updates applied (torch's "step"). */
+  gs_optim_group_t *groups, *step_groups;
+  float *group_mult;
+  uint32_t ngroups, cap_groups;
+  bool explicit_groups;
+  uint64_t optim_steps;
+  float *skip_dev; /* device flag: the step's summed gradients are not all finite */
+  reduced_t reduced;
+  gs_step_result_t reduced_out; /* what a regroup during gs_engine_synchronize said */
+  float step_factor;            /* gs_engine_scale_step's, for this step's update (default 1) */
+  float lr_scale;               /* elastic_lr linear: world / world_size */
 
   /* Elastic membership (elastic.c). The state every rank of the
    * generation holds at the last step whose SGD it applied in full: what
@@ -142,11 +166,24 @@ int gs__engine_refuse(gs_engine_t *e, const char *what);
  * writes the address they dial (the reason in e->error on failure). */
 int gs__engine_listen(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
 
+/* groups.c: the SGD settings' groups (at new), and their memory; the
+ * group a newly registered parameter joins; the check at start; the
+ * state buffers the optimizer needs; the groups resolved for `step`
+ * (1-based) with the step's constants in `out`; the value of the Join
+ * setting that holds a front end's groups (false without any). */
+int gs__engine_groups_init(gs_engine_t *e) GS_WARN_UNUSED;
+void gs__engine_groups_free(gs_engine_t *e);
+uint32_t gs__engine_default_group(const gs_engine_t *e, bool is_bias);
+int gs__engine_groups_check(gs_engine_t *e) GS_WARN_UNUSED;
+uint32_t gs__engine_state_count(const gs_engine_t *e);
+void gs__engine_resolve_groups(gs_engine_t *e, uint64_t step, gs_optim_step_t *out);
+bool gs__engine_groups_setting(const gs_engine_t *e, char *value, size_t len);
+
 /* config.c: adds the engine's own settings to e->settings (at join). */
 int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 
-/* sync.c: params (and momentum) of every pack broadcast from `root`. */
-int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum, uint32_t root) GS_WARN_UNUSED;
+/* sync.c: params (and optimizer state) of every pack broadcast from `root`. */
+int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root) GS_WARN_UNUSED;
 /* sync.c: every rank takes params, momentum and position from the rank
  * the Join named (join.state_rank) and checks that all now hold the same. */
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;

@@ -67,8 +67,8 @@ int gs__engine_agree_packlist(gs_engine_t *e)
     if (fetched)
       gs_packlist_free(&list);
   } else {
-    err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl_cap, &e->cfg.sgd, why,
-                         sizeof(why));
+    err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl_cap,
+                         gs__engine_state_count(e), why, sizeof(why));
     if (err)
       gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
   }
@@ -241,7 +241,8 @@ static int alloc_step_state(gs_engine_t *e)
   e->ticket = calloc(packs + 1, sizeof(*e->ticket));
   e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
-  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev) {
+  e->skip_dev = gs_device_alloc(e->cfg.dev, sizeof(float));
+  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev || !e->skip_dev) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }

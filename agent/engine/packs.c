@@ -2,13 +2,12 @@
 #include "packs.h"
 
 #include <stdio.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define FNV_OFFSET 0xcbf29ce484222325ULL
 #define FNV_PRIME 0x100000001b3ULL
-#define PACK_ALIGN 64 /* a cache line: lets the SGD and reduce loops vectorize cleanly */
+#define PACK_ALIGN 64 /* a cache line: lets the optimizer and reduce loops vectorize cleanly */
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
 {
@@ -29,7 +28,8 @@ void gs_packs_free(gs_packs_t *p)
   for (uint32_t i = 0; p->packs && i < p->list.pack_count; i++) {
     gs_device_free(p->dev, p->packs[i].params);
     gs_device_free(p->dev, p->packs[i].grads);
-    gs_device_free(p->dev, p->packs[i].momentum);
+    for (uint32_t k = 0; k < GS_OPTIM_MAX_STATE; k++)
+      gs_device_free(p->dev, p->packs[i].state[k]);
     free(p->packs[i].segs);
   }
   free(p->packs);
@@ -37,6 +37,7 @@ void gs_packs_free(gs_packs_t *p)
     free((char *)p->params[i].name);
   free(p->params);
   free(p->rules);
+  free(p->group_of);
   free(p->pack_of);
   free(p->offset_of);
   gs_packlist_free(&p->list);
@@ -56,6 +57,7 @@ int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool i
     uint32_t cap = p->cap ? 2 * p->cap : 16;
     gs_param_desc_t *params = realloc(p->params, cap * sizeof(*params));
     gs_param_rule_t *rules;
+    uint32_t *groups;
 
     if (!params)
       return GS_ENOMEM;
@@ -64,6 +66,10 @@ int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool i
     if (!rules)
       return GS_ENOMEM;
     p->rules = rules;
+    groups = realloc(p->group_of, cap * sizeof(*groups));
+    if (!groups)
+      return GS_ENOMEM;
+    p->group_of = groups;
     p->cap = cap;
   }
   copy = strdup(name);
@@ -71,17 +77,15 @@ int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool i
     return GS_ENOMEM;
   p->params[p->nparams] = (gs_param_desc_t){copy, elements, GS_DTYPE_FLOAT32};
   p->rules[p->nparams] = (gs_param_rule_t){.is_bias = is_bias};
+  p->group_of[p->nparams] = 0;
   return (int)p->nparams++;
 }
 
-int gs_packs_set_rule(gs_packs_t *p, uint32_t i, float lr_mult, float weight_decay)
+int gs_packs_set_group(gs_packs_t *p, uint32_t i, uint32_t group)
 {
-  if (i >= p->nparams || p->packs || !isfinite(lr_mult) || !isfinite(weight_decay) || lr_mult < 0 ||
-      weight_decay < 0)
+  if (i >= p->nparams || p->packs)
     return GS_EINVAL;
-  p->rules[i].custom = true;
-  p->rules[i].lr_mult = lr_mult;
-  p->rules[i].weight_decay = weight_decay;
+  p->group_of[i] = group;
   return 0;
 }
 
@@ -135,8 +139,7 @@ static float *alloc_floats(gs_packs_t *p, size_t n)
 }
 
 /* Allocates pack k's buffers and segment table; `at` is its first entry in order[]. */
-static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra,
-                      const gs_sgd_config_t *sgd)
+static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra)
 {
   gs_pack_t *pk = &p->packs[k];
   size_t off = 0;
@@ -151,31 +154,26 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra,
 
     p->pack_of[i] = k;
     p->offset_of[i] = off;
-    pk->segs[j] = (gs_sgd_segment_t){
-        .offset = off,
-        .count = p->params[i].elements,
-        .lr_mult = p->rules[i].custom    ? p->rules[i].lr_mult
-                   : p->rules[i].is_bias ? sgd->bias_lr_mult
-                                         : 1.0f,
-        .weight_decay = p->rules[i].custom    ? p->rules[i].weight_decay
-                        : p->rules[i].is_bias ? sgd->bias_wd
-                                              : sgd->weight_decay,
-    };
+    pk->segs[j] = (gs_optim_segment_t){off, p->params[i].elements, p->group_of[i]};
     off += p->params[i].elements;
   }
   pk->elements = off;
   pk->extra = extra;
   pk->params = alloc_floats(p, off);
   pk->grads = alloc_floats(p, off + extra);
-  pk->momentum = alloc_floats(p, off);
-  if (!pk->params || !pk->grads || !pk->momentum)
+  if (!pk->params || !pk->grads)
     return GS_ENOMEM;
+  for (uint32_t s = 0; s < p->nstate; s++) {
+    pk->state[s] = alloc_floats(p, off);
+    if (!pk->state[s])
+      return GS_ENOMEM;
+  }
   return 0;
 }
 
 int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
                    const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
-                   const gs_sgd_config_t *sgd, char *why, size_t why_len)
+                   uint32_t nstate, char *why, size_t why_len)
 {
   uint32_t at = 0, last;
   int err;
@@ -188,6 +186,7 @@ int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
     return err;
   }
   p->dev = dev;
+  p->nstate = nstate;
   p->list = *list;
   memset(list, 0, sizeof(*list));
   p->packs = calloc(p->list.pack_count ? p->list.pack_count : 1, sizeof(*p->packs));
@@ -201,7 +200,7 @@ int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
 
     for (uint32_t j = 0; j < p->list.pack_sizes[k]; j++)
       holds_first |= p->list.order[at + j] == last;
-    if (build_pack(p, k, at, holds_first ? extra : 0, sgd))
+    if (build_pack(p, k, at, holds_first ? extra : 0))
       goto out_nomem;
     at += p->list.pack_sizes[k];
   }

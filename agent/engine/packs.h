@@ -1,10 +1,10 @@
 /* The parameter registry and the packs that store the parameters.
  *
  * Parameters are registered in forward order. Once the pack list is known
- * (computed on rank 0, fetched by the others), every pack gets three
- * contiguous float32 buffers on the compute device: params, grads and
- * momentum. A parameter's
- * tensors are views at its offset in its pack, so the allreduce runs in
+ * (computed on rank 0, fetched by the others), every pack gets contiguous
+ * float32 buffers on the compute device: params, grads and the
+ * optimizer's state (momentum; Adam's two or three moments). A
+ * parameter's tensors are views at its offset in its pack, so the allreduce runs in
  * place on a pack's grad buffer and nothing is ever concatenated or split.
  * The grad buffer of the pack reduced last may carry extra trailing floats
  * (the engine's control vector) that ride in the same allreduce. */
@@ -19,30 +19,31 @@
 #include "device.h"
 #include "gradsync.pb.h"
 #include "packlist.h"
-#include "sgd.h"
+#include "optim.h"
 
 typedef struct gs_pack {
-  float *params, *grads, *momentum; /* `elements` each (grads: + extra) */
+  float *params, *grads;            /* `elements` each (grads: + extra) */
+  float *state[GS_OPTIM_MAX_STATE]; /* nstate of them (gs_packs_t), `elements` each */
   size_t elements;
-  size_t extra;            /* trailing floats after the grads (the control vector) */
-  uint32_t first, nparams; /* its entries in the pack list's order[] */
-  gs_sgd_segment_t *segs;  /* one per param, in order[] order */
-  uint32_t pending;        /* grads not yet ready this step */
+  size_t extra;             /* trailing floats after the grads (the control vector) */
+  uint32_t first, nparams;  /* its entries in the pack list's order[] */
+  gs_optim_segment_t *segs; /* one per param, in order[] order */
+  uint32_t pending;         /* grads not yet ready this step */
 } gs_pack_t;
 
-/* How SGD treats one parameter: the bias rules of gs_sgd_config_t, or
- * its own multiplier and decay (a front end's parameter groups). */
+/* What a parameter is besides its size (the bias rules of the SGD
+ * settings treat biases apart). */
 typedef struct gs_param_rule {
   bool is_bias;
-  bool custom; /* lr_mult and weight_decay below, not the bias rules */
-  float lr_mult, weight_decay;
 } gs_param_rule_t;
 
 typedef struct gs_packs {
   gs_device_t *dev;        /* where the pack buffers live (not owned) */
   gs_param_desc_t *params; /* registered, forward order; names owned */
   gs_param_rule_t *rules;
+  uint32_t *group_of; /* param index -> its optimizer group (default 0) */
   uint32_t nparams, cap;
+  uint32_t nstate; /* optimizer state buffers per pack */
   gs_packlist_t list;
   gs_pack_t *packs;  /* list.pack_count */
   uint32_t *pack_of; /* param index -> pack index */
@@ -56,10 +57,9 @@ void gs_packs_free(gs_packs_t *p);
 /* Registers a float32 parameter of `elements` (> 0) elements; returns its
  * index (>= 0) or a negative GS_E* code (GS_EEXIST for a repeated name). */
 int gs_packs_register(gs_packs_t *p, const char *name, uint64_t elements, bool is_bias);
-/* Gives parameter i its own LR multiplier and weight decay (before the
- * packs are built); GS_EINVAL for no such parameter or a negative or
- * non-finite value. */
-int gs_packs_set_rule(gs_packs_t *p, uint32_t i, float lr_mult, float weight_decay);
+/* Puts parameter i in optimizer group `group` (before the packs are built;
+ * the engine owns the groups); GS_EINVAL for no such parameter. */
+int gs_packs_set_group(gs_packs_t *p, uint32_t i, uint32_t group);
 
 /* The Join model signature of the registered params. */
 void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);
@@ -67,12 +67,11 @@ void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);
 /* Adopts `list` (ownership moves into `p`), checks it against the
  * registered params (a list built for other params names the first
  * difference in `why`), and allocates the buffers on `dev` (which must
- * outlive `p`), zeroed; the pack reduced
- * last gets `extra` trailing grad floats. `lr_mult`/`wd` of weights and
- * biases come from `sgd`. */
+ * outlive `p`), zeroed, `nstate` optimizer state buffers each; the pack
+ * reduced last gets `extra` trailing grad floats. */
 int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
                    const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
-                   const gs_sgd_config_t *sgd, char *why, size_t why_len) GS_WARN_UNUSED;
+                   uint32_t nstate, char *why, size_t why_len) GS_WARN_UNUSED;
 
 /* Views of parameter i (after build; device memory). */
 float *gs_packs_param(const gs_packs_t *p, uint32_t i);

@@ -3,13 +3,14 @@
  * gradient is reported and every pack before it in the pack list is
  * launched (the same collectives in the same order on every rank, whatever
  * order backward reports in); end_step completes them in that order, runs
- * each pack's fused SGD as soon as its gradients are in, checks that the
+ * each pack's fused optimizer step once its gradients are in, checks that the
  * ranks ran the step alike, and acts on the summed control vector,
  * identically on every rank. */
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clock.h"
@@ -78,6 +79,8 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   e->step_start_ms = gs_now_ms_f();
   /* Queued before backward, so it is in place before the last pack's allreduce. */
   e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
+  if (!e->launch_err)
+    e->launch_err = gs_device_zero(e->cfg.dev, e->skip_dev, sizeof(float));
   e->in_step = true;
 }
 
@@ -195,7 +198,18 @@ static int act_on_control(gs_engine_t *e, uint64_t step, double start_ms, gs_ste
   }
   gs_control_decode(e->ctl, e->nctl, &c);
   bcast = c.broadcast;
-  if (c.nonfinite) {
+  if (c.nonfinite && out->skipped) {
+    /* Said already (nonfinite_gradients): the loss spoilt the gradients. */
+  } else if (c.nonfinite && e->cfg.nonfinite == GS_NONFINITE_SKIP) {
+    char ranks[256];
+
+    nonfinite_ranks(e, ranks, sizeof(ranks));
+    out->nonfinite = out->skipped = true;
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; its gradients were "
+           "finite and applied, and training goes on (nonfinite skip)",
+           step, ranks);
+  } else if (c.nonfinite) {
     char ranks[256];
 
     nonfinite_ranks(e, ranks, sizeof(ranks));
@@ -261,19 +275,83 @@ static int missing_gradient(gs_engine_t *e, uint64_t step)
   return 0;
 }
 
-/* Queues pack k's fused SGD; the milliseconds it took. */
-static double apply_sgd(gs_engine_t *e, uint32_t k, float lr)
+/* Queues pack k's fused optimizer step (skipped on the device when the
+ * step's gradients were found not finite); the milliseconds it took. */
+static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
 {
   gs_pack_t *pk = &e->packs.packs[k];
   double t0 = gs_now_ms_f();
 
-  gs_device_sgd_pack(e->cfg.dev, &e->cfg.sgd, lr, (float)e->grad_scale, pk->segs, pk->nparams,
-                     pk->params, pk->grads, pk->momentum);
+  gs_device_optim_pack(e->cfg.dev, st, pk->segs, pk->nparams, pk->params, pk->grads, pk->state,
+                       e->cfg.nonfinite == GS_NONFINITE_OFF ? NULL : e->skip_dev);
   return gs_now_ms_f() - t0;
 }
 
+/* The first parameter whose summed gradient is not finite (host copies of
+ * the packs' gradients on a device without host memory); its name, or
+ * "?" when the copy fails. Only on the rare step that has one. */
+static const char *first_nonfinite_param(gs_engine_t *e)
+{
+  for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
+    gs_pack_t *pk = &e->packs.packs[k];
+    const float *g = pk->grads;
+    float *host = NULL;
+    size_t at;
+
+    if (!e->cfg.dev->host_memory) {
+      host = malloc(pk->elements * sizeof(float) + 1);
+      if (!host || gs_device_download(e->cfg.dev, host, pk->grads, pk->elements * sizeof(float))) {
+        free(host);
+        return "?";
+      }
+      g = host;
+    }
+    at = gs_optim_first_nonfinite(g, pk->elements);
+    free(host);
+    for (uint32_t j = 0; at < pk->elements && j < pk->nparams; j++)
+      if (at < pk->segs[j].offset + pk->segs[j].count)
+        return e->packs.params[e->packs.list.order[pk->first + j]].name;
+  }
+  return "?";
+}
+
+/* The step's summed gradients held a NaN or an infinity, so its update
+ * was not applied (every rank saw the same sums): stop every rank, or
+ * with GS_NONFINITE_SKIP go on without it. The words name the ranks whose
+ * loss was not finite, when the control vector says so (the usual cause),
+ * else the first parameter whose gradient is not. */
+static int nonfinite_gradients(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
+{
+  gs_control_t c;
+  char what[300];
+
+  gs_control_decode(e->ctl, e->nctl, &c);
+  if (c.nonfinite) {
+    char ranks[256];
+
+    nonfinite_ranks(e, ranks, sizeof(ranks));
+    snprintf(what, sizeof(what), "the loss is NaN or infinite on rank(s) %s", ranks);
+  } else {
+    snprintf(what, sizeof(what),
+             "the summed gradients hold NaN or infinity (first: parameter '%s')",
+             first_nonfinite_param(e));
+  }
+  out->nonfinite = true;
+  if (e->cfg.nonfinite == GS_NONFINITE_SKIP) {
+    out->skipped = true;
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+           "step %" PRIu64 ": %s; the step is skipped on every rank", step, what);
+    return 0;
+  }
+  gs_set_why(e->error, sizeof(e->error),
+             "step %" PRIu64 ": %s; the step was not applied and every rank stops", step, what);
+  out->stop = true;
+  gs_set_why(out->stop_reason, sizeof(out->stop_reason), "%s", e->error); /* cut to fit */
+  return GS_ERANGE;
+}
+
 /* A collective of the step failed: an elastic job regroups without this
- * step (its SGD was not applied here, see apply_sgd); any other stops. */
+ * step (its update was not applied here, see apply_optim); any other stops. */
 static int step_failed(gs_engine_t *e, int err, const char *what, double start_ms,
                        gs_step_result_t *out)
 {
@@ -286,23 +364,20 @@ static int step_failed(gs_engine_t *e, int err, const char *what, double start_m
   return gs__engine_regroup(e, why, false, start_ms, out);
 }
 
-/* Waits for the allreduces pack by pack and queues each pack's SGD as its
- * gradients arrive, then reads back the summed control vector. An elastic
- * job applies SGD only once every allreduce of the step is complete here,
- * so a rank holds either the last step's state or this one's in full,
- * never a mix, whatever a lost rank interrupted: a regroup can go on from
- * it (it costs the overlap of SGD with the last allreduces). */
-int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
+/* The step's reductions: waits for the allreduces pack by pack, checks
+ * each pack's sums, and (unless `defer`) queues each pack's update as its
+ * gradients arrive. Fills e->reduced (the wait, the update time so far)
+ * and returns the step's failure, with `out` filled by a regroup. */
+static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step_result_t *out)
 {
   uint64_t step = e->after.step;
-  float lr = gs_sgd_lr(&e->cfg.sgd, step - 1) * e->lr_scale;
-  bool defer = gs__engine_elastic(e);
-  double waited = 0, optimizer = 0, t0, start_ms = e->step_start_ms;
+  bool check = e->cfg.nonfinite != GS_NONFINITE_OFF;
+  double t0, start_ms = e->step_start_ms;
   char what[64];
   int err;
 
-  memset(out, 0, sizeof(*out));
   e->in_step = false;
+  e->reduced = (reduced_t){.done = true};
   if (e->failed) {
     snprintf(what, sizeof(what), "step %" PRIu64, step);
     return gs__engine_refuse(e, what);
@@ -321,23 +396,93 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   for (uint32_t k = 0; k < e->nissued; k++) {
     t0 = gs_now_ms_f();
     err = complete(e, k);
-    waited += gs_now_ms_f() - t0;
+    e->reduced.waited_ms += gs_now_ms_f() - t0;
     if (err) {
       snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, k);
       return step_failed(e, err, what, start_ms, out);
     }
+    if (check)
+      gs_device_check_finite(e->cfg.dev, e->packs.packs[k].grads, e->packs.packs[k].elements,
+                             e->skip_dev);
     if (!defer)
-      optimizer += apply_sgd(e, k, lr);
+      e->reduced.optimizer_ms += apply_optim(e, k, st);
   }
   t0 = gs_now_ms_f();
-  err = gs_comm_sync(e->comm); /* deferred: SGD is queued only after every allreduce succeeded */
-  waited += gs_now_ms_f() - t0;
+  err =
+      gs_comm_sync(e->comm); /* deferred: updates are queued only after every allreduce succeeded */
+  e->reduced.waited_ms += gs_now_ms_f() - t0;
   if (err)
     return step_failed(e, err, what, start_ms, out);
+  return 0;
+}
+
+/* Makes the summed gradients the ones the update uses (times 1/world for
+ * a mean), in place: what DDP leaves in `.grad`. */
+static void scale_grads(gs_engine_t *e, float factor)
+{
+  for (uint32_t k = 0; factor != 1.0f && k < e->packs.list.pack_count; k++)
+    gs_device_scale(e->cfg.dev, e->packs.packs[k].grads, e->packs.packs[k].elements, factor);
+}
+
+int gs_engine_synchronize(gs_engine_t *e, bool scale)
+{
+  gs_optim_step_t st;
+
+  if (e->reduced.done || !e->in_step)
+    return e->reduced.done ? e->reduced.err : 0;
+  memset(&e->reduced_out, 0, sizeof(e->reduced_out));
+  gs__engine_resolve_groups(e, e->after.step, &st);
+  e->reduced.err = reduce(e, true, &st, &e->reduced_out);
+  if (!e->reduced.err && !e->reduced_out.regrouped && scale) {
+    scale_grads(e, (float)e->grad_scale);
+    e->reduced.scaled = true;
+  }
+  return e->reduced.err;
+}
+
+void gs_engine_scale_step(gs_engine_t *e, float factor)
+{
+  e->step_factor = factor;
+}
+
+/* Waits for the allreduces (unless gs_engine_synchronize did), queues
+ * the updates, then reads back the summed control vector. An elastic job,
+ * and one that checks its gradients (cfg.nonfinite), applies the optimizer
+ * only once every allreduce of the step is complete and checked here, so
+ * a rank holds either the last step's state or this one's in full, never
+ * a mix, whatever a lost rank interrupted or a NaN spoilt: a regroup can
+ * go on from it, and a non-finite step is never applied (it costs the
+ * overlap of the optimizer with the last allreduces). */
+int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
+{
+  uint64_t step = e->after.step;
+  bool check = e->cfg.nonfinite != GS_NONFINITE_OFF;
+  bool synced = e->reduced.done, defer = synced || gs__engine_elastic(e) || check;
+  float factor = e->step_factor;
+  gs_optim_step_t st;
+  float skip = 0.0f;
+  double t0, optimizer;
+  int err;
+
+  e->step_factor = 1.0f;
+  memset(out, 0, sizeof(*out));
+  gs__engine_resolve_groups(e, step, &st);
+  if (!synced)
+    err = reduce(e, defer, &st, out);
+  else
+    err = e->reduced.err, *out = e->reduced_out;
+  e->reduced.done = false;
+  if (err || out->regrouped) /* a regroup dropped the step (elastic) */
+    return err;
+  /* Grads already scaled in place, and a clipping factor, in the update. */
+  st.grad_scale = (e->reduced.scaled ? 1.0f : st.grad_scale) * factor;
+  optimizer = e->reduced.optimizer_ms;
   for (uint32_t k = 0; defer && k < e->nissued; k++)
-    optimizer += apply_sgd(e, k, lr);
+    optimizer += apply_optim(e, k, &st);
   t0 = gs_now_ms_f();
   err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
+  if (!err && check)
+    err = gs_device_download(e->cfg.dev, &skip, e->skip_dev, sizeof(float));
   optimizer += gs_now_ms_f() - t0;
   if (err) {
     gs_set_why(e->error, sizeof(e->error),
@@ -345,8 +490,15 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
                e->cfg.dev->label, gs_strerror(err));
     return gs__engine_fail(e, err);
   }
-  e->committed = e->after; /* every pack's SGD of this step is applied */
-  out->comm_wait_ms = waited;
+  out->comm_wait_ms = e->reduced.waited_ms;
   out->optimizer_ms = optimizer;
-  return act_on_control(e, step, start_ms, out);
+  if (skip != 0.0f) {
+    err = nonfinite_gradients(e, step, out);
+    if (err)
+      return err; /* the state is still the last step's */
+  } else {
+    e->optim_steps++;
+  }
+  e->committed = e->after; /* this step is done: applied in full, or skipped */
+  return act_on_control(e, step, e->step_start_ms, out);
 }

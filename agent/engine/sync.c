@@ -12,16 +12,16 @@
 #include "engine_internal.h"
 #include "why.h"
 
-/* Broadcasts every pack's params (and momentum) from rank 0 as one
+/* Broadcasts every pack's params (and optimizer state) from `root` as one
  * grouped collective and waits for it once: a stream-ordered backend
  * launches them together (one round trip instead of one per buffer), a
  * blocking one runs them in turn on this thread (the comm thread is idle
  * outside a step). */
-int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum, uint32_t root)
+int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root)
 {
-  uint32_t packs = e->packs.list.pack_count, n = 0;
-  gs_comm_span_t *spans = malloc((2 * (size_t)packs + 1) * sizeof(*spans));
-  const char *what = momentum ? "broadcast of params and momentum" : "broadcast of params";
+  uint32_t packs = e->packs.list.pack_count, n = 0, per = 1 + (state ? e->packs.nstate : 0);
+  gs_comm_span_t *spans = malloc((per * (size_t)packs + 1) * sizeof(*spans));
+  const char *what = state ? "broadcast of params and optimizer state" : "broadcast of params";
   int err;
 
   if (!spans) {
@@ -32,8 +32,8 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool momentum, uint32_t root)
     gs_pack_t *pk = &e->packs.packs[k];
 
     spans[n++] = (gs_comm_span_t){pk->params, pk->elements * sizeof(float)};
-    if (momentum)
-      spans[n++] = (gs_comm_span_t){pk->momentum, pk->elements * sizeof(float)};
+    for (uint32_t j = 1; j < per; j++)
+      spans[n++] = (gs_comm_span_t){pk->state[j - 1], pk->elements * sizeof(float)};
   }
   err = gs_comm_broadcast_group(e->comm, spans, n, root);
   free(spans);
@@ -50,24 +50,31 @@ typedef enum ckpt_view {
   CKPT_SNAPSHOT, /* a copy of the packs as they are now, always a copy: it outlives the step */
 } ckpt_view_t;
 
-/* The checkpoint's view of the packs, params then momentum of each pack,
- * in host memory (see ckpt_view_t). Release with ckpt_release, or hand a
+/* Buffers per pack in a checkpoint: params, then each optimizer state. */
+static uint32_t ckpt_per_pack(const gs_engine_t *e)
+{
+  return 1 + e->packs.nstate;
+}
+
+/* The checkpoint's view of the packs, params then optimizer state of each
+ * pack, in host memory (see ckpt_view_t). Release with ckpt_release, or hand a
  * snapshot to the checkpoint writer, which frees it. NULL when out of
  * memory or the download failed. */
 static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, ckpt_view_t view)
 {
-  uint32_t packs = e->packs.list.pack_count;
-  gs_ckpt_buffer_t *b = calloc(2 * packs, sizeof(*b));
+  uint32_t packs = e->packs.list.pack_count, per = ckpt_per_pack(e);
+  gs_ckpt_buffer_t *b = calloc(per * packs, sizeof(*b));
   bool host = e->cfg.dev->host_memory && view == CKPT_TO_LOAD;
   bool download = view == CKPT_SNAPSHOT && !e->cfg.dev->host_memory;
 
   for (uint32_t k = 0; b && k < packs; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
 
-    b[2 * k] = (gs_ckpt_buffer_t){pk->params, pk->elements};
-    b[2 * k + 1] = (gs_ckpt_buffer_t){pk->momentum, pk->elements};
+    b[per * k] = (gs_ckpt_buffer_t){pk->params, pk->elements};
+    for (uint32_t j = 1; j < per; j++)
+      b[per * k + j] = (gs_ckpt_buffer_t){pk->state[j - 1], pk->elements};
   }
-  for (uint32_t i = 0; b && !host && i < 2 * packs; i++) {
+  for (uint32_t i = 0; b && !host && i < per * packs; i++) {
     float *src = b[i].data;
 
     b[i].data = malloc(b[i].count * sizeof(float) + 1);
@@ -88,7 +95,7 @@ static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, ckpt_view_t view)
  * `upload` (a loaded checkpoint). */
 static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
 {
-  uint32_t packs = e->packs.list.pack_count;
+  uint32_t packs = e->packs.list.pack_count, per = ckpt_per_pack(e);
   int err = 0;
 
   if (e->cfg.dev->host_memory) {
@@ -98,15 +105,13 @@ static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
   for (uint32_t k = 0; k < packs; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
 
-    if (upload && !err)
-      err = gs_device_upload(e->cfg.dev, pk->params, b[2 * k].data, pk->elements * sizeof(float));
-    if (upload && !err)
-      err = gs_device_upload(e->cfg.dev, pk->momentum, b[2 * k + 1].data,
+    for (uint32_t j = 0; upload && !err && j < per; j++)
+      err = gs_device_upload(e->cfg.dev, j ? pk->state[j - 1] : pk->params, b[per * k + j].data,
                              pk->elements * sizeof(float));
   }
   if (upload && !err)
     err = gs_device_sync(e->cfg.dev); /* the copies are freed next */
-  for (uint32_t i = 0; i < 2 * packs; i++)
+  for (uint32_t i = 0; i < per * packs; i++)
     free(b[i].data);
   free(b);
   return err;
@@ -118,12 +123,13 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         pos->epoch,
                         pos->rng_state,
                         gs_packs_layout_hash(&e->packs),
-                        2 * e->packs.list.pack_count,
+                        ckpt_per_pack(e) * e->packs.list.pack_count,
                         NULL,
                         e->layout_desc,
                         e->join.world_size,
                         pos->sample,
-                        0};
+                        0,
+                        e->optim_steps};
   char why[640];
   int err;
 
@@ -161,9 +167,17 @@ int gs_engine_checkpoint_wait(gs_engine_t *e)
 /* Rank 0 loads the newest valid checkpoint; true when one was loaded. */
 static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
 {
-  gs_ckpt_state_t st = {
-      0, 0, 0, gs_packs_layout_hash(&e->packs), 2 * e->packs.list.pack_count, NULL, e->layout_desc,
-      0, 0, 0};
+  gs_ckpt_state_t st = {0,
+                        0,
+                        0,
+                        gs_packs_layout_hash(&e->packs),
+                        ckpt_per_pack(e) * e->packs.list.pack_count,
+                        NULL,
+                        e->layout_desc,
+                        0,
+                        0,
+                        0,
+                        0};
   char path[4096], why[512];
   int err;
 
@@ -194,9 +208,10 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   *found = true;
   *pos = (gs_position_t){st.step, st.epoch, st.rng_state,
                          st.version >= 4 ? st.sample : GS_POSITION_SAMPLE_UNKNOWN};
+  e->optim_steps = st.optim_steps;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
          st.step);
-  /* Allowed (the params and momentum are the same whatever the world
+  /* Allowed (the params and optimizer state are the same whatever the world
    * size), but the global batch, the data each rank sees and, with
    * --reduce sum, the step size differ from the run that wrote it. */
   if (st.world_size && st.world_size != e->join.world_size)
@@ -207,12 +222,12 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   return 0;
 }
 
-/* FNV-1a 64 over params and momentum of every pack, as this rank holds
- * them (downloaded from a device: a regroup, not a step). */
+/* FNV-1a 64 over params and optimizer state of every pack, as this rank
+ * holds them (downloaded from a device: a regroup, not a step). */
 static int state_hash(gs_engine_t *e, uint64_t *h)
 {
   gs_ckpt_buffer_t *b = ckpt_buffers(e, CKPT_SNAPSHOT);
-  uint32_t nbufs = 2 * e->packs.list.pack_count;
+  uint32_t nbufs = ckpt_per_pack(e) * e->packs.list.pack_count;
 
   if (!b)
     return GS_ENOMEM;
@@ -257,7 +272,7 @@ static int check_same_state(gs_engine_t *e)
 
     if (v[i] != (float)(w * nib) || v[HASH_NIBBLES + i] != (float)(w * nib * nib)) {
       gs_set_why(e->error, sizeof(e->error),
-                 "generation %" PRIu64 ": the ranks hold different params or momentum after "
+                 "generation %" PRIu64 ": the ranks hold different params or optimizer state after "
                  "taking rank %u's state (hash %016" PRIx64 " on rank %u)",
                  e->join.generation, e->join.state_rank, h, e->join.rank);
       return gs__engine_fail(e, GS_EPROTO);
@@ -268,7 +283,7 @@ static int check_same_state(gs_engine_t *e)
 
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
 {
-  uint64_t hdr[4] = {pos->step, pos->epoch, pos->rng_state, pos->sample};
+  uint64_t hdr[5] = {pos->step, pos->epoch, pos->rng_state, pos->sample, e->optim_steps};
   uint32_t root = e->join.state_rank;
   int err;
 
@@ -283,6 +298,7 @@ int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
       return err;
   }
   *pos = (gs_position_t){hdr[0], hdr[1], hdr[2], hdr[3]};
+  e->optim_steps = hdr[4];
   e->committed = *pos;
   e->has_state = true;
   return 0;
@@ -290,7 +306,7 @@ int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
 
 int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
 {
-  uint64_t hdr[5] = {0, pos->step, pos->epoch, pos->rng_state, pos->sample};
+  uint64_t hdr[6] = {0, pos->step, pos->epoch, pos->rng_state, pos->sample, 0};
   bool found = false;
   int err;
 
@@ -307,7 +323,7 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
       return err;
     if (found)
       hdr[0] = 1, hdr[1] = pos->step, hdr[2] = pos->epoch, hdr[3] = pos->rng_state,
-      hdr[4] = pos->sample;
+      hdr[4] = pos->sample, hdr[5] = e->optim_steps;
   }
   if (e->join.world_size == 1) {
     e->committed = *pos;
@@ -320,6 +336,7 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
   /* Rank 0's position, checkpoint or not: ranks that come to a fresh
    * start from a regroup may hold other ones. */
   *pos = (gs_position_t){hdr[1], hdr[2], hdr[3], hdr[4]};
+  e->optim_steps = hdr[5];
   e->committed = *pos;
   if (hdr[0])
     return gs__engine_broadcast_packs(e, true, 0);

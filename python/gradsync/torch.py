@@ -68,6 +68,7 @@ world size (every rank the same batch). A rank that joins a running job
 starts from the others' `opt.position` and `opt.sample`.
 """
 import atexit
+import contextlib
 import os
 import re
 import socket
@@ -86,17 +87,27 @@ __all__ = ["init", "rank", "world_size", "local_rank", "DistributedOptimizer", "
            "Error", "PeerLost", "ModelMismatch", "Timeout", "Interrupted", "WorldChanged"]
 
 _COORDINATOR_PORT = "7070"
-_state = {"config": None, "engine": None, "optimizers": []}
+_state = {"config": None, "engine": None, "optimizers": [], "nonfinite_stop": False}
 
 
 @atexit.register
 def _leave_at_exit():
     """A script that ends normally has finished; one that dies of an
-    uncaught exception (which sets sys.last_value) has failed."""
+    uncaught exception (which sets sys.last_value) has failed. A job that
+    stopped at a non-finite step failed too, however the script ended:
+    the process exits with status 1 (Python cannot change the status of a
+    normal exit otherwise; handlers registered before gradsync's import
+    but logging's are skipped)."""
     failed = hasattr(sys, "last_value")
     for opt in _state["optimizers"]:
         opt.finish(finished=not failed,
                    reason=f"the script raised {type(sys.last_value).__name__}" if failed else "")
+    if _state["nonfinite_stop"] and not failed:
+        import logging
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _env(*names):
@@ -237,7 +248,10 @@ class StepResult:
     period_changed: bool
     broadcast: bool
     checkpoint: bool
-    nonfinite: bool  # a rank's loss was NaN or infinite: stop_reason names the ranks
+    # A rank's loss, or the summed gradients, held NaN or an infinity: the
+    # step was not applied; stop_reason names the ranks or the parameter.
+    nonfinite: bool
+    skipped: bool    # nonfinite="skip": the step was skipped on every rank
     comm_wait_ms: float
     optimizer_ms: float
     # Elastic jobs: the world changed (a rank was lost, or new ones joined)
@@ -292,30 +306,72 @@ def _layout_settings(named):
 
 
 _UNLIKE = re.compile(r"setting 'model\.layout\.(\d+)' is '([^']*)' vs '([^']*)'")
+_RANKS = re.compile(r"rank (\d+) has settings unlike rank (\d+)'s")
 
 
 def _mismatch(err, named):
-    """A refusal of unlike models, with the first differing parameter named."""
-    m = _UNLIKE.search(str(err))
+    """A refusal of unlike models, with the first differing parameter
+    named, from this rank's side: the coordinator sends every rank the
+    same words about two ranks (the one that differs, then the one it was
+    compared with), so each rank finds which of them it is by its own
+    layout."""
+    m, ranks = _UNLIKE.search(str(err)), _RANKS.search(str(err))
     if not m:
         return ModelMismatch(str(err)) if "model" in str(err) else err
-    base, mine, theirs = int(m.group(1)) * _LAYOUT_CHARS, m.group(2), m.group(3)
-    i = next((k for k in range(min(len(mine), len(theirs))) if mine[k] != theirs[k]),
+    k = int(m.group(1))
+    base, bad, ref = k * _LAYOUT_CHARS, m.group(2), m.group(3)
+    bad_rank, ref_rank = ranks.groups() if ranks else ("?", "?")
+    mine = dict(_layout_settings(named)).get(f"model.layout.{k}", "")
+    me, other, theirs = (bad_rank, ref_rank, ref) if mine == bad else \
+        (ref_rank, bad_rank, bad) if mine == ref else (None, None, None)
+    if me is None:
+        return ModelMismatch(f"the ranks' models differ (rank {bad_rank}'s from rank "
+                             f"{ref_rank}'s; this rank is neither): {err}")
+    i = next((j for j in range(min(len(mine), len(theirs))) if mine[j] != theirs[j]),
              min(len(mine), len(theirs)))
     i += base
     if i < len(named):
         name, p = named[i]
-        what = (f"parameter {i} '{name}' (shape {list(p.shape)} on this rank) differs from the "
-                "reference rank's (its name or shape)")
+        what = (f"parameter {i} '{name}' (shape {list(p.shape)}) on this rank (rank {me}) "
+                f"differs from rank {other}'s (its name or shape)")
     else:
-        what = f"this rank has {len(named)} parameters, the reference rank more"
+        what = (f"this rank (rank {me}) has {len(named)} parameters, rank {other} more")
     return ModelMismatch(f"the ranks' models differ: {what}; {err}")
 
 
-class DistributedOptimizer:
-    """torch.optim.SGD over gradsync: momentum (dampening 0), weight decay,
-    nesterov, as torch.optim.SGD computes them, with every rank's gradients
-    summed or averaged (`reduce`) before the update.
+# torch.optim's optimizers the engine runs fused over the packs (their own
+# class, not a subclass: a subclass may change step()).
+_FUSED = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer over gradsync: every rank's gradients summed
+    or averaged (`reduce`) before the update, which the engine applies
+    fused over the packs.
+
+    `optimizer`: a torch.optim.SGD, Adam or AdamW over the model's
+    parameters (with its parameter groups and their hyperparameters),
+    e.g. `optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4,
+    weight_decay=0.1)`; the engine reads each group's hyperparameters at
+    every step, so torch's lr schedulers work on this optimizer (or on the
+    one given). Without it: SGD with `lr`, `momentum`, `weight_decay` and
+    `nesterov`, as torch.optim.SGD computes them. `param_groups`,
+    `state_dict()` and `load_state_dict()` are torch's (a checkpoint saved
+    with torch.save resumes in plain torch, and the other way round).
+
+    `nonfinite`: what a step whose summed gradients hold NaN or an
+    infinity does (it is never applied): "stop" (default) stops every
+    rank at it (`step()` returns with `stop` and `nonfinite` set, and the
+    job ends failed), "skip" skips it on every rank and goes on
+    (`skipped` set).
+
+    Accumulation: backward passes inside `with opt.no_sync():` only add
+    into the packs; the next one outside it reduces the sum. Clipping:
+    `opt.clip_grad_norm_(max_norm)` (or `max_grad_norm=` at every step)
+    clips by the norm of the reduced gradients inside the fused update;
+    for torch's own `clip_grad_norm_` (or anything that reads `.grad`),
+    call `opt.synchronize()` first: the gradients are then reduced in
+    place.
 
     `model` is an nn.Module (its parameters and buffers are used) or an
     iterable of parameters. Construction joins the job (blocking until
@@ -338,7 +394,7 @@ class DistributedOptimizer:
     `opt.epoch` and `opt.sample`.
     """
 
-    def __init__(self, model, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
+    def __init__(self, model, lr=None, momentum=0.0, weight_decay=0.0, nesterov=False,
                  reduce="mean", pack_threshold="10MiB", bcast_period=0,
                  find_unused_parameters=False, broadcast_buffers=True, groups=None,
                  bias_lr_mult=1.0, bias_weight_decay=None, warmup_steps=0, warmup_factor=1 / 3,
@@ -346,7 +402,7 @@ class DistributedOptimizer:
                  checkpoint_dir=None, checkpoint_every=0, checkpoint_failures=3, resume=False,
                  join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
                  coordinator_grace=600.0, rejoin_timeout=300.0, elastic_lr="keep",
-                 on_world_change=None):
+                 on_world_change=None, optimizer=None, nonfinite="stop", max_grad_norm=None):
         if isinstance(model, torch.nn.Module):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffers = list(model.named_buffers()) if broadcast_buffers else []
@@ -367,8 +423,24 @@ class DistributedOptimizer:
         self._named = named
         self.params = [p for _, p in named]
         self.find_unused_parameters = find_unused_parameters
+        scheduled = bool(groups or bias_lr_mult != 1.0 or bias_weight_decay is not None or
+                         warmup_steps or schedule != "constant")
+        if optimizer is None:
+            if lr is None:
+                raise TypeError("DistributedOptimizer needs lr= (SGD) or optimizer=")
+            # With the engine's own schedule and rules (scheduled), the
+            # engine's SGD settings decide, and this one only holds the
+            # state's format.
+            optimizer = torch.optim.SGD(self.params, lr=lr, momentum=momentum,
+                                        weight_decay=weight_decay, nesterov=nesterov)
+        elif lr is not None or scheduled:
+            raise ValueError("optimizer= carries its own hyperparameters and groups: leave lr, "
+                             "groups, the bias rules and the schedule out (use a torch "
+                             "lr_scheduler on the optimizer)")
+        kind = self._adopt(optimizer)
+        self._scheduled = scheduled
         cfg = dict(_config())
-        cfg.update(lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+        cfg.update(optimizer=kind, nonfinite=nonfinite, lr=lr or 0.0, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                    reduce=reduce, pack_threshold=_bytes(pack_threshold), bcast_period=bcast_period,
                    bias_lr_mult=bias_lr_mult, warmup_steps=warmup_steps,
                    warmup_factor=warmup_factor, schedule=schedule, step_size=step_size,
@@ -385,6 +457,13 @@ class DistributedOptimizer:
         e = _engine.Engine(**cfg)
         for n, p in named:
             e.register(n, p.numel(), n.endswith("bias"))
+        self._engine_groups = {}
+        if not scheduled:
+            index = {id(p): i for i, p in enumerate(self.params)}
+            for k, g in enumerate(self.param_groups):
+                e.add_group(self._hyper(g))
+                for p in g["params"]:
+                    e.param_group(index[id(p)], k)
         rules = self._group_rules(groups or [], lr, weight_decay)
         for i, (lr_mult, decay) in sorted(rules.items()):
             e.param_rule(i, lr_mult, decay)
@@ -410,6 +489,10 @@ class DistributedOptimizer:
         self.sample = sample or 0  # None: a checkpoint from before it was stored
         self._sync_buffers()
         self._in_step = False
+        self._accumulating = self._accumulated = False
+        self._synced = self._scaled = self._clipped = False
+        self.max_grad_norm = max_grad_norm
+        self._reduce = reduce
         self._held = []
         self.copies = 0  # gradients that arrived outside the packs (set_to_none, assigned .grad)
         self._t_last = time.monotonic()
@@ -418,6 +501,126 @@ class DistributedOptimizer:
         if isinstance(model, torch.nn.Module):
             self._hooks.append(model.register_forward_pre_hook(self._saw_input))
         _state["optimizers"].append(self)
+
+    def _adopt(self, optimizer):
+        """Takes the torch optimizer's groups, defaults and (empty) state as
+        this one's; the engine's name for its kind."""
+        kind = _FUSED.get(type(optimizer))
+        if kind is None:
+            raise Error(f"optimizer={type(optimizer).__name__}: gradsync runs torch.optim.SGD, "
+                        "Adam and AdamW fused in its engine; other optimizers are not yet "
+                        "supported")
+        if optimizer.state:
+            raise Error("optimizer= has state already (it has stepped, or loaded a "
+                        "state_dict): wrap it before training, and load a state_dict into the "
+                        "DistributedOptimizer")
+        mine = {id(p) for p in self.params}
+        seen = set()
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                if id(p) not in mine:
+                    raise ValueError("optimizer= has a parameter that is not the model's (or does "
+                                     "not require a gradient)")
+                seen.add(id(p))
+            if g.get("foreach") or g.get("fused") or g.get("differentiable"):
+                pass  # the engine's fused step does what each of these asks
+        missing = [n for n, p in self._named if id(p) not in seen]
+        if missing:
+            raise ValueError(f"parameter(s) {', '.join(missing[:5])} of the model are in no group "
+                             "of optimizer=")
+        self._inner = optimizer
+        self.defaults = optimizer.defaults
+        self.param_groups = optimizer.param_groups  # the same dicts: a scheduler of either works
+        self.state = optimizer.state
+        return kind
+
+    @staticmethod
+    def _hyper(group):
+        """What the engine reads of a param group."""
+        return {k: v for k, v in group.items() if k != "params"}
+
+    def _push_groups(self):
+        """Hands the engine the groups whose hyperparameters changed (a
+        scheduler's lr) since the last step; cheap when none did."""
+        if self._scheduled:
+            return
+        for k, g in enumerate(self.param_groups):
+            key = tuple((n, v) for n, v in g.items() if n != "params" and
+                        isinstance(v, (int, float, bool, tuple)))
+            if self._engine_groups.get(k) != key:
+                self._engine.set_group(k, self._hyper(g))
+                self._engine_groups[k] = key
+
+    # torch's state slots per optimizer, in the engine's order.
+    _SLOTS = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"),
+              "adamw": ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")}
+
+    def _state_views(self, i):
+        """{torch's state name: a view of the engine's buffer} of parameter i."""
+        kind = _FUSED[type(self._inner)]
+        views = {}
+        for slot, name in enumerate(self._SLOTS[kind]):
+            if kind == "sgd" and not self._group_of(i).get("momentum"):
+                continue
+            if name == "max_exp_avg_sq" and not self._group_of(i).get("amsgrad"):
+                continue
+            views[name] = self._view(self._engine.state(i, slot), self.params[i].shape)
+        return views
+
+    def _group_of(self, i):
+        p = self.params[i]
+        return next(g for g in self.param_groups if any(q is p for q in g["params"]))
+
+    def state_dict(self):
+        """torch's format for the wrapped optimizer's class: "state" per
+        parameter index (copies of the engine's buffers; "step" the updates
+        applied) and "param_groups"."""
+        steps = self._engine.optim_steps()
+        kind = _FUSED[type(self._inner)]
+        self.state.clear()
+        if steps:
+            for i, p in enumerate(self.params):
+                st = {k: v.clone() for k, v in self._state_views(i).items()}
+                if kind == "sgd":
+                    st.setdefault("momentum_buffer", None)
+                else:
+                    st["step"] = torch.tensor(float(steps))
+                self.state[p] = st
+        try:
+            return self._inner.state_dict()
+        finally:
+            self.state.clear()
+
+    def load_state_dict(self, state_dict):
+        """Loads torch's format (from plain torch or from state_dict()):
+        the groups' hyperparameters, and the state into the engine's
+        buffers. Every rank loads the same (a checkpoint of rank 0's)."""
+        self._inner.load_state_dict(state_dict)
+        steps = set()
+        try:
+            with torch.no_grad():
+                for i, p in enumerate(self.params):
+                    st = self.state.get(p, {})
+                    for name, view in self._state_views(i).items():
+                        if st.get(name) is not None:
+                            view.copy_(st[name])
+                        else:
+                            view.zero_()
+                    if "step" in st:
+                        steps.add(int(st["step"]))
+                    elif st.get("momentum_buffer") is not None:
+                        steps.add(max(self._engine.optim_steps(), 1))
+            if len(steps) > 1:
+                raise Error(f"the state_dict's parameters have different step counts "
+                            f"({sorted(steps)[:4]}): gradsync steps every parameter together")
+            self._engine.optim_steps(steps.pop() if steps else 0)
+        finally:
+            self.state.clear()
+        self._engine_groups.clear()
+
+    def add_param_group(self, param_group):
+        raise Error("the engine's packs are fixed once it has joined: give every parameter group "
+                    "to the optimizer before wrapping it")
 
     def _saw_input(self, module, args):
         """The batch size, for the status page's samples/s."""
@@ -555,7 +758,20 @@ class DistributedOptimizer:
             self._engine.begin_step(0.0, *self._after)
 
     def _grad_ready(self, i):
+        if self._accumulating:
+            self._into_pack(i)
+            self._accumulated = True
+            return
         self._begin()
+        self._into_pack(i)
+        self._reported[i] = True
+        if self._in_last[i]:
+            self._held.append(i)  # the last pack carries the loss: reported in step()
+        else:
+            self._engine.grad_ready(i)
+
+    def _into_pack(self, i):
+        """Makes parameter i's gradient the pack's view again."""
         p, gv = self.params[i], self._grad_views[i]
         if p.grad is None or p.grad.data_ptr() != gv.data_ptr():
             # set_to_none zeroing, or a .grad of the user's: one copy into
@@ -567,11 +783,28 @@ class DistributedOptimizer:
                     gv.copy_(p.grad)
             p.grad = gv
             self.copies += 1
-        self._reported[i] = True
-        if self._in_last[i]:
-            self._held.append(i)  # the last pack carries the loss: reported in step()
-        else:
-            self._engine.grad_ready(i)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation, as DDP's `no_sync`: backward passes inside
+        it only add their gradients into the packs; the next backward
+        outside it reduces the sum, and step() applies it::
+
+            for i, (x, y) in enumerate(loader):
+                last = (i + 1) % accumulate == 0
+                with contextlib.nullcontext() if last else opt.no_sync():
+                    (F.cross_entropy(model(x), y) / accumulate).backward()
+                if last:
+                    opt.step(); opt.zero_grad()
+        """
+        if self._in_step:
+            raise Error("no_sync() after a backward outside it in this step: accumulate "
+                        "first, and let the step's last backward reduce")
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
 
     # -- the step ---------------------------------------------------------
 
@@ -585,16 +818,23 @@ class DistributedOptimizer:
                 gv.zero_()
                 p.grad = gv
 
-    def step(self, loss=None):
-        """Waits for the allreduces, applies SGD, and returns the step's
-        decisions (a StepResult, the same on every rank). `loss` (a number
-        or a 0-dim tensor) feeds the status page, and a non-finite loss on
-        any rank stops every rank at this step. In an elastic job a lost
-        rank does not fail the step: the result says `world_changed` (and
-        whether this step was `dropped`), and on_world_change was called."""
-        e = self._engine
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else \
+    @staticmethod
+    def _loss_value(loss):
+        return float(loss.detach()) if isinstance(loss, torch.Tensor) else \
             float("nan") if loss is None else float(loss)
+
+    def _release(self, loss):
+        """Reports every gradient of the step (the missing ones as zeros
+        with find_unused_parameters, the held last pack with the loss's
+        verdict): the step's allreduces are all under way after it."""
+        e = self._engine
+        if self._accumulating:
+            raise Error("step() or synchronize() inside no_sync(): the step's last backward "
+                        "must be outside it, so that the accumulated gradients are reduced")
+        if not self._in_step and self._accumulated:
+            raise Error("step() after backward passes inside no_sync() only: the step's last "
+                        "backward must be outside it, so that the sum is reduced")
+        self._accumulated = False
         self._begin()
         missing = [i for i, done in enumerate(self._reported) if not done]
         if missing and not self.find_unused_parameters:
@@ -610,11 +850,79 @@ class DistributedOptimizer:
                 self._held.append(i)
             else:
                 e.grad_ready(i)
-        e.set_loss(value if loss is not None else 0.0)
+        self._push_groups()
+        e.set_loss(self._loss_value(loss) if loss is not None else 0.0)
         for i in self._held:
             e.grad_ready(i)
         self._held = []
         self._in_step = False
+
+    def synchronize(self, loss=None):
+        """Completes the step's allreduces now, without the update (as
+        Horovod's): afterwards every `p.grad` holds the reduced gradient
+        (the mean with reduce="mean", what DDP leaves there), for torch's
+        own `clip_grad_norm_`, a GradScaler's unscale_, or a look; step()
+        then applies it. `loss` (else given to step()) is checked here: a
+        non-finite loss on any rank stops the step."""
+        if self._synced:
+            return
+        self._release(loss)
+        self._synced = self._scaled = True
+        self._engine.synchronize(True)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+        """torch.nn.utils.clip_grad_norm_ over the reduced gradients: the
+        norm of the per-parameter norms, returned as a tensor; the
+        gradients are scaled by max_norm / (norm + 1e-6) when that is below
+        1, inside the fused update (no pass of its own). Call it after
+        backward and before step()."""
+        self._sync_sums(None)
+        self._clipped = True
+        norm_type = float(norm_type)
+        with torch.no_grad():
+            norms = [torch.linalg.vector_norm(g, norm_type) for g in self._grad_views]
+            total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+            if not self._scaled:
+                total = total * self._grad_scale()
+        if error_if_nonfinite and not torch.isfinite(total):
+            raise RuntimeError(f"the total norm of order {norm_type} of the gradients is "
+                               "non-finite, so it cannot be clipped")
+        coef = float(max_norm) / (float(total) + 1e-6)
+        if coef < 1.0:
+            self._engine.scale_step(coef)
+        return total
+
+    def _sync_sums(self, loss):
+        """synchronize(), leaving the sums in the packs: the mean's 1/world
+        goes into the norm and the update, not a pass of its own."""
+        if not self._synced:
+            self._release(loss)
+            self._synced, self._scaled = True, False
+            self._engine.synchronize(False)
+
+    def _grad_scale(self):
+        return 1.0 / self.world_size if self._reduce == "mean" else 1.0
+
+    def step(self, loss=None, closure=None):
+        """Waits for the allreduces, applies the update, and returns the
+        step's decisions (a StepResult, the same on every rank). `loss` (a
+        number or a 0-dim tensor) feeds the status page, and a non-finite
+        loss on any rank stops every rank at this step (or skips it, with
+        nonfinite="skip"). In an elastic job a lost rank does not fail the
+        step: the result says `world_changed` (and whether this step was
+        `dropped`), and on_world_change was called. `closure` (torch's
+        signature) is called first and its value is the loss."""
+        e = self._engine
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        value = self._loss_value(loss)
+        if self.max_grad_norm is not None and not self._clipped:
+            self._sync_sums(loss)
+            self.clip_grad_norm_(self.max_grad_norm)
+        if not self._synced:
+            self._release(loss)
+        self._synced = self._clipped = False
         r = self._result(e.end_step())
         now = time.monotonic()
         dt, self._t_last = max(now - self._t_last, 1e-9), now
@@ -625,6 +933,7 @@ class DistributedOptimizer:
             self._world_changed()
         if r.stop:
             self.finish(finished=not r.nonfinite, reason=r.stop_reason)
+            _state["nonfinite_stop"] |= r.nonfinite
         return r
 
     def _result(self, d):
@@ -634,7 +943,7 @@ class DistributedOptimizer:
         if regrouped:
             step, epoch, sample = resume
             self.step_count, self.epoch, self.sample = step, epoch, sample or 0
-        else:
+        elif not (d["nonfinite"] and d["stop"]):  # a step stopped at was not applied
             self.step_count, self.epoch, self.sample = self._after
         self._has_state = True
         self.rank, self.world_size = d.pop("rank"), d.pop("world_size")

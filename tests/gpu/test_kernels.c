@@ -341,32 +341,50 @@ START_TEST(softmax_xent)
 }
 END_TEST
 
-/* Three steps over a pack with gaps (never touched), an empty segment and
- * two segments of different LR multiplier and decay; after each step the
- * params, their change and the momentum buffer must agree. */
-static void run_sgd(pair_t *p, float momentum, bool nesterov, float grad_scale)
+/* Three steps of optimizer `kind` over a pack with gaps (never touched),
+ * an empty segment and two segments in groups of different lr and decay;
+ * after each step the params, their change and every state buffer must
+ * agree between the CPU loops and the CUDA kernel. */
+static void run_optim(pair_t *p, gs_optim_kind_t kind, float momentum, bool nesterov, bool amsgrad,
+                      bool maximize, float grad_scale)
 {
   enum { LEN = 1050 };
-  static const gs_sgd_segment_t segs[] = {
-      {3, 700, 1.0f, 5e-4f}, {703, 0, 5.0f, 9.0f}, {710, 337, 2.0f, 0.0f}};
+  static const gs_optim_segment_t segs[] = {{3, 700, 0}, {703, 0, 2}, {710, 337, 1}};
   static const float lrs[3] = {0.5f, 0.4f, 0.3f};
   float *p0 = random_floats(p, LEN, -1, 1), *zeros = calloc(LEN, sizeof(float)), *out[2];
-  twin_t tp = twin_in(p, p0, LEN * sizeof(float)), tb = twin_in(p, zeros, LEN * sizeof(float));
-  gs_sgd_config_t c;
-  char what[128];
+  twin_t tp = twin_in(p, p0, LEN * sizeof(float)), tb[GS_OPTIM_MAX_STATE];
+  gs_optim_group_t groups[3];
+  uint32_t nstate;
+  char what[160];
 
-  gs_sgd_config_default(&c);
-  c.momentum = momentum;
-  c.nesterov = nesterov;
+  for (int g = 0; g < 3; g++) {
+    gs_optim_group_default(kind, &groups[g]);
+    groups[g].momentum = momentum;
+    groups[g].nesterov = nesterov;
+    groups[g].amsgrad = amsgrad;
+    groups[g].maximize = maximize;
+    groups[g].weight_decay = g == 0 ? 5e-4f : g == 1 ? 0.0f : 9.0f;
+  }
+  nstate = gs_optim_state_count(kind, groups, 3);
+  for (uint32_t k = 0; k < nstate; k++)
+    tb[k] = twin_in(p, zeros, LEN * sizeof(float));
   for (int step = 0; step < 3; step++) {
     float *g = random_floats(p, LEN, -1, 1);
     twin_t tg = twin_in(p, g, LEN * sizeof(float));
 
-    for (int i = 0; i < 2; i++)
-      gs_device_sgd_pack(p->dev[i], &c, lrs[step], grad_scale, segs, COUNT(segs), tp.at[i],
-                         tg.at[i], momentum == 0.0f ? NULL : tb.at[i]);
-    snprintf(what, sizeof(what), "sgd momentum=%g nesterov=%d grad_scale=%g step %d", momentum,
-             nesterov, grad_scale, step + 1);
+    for (int k = 0; k < 3; k++)
+      groups[k].lr = lrs[step] * (k == 1 ? 2.0f : 1.0f);
+    for (int i = 0; i < 2; i++) {
+      gs_optim_step_t st = {kind, groups, 3, (uint64_t)step + 1, grad_scale};
+      float *state[GS_OPTIM_MAX_STATE] = {NULL, NULL, NULL};
+
+      for (uint32_t k = 0; k < nstate; k++)
+        state[k] = tb[k].at[i];
+      gs_device_optim_pack(p->dev[i], &st, segs, COUNT(segs), tp.at[i], tg.at[i], state, NULL);
+    }
+    snprintf(what, sizeof(what),
+             "%s momentum=%g nesterov=%d amsgrad=%d maximize=%d grad_scale=%g step %d",
+             gs_optim_kind_name(kind), momentum, nesterov, amsgrad, maximize, grad_scale, step + 1);
     twin_out(p, &tp, out);
     for (size_t e = 0; e < LEN; e++) {
       bool inside = (e >= 3 && e < 703) || (e >= 710 && e < 1047);
@@ -382,27 +400,32 @@ static void run_sgd(pair_t *p, float momentum, bool nesterov, float grad_scale)
     expect_close(p, what, out[CPU], out[GPU], LEN);
     free(out[CPU]);
     free(out[GPU]);
-    if (momentum != 0.0f)
-      expect_twin(p, what, &tb);
+    for (uint32_t k = 0; k < nstate; k++)
+      expect_twin(p, what, &tb[k]);
     twin_free(p, &tg);
     free(g);
   }
   twin_free(p, &tp);
-  twin_free(p, &tb);
+  for (uint32_t k = 0; k < nstate; k++)
+    twin_free(p, &tb[k]);
   free(p0);
   free(zeros);
 }
 
-START_TEST(sgd_pack)
+START_TEST(optim_pack)
 {
   pair_t p;
 
   pair_open(&p);
-  run_sgd(&p, 0.9f, false, 1.0f);
-  run_sgd(&p, 0.9f, true, 1.0f);
-  run_sgd(&p, 0.0f, false, 1.0f);
-  run_sgd(&p, 0.9f, false, 0.5f);
-  run_sgd(&p, 0.0f, false, 0.25f);
+  run_optim(&p, GS_OPTIM_SGD, 0.9f, false, false, false, 1.0f);
+  run_optim(&p, GS_OPTIM_SGD, 0.9f, true, false, false, 1.0f);
+  run_optim(&p, GS_OPTIM_SGD, 0.0f, false, false, false, 1.0f);
+  run_optim(&p, GS_OPTIM_SGD, 0.9f, false, false, true, 0.5f);
+  run_optim(&p, GS_OPTIM_SGD, 0.0f, false, false, false, 0.25f);
+  run_optim(&p, GS_OPTIM_ADAM, 0.0f, false, false, false, 1.0f);
+  run_optim(&p, GS_OPTIM_ADAM, 0.0f, false, true, true, 0.5f);
+  run_optim(&p, GS_OPTIM_ADAMW, 0.0f, false, false, false, 0.5f);
+  run_optim(&p, GS_OPTIM_ADAMW, 0.0f, false, true, false, 1.0f);
   pair_close(&p);
 }
 END_TEST
@@ -485,7 +508,7 @@ static Suite *kernels_suite(void)
   suite_add_tcase(s, gs_gpu_tcase("linear_forward", linear_forward));
   suite_add_tcase(s, gs_gpu_tcase("linear_backward", linear_backward));
   suite_add_tcase(s, gs_gpu_tcase("softmax_xent", softmax_xent));
-  suite_add_tcase(s, gs_gpu_tcase("sgd_pack", sgd_pack));
+  suite_add_tcase(s, gs_gpu_tcase("optim_pack", optim_pack));
   return s;
 }
 

@@ -1,5 +1,5 @@
 /* Compute devices: what the sync engine needs from one (memory, copies,
- * the compute stream and its sync, the fused SGD step), behind one table,
+ * the compute stream and its sync, the fused optimizer step), behind one table,
  * so neither the engine nor the trainer branches on the device. `cpu`
  * (device_cpu.c) and, in a CUDA build, `cuda` (device_cuda.cu). A model's
  * own kernels (the reference MLP's live in trainer/) queue their work on
@@ -19,7 +19,7 @@
 
 #include "error.h"
 #include "log.h"
-#include "sgd.h"
+#include "optim.h"
 
 typedef struct gs_device gs_device_t;
 
@@ -32,9 +32,11 @@ typedef struct gs_device_ops {
   int (*upload)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*download)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*zero)(gs_device_t *d, void *p, size_t bytes);
-  void (*sgd_pack)(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
-                   const gs_sgd_segment_t *segs, uint32_t nseg, float *param, const float *grad,
-                   float *momentum);
+  void (*optim_pack)(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
+                     uint32_t nseg, float *param, const float *grad, float *const *state,
+                     const float *skip);
+  void (*check_finite)(gs_device_t *d, const float *g, size_t n, float *flag);
+  void (*scale)(gs_device_t *d, float *x, size_t n, float factor);
   void (*fail)(gs_device_t *d, int err);
   int (*sync)(gs_device_t *d);
   /* Orders the device's work on `stream` (borrowed) instead of its own;
@@ -76,11 +78,21 @@ int gs_device_upload(gs_device_t *d, void *dst, const void *src, size_t bytes) G
 int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
 int gs_device_zero(gs_device_t *d, void *p, size_t bytes) GS_WARN_UNUSED;
 
-/* One fused SGD step over a pack (sgd.h semantics; momentum may be NULL
- * when c->momentum is 0). */
-void gs_device_sgd_pack(gs_device_t *d, const gs_sgd_config_t *c, float lr, float grad_scale,
-                        const gs_sgd_segment_t *segs, uint32_t nseg, float *param,
-                        const float *grad, float *momentum);
+/* Queues one fused optimizer step over a pack (optim.h; `state` holds
+ * gs_optim_state_count buffers), which does nothing if, when it runs, the
+ * float at `skip` (device memory; NULL: none) is not 0: a step found to
+ * hold non-finite gradients is never applied, with no wait on the host. */
+void gs_device_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
+                          uint32_t nseg, float *param, const float *grad, float *const *state,
+                          const float *skip);
+
+/* Queues a check of g[0..n) (device memory) that sets the float at `flag`
+ * (device memory) to 1 when it holds a NaN or an infinity, and leaves it
+ * otherwise. */
+void gs_device_check_finite(gs_device_t *d, const float *g, size_t n, float *flag);
+
+/* Queues x[0..n) *= factor (device memory). */
+void gs_device_scale(gs_device_t *d, float *x, size_t n, float factor);
 
 /* Records `err` (a GS_E* code) as a failure of work the caller queued on
  * the device's stream itself (a model's kernels), so the next sync or

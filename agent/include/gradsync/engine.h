@@ -5,8 +5,9 @@
  * parameters (pack list from rank 0), connects the collective backend, and
  * then, step by step, overlaps each pack's gradient allreduce with the rest
  * of backward (a comm thread takes packs off a queue as their last gradient
- * is reported), runs the fused SGD step of each pack once its allreduce is
- * done, and carries the control vector: a few floats appended to the grads
+ * is reported), runs the fused optimizer step of each pack (SGD, Adam or
+ * AdamW, torch.optim's arithmetic, per parameter group) once its gradients
+ * are reduced and found finite, and carries the control vector: a few floats appended to the grads
  * of the pack reduced last, so every rank reads the same decisions (stop,
  * new broadcast period, broadcast now, checkpoint now, non-finite loss) at
  * the same step with no extra round trip.
@@ -82,6 +83,41 @@ typedef struct gs_sgd_config {
   uint64_t total_steps; /* GS_LR_COSINE */
 } gs_sgd_config_t;
 
+/* The optimizers the engine runs fused over the packs, with torch.optim's
+ * arithmetic (SGD, Adam, AdamW of PyTorch 1.13 and later). */
+typedef enum gs_optim_kind {
+  GS_OPTIM_SGD = 0,
+  GS_OPTIM_ADAM,
+  GS_OPTIM_ADAMW,
+} gs_optim_kind_t;
+
+/* One parameter group's hyperparameters, as torch.optim's param_groups
+ * hold them. A front end adds its groups before start
+ * (gs_engine_add_group) and may change them between steps
+ * (gs_engine_set_group), as a learning-rate scheduler does; the engine
+ * reads them at every step. Fields of the other optimizers are ignored. */
+typedef struct gs_optim_group {
+  /* Doubles, as torch holds them (Python floats): 1 - beta2 of a float
+   * beta2 would differ from torch's by 1e-5 relative. */
+  double lr;
+  double weight_decay; /* SGD, Adam: L2 added to the gradient; AdamW: decoupled */
+  bool maximize;       /* ascend: the gradient's sign flipped */
+  double momentum;     /* SGD */
+  double dampening;    /* SGD (not applied to the first step's buffer, as torch) */
+  bool nesterov;       /* SGD: needs momentum > 0 and dampening 0 */
+  double beta1, beta2; /* Adam, AdamW */
+  double eps;          /* Adam, AdamW */
+  bool amsgrad;        /* Adam, AdamW: fixed once the engine has started */
+} gs_optim_group_t;
+
+/* What an engine does when a step's summed gradients hold NaN or an
+ * infinity (in any parameter; checked before any of the step is applied). */
+typedef enum gs_nonfinite {
+  GS_NONFINITE_STOP = 0, /* the step is not applied; every rank stops at it (default) */
+  GS_NONFINITE_SKIP,     /* the step is not applied; every rank goes on (loss scaling) */
+  GS_NONFINITE_OFF,      /* not checked: each pack's update is applied as its sum arrives */
+} gs_nonfinite_t;
+
 /* Where the coordinator is and which job to join. */
 /* Ports `first`..`last`, both included; {0, 0}: any free port. */
 typedef struct gs_port_range {
@@ -153,6 +189,12 @@ typedef struct gs_engine_config {
   uint64_t pack_threshold;    /* largest gradient pack in bytes (default 10 MiB) */
   gs_reduce_op_t reduce;      /* default GS_REDUCE_MEAN */
   gs_sgd_config_t sgd;
+  /* The optimizer (default SGD, configured by `sgd`, its schedule and bias
+   * rules). Adam and AdamW need parameter groups (gs_engine_add_group);
+   * SGD may have them too, and then the groups, not `sgd`, say what it
+   * does. */
+  gs_optim_kind_t optim;
+  gs_nonfinite_t nonfinite;
   int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
   uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
@@ -201,6 +243,20 @@ GS_ENGINE_API const char *gs_reduce_op_name(gs_reduce_op_t op);
 /* "keep" or "linear". */
 GS_ENGINE_API int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_elastic_lr_name(gs_elastic_lr_t v);
+/* "sgd", "adam" or "adamw". */
+GS_ENGINE_API int gs_optim_kind_parse(const char *s, gs_optim_kind_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_optim_kind_name(gs_optim_kind_t k);
+/* "stop", "skip" or "off". */
+GS_ENGINE_API int gs_nonfinite_parse(const char *s, gs_nonfinite_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_nonfinite_name(gs_nonfinite_t v);
+/* torch.optim's defaults for `kind` (lr 1e-3; Adam, AdamW: betas 0.9,
+ * 0.999, eps 1e-8; AdamW: weight decay 1e-2). */
+GS_ENGINE_API void gs_optim_group_default(gs_optim_kind_t kind, gs_optim_group_t *g);
+/* A negative code with the reason in `why` for what torch.optim refuses
+ * (a negative lr, eps or decay, betas outside [0, 1), nesterov without
+ * momentum or with dampening, ...). */
+GS_ENGINE_API int gs_optim_group_check(gs_optim_kind_t kind, const gs_optim_group_t *g, char *why,
+                                       size_t why_len) GS_ENGINE_WARN_UNUSED;
 
 /* ---- training ---------------------------------------------------------- */
 
@@ -225,7 +281,13 @@ typedef struct gs_step_result {
   bool period_changed;   /* the coordinator changed it at this step */
   bool broadcast;        /* params were broadcast from rank 0 after this step */
   bool checkpoint;       /* a checkpoint was taken after this step */
-  bool nonfinite;        /* a rank's loss was NaN or infinite: end_step failed, stop set */
+  /* A rank's loss, or the summed gradients, held NaN or an infinity: the
+   * step was not applied. With GS_NONFINITE_STOP (and for a loss) end_step
+   * failed with stop set and stop_reason naming the step and the ranks or
+   * the first parameter; with GS_NONFINITE_SKIP `skipped` is set instead
+   * and training goes on. */
+  bool nonfinite;
+  bool skipped;
   /* Elastic jobs: the world changed (a rank was lost, or new ones joined)
    * and this rank goes on as gs_engine_rank() of gs_engine_world_size().
    * Training continues from `resume`, the position every rank now holds
@@ -275,6 +337,34 @@ GS_ENGINE_API int gs_engine_register(gs_engine_t *e, const char *name, uint64_t 
 GS_ENGINE_API int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult,
                                        float weight_decay) GS_ENGINE_WARN_UNUSED;
 
+/* Parameter groups (torch.optim's param_groups). The first call turns
+ * the engine's `sgd` settings off (its schedule and bias rules): from
+ * then on the groups say everything, and every parameter is in group 0
+ * unless gs_engine_param_group puts it elsewhere. Returns the group's
+ * index or a negative code (gs_engine_error says why). Before start; the
+ * engine adds a setting of the groups at Join, so every rank must give
+ * the same. */
+GS_ENGINE_API int gs_engine_add_group(gs_engine_t *e, const gs_optim_group_t *g);
+GS_ENGINE_API int gs_engine_param_group(gs_engine_t *e, uint32_t i,
+                                        uint32_t group) GS_ENGINE_WARN_UNUSED;
+/* Changes a group's hyperparameters from the next step on (a scheduler's
+ * lr): between steps, the same on every rank (nothing checks that after
+ * Join). amsgrad cannot change after start. */
+GS_ENGINE_API int gs_engine_set_group(gs_engine_t *e, uint32_t group,
+                                      const gs_optim_group_t *g) GS_ENGINE_WARN_UNUSED;
+
+/* The optimizer's state per parameter, in the packs (after start; device
+ * memory): slot 0 is SGD's momentum buffer, or Adam's exp_avg, 1 its
+ * exp_avg_sq, 2 its max_exp_avg_sq (amsgrad). NULL for a slot the
+ * optimizer does not have. */
+#define GS_OPTIM_MAX_STATE 3
+GS_ENGINE_API uint32_t gs_engine_state_count(const gs_engine_t *e);
+GS_ENGINE_API float *gs_engine_state(const gs_engine_t *e, uint32_t i, uint32_t slot);
+/* Optimizer steps applied (torch's state "step"; a skipped step does not
+ * count), and setting it with loaded state (between steps; every rank). */
+GS_ENGINE_API uint64_t gs_engine_optim_steps(const gs_engine_t *e);
+GS_ENGINE_API void gs_engine_set_optim_steps(gs_engine_t *e, uint64_t steps);
+
 /* The most settings an engine sends at Join, its own included. */
 #define GS_ENGINE_MAX_SETTINGS 64
 
@@ -285,7 +375,8 @@ GS_ENGINE_API int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult
  * collective would hang the job, one with another batch drift silently.
  * Call before start; `name` (1-63 characters of [A-Za-z0-9._-]) and
  * `value` (up to 127 bytes) are copied. The engine adds its own at start
- * (backend, reduce, pack-threshold and the SGD settings: lr, momentum,
+ * (backend, reduce, pack-threshold, optimizer, nonfinite, optim-groups
+ * with parameter groups, and the SGD settings: lr, momentum,
  * weight-decay, nesterov, bias-lr-mult, bias-wd, warmup-steps,
  * warmup-factor, schedule, lr-step-size, lr-gamma, lr-total-steps), so a
  * front end must not use those names. A negative code, with
@@ -371,6 +462,20 @@ GS_ENGINE_API void gs_engine_grad_ready(void *engine, uint32_t i);
  * but the non-finite loss the engine refuses every later step, collective
  * and checkpoint with the same error: finish it. */
 GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
+
+/* Completes the step's allreduces and the check of the sums without
+ * applying the update, for a front end that reads the reduced gradients
+ * first (clipping, loss scaling): with `scale` the sums become the
+ * gradients the update uses, in place (times 1/world for a mean: what
+ * DDP leaves in a parameter's grad). end_step then applies the update and
+ * returns what this one failed with (with the regroup of an elastic job,
+ * if one happened here). A no-op outside a step or when already done. */
+GS_ENGINE_API int gs_engine_synchronize(gs_engine_t *e, bool scale) GS_ENGINE_WARN_UNUSED;
+
+/* Multiplies this step's gradients by `factor` in its update (gradient
+ * clipping's coefficient; after gs_engine_synchronize and before
+ * end_step). */
+GS_ENGINE_API void gs_engine_scale_step(gs_engine_t *e, float factor);
 
 /* Sums `n` floats over all ranks in place (metrics such as validation
  * accuracy); `buf` is host memory. Not during a step. In an elastic job a
