@@ -122,6 +122,49 @@ def case_optimizers(tmp):
             print(f"{name} world {world}: params relative error {err:.2e}, state {worst:.2e}")
 
 
+def torch_adamw(steps, start=0, saved=None):
+    """Plain torch AdamW on the global batch from step `start`, from a
+    saved {params, opt} when given; the same dict at the end."""
+    model = torch_worker.mlp()
+    if saved:
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), saved["params"]):
+                p.copy_(v)
+    opt = torch_worker.make_optimizer(model, "adamw")
+    if saved:
+        opt.load_state_dict(saved["opt"])
+    x, y = torch_worker.data(60, 8, 2)  # the same examples whatever `steps`
+    for s in range(start, steps):
+        loss = F.cross_entropy(model(x[s]), y[s])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {"params": [p.detach().clone() for p in model.parameters()], "opt": opt.state_dict()}
+
+
+def case_state_dict(tmp):
+    """state_dict() round trips with plain torch, both ways: 30 AdamW steps
+    in gradsync then 30 in plain torch from its torch.save'd state, and 30
+    in plain torch then 30 in gradsync from torch's, each equal 60 steps
+    of plain torch (params and every state tensor, 1e-6)."""
+    want = torch_adamw(60)
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "roundtrip", out, "steps=30")
+    then_torch = torch_adamw(60, 30, result(out, 0))
+    path = os.path.join(tmp, "torch30.pt")
+    torch.save(torch_adamw(30), path)
+    out2 = tempfile.mkdtemp(dir=tmp)
+    run(2, "roundtrip", out2, "start=30", "steps=60", f"load={path}")
+    then_gradsync = result(out2, 0)
+    for name, got in (("gradsync, then torch", then_torch), ("torch, then gradsync", then_gradsync)):
+        err = rel(got["params"], want["params"])
+        mine, theirs = state_tensors(got["opt"]), state_tensors(want["opt"])
+        assert [(i, k) for i, k, _ in mine] == [(i, k) for i, k, _ in theirs], (name, mine)
+        worst = max(rel([a], [b]) for (_, _, a), (_, _, b) in zip(mine, theirs))
+        assert err < 1e-6 and worst < 1e-6, (name, err, worst)
+        print(f"{name}: params relative error {err:.2e}, state {worst:.2e}")
+
+
 def case_accumulate(tmp):
     """no_sync(): 2 ranks x 4 micro-batches of 4, the first three inside
     no_sync(), equal one torch process with batch 32 per step (also when

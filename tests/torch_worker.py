@@ -135,6 +135,32 @@ def accumulate():
     save(params=[p.detach().cpu().clone() for p in model.parameters()])
 
 
+def roundtrip():
+    """AdamW from step `start` to `steps`, starting from the saved file
+    `load` (params and an optimizer state_dict, from plain torch or from
+    this scenario) when given; saves the same at the end (rank 0)."""
+    gs.init()
+    model = mlp()
+    start, steps, batch = int(OPTS.get("start", 0)), int(OPTS["steps"]), 8
+    if "load" in OPTS:
+        saved = torch.load(OPTS["load"])
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), saved["params"]):
+                p.copy_(v)
+    opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, "adamw"))
+    if "load" in OPTS:
+        opt.load_state_dict(saved["opt"])
+    x, y = data(60, batch, gs.world_size())  # the same examples whatever `steps`
+    r = gs.rank()
+    for s in range(start, steps):
+        loss = F.cross_entropy(model(x[s, r * batch:(r + 1) * batch]),
+                               y[s, r * batch:(r + 1) * batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+    save(params=[p.detach().cpu().clone() for p in model.parameters()], opt=opt.state_dict())
+
+
 def clip():
     """Clipping to max norm 0.5 three ways (mode=method: opt.clip_grad_norm_;
     ctor: max_grad_norm=; torch: opt.synchronize() then torch's own)."""

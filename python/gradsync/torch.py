@@ -529,10 +529,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"parameter(s) {', '.join(missing[:5])} of the model are in no group "
                              "of optimizer=")
         self._inner = optimizer
-        self.defaults = optimizer.defaults
-        self.param_groups = optimizer.param_groups  # the same dicts: a scheduler of either works
-        self.state = optimizer.state
         return kind
+
+    # The wrapped optimizer's own, always (its load_state_dict replaces
+    # them): a scheduler of either optimizer works.
+    param_groups = property(lambda self: self._inner.param_groups,
+                            lambda self, v: setattr(self._inner, "param_groups", v))
+    state = property(lambda self: self._inner.state,
+                     lambda self, v: setattr(self._inner, "state", v))
+    defaults = property(lambda self: self._inner.defaults,
+                        lambda self, v: setattr(self._inner, "defaults", v))
 
     @staticmethod
     def _hyper(group):
