@@ -165,6 +165,21 @@ def case_state_dict(tmp):
         print(f"{name}: params relative error {err:.2e}, state {worst:.2e}")
 
 
+def case_sampler_job(tmp):
+    """gs.DistributedSampler(optimizer=opt) with a DataLoader of 2 workers
+    under a real job: each rank's examples are torch's DistributedSampler's
+    for the same world (tests/test_sampler.py covers elastic worlds and
+    resumes), and the epoch covers every example."""
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "sampler", out)
+    got = [result(out, r) for r in (0, 1)]
+    for r, g in enumerate(got):
+        assert g["seen"] == g["torch_order"], (r, g["seen"][:10], g["torch_order"][:10])
+    assert set(got[0]["seen"]) | set(got[1]["seen"]) == set(range(101))
+    print(f"sampler: each rank's 51 examples are torch's; every example once but the padding; "
+          f"opt.sample {got[0]['sample']}")
+
+
 def case_accumulate(tmp):
     """no_sync(): 2 ranks x 4 micro-batches of 4, the first three inside
     no_sync(), equal one torch process with batch 32 per step (also when

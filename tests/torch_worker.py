@@ -161,6 +161,27 @@ def roundtrip():
     save(params=[p.detach().cpu().clone() for p in model.parameters()], opt=opt.state_dict())
 
 
+def sampler():
+    """One epoch over 101 examples through a DataLoader with 2 workers and
+    gs.DistributedSampler(optimizer=opt); saves the example ids trained."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, lr=0.1)
+    g = torch.Generator().manual_seed(3)
+    ds = torch.utils.data.TensorDataset(torch.randn(101, 20, generator=g), torch.arange(101))
+    s = gs.DistributedSampler(ds, optimizer=opt, seed=7)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=s, num_workers=2)
+    seen = []
+    for x, ids in loader:
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+        seen += ids.tolist()
+    save(seen=seen, torch_order=list(torch.utils.data.DistributedSampler(
+        ds, num_replicas=gs.world_size(), rank=gs.rank(), seed=7)), sample=opt.sample)
+
+
 def clip():
     """Clipping to max norm 0.5 three ways (mode=method: opt.clip_grad_norm_;
     ctor: max_grad_norm=; torch: opt.synchronize() then torch's own)."""

@@ -82,8 +82,10 @@ import torch
 from gradsync import _engine
 from gradsync._engine import (Error, Interrupted, ModelMismatch, PeerLost,  # noqa: F401
                               Timeout, WorldChanged)
+from gradsync.data import DistributedSampler  # noqa: F401
 
 __all__ = ["init", "rank", "world_size", "local_rank", "DistributedOptimizer", "StepResult",
+           "DistributedSampler",
            "Error", "PeerLost", "ModelMismatch", "Timeout", "Interrupted", "WorldChanged"]
 
 _COORDINATOR_PORT = "7070"
