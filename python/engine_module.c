@@ -45,7 +45,8 @@ typedef struct {
   bool on_device;        /* a cuda device: pack memory is GPU memory */
   gs_optim_kind_t optim; /* the engine's optimizer: its groups' defaults */
   uint32_t nparams;
-  uint64_t *numel; /* per registered param */
+  uint64_t *numel;            /* per registered param */
+  PyObject *checkpoint_extra; /* the callable of checkpoint_extra=, or NULL */
 } EngineObject;
 
 /* A str's UTF-8 (owned by the str), or NULL with an exception set. */
@@ -530,7 +531,34 @@ static void engine_dealloc(EngineObject *self)
     gs_engine_free(self->engine);
   }
   PyMem_Free(self->numel);
+  Py_XDECREF(self->checkpoint_extra);
   free_object((PyObject *)self);
+}
+
+/* The engine's checkpoint_extra: calls the Python callable (on the
+ * training thread, which may have released the GIL) for its bytes; a
+ * failure is printed as unraisable and the checkpoint goes without. */
+static void *checkpoint_extra(void *arg, size_t *len)
+{
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject *res = PyObject_CallNoArgs((PyObject *)arg);
+  void *out = NULL;
+  char *data;
+  Py_ssize_t n;
+
+  *len = 0;
+  if (res && PyBytes_AsStringAndSize(res, &data, &n) == 0) {
+    out = malloc((size_t)n + 1);
+    if (out) {
+      memcpy(out, data, (size_t)n);
+      *len = (size_t)n;
+    }
+  }
+  if (PyErr_Occurred())
+    PyErr_WriteUnraisable((PyObject *)arg);
+  Py_XDECREF(res);
+  PyGILState_Release(gil);
+  return out;
 }
 
 static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
@@ -555,6 +583,17 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   while (kwargs && PyDict_Next(kwargs, &pos, &key, &value)) {
     const char *k = utf8(key);
 
+    if (k && !strcmp(k, "checkpoint_extra")) {
+      if (!PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "checkpoint_extra must be a callable returning bytes");
+        goto out;
+      }
+      Py_XDECREF(self->checkpoint_extra);
+      self->checkpoint_extra = Py_NewRef(value);
+      cfg.checkpoint_extra = checkpoint_extra;
+      cfg.checkpoint_extra_arg = value;
+      continue;
+    }
     if (!k || set_option(&cfg, &keep, k, value))
       goto out;
     bias_wd_given |= !strcmp(k, "bias_wd");
@@ -1008,6 +1047,21 @@ static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
   return step_result(self, &r);
 }
 
+/* The front end's bytes of the checkpoint resumed (rank 0), or None. */
+static PyObject *engine_resumed_extra(EngineObject *self, PyObject *unused)
+{
+  const void *data;
+  size_t len;
+
+  (void)unused;
+  if (!check_open(self, true))
+    return NULL;
+  data = gs_engine_resumed_extra(self->engine, &len);
+  if (!data)
+    Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+}
+
 static PyObject *engine_synchronize(EngineObject *self, PyObject *args)
 {
   int scale = 1, err;
@@ -1139,6 +1193,8 @@ static PyMethodDef engine_methods[] = {
     {"end_step", (PyCFunction)engine_end_step, METH_NOARGS,
      "waits for the allreduces, applies SGD: the step's decisions as a dict (with 'regrouped', "
      "'resume' (step, epoch, sample) or None, 'rank', 'world_size')"},
+    {"resumed_extra", (PyCFunction)engine_resumed_extra, METH_NOARGS,
+     "the checkpoint_extra bytes of the checkpoint resumed (rank 0), or None"},
     {"synchronize", (PyCFunction)engine_synchronize, METH_VARARGS,
      "synchronize(scale=True): the step's allreduces done and checked, the update not applied; "
      "with scale the sums become the gradients the update uses (the mean's 1/world applied)"},

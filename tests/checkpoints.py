@@ -14,7 +14,7 @@ def read_checkpoint(path):
         data = f.read()
     magic, version, nbuf, step, epoch, rng, layout = struct.unpack_from("<8sIIQQQQ", data, 0)
     assert magic == b"GSCKPT\x00\x01", magic
-    assert version in (1, 2, 3, 4, 5), version
+    assert version in (1, 2, 3, 4, 5, 6), version
     off = struct.calcsize("<8sIIQQQQ")
     bufs = []
     for _ in range(nbuf):
@@ -22,7 +22,7 @@ def read_checkpoint(path):
         off += 8
         bufs.append(struct.unpack_from(f"<{count}f", data, off))
         off += 4 * count
-    desc = world_size = sample = optim_steps = None
+    desc = world_size = sample = optim_steps = extra = None
     if version >= 2:
         (n,) = struct.unpack_from("<I", data, off)
         desc = data[off + 4:off + 4 + n].decode()
@@ -36,11 +36,15 @@ def read_checkpoint(path):
     if version >= 5:
         (optim_steps,) = struct.unpack_from("<Q", data, off)
         off += 8
+    if version >= 6:
+        (m,) = struct.unpack_from("<Q", data, off)
+        extra = data[off + 8:off + 8 + m]
+        off += 8 + m
     (crc,) = struct.unpack_from("<I", data, off)
     assert crc == zlib.crc32(data[:off]), "CRC mismatch"
     assert off + 12 == len(data), "trailing bytes"
     return {"step": step, "epoch": epoch, "layout": layout, "bufs": bufs, "desc": desc,
-            "world_size": world_size, "sample": sample, "optim_steps": optim_steps}
+            "world_size": world_size, "sample": sample, "optim_steps": optim_steps, "extra": extra}
 
 
 def newest_checkpoint(d):

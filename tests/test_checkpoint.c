@@ -66,7 +66,7 @@ static void tstate_wire(tstate_t *t, uint64_t step, uint64_t hash)
   t->bufs[2] = (gs_ckpt_buffer_t){t->c, COUNT(t->c)};
   t->bufs[3] = (gs_ckpt_buffer_t){t->d, COUNT(t->d)};
   t->st = (gs_ckpt_state_t){
-      step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0, 0, 0, 0};
+      step, step / 10, step * 7919 + 1, hash, COUNT(t->bufs), t->bufs, NULL, 0, 0, 0, 0, NULL, 0};
 }
 
 /* Fills the buffers with special values (NaNs with payloads, signed zeros,
@@ -315,8 +315,8 @@ START_TEST(large_buffer)
   float *data = malloc(n * sizeof(float)), *back = malloc(n * sizeof(float));
   char *dir = make_dir(), path[PATH_MAX], why[512];
   gs_ckpt_buffer_t b = {data, n}, bb = {back, n};
-  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0, 0, 0},
-                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0, 0, 0};
+  gs_ckpt_state_t st = {42, 1, 2, HASH, 1, &b, NULL, 0, 0, 0, 0, NULL, 0},
+                  in = {0, 0, 0, HASH, 1, &bb, NULL, 0, 0, 0, 0, NULL, 0};
 
   ck_assert_ptr_nonnull(data);
   ck_assert_ptr_nonnull(back);
@@ -441,9 +441,9 @@ START_TEST(corrupt_byte_falls_back)
 END_TEST
 
 /* Every byte of a small file, three different flips each: no single
- * changed byte gets through. Twice: version 1, and version 5 (a flip in
- * the description length, world size, sample offset or optimizer steps
- * included). */
+ * changed byte gets through. Twice: version 1, and version 6 (a flip in
+ * the description length, world size, sample offset, optimizer steps or
+ * the front end's bytes included). */
 START_TEST(every_byte_checked)
 {
   static const uint8_t masks[] = {0x01, 0x80, 0xff};
@@ -455,18 +455,20 @@ START_TEST(every_byte_checked)
 
   ck_assert_ptr_nonnull(devnull);
   for (uint32_t world = 0; world <= 2; world += 2) {
-    gs_ckpt_state_t sa = {1, 0, 5, HASH, 2, ba, NULL, world, 0x1122334455667788ULL, 0, 77};
-    gs_ckpt_state_t sb = {2, 0, 6, HASH, 2, bb, NULL, world, 0x8877665544332211ULL, 0, 88};
+    gs_ckpt_state_t sa = {1, 0,  5,    HASH,         2, ba, NULL, world, 0x1122334455667788ULL,
+                          0, 77, "xy", world ? 2 : 0};
+    gs_ckpt_state_t sb = {2, 0,  6,     HASH,         2, bb, NULL, world, 0x8877665544332211ULL,
+                          0, 88, "xyz", world ? 3 : 0};
     char *dir = make_dir(), path[PATH_MAX], why[512];
     long size;
 
     ck_assert_int_eq(gs_checkpoint_save(dir, &sa, 0, NULL, 0, why, sizeof(why)), 0);
     ck_assert_int_eq(gs_checkpoint_save(dir, &sb, 0, path, sizeof(path), why, sizeof(why)), 0);
     size = file_size(path);
-    ck_assert_int_eq(size, 48 + 8 + 12 + 8 + (world ? 4 + 4 + 8 + 8 : 0) + 12);
+    ck_assert_int_eq(size, 48 + 8 + 12 + 8 + (world ? 4 + 4 + 8 + 8 + 8 + 3 : 0) + 12);
     for (long off = 0; off < size; off++) {
       for (uint32_t m = 0; m < COUNT(masks); m++) {
-        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7, 0, 0};
+        gs_ckpt_state_t sg = {0, 0, 0, HASH, 2, bg, NULL, 7, 7, 0, 0, NULL, 0};
         int err;
 
         memset(got, 0, sizeof(got));
@@ -479,6 +481,10 @@ START_TEST(every_byte_checked)
         ck_assert_uint_eq(sg.sample, world ? sa.sample : 0);
         /* Version 5 stores the optimizer steps; before it they are the step. */
         ck_assert_uint_eq(sg.optim_steps, world ? sa.optim_steps : sa.step);
+        /* Version 6 stores the front end's bytes. */
+        ck_assert_uint_eq(sg.extra_len, world ? 2 : 0);
+        ck_assert(!world || memcmp(sg.extra, "xy", 2) == 0);
+        free(sg.extra);
         ck_assert(memcmp(got, a, sizeof(a)) == 0);
         xor_byte(path, off, masks[m]);
       }
@@ -811,7 +817,7 @@ START_TEST(world_size_stored)
   t.st.world_size = 4;
   save(dir, &t, 0);
   name_of(path, sizeof(path), dir, 100);
-  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 8 + 12);
+  ck_assert_int_eq(file_size(path), 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 8 + 8 + 12);
   tstate_blank(&got, HASH);
   got.st.desc = "layers 784,256,10";
   ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
@@ -907,6 +913,7 @@ START_TEST(sample_stored)
   t.st.sample = 0x0102030405060708ULL;
   save(dir, &t, 0);
   name_of(path, sizeof(path), dir, 100);
+  rewrite_as_older(path, 5);
   rewrite_as_older(path, 4);
   data = read_whole(path, &size);
   ck_assert_uint_eq(size, 48 + 4 * 8 + 4 * (7 + 1000 + 3) + 4 + 17 + 4 + 8 + 12);
@@ -943,9 +950,9 @@ START_TEST(sample_stored)
 
   /* A version from the future is named. */
   memcpy(cut, data, size);
-  cut[8] = 6;
+  cut[8] = 7;
   write_with_crc(path, cut, size);
-  expect_refused(path, "format version 6, this build reads versions 1 to 5", "version 6");
+  expect_refused(path, "format version 7, this build reads versions 1 to 6", "version 7");
 
   /* Version 3, as written before version 4: no sample, sample 0. */
   write_file(path, data, size);
@@ -983,6 +990,7 @@ START_TEST(optim_steps_stored)
   t.st.optim_steps = 0x0102030405060708ULL;
   save(dir, &t, 0);
   name_of(path, sizeof(path), dir, 100);
+  rewrite_as_older(path, 5);
   data = read_whole(path, &size);
   ck_assert_uint_eq(data[8], 5);
   at = size - 12 - 8; /* the optimizer steps: little-endian, before the trailer */
@@ -999,6 +1007,45 @@ START_TEST(optim_steps_stored)
   ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(got.st.sample, 5);
   ck_assert_uint_eq(got.st.optim_steps, 100);
+  free(data);
+  rm_dir(dir);
+}
+END_TEST
+
+/* Version 6 stores a front end's bytes last: they load back (malloc'd),
+ * a flip in them is a CRC mismatch, a length past the file is refused
+ * before anything is read by it, and a cut file is refused. */
+START_TEST(extra_stored)
+{
+  char *dir = make_dir(), path[PATH_MAX], why[1024] = "";
+  static const char blob[] = "buffers of the model, any bytes\0\1\2";
+  tstate_t t, got;
+  size_t size, at;
+  uint8_t *data;
+
+  tstate_fill(&t, 100, 1);
+  t.st.world_size = 2;
+  t.st.extra = (void *)blob;
+  t.st.extra_len = sizeof(blob);
+  save(dir, &t, 0);
+  name_of(path, sizeof(path), dir, 100);
+  data = read_whole(path, &size);
+  ck_assert_uint_eq(data[8], 6);
+  tstate_blank(&got, HASH);
+  ck_assert_msg(gs_checkpoint_load_file(path, &got.st, why, sizeof(why)) == 0, "%s", why);
+  expect_same_data(&got, &t);
+  ck_assert_uint_eq(got.st.extra_len, sizeof(blob));
+  ck_assert(memcmp(got.st.extra, blob, sizeof(blob)) == 0);
+  free(got.st.extra);
+  at = size - 12 - sizeof(blob); /* the bytes, right before the trailer */
+  xor_byte(path, (long)at + 3, 0x10);
+  expect_refused(path, "CRC mismatch", "a flip in the front end's bytes");
+  xor_byte(path, (long)at + 3, 0x10);
+  data[at - 8] = 0xff; /* the length: far past the file */
+  write_with_crc(path, data, size);
+  expect_refused(path, "ends inside the front end's", "a length past the file");
+  write_file(path, data, size - 5);
+  expect_refused(path, "truncated (", "cut inside the bytes");
   free(data);
   rm_dir(dir);
 }
@@ -1139,7 +1186,7 @@ END_TEST
 START_TEST(bad_arguments)
 {
   char *dir = make_dir(), why[512] = "";
-  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0, 0, 0};
+  gs_ckpt_state_t st = {1, 0, 0, HASH, 2, NULL, NULL, 0, 0, 0, 0, NULL, 0};
   gs_ckpt_buffer_t b = {NULL, 3};
   gs_ckpt_buffer_t huge = {(float *)&b, UINT64_MAX / 2};
 
@@ -1240,6 +1287,10 @@ static void expect_python_output(FILE *f, const tstate_t *t, int version)
     expect_token(f, "optim_steps");
     ck_assert_uint_eq(read_ull(f), t->st.optim_steps);
   }
+  if (version >= 6) {
+    expect_token(f, "extra");
+    ck_assert_uint_eq(read_ull(f), t->st.extra_len);
+  }
   for (uint32_t i = 0; i < t->st.nbuf; i++) {
     expect_token(f, "buffer");
     ck_assert_uint_eq(read_ull(f), i);
@@ -1314,17 +1365,22 @@ START_TEST(python_reader)
   t.st.world_size = 12;
   t.st.sample = UINT64_MAX - 1;
   t.st.optim_steps = 1234567;
+  t.st.extra = "abc";
+  t.st.extra_len = 3;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1236);
-  expect_reader(script, ckpt, out, &t, 5);
+  expect_reader(script, ckpt, out, &t, 6);
   tstate_fill(&t, 1237, 12);
   t.st.world_size = 3;
   t.st.sample = 60000;
   save(dir, &t, 0);
   name_of(ckpt, sizeof(ckpt), dir, 1237);
-  expect_reader(script, ckpt, out, &t, 5);
+  expect_reader(script, ckpt, out, &t, 6);
 
-  /* Version 4: no optimizer steps; version 3: no sample offset either. */
+  /* Version 5: no front end's bytes; 4: no optimizer steps; 3: no sample
+   * offset either. */
+  rewrite_as_older(ckpt, 5);
+  expect_reader(script, ckpt, out, &t, 5);
   rewrite_as_older(ckpt, 4);
   expect_reader(script, ckpt, out, &t, 4);
   rewrite_as_older(ckpt, 3);
@@ -1367,6 +1423,7 @@ static Suite *checkpoint_suite(void)
   suite_add_tcase(s, tcase("world_size_stored", world_size_stored));
   suite_add_tcase(s, tcase("sample_stored", sample_stored));
   suite_add_tcase(s, tcase("optim_steps_stored", optim_steps_stored));
+  suite_add_tcase(s, tcase("extra_stored", extra_stored));
   suite_add_tcase(s, tcase("wrong_counts", wrong_counts));
   suite_add_tcase(s, tcase("empty_or_missing_dir", empty_or_missing_dir));
   suite_add_tcase(s, tcase("unwritable_dir", unwritable_dir));

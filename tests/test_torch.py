@@ -232,18 +232,27 @@ def case_zero_copy(tmp):
 
 def case_resume(tmp):
     """checkpoint_dir and resume=True: 10 steps, then a new job that resumes
-    and trains to 20, ends where 20 steps in one go end (params and momentum
-    come back from the checkpoint)."""
-    ck = os.path.join(tmp, "ck")
-    straight = tempfile.mkdtemp(dir=tmp)
-    run(2, "resume", straight, f"dir={os.path.join(tmp, 'unused')}", "steps=20")
-    first, second = tempfile.mkdtemp(dir=tmp), tempfile.mkdtemp(dir=tmp)
-    run(2, "resume", first, f"dir={ck}", "steps=10")
-    run(2, "resume", second, f"dir={ck}", "steps=20", "resume=1")
-    assert result(second, 0)["start"] == 10, result(second, 0)["start"]
-    want, got = result(straight, 0)["params"], result(second, 0)["params"]
-    assert all(torch.equal(a, b) for a, b in zip(want, got)), rel(got, want)
-    print("resume: 10 steps, then resumed to 20, equals 20 in one go (bit for bit)")
+    and trains to 20, ends where 20 steps in one go end (params, the
+    optimizer's state and the model's buffers come back from the
+    checkpoint), with SGD, and with AdamW and BatchNorm."""
+    for how in ((), ("bn=1", "opt=adamw")):
+        ck = tempfile.mkdtemp(dir=tmp)
+        straight = tempfile.mkdtemp(dir=tmp)
+        run(2, "resume", straight, f"dir={os.path.join(tmp, 'unused')}", "steps=20", *how)
+        first, second = tempfile.mkdtemp(dir=tmp), tempfile.mkdtemp(dir=tmp)
+        run(2, "resume", first, f"dir={ck}", "steps=10", *how)
+        run(2, "resume", second, f"dir={ck}", "steps=20", "resume=1", *how)
+        assert result(second, 0)["start"] == 10, result(second, 0)["start"]
+        want, got = result(straight, 0), result(second, 0)
+        assert all(torch.equal(a, b) for a, b in zip(want["params"], got["params"])), \
+            rel(got["params"], want["params"])
+        # Rank 0's buffers (BatchNorm statistics) come back from the checkpoint.
+        assert len(want["buffers"]) == (3 if how else 0)
+        assert all(torch.equal(a, b) for a, b in zip(want["buffers"], got["buffers"])), how
+        mine, theirs = state_tensors(got["state"]), state_tensors(want["state"])
+        assert all(torch.equal(a, b) for (_, _, a), (_, _, b) in zip(mine, theirs)), how
+        print(f"resume {' '.join(how) or 'sgd'}: 10 steps, then resumed to 20, equals 20 in one "
+              f"go (params, buffers, optimizer state bit for bit)")
 
 
 def case_status(tmp):

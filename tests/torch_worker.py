@@ -211,9 +211,10 @@ def clip():
 def resume():
     """Trains to `steps` from wherever the checkpoint leaves it."""
     gs.init()
-    model = mlp()
+    model = mlp(bn=OPTS.get("bn") == "1")
+    how = dict(optimizer=make_optimizer(model, OPTS["opt"])) if "opt" in OPTS else sgd_args()
     opt = gs.DistributedOptimizer(model, checkpoint_dir=OPTS["dir"], checkpoint_every=10,
-                                  resume=OPTS.get("resume") == "1", **sgd_args())
+                                  resume=OPTS.get("resume") == "1", **how)
     steps, batch, start = int(OPTS["steps"]), 8, opt.position[0]
     x, y = data(20, batch, gs.world_size())  # the same examples whatever `steps`
     r = gs.rank()
@@ -222,7 +223,8 @@ def resume():
         opt.zero_grad()
         loss.backward()
         opt.step(loss)
-    save(params=[p.detach().clone() for p in model.parameters()], start=start)
+    save(params=[p.detach().clone() for p in model.parameters()], start=start,
+         buffers=[b.detach().clone() for b in model.buffers()], state=opt.state_dict())
 
 
 def slow():

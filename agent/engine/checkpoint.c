@@ -34,10 +34,12 @@ _Static_assert(sizeof(float) == 4, "checkpoints store IEEE 754 binary32 floats")
 #define CKPT_VERSION_WORLD 3       /* and the world size after the description */
 #define CKPT_VERSION_SAMPLE 4      /* and the in-epoch sample offset after it */
 #define CKPT_VERSION_OPTIM 5       /* and the optimizer's step count after it */
+#define CKPT_VERSION_EXTRA 6       /* and a front end's bytes after it */
 #define DESC_LEN 4                 /* u32 length of the description */
 #define WORLD_LEN 4                /* u32 world size */
 #define SAMPLE_LEN 8               /* u64 sample offset */
 #define OPTIM_LEN 8                /* u64 optimizer steps */
+#define EXTRA_LEN 8                /* u64 length of the front end's bytes */
 #define HDR_LEN 48
 #define COUNT_LEN 8
 #define TRAILER_LEN 12             /* u32 CRC-32, then the end magic */
@@ -56,6 +58,7 @@ struct ckpt_hdr {
   uint64_t layout_hash;
   uint64_t sample;      /* version 4; else 0 */
   uint64_t optim_steps; /* version 5; else step */
+  uint64_t extra_len;   /* version 6; else 0 */
 };
 
 /* Records that system call `call` failed on `path` (errno must still be
@@ -232,7 +235,7 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
   uint32_t crc = 0, unused = 0;
 
   memcpy(hdr, CKPT_MAGIC, 8);
-  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_OPTIM
+  gs_store_le32(hdr + 8, st->world_size ? CKPT_VERSION_EXTRA
                          : st->desc     ? CKPT_VERSION_DESC
                                         : CKPT_VERSION);
   gs_store_le32(hdr + 12, st->nbuf);
@@ -265,6 +268,10 @@ static int write_body(int fd, const char *path, const gs_ckpt_state_t *st, char 
     gs_store_le64(world + WORLD_LEN, st->sample);
     gs_store_le64(world + WORLD_LEN + SAMPLE_LEN, st->optim_steps);
     if (write_all(fd, world, sizeof(world), &crc) != 0)
+      return sys_fail(why, why_len, path, "write");
+    gs_store_le64(world, st->extra_len);
+    if (write_all(fd, world, EXTRA_LEN, &crc) != 0 ||
+        (st->extra_len && write_all(fd, st->extra, st->extra_len, &crc) != 0))
       return sys_fail(why, why_len, path, "write");
   }
   gs_store_le32(trailer, crc);
@@ -588,10 +595,11 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
                          gs_load_le64(raw + 32),
                          gs_load_le64(raw + 40),
                          0,
+                         0,
                          0};
-  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_OPTIM) {
+  if (h->version < CKPT_VERSION || h->version > CKPT_VERSION_EXTRA) {
     gs_set_why(why, why_len, "%s: format version %u, this build reads versions %d to %d", path,
-               h->version, CKPT_VERSION, CKPT_VERSION_OPTIM);
+               h->version, CKPT_VERSION, CKPT_VERSION_EXTRA);
     return GS_EPROTO;
   }
   if (h->layout_hash != st->layout_hash) {
@@ -657,6 +665,18 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
       return err;
     h->optim_steps = gs_load_le64(raw);
   }
+  if (h->version >= CKPT_VERSION_EXTRA) {
+    err = read_field(fd, path, size, &need, EXTRA_LEN, "the front end's bytes", raw, why, why_len);
+    if (err)
+      return err;
+    h->extra_len = gs_load_le64(raw);
+    if (h->extra_len > size - TRAILER_LEN - need) { /* compared, never used to read past */
+      gs_set_why(why, why_len, "%s: truncated (%llu bytes, ends inside the front end's %llu)", path,
+                 (unsigned long long)size, (unsigned long long)h->extra_len);
+      return GS_EPROTO;
+    }
+    need += h->extra_len;
+  }
   need += TRAILER_LEN;
   if (size != need) {
     gs_set_why(why, why_len, "%s: %s (%llu bytes, header and counts say %llu)", path,
@@ -676,11 +696,31 @@ static int check_layout(int fd, const char *path, uint64_t size, const gs_ckpt_s
   return 0;
 }
 
+/* Reads `len` bytes at *off into `dst`, or through `scratch` (SCRATCH_LEN
+ * bytes) a piece at a time when dst is NULL, adding them to the CRC. */
+static int read_through(int fd, const char *path, void *dst, uint64_t len, uint8_t *scratch,
+                        uint64_t *off, uint32_t *crc, char *why, size_t why_len)
+{
+  int err = 0;
+
+  if (dst)
+    return len ? read_span(fd, path, dst, (size_t)len, off, crc, why, why_len) : 0;
+  while (!err && len > 0) {
+    size_t n = len < SCRATCH_LEN ? (size_t)len : SCRATCH_LEN;
+
+    err = read_span(fd, path, scratch, n, off, crc, why, why_len);
+    len -= n;
+  }
+  return err;
+}
+
 /* Reads everything the CRC covers, in order, and returns that CRC. The
- * data goes to st's buffers when `into` is set, else through `scratch`
- * (SCRATCH_LEN bytes) and is dropped. */
-static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, uint8_t *scratch,
-                      uint64_t body, uint32_t *crc, char *why, size_t why_len)
+ * data goes to st's buffers and the front end's bytes to `extra` (of
+ * `extra_len`, the file's) when `into` is set, else through `scratch` and
+ * is dropped. */
+static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, void *extra,
+                      uint64_t extra_len, uint8_t *scratch, uint64_t body, uint32_t *crc, char *why,
+                      size_t why_len)
 {
   uint8_t small[HDR_LEN];
   uint64_t off = 0;
@@ -689,22 +729,18 @@ static int stream_crc(int fd, const char *path, gs_ckpt_state_t *st, bool into, 
   *crc = 0;
   err = read_span(fd, path, small, HDR_LEN, &off, crc, why, why_len);
   for (uint32_t i = 0; !err && i < st->nbuf; i++) {
-    size_t left = st->bufs[i].count * sizeof(float);
-
     err = read_span(fd, path, small, COUNT_LEN, &off, crc, why, why_len);
-    if (!err && into)
-      err = read_span(fd, path, st->bufs[i].data, left, &off, crc, why, why_len);
-    while (!err && !into && left > 0) {
-      size_t n = left < SCRATCH_LEN ? left : SCRATCH_LEN;
-
-      err = read_span(fd, path, scratch, n, &off, crc, why, why_len);
-      left -= n;
-    }
+    if (!err)
+      err = read_through(fd, path, into ? st->bufs[i].data : NULL,
+                         st->bufs[i].count * sizeof(float), scratch, &off, crc, why, why_len);
   }
-  /* The layout description, the world size and the sample offset
-   * (versions 2 to 5): under 4 KiB + 20, check_layout checked. */
-  if (!err && off < body)
-    err = read_span(fd, path, scratch, (size_t)(body - off), &off, crc, why, why_len);
+  /* The layout description, the world size, the sample offset, the
+   * optimizer steps and the length of the front end's bytes (versions 2
+   * to 6): under 4 KiB + 28, check_layout checked; then those bytes. */
+  if (!err && off + extra_len < body)
+    err = read_span(fd, path, scratch, (size_t)(body - extra_len - off), &off, crc, why, why_len);
+  if (!err)
+    err = read_through(fd, path, into ? extra : NULL, extra_len, scratch, &off, crc, why, why_len);
   return err;
 }
 
@@ -718,6 +754,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   uint32_t file_crc = 0, crc;
   struct ckpt_hdr h;
   uint64_t name_step, body;
+  void *extra = NULL;
   struct stat sb;
   int fd, err;
 
@@ -737,7 +774,7 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
   body = (uint64_t)sb.st_size - TRAILER_LEN; /* used once check_layout passed: size >= 60 */
   err = check_layout(fd, path, (uint64_t)sb.st_size, st, &h, &file_crc, why, why_len);
   if (!err)
-    err = stream_crc(fd, path, st, false, scratch, body, &crc, why, why_len);
+    err = stream_crc(fd, path, st, false, NULL, h.extra_len, scratch, body, &crc, why, why_len);
   if (err)
     goto out_close;
   if (crc != file_crc) {
@@ -752,7 +789,14 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     err = GS_EPROTO;
     goto out_close;
   }
-  err = stream_crc(fd, path, st, true, scratch, body, &crc, why, why_len);
+  extra = malloc(h.extra_len + 1); /* at most the file's size, check_layout checked */
+  if (!extra) {
+    gs_set_why(why, why_len, "%s: out of memory for its %llu bytes of the front end's", path,
+               (unsigned long long)h.extra_len);
+    err = GS_ENOMEM;
+    goto out_close;
+  }
+  err = stream_crc(fd, path, st, true, extra, h.extra_len, scratch, body, &crc, why, why_len);
   if (!err && crc != file_crc) {
     gs_set_why(why, why_len, "%s: changed while being loaded (CRC 0x%08x, then 0x%08x)", path,
                file_crc, crc);
@@ -766,7 +810,11 @@ static int load_one(const char *path, gs_ckpt_state_t *st, uint8_t *scratch, cha
     st->sample = h.sample;
     st->optim_steps = h.optim_steps;
     st->version = h.version;
+    st->extra = h.extra_len ? extra : NULL;
+    st->extra_len = h.extra_len;
+    extra = h.extra_len ? NULL : extra;
   }
+  free(extra);
 out_close:
   close(fd);
   return err;

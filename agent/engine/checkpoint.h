@@ -52,6 +52,13 @@ typedef struct gs_ckpt_state {
    * skipped step does not): stored with the world size (version 5);
    * loading a file before it gives `step`. */
   uint64_t optim_steps;
+  /* A front end's own bytes (its model's buffers, an optimizer's state of
+   * its own), version 6, after the optimizer steps. Saving writes
+   * `extra_len` bytes from `extra` (may be NULL when 0) whenever it writes
+   * a world size. Loading fills them: malloc'd, the caller frees `extra`
+   * (NULL and 0 for a file before version 6). */
+  void *extra;
+  uint64_t extra_len;
 } gs_ckpt_state_t;
 
 #define GS_CKPT_DESC_MAX 4096

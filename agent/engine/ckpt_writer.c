@@ -14,6 +14,8 @@ static void free_state(gs_ckpt_state_t *st)
     free(st->bufs[i].data);
   free(st->bufs);
   st->bufs = NULL;
+  free(st->extra);
+  st->extra = NULL;
 }
 
 static void *writer_main(void *arg)
@@ -128,6 +130,7 @@ int gs__ckpt_writer_submit(gs_ckpt_writer_t *w, gs_ckpt_state_t *st, char *why, 
   }
   w->st = *st;
   st->bufs = NULL;
+  st->extra = NULL;
   w->busy = true;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);

@@ -48,7 +48,7 @@ void gs__ckpt_writer_init(gs_ckpt_writer_t *w, const char *dir, uint32_t keep,
 int gs__ckpt_writer_start(gs_ckpt_writer_t *w, char *why, size_t why_len) GS_WARN_UNUSED;
 
 /* Waits for the write in flight, then hands `st` over (the writer frees
- * its buffers and the array, whatever happens). Returns the previous
+ * its buffers, the array and its extra bytes, whatever happens). Returns the previous
  * write's error if it was the max_failures-th failure in a row (st is then
  * freed unwritten), GS_ENOMEM if the thread cannot start, else 0. */
 int gs__ckpt_writer_submit(gs_ckpt_writer_t *w, gs_ckpt_state_t *st, char *why,

@@ -371,6 +371,7 @@ void gs_engine_free(gs_engine_t *e)
   gs_client_tls_free(e->tls); /* after every client that used it */
   free_strings(e);
   free(e->layout_desc);
+  free(e->resumed_extra);
   gs__engine_groups_free(e);
   free(e);
 }

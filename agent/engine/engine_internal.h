@@ -89,7 +89,9 @@ struct gs_engine {
   uint32_t ngroups, cap_groups;
   bool explicit_groups;
   uint64_t optim_steps;
-  float *skip_dev; /* device flag: the step's summed gradients are not all finite */
+  float *skip_dev;     /* device flag: the step's summed gradients are not all finite */
+  void *resumed_extra; /* rank 0: a resumed checkpoint's front end bytes */
+  size_t resumed_extra_len;
   reduced_t reduced;
   gs_step_result_t reduced_out; /* what a regroup during gs_engine_synchronize said */
   float step_factor;            /* gs_engine_scale_step's, for this step's update (default 1) */

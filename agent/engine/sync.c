@@ -129,7 +129,9 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         e->join.world_size,
                         pos->sample,
                         0,
-                        e->optim_steps};
+                        e->optim_steps,
+                        NULL,
+                        0};
   char why[640];
   int err;
 
@@ -144,6 +146,12 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
                pos->step);
     return GS_ENOMEM;
   }
+  if (e->cfg.checkpoint_extra) {
+    size_t len = 0;
+
+    st.extra = e->cfg.checkpoint_extra(e->cfg.checkpoint_extra_arg, &len);
+    st.extra_len = st.extra ? len : 0;
+  }
   /* Written in the background: the other ranks' next collective must not
    * wait on this rank's disk. */
   err = gs__ckpt_writer_submit(&e->ckpt_writer, &st, why, sizeof(why));
@@ -152,6 +160,12 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
   e->ckpt_taken = true;
   e->ckpt_step = pos->step;
   return err;
+}
+
+const void *gs_engine_resumed_extra(const gs_engine_t *e, size_t *len)
+{
+  *len = e->resumed_extra_len;
+  return e->resumed_extra;
 }
 
 int gs_engine_checkpoint_wait(gs_engine_t *e)
@@ -177,6 +191,8 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
                         0,
                         0,
                         0,
+                        0,
+                        NULL,
                         0};
   char path[4096], why[512];
   int err;
@@ -209,6 +225,9 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   *pos = (gs_position_t){st.step, st.epoch, st.rng_state,
                          st.version >= 4 ? st.sample : GS_POSITION_SAMPLE_UNKNOWN};
   e->optim_steps = st.optim_steps;
+  free(e->resumed_extra);
+  e->resumed_extra = st.extra; /* the front end's, for gs_engine_resumed_extra */
+  e->resumed_extra_len = st.extra_len;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, 0, "resuming from %s (step %" PRIu64 ")", path,
          st.step);
   /* Allowed (the params and optimizer state are the same whatever the world

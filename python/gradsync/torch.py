@@ -69,6 +69,7 @@ starts from the others' `opt.position` and `opt.sample`.
 """
 import atexit
 import contextlib
+import io
 import os
 import re
 import socket
@@ -218,7 +219,11 @@ def _config():
 
 def _info():
     if _state["engine"] is None:
-        raise Error("the rank is known once a DistributedOptimizer has joined the job")
+        raise Error("the rank is known once a DistributedOptimizer has joined the job (its "
+                    "construction joins: the coordinator numbers the ranks as they join with "
+                    "their model). Before it: gs.local_rank() picks the GPU, any seed works "
+                    "(rank 0's parameters reach every rank), and data is sharded after it, "
+                    "or by gs.DistributedSampler(dataset, optimizer=opt)")
     return _state["engine"].info()
 
 
@@ -341,6 +346,31 @@ def _mismatch(err, named):
     return ModelMismatch(f"the ranks' models differ: {what}; {err}")
 
 
+def _buffers_saver(buffers):
+    """What gradsync's checkpoints hold besides the packs: the model's
+    buffers (BatchNorm statistics), a torch.save of {name: tensor}
+    (docs/checkpoint.md). Holds the tensors, not the optimizer."""
+    def save():
+        out = io.BytesIO()
+        torch.save({"buffers": {n: b.detach().cpu() for n, b in buffers}}, out)
+        return out.getvalue()
+    return save
+
+
+def _load_buffers(buffers, data):
+    """Rank 0 after a resume: the checkpoint's buffers into the model's
+    (the buffer sync then hands them to every rank)."""
+    if not data:
+        return
+    saved = torch.load(io.BytesIO(data))["buffers"]
+    with torch.no_grad():
+        for n, b in buffers:
+            if n not in saved or saved[n].shape != b.shape:
+                raise Error(f"the checkpoint has no buffer '{n}' of shape {list(b.shape)} (a "
+                            "checkpoint of another model?)")
+            b.copy_(saved[n])
+
+
 # torch.optim's optimizers the engine runs fused over the packs (their own
 # class, not a subclass: a subclass may change step()).
 _FUSED = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
@@ -408,9 +438,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if isinstance(model, torch.nn.Module):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffers = list(model.named_buffers()) if broadcast_buffers else []
+            saved = list(model.named_buffers())
         else:
             named = [(f"param{i}", p) for i, p in enumerate(model) if p.requires_grad]
-            self._buffers = []
+            self._buffers = saved = []
         if not named:
             raise ValueError("the model has no parameter that requires a gradient")
         devices = {p.device for _, p in named}
@@ -456,6 +487,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg["bias_wd"] = bias_weight_decay
         if checkpoint_dir:
             cfg["checkpoint_dir"] = str(checkpoint_dir)
+            if saved:
+                cfg["checkpoint_extra"] = _buffers_saver(saved)
         e = _engine.Engine(**cfg)
         for n, p in named:
             e.register(n, p.numel(), n.endswith("bias"))
@@ -489,6 +522,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # A rank that joins a running elastic job starts where the others are.
         self.step_count, self.epoch, sample = e.sync_initial()
         self.sample = sample or 0  # None: a checkpoint from before it was stored
+        _load_buffers(saved, e.resumed_extra())  # rank 0 resumed: its checkpoint's
         self._sync_buffers()
         self._in_step = False
         self._accumulating = self._accumulated = False

@@ -203,6 +203,13 @@ typedef struct gs_engine_config {
    * training; fewer are warnings, and the next checkpoint tries again
    * (default 3; 1: the first failure ends it). */
   uint32_t checkpoint_failures;
+  /* A front end's own bytes in every checkpoint (its model's buffers, an
+   * optimizer state of its own): called by rank 0 on the training thread
+   * as it takes one; returns malloc'd bytes the engine frees (NULL: none),
+   * their length in *len. After a resume rank 0 finds them with
+   * gs_engine_resumed_extra. */
+  void *(*checkpoint_extra)(void *arg, size_t *len);
+  void *checkpoint_extra_arg;
   /* Start from the newest valid checkpoint: none is an error (so is one of
    * another layout), unless resume_auto, which starts fresh when there is
    * none (not when there is one of another layout). */
@@ -435,6 +442,11 @@ GS_ENGINE_API uint32_t gs_engine_param_pack(const gs_engine_t *e, uint32_t i);
  * of the rank the coordinator names instead; if the world breaks meanwhile
  * it regroups, and the world size may then differ from start's. */
 GS_ENGINE_API int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos) GS_ENGINE_WARN_UNUSED;
+
+/* After gs_engine_sync_initial resumed a checkpoint, on rank 0: the bytes
+ * checkpoint_extra gave it (owned by the engine, until free); NULL (and 0)
+ * elsewhere, or when there were none. */
+GS_ENGINE_API const void *gs_engine_resumed_extra(const gs_engine_t *e, size_t *len);
 
 /* After forward, before backward: `loss` is this rank's loss (a non-finite
  * one stops every rank at this step), `after` the position once this step
