@@ -493,7 +493,7 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
   if (!strcmp(key, "elastic_lr"))
     return set_named(v, key, parse_elastic_lr, &c->elastic_lr, "'keep' or 'linear'");
   if (!strcmp(key, "optimizer"))
-    return set_named(v, key, parse_optimizer, &c->optim, "'sgd', 'adam' or 'adamw'");
+    return set_named(v, key, parse_optimizer, &c->optim, "'sgd', 'adam', 'adamw' or 'none'");
   if (!strcmp(key, "nonfinite"))
     return set_named(v, key, parse_nonfinite, &c->nonfinite, "'stop', 'skip' or 'off'");
   if (!strcmp(key, "resume"))
@@ -1062,15 +1062,17 @@ static PyObject *engine_resumed_extra(EngineObject *self, PyObject *unused)
   return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
 }
 
+/* synchronize(scale=True) -> (nonfinite, regrouped) */
 static PyObject *engine_synchronize(EngineObject *self, PyObject *args)
 {
   int scale = 1, err;
+  gs_sync_result_t r;
 
   if (!PyArg_ParseTuple(args, "|p", &scale) || !check_open(self, true))
     return NULL;
-  Py_BEGIN_ALLOW_THREADS err = gs_engine_synchronize(self->engine, scale);
+  Py_BEGIN_ALLOW_THREADS err = gs_engine_synchronize(self->engine, scale, &r);
   Py_END_ALLOW_THREADS if (err) return raise_engine(self, err);
-  Py_RETURN_NONE;
+  return Py_BuildValue("(OO)", r.nonfinite ? Py_True : Py_False, r.regrouped ? Py_True : Py_False);
 }
 
 static PyObject *engine_scale_step(EngineObject *self, PyObject *args)
@@ -1196,8 +1198,9 @@ static PyMethodDef engine_methods[] = {
     {"resumed_extra", (PyCFunction)engine_resumed_extra, METH_NOARGS,
      "the checkpoint_extra bytes of the checkpoint resumed (rank 0), or None"},
     {"synchronize", (PyCFunction)engine_synchronize, METH_VARARGS,
-     "synchronize(scale=True): the step's allreduces done and checked, the update not applied; "
-     "with scale the sums become the gradients the update uses (the mean's 1/world applied)"},
+     "synchronize(scale=True) -> (nonfinite, regrouped): the step's allreduces done and "
+     "checked, the update not applied; with scale the sums become the gradients the update uses "
+     "(the mean's 1/world applied)"},
     {"scale_step", (PyCFunction)engine_scale_step, METH_VARARGS,
      "scale_step(factor): this step's gradients times factor in the update (clipping)"},
     {"allreduce_sum", (PyCFunction)engine_allreduce_sum, METH_O,

@@ -59,9 +59,11 @@ def rel_error(a, b):
     return math.sqrt(num / den) if den else math.sqrt(num)
 
 
-def params_of(ckpt):
-    """The params buffers (even indices; odd ones are SGD's momentum), concatenated."""
+def params_of(ckpt, per_pack=2):
+    """The params buffers, concatenated: each pack's first of `per_pack`
+    (params, then the optimizer's state: SGD's momentum, 2; Adam's two
+    moments, 3)."""
     out = []
-    for b in ckpt["bufs"][0::2]:
+    for b in ckpt["bufs"][0::per_pack]:
         out.extend(b)
     return out

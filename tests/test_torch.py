@@ -100,10 +100,11 @@ def state_tensors(sd):
 
 def case_optimizers(tmp):
     """optimizer=torch.optim.SGD/Adam/AdamW (two groups, a StepLR
-    scheduler), fused in the engine: 100 steps at world 2 x batch 8 and
-    world 1 x batch 16 equal one torch process with batch 16, in the
+    scheduler), fused in the engine, and RMSprop and Adagrad, whose own
+    step() runs on the reduced gradients: 100 steps at world 2 x batch 8
+    and world 1 x batch 16 equal one torch process with batch 16, in the
     params and in every state tensor of state_dict(), to 1e-6."""
-    for name in ("sgd", "nesterov", "adam", "adamw", "adamw_max"):
+    for name in ("sgd", "nesterov", "adam", "adamw", "adamw_max", "rmsprop", "adagrad"):
         want, want_sd, _ = reference(100, 8, 2, optimizer=name)
         for world, batch in ((2, 8), (1, 16)):
             out = tempfile.mkdtemp(dir=tmp)
@@ -234,8 +235,9 @@ def case_resume(tmp):
     """checkpoint_dir and resume=True: 10 steps, then a new job that resumes
     and trains to 20, ends where 20 steps in one go end (params, the
     optimizer's state and the model's buffers come back from the
-    checkpoint), with SGD, and with AdamW and BatchNorm."""
-    for how in ((), ("bn=1", "opt=adamw")):
+    checkpoint), with SGD, and with AdamW or RMSprop (whose state the
+    checkpoint holds beside the packs) and BatchNorm."""
+    for how in ((), ("bn=1", "opt=adamw"), ("bn=1", "opt=rmsprop")):
         ck = tempfile.mkdtemp(dir=tmp)
         straight = tempfile.mkdtemp(dir=tmp)
         run(2, "resume", straight, f"dir={os.path.join(tmp, 'unused')}", "steps=20", *how)

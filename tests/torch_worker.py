@@ -87,6 +87,10 @@ def make_optimizer(model, name):
         "adam": (torch.optim.Adam, dict(lr=1e-2, weight_decay=1e-3, amsgrad=True)),
         "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.99))),
         "adamw_max": (torch.optim.AdamW, dict(lr=1e-2, maximize=True, eps=1e-6)),
+        # Not fused: their own step() on the pack views.
+        "rmsprop": (torch.optim.RMSprop, dict(lr=1e-2, alpha=0.9, momentum=0.5, centered=True,
+                                              weight_decay=1e-3)),
+        "adagrad": (torch.optim.Adagrad, dict(lr=5e-2, lr_decay=1e-3)),
     }
     cls, kw = kinds[name]
     lr = kw.pop("lr")

@@ -378,7 +378,7 @@ static void cuda_optim_pack(gs_device_t *base, const gs_optim_step_t *s,
   const seg_cache_t *t;
   bool adam = s->kind != GS_OPTIM_SGD;
 
-  if (nseg == 0 || s->ngroups == 0 || note(d, enter(d)))
+  if (nseg == 0 || s->ngroups == 0 || s->kind == GS_OPTIM_NONE || note(d, enter(d)))
     return;
   if (!state[0] || (adam && !state[1])) {
     GS_LOG_ERR(base->log, "%s: %s needs its state buffers", base->label,

@@ -18,6 +18,7 @@ static const char *const kind_names[] = {
     [GS_OPTIM_SGD] = "sgd",
     [GS_OPTIM_ADAM] = "adam",
     [GS_OPTIM_ADAMW] = "adamw",
+    [GS_OPTIM_NONE] = "none",
 };
 
 static const char *const nonfinite_names[] = {
@@ -94,6 +95,8 @@ int gs_optim_group_check(gs_optim_kind_t kind, const gs_optim_group_t *g, char *
 {
   if ((size_t)kind >= COUNT(kind_names))
     return reject(why, why_len, "unknown optimizer", (double)kind);
+  if (kind == GS_OPTIM_NONE) /* the caller's optimizer reads its own */
+    return 0;
   if (!non_negative(g->lr))
     return reject(why, why_len, "lr must be a finite number >= 0", g->lr);
   if (!non_negative(g->weight_decay))
@@ -122,6 +125,8 @@ uint32_t gs_optim_state_count(gs_optim_kind_t kind, const gs_optim_group_t *grou
 {
   if (kind == GS_OPTIM_SGD)
     return 1;
+  if (kind == GS_OPTIM_NONE)
+    return 0;
   for (uint32_t i = 0; i < ngroups; i++)
     if (groups[i].amsgrad)
       return 3;
@@ -269,7 +274,7 @@ adam_amsgrad(float *restrict p, const float *restrict g, float *restrict m, floa
 void gs_optim_step_pack(const gs_optim_step_t *s, const gs_optim_segment_t *segs, uint32_t nseg,
                         float *param, const float *grad, float *const *state)
 {
-  for (uint32_t k = 0; k < nseg; k++) {
+  for (uint32_t k = 0; s->kind != GS_OPTIM_NONE && k < nseg; k++) {
     const gs_optim_group_t *g = &s->groups[segs[k].group];
     size_t off = segs[k].offset, n = segs[k].count;
     float *p = param + off;

@@ -424,19 +424,29 @@ static void scale_grads(gs_engine_t *e, float factor)
     gs_device_scale(e->cfg.dev, e->packs.packs[k].grads, e->packs.packs[k].elements, factor);
 }
 
-int gs_engine_synchronize(gs_engine_t *e, bool scale)
+int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
 {
   gs_optim_step_t st;
+  float skip = 0.0f;
 
-  if (e->reduced.done || !e->in_step)
-    return e->reduced.done ? e->reduced.err : 0;
-  memset(&e->reduced_out, 0, sizeof(e->reduced_out));
-  gs__engine_resolve_groups(e, e->after.step, &st);
-  e->reduced.err = reduce(e, true, &st, &e->reduced_out);
-  if (!e->reduced.err && !e->reduced_out.regrouped && scale) {
-    scale_grads(e, (float)e->grad_scale);
-    e->reduced.scaled = true;
+  if (out)
+    *out = (gs_sync_result_t){0};
+  if (!e->reduced.done && e->in_step) {
+    memset(&e->reduced_out, 0, sizeof(e->reduced_out));
+    gs__engine_resolve_groups(e, e->after.step, &st);
+    e->reduced.err = reduce(e, true, &st, &e->reduced_out);
+    if (!e->reduced.err && !e->reduced_out.regrouped && scale) {
+      scale_grads(e, (float)e->grad_scale);
+      e->reduced.scaled = true;
+    }
   }
+  if (!e->reduced.done)
+    return 0;
+  if (out && !e->reduced.err && e->cfg.nonfinite != GS_NONFINITE_OFF && !e->reduced_out.regrouped &&
+      gs_device_download(e->cfg.dev, &skip, e->skip_dev, sizeof(float)) == 0)
+    out->nonfinite = skip != 0.0f;
+  if (out)
+    out->regrouped = e->reduced_out.regrouped;
   return e->reduced.err;
 }
 

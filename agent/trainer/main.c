@@ -102,6 +102,13 @@ static const char *const backends[] = {"host", "nccl", "auto", NULL};
 static const char *const reduce_ops[] = {"sum", "mean", NULL};
 static const char *const schedules[] = {"constant", "step", "cosine", NULL};
 static const char *const resume_modes[] = {"off", "on", "auto", NULL};
+static const char *const optimizers[] = {"sgd", "adam", "adamw",
+                                         NULL}; /* not "none": nothing applies its own */
+static const char *const nonfinites[] = {"stop", "skip", "off", NULL};
+_Static_assert(GS_OPTIM_SGD == 0 && GS_OPTIM_ADAM == 1 && GS_OPTIM_ADAMW == 2,
+               "optimizers follows gs_optim_kind_t");
+_Static_assert(GS_NONFINITE_STOP == 0 && GS_NONFINITE_SKIP == 1 && GS_NONFINITE_OFF == 2,
+               "nonfinites follows gs_nonfinite_t");
 _Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
 _Static_assert(GS_ELASTIC_LR_KEEP == 0 && GS_ELASTIC_LR_LINEAR == 1,
                "elastic_lrs follows gs_elastic_lr_t");
@@ -223,7 +230,17 @@ static const gs_flag_t flag_rows[] = {
    .doc = "start from the newest valid checkpoint in `--checkpoint-dir` (torn or corrupt files "
           "are skipped with a warning); none is an error, and so is one of other `--layers` "
           "(naming both); `--resume=auto` starts fresh when there is none"},
-  GS_FLAG_HEADING("Optimizer (SGD, PyTorch semantics):"),
+  GS_FLAG_HEADING("Optimizer (PyTorch semantics):"),
+  {.name = "--optimizer", .kind = GS_FLAG_ENUM, E(optim), .names = optimizers,
+   .metavar = "NAME", .help = "sgd, adam or adamw",
+   .doc = "`sgd`, `adam` or `adamw`, torch.optim's arithmetic, fused over the packs, with the "
+          "LR, weight decay, schedule and bias rules below (Adam's betas 0.9 and 0.999, eps "
+          "1e-8; `--momentum` and `--nesterov` are SGD's)"},
+  {.name = "--nonfinite", .kind = GS_FLAG_ENUM, E(nonfinite), .names = nonfinites,
+   .metavar = "WHAT", .help = "a step whose summed gradients hold NaN or infinity: stop, skip or off",
+   .doc = "a step whose summed gradients hold NaN or infinity is never applied: `stop` ends "
+          "training there, `skip` skips it on every rank and goes on, `off` checks nothing (the "
+          "updates then overlap the last allreduces)"},
   {.name = "--lr", .kind = GS_FLAG_DOUBLE, SGD(lr), .metavar = "LR",
    .help = "base learning rate"},
   {.name = "--momentum", .kind = GS_FLAG_DOUBLE, SGD(momentum), .metavar = "M",

@@ -346,29 +346,17 @@ def _mismatch(err, named):
     return ModelMismatch(f"the ranks' models differ: {what}; {err}")
 
 
-def _buffers_saver(buffers):
+def _extra_saver(buffers, wrapped):
     """What gradsync's checkpoints hold besides the packs: the model's
-    buffers (BatchNorm statistics), a torch.save of {name: tensor}
-    (docs/checkpoint.md). Holds the tensors, not the optimizer."""
+    buffers (BatchNorm statistics) and the state of an optimizer the
+    engine does not run, a torch.save of {"buffers": {name: tensor},
+    "optimizer": state_dict} (docs/checkpoint.md)."""
     def save():
         out = io.BytesIO()
-        torch.save({"buffers": {n: b.detach().cpu() for n, b in buffers}}, out)
+        torch.save({"buffers": {n: b.detach().cpu() for n, b in buffers},
+                    "optimizer": wrapped.state_dict() if wrapped is not None else None}, out)
         return out.getvalue()
     return save
-
-
-def _load_buffers(buffers, data):
-    """Rank 0 after a resume: the checkpoint's buffers into the model's
-    (the buffer sync then hands them to every rank)."""
-    if not data:
-        return
-    saved = torch.load(io.BytesIO(data))["buffers"]
-    with torch.no_grad():
-        for n, b in buffers:
-            if n not in saved or saved[n].shape != b.shape:
-                raise Error(f"the checkpoint has no buffer '{n}' of shape {list(b.shape)} (a "
-                            "checkpoint of another model?)")
-            b.copy_(saved[n])
 
 
 # torch.optim's optimizers the engine runs fused over the packs (their own
@@ -381,12 +369,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     or averaged (`reduce`) before the update, which the engine applies
     fused over the packs.
 
-    `optimizer`: a torch.optim.SGD, Adam or AdamW over the model's
-    parameters (with its parameter groups and their hyperparameters),
-    e.g. `optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4,
-    weight_decay=0.1)`; the engine reads each group's hyperparameters at
-    every step, so torch's lr schedulers work on this optimizer (or on the
-    one given). Without it: SGD with `lr`, `momentum`, `weight_decay` and
+    `optimizer`: a torch optimizer over the model's parameters (with its
+    parameter groups and their hyperparameters), e.g.
+    `optimizer=torch.optim.AdamW(model.parameters(), lr=3e-4,
+    weight_decay=0.1)`. SGD, Adam and AdamW run fused in the engine, which
+    reads each group's hyperparameters at every step, so torch's lr
+    schedulers work on this optimizer (or on the one given); any other
+    runs its own step() on the reduced gradients. Without it: SGD with `lr`, `momentum`, `weight_decay` and
     `nesterov`, as torch.optim.SGD computes them. `param_groups`,
     `state_dict()` and `load_state_dict()` are torch's (a checkpoint saved
     with torch.save resumes in plain torch, and the other way round).
@@ -471,7 +460,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "groups, the bias rules and the schedule out (use a torch "
                              "lr_scheduler on the optimizer)")
         kind = self._adopt(optimizer)
-        self._scheduled = scheduled
+        if self._wrapped and _config()["world_min"] > 0:
+            raise Error(f"optimizer={type(optimizer).__name__} in an elastic job: its state "
+                        "lives outside the engine and is not yet shared at a regroup; use SGD, "
+                        "Adam or AdamW (fused), or a fixed world")
+        self._scheduled = scheduled or self._wrapped
         cfg = dict(_config())
         cfg.update(optimizer=kind, nonfinite=nonfinite, lr=lr or 0.0, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                    reduce=reduce, pack_threshold=_bytes(pack_threshold), bcast_period=bcast_period,
@@ -487,13 +480,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg["bias_wd"] = bias_weight_decay
         if checkpoint_dir:
             cfg["checkpoint_dir"] = str(checkpoint_dir)
-            if saved:
-                cfg["checkpoint_extra"] = _buffers_saver(saved)
+            if saved or self._wrapped:
+                cfg["checkpoint_extra"] = _extra_saver(saved, self._inner if self._wrapped
+                                                       else None)
         e = _engine.Engine(**cfg)
         for n, p in named:
             e.register(n, p.numel(), n.endswith("bias"))
         self._engine_groups = {}
-        if not scheduled:
+        if not self._scheduled:
             index = {id(p): i for i, p in enumerate(self.params)}
             for k, g in enumerate(self.param_groups):
                 e.add_group(self._hyper(g))
@@ -522,7 +516,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # A rank that joins a running elastic job starts where the others are.
         self.step_count, self.epoch, sample = e.sync_initial()
         self.sample = sample or 0  # None: a checkpoint from before it was stored
-        _load_buffers(saved, e.resumed_extra())  # rank 0 resumed: its checkpoint's
+        self._load_extra(saved, e.resumed_extra())  # rank 0 resumed: its checkpoint's
         self._sync_buffers()
         self._in_step = False
         self._accumulating = self._accumulated = False
@@ -541,12 +535,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _adopt(self, optimizer):
         """Takes the torch optimizer's groups, defaults and (empty) state as
         this one's; the engine's name for its kind."""
-        kind = _FUSED.get(type(optimizer))
-        if kind is None:
-            raise Error(f"optimizer={type(optimizer).__name__}: gradsync runs torch.optim.SGD, "
-                        "Adam and AdamW fused in its engine; other optimizers are not yet "
-                        "supported")
-        if optimizer.state:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer= takes a torch.optim.Optimizer, not "
+                            f"{type(optimizer).__name__}")
+        # Others run their own step() on the pack views, after the reduce.
+        kind = _FUSED.get(type(optimizer), "none")
+        self._wrapped = kind == "none"
+        if optimizer.state and not self._wrapped:  # Adagrad makes its own at construction
             raise Error("optimizer= has state already (it has stepped, or loaded a "
                         "state_dict): wrap it before training, and load a state_dict into the "
                         "DistributedOptimizer")
@@ -617,6 +612,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """torch's format for the wrapped optimizer's class: "state" per
         parameter index (copies of the engine's buffers; "step" the updates
         applied) and "param_groups"."""
+        if self._wrapped:
+            return self._inner.state_dict()
         steps = self._engine.optim_steps()
         kind = _FUSED[type(self._inner)]
         self.state.clear()
@@ -638,6 +635,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the groups' hyperparameters, and the state into the engine's
         buffers. Every rank loads the same (a checkpoint of rank 0's)."""
         self._inner.load_state_dict(state_dict)
+        if self._wrapped:
+            return
         steps = set()
         try:
             with torch.no_grad():
@@ -663,6 +662,41 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group):
         raise Error("the engine's packs are fixed once it has joined: give every parameter group "
                     "to the optimizer before wrapping it")
+
+    def _load_extra(self, buffers, data):
+        """After a resume: rank 0 holds the checkpoint's extra bytes; its
+        buffers go into the model (the buffer sync then hands them to every
+        rank), and a wrapped optimizer's state to every rank's."""
+        saved = torch.load(io.BytesIO(data)) if data else None
+        if saved:
+            with torch.no_grad():
+                for n, b in buffers:
+                    if n not in saved["buffers"] or saved["buffers"][n].shape != b.shape:
+                        raise Error(f"the checkpoint has no buffer '{n}' of shape "
+                                    f"{list(b.shape)} (a checkpoint of another model?)")
+                    b.copy_(saved["buffers"][n])
+        if self._wrapped and self._engine.info()["step"] > 0:
+            state = self._share(saved["optimizer"] if saved else None)
+            if state is not None:
+                self._inner.load_state_dict(state)
+
+    def _share(self, obj):
+        """Rank 0's object on every rank (a sum where the others add zeros:
+        exact, through host memory; four bytes per byte, for the rare
+        resume)."""
+        data = b""
+        if self.rank == 0:
+            out = io.BytesIO()
+            torch.save(obj, out)
+            data = out.getvalue()
+        n = torch.tensor([len(data) >> 24, len(data) & 0xFFFFFF], dtype=torch.float32)
+        self._sum(n)
+        size = (int(n[0]) << 24) | int(n[1])
+        flat = torch.zeros(size, dtype=torch.float32)
+        if self.rank == 0:
+            flat.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        self._sum(flat)
+        return torch.load(io.BytesIO(bytes(flat.to(torch.uint8).numpy())))
 
     def _saw_input(self, module, args):
         """The batch size, for the status page's samples/s."""
@@ -918,7 +952,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         gradients are scaled by max_norm / (norm + 1e-6) when that is below
         1, inside the fused update (no pass of its own). Call it after
         backward and before step()."""
-        self._sync_sums(None)
+        if self._wrapped:
+            self.synchronize()  # the means in place: the wrapped step reads .grad
+        else:
+            self._sync_sums(None)
         self._clipped = True
         norm_type = float(norm_type)
         with torch.no_grad():
@@ -930,7 +967,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(f"the total norm of order {norm_type} of the gradients is "
                                "non-finite, so it cannot be clipped")
         coef = float(max_norm) / (float(total) + 1e-6)
-        if coef < 1.0:
+        if coef < 1.0 and self._wrapped:
+            torch._foreach_mul_(self._grad_views, coef)
+        elif coef < 1.0:
             self._engine.scale_step(coef)
         return total
 
@@ -964,6 +1003,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.clip_grad_norm_(self.max_grad_norm)
         if not self._synced:
             self._release(loss)
+        if self._wrapped:
+            # The reduced means in .grad, then the optimizer's own step on
+            # the pack views, unless the step is not to be applied.
+            self._synced = self._scaled = True
+            nonfinite, regrouped = self._engine.synchronize(True)
+            if not nonfinite and not regrouped:
+                self._inner.step()
         self._synced = self._clipped = False
         r = self._result(e.end_step())
         now = time.monotonic()

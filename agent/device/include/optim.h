@@ -63,7 +63,7 @@ typedef struct gs_optim_coef {
 void gs_optim_coef(const gs_optim_step_t *s, const gs_optim_group_t *g, gs_optim_coef_t *out);
 
 /* State buffers per element the optimizer needs: SGD 1 (the momentum
- * buffer), Adam and AdamW 2, 3 when a group uses amsgrad. */
+ * buffer), Adam and AdamW 2, 3 when a group uses amsgrad, none 0. */
 uint32_t gs_optim_state_count(gs_optim_kind_t kind, const gs_optim_group_t *groups,
                               uint32_t ngroups);
 

@@ -89,6 +89,9 @@ typedef enum gs_optim_kind {
   GS_OPTIM_SGD = 0,
   GS_OPTIM_ADAM,
   GS_OPTIM_ADAMW,
+  /* No update: the caller applies its own optimizer to the reduced
+   * gradients between gs_engine_synchronize and end_step. */
+  GS_OPTIM_NONE,
 } gs_optim_kind_t;
 
 /* One parameter group's hyperparameters, as torch.optim's param_groups
@@ -250,7 +253,7 @@ GS_ENGINE_API const char *gs_reduce_op_name(gs_reduce_op_t op);
 /* "keep" or "linear". */
 GS_ENGINE_API int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_elastic_lr_name(gs_elastic_lr_t v);
-/* "sgd", "adam" or "adamw". */
+/* "sgd", "adam", "adamw" or "none". */
 GS_ENGINE_API int gs_optim_kind_parse(const char *s, gs_optim_kind_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_optim_kind_name(gs_optim_kind_t k);
 /* "stop", "skip" or "off". */
@@ -475,14 +478,26 @@ GS_ENGINE_API void gs_engine_grad_ready(void *engine, uint32_t i);
  * and checkpoint with the same error: finish it. */
 GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
 
+/* What gs_engine_synchronize found: the sums hold NaN or an infinity (the
+ * update will not be applied; end_step says what happens), or an elastic
+ * job regrouped and dropped the step (end_step returns the regroup). */
+typedef struct gs_sync_result {
+  bool nonfinite;
+  bool regrouped;
+} gs_sync_result_t;
+
 /* Completes the step's allreduces and the check of the sums without
  * applying the update, for a front end that reads the reduced gradients
- * first (clipping, loss scaling): with `scale` the sums become the
- * gradients the update uses, in place (times 1/world for a mean: what
- * DDP leaves in a parameter's grad). end_step then applies the update and
- * returns what this one failed with (with the regroup of an elastic job,
- * if one happened here). A no-op outside a step or when already done. */
-GS_ENGINE_API int gs_engine_synchronize(gs_engine_t *e, bool scale) GS_ENGINE_WARN_UNUSED;
+ * first (clipping, loss scaling, an optimizer of its own with
+ * GS_OPTIM_NONE): with `scale` the sums become the gradients the update
+ * uses, in place (times 1/world for a mean: what DDP leaves in a
+ * parameter's grad). `out` (may be NULL; filling its `nonfinite` waits
+ * for the device) says whether the step may be applied. end_step then
+ * applies the update and returns what this one failed with (with the
+ * regroup of an elastic job, if one happened here). A no-op outside a step
+ * or when already done. */
+GS_ENGINE_API int gs_engine_synchronize(gs_engine_t *e, bool scale,
+                                        gs_sync_result_t *out) GS_ENGINE_WARN_UNUSED;
 
 /* Multiplies this step's gradients by `factor` in its update (gradient
  * clipping's coefficient; after gs_engine_synchronize and before
