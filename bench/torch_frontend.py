@@ -86,7 +86,7 @@ def gradsync_side(a):
     torch.set_num_threads(1)
     gs.init()
     model = model_of(a.model)
-    opt = gs.DistributedOptimizer(model, reduce="mean", **OPT)
+    opt = gs.DistributedOptimizer(model, reduce="mean", nonfinite=a.nonfinite, **OPT)
 
     def step(x, y):
         loss = F.cross_entropy(model(x), y)
@@ -104,6 +104,8 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--nonfinite", choices=["stop", "skip", "off"], default="stop",
+                   help="gradsync: what a non-finite step does (off: no check, overlap)")
     a = p.parse_args()
     if a.side == "plain":
         plain(a)

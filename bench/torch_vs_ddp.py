@@ -31,7 +31,7 @@ def one(a, side, model, world):
     common = ["--model", model, "--steps", str(a.steps), "--batch", "64"]
     if side == "gradsync":
         cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", str(world), "--", py, WORKER,
-               "--side", "gradsync"] + common
+               "--side", "gradsync", "--nonfinite", a.nonfinite] + common
     else:
         cmd = [py, WORKER, "--side", "plain" if world == 1 else "ddp", "--world",
                str(world)] + common
@@ -53,6 +53,8 @@ def main():
     p.add_argument("--python-dir", required=True, help="build/python")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--nonfinite", choices=["stop", "skip", "off"], default="stop",
+                   help="gradsync's check of the summed gradients (default stop: checked)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--markdown")
