@@ -181,6 +181,34 @@ def case_sampler_job(tmp):
           f"opt.sample {got[0]['sample']}")
 
 
+def case_autocast(tmp):
+    """torch.autocast(bfloat16) on the CPU: the forward runs in bf16, the
+    gradients reach the fp32 packs, both ranks hold the same params, the
+    loss falls, and the result tracks one torch process with the same
+    autocast on the global batch (bf16's own rounding differs between a
+    batch of 8 and of 16: 3e-2 allowed)."""
+    model = torch_worker.mlp()
+    opt = torch_worker.make_optimizer(model, "adamw")
+    x, y = torch_worker.data(40, 8, 2)
+    for s in range(40):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[s]), y[s])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    want = [p.detach() for p in model.parameters()]
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "autocast", out)
+    got = [result(out, r) for r in (0, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(got[0]["params"], got[1]["params"]))
+    losses = got[0]["losses"]
+    assert sum(losses[-5:]) < sum(losses[:5]), losses
+    err = rel(got[0]["params"], want)
+    assert err < 3e-2, err
+    print(f"autocast bf16: ranks identical, loss {sum(losses[:5]) / 5:.3f} -> "
+          f"{sum(losses[-5:]) / 5:.3f}, vs torch {err:.2e}")
+
+
 def case_accumulate(tmp):
     """no_sync(): 2 ranks x 4 micro-batches of 4, the first three inside
     no_sync(), equal one torch process with batch 32 per step (also when
@@ -551,8 +579,14 @@ def case_elastic_grow(tmp):
     two see world_changed (world 3, no step dropped) at one step, the
     newcomer starts from their position with their BatchNorm buffers (not
     its own fresh ones, though it is rank 0), and all three finish with
-    identical params."""
-    (c, a, b), took = elastic_job(tmp, late=0, grow_after=20)
+    identical params; also with RMSprop, whose state (outside the engine)
+    the newcomer takes from them."""
+    for how in ((), ("opt=rmsprop",)):
+        grow(tempfile.mkdtemp(dir=tmp), how)
+
+
+def grow(tmp, how):
+    (c, a, b), took = elastic_job(tmp, *how, late=0, grow_after=20)
     assert a["committed"] == b["committed"]
     first = a["results"][0]
     assert first["world_size"] == 3 and first["before"][2] == 2, first
@@ -579,7 +613,8 @@ def case_elastic_grow(tmp):
     assert c["committed"] == a["committed"][step:], "the newcomer's steps differ"
     check_coverage(a, worlds=[2, 3])
     assert a["after"][1] > 0.85, a["after"]
-    print(f"a third rank joined a 2:3 job after step {step} as rank 0 of 3, from (epoch, sample) "
+    print(f"{' '.join(how) or 'sgd'}: "
+          f"a third rank joined a 2:3 job after step {step} as rank 0 of 3, from (epoch, sample) "
           f"{c['joined']['position'][1:]}, with the others' buffers; {len(a['results'])} "
           f"regroup(s); identical params at step {a['position'][0]}, accuracy "
           f"{a['after'][1]:.3f} ({took:.1f} s from its start)")

@@ -186,6 +186,26 @@ def sampler():
         ds, num_replicas=gs.world_size(), rank=gs.rank(), seed=7)), sample=opt.sample)
 
 
+def autocast():
+    """AdamW under torch.autocast(bfloat16) on the CPU; saves params and losses."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, "adamw"))
+    steps, batch = 40, 8
+    x, y = data(steps, batch, gs.world_size())
+    r, losses = gs.rank(), []
+    for s in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x[s, r * batch:(r + 1) * batch])
+            loss = F.cross_entropy(out, y[s, r * batch:(r + 1) * batch])
+        assert out.dtype == torch.bfloat16
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+        losses.append(float(loss))
+    save(params=[p.detach().cpu().clone() for p in model.parameters()], losses=losses)
+
+
 def clip():
     """Clipping to max norm 0.5 three ways (mode=method: opt.clip_grad_norm_;
     ctor: max_grad_norm=; torch: opt.synchronize() then torch's own)."""
@@ -394,8 +414,10 @@ def elastic():
         changes.append(dict(rank=rank, world=world, step=step,
                             buffers={n: b.clone() for n, b in model.named_buffers()}))
 
-    opt = gs.DistributedOptimizer(model, lr=0.05, momentum=0.9, rejoin_timeout=30,
-                                  on_world_change=on_change)
+    how = dict(lr=0.05, momentum=0.9)
+    if OPTS.get("opt") == "rmsprop":  # not fused: its state is shared at a regroup
+        how = dict(optimizer=torch.optim.RMSprop(model.parameters(), lr=0.003, momentum=0.5))
+    opt = gs.DistributedOptimizer(model, rejoin_timeout=30, on_world_change=on_change, **how)
     # Where this rank starts (a rank that joins a running job: the others' place).
     joined = dict(position=(opt.step_count, opt.epoch, opt.sample), world=gs.world_size(),
                   buffers={n: b.clone() for n, b in model.named_buffers()})

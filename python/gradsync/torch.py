@@ -460,10 +460,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "groups, the bias rules and the schedule out (use a torch "
                              "lr_scheduler on the optimizer)")
         kind = self._adopt(optimizer)
-        if self._wrapped and _config()["world_min"] > 0:
-            raise Error(f"optimizer={type(optimizer).__name__} in an elastic job: its state "
-                        "lives outside the engine and is not yet shared at a regroup; use SGD, "
-                        "Adam or AdamW (fused), or a fixed world")
         self._scheduled = scheduled or self._wrapped
         cfg = dict(_config())
         cfg.update(optimizer=kind, nonfinite=nonfinite, lr=lr or 0.0, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -517,7 +513,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.step_count, self.epoch, sample = e.sync_initial()
         self.sample = sample or 0  # None: a checkpoint from before it was stored
         self._load_extra(saved, e.resumed_extra())  # rank 0 resumed: its checkpoint's
-        self._sync_buffers()
+        # A wrapped optimizer's state from rank 0 after a resume, or, for a
+        # rank that joins a running elastic job, from the others (who share
+        # it at their regroup).
+        self._sync_buffers(state=self.step_count > 0)
         self._in_step = False
         self._accumulating = self._accumulated = False
         self._synced = self._scaled = self._clipped = False
@@ -665,8 +664,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _load_extra(self, buffers, data):
         """After a resume: rank 0 holds the checkpoint's extra bytes; its
-        buffers go into the model (the buffer sync then hands them to every
-        rank), and a wrapped optimizer's state to every rank's."""
+        buffers go into the model and a wrapped optimizer's state into it
+        (the buffer sync then hands both to every rank)."""
         saved = torch.load(io.BytesIO(data)) if data else None
         if saved:
             with torch.no_grad():
@@ -675,17 +674,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         raise Error(f"the checkpoint has no buffer '{n}' of shape "
                                     f"{list(b.shape)} (a checkpoint of another model?)")
                     b.copy_(saved["buffers"][n])
-        if self._wrapped and self._engine.info()["step"] > 0:
-            state = self._share(saved["optimizer"] if saved else None)
-            if state is not None:
-                self._inner.load_state_dict(state)
+        if self._wrapped and saved and saved["optimizer"] is not None:
+            self._inner.load_state_dict(saved["optimizer"])  # shared next, with the buffers
 
-    def _share(self, obj):
-        """Rank 0's object on every rank (a sum where the others add zeros:
-        exact, through host memory; four bytes per byte, for the rare
-        resume)."""
+    def _share(self, obj, root=0):
+        """The root's object on every rank (a sum where the others add
+        zeros: exact, through host memory; four bytes per byte, for the
+        rare resume or regroup)."""
         data = b""
-        if self.rank == 0:
+        if self.rank == root:
             out = io.BytesIO()
             torch.save(obj, out)
             data = out.getvalue()
@@ -693,7 +690,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._sum(n)
         size = (int(n[0]) << 24) | int(n[1])
         flat = torch.zeros(size, dtype=torch.float32)
-        if self.rank == 0:
+        if self.rank == root:
             flat.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         self._sum(flat)
         return torch.load(io.BytesIO(bytes(flat.to(torch.uint8).numpy())))
@@ -770,14 +767,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.on_world_change is not None:
             self.on_world_change(self.rank, self.world_size, self.step_count)
 
-    def _sync_buffers(self):
-        """Buffers (BatchNorm statistics) take one rank's values; true when
-        an elastic job regrouped meanwhile (then they are summed again over
+    def _sync_buffers(self, state=False):
+        """Buffers (BatchNorm statistics) take one rank's values, and with
+        `state` (a regroup) a wrapped optimizer's state too; true when an
+        elastic job regrouped meanwhile (then they are summed again over
         the new world)."""
         changed = False
-        while self._buffers and self.world_size > 1:
+        state = state and self._wrapped
+        while (self._buffers or state) and self.world_size > 1:
             try:
-                self._sync_buffers_once()
+                self._sync_buffers_once(state)
                 return changed
             except WorldChanged:
                 self._follow_world()
@@ -795,9 +794,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         first = held.nonzero()
         return int(first[0]) if len(first) else 0
 
-    def _sync_buffers_once(self):
+    def _sync_buffers_once(self, state):
         """A sum where every rank but the root adds zeros is exact."""
         root = self._buffer_root()
+        if state:  # a rank that joined holds none of the wrapped optimizer's state
+            mine = self._inner.state_dict() if self.rank == root else None
+            self._inner.load_state_dict(self._share(mine, root))
+        if not self._buffers:
+            return
         flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float32)
                           for _, b in self._buffers])
         if self.rank != root:
@@ -1037,7 +1041,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.rank, self.world_size = d.pop("rank"), d.pop("world_size")
         changed = regrouped
         if d["broadcast"] or regrouped:
-            changed = self._sync_buffers() or changed
+            changed = self._sync_buffers(state=regrouped) or changed
         return StepResult(**d, world_changed=changed,
                           dropped=regrouped and self.step_count < self._after[0], rank=self.rank,
                           world_size=self.world_size, step=self.step_count, epoch=self.epoch,
@@ -1079,7 +1083,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # The state taken may be a step newer than this rank's: go on from it.
             info = self._engine.info()
             self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
-            self._sync_buffers()
+            self._sync_buffers(state=True)
             self._world_changed()
             raise
 
