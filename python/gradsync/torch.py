@@ -552,8 +552,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     raise ValueError("optimizer= has a parameter that is not the model's (or does "
                                      "not require a gradient)")
                 seen.add(id(p))
-            if g.get("foreach") or g.get("fused") or g.get("differentiable"):
-                pass  # the engine's fused step does what each of these asks
         missing = [n for n, p in self._named if id(p) not in seen]
         if missing:
             raise ValueError(f"parameter(s) {', '.join(missing[:5])} of the model are in no group "
@@ -581,8 +579,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._scheduled:
             return
         for k, g in enumerate(self.param_groups):
-            key = tuple((n, v) for n, v in g.items() if n != "params" and
-                        isinstance(v, (int, float, bool, tuple)))
+            key = tuple((n, float(v) if isinstance(v, torch.Tensor) else v)
+                        for n, v in g.items() if n != "params" and
+                        isinstance(v, (int, float, bool, tuple, torch.Tensor)))
             if self._engine_groups.get(k) != key:
                 self._engine.set_group(k, self._hyper(g))
                 self._engine_groups[k] = key
