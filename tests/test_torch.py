@@ -325,19 +325,38 @@ def case_status(tmp):
 
 
 def case_buffers(tmp):
-    """BatchNorm buffers take rank 0's at start and at each broadcast
-    boundary; with broadcast_buffers=False they stay each rank's own."""
-    out = tempfile.mkdtemp(dir=tmp)
-    run(2, "buffers", out, "period=5", "steps=5")
-    a, b = result(out, 0), result(out, 1)
-    for n in a["buffers"]:
-        assert torch.equal(a["buffers"][n], b["buffers"][n]), n
-    assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
-    out = tempfile.mkdtemp(dir=tmp)
-    run(2, "buffers", out, "period=5", "steps=5", "bb=0")
-    a, b = result(out, 0), result(out, 1)
-    assert not torch.equal(a["buffers"]["1.running_mean"], b["buffers"]["1.running_mean"])
-    print("buffers: rank 0's after a broadcast; each rank's own with broadcast_buffers=False")
+    """broadcast_buffers, step by step from what each rank's BatchNorm saw
+    (2 ranks, unlike batches): every rank starts from rank 0's buffers;
+    True (DDP's rule): before every forward with grad, rank 0's (a
+    forward without grad neither broadcasts nor is skipped by the next);
+    "mean": the ranks' mean; False: each rank's own."""
+    for mode in ("1", "mean", "0"):
+        out = tempfile.mkdtemp(dir=tmp)
+        run(2, "buffers", out, f"bb={mode}", "steps=6")
+        ranks = [result(out, r) for r in (0, 1)]
+        m = ranks[0]["momentum"]
+        for r in ranks:
+            assert torch.equal(r["joined"]["1.running_mean"], ranks[0]["start"]["1.running_mean"])
+        assert not torch.equal(ranks[0]["start"]["1.running_mean"],
+                               ranks[1]["start"]["1.running_mean"])
+        for s in range(6):
+            for k, r in enumerate(ranks):
+                if s == 0:
+                    base = r["joined"]["1.running_mean"]
+                elif mode == "1":
+                    base = ranks[0]["nograd"][s - 1]
+                elif mode == "mean":
+                    base = (ranks[0]["nograd"][s - 1] + ranks[1]["nograd"][s - 1]) / 2
+                else:
+                    base = r["nograd"][s - 1]
+                want = (1 - m) * base + m * r["seen"][2 * s]
+                assert rel(r["after"][s], want) < 1e-5, (mode, s, k, rel(r["after"][s], want))
+                want = (1 - m) * r["after"][s] + m * r["seen"][2 * s + 1]
+                assert rel(r["nograd"][s], want) < 1e-5, (mode, s, k, "no grad")
+        assert all(torch.equal(x, y) for x, y in zip(ranks[0]["params"], ranks[1]["params"]))
+        assert not torch.equal(ranks[0]["nograd"][-1], ranks[1]["nograd"][-1])
+    print("buffers: rank 0's before every forward with grad (True), the ranks' mean (mean), "
+          "each rank's own (False), from rank 0's at the start")
 
 
 def case_errors(tmp):

@@ -266,12 +266,33 @@ def slow():
 
 
 def buffers():
+    """Records, at each step, the BatchNorm's running mean after the
+    forward and the mean of the batch it normalized."""
     gs.init()
     model = mlp(seed=gs.local_rank(), bn=True)  # unlike params and buffers on each rank
-    opt = gs.DistributedOptimizer(model, bcast_period=int(OPTS.get("period", 5)),
-                                  broadcast_buffers=OPTS.get("bb", "1") == "1", **sgd_args())
-    train(model, opt, int(OPTS.get("steps", 5)), 8)
-    save(buffers={n: b.clone() for n, b in model.named_buffers()},
+    mode = {"1": True, "0": False, "mean": "mean"}[OPTS.get("bb", "1")]
+    model[1].running_mean.add_(gs.local_rank() + 1.0)
+    start = {n: b.clone() for n, b in model.named_buffers()}
+    opt = gs.DistributedOptimizer(model, broadcast_buffers=mode, **sgd_args())
+    joined = {n: b.clone() for n, b in model.named_buffers()}
+    seen, after, nograd = [], [], []
+    model[1].register_forward_hook(lambda m, args, out: seen.append(args[0].detach().mean(0)))
+    steps, batch = int(OPTS.get("steps", 5)), 8
+    x, y = data(steps, batch, gs.world_size())
+    r = gs.rank()
+    for s in range(steps):
+        xb, yb = x[s, r * batch:(r + 1) * batch], y[s, r * batch:(r + 1) * batch]
+        xb = xb + r  # unlike batches: unlike statistics
+        loss = F.cross_entropy(model(xb), yb)
+        after.append(model[1].running_mean.clone())
+        with torch.no_grad():
+            model(xb)  # no broadcast without grad (DDP's rule); eval would not update
+        nograd.append(model[1].running_mean.clone())
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+    save(start=start, joined=joined, seen=seen, after=after, nograd=nograd, momentum=model[1].momentum,
+         buffers={n: b.clone() for n, b in model.named_buffers()},
          params=[p.detach().clone() for p in model.parameters()])
 
 

@@ -394,6 +394,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     call `opt.synchronize()` first: the gradients are then reduced in
     place.
 
+    `broadcast_buffers`: buffers (BatchNorm statistics) are rank 0's at
+    the start; True (DDP's rule): rank 0's again before every forward
+    with grad; "mean": the ranks' mean before every forward; False: each
+    rank's own after the start.
+
     `model` is an nn.Module (its parameters and buffers are used) or an
     iterable of parameters. Construction joins the job (blocking until
     every rank has), takes rank 0's pack list and parameters (its buffers
@@ -426,11 +431,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  on_world_change=None, optimizer=None, nonfinite="stop", max_grad_norm=None):
         if isinstance(model, torch.nn.Module):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-            self._buffers = list(model.named_buffers()) if broadcast_buffers else []
-            saved = list(model.named_buffers())
+            self._buffers = list(model.named_buffers())
         else:
             named = [(f"param{i}", p) for i, p in enumerate(model) if p.requires_grad]
-            self._buffers = saved = []
+            self._buffers = []
+        if broadcast_buffers not in (True, False, "mean"):
+            raise ValueError(f"broadcast_buffers is True (rank 0's before every forward), "
+                             f"'mean' (the ranks' mean) or False, not {broadcast_buffers!r}")
+        self._buffer_mode = {True: "rank0", False: "own", "mean": "mean"}[broadcast_buffers]
         if not named:
             raise ValueError("the model has no parameter that requires a gradient")
         devices = {p.device for _, p in named}
@@ -476,9 +484,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             cfg["bias_wd"] = bias_weight_decay
         if checkpoint_dir:
             cfg["checkpoint_dir"] = str(checkpoint_dir)
-            if saved or self._wrapped:
-                cfg["checkpoint_extra"] = _extra_saver(saved, self._inner if self._wrapped
-                                                       else None)
+            if self._buffers or self._wrapped:
+                cfg["checkpoint_extra"] = _extra_saver(self._buffers,
+                                                       self._inner if self._wrapped else None)
         e = _engine.Engine(**cfg)
         for n, p in named:
             e.register(n, p.numel(), n.endswith("bias"))
@@ -498,7 +506,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for name, value in _layout_settings(named):
             e.add_setting(name, value)
         e.add_setting("torch.find-unused", str(bool(find_unused_parameters)).lower())
-        e.add_setting("torch.buffers", str(sum(b.numel() for _, b in self._buffers)))
+        e.add_setting("torch.buffers", f"{sum(b.numel() for _, b in self._buffers)}/"
+                      f"{self._buffer_mode}")
         try:
             e.start()
         except Error as err:
@@ -512,7 +521,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # A rank that joins a running elastic job starts where the others are.
         self.step_count, self.epoch, sample = e.sync_initial()
         self.sample = sample or 0  # None: a checkpoint from before it was stored
-        self._load_extra(saved, e.resumed_extra())  # rank 0 resumed: its checkpoint's
+        self._load_extra(self._buffers, e.resumed_extra())  # rank 0 resumed: its checkpoint's
         # A wrapped optimizer's state from rank 0 after a resume, or, for a
         # rank that joins a running elastic job, from the others (who share
         # it at their regroup).
@@ -695,9 +704,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return torch.load(io.BytesIO(bytes(flat.to(torch.uint8).numpy())))
 
     def _saw_input(self, module, args):
-        """The batch size, for the status page's samples/s."""
+        """Before every forward of the model: the batch size (for the
+        status page's samples/s), and, as DDP's broadcast_buffers, the
+        buffers that forward reads (not in no_sync() or without grad, as
+        DDP's). An elastic job syncs them at the end of each step instead,
+        where a regroup met in the sum is a step's world change (one met
+        in a forward would leave that forward with the old world's
+        batch)."""
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._batch = args[0].shape[0]
+        if (self._buffer_mode != "own" and self._buffers and self.world_size > 1 and
+                not self._elastic and torch.is_grad_enabled() and not self._accumulating and
+                not self._in_step):
+            self._combine_buffers(0, mean=self._buffer_mode == "mean")
 
     def _device_config(self):
         """cpu with the host backend; a GPU with NCCL, the engine's device
@@ -766,16 +785,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self.on_world_change is not None:
             self.on_world_change(self.rank, self.world_size, self.step_count)
 
-    def _sync_buffers(self, state=False):
+    def _sync_buffers(self, state=False, each_step=False):
         """Buffers (BatchNorm statistics) take one rank's values, and with
         `state` (a regroup) a wrapped optimizer's state too; true when an
         elastic job regrouped meanwhile (then they are summed again over
-        the new world)."""
+        the new world). `each_step`: an elastic job's broadcast_buffers
+        after a step, which every rank has trained (rank 0 is a root, or
+        with "mean" the ranks' mean)."""
         changed = False
         state = state and self._wrapped
         while (self._buffers or state) and self.world_size > 1:
             try:
-                self._sync_buffers_once(state)
+                if each_step and not changed:
+                    self._combine_buffers(0, mean=self._buffer_mode == "mean")
+                else:
+                    self._sync_buffers_once(state)
                 return changed
             except WorldChanged:
                 self._follow_world()
@@ -794,24 +818,32 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return int(first[0]) if len(first) else 0
 
     def _sync_buffers_once(self, state):
-        """A sum where every rank but the root adds zeros is exact."""
         root = self._buffer_root()
         if state:  # a rank that joined holds none of the wrapped optimizer's state
             mine = self._inner.state_dict() if self.rank == root else None
             self._inner.load_state_dict(self._share(mine, root))
-        if not self._buffers:
-            return
+        if self._buffers:
+            self._combine_buffers(root)
+
+    def _combine_buffers(self, root, mean=False):
+        """Every rank's buffers become the root's (a sum where the others
+        add zeros is exact), or with `mean` the ranks' mean (of floating
+        ones; an integer one, as BatchNorm's batch count, is the root's)."""
         flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float32)
                           for _, b in self._buffers])
-        if self.rank != root:
-            flat.zero_()
+        averaged = [mean and b.is_floating_point() for _, b in self._buffers]
+        at = 0
+        for (_, b), avg in zip(self._buffers, averaged):
+            if self.rank != root and not avg:
+                flat[at:at + b.numel()] = 0.0
+            at += b.numel()
         self._sum(flat)
         at = 0
         with torch.no_grad():
-            for _, b in self._buffers:
-                n = b.numel()
-                b.copy_(flat[at:at + n].view(b.shape).to(b.device, b.dtype))
-                at += n
+            for (_, b), avg in zip(self._buffers, averaged):
+                part = flat[at:at + b.numel()].view(b.shape)
+                b.copy_((part / self.world_size if avg else part).to(b.device, b.dtype))
+                at += b.numel()
 
     def _hook(self, i, p):
         """Reports parameter i's gradient final once autograd has
@@ -1039,8 +1071,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._has_state = True
         self.rank, self.world_size = d.pop("rank"), d.pop("world_size")
         changed = regrouped
-        if d["broadcast"] or regrouped:
-            changed = self._sync_buffers(state=regrouped) or changed
+        if regrouped:  # the buffers (and state) of a rank that trained
+            changed = self._sync_buffers(state=True) or changed
+        elif self._elastic and self._buffer_mode != "own":
+            changed = self._sync_buffers(each_step=True)
         return StepResult(**d, world_changed=changed,
                           dropped=regrouped and self.step_count < self._after[0], rank=self.rank,
                           world_size=self.world_size, step=self.step_count, epoch=self.epoch,
@@ -1078,13 +1112,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             return self._sum(tensor)
         except WorldChanged:
-            self._follow_world()
-            # The state taken may be a step newer than this rank's: go on from it.
-            info = self._engine.info()
-            self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
-            self._sync_buffers(state=True)
-            self._world_changed()
+            self._regrouped_between_steps()
             raise
+
+    def _regrouped_between_steps(self):
+        """A regroup met outside a step (in a sum): this rank's place, the position taken (it may be a step
+        newer than this rank's: training goes on from it), the buffers and
+        state of a rank that trained, and on_world_change."""
+        self._follow_world()
+        info = self._engine.info()
+        self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
+        self._sync_buffers(state=True)
+        self._world_changed()
 
     def _sum(self, tensor):
         t = tensor.detach()
