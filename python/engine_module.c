@@ -1085,6 +1085,14 @@ static PyObject *engine_scale_step(EngineObject *self, PyObject *args)
   Py_RETURN_NONE;
 }
 
+static PyObject *engine_skip_step(EngineObject *self, PyObject *Py_UNUSED(ignored))
+{
+  if (!check_open(self, true))
+    return NULL;
+  gs_engine_skip_step(self->engine);
+  Py_RETURN_NONE;
+}
+
 /* Sums a writable float32 buffer over the ranks, in place. */
 static PyObject *engine_allreduce_sum(EngineObject *self, PyObject *arg)
 {
@@ -1203,6 +1211,9 @@ static PyMethodDef engine_methods[] = {
      "(the mean's 1/world applied)"},
     {"scale_step", (PyCFunction)engine_scale_step, METH_VARARGS,
      "scale_step(factor): this step's gradients times factor in the update (clipping)"},
+    {"skip_step", (PyCFunction)engine_skip_step, METH_NOARGS,
+     "skip_step(): this step's update is not applied (a loss scaler's verdict, the same on "
+     "every rank)"},
     {"allreduce_sum", (PyCFunction)engine_allreduce_sum, METH_O,
      "allreduce_sum(buffer): sums float32 memory over the ranks, in place; WorldChanged when an "
      "elastic job regrouped meanwhile (sum again)"},

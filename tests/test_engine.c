@@ -50,8 +50,9 @@ typedef struct scenario {
   uint32_t skip_param_on_rank; /* UINT32_MAX: none */
   uint32_t nan_rank;           /* UINT32_MAX: none */
   uint32_t nan_step;
-  bool perturb; /* ranks > 0 shift their params after the start */
-  bool slow;    /* sleep 2 ms per step */
+  uint64_t skip_at; /* 0: none; else every rank synchronizes step skip_at - 1 and skips it */
+  bool perturb;     /* ranks > 0 shift their params after the start */
+  bool slow;        /* sleep 2 ms per step */
   const char *checkpoint_dir;
   uint64_t checkpoint_every;
   bool resume;
@@ -69,7 +70,8 @@ typedef struct scenario {
     int err;
     char error[768];
     uint64_t steps;
-    uint64_t period_changed_at, stopped_at;
+    uint64_t period_changed_at, stopped_at, skipped_at;
+    uint64_t optim_steps;
     int32_t period;
     float params[NPARAMS][16];
     gs_position_t start;
@@ -177,6 +179,14 @@ static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_resu
     if (!(rr->rank == sc->skip_param_on_rank && p == 1))
       gs_engine_grad_ready(e, p);
   }
+  if (step + 1 == sc->skip_at) { /* as a loss scaler: decide from the sums */
+    gs_sync_result_t sync;
+    int err = gs_engine_synchronize(e, true, &sync);
+
+    if (err)
+      return err;
+    gs_engine_skip_step(e);
+  }
   return gs_engine_end_step(e, res);
 }
 
@@ -248,6 +258,8 @@ static void *rank_main(void *arg)
     if (err)
       goto out;
     rr->steps = s + 1;
+    if (res.skipped)
+      rr->skipped_at = s + 1;
     if (res.period_changed && !rr->period_changed_at)
       rr->period_changed_at = s + 1;
     rr->period = res.bcast_period;
@@ -260,6 +272,7 @@ static void *rank_main(void *arg)
   }
   for (uint32_t p = 0; p < NPARAMS; p++)
     memcpy(rr->params[p], gs_engine_param(e, p), sizes[p] * sizeof(float));
+  rr->optim_steps = gs_engine_optim_steps(e);
 out:
   rr->err = err;
   if (err)
@@ -321,15 +334,20 @@ static bool params_equal(const rank_run_t *a, const rank_run_t *b)
   return true;
 }
 
-/* SGD by hand in double, the way PyTorch defines it, for one element. */
-static double reference_param(double p0, uint32_t p, uint32_t i, uint64_t steps)
+/* SGD by hand in double, the way PyTorch defines it, for one element;
+ * step `skipped` (1-based; 0: none) not applied. */
+static double reference_param(double p0, uint32_t p, uint32_t i, uint64_t steps, uint64_t skipped)
 {
   double buf = 0, lr = 0.1, m = 0.9, wd = 5e-4, p_ = p0;
+  bool first = true;
 
   for (uint64_t s = 0; s < steps; s++) {
     double d = grad_value(s, p, i) + wd * p_;
 
-    buf = s == 0 ? d : m * buf + d;
+    if (s + 1 == skipped)
+      continue;
+    buf = first ? d : m * buf + d;
+    first = false;
     p_ -= lr * buf;
   }
   return p_;
@@ -345,7 +363,7 @@ START_TEST(world1_sgd_matches_reference)
   expect_ok(&sc);
   for (uint32_t p = 0; p < NPARAMS; p++)
     for (uint32_t i = 0; i < sizes[p]; i++) {
-      double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps);
+      double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 0);
 
       ck_assert_msg(fabs(sc.ranks[0].params[p][i] - want) < 1e-5, "p%u[%u] = %.7f, want %.7f", p, i,
                     sc.ranks[0].params[p][i], want);
@@ -366,7 +384,7 @@ START_TEST(mean_over_ranks_equals_one_rank)
   for (uint32_t r = 1; r < 3; r++)
     ck_assert_msg(params_equal(&sc.ranks[0], &sc.ranks[r]), "rank %u differs", r);
   for (uint32_t i = 0; i < sizes[0]; i++)
-    ck_assert(fabs(sc.ranks[1].params[0][i] - reference_param(0.1 * i, 0, i, 20)) < 1e-5);
+    ck_assert(fabs(sc.ranks[1].params[0][i] - reference_param(0.1 * i, 0, i, 20, 0)) < 1e-5);
 }
 END_TEST
 
@@ -494,6 +512,37 @@ START_TEST(nonfinite_loss_stops_every_rank)
     ck_assert_int_eq(sc.ranks[r].err, GS_ERANGE);
     ck_assert_msg(strstr(sc.ranks[r].error, "step 6: the loss is NaN or infinite on rank(s) 2"),
                   "rank %u: %s", r, sc.ranks[r].error);
+  }
+}
+END_TEST
+
+/* A step the front end skips after synchronizing (a loss scaler's inf),
+ * here with a NaN loss on rank 1 too: not applied, no stop whatever
+ * cfg.nonfinite says, no optimizer step counted; training goes on as SGD
+ * without that step. */
+START_TEST(skipped_step_is_not_applied)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "skip", 2);
+  sc.skip_at = 6;
+  sc.nan_rank = 1;
+  sc.nan_step = 5;
+  run_ranks(&sc);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_uint_eq(sc.ranks[r].steps, sc.max_steps);
+    ck_assert_uint_eq(sc.ranks[r].skipped_at, 6);
+    ck_assert_uint_eq(sc.ranks[r].optim_steps, sc.max_steps - 1);
+    for (uint32_t p = 0; p < NPARAMS; p++)
+      for (uint32_t i = 0; i < sizes[p]; i++) {
+        /* rank 0's start values: the others take them at sync_initial */
+        double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 6);
+
+        ck_assert_msg(fabs(sc.ranks[r].params[p][i] - want) < 1e-5,
+                      "rank %u p%u[%u] = %.7f, want %.7f", r, p, i, sc.ranks[r].params[p][i], want);
+      }
   }
 }
 END_TEST
@@ -862,6 +911,7 @@ static Suite *engine_suite(void)
   ADD(coordinator_restart_is_survived);
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
+  ADD(skipped_step_is_not_applied);
   ADD(checkpoint_resume_is_bit_identical);
   ADD(grad_order_does_not_matter);
   ADD(failure_is_sticky);

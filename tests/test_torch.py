@@ -41,11 +41,12 @@ def result(out, rank):
 
 
 def reference(steps, batch, world, lr=0.1, momentum=0.0, wd=0.0, nesterov=False, optimizer=None,
-              clip=None):
+              clip=None, inf_step=None):
     """One plain PyTorch process on the global batch: torch.optim.SGD, or
     torch_worker.make_optimizer(model, optimizer) with its StepLR; with
-    `clip`, clip_grad_norm_ to it each step. The params, the optimizer's
-    state_dict and the norms clipping saw."""
+    `clip`, clip_grad_norm_ to it each step; with `inf_step`, under
+    torch_worker.CpuGradScaler, the loss infinite at that step. The params,
+    the optimizer's state_dict and the norms clipping saw (or the scales)."""
     model = torch_worker.mlp()
     if optimizer:
         opt = torch_worker.make_optimizer(model, optimizer)
@@ -55,13 +56,22 @@ def reference(steps, batch, world, lr=0.1, momentum=0.0, wd=0.0, nesterov=False,
                               nesterov=nesterov)
     x, y = torch_worker.data(steps, batch, world)
     norms = []
+    scaler = None if inf_step is None else \
+        torch_worker.CpuGradScaler(init_scale=2.0 ** 10, growth_interval=4)
     for s in range(steps):
         loss = F.cross_entropy(model(x[s]), y[s])
         opt.zero_grad()
-        loss.backward()
+        if scaler:
+            scaler.scale(loss * float("inf") if s == inf_step else loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            norms.append(scaler.get_scale())
+        else:
+            loss.backward()
         if clip:
             norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
-        opt.step()
+        if not scaler:
+            opt.step()
         if optimizer:
             sched.step()
     return [p.detach() for p in model.parameters()], opt.state_dict(), norms
@@ -121,6 +131,28 @@ def case_optimizers(tmp):
             assert [g["lr"] for g in got["state"]["param_groups"]] == \
                 [g["lr"] for g in want_sd["param_groups"]], got["state"]["param_groups"]
             print(f"{name} world {world}: params relative error {err:.2e}, state {worst:.2e}")
+
+
+def case_grad_scaler(tmp):
+    """A GradScaler (torch_worker.CpuGradScaler: torch's, with its CUDA
+    kernels written for the CPU) with the wrapped optimizer, rank 1's loss
+    infinite at step 12: every rank skips that step, the scale backs off
+    and grows alike, and 40 steps equal one torch process under the same
+    scaler, to 1e-6; with scaler.unscale_(opt) before or after
+    opt.synchronize() too; fused (AdamW) and wrapped (RMSprop)."""
+    for name, unscale in (("adamw", "none"), ("adamw", "before"), ("rmsprop", "after")):
+        want, _, want_scales = reference(40, 8, 2, optimizer=name, inf_step=12)
+        out = tempfile.mkdtemp(dir=tmp)
+        run(2, "optimizers", out, f"opt={name}", "steps=40", "inf_step=12", f"unscale={unscale}")
+        for r in (0, 1):
+            got = result(out, r)
+            assert got["skipped"] == [12], (name, unscale, r, got["skipped"])
+            assert got["scales"] == want_scales, (got["scales"], want_scales)
+            err = rel(got["params"], want)
+            assert err < 1e-6, (name, unscale, r, err)
+        print(f"GradScaler, {name}, unscale_ {unscale}: step 12 skipped on both ranks, scale "
+              f"{want_scales[0]:.0f} -> {want_scales[-1]:.0f} as torch's, params relative "
+              f"error {err:.2e}")
 
 
 def torch_adamw(steps, start=0, saved=None):

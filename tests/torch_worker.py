@@ -1,6 +1,7 @@
 """One rank of tests/test_torch.py's jobs, started by gradsync-run:
 `torch_worker.py SCENARIO OUT_DIR [options]`. Writes what the test checks
 to OUT_DIR/rank-R.pt (torch.save of a dict)."""
+import collections
 import contextlib
 import os
 import signal
@@ -97,25 +98,91 @@ def make_optimizer(model, name):
     return cls([{"params": first, "lr": lr / 2}, {"params": rest}], lr=lr, **kw)
 
 
+class CpuGradScaler(torch.cuda.amp.GradScaler):
+    """torch.cuda.amp.GradScaler, its logic unchanged, with its CUDA-only
+    parts (scaling, unscale-and-check, the scale's update) written out
+    for the CPU: torch 1.13 has no CPU loss scaler (torch >= 2.3 has
+    torch.amp.GradScaler("cpu")). Power-of-two scales: unscaling is exact."""
+
+    def __init__(self, **kw):
+        from torch.cuda.amp import grad_scaler
+        available = grad_scaler.amp_definitely_not_available
+        grad_scaler.amp_definitely_not_available = lambda: False  # else it disables itself
+        try:
+            super().__init__(**kw)
+        finally:
+            grad_scaler.amp_definitely_not_available = available
+        self._refresh = grad_scaler._refresh_per_optimizer_state
+
+    def scale(self, outputs):
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(outputs.device)
+        return outputs * self._scale
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        if not torch.isfinite(p.grad).all():
+                            found_inf.fill_(1.0)
+                        p.grad.mul_(inv_scale)
+        return {found_inf.device: found_inf}
+
+    def update(self, new_scale=None):
+        found = sum(float(t) for st in self._per_optimizer_states.values()
+                    for t in st["found_inf_per_device"].values())
+        if found:
+            self._scale.mul_(self._backoff_factor)
+            self._growth_tracker.zero_()
+        else:
+            self._growth_tracker.add_(1)
+            if int(self._growth_tracker) == self._growth_interval:
+                self._scale.mul_(self._growth_factor)
+                self._growth_tracker.zero_()
+        self._per_optimizer_states = collections.defaultdict(self._refresh)
+
+
 def optimizers():
-    """Trains with optimizer=; saves params and the optimizer's state_dict."""
+    """Trains with optimizer=; saves params and the optimizer's state_dict.
+    With inf_step=S: under a loss scaler (CpuGradScaler), rank 1's loss
+    infinite at step S; unscale=before/after: scaler.unscale_(opt) called
+    by the script, before or after opt.synchronize()."""
     gs.init()
     model = mlp()
     opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, OPTS["opt"]),
-                                  reduce=OPTS.get("reduce", "mean"))
+                                  reduce=OPTS.get("reduce", "mean"),
+                                  nonfinite=OPTS.get("nonfinite", "stop"))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.5)
     steps, batch = int(OPTS.get("steps", 100)), int(OPTS.get("batch", 8))
     x, y = data(steps, batch, gs.world_size())
     r = gs.rank()
+    inf_step = int(OPTS.get("inf_step", -1))
+    scaler = CpuGradScaler(init_scale=2.0 ** 10, growth_interval=4) if inf_step >= 0 else None
+    scales, skipped = [], []
     for s in range(steps):
         loss = F.cross_entropy(model(x[s, r * batch:(r + 1) * batch]),
                                y[s, r * batch:(r + 1) * batch])
         opt.zero_grad()
-        loss.backward()
-        opt.step(loss)
+        if scaler is None:
+            loss.backward()
+            opt.step(loss)
+        else:
+            if s == inf_step and r == 1:
+                loss = loss * float("inf")  # an overflow on one rank
+            scaler.scale(loss).backward()
+            if OPTS.get("unscale") == "after":
+                opt.synchronize()
+            if OPTS.get("unscale") in ("before", "after"):
+                scaler.unscale_(opt)
+            if scaler.step(opt).skipped:
+                skipped.append(s)
+            scaler.update()
+            scales.append(scaler.get_scale())
         sched.step()
     save(params=[p.detach().cpu().clone() for p in model.parameters()],
-         state=opt.state_dict(), isinstance_optimizer=isinstance(opt, torch.optim.Optimizer))
+         state=opt.state_dict(), isinstance_optimizer=isinstance(opt, torch.optim.Optimizer),
+         scales=scales, skipped=skipped)
 
 
 def accumulate():

@@ -95,6 +95,7 @@ struct gs_engine {
   reduced_t reduced;
   gs_step_result_t reduced_out; /* what a regroup during gs_engine_synchronize said */
   float step_factor;            /* gs_engine_scale_step's, for this step's update (default 1) */
+  bool skip_requested;          /* gs_engine_skip_step's: this step's update is not applied */
   float lr_scale;               /* elastic_lr linear: world / world_size */
 
   /* Elastic membership (elastic.c). The state every rank of the

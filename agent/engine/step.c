@@ -455,6 +455,11 @@ void gs_engine_scale_step(gs_engine_t *e, float factor)
   e->step_factor = factor;
 }
 
+void gs_engine_skip_step(gs_engine_t *e)
+{
+  e->skip_requested = true;
+}
+
 /* Waits for the allreduces (unless gs_engine_synchronize did), queues
  * the updates, then reads back the summed control vector. An elastic job,
  * and one that checks its gradients (cfg.nonfinite), applies the optimizer
@@ -467,7 +472,8 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
 {
   uint64_t step = e->after.step;
   bool check = e->cfg.nonfinite != GS_NONFINITE_OFF;
-  bool synced = e->reduced.done, defer = synced || gs__engine_elastic(e) || check;
+  bool skip_asked = e->skip_requested;
+  bool synced = e->reduced.done, defer = synced || gs__engine_elastic(e) || check || skip_asked;
   float factor = e->step_factor;
   gs_optim_step_t st;
   float skip = 0.0f;
@@ -475,6 +481,7 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   int err;
 
   e->step_factor = 1.0f;
+  e->skip_requested = false;
   memset(out, 0, sizeof(*out));
   gs__engine_resolve_groups(e, step, &st);
   if (!synced)
@@ -487,7 +494,7 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   /* Grads already scaled in place, and a clipping factor, in the update. */
   st.grad_scale = (e->reduced.scaled ? 1.0f : st.grad_scale) * factor;
   optimizer = e->reduced.optimizer_ms;
-  for (uint32_t k = 0; defer && k < e->nissued; k++)
+  for (uint32_t k = 0; defer && !skip_asked && k < e->nissued; k++)
     optimizer += apply_optim(e, k, &st);
   t0 = gs_now_ms_f();
   err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
@@ -502,7 +509,12 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   }
   out->comm_wait_ms = e->reduced.waited_ms;
   out->optimizer_ms = optimizer;
-  if (skip != 0.0f) {
+  if (skip_asked) {
+    out->skipped = true; /* also what makes a NaN loss no stop (act_on_control) */
+    out->nonfinite = skip != 0.0f;
+    gs_log(e->cfg.log, GS_LOG_DEBUG, e->cfg.coord.job, e->join.rank,
+           "step %" PRIu64 ": skipped by the front end (a loss scaler)", step);
+  } else if (skip != 0.0f) {
     err = nonfinite_gradients(e, step, out);
     if (err)
       return err; /* the state is still the last step's */

@@ -386,6 +386,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     job ends failed), "skip" skips it on every rank and goes on
     (`skipped` set).
 
+    Loss scaling: `scaler.step(opt)` of a GradScaler works as with a torch
+    optimizer; an overflow on any rank skips the step on every rank.
+
     Accumulation: backward passes inside `with opt.no_sync():` only add
     into the packs; the next one outside it reduces the sum. Clipping:
     `opt.clip_grad_norm_(max_norm)` (or `max_grad_norm=` at every step)
@@ -530,6 +533,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._accumulating = self._accumulated = False
         self._synced = self._scaled = self._clipped = False
         self.max_grad_norm = max_grad_norm
+        self._nonfinite = nonfinite
         self._reduce = reduce
         self._held = []
         self.copies = 0  # gradients that arrived outside the packs (set_to_none, assigned .grad)
@@ -1019,7 +1023,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _grad_scale(self):
         return 1.0 / self.world_size if self._reduce == "mean" else 1.0
 
-    def step(self, loss=None, closure=None):
+    # GradScaler.step(opt) hands itself to step() (grad_scaler=) instead of
+    # unscaling and checking this rank's own gradients.
+    _step_supports_amp_scaling = True
+
+    def step(self, loss=None, closure=None, grad_scaler=None):
         """Waits for the allreduces, applies the update, and returns the
         step's decisions (a StepResult, the same on every rank). `loss` (a
         number or a 0-dim tensor) feeds the status page, and a non-finite
@@ -1027,12 +1035,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         nonfinite="skip"). In an elastic job a lost rank does not fail the
         step: the result says `world_changed` (and whether this step was
         `dropped`), and on_world_change was called. `closure` (torch's
-        signature) is called first and its value is the loss."""
+        signature) is called first and its value is the loss.
+        `grad_scaler`: GradScaler.step(opt) passes itself (see _unscale)."""
         e = self._engine
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         value = self._loss_value(loss)
+        found_inf = grad_scaler is not None and self._unscale(grad_scaler, loss)
         if self.max_grad_norm is not None and not self._clipped:
             self._sync_sums(loss)
             self.clip_grad_norm_(self.max_grad_norm)
@@ -1043,7 +1053,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             # the pack views, unless the step is not to be applied.
             self._synced = self._scaled = True
             nonfinite, regrouped = self._engine.synchronize(True)
-            if not nonfinite and not regrouped:
+            if not nonfinite and not regrouped and not found_inf:
                 self._inner.step()
         self._synced = self._clipped = False
         r = self._result(e.end_step())
@@ -1058,6 +1068,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.finish(finished=not r.nonfinite, reason=r.stop_reason)
             _state["nonfinite_stop"] |= r.nonfinite
         return r
+
+    def _unscale(self, scaler, loss):
+        """A GradScaler's step: the gradients reduced (the means in place),
+        then unscaled by the scaler (unless the script did so, with
+        scaler.unscale_(opt), before or after opt.synchronize(): the scale
+        is linear, so before it too is right), and the scaler's verdict
+        made the one of the sums, which every rank holds alike (never this
+        rank's own, or ranks would disagree on skipping): with an infinity
+        or NaN the step is skipped on every rank, and scaler.update()
+        lowers the scale as usual. True when skipped."""
+        self.synchronize(loss)
+        state = scaler._per_optimizer_states[id(self)]
+        if state["stage"].name == "READY":
+            scaler.unscale_(self)  # the sums now: the verdict is every rank's
+        nonfinite, regrouped = self._engine.synchronize(True)  # done: the verdict
+        if regrouped:
+            return False  # the step is dropped anyway
+        if self._nonfinite == "off":  # the engine checked nothing: a pass here
+            finite = torch.stack([g.isfinite().all() for g in self._grad_views]).all()
+            nonfinite = not bool(finite)
+        for t in state["found_inf_per_device"].values():
+            t.fill_(float(nonfinite))
+        if nonfinite:
+            self._engine.skip_step()
+        return nonfinite
 
     def _result(self, d):
         """Moves the position (to the engine's resume position after an

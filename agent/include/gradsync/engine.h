@@ -504,6 +504,14 @@ GS_ENGINE_API int gs_engine_synchronize(gs_engine_t *e, bool scale,
  * end_step). */
 GS_ENGINE_API void gs_engine_scale_step(gs_engine_t *e, float factor);
 
+/* This step's update is not applied (a loss scaler found its gradients
+ * non-finite): end_step reports it `skipped` (with `nonfinite` when the
+ * engine's own check found so too) and neither stops nor counts an
+ * optimizer step, whatever cfg.nonfinite says. Every rank must decide
+ * alike, so decide from the synchronized sums (after
+ * gs_engine_synchronize, before end_step). */
+GS_ENGINE_API void gs_engine_skip_step(gs_engine_t *e);
+
 /* Sums `n` floats over all ranks in place (metrics such as validation
  * accuracy); `buf` is host memory. Not during a step. In an elastic job a
  * lost rank makes it regroup and fail with the engine's "world changed"
