@@ -43,7 +43,9 @@ def epochs_steps(world, epochs=3):
     return epochs * (TRAIN_EXAMPLES // (BATCH * world))
 
 
-def run_ours(a, layers, world, steps, seed):
+def run_ours(a, layers, world, steps, seed, extra=()):
+    """gradsync-run with the agent's flags (and `extra` ones); 3 epochs
+    without `steps`."""
     cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", str(world), "--seed", str(seed),
            "--layers", ",".join(map(str, layers)), "--batch", str(BATCH), "--threads", "1",
            "--data", a.data, "--log-level", "warn"]
@@ -51,6 +53,7 @@ def run_ours(a, layers, world, steps, seed):
     if world > 1:
         cmd += ["--reduce", "mean"]
     cmd += ["--epochs", "3"] if steps is None else ["--steps", str(steps), "--no-validate"]
+    cmd += list(extra)
     res, out = run_timed(cmd, a.timeout)
     return res if out is None else parse_ours(res, out, world * BATCH)
 

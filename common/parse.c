@@ -248,6 +248,19 @@ static int signed_long(bool neg, uint64_t mag, long *v)
   return 0;
 }
 
+int gs_name_index(const char *s, const char *const *names, size_t n)
+{
+  for (size_t i = 0; s && i < n; i++)
+    if (names[i] && strcmp(s, names[i]) == 0)
+      return (int)i;
+  return -1;
+}
+
+const char *gs_name_of(size_t v, const char *const *names, size_t n)
+{
+  return v < n && names[v] ? names[v] : "unknown";
+}
+
 /* Parsed by hand rather than with strtol, which would accept leading
  * whitespace and a '+'. A value outside [min, max] is GS_ERANGE. */
 int gs_parse_long(const char *s, long min, long max, long *out)

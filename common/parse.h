@@ -24,6 +24,11 @@ int gs_parse_duration_ms(const char *s, uint64_t *ms) GS_WARN_UNUSED;
  * GS_EINVAL if it does not fit in host_len. */
 int gs_parse_addr(const char *s, char *host, size_t host_len, uint16_t *port) GS_WARN_UNUSED;
 
+/* The index of `s` in names[0 .. n) (an enum's names, in its order), or
+ * -1 (also for NULL); and names[v], or "unknown" past the table. */
+int gs_name_index(const char *s, const char *const *names, size_t n);
+const char *gs_name_of(size_t v, const char *const *names, size_t n);
+
 /* A decimal integer in [min, max] with nothing after it. */
 int gs_parse_long(const char *s, long min, long max, long *out) GS_WARN_UNUSED;
 

@@ -413,6 +413,11 @@ static int parse_nonfinite(const char *s, void *out)
   return gs_nonfinite_parse(s, out);
 }
 
+static int parse_grad_dtype(const char *s, void *out)
+{
+  return gs_grad_dtype_parse(s, out);
+}
+
 /* A count option in [lo, hi] into an int32_t or uint32_t. */
 static int set_count(PyObject *v, const char *key, long lo, long hi, void *out, bool is_signed)
 {
@@ -496,6 +501,8 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_named(v, key, parse_optimizer, &c->optim, "'sgd', 'adam', 'adamw' or 'none'");
   if (!strcmp(key, "nonfinite"))
     return set_named(v, key, parse_nonfinite, &c->nonfinite, "'stop', 'skip' or 'off'");
+  if (!strcmp(key, "grad_dtype"))
+    return set_named(v, key, parse_grad_dtype, &c->grad_dtype, "'fp32', 'bf16' or 'fp16'");
   if (!strcmp(key, "resume"))
     return set_resume(c, v);
   if (!strcmp(key, "world_size"))

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "half.h"
 #include "clock.h"
 #include "why.h"
 
@@ -305,6 +306,72 @@ START_TEST(allreduce_float64)
 }
 END_TEST
 
+/* Values whose float sums depend on the order they are added in. */
+static float messy_value(uint32_t rank, size_t i)
+{
+  return (float)(sin((double)i * 0.731 + rank * 1.37) * pow(10.0, (double)(i % 7) - 3));
+}
+
+/* bfloat16 and float16 (2-byte elements: the small-message thresholds
+ * fall at 16384 and 32768 of them), sum and mean: small integers come out
+ * exact (the mean as float32's sum times 1/w, rounded once); messy values
+ * within one rounding per reduction step of the true sum. */
+static void body_half(rank_ctx_t *rc)
+{
+  static const size_t hlens[] = {7, 1009, 16384, 16385, 32769, 100003};
+  static const struct {
+    gs_dtype_t dtype;
+    float (*widen)(uint16_t);
+    uint16_t (*narrow)(float);
+    double eps; /* half an ulp, relative */
+  } kinds[] = {{GS_DTYPE_BFLOAT16, gs_bf16_to_f32, gs_f32_to_bf16, 0x1p-8},
+               {GS_DTYPE_FLOAT16, gs_f16_to_f32, gs_f32_to_f16, 0x1p-11}};
+  uint32_t w = rc->w->size;
+  uint16_t *buf = malloc(100003 * sizeof(uint16_t));
+
+  for (size_t t = 0; buf && t < 2; t++)
+    for (size_t k = 0; k < sizeof(hlens) / sizeof(hlens[0]); k++)
+      for (int op = GS_REDUCE_SUM; op <= GS_REDUCE_MEAN + 1; op++) {
+        bool messy = op > GS_REDUCE_MEAN;
+        size_t n = hlens[k];
+
+        for (size_t i = 0; i < n; i++)
+          buf[i] = kinds[t].narrow(messy ? messy_value(rc->rank, i) : int_value(rc->rank, i, 3));
+        if (gs_comm_allreduce(rc->comm, buf, n, kinds[t].dtype,
+                              messy ? GS_REDUCE_SUM : (gs_reduce_op_t)op)) {
+          mismatch(rc, "%s allreduce of %zu failed", gs_dtype_name(kinds[t].dtype), n);
+          goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+          double want = 0, mag = 0, got = kinds[t].widen(buf[i]);
+
+          for (uint32_t r = 0; r < w; r++) {
+            double v =
+                kinds[t].widen(kinds[t].narrow(messy ? messy_value(r, i) : int_value(r, i, 3)));
+
+            want += v;
+            mag += fabs(v);
+          }
+          if (op == GS_REDUCE_MEAN)
+            want = kinds[t].widen(kinds[t].narrow((float)want * (1.0f / (float)w)));
+          if (messy ? fabs(got - want) > 2.0 * w * kinds[t].eps * mag + 1e-30 : got != want) {
+            mismatch(rc, "%s %s of %zu: [%zu] = %.9g, want %.9g", gs_dtype_name(kinds[t].dtype),
+                     messy ? "messy sum" : gs_reduce_op_name((gs_reduce_op_t)op), n, i, got, want);
+            goto out;
+          }
+        }
+      }
+out:
+  free(buf);
+}
+
+/* World sizes 2..5 (the loop index). */
+START_TEST(allreduce_half)
+{
+  run_world((uint32_t)_i, body_half);
+}
+END_TEST
+
 /* float32 lengths on both sides of the small-message thresholds (32 KiB
  * at two ranks, 64 KiB above), and ring lengths that leave the segments
  * uneven. */
@@ -326,12 +393,6 @@ START_TEST(allreduce_paths)
   run_world((uint32_t)_i, body_paths);
 }
 END_TEST
-
-/* Values whose float sums depend on the order they are added in. */
-static float messy_value(uint32_t rank, size_t i)
-{
-  return (float)(sin((double)i * 0.731 + rank * 1.37) * pow(10.0, (double)(i % 7) - 3));
-}
 
 /* Every rank allreduces the same messy values at both algorithms and keeps
  * the results; the main thread checks they are equal bit for bit across
@@ -765,8 +826,8 @@ static void body_bad_args(rank_ctx_t *rc)
   uint16_t h[4] = {0};
   char b[3] = {0};
 
-  if (gs_comm_allreduce(rc->comm, h, 4, GS_DTYPE_FLOAT16, GS_REDUCE_SUM) != GS_EINVAL)
-    mismatch(rc, "float16 allreduce did not fail with GS_EINVAL");
+  if (gs_comm_allreduce(rc->comm, h, 4, (gs_dtype_t)9, GS_REDUCE_SUM) != GS_EINVAL)
+    mismatch(rc, "an allreduce of an unknown dtype did not fail with GS_EINVAL");
   if (gs_comm_allreduce(rc->comm, NULL, 4, GS_DTYPE_FLOAT32, GS_REDUCE_SUM) != GS_EINVAL)
     mismatch(rc, "allreduce of NULL did not fail with GS_EINVAL");
   if (gs_comm_broadcast(rc->comm, b, 3, rc->w->size) != GS_EINVAL)
@@ -1158,6 +1219,10 @@ static Suite *comm_host_suite(void)
   tc = tcase_create("ranks_agree_bitwise");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, ranks_agree_bitwise, 2, MAX_W + 1);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("allreduce_half");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, allreduce_half, 2, MAX_W + 1);
   suite_add_tcase(s, tc);
   tc = tcase_create("allreduce_float64");
   tcase_set_timeout(tc, 30);

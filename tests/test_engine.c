@@ -23,6 +23,7 @@
 #include "clock.h"
 #include "comm.h"
 #include "device.h"
+#include "half.h"
 #include "harness.h"
 #include "heartbeat.h"
 #include "packs.h"
@@ -51,8 +52,9 @@ typedef struct scenario {
   uint32_t nan_rank;           /* UINT32_MAX: none */
   uint32_t nan_step;
   uint64_t skip_at; /* 0: none; else every rank synchronizes step skip_at - 1 and skips it */
-  bool perturb;     /* ranks > 0 shift their params after the start */
-  bool slow;        /* sleep 2 ms per step */
+  gs_grad_dtype_t grad_dtype;
+  bool perturb; /* ranks > 0 shift their params after the start */
+  bool slow;    /* sleep 2 ms per step */
   const char *checkpoint_dir;
   uint64_t checkpoint_every;
   bool resume;
@@ -117,6 +119,7 @@ static void engine_config(scenario_t *sc, gs_engine_config_t *c)
   snprintf(c->comm_bind, sizeof(c->comm_bind), "127.0.0.1");
   c->pack_threshold = sc->pack_threshold ? sc->pack_threshold : 48; /* 48: w1, then b0 + w0 */
   c->reduce = GS_REDUCE_MEAN;
+  c->grad_dtype = sc->grad_dtype;
   gs_sgd_config_default(&c->sgd);
   c->sgd.lr = 0.1f;
   c->sgd.bias_wd = c->sgd.weight_decay;
@@ -335,14 +338,16 @@ static bool params_equal(const rank_run_t *a, const rank_run_t *b)
 }
 
 /* SGD by hand in double, the way PyTorch defines it, for one element;
- * step `skipped` (1-based; 0: none) not applied. */
-static double reference_param(double p0, uint32_t p, uint32_t i, uint64_t steps, uint64_t skipped)
+ * step `skipped` (1-based; 0: none) not applied; each gradient as
+ * `wire` rounds it (NULL: float32). */
+static double reference_param(double p0, uint32_t p, uint32_t i, uint64_t steps, uint64_t skipped,
+                              float (*wire)(float))
 {
   double buf = 0, lr = 0.1, m = 0.9, wd = 5e-4, p_ = p0;
   bool first = true;
 
   for (uint64_t s = 0; s < steps; s++) {
-    double d = grad_value(s, p, i) + wd * p_;
+    double d = (wire ? wire(grad_value(s, p, i)) : grad_value(s, p, i)) + wd * p_;
 
     if (s + 1 == skipped)
       continue;
@@ -363,7 +368,7 @@ START_TEST(world1_sgd_matches_reference)
   expect_ok(&sc);
   for (uint32_t p = 0; p < NPARAMS; p++)
     for (uint32_t i = 0; i < sizes[p]; i++) {
-      double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 0);
+      double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 0, NULL);
 
       ck_assert_msg(fabs(sc.ranks[0].params[p][i] - want) < 1e-5, "p%u[%u] = %.7f, want %.7f", p, i,
                     sc.ranks[0].params[p][i], want);
@@ -384,7 +389,7 @@ START_TEST(mean_over_ranks_equals_one_rank)
   for (uint32_t r = 1; r < 3; r++)
     ck_assert_msg(params_equal(&sc.ranks[0], &sc.ranks[r]), "rank %u differs", r);
   for (uint32_t i = 0; i < sizes[0]; i++)
-    ck_assert(fabs(sc.ranks[1].params[0][i] - reference_param(0.1 * i, 0, i, 20, 0)) < 1e-5);
+    ck_assert(fabs(sc.ranks[1].params[0][i] - reference_param(0.1 * i, 0, i, 20, 0, NULL)) < 1e-5);
 }
 END_TEST
 
@@ -538,12 +543,62 @@ START_TEST(skipped_step_is_not_applied)
     for (uint32_t p = 0; p < NPARAMS; p++)
       for (uint32_t i = 0; i < sizes[p]; i++) {
         /* rank 0's start values: the others take them at sync_initial */
-        double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 6);
+        double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 6, NULL);
 
         ck_assert_msg(fabs(sc.ranks[r].params[p][i] - want) < 1e-5,
                       "rank %u p%u[%u] = %.7f, want %.7f", r, p, i, sc.ranks[r].params[p][i], want);
       }
   }
+}
+END_TEST
+
+/* The mean of three ranks' equal gradient g as it travels in bfloat16 or
+ * float16: rounded, summed in rank order with a rounding per step (2g is
+ * exact, 3g is not), then scaled by 1/3 in the update. */
+static float mean3(float g, float (*widen)(uint16_t), uint16_t (*narrow)(float))
+{
+  float h = widen(narrow(g));
+
+  return widen(narrow(widen(narrow(h + h)) + h)) * (1.0f / 3.0f);
+}
+
+static float mean3_bf16(float g)
+{
+  return mean3(g, gs_bf16_to_f32, gs_f32_to_bf16);
+}
+
+static float mean3_f16(float g)
+{
+  return mean3(g, gs_f16_to_f32, gs_f32_to_f16);
+}
+
+/* Gradients that travel in bfloat16 (_i 0) or float16 (_i 1), three ranks
+ * with the same ones: every rank trains on the same rounded mean. The
+ * control vector rides along in float32: its in-step counts (3 x the step
+ * mod 256) would not survive 16 bits, and the ranks would fail the check. */
+START_TEST(half_grads_travel_rounded)
+{
+  float (*wire)(float) = _i ? mean3_f16 : mean3_bf16;
+  double apart = 0;
+  scenario_t sc;
+
+  scenario_init(&sc, _i ? "f16" : "bf16", 3);
+  sc.grad_dtype = _i ? GS_GRAD_FP16 : GS_GRAD_BF16;
+  sc.max_steps = 100; /* 3 x 87 needs 9 bits: bfloat16 would round the in-step counts */
+  run_ranks(&sc);
+  join_ranks(&sc);
+  expect_ok(&sc);
+  ck_assert(params_equal(&sc.ranks[0], &sc.ranks[1]) && params_equal(&sc.ranks[0], &sc.ranks[2]));
+  for (uint32_t p = 0; p < NPARAMS; p++)
+    for (uint32_t i = 0; i < sizes[p]; i++) {
+      double want = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 0, wire),
+             fp32 = reference_param((p + 1) * 0.1 * i, p, i, sc.max_steps, 0, NULL);
+
+      ck_assert_msg(fabs(sc.ranks[0].params[p][i] - want) < 1e-6 * fmax(1.0, fabs(want)),
+                    "p%u[%u] = %.9f, want %.9f", p, i, sc.ranks[0].params[p][i], want);
+      apart = fmax(apart, fabs(want - fp32));
+    }
+  ck_assert_msg(apart > 4e-6, "no farther than %g from float32's: not rounded", apart);
 }
 END_TEST
 
@@ -912,6 +967,10 @@ static Suite *engine_suite(void)
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
   ADD(skipped_step_is_not_applied);
+  tc = tcase_create("half_grads_travel_rounded");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, half_grads_travel_rounded, 0, 2);
+  suite_add_tcase(s, tc);
   ADD(checkpoint_resume_is_bit_identical);
   ADD(grad_order_does_not_matter);
   ADD(failure_is_sticky);

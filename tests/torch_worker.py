@@ -67,7 +67,8 @@ def train(model, opt, steps, batch, set_to_none=False):
 def equivalence():
     gs.init()
     model = mlp()
-    opt = gs.DistributedOptimizer(model, reduce=OPTS.get("reduce", "mean"), **sgd_args())
+    opt = gs.DistributedOptimizer(model, reduce=OPTS.get("reduce", "mean"),
+                                  grad_dtype=OPTS.get("grad_dtype", "fp32"), **sgd_args())
     steps, batch = int(OPTS.get("steps", 50)), int(OPTS.get("batch", 8))
     train(model, opt, steps, batch, set_to_none=OPTS.get("set_to_none") == "1")
     views = [(p.data_ptr(), p.grad.data_ptr(), opt._param_views[i].data_ptr(),

@@ -462,15 +462,20 @@ static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
                           gs_reduce_op_t op)
 {
   nccl_comm_t *c = (nccl_comm_t *)base;
-  ncclDataType_t type = dtype == GS_DTYPE_FLOAT32 ? ncclFloat : ncclDouble;
+  /* NCCL adds 16-bit floats in float32 at each step too. */
+  static const ncclDataType_t types[] = {[GS_DTYPE_FLOAT32] = ncclFloat,
+                                         [GS_DTYPE_FLOAT16] = ncclFloat16,
+                                         [GS_DTYPE_BFLOAT16] = ncclBfloat16,
+                                         [GS_DTYPE_FLOAT64] = ncclDouble};
+  ncclDataType_t type = gs_dtype_size(dtype) ? types[dtype] : ncclFloat;
   ncclRedOp_t red = op == GS_REDUCE_SUM ? ncclSum : ncclAvg;
   bool in_progress = false;
   int err = op_begin(c, "allreduce");
 
   if (err)
     return err;
-  if ((dtype != GS_DTYPE_FLOAT32 && dtype != GS_DTYPE_FLOAT64) ||
-      (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) || (count && !buf)) {
+  if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
+      (count && !buf)) {
     GS_LOG_ERR(base->log, "nccl comm: allreduce of %zu %s (op %d): unsupported arguments", count,
                gs_dtype_name(dtype), (int)op);
     return GS_EINVAL;

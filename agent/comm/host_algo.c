@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "half.h"
 #include "vectorize.h"
 
 /* Whether the operation may start: not aborted, not broken, initialized. */
@@ -55,12 +56,20 @@ static size_t seg_len(size_t count, uint32_t w, uint32_t i)
 
 static void scale(uint8_t *p, size_t n, gs_dtype_t dtype, uint32_t w)
 {
+  float k = 1.0f / (float)w, *f = (float *)p;
+  uint16_t *h = (uint16_t *)p;
+
   if (dtype == GS_DTYPE_FLOAT64) {
-    double k = 1.0 / w, *d = (double *)p;
+    double kd = 1.0 / w, *d = (double *)p;
     for (size_t i = 0; i < n; i++)
-      d[i] *= k;
+      d[i] *= kd;
+  } else if (dtype == GS_DTYPE_BFLOAT16) {
+    for (size_t i = 0; i < n; i++)
+      h[i] = gs_f32_to_bf16(gs_bf16_to_f32(h[i]) * k);
+  } else if (dtype == GS_DTYPE_FLOAT16) {
+    for (size_t i = 0; i < n; i++)
+      h[i] = gs_f32_to_f16(gs_f16_to_f32(h[i]) * k);
   } else {
-    float k = 1.0f / (float)w, *f = (float *)p;
     for (size_t i = 0; i < n; i++)
       f[i] *= k;
   }
@@ -87,10 +96,31 @@ static void scale(uint8_t *p, size_t n, gs_dtype_t dtype, uint32_t w)
 GS__DEFINE_REDUCE(reduce_f32, float)
 GS__DEFINE_REDUCE(reduce_f64, double)
 
+/* 16-bit floats travel as they are and add in float32 at every step of
+ * the reduction (rounded back once per step, as NCCL does). */
+#define GS__DEFINE_REDUCE_HALF(name, widen, narrow)                                                \
+  GS_WIDE static void name(uint16_t *restrict dst, const uint16_t *restrict src, size_t n)         \
+  {                                                                                                \
+    size_t i = 0;                                                                                  \
+                                                                                                   \
+    for (; i + REDUCE_BLOCK <= n; i += REDUCE_BLOCK)                                               \
+      for (size_t j = 0; j < REDUCE_BLOCK; j++)                                                    \
+        dst[i + j] = narrow(widen(dst[i + j]) + widen(src[i + j]));                                \
+    for (; i < n; i++)                                                                             \
+      dst[i] = narrow(widen(dst[i]) + widen(src[i]));                                              \
+  }
+
+GS__DEFINE_REDUCE_HALF(reduce_bf16, gs_bf16_to_f32, gs_f32_to_bf16)
+GS__DEFINE_REDUCE_HALF(reduce_f16, gs_f16_to_f32, gs_f32_to_f16)
+
 static void reduce_into(uint8_t *dst, const uint8_t *src, size_t bytes, gs_dtype_t dtype)
 {
   if (dtype == GS_DTYPE_FLOAT64)
     reduce_f64((double *)dst, (const double *)src, bytes / sizeof(double));
+  else if (dtype == GS_DTYPE_BFLOAT16)
+    reduce_bf16((uint16_t *)dst, (const uint16_t *)src, bytes / sizeof(uint16_t));
+  else if (dtype == GS_DTYPE_FLOAT16)
+    reduce_f16((uint16_t *)dst, (const uint16_t *)src, bytes / sizeof(uint16_t));
   else
     reduce_f32((float *)dst, (const float *)src, bytes / sizeof(float));
 }
@@ -375,9 +405,8 @@ int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
 
   if (err)
     return err;
-  if ((dtype != GS_DTYPE_FLOAT32 && dtype != GS_DTYPE_FLOAT64) ||
-      (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) || (count && !buf) ||
-      count > SIZE_MAX / gs_dtype_size(dtype)) {
+  if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
+      (count && !buf) || count > SIZE_MAX / gs_dtype_size(dtype)) {
     GS_LOG_ERR(base->log, "host comm: allreduce of %zu %s (op %d): unsupported arguments", count,
                gs_dtype_name(dtype), (int)op);
     return GS_EINVAL;

@@ -118,6 +118,18 @@ void gs_device_scale(gs_device_t *d, float *x, size_t n, float factor)
     d->ops->scale(d, x, n, factor);
 }
 
+void gs_device_narrow(gs_device_t *d, uint16_t *dst, const float *src, size_t n, gs_dtype_t to)
+{
+  if (n)
+    d->ops->narrow(d, dst, src, n, to);
+}
+
+void gs_device_widen(gs_device_t *d, float *dst, const uint16_t *src, size_t n, gs_dtype_t from)
+{
+  if (n)
+    d->ops->widen(d, dst, src, n, from);
+}
+
 void gs_device_fail(gs_device_t *d, int err)
 {
   if (err)

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "device.h"
+#include "half.h"
+#include "vectorize.h"
 
 #define CPU_ALIGN 64 /* bytes: buffers start on cache lines */
 
@@ -57,6 +59,30 @@ static void cpu_scale(gs_device_t *d, float *x, size_t n, float factor)
   gs_optim_scale(x, n, factor);
 }
 
+GS_WIDE static void cpu_narrow(gs_device_t *d, uint16_t *restrict dst, const float *restrict src,
+                               size_t n, gs_dtype_t to)
+{
+  (void)d;
+  if (to == GS_DTYPE_BFLOAT16)
+    for (size_t i = 0; i < n; i++)
+      dst[i] = gs_f32_to_bf16(src[i]);
+  else
+    for (size_t i = 0; i < n; i++)
+      dst[i] = gs_f32_to_f16(src[i]);
+}
+
+GS_WIDE static void cpu_widen(gs_device_t *d, float *restrict dst, const uint16_t *restrict src,
+                              size_t n, gs_dtype_t from)
+{
+  (void)d;
+  if (from == GS_DTYPE_BFLOAT16)
+    for (size_t i = 0; i < n; i++)
+      dst[i] = gs_bf16_to_f32(src[i]);
+  else
+    for (size_t i = 0; i < n; i++)
+      dst[i] = gs_f16_to_f32(src[i]);
+}
+
 static void cpu_check_finite(gs_device_t *d, const float *g, size_t n, float *flag)
 {
   (void)d;
@@ -95,6 +121,8 @@ static const gs_device_ops_t cpu_ops = {
     .optim_pack = cpu_optim_pack,
     .check_finite = cpu_check_finite,
     .scale = cpu_scale,
+    .narrow = cpu_narrow,
+    .widen = cpu_widen,
     .fail = cpu_fail,
     .sync = cpu_sync,
     .destroy = cpu_destroy,

@@ -6,6 +6,8 @@
  * download returns and clears it; gs_device_fail adds a caller's failure
  * to the same. Kernels use grid-stride loops of 256 threads and 64-bit
  * indices, so any size works. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -152,6 +154,23 @@ static __global__ void scale_kernel(float *x, size_t n, float factor)
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
     x[i] *= factor;
+}
+
+/* Gradients to and from a 16-bit float (to nearest even, as the CPU's). */
+static __global__ void narrow_kernel(uint16_t *dst, const float *src, size_t n, bool bf16)
+{
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(src[i]))
+                  : __half_as_ushort(__float2half_rn(src[i]));
+}
+
+static __global__ void widen_kernel(float *dst, const uint16_t *src, size_t n, bool bf16)
+{
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = bf16 ? __bfloat162float(__ushort_as_bfloat16(src[i]))
+                  : __half2float(__ushort_as_half(src[i]));
 }
 
 /* Sets *flag when g[0..n) holds a NaN or an infinity. */
@@ -405,6 +424,27 @@ static void cuda_scale(gs_device_t *base, float *x, size_t n, float factor)
   LAUNCHED(d);
 }
 
+static void cuda_narrow(gs_device_t *base, uint16_t *dst, const float *src, size_t n, gs_dtype_t to)
+{
+  cuda_device_t *d = cd(base);
+
+  if (note(d, enter(d)))
+    return;
+  narrow_kernel<<<blocks_for(n), THREADS, 0, d->stream>>>(dst, src, n, to == GS_DTYPE_BFLOAT16);
+  LAUNCHED(d);
+}
+
+static void cuda_widen(gs_device_t *base, float *dst, const uint16_t *src, size_t n,
+                       gs_dtype_t from)
+{
+  cuda_device_t *d = cd(base);
+
+  if (note(d, enter(d)))
+    return;
+  widen_kernel<<<blocks_for(n), THREADS, 0, d->stream>>>(dst, src, n, from == GS_DTYPE_BFLOAT16);
+  LAUNCHED(d);
+}
+
 static void cuda_check_finite(gs_device_t *base, const float *g, size_t n, float *flag)
 {
   cuda_device_t *d = cd(base);
@@ -483,6 +523,8 @@ static const gs_device_ops_t cuda_ops = {
     .optim_pack = cuda_optim_pack,
     .check_finite = cuda_check_finite,
     .scale = cuda_scale,
+    .narrow = cuda_narrow,
+    .widen = cuda_widen,
     .fail = cuda_fail,
     .sync = cuda_sync,
     .use_stream = cuda_use_stream,

@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "optim.h"
+#include "parse.h"
 #include "vectorize.h"
 
 /* Elements per block: a whole number of vectors (SSE, AVX or AVX-512), so
@@ -29,43 +30,34 @@ static const char *const nonfinite_names[] = {
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-static int parse_name(const char *s, const char *const *names, size_t n, int *out)
-{
-  for (size_t i = 0; s && i < n; i++) {
-    if (strcmp(s, names[i]) == 0) {
-      *out = (int)i;
-      return 0;
-    }
-  }
-  return GS_EINVAL;
-}
-
 int gs_optim_kind_parse(const char *s, gs_optim_kind_t *out)
 {
-  int v, err = parse_name(s, kind_names, COUNT(kind_names), &v);
+  int v = gs_name_index(s, kind_names, COUNT(kind_names));
 
-  if (!err)
-    *out = (gs_optim_kind_t)v;
-  return err;
+  if (v < 0)
+    return GS_EINVAL;
+  *out = (gs_optim_kind_t)v;
+  return 0;
 }
 
 const char *gs_optim_kind_name(gs_optim_kind_t k)
 {
-  return (size_t)k < COUNT(kind_names) ? kind_names[k] : "unknown";
+  return gs_name_of((size_t)k, kind_names, COUNT(kind_names));
 }
 
 int gs_nonfinite_parse(const char *s, gs_nonfinite_t *out)
 {
-  int v, err = parse_name(s, nonfinite_names, COUNT(nonfinite_names), &v);
+  int v = gs_name_index(s, nonfinite_names, COUNT(nonfinite_names));
 
-  if (!err)
-    *out = (gs_nonfinite_t)v;
-  return err;
+  if (v < 0)
+    return GS_EINVAL;
+  *out = (gs_nonfinite_t)v;
+  return 0;
 }
 
 const char *gs_nonfinite_name(gs_nonfinite_t v)
 {
-  return (size_t)v < COUNT(nonfinite_names) ? nonfinite_names[v] : "unknown";
+  return gs_name_of((size_t)v, nonfinite_names, COUNT(nonfinite_names));
 }
 
 void gs_optim_group_default(gs_optim_kind_t kind, gs_optim_group_t *g)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "parse.h"
 #include "sgd.h"
 
 static const char *const schedule_names[] = {
@@ -13,24 +14,21 @@ static const char *const schedule_names[] = {
     [GS_LR_COSINE] = "cosine",
 };
 
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 int gs_lr_schedule_parse(const char *s, gs_lr_schedule_t *out)
 {
-  size_t i;
+  int i = gs_name_index(s, schedule_names, COUNT(schedule_names));
 
-  for (i = 0; s && i < sizeof(schedule_names) / sizeof(schedule_names[0]); i++) {
-    if (strcmp(s, schedule_names[i]) == 0) {
-      *out = (gs_lr_schedule_t)i;
-      return 0;
-    }
-  }
-  return GS_EINVAL;
+  if (i < 0)
+    return GS_EINVAL;
+  *out = (gs_lr_schedule_t)i;
+  return 0;
 }
 
 const char *gs_lr_schedule_name(gs_lr_schedule_t s)
 {
-  if ((unsigned)s >= sizeof(schedule_names) / sizeof(schedule_names[0]))
-    return "unknown";
-  return schedule_names[s];
+  return gs_name_of((size_t)s, schedule_names, COUNT(schedule_names));
 }
 
 void gs_sgd_config_default(gs_sgd_config_t *c)

@@ -10,8 +10,30 @@
 #include "engine_internal.h"
 #include "why.h"
 
+/* A pack's grads in 16 bits on the wire: rounded into the wire buffer,
+ * summed there (float32 at each step), and widened back into the pack; the
+ * control vector after them in float32, whose sums must be exact. The
+ * device work runs at once: a blocking backend's device is the cpu. */
+static int allreduce_narrow(gs_engine_t *e, const comm_job_t *job)
+{
+  gs_dtype_t wire = e->packs.wire;
+  float *grads = job->buf;
+  int err;
+
+  gs_device_narrow(e->cfg.dev, job->wire, grads, job->elements, wire);
+  err = gs_comm_allreduce(e->comm, job->wire, job->elements, wire, GS_REDUCE_SUM);
+  if (!err)
+    gs_device_widen(e->cfg.dev, grads, job->wire, job->elements, wire);
+  if (!err && job->count > job->elements)
+    err = gs_comm_allreduce(e->comm, grads + job->elements, job->count - job->elements,
+                            GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  return err;
+}
+
 int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
 {
+  if (job->op == OP_ALLREDUCE && job->wire)
+    return allreduce_narrow(e, job);
   if (job->op == OP_ALLREDUCE)
     return gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
   return gs_comm_broadcast(e->comm, job->buf, job->count, job->root);
@@ -63,11 +85,8 @@ int gs__engine_comm_start(gs_engine_t *e)
 
 /* Hands a job to the comm thread. With one rank a collective is the
  * identity, so it runs here at once: no thread hand-off in the step. */
-void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf, size_t count)
+void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job)
 {
-  job->op = op;
-  job->buf = buf;
-  job->count = count;
   job->err = 0;
   if (e->join.world_size == 1) {
     job->err = gs__engine_run_job(e, job);

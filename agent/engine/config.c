@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine_internal.h"
+#include "parse.h"
 #include "why.h"
 
 void gs_engine_config_defaults(gs_engine_config_t *cfg)
@@ -103,23 +104,47 @@ __attribute__((format(printf, 3, 4))) static int own(gs_engine_t *e, const char 
   return gs_engine_add_setting(e, name, value);
 }
 
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 static const char *const elastic_lr_names[] = {"keep", "linear"};
+static const char *const grad_dtype_names[] = {
+    [GS_GRAD_FP32] = "fp32", [GS_GRAD_BF16] = "bf16", [GS_GRAD_FP16] = "fp16"};
 
 int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out)
 {
-  for (size_t i = 0; s && i < sizeof(elastic_lr_names) / sizeof(elastic_lr_names[0]); i++) {
-    if (!strcmp(s, elastic_lr_names[i])) {
-      *out = (gs_elastic_lr_t)i;
-      return 0;
-    }
-  }
-  return GS_EINVAL;
+  int i = gs_name_index(s, elastic_lr_names, COUNT(elastic_lr_names));
+
+  if (i < 0)
+    return GS_EINVAL;
+  *out = (gs_elastic_lr_t)i;
+  return 0;
 }
 
 const char *gs_elastic_lr_name(gs_elastic_lr_t v)
 {
-  return (size_t)v < sizeof(elastic_lr_names) / sizeof(elastic_lr_names[0]) ? elastic_lr_names[v]
-                                                                            : "?";
+  return gs_name_of((size_t)v, elastic_lr_names, COUNT(elastic_lr_names));
+}
+
+int gs_grad_dtype_parse(const char *s, gs_grad_dtype_t *out)
+{
+  int i = gs_name_index(s, grad_dtype_names, COUNT(grad_dtype_names));
+
+  if (i < 0)
+    return GS_EINVAL;
+  *out = (gs_grad_dtype_t)i;
+  return 0;
+}
+
+const char *gs_grad_dtype_name(gs_grad_dtype_t v)
+{
+  return gs_name_of((size_t)v, grad_dtype_names, COUNT(grad_dtype_names));
+}
+
+gs_dtype_t gs__engine_wire_dtype(const gs_engine_t *e)
+{
+  return e->cfg.grad_dtype == GS_GRAD_BF16   ? GS_DTYPE_BFLOAT16
+         : e->cfg.grad_dtype == GS_GRAD_FP16 ? GS_DTYPE_FLOAT16
+                                             : GS_DTYPE_FLOAT32;
 }
 
 /* Floats as "%.9g": nine digits tell every float apart, so two ranks whose
@@ -137,6 +162,7 @@ int gs__engine_add_own_settings(gs_engine_t *e)
     err = err ? err : own(e, "elastic-lr", "%s", gs_elastic_lr_name(e->cfg.elastic_lr));
   err = err ? err : own(e, "optimizer", "%s", gs_optim_kind_name(e->cfg.optim));
   err = err ? err : own(e, "nonfinite", "%s", gs_nonfinite_name(e->cfg.nonfinite));
+  err = err ? err : own(e, "grad-dtype", "%s", gs_grad_dtype_name(e->cfg.grad_dtype));
   if (gs__engine_groups_setting(e, groups, sizeof(groups)))
     err = err ? err : own(e, "optim-groups", "%s", groups);
   err = err ? err : own(e, "lr", "%.9g", c->lr);

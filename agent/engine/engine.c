@@ -252,6 +252,11 @@ int gs_engine_start(gs_engine_t *e)
   }
   if (gs__engine_groups_check(e))
     return GS_EINVAL;
+  if ((unsigned)e->cfg.grad_dtype > GS_GRAD_FP16) {
+    gs_set_why(e->error, sizeof(e->error), "grad dtype %d is none of fp32, bf16 and fp16",
+               (int)e->cfg.grad_dtype);
+    return GS_EINVAL;
+  }
   if (!e->layout_desc && describe_params(e)) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;

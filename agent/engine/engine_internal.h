@@ -52,6 +52,11 @@ typedef struct comm_job {
   void *buf;
   size_t count;  /* floats (allreduce) or bytes (broadcast) */
   uint32_t root; /* broadcast */
+  /* A pack's allreduce whose grads travel in 16 bits: its wire buffer, and
+   * how many of the `count` floats are grads (the rest, the control
+   * vector, travels in float32). NULL: `buf` travels as it is. */
+  uint16_t *wire;
+  size_t elements;
   job_state_t state;
   int err;
 } comm_job_t;
@@ -156,7 +161,7 @@ struct gs_engine {
 int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;
 void gs__engine_comm_stop(gs_engine_t *e, bool abort);
 int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job);
-void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job, job_op_t op, void *buf, size_t count);
+void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job);
 int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job);
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
@@ -179,6 +184,9 @@ void gs__engine_groups_free(gs_engine_t *e);
 uint32_t gs__engine_default_group(const gs_engine_t *e, bool is_bias);
 int gs__engine_groups_check(gs_engine_t *e) GS_WARN_UNUSED;
 uint32_t gs__engine_state_count(const gs_engine_t *e);
+/* cfg.grad_dtype as the dtype the packs' grads travel in. */
+gs_dtype_t gs__engine_wire_dtype(const gs_engine_t *e);
+
 void gs__engine_resolve_groups(gs_engine_t *e, uint64_t step, gs_optim_step_t *out);
 bool gs__engine_groups_setting(const gs_engine_t *e, char *value, size_t len);
 

@@ -68,7 +68,7 @@ int gs__engine_agree_packlist(gs_engine_t *e)
       gs_packlist_free(&list);
   } else {
     err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl_cap,
-                         gs__engine_state_count(e), why, sizeof(why));
+                         gs__engine_state_count(e), gs__engine_wire_dtype(e), why, sizeof(why));
     if (err)
       gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
   }

@@ -30,6 +30,7 @@ void gs_packs_free(gs_packs_t *p)
     gs_device_free(p->dev, p->packs[i].grads);
     for (uint32_t k = 0; k < GS_OPTIM_MAX_STATE; k++)
       gs_device_free(p->dev, p->packs[i].state[k]);
+    gs_device_free(p->dev, p->packs[i].wire);
     free(p->packs[i].segs);
   }
   free(p->packs);
@@ -168,12 +169,17 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra)
     if (!pk->state[s])
       return GS_ENOMEM;
   }
+  if (p->wire != GS_DTYPE_FLOAT32) {
+    pk->wire = (uint16_t *)alloc_floats(p, (off + 1) / 2);
+    if (!pk->wire)
+      return GS_ENOMEM;
+  }
   return 0;
 }
 
 int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
                    const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
-                   uint32_t nstate, char *why, size_t why_len)
+                   uint32_t nstate, gs_dtype_t wire, char *why, size_t why_len)
 {
   uint32_t at = 0, last;
   int err;
@@ -187,6 +193,7 @@ int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
   }
   p->dev = dev;
   p->nstate = nstate;
+  p->wire = wire;
   p->list = *list;
   memset(list, 0, sizeof(*list));
   p->packs = calloc(p->list.pack_count ? p->list.pack_count : 1, sizeof(*p->packs));

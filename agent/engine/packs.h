@@ -24,6 +24,7 @@
 typedef struct gs_pack {
   float *params, *grads;            /* `elements` each (grads: + extra) */
   float *state[GS_OPTIM_MAX_STATE]; /* nstate of them (gs_packs_t), `elements` each */
+  uint16_t *wire; /* the grads as they travel when that is a 16-bit float, else NULL */
   size_t elements;
   size_t extra;             /* trailing floats after the grads (the control vector) */
   uint32_t first, nparams;  /* its entries in the pack list's order[] */
@@ -44,6 +45,7 @@ typedef struct gs_packs {
   uint32_t *group_of; /* param index -> its optimizer group (default 0) */
   uint32_t nparams, cap;
   uint32_t nstate; /* optimizer state buffers per pack */
+  gs_dtype_t wire; /* what the grads travel in (GS_DTYPE_FLOAT32: as they are) */
   gs_packlist_t list;
   gs_pack_t *packs;  /* list.pack_count */
   uint32_t *pack_of; /* param index -> pack index */
@@ -68,10 +70,11 @@ void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);
  * registered params (a list built for other params names the first
  * difference in `why`), and allocates the buffers on `dev` (which must
  * outlive `p`), zeroed, `nstate` optimizer state buffers each; the pack
- * reduced last gets `extra` trailing grad floats. */
+ * reduced last gets `extra` trailing grad floats; with a 16-bit `wire`
+ * dtype each pack gets a buffer of its grads in it (not the extra). */
 int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
                    const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
-                   uint32_t nstate, char *why, size_t why_len) GS_WARN_UNUSED;
+                   uint32_t nstate, gs_dtype_t wire, char *why, size_t why_len) GS_WARN_UNUSED;
 
 /* Views of parameter i (after build; device memory). */
 float *gs_packs_param(const gs_packs_t *p, uint32_t i);

@@ -108,19 +108,31 @@ static void launch(gs_engine_t *e, uint32_t k)
   if (!gs_comm_stream_ordered(e->comm)) {
     comm_job_t *job = &e->jobs[k];
 
+    *job = (comm_job_t){.op = OP_ALLREDUCE,
+                        .buf = pk->grads,
+                        .count = count,
+                        .wire = pk->wire,
+                        .elements = pk->elements};
     /* The training thread waits for the last pack right after backward;
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
     if (e->nissued == e->packs.list.pack_count && e->join.world_size > 1) {
-      *job =
-          (comm_job_t){.op = OP_ALLREDUCE, .buf = pk->grads, .count = count, .state = JOB_DEFERRED};
+      job->state = JOB_DEFERRED;
       return;
     }
-    gs__engine_enqueue(e, job, OP_ALLREDUCE, pk->grads, count);
+    gs__engine_enqueue(e, job);
     return;
   }
-  e->ticket[k] = gs_comm_ticket(e->comm);
-  err = gs_comm_allreduce(e->comm, pk->grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  if (pk->wire) { /* 16-bit grads, then the control vector in float32; complete() widens */
+    gs_device_narrow(e->cfg.dev, pk->wire, pk->grads, pk->elements, e->packs.wire);
+    err = gs_comm_allreduce(e->comm, pk->wire, pk->elements, e->packs.wire, GS_REDUCE_SUM);
+    if (!err && pk->extra)
+      err = gs_comm_allreduce(e->comm, pk->grads + pk->elements, count - pk->elements,
+                              GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  } else {
+    err = gs_comm_allreduce(e->comm, pk->grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  }
+  e->ticket[k] = gs_comm_ticket(e->comm) - 1; /* the pack's last collective */
   if (err && !e->launch_err)
     e->launch_err = err;
 }
@@ -130,6 +142,8 @@ static void launch(gs_engine_t *e, uint32_t k)
 static int complete(gs_engine_t *e, uint32_t k)
 {
   comm_job_t *job = &e->jobs[k];
+  gs_pack_t *pk = &e->packs.packs[k];
+  int err;
 
   if (job->state == JOB_DEFERRED) { /* every earlier pack is complete: the comm thread is idle */
     job->state = JOB_IDLE;
@@ -137,7 +151,10 @@ static int complete(gs_engine_t *e, uint32_t k)
   }
   if (!gs_comm_stream_ordered(e->comm))
     return gs__engine_wait_job(e, job);
-  return gs_comm_order_after(e->comm, e->ticket[k]);
+  err = gs_comm_order_after(e->comm, e->ticket[k]);
+  if (!err && pk->wire)
+    gs_device_widen(e->cfg.dev, pk->grads, pk->wire, pk->elements, e->packs.wire);
+  return err;
 }
 
 /* Launches the packs whose gradients are all in, strictly in pack-list

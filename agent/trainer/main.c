@@ -105,6 +105,9 @@ static const char *const resume_modes[] = {"off", "on", "auto", NULL};
 static const char *const optimizers[] = {"sgd", "adam", "adamw",
                                          NULL}; /* not "none": nothing applies its own */
 static const char *const nonfinites[] = {"stop", "skip", "off", NULL};
+static const char *const grad_dtypes[] = {"fp32", "bf16", "fp16", NULL};
+_Static_assert(GS_GRAD_FP32 == 0 && GS_GRAD_BF16 == 1 && GS_GRAD_FP16 == 2,
+               "grad_dtypes follows gs_grad_dtype_t");
 _Static_assert(GS_OPTIM_SGD == 0 && GS_OPTIM_ADAM == 1 && GS_OPTIM_ADAMW == 2,
                "optimizers follows gs_optim_kind_t");
 _Static_assert(GS_NONFINITE_STOP == 0 && GS_NONFINITE_SKIP == 1 && GS_NONFINITE_OFF == 2,
@@ -194,6 +197,11 @@ static const gs_flag_t flag_rows[] = {
    .help = "how gradients combine across ranks",
    .doc = "`mean` averages the ranks' gradients (N ranks × batch b then equal one rank × batch "
           "N·b); `sum` adds them"},
+  {.name = "--grad-dtype", .kind = GS_FLAG_ENUM, E(grad_dtype), .names = grad_dtypes,
+   .metavar = "TYPE", .help = "what the gradients travel in: fp32, bf16 or fp16",
+   .doc = "what the gradients travel in: `fp32` (default), or half the bytes as `bf16` or "
+          "`fp16`, added in float32 at every step of the reduction (the parameters, the update "
+          "and its state stay float32)"},
   {.name = "--pack-threshold", .kind = GS_FLAG_SIZE, E(pack_threshold), .umin = 1,
    .metavar = "SIZE", .help = "largest gradient pack",
    .doc = "largest gradient pack (one allreduce)"},

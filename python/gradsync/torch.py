@@ -297,6 +297,13 @@ _LAYOUT_SETTINGS = 8
 _ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
 
+def _grad_dtype(value):
+    """The engine's name for what the gradients travel in."""
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+             "float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    return names.get(value, value)
+
+
 def _layout_settings(named):
     """('model.layout.k', chars): a character per parameter (a hash of its
     name and shape), in chunks; the rest as one hash."""
@@ -389,6 +396,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Loss scaling: `scaler.step(opt)` of a GradScaler works as with a torch
     optimizer; an overflow on any rank skips the step on every rank.
 
+    `grad_dtype`: what the gradients travel in between the ranks: "fp32"
+    (default), or half the bytes as "bf16" or "fp16" (or the torch
+    dtypes), added in float32 at every step of the reduction; `.grad`,
+    the parameters and the optimizer stay float32.
+
     Accumulation: backward passes inside `with opt.no_sync():` only add
     into the packs; the next one outside it reduces the sum. Clipping:
     `opt.clip_grad_norm_(max_norm)` (or `max_grad_norm=` at every step)
@@ -431,7 +443,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  checkpoint_dir=None, checkpoint_every=0, checkpoint_failures=3, resume=False,
                  join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
                  coordinator_grace=600.0, rejoin_timeout=300.0, elastic_lr="keep",
-                 on_world_change=None, optimizer=None, nonfinite="stop", max_grad_norm=None):
+                 on_world_change=None, optimizer=None, nonfinite="stop", max_grad_norm=None,
+                 grad_dtype="fp32"):
         if isinstance(model, torch.nn.Module):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffers = list(model.named_buffers())
@@ -473,7 +486,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         kind = self._adopt(optimizer)
         self._scheduled = scheduled or self._wrapped
         cfg = dict(_config())
-        cfg.update(optimizer=kind, nonfinite=nonfinite, lr=lr or 0.0, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
+        cfg.update(optimizer=kind, nonfinite=nonfinite, grad_dtype=_grad_dtype(grad_dtype),
+                   lr=lr or 0.0, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
                    reduce=reduce, pack_threshold=_bytes(pack_threshold), bcast_period=bcast_period,
                    bias_lr_mult=bias_lr_mult, warmup_steps=warmup_steps,
                    warmup_factor=warmup_factor, schedule=schedule, step_size=step_size,

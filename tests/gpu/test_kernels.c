@@ -472,6 +472,49 @@ START_TEST(round_trip)
 }
 END_TEST
 
+/* Rounding to bfloat16 and float16 and back: the same bits on both
+ * devices (both round to nearest even; NaN stays NaN), over values that hit ties,
+ * float16's subnormals and overflow, NaN and the infinities. */
+START_TEST(narrow_widen)
+{
+  enum { N = 100003 };
+  static const gs_dtype_t types[] = {GS_DTYPE_BFLOAT16, GS_DTYPE_FLOAT16};
+  pair_t p;
+  float *a;
+
+  pair_open(&p);
+  a = random_floats(&p, N, -1, 1);
+  for (size_t i = 0; i < N; i++)
+    a[i] = ldexpf(a[i], (int)(i % 48) - 30); /* 2^-30 .. 2^17 */
+  a[0] = NAN, a[1] = INFINITY, a[2] = -INFINITY, a[3] = 65520.0f, a[4] = 1.0f + 0x1p-11f;
+  a[5] = 1.0f + 0x1p-8f, a[6] = 0x1p-25f, a[7] = -0.0f;
+  for (size_t t = 0; t < COUNT(types); t++) {
+    twin_t f = twin_in(&p, a, N * sizeof(float)), h = twin_in(&p, a, N * sizeof(uint16_t));
+    uint16_t *bits[2];
+    float *out[2];
+
+    for (int i = 0; i < 2; i++) {
+      gs_device_narrow(p.dev[i], h.at[i], f.at[i], N, types[t]);
+      gs_device_widen(p.dev[i], f.at[i], h.at[i], N, types[t]);
+    }
+    twin_out(&p, &h, (float **)bits);
+    twin_out(&p, &f, out);
+    for (size_t e = 0; e < N; e++) /* a NaN's payload is each library's own */
+      ck_assert_msg(isnan(a[e]) ? isnan(out[CPU][e]) && isnan(out[GPU][e])
+                                : bits[CPU][e] == bits[GPU][e] &&
+                                      memcmp(&out[CPU][e], &out[GPU][e], sizeof(float)) == 0,
+                    "%s: element %zu (%.9g) rounds to %#x on the cpu, %#x on the gpu (seed %llu)",
+                    gs_dtype_name(types[t]), e, a[e], bits[CPU][e], bits[GPU][e], p.seed);
+    for (int i = 0; i < 2; i++)
+      free(out[i]), free(bits[i]);
+    twin_free(&p, &f);
+    twin_free(&p, &h);
+  }
+  free(a);
+  pair_close(&p);
+}
+END_TEST
+
 /* Zeroing a range inside a buffer clears it and nothing else. */
 START_TEST(zero)
 {
@@ -505,6 +548,7 @@ static Suite *kernels_suite(void)
 
   suite_add_tcase(s, gs_gpu_tcase("round_trip", round_trip));
   suite_add_tcase(s, gs_gpu_tcase("zero", zero));
+  suite_add_tcase(s, gs_gpu_tcase("narrow_widen", narrow_widen));
   suite_add_tcase(s, gs_gpu_tcase("linear_forward", linear_forward));
   suite_add_tcase(s, gs_gpu_tcase("linear_backward", linear_backward));
   suite_add_tcase(s, gs_gpu_tcase("softmax_xent", softmax_xent));

@@ -113,7 +113,8 @@ int gs_comm_sync(gs_comm_t *comm) GS_WARN_UNUSED;
 
 /* In place: every rank's `buf` of `count` elements becomes the elementwise
  * sum (or mean) over all ranks. Every rank passes the same count, dtype and
- * op. dtype GS_DTYPE_FLOAT32 or GS_DTYPE_FLOAT64 (else GS_EINVAL). count 0
+ * op. Any gs_dtype_t (else GS_EINVAL); 16-bit floats (bfloat16, float16)
+ * add in float32 at each step of the reduction and round back. count 0
  * and world size 1 are valid (mean with one rank leaves buf unchanged). */
 int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
                       gs_reduce_op_t op) GS_WARN_UNUSED;

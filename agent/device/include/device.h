@@ -20,6 +20,7 @@
 #include "error.h"
 #include "log.h"
 #include "optim.h"
+#include "packlist.h" /* gs_dtype_t */
 
 typedef struct gs_device gs_device_t;
 
@@ -37,6 +38,8 @@ typedef struct gs_device_ops {
                      const float *skip);
   void (*check_finite)(gs_device_t *d, const float *g, size_t n, float *flag);
   void (*scale)(gs_device_t *d, float *x, size_t n, float factor);
+  void (*narrow)(gs_device_t *d, uint16_t *dst, const float *src, size_t n, gs_dtype_t to);
+  void (*widen)(gs_device_t *d, float *dst, const uint16_t *src, size_t n, gs_dtype_t from);
   void (*fail)(gs_device_t *d, int err);
   int (*sync)(gs_device_t *d);
   /* Orders the device's work on `stream` (borrowed) instead of its own;
@@ -93,6 +96,12 @@ void gs_device_check_finite(gs_device_t *d, const float *g, size_t n, float *fla
 
 /* Queues x[0..n) *= factor (device memory). */
 void gs_device_scale(gs_device_t *d, float *x, size_t n, float factor);
+
+/* Queues dst[0..n) = src[0..n) rounded to the 16-bit float `to`
+ * (GS_DTYPE_BFLOAT16 or GS_DTYPE_FLOAT16; to nearest even), and back:
+ * gradients that travel in half the bytes. Device memory. */
+void gs_device_narrow(gs_device_t *d, uint16_t *dst, const float *src, size_t n, gs_dtype_t to);
+void gs_device_widen(gs_device_t *d, float *dst, const uint16_t *src, size_t n, gs_dtype_t from);
 
 /* Records `err` (a GS_E* code) as a failure of work the caller queued on
  * the device's stream itself (a model's kernels), so the next sync or

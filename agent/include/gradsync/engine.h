@@ -121,6 +121,15 @@ typedef enum gs_nonfinite {
   GS_NONFINITE_OFF,      /* not checked: each pack's update is applied as its sum arrives */
 } gs_nonfinite_t;
 
+/* What a pack's gradients travel in (the allreduce): float32, or half the
+ * bytes as bfloat16 or float16, added in float32 at every step of the
+ * reduction; the packs, the update and the parameters stay float32. */
+typedef enum gs_grad_dtype {
+  GS_GRAD_FP32 = 0, /* default */
+  GS_GRAD_BF16,
+  GS_GRAD_FP16,
+} gs_grad_dtype_t;
+
 /* Where the coordinator is and which job to join. */
 /* Ports `first`..`last`, both included; {0, 0}: any free port. */
 typedef struct gs_port_range {
@@ -198,6 +207,7 @@ typedef struct gs_engine_config {
    * does. */
   gs_optim_kind_t optim;
   gs_nonfinite_t nonfinite;
+  gs_grad_dtype_t grad_dtype; /* default GS_GRAD_FP32 */
   int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
   uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
@@ -259,6 +269,9 @@ GS_ENGINE_API const char *gs_optim_kind_name(gs_optim_kind_t k);
 /* "stop", "skip" or "off". */
 GS_ENGINE_API int gs_nonfinite_parse(const char *s, gs_nonfinite_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_nonfinite_name(gs_nonfinite_t v);
+/* "fp32", "bf16" or "fp16". */
+GS_ENGINE_API int gs_grad_dtype_parse(const char *s, gs_grad_dtype_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_grad_dtype_name(gs_grad_dtype_t v);
 /* torch.optim's defaults for `kind` (lr 1e-3; Adam, AdamW: betas 0.9,
  * 0.999, eps 1e-8; AdamW: weight decay 1e-2). */
 GS_ENGINE_API void gs_optim_group_default(gs_optim_kind_t kind, gs_optim_group_t *g);
