@@ -1,6 +1,7 @@
 """What the benchmark drivers share: running a command with a timeout (its
-whole process group), reading an agent's `final:` and `timing:` lines, and
-medians."""
+whole process group), reading an agent's `final:` and `timing:` lines,
+medians, and where the results go."""
+import json
 import os
 import re
 import signal
@@ -128,3 +129,16 @@ def median_parts(runs):
 
 def fmt(v, spec):
     return "" if v is None else format(v, spec)
+
+
+def publish(table, markdown=None, json_path=None, data=None):
+    """Prints the Markdown table, and writes it to `markdown` and `data` as
+    JSON to `json_path` (the --markdown and --json flags)."""
+    print()
+    print(table, end="", flush=True)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=1)

@@ -14,12 +14,12 @@ usage: gpu_vs_torch.py --bin DIR --data DIR [--steps N] [--pairs 3]
                        [--sizes small,large] [--json PATH] [--markdown PATH]
 """
 import argparse
-import json
 import os
 import statistics
 import sys
 
-from benchlib import fmt, median_of, median_parts, parse_json_line, parse_ours, run_timed
+from benchlib import (fmt, median_of, median_parts, parse_json_line, parse_ours, publish,
+                      run_timed)
 
 SIZES = {
     "small": {"layers": [784, 256, 128, 10], "batch": 64, "steps": 2000},
@@ -214,17 +214,10 @@ def main():
             print(f"{size} GEMM bound: FAILED: {e!r}", flush=True)
 
     rows = [summarize(s, runs[s][0], runs[s][1], bounds[s]) for s in a.sizes]
-    md = markdown(rows, a.steps_of, a.pairs, gpu)
-    print()
-    print(md, end="", flush=True)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(md)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"gpu": gpu, "pairs": a.pairs, "steps": a.steps_of, "rows": rows,
-                       "runs": {s: {"ours": runs[s][0], "torch": runs[s][1]} for s in a.sizes},
-                       "gemm_bound": bounds}, f, indent=2)
+    publish(markdown(rows, a.steps_of, a.pairs, gpu), a.markdown, a.json,
+            {"gpu": gpu, "pairs": a.pairs, "steps": a.steps_of, "rows": rows,
+             "runs": {s: {"ours": runs[s][0], "torch": runs[s][1]} for s in a.sizes},
+             "gemm_bound": bounds})
     sys.exit(1 if failed else 0)
 
 

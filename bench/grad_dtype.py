@@ -13,12 +13,11 @@ usage: grad_dtype.py --bin DIR [--data DIR] [--pairs 3] [--no-accuracy]
                      [--json PATH] [--markdown PATH]
 """
 import argparse
-import json
 import os
 import platform
 import sys
 
-from benchlib import fmt, median_of
+from benchlib import fmt, median_of, publish
 from train_vs_ddp import LARGE, run_ours
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -75,14 +74,8 @@ def main():
         lines.append(f"| {r['grad_dtype']} | {fmt(r['samples_per_sec'], ',.0f')} | {ratio} "
                      f"| {fmt(r['comm_wait_ms'], '.2f')} | {fmt(r['test_accuracy'], '.4f')} "
                      f"| {pts} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(table)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, "speed": speed, "accuracy": acc}, f, indent=1)
+    publish("\n".join(lines) + "\n", a.markdown, a.json,
+            {"rows": rows, "speed": speed, "accuracy": acc})
     return 0 if all(r["samples_per_sec"] for r in rows) else 1
 
 

@@ -18,12 +18,11 @@ usage: train_vs_ddp.py --bin DIR [--data DIR] [--pairs 3] [--rows LIST]
                        [--python PYTHON] [--json PATH] [--markdown PATH]
 """
 import argparse
-import json
 import os
 import platform
 import sys
 
-from benchlib import fmt, median_of, parse_json_line, parse_ours, run_timed, subset
+from benchlib import fmt, median_of, parse_json_line, parse_ours, publish, run_timed, subset
 
 SMALL, LARGE = [784, 256, 128, 10], [784, 1024, 1024, 10]
 BATCH = 64
@@ -167,15 +166,8 @@ def main():
                     print(f"{name} pair {i + 1} {side}: FAILED: {r['error']}", flush=True)
         runs[name] = {"ours": ours, "anchor": anchor}
         rows.append(summarize(name, ours, anchor))
-    md = markdown(rows, a.pairs)
-    print()
-    print(md, end="", flush=True)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write(md)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"pairs": a.pairs, "rows": rows, "runs": runs}, f, indent=2)
+    publish(markdown(rows, a.pairs), a.markdown, a.json,
+            {"pairs": a.pairs, "rows": rows, "runs": runs})
     sys.exit(1 if failed else 0)
 
 

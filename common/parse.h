@@ -29,6 +29,24 @@ int gs_parse_addr(const char *s, char *host, size_t host_len, uint16_t *port) GS
 int gs_name_index(const char *s, const char *const *names, size_t n);
 const char *gs_name_of(size_t v, const char *const *names, size_t n);
 
+/* Defines `int PARSE(const char *s, TYPE *out)` (0, or GS_EINVAL for a
+ * name not in the array NAMES) and `const char *NAME(TYPE v)` for an enum
+ * whose values index NAMES. */
+#define GS_DEFINE_ENUM_NAMES(PARSE, NAME, TYPE, NAMES)                                             \
+  int PARSE(const char *s, TYPE *out)                                                              \
+  {                                                                                                \
+    int i = gs_name_index(s, NAMES, sizeof(NAMES) / sizeof((NAMES)[0]));                           \
+                                                                                                   \
+    if (i < 0)                                                                                     \
+      return GS_EINVAL;                                                                            \
+    *out = (TYPE)i;                                                                                \
+    return 0;                                                                                      \
+  }                                                                                                \
+  const char *NAME(TYPE v)                                                                         \
+  {                                                                                                \
+    return gs_name_of((size_t)v, NAMES, sizeof(NAMES) / sizeof((NAMES)[0]));                       \
+  }
+
 /* A decimal integer in [min, max] with nothing after it. */
 int gs_parse_long(const char *s, long min, long max, long *out) GS_WARN_UNUSED;
 

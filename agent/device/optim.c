@@ -30,35 +30,8 @@ static const char *const nonfinite_names[] = {
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-int gs_optim_kind_parse(const char *s, gs_optim_kind_t *out)
-{
-  int v = gs_name_index(s, kind_names, COUNT(kind_names));
-
-  if (v < 0)
-    return GS_EINVAL;
-  *out = (gs_optim_kind_t)v;
-  return 0;
-}
-
-const char *gs_optim_kind_name(gs_optim_kind_t k)
-{
-  return gs_name_of((size_t)k, kind_names, COUNT(kind_names));
-}
-
-int gs_nonfinite_parse(const char *s, gs_nonfinite_t *out)
-{
-  int v = gs_name_index(s, nonfinite_names, COUNT(nonfinite_names));
-
-  if (v < 0)
-    return GS_EINVAL;
-  *out = (gs_nonfinite_t)v;
-  return 0;
-}
-
-const char *gs_nonfinite_name(gs_nonfinite_t v)
-{
-  return gs_name_of((size_t)v, nonfinite_names, COUNT(nonfinite_names));
-}
+GS_DEFINE_ENUM_NAMES(gs_optim_kind_parse, gs_optim_kind_name, gs_optim_kind_t, kind_names)
+GS_DEFINE_ENUM_NAMES(gs_nonfinite_parse, gs_nonfinite_name, gs_nonfinite_t, nonfinite_names)
 
 void gs_optim_group_default(gs_optim_kind_t kind, gs_optim_group_t *g)
 {

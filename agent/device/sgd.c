@@ -14,22 +14,7 @@ static const char *const schedule_names[] = {
     [GS_LR_COSINE] = "cosine",
 };
 
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
-
-int gs_lr_schedule_parse(const char *s, gs_lr_schedule_t *out)
-{
-  int i = gs_name_index(s, schedule_names, COUNT(schedule_names));
-
-  if (i < 0)
-    return GS_EINVAL;
-  *out = (gs_lr_schedule_t)i;
-  return 0;
-}
-
-const char *gs_lr_schedule_name(gs_lr_schedule_t s)
-{
-  return gs_name_of((size_t)s, schedule_names, COUNT(schedule_names));
-}
+GS_DEFINE_ENUM_NAMES(gs_lr_schedule_parse, gs_lr_schedule_name, gs_lr_schedule_t, schedule_names)
 
 void gs_sgd_config_default(gs_sgd_config_t *c)
 {

@@ -104,41 +104,12 @@ __attribute__((format(printf, 3, 4))) static int own(gs_engine_t *e, const char 
   return gs_engine_add_setting(e, name, value);
 }
 
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
-
 static const char *const elastic_lr_names[] = {"keep", "linear"};
 static const char *const grad_dtype_names[] = {
     [GS_GRAD_FP32] = "fp32", [GS_GRAD_BF16] = "bf16", [GS_GRAD_FP16] = "fp16"};
 
-int gs_elastic_lr_parse(const char *s, gs_elastic_lr_t *out)
-{
-  int i = gs_name_index(s, elastic_lr_names, COUNT(elastic_lr_names));
-
-  if (i < 0)
-    return GS_EINVAL;
-  *out = (gs_elastic_lr_t)i;
-  return 0;
-}
-
-const char *gs_elastic_lr_name(gs_elastic_lr_t v)
-{
-  return gs_name_of((size_t)v, elastic_lr_names, COUNT(elastic_lr_names));
-}
-
-int gs_grad_dtype_parse(const char *s, gs_grad_dtype_t *out)
-{
-  int i = gs_name_index(s, grad_dtype_names, COUNT(grad_dtype_names));
-
-  if (i < 0)
-    return GS_EINVAL;
-  *out = (gs_grad_dtype_t)i;
-  return 0;
-}
-
-const char *gs_grad_dtype_name(gs_grad_dtype_t v)
-{
-  return gs_name_of((size_t)v, grad_dtype_names, COUNT(grad_dtype_names));
-}
+GS_DEFINE_ENUM_NAMES(gs_elastic_lr_parse, gs_elastic_lr_name, gs_elastic_lr_t, elastic_lr_names)
+GS_DEFINE_ENUM_NAMES(gs_grad_dtype_parse, gs_grad_dtype_name, gs_grad_dtype_t, grad_dtype_names)
 
 gs_dtype_t gs__engine_wire_dtype(const gs_engine_t *e)
 {

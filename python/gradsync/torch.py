@@ -382,8 +382,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     weight_decay=0.1)`. SGD, Adam and AdamW run fused in the engine, which
     reads each group's hyperparameters at every step, so torch's lr
     schedulers work on this optimizer (or on the one given); any other
-    runs its own step() on the reduced gradients. Without it: SGD with `lr`, `momentum`, `weight_decay` and
-    `nesterov`, as torch.optim.SGD computes them. `param_groups`,
+    runs its own step() on the reduced gradients. Without it: SGD with
+    `lr`, `momentum`, `weight_decay` and `nesterov`, as torch.optim.SGD
+    computes them. `param_groups`,
     `state_dict()` and `load_state_dict()` are torch's (a checkpoint saved
     with torch.save resumes in plain torch, and the other way round).
 
@@ -484,7 +485,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              "groups, the bias rules and the schedule out (use a torch "
                              "lr_scheduler on the optimizer)")
         kind = self._adopt(optimizer)
-        self._scheduled = scheduled or self._wrapped
+        # The torch groups become engine groups, unless the engine's own SGD
+        # schedule decides or the wrapped optimizer steps itself.
+        self._groups_in_engine = not (scheduled or self._wrapped)
         cfg = dict(_config())
         cfg.update(optimizer=kind, nonfinite=nonfinite, grad_dtype=_grad_dtype(grad_dtype),
                    lr=lr or 0.0, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov,
@@ -508,7 +511,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for n, p in named:
             e.register(n, p.numel(), n.endswith("bias"))
         self._engine_groups = {}
-        if not self._scheduled:
+        if self._groups_in_engine:
             index = {id(p): i for i, p in enumerate(self.params)}
             for k, g in enumerate(self.param_groups):
                 e.add_group(self._hyper(g))
@@ -603,7 +606,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _push_groups(self):
         """Hands the engine the groups whose hyperparameters changed (a
         scheduler's lr) since the last step; cheap when none did."""
-        if self._scheduled:
+        if not self._groups_in_engine:
             return
         for k, g in enumerate(self.param_groups):
             key = tuple((n, float(v) if isinstance(v, torch.Tensor) else v)
@@ -1165,9 +1168,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise
 
     def _regrouped_between_steps(self):
-        """A regroup met outside a step (in a sum): this rank's place, the position taken (it may be a step
-        newer than this rank's: training goes on from it), the buffers and
-        state of a rank that trained, and on_world_change."""
+        """A regroup met outside a step (in a sum): this rank's place, the
+        position taken (it may be a step newer than this rank's: training
+        goes on from it), the buffers and state of a rank that trained, and
+        on_world_change."""
         self._follow_world()
         info = self._engine.info()
         self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
