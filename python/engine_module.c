@@ -1122,6 +1122,26 @@ static PyObject *engine_allreduce_sum(EngineObject *self, PyObject *arg)
   Py_RETURN_NONE;
 }
 
+/* broadcast(buffer, root): a writable buffer becomes rank root's, in place. */
+static PyObject *engine_broadcast(EngineObject *self, PyObject *args)
+{
+  Py_buffer view;
+  unsigned int root;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "w*I", &view, &root))
+    return NULL;
+  if (!check_open(self, true)) {
+    PyBuffer_Release(&view);
+    return NULL;
+  }
+  Py_BEGIN_ALLOW_THREADS err = gs_engine_broadcast(self->engine, view.buf, (size_t)view.len, root);
+  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
 static PyObject *engine_checkpoint(EngineObject *self, PyObject *args)
 {
   gs_position_t pos;
@@ -1221,6 +1241,9 @@ static PyMethodDef engine_methods[] = {
     {"skip_step", (PyCFunction)engine_skip_step, METH_NOARGS,
      "skip_step(): this step's update is not applied (a loss scaler's verdict, the same on "
      "every rank)"},
+    {"broadcast", (PyCFunction)engine_broadcast, METH_VARARGS,
+     "broadcast(buffer, root): the writable buffer becomes rank root's, in place; WorldChanged "
+     "when an elastic job regrouped meanwhile"},
     {"allreduce_sum", (PyCFunction)engine_allreduce_sum, METH_O,
      "allreduce_sum(buffer): sums float32 memory over the ranks, in place; WorldChanged when an "
      "elastic job regrouped meanwhile (sum again)"},

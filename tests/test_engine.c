@@ -53,8 +53,9 @@ typedef struct scenario {
   uint32_t nan_step;
   uint64_t skip_at; /* 0: none; else every rank synchronizes step skip_at - 1 and skips it */
   gs_grad_dtype_t grad_dtype;
-  bool perturb; /* ranks > 0 shift their params after the start */
-  bool slow;    /* sleep 2 ms per step */
+  bool bcast_bytes; /* after the start: bytes broadcast from the last rank, checked */
+  bool perturb;     /* ranks > 0 shift their params after the start */
+  bool slow;        /* sleep 2 ms per step */
   const char *checkpoint_dir;
   uint64_t checkpoint_every;
   bool resume;
@@ -245,6 +246,24 @@ static void *rank_main(void *arg)
   if (err)
     goto out;
   rr->start = pos;
+  if (sc->bcast_bytes) {
+    uint8_t bytes[1001];
+    uint32_t root = sc->world - 1;
+
+    for (size_t i = 0; i < sizeof(bytes); i++)
+      bytes[i] = (uint8_t)(i * 7 + rr->rank * 31);
+    err = gs_engine_broadcast(e, bytes, sizeof(bytes), root);
+    for (size_t i = 0; !err && i < sizeof(bytes); i++)
+      if (bytes[i] != (uint8_t)(i * 7 + root * 31)) {
+        snprintf(rr->error, sizeof(rr->error), "byte %zu is %u, not rank %u's", i, bytes[i], root);
+        rr->err = GS_EIO;
+        goto out_failed;
+      }
+    if (!err)
+      err = gs_engine_broadcast(e, bytes, sizeof(bytes), sc->world) == GS_EINVAL ? 0 : GS_EIO;
+    if (err)
+      goto out;
+  }
   if (sc->perturb && rr->rank > 0)
     gs_engine_param(e, 0)[0] += 1.0f;
   for (uint64_t s = pos.step; s < sc->max_steps; s++) {
@@ -599,6 +618,21 @@ START_TEST(half_grads_travel_rounded)
       apart = fmax(apart, fabs(want - fp32));
     }
   ck_assert_msg(apart > 4e-6, "no farther than %g from float32's: not rounded", apart);
+}
+END_TEST
+
+/* gs_engine_broadcast: host bytes become the root's on every rank; a
+ * root past the world is refused. */
+START_TEST(bytes_broadcast_from_a_root)
+{
+  scenario_t sc;
+
+  scenario_init(&sc, "bcast", 3);
+  sc.bcast_bytes = true;
+  sc.max_steps = 2;
+  run_ranks(&sc);
+  join_ranks(&sc);
+  expect_ok(&sc);
 }
 END_TEST
 
@@ -967,6 +1001,7 @@ static Suite *engine_suite(void)
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
   ADD(skipped_step_is_not_applied);
+  ADD(bytes_broadcast_from_a_root);
   tc = tcase_create("half_grads_travel_rounded");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, half_grads_travel_rounded, 0, 2);

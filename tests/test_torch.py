@@ -405,30 +405,35 @@ def case_buffers(tmp):
     for mode in ("1", "mean", "0"):
         out = tempfile.mkdtemp(dir=tmp)
         run(2, "buffers", out, f"bb={mode}", "steps=6")
-        ranks = [result(out, r) for r in (0, 1)]
-        m = ranks[0]["momentum"]
-        for r in ranks:
-            assert torch.equal(r["joined"]["1.running_mean"], ranks[0]["start"]["1.running_mean"])
-        assert not torch.equal(ranks[0]["start"]["1.running_mean"],
-                               ranks[1]["start"]["1.running_mean"])
-        for s in range(6):
-            for k, r in enumerate(ranks):
-                if s == 0:
-                    base = r["joined"]["1.running_mean"]
-                elif mode == "1":
-                    base = ranks[0]["nograd"][s - 1]
-                elif mode == "mean":
-                    base = (ranks[0]["nograd"][s - 1] + ranks[1]["nograd"][s - 1]) / 2
-                else:
-                    base = r["nograd"][s - 1]
-                want = (1 - m) * base + m * r["seen"][2 * s]
-                assert rel(r["after"][s], want) < 1e-5, (mode, s, k, rel(r["after"][s], want))
-                want = (1 - m) * r["after"][s] + m * r["seen"][2 * s + 1]
-                assert rel(r["nograd"][s], want) < 1e-5, (mode, s, k, "no grad")
-        assert all(torch.equal(x, y) for x, y in zip(ranks[0]["params"], ranks[1]["params"]))
-        assert not torch.equal(ranks[0]["nograd"][-1], ranks[1]["nograd"][-1])
+        check_buffers(out, mode, 6)
     print("buffers: rank 0's before every forward with grad (True), the ranks' mean (mean), "
           "each rank's own (False), from rank 0's at the start")
+
+
+def check_buffers(out, mode, steps):
+    """The running means the buffers scenario recorded follow `mode`'s rule."""
+    ranks = [result(out, r) for r in (0, 1)]
+    m = ranks[0]["momentum"]
+    for r in ranks:
+        assert torch.equal(r["joined"]["1.running_mean"], ranks[0]["start"]["1.running_mean"])
+    assert not torch.equal(ranks[0]["start"]["1.running_mean"],
+                           ranks[1]["start"]["1.running_mean"])
+    for s in range(steps):
+        for k, r in enumerate(ranks):
+            if s == 0:
+                base = r["joined"]["1.running_mean"]
+            elif mode == "1":
+                base = ranks[0]["nograd"][s - 1]
+            elif mode == "mean":
+                base = (ranks[0]["nograd"][s - 1] + ranks[1]["nograd"][s - 1]) / 2
+            else:
+                base = r["nograd"][s - 1]
+            want = (1 - m) * base + m * r["seen"][2 * s]
+            assert rel(r["after"][s], want) < 1e-5, (mode, s, k, rel(r["after"][s], want))
+            want = (1 - m) * r["after"][s] + m * r["seen"][2 * s + 1]
+            assert rel(r["nograd"][s], want) < 1e-5, (mode, s, k, "no grad")
+    assert all(torch.equal(x, y) for x, y in zip(ranks[0]["params"], ranks[1]["params"]))
+    assert not torch.equal(ranks[0]["nograd"][-1], ranks[1]["nograd"][-1])
 
 
 def case_errors(tmp):

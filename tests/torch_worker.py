@@ -148,7 +148,8 @@ def optimizers():
     """Trains with optimizer=; saves params and the optimizer's state_dict.
     With inf_step=S: under a loss scaler (CpuGradScaler), rank 1's loss
     infinite at step S; unscale=before/after: scaler.unscale_(opt) called
-    by the script, before or after opt.synchronize()."""
+    by the script, before or after opt.synchronize(); real_scaler=1: torch's
+    own GradScaler (CUDA)."""
     gs.init()
     model = mlp()
     opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, OPTS["opt"]),
@@ -159,7 +160,9 @@ def optimizers():
     x, y = data(steps, batch, gs.world_size())
     r = gs.rank()
     inf_step = int(OPTS.get("inf_step", -1))
-    scaler = CpuGradScaler(init_scale=2.0 ** 10, growth_interval=4) if inf_step >= 0 else None
+    scaler = None if inf_step < 0 else \
+        torch.cuda.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=4) \
+        if OPTS.get("real_scaler") == "1" else CpuGradScaler(init_scale=2.0 ** 10, growth_interval=4)
     scales, skipped = [], []
     for s in range(steps):
         loss = F.cross_entropy(model(x[s, r * batch:(r + 1) * batch]),

@@ -165,14 +165,28 @@ int gs__engine_refuse(gs_engine_t *e, const char *what)
   return e->failed;
 }
 
+/* One collective on device memory, queued and waited for. */
+static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count, uint32_t root)
+{
+  int err = op == OP_ALLREDUCE
+                ? gs_comm_allreduce(e->comm, at, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM)
+                : gs_comm_broadcast(e->comm, at, count, root);
+
+  if (!err)
+    err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
+  if (!err)
+    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+  return err;
+}
+
 /* Runs one collective now and waits for it (outside a step). `buf` is in
  * device memory when `on_device`, else in host memory, which a backend
- * working on device memory gets through the aux_dev staging buffer. */
+ * working on device memory gets through the aux_dev staging buffer, in
+ * pieces of AUX_BYTES (every rank cuts the same pieces). */
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
                        uint32_t root, const char *what)
 {
   size_t bytes = op == OP_ALLREDUCE ? count * sizeof(float) : count;
-  void *at = buf;
   int err = 0;
 
   if (e->failed)
@@ -184,22 +198,18 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
     err = gs__engine_run_job(e, &job);
     return err ? gs__engine_comm_failed(e, err, what) : 0;
   }
-  if (!on_device) {
-    if (bytes > AUX_BYTES)
-      return GS_EINVAL;
-    at = e->aux_dev;
-    err = gs_device_upload(e->cfg.dev, at, buf, bytes);
+  if (on_device)
+    err = device_collective(e, op, buf, count, root);
+  for (size_t off = 0; !on_device && !err && off < bytes; off += AUX_BYTES) {
+    size_t len = bytes - off < AUX_BYTES ? bytes - off : AUX_BYTES;
+
+    err = gs_device_upload(e->cfg.dev, e->aux_dev, (uint8_t *)buf + off, len);
+    if (!err)
+      err = device_collective(e, op, e->aux_dev, op == OP_ALLREDUCE ? len / sizeof(float) : len,
+                              root);
+    if (!err)
+      err = gs_device_download(e->cfg.dev, (uint8_t *)buf + off, e->aux_dev, len);
   }
-  if (!err)
-    err = op == OP_ALLREDUCE
-              ? gs_comm_allreduce(e->comm, at, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM)
-              : gs_comm_broadcast(e->comm, at, count, root);
-  if (!err)
-    err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
-  if (!err)
-    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
-  if (!err && !on_device)
-    err = gs_device_download(e->cfg.dev, buf, at, bytes);
   return err ? gs__engine_comm_failed(e, err, what) : 0;
 }
 

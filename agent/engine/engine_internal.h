@@ -146,7 +146,7 @@ struct gs_engine {
   float *ctl;             /* host copy of the control vector */
   float *ctl_dev;         /* where it rides: after the grads of the last pack */
   size_t nctl;
-  void *aux_dev;               /* device staging for small host buffers (stream-ordered) */
+  void *aux_dev;               /* device staging for host buffers (stream-ordered), AUX_BYTES */
   gs_control_local_t ctl_mine; /* what this rank wrote, for the in-step check */
   uint64_t steps_begun;        /* begin_step calls since start */
   gs_position_t after;
@@ -155,7 +155,7 @@ struct gs_engine {
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
 };
 
-#define AUX_BYTES 256 /* the largest host buffer staged for a device backend */
+#define AUX_BYTES (1u << 20) /* host buffers reach a device backend in pieces of this */
 
 /* comm_thread.c: the comm thread and the collectives it runs. */
 int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;

@@ -707,22 +707,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._inner.load_state_dict(saved["optimizer"])  # shared next, with the buffers
 
     def _share(self, obj, root=0):
-        """The root's object on every rank (a sum where the others add
-        zeros: exact, through host memory; four bytes per byte, for the
-        rare resume or regroup)."""
-        data = b""
+        """The root's object on every rank (torch.save's bytes, broadcast
+        through host memory: the rare resume or regroup)."""
+        data = bytearray()
         if self.rank == root:
             out = io.BytesIO()
             torch.save(obj, out)
-            data = out.getvalue()
-        n = torch.tensor([len(data) >> 24, len(data) & 0xFFFFFF], dtype=torch.float32)
-        self._sum(n)
-        size = (int(n[0]) << 24) | int(n[1])
-        flat = torch.zeros(size, dtype=torch.float32)
-        if self.rank == root:
-            flat.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        self._sum(flat)
-        return torch.load(io.BytesIO(bytes(flat.to(torch.uint8).numpy())))
+            data = bytearray(out.getvalue())
+        size = bytearray(len(data).to_bytes(8, "little"))
+        self._engine.broadcast(size, root)
+        if self.rank != root:
+            data = bytearray(int.from_bytes(size, "little"))
+        self._engine.broadcast(data, root)
+        return torch.load(io.BytesIO(bytes(data)))
 
     def _saw_input(self, module, args):
         """Before every forward of the model: the batch size (for the
@@ -847,18 +844,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._combine_buffers(root)
 
     def _combine_buffers(self, root, mean=False):
-        """Every rank's buffers become the root's (a sum where the others
-        add zeros is exact), or with `mean` the ranks' mean (of floating
-        ones; an integer one, as BatchNorm's batch count, is the root's)."""
+        """Every rank's buffers become the root's (a broadcast), or with
+        `mean` the ranks' mean of the floating ones (a sum; an integer one,
+        as BatchNorm's batch count, is the root's: the others add zeros)."""
         flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float32)
                           for _, b in self._buffers])
         averaged = [mean and b.is_floating_point() for _, b in self._buffers]
         at = 0
         for (_, b), avg in zip(self._buffers, averaged):
-            if self.rank != root and not avg:
+            if self.rank != root and not avg and mean:
                 flat[at:at + b.numel()] = 0.0
             at += b.numel()
-        self._sum(flat)
+        if mean:
+            self._sum(flat)
+        else:
+            self._engine.broadcast(memoryview(flat.numpy()).cast("B"), root)
         at = 0
         with torch.no_grad():
             for (_, b), avg in zip(self._buffers, averaged):

@@ -534,6 +534,13 @@ GS_ENGINE_API void gs_engine_skip_step(gs_engine_t *e);
 GS_ENGINE_API int gs_engine_allreduce_sum(gs_engine_t *e, float *buf,
                                           size_t n) GS_ENGINE_WARN_UNUSED;
 
+/* Every rank's `bytes` of host memory at `buf` become rank `root`'s (a
+ * front end's own state: buffers, a wrapped optimizer's state). Not
+ * during a step; elastic jobs as gs_engine_allreduce_sum (the root may be
+ * gone: pick it again in the new world). */
+GS_ENGINE_API int gs_engine_broadcast(gs_engine_t *e, void *buf, size_t bytes,
+                                      uint32_t root) GS_ENGINE_WARN_UNUSED;
+
 /* Rank 0 takes a checkpoint of the current params and momentum at `pos`
  * (no-op elsewhere, and without a checkpoint dir): it copies them and
  * writes the file on a thread of its own, so that a slow disk never holds
