@@ -9,9 +9,14 @@
                    with gradsync-run), gradsync.torch.DistributedOptimizer
 
 Models: --model cnn (examples/torch/fashion_cnn.py's Net) or mlp
-(784-256-128-10). Batch per rank --batch; one torch thread per rank;
-synthetic Fashion-MNIST-shaped data (the throughput does not depend on the
-values). SGD lr 0.05, momentum 0.9, weight decay 5e-4, gradients averaged.
+(784-256-128-10): synthetic Fashion-MNIST-shaped data (the throughput does
+not depend on the values), SGD lr 0.05, momentum 0.9, weight decay 5e-4.
+--model transformer: examples/torch/char_transformer.py's model at its
+defaults (2 layers, width 64, 4 heads, context 64, 113 characters), random
+windows of characters (a sample is one window), AdamW in the example's two
+groups (lr 3e-3, betas 0.9/0.95, weight decay 0.1 on the matrices), the
+forward and loss under bf16 autocast. Batch per rank --batch; one torch
+thread per rank; gradients averaged.
 """
 import argparse
 import json
@@ -27,27 +32,48 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "torch"))
 from fashion_cnn import Net  # noqa: E402
+from char_transformer import CharGPT, param_groups  # noqa: E402  (imports gradsync.torch)
 
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
+VOCAB, CONTEXT = 113, 64  # the fortunes' characters, the example's default context
 
 
 def model_of(name):
     torch.manual_seed(0)
     if name == "cnn":
         return Net()
+    if name == "transformer":
+        return CharGPT(VOCAB, CONTEXT, width=64, layers=2, heads=4)
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
                          nn.ReLU(), nn.Linear(128, 10))
 
 
-def batches(batch, rank):
+def optimizer_of(name, model):
+    """The torch optimizer of both sides (gradsync wraps it)."""
+    if name == "transformer":
+        return torch.optim.AdamW(param_groups(model), lr=3e-3, betas=(0.9, 0.95))
+    return torch.optim.SGD(model.parameters(), **OPT)
+
+
+def loss_of(name, net, x, y):
+    if name != "transformer":
+        return F.cross_entropy(net(x), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return F.cross_entropy(net(x).float().flatten(0, 1), y.flatten())
+
+
+def batches(name, batch, rank):
     g = torch.Generator().manual_seed(rank)
+    if name == "transformer":
+        chunks = [torch.randint(0, VOCAB, (batch, CONTEXT + 1), generator=g) for _ in range(8)]
+        return [(c[:, :-1], c[:, 1:]) for c in chunks]
     return [(torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,),
                                                                          generator=g))
             for _ in range(8)]
 
 
 def timed(a, step, world, rank):
-    data = batches(a.batch, rank)
+    data = batches(a.model, a.batch, rank)
     for i in range(a.warmup):
         step(*data[i % len(data)])
     t0 = time.perf_counter()
@@ -63,10 +89,10 @@ def plain(a, rank=0, world=1, ddp=False):
     torch.set_num_threads(1)
     model = model_of(a.model)
     net = nn.parallel.DistributedDataParallel(model) if ddp else model
-    opt = torch.optim.SGD(model.parameters(), **OPT)
+    opt = optimizer_of(a.model, model)
 
     def step(x, y):
-        loss = F.cross_entropy(net(x), y)
+        loss = loss_of(a.model, net, x, y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -86,10 +112,12 @@ def gradsync_side(a):
     torch.set_num_threads(1)
     gs.init()
     model = model_of(a.model)
-    opt = gs.DistributedOptimizer(model, reduce="mean", nonfinite=a.nonfinite, **OPT)
+    # SGD as the engine's own (lr=...), AdamW as a torch optimizer it wraps.
+    hyper = dict(optimizer=optimizer_of(a.model, model)) if a.model == "transformer" else OPT
+    opt = gs.DistributedOptimizer(model, reduce="mean", nonfinite=a.nonfinite, **hyper)
 
     def step(x, y):
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_of(a.model, model, x, y)
         opt.zero_grad()
         loss.backward()
         opt.step(loss)
@@ -99,7 +127,7 @@ def gradsync_side(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--side", choices=["plain", "ddp", "gradsync"], required=True)
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--model", choices=["cnn", "mlp", "transformer"], default="cnn")
     p.add_argument("--world", type=int, default=2, help="ranks (ddp)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=200)

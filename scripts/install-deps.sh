@@ -19,7 +19,7 @@ packages=(
   libuv1-dev libcjson-dev libhttp-parser-dev libssl-dev zlib1g-dev
   nanopb libnanopb-dev protobuf-compiler python3-protobuf
   check
-  libopenblas-dev dataset-fashion-mnist
+  libopenblas-dev dataset-fashion-mnist fortunes
   patchelf clang-format clang
   curl openssl python3-yaml
   python3-dev python3-torch python3-numpy
