@@ -413,8 +413,12 @@ def case_coordinator_flags(tmp):
     assert code == 1 and "more than 3: raise the coordinator's --max-params" in err, err
     code, out, err = run(["--nproc", "1", "--log-level", "warn", "--steps", "5"] + FAST)
     assert " INFO " not in out + err, out + err
+    for dashes in (["--"], []):  # before a command it is the coordinator's alone
+        code, out, err = run(["--nproc", "1", "--log-level", "warn"] + dashes +
+                             ["sh", "-c", "echo ran the command"])
+        assert "ran the command" in out and " INFO " not in out + err, out + err
     print("--max-params 3: the coordinator refused the 6-entry pack list; --log-level warn "
-          "quiets coordinator and agents")
+          "quiets coordinator and agents, and before a command the coordinator")
     for args, text in [
             (["--stall-timeout", "soon"], "invalid value 'soon' for --stall-timeout"),
             (["--max-params"], "--max-params needs a value"),

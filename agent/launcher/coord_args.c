@@ -128,13 +128,31 @@ static int check_values(const gs_run_config_t *cfg)
   return 0;
 }
 
+/* Whether the ranks run a command, not gradsync-agent: past the
+ * coordinator's flags (and the ones it shares with the agents) comes a
+ * plain argument, before "--" or right after it. */
+static bool runs_command(const gs_run_config_t *cfg)
+{
+  int i = 0;
+
+  while (i < cfg->pass_dashes) {
+    const gs_flag_t *f = coord_row(cfg->pass[i]);
+
+    if (!f)
+      break;
+    i += takes_next(f, cfg->pass[i]) && i + 1 < cfg->pass_dashes ? 2 : 1;
+  }
+  return i < cfg->npass && cfg->pass[i][0] != '-';
+}
+
 /* Moves the coordinator's flags among pass[0..pass_dashes) into
  * coord_args. The scan stops where a command begins (a plain argument
  * before any agent flag: what follows is the command's own); a value that
- * follows an agent flag is the agent's. */
+ * follows an agent flag is the agent's. --log-level before a command is
+ * the coordinator's alone (there is no agent to take it). */
 int gs__run_take_coord_flags(gs_run_config_t *cfg)
 {
-  bool agent_flag = false;
+  bool agent_flag = false, command = runs_command(cfg);
   int keep = 0, i, rc;
 
   for (i = 0; i < cfg->pass_dashes; i++) {
@@ -153,8 +171,14 @@ int gs__run_take_coord_flags(gs_run_config_t *cfg)
       i += n - 1;
       continue;
     }
-    if (shared && !cfg->join && !strcmp(f->name, "--log-level"))
-      to_coordinator(cfg, &cfg->pass[i], n);
+    if (shared && !strcmp(f->name, "--log-level") && (command || !cfg->join)) {
+      if (!cfg->join)
+        to_coordinator(cfg, &cfg->pass[i], n);
+      if (command) {
+        i += n - 1;
+        continue;
+      }
+    }
     agent_flag = agent_flag || a[0] == '-';
     for (int k = 0; k < n; k++)
       cfg->pass[keep++] = cfg->pass[i + k];
