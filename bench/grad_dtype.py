@@ -1,26 +1,51 @@
 #!/usr/bin/env python3
-"""What 16-bit gradients on the wire (gradsync-agent --grad-dtype) gain
-and cost, on this machine: the large MLP (784-1024-1024-10) at 2 ranks,
-samples/s with fp32, bf16 and fp16 gradients (300 steps, alternating
-fp32, bf16, fp16 --pairs times), and test accuracy after 3 epochs of
-Fashion-MNIST with fp32 and bf16 (seed i in round i for both). Batch 64
+"""What 16-bit gradients on the wire (--grad-dtype) gain and cost, on
+this machine, at 2 ranks. The agent's large MLP (784-1024-1024-10):
+samples/s with fp32, bf16 and fp16 gradients (300 steps, alternating fp32,
+bf16, fp16 --pairs times), and test accuracy after 3 epochs of
+Fashion-MNIST with fp32 and bf16 (seed i in round i for both); batch 64
 per rank, SGD lr 0.1 momentum 0.9 wd 5e-4, mean of gradients, one BLAS
-thread per rank, as bench/train_vs_ddp.py. The anchor is fp32 in the same
-run: ratios of medians. On one machine the ranks' ring runs over shared
-memory, so the bytes saved are memory copies, not a network's time.
+thread per rank, as bench/train_vs_ddp.py. The transformer example
+(examples/torch/char_transformer.py --quick: AdamW, bf16 autocast, 150
+steps) with fp32 and bf16 gradients, --transformer-rounds times: its
+samples/s and final validation loss. The anchor is fp32 in the same run:
+ratios of medians. On one machine the ranks' ring runs over shared memory,
+so the bytes saved are memory copies, not a network's time.
 
 usage: grad_dtype.py --bin DIR [--data DIR] [--pairs 3] [--no-accuracy]
-                     [--json PATH] [--markdown PATH]
+                     [--transformer-rounds 2] [--json PATH] [--markdown PATH]
 """
 import argparse
 import os
 import platform
+import re
 import sys
 
-from benchlib import fmt, median_of, publish
+from benchlib import fmt, median_of, publish, run_timed
 from train_vs_ddp import LARGE, run_ours
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "torch", "char_transformer.py")
+
 DTYPES = ("fp32", "bf16", "fp16")
+
+
+def run_transformer(a, dtype):
+    """The example's --quick run with `dtype` gradients: samples/s (the mean
+    of its progress lines) and the final validation loss."""
+    cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", "2", "--", "/usr/bin/python3",
+           EXAMPLE, "--quick", "--grad-dtype", dtype]
+    res, out = run_timed(cmd, a.timeout)
+    if out is None:
+        return res
+    rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) samples/s", out)]
+    final = re.search(r"final val loss ([\d.]+)", out)
+    if rates and final:
+        res.update(ok=True, samples_per_sec=sum(rates) / len(rates),
+                   val_loss=float(final.group(1)))
+    else:
+        res["error"] = "no progress or final line"
+    return res
 
 
 def main():
@@ -30,6 +55,8 @@ def main():
     p.add_argument("--pairs", type=int, default=3, help="rounds of the speed and accuracy runs")
     p.add_argument("--steps", type=int, default=300, help="steps of each speed run")
     p.add_argument("--no-accuracy", action="store_true", help="skip the 3-epoch runs")
+    p.add_argument("--transformer-rounds", type=int, default=2,
+                   help="rounds of the transformer example (0: none)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--json")
     p.add_argument("--markdown")
@@ -49,6 +76,14 @@ def main():
             acc[d].append(r)
             print(f"accuracy round {i} {d}: {fmt(r.get('test_accuracy'), '.4f')}"
                   if r.get("ok") else f"accuracy round {i} {d}: {r.get('error')}", flush=True)
+    tfm = {d: [] for d in DTYPES[:2]}
+    for i in range(1, a.transformer_rounds + 1):
+        for d in tfm:
+            r = run_transformer(a, d)
+            tfm[d].append(r)
+            print(f"transformer round {i} {d}: {fmt(r.get('samples_per_sec'), ',.1f')} samples/s, "
+                  f"val loss {fmt(r.get('val_loss'), '.4f')}" if r.get("ok") else
+                  f"transformer round {i} {d}: {r.get('error')}", flush=True)
     base = median_of(speed["fp32"], "samples_per_sec")
     base_acc = median_of(acc["fp32"], "test_accuracy")
     rows = []
@@ -74,8 +109,18 @@ def main():
         lines.append(f"| {r['grad_dtype']} | {fmt(r['samples_per_sec'], ',.0f')} | {ratio} "
                      f"| {fmt(r['comm_wait_ms'], '.2f')} | {fmt(r['test_accuracy'], '.4f')} "
                      f"| {pts} |")
+    t_base = median_of(tfm["fp32"], "samples_per_sec")
+    if a.transformer_rounds:
+        lines += ["", f"Transformer example, --quick (150 steps), 2 ranks; medians of "
+                  f"{a.transformer_rounds} rounds.", "",
+                  "| grad dtype | samples/s | vs fp32 | final val loss |", "|---|---|---|---|"]
+        for d in tfm:
+            s_ = median_of(tfm[d], "samples_per_sec")
+            ratio = f"{s_ / t_base:.2f}x" if s_ and t_base else "–"
+            lines.append(f"| {d} | {fmt(s_, ',.1f')} | {ratio} "
+                         f"| {fmt(median_of(tfm[d], 'val_loss'), '.4f')} |")
     publish("\n".join(lines) + "\n", a.markdown, a.json,
-            {"rows": rows, "speed": speed, "accuracy": acc})
+            {"rows": rows, "speed": speed, "accuracy": acc, "transformer": tfm})
     return 0 if all(r["samples_per_sec"] for r in rows) else 1
 
 

@@ -140,6 +140,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
     ap.add_argument("--warmup", type=int, default=30, help="steps of linear warmup")
     ap.add_argument("--no-autocast", action="store_true", help="float32 forward (default bf16)")
+    ap.add_argument("--grad-dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                    help="what the gradients travel in between the ranks (gradsync)")
     ap.add_argument("--eval-every", type=int, default=100, help="steps between validations")
     ap.add_argument("--eval-windows", type=int, default=512,
                     help="validation windows, shared by the ranks")
@@ -165,7 +167,7 @@ def main():
     torch.manual_seed(args.seed)
     model = CharGPT(len(chars), args.context, args.width, args.layers, args.heads)
     opt = gs.DistributedOptimizer(model, optimizer=torch.optim.AdamW(  # gradsync
-        param_groups(model), lr=args.lr, betas=(0.9, 0.95)))
+        param_groups(model), lr=args.lr, betas=(0.9, 0.95)), grad_dtype=args.grad_dtype)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, args.warmup, args.steps))
     rank, world = gs.rank(), gs.world_size()  # gradsync: known once the optimizer joined
