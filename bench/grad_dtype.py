@@ -10,10 +10,14 @@ thread per rank, as bench/train_vs_ddp.py. The transformer example
 steps) with fp32 and bf16 gradients, --transformer-rounds times: its
 samples/s and final validation loss. The anchor is fp32 in the same run:
 ratios of medians. On one machine the ranks' ring runs over shared memory,
-so the bytes saved are memory copies, not a network's time.
+so the bytes saved are memory copies, not a network's time; --link-rate
+RATE (root) also runs the MLP's speed rows with the two ranks on two
+network namespaces (tests/cluster.py) whose links a tc tbf limits to RATE
+(e.g. 1gbit), where the bytes are the time.
 
 usage: grad_dtype.py --bin DIR [--data DIR] [--pairs 3] [--no-accuracy]
-                     [--transformer-rounds 2] [--json PATH] [--markdown PATH]
+                     [--transformer-rounds 2] [--link-rate 1gbit]
+                     [--json PATH] [--markdown PATH]
 """
 import argparse
 import os
@@ -21,13 +25,55 @@ import platform
 import re
 import sys
 
-from benchlib import fmt, median_of, publish, run_timed
-from train_vs_ddp import LARGE, run_ours
+from benchlib import fmt, median_of, parse_ours, publish, run_timed
+from train_vs_ddp import BATCH, LARGE, OPT, run_ours
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "torch", "char_transformer.py")
 
 DTYPES = ("fp32", "bf16", "fp16")
+
+
+def run_on_nodes(a, cl, dtype, steps, seed, job):
+    """The large MLP's speed run with its two ranks on nodes a and b of the
+    cluster `cl` (coordinator on c): rank 0's timing."""
+    from cluster import ADDR
+    argv = [os.path.join(a.bin, "gradsync-agent"), "--coordinator", f"{ADDR['c']}:7070",
+            "--job", job, "--world-size", "2", "--seed", str(seed), "--steps", str(steps),
+            "--no-validate", "--layers", ",".join(map(str, LARGE)), "--batch", str(BATCH),
+            "--threads", "1", "--data", a.data, "--reduce", "mean", "--log-level", "warn",
+            "--grad-dtype", dtype] + [x for k, v in OPT.items() for x in (f"--{k}", v)]
+    procs = [cl.run(n, argv) for n in "ab"]
+    outs = [p.communicate(timeout=a.timeout)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        r = parse_ours({"cmd": " ".join(argv), "ok": False}, out, 2 * BATCH)
+        if r.get("ok") or p.returncode:
+            if p.returncode:
+                r.update(ok=False, error=f"exit {p.returncode}: {out[-2000:]}")
+            return r
+    return {"ok": False, "error": "no rank printed a final line"}
+
+
+def linked_rows(a):
+    """--link-rate: the speed rows between two namespaces, fp32, bf16 and
+    fp16 in turn --pairs times."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from cluster import ADDR, Cluster
+    runs = {d: [] for d in DTYPES}
+    with Cluster("gsgd") as cl:
+        for n in "ab":
+            cl.exec(n, ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", a.link_rate,
+                        "burst", "256kb", "latency", "100ms"])
+        cl.run("c", [os.path.join(a.bin, "gradsync-coordinator"), "--listen",
+                     f"{ADDR['c']}:7070", "--http", f"{ADDR['c']}:8080", "--log-level", "warn"])
+        for i in range(1, a.pairs + 1):
+            for d in DTYPES:
+                r = run_on_nodes(a, cl, d, a.steps, i, f"link-{d}-{i}")
+                runs[d].append(r)
+                print(f"{a.link_rate} link round {i} {d}: "
+                      f"{fmt(r.get('samples_per_sec'), ',.0f')} samples/s" if r.get("ok") else
+                      f"{a.link_rate} link round {i} {d}: {r.get('error')}", flush=True)
+    return runs
 
 
 def run_transformer(a, dtype):
@@ -57,6 +103,8 @@ def main():
     p.add_argument("--no-accuracy", action="store_true", help="skip the 3-epoch runs")
     p.add_argument("--transformer-rounds", type=int, default=2,
                    help="rounds of the transformer example (0: none)")
+    p.add_argument("--link-rate", help="also between two namespaces over links of this rate "
+                   "(tc tbf, e.g. 1gbit; root)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--json")
     p.add_argument("--markdown")
@@ -76,6 +124,7 @@ def main():
             acc[d].append(r)
             print(f"accuracy round {i} {d}: {fmt(r.get('test_accuracy'), '.4f')}"
                   if r.get("ok") else f"accuracy round {i} {d}: {r.get('error')}", flush=True)
+    linked = linked_rows(a) if a.link_rate else {}
     tfm = {d: [] for d in DTYPES[:2]}
     for i in range(1, a.transformer_rounds + 1):
         for d in tfm:
@@ -109,6 +158,18 @@ def main():
         lines.append(f"| {r['grad_dtype']} | {fmt(r['samples_per_sec'], ',.0f')} | {ratio} "
                      f"| {fmt(r['comm_wait_ms'], '.2f')} | {fmt(r['test_accuracy'], '.4f')} "
                      f"| {pts} |")
+    if linked:
+        l_base = median_of(linked["fp32"], "samples_per_sec")
+        lines += ["", f"The same speed runs with the two ranks on two network namespaces, "
+                  f"their links limited to {a.link_rate} (tc tbf).", "",
+                  "| grad dtype | samples/s | vs fp32 | comm-wait ms/step |", "|---|---|---|---|"]
+        for d in DTYPES:
+            s_ = median_of(linked[d], "samples_per_sec")
+            wait = sorted(r["parts_ms"]["comm-wait"] for r in linked[d]
+                          if r.get("ok") and "comm-wait" in r.get("parts_ms", {}))
+            ratio = f"{s_ / l_base:.2f}x" if s_ and l_base else "–"
+            lines.append(f"| {d} | {fmt(s_, ',.0f')} | {ratio} "
+                         f"| {fmt(wait[len(wait) // 2] if wait else None, '.2f')} |")
     t_base = median_of(tfm["fp32"], "samples_per_sec")
     if a.transformer_rounds:
         lines += ["", f"Transformer example, --quick (150 steps), 2 ranks; medians of "
@@ -120,7 +181,8 @@ def main():
             lines.append(f"| {d} | {fmt(s_, ',.1f')} | {ratio} "
                          f"| {fmt(median_of(tfm[d], 'val_loss'), '.4f')} |")
     publish("\n".join(lines) + "\n", a.markdown, a.json,
-            {"rows": rows, "speed": speed, "accuracy": acc, "transformer": tfm})
+            {"rows": rows, "speed": speed, "accuracy": acc, "transformer": tfm,
+             "linked": linked})
     return 0 if all(r["samples_per_sec"] for r in rows) else 1
 
 
