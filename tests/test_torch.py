@@ -312,6 +312,14 @@ def case_clip(tmp):
             assert max(abs(a - b) / b for a, b in zip(got["norms"], want_norms)) < 1e-5, \
                 (got["norms"], want_norms)
         print(f"clip ({mode}): relative error {err:.2e}")
+    # A wrapped optimizer (its own step on .grad) clips the means too.
+    want, _, want_norms = reference(30, 8, 2, optimizer="rmsprop", clip=0.5)
+    for mode in ("method", "ctor", "torch"):
+        out = tempfile.mkdtemp(dir=tmp)
+        run(2, "clip", out, f"mode={mode}", "opt=rmsprop")
+        err = rel(result(out, 0)["params"], want)
+        assert err < 1e-5, ("rmsprop", mode, err)
+        print(f"clip ({mode}, RMSprop): relative error {err:.2e}")
 
 
 def case_zero_copy(tmp):

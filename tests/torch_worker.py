@@ -279,12 +279,14 @@ def autocast():
 
 def clip():
     """Clipping to max norm 0.5 three ways (mode=method: opt.clip_grad_norm_;
-    ctor: max_grad_norm=; torch: opt.synchronize() then torch's own)."""
+    ctor: max_grad_norm=; torch: opt.synchronize() then torch's own), with
+    SGD or make_optimizer's `opt`."""
     gs.init()
     model = mlp()
     mode = OPTS["mode"]
-    opt = gs.DistributedOptimizer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5,
-                                                                   momentum=0.9),
+    inner = make_optimizer(model, OPTS["opt"]) if "opt" in OPTS else \
+        torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    opt = gs.DistributedOptimizer(model, optimizer=inner,
                                   max_grad_norm=0.5 if mode == "ctor" else None)
     steps, batch = 30, 8
     x, y = data(steps, batch, gs.world_size())

@@ -1008,10 +1008,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         gradients are scaled by max_norm / (norm + 1e-6) when that is below
         1, inside the fused update (no pass of its own). Call it after
         backward and before step()."""
-        if self._wrapped:
-            self.synchronize()  # the means in place: the wrapped step reads .grad
-        else:
-            self._sync_sums(None)
+        self._reduce_for_update(None)
         self._clipped = True
         norm_type = float(norm_type)
         with torch.no_grad():
@@ -1028,6 +1025,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         elif coef < 1.0:
             self._engine.scale_step(coef)
         return total
+
+    def _reduce_for_update(self, loss):
+        """The step's allreduces done, as its update reads them: a wrapped
+        optimizer's step reads .grad, so the means in place; the fused
+        update takes the sums and folds the mean's 1/world in."""
+        if self._wrapped:
+            self.synchronize(loss)
+        else:
+            self._sync_sums(loss)
 
     def _sync_sums(self, loss):
         """synchronize(), leaving the sums in the packs: the mean's 1/world
@@ -1061,7 +1067,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         value = self._loss_value(loss)
         found_inf = grad_scaler is not None and self._unscale(grad_scaler, loss)
         if self.max_grad_norm is not None and not self._clipped:
-            self._sync_sums(loss)
+            self._reduce_for_update(loss)  # with the loss, which clip_grad_norm_ does not have
             self.clip_grad_norm_(self.max_grad_norm)
         if not self._synced:
             self._release(loss)
