@@ -10,33 +10,32 @@
 #include "engine_internal.h"
 #include "why.h"
 
-/* A pack's grads in 16 bits on the wire: rounded into the wire buffer,
- * summed there (float32 at each step), and widened back into the pack; the
- * control vector after them in float32, whose sums must be exact. The
- * device work runs at once: a blocking backend's device is the cpu. */
-static int allreduce_narrow(gs_engine_t *e, const comm_job_t *job)
+int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire,
+                               size_t elements)
 {
-  gs_dtype_t wire = e->packs.wire;
-  float *grads = job->buf;
   int err;
 
-  gs_device_narrow(e->cfg.dev, job->wire, grads, job->elements, wire);
-  err = gs_comm_allreduce(e->comm, job->wire, job->elements, wire, GS_REDUCE_SUM);
-  if (!err)
-    gs_device_widen(e->cfg.dev, grads, job->wire, job->elements, wire);
-  if (!err && job->count > job->elements)
-    err = gs_comm_allreduce(e->comm, grads + job->elements, job->count - job->elements,
-                            GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  if (!wire)
+    return gs_comm_allreduce(e->comm, grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  gs_device_narrow(e->cfg.dev, wire, grads, elements, e->packs.wire);
+  err = gs_comm_allreduce(e->comm, wire, elements, e->packs.wire, GS_REDUCE_SUM);
+  if (!err && count > elements)
+    err = gs_comm_allreduce(e->comm, grads + elements, count - elements, GS_DTYPE_FLOAT32,
+                            GS_REDUCE_SUM);
   return err;
 }
 
 int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
 {
-  if (job->op == OP_ALLREDUCE && job->wire)
-    return allreduce_narrow(e, job);
-  if (job->op == OP_ALLREDUCE)
-    return gs_comm_allreduce(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
-  return gs_comm_broadcast(e->comm, job->buf, job->count, job->root);
+  int err;
+
+  if (job->op == OP_BROADCAST)
+    return gs_comm_broadcast(e->comm, job->buf, job->count, job->root);
+  err = gs__engine_allreduce_grads(e, job->buf, job->count, job->wire, job->elements);
+  /* A blocking backend's device is the cpu: its sums are there already. */
+  if (!err && job->wire)
+    gs_device_widen(e->cfg.dev, job->buf, job->wire, job->elements, e->packs.wire);
+  return err;
 }
 
 static void *comm_main(void *arg)

@@ -161,6 +161,13 @@ struct gs_engine {
 int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;
 void gs__engine_comm_stop(gs_engine_t *e, bool abort);
 int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job);
+/* Starts (blocking backend: runs) the allreduces of `count` floats of
+ * grads: with a 16-bit `wire` buffer, its first `elements` rounded into it
+ * and summed there (float32 at each step), then the rest, the control
+ * vector, in float32, whose sums must be exact. Widening the wire's sums
+ * back into the grads is the caller's, once they are complete. */
+int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire,
+                               size_t elements);
 void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job);
 int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job);
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);

@@ -123,15 +123,8 @@ static void launch(gs_engine_t *e, uint32_t k)
     gs__engine_enqueue(e, job);
     return;
   }
-  if (pk->wire) { /* 16-bit grads, then the control vector in float32; complete() widens */
-    gs_device_narrow(e->cfg.dev, pk->wire, pk->grads, pk->elements, e->packs.wire);
-    err = gs_comm_allreduce(e->comm, pk->wire, pk->elements, e->packs.wire, GS_REDUCE_SUM);
-    if (!err && pk->extra)
-      err = gs_comm_allreduce(e->comm, pk->grads + pk->elements, count - pk->elements,
-                              GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
-  } else {
-    err = gs_comm_allreduce(e->comm, pk->grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
-  }
+  /* Queued on the comm stream; complete() widens a 16-bit wire's sums. */
+  err = gs__engine_allreduce_grads(e, pk->grads, count, pk->wire, pk->elements);
   e->ticket[k] = gs_comm_ticket(e->comm) - 1; /* the pack's last collective */
   if (err && !e->launch_err)
     e->launch_err = err;

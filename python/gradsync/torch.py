@@ -850,12 +850,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         flat = torch.cat([b.detach().reshape(-1).to("cpu", torch.float32)
                           for _, b in self._buffers])
         averaged = [mean and b.is_floating_point() for _, b in self._buffers]
-        at = 0
-        for (_, b), avg in zip(self._buffers, averaged):
-            if self.rank != root and not avg and mean:
-                flat[at:at + b.numel()] = 0.0
-            at += b.numel()
         if mean:
+            at = 0
+            for (_, b), avg in zip(self._buffers, averaged):
+                if self.rank != root and not avg:
+                    flat[at:at + b.numel()] = 0.0
+                at += b.numel()
             self._sum(flat)
         else:
             self._engine.broadcast(memoryview(flat.numpy()).cast("B"), root)
@@ -1170,19 +1170,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             return self._sum(tensor)
         except WorldChanged:
-            self._regrouped_between_steps()
+            self._follow_world()
+            # The state taken may be a step newer than this rank's: go on from it.
+            info = self._engine.info()
+            self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
+            self._sync_buffers(state=True)
+            self._world_changed()
             raise
-
-    def _regrouped_between_steps(self):
-        """A regroup met outside a step (in a sum): this rank's place, the
-        position taken (it may be a step newer than this rank's: training
-        goes on from it), the buffers and state of a rank that trained, and
-        on_world_change."""
-        self._follow_world()
-        info = self._engine.info()
-        self.step_count, self.epoch, self.sample = info["step"], info["epoch"], info["sample"]
-        self._sync_buffers(state=True)
-        self._world_changed()
 
     def _sum(self, tensor):
         t = tensor.detach()
