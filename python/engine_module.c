@@ -1001,6 +1001,21 @@ static PyObject *engine_set_loss(EngineObject *self, PyObject *args)
   Py_RETURN_NONE;
 }
 
+/* phase(n): the rank enters phase n (gs_phase_t: 1 data, 2 compute); cheap. */
+static PyObject *engine_phase(EngineObject *self, PyObject *arg)
+{
+  long phase = PyLong_AsLong(arg);
+
+  if (PyErr_Occurred() || !check_open(self, true))
+    return NULL;
+  if (phase < GS_PHASE_IDLE || phase > GS_PHASE_SYNC) {
+    PyErr_Format(PyExc_ValueError, "phase %ld is none of gs_phase_t's", phase);
+    return NULL;
+  }
+  gs_engine_phase(self->engine, (gs_phase_t)phase);
+  Py_RETURN_NONE;
+}
+
 /* Called from autograd's hooks: cheap, and never blocks (a blocking
  * backend hands the pack to the comm thread). */
 static PyObject *engine_grad_ready(EngineObject *self, PyObject *arg)
@@ -1227,6 +1242,7 @@ static PyMethodDef engine_methods[] = {
     {"set_loss", (PyCFunction)engine_set_loss, METH_VARARGS,
      "set_loss(loss): the step's loss, before the last pack's last gradient"},
     {"grad_ready", (PyCFunction)engine_grad_ready, METH_O, "grad_ready(i): gradient i is final"},
+    {"phase", (PyCFunction)engine_phase, METH_O, "phase(n): the rank enters phase n (gs_phase_t)"},
     {"end_step", (PyCFunction)engine_end_step, METH_NOARGS,
      "waits for the allreduces, applies SGD: the step's decisions as a dict (with 'regrouped', "
      "'resume' (step, epoch, sample) or None, 'rank', 'world_size')"},

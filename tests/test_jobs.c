@@ -220,10 +220,24 @@ static gradsync_HeartbeatResponse heartbeat(uint32_t peer, const char *job, uint
   return heartbeat_step(peer, job, generation, rank, now / 100, now, err);
 }
 
+static gradsync_HeartbeatResponse heartbeat_progress(uint32_t peer, const char *job,
+                                                     uint64_t generation, uint32_t rank,
+                                                     uint64_t step, uint64_t now,
+                                                     const gradsync_Progress *progress, int *err);
+
 /* A heartbeat reporting `step`; *err gets the reply's error. */
 static gradsync_HeartbeatResponse heartbeat_step(uint32_t peer, const char *job,
                                                  uint64_t generation, uint32_t rank, uint64_t step,
                                                  uint64_t now, int *err)
+{
+  return heartbeat_progress(peer, job, generation, rank, step, now, NULL, err);
+}
+
+/* The same with where the rank is (NULL: no Progress, as older agents). */
+static gradsync_HeartbeatResponse heartbeat_progress(uint32_t peer, const char *job,
+                                                     uint64_t generation, uint32_t rank,
+                                                     uint64_t step, uint64_t now,
+                                                     const gradsync_Progress *progress, int *err)
 {
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
@@ -235,6 +249,9 @@ static gradsync_HeartbeatResponse heartbeat_step(uint32_t peer, const char *job,
   req.generation = generation;
   req.rank = rank;
   req.step = step;
+  req.has_progress = progress != NULL;
+  if (progress)
+    req.progress = *progress;
   call.session = rank_session(job, rank);
   gs__jobs_heartbeat(&jobs, &call, &req);
   rec = last_reply(peer);
@@ -1245,7 +1262,8 @@ START_TEST(job_whose_step_stops_is_stalled)
   jobs_now = 65000;
   beat(65000, 65000, 10, 7);
   check_stall("s", true, 60, "[2]");
-  check_views("s", "running", "", "gradsync_job_stalled{job=\"s\"} 1");
+  check_views("s", "stalled", "step 10 has not advanced for 60 s",
+              "gradsync_job_stalled{job=\"s\"} 1");
   jobs_now = 70000;
   beat(70000, 70000, 11, 11);
   check_stall("s", false, 0, "[]");
@@ -1253,6 +1271,106 @@ START_TEST(job_whose_step_stops_is_stalled)
   jobs.cfg.stall_timeout_ms = 0;
   beat(75000, 200000, 11, 11);
   check_stall("s", false, 0, "[]");
+}
+END_TEST
+
+/* Rank r of "h" (a 3-rank job) says it has been in `phase` (pack 1) for
+ * `phase_ms` at `now`, having done `done` collectives; the reply. */
+static gradsync_HeartbeatResponse in_phase(uint32_t r, gradsync_Phase phase, uint32_t phase_ms,
+                                           uint64_t done, float send_wait, uint64_t now)
+{
+  gradsync_Progress p = {.phase = phase,
+                         .pack = 1,
+                         .phase_ms = phase_ms,
+                         .collectives_done = done,
+                         .send_wait = send_wait};
+  gradsync_HeartbeatResponse resp;
+  int err;
+
+  jobs_now = now;
+  resp = heartbeat_progress(r, "h", 1, r, 50, now, &p, &err);
+  ck_assert_int_eq(err, 0);
+  return resp;
+}
+
+/* waiting_on in /jobs/NAME: its kind and ranks, printed ("null" when none). */
+static void check_waiting(const char *kind, const char *ranks, const char *state)
+{
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now, true);
+  cJSON *w = cJSON_GetObjectItem(o, "waiting_on");
+  char *printed = cJSON_PrintUnformatted(cJSON_GetObjectItem(w, "ranks"));
+
+  ck_assert_msg(!strcmp(cJSON_GetObjectItem(o, "state")->valuestring, state),
+                "state %s, not %s (waiting_on: %s)", cJSON_GetObjectItem(o, "state")->valuestring,
+                state, kind ? kind : "null");
+  if (!kind) {
+    ck_assert(cJSON_IsNull(w));
+  } else {
+    ck_assert_str_eq(cJSON_GetObjectItem(w, "kind")->valuestring, kind);
+    ck_assert_str_eq(printed, ranks);
+  }
+  free(printed);
+  cJSON_Delete(o);
+}
+
+/* Ranks 0 and 1 wait in the allreduce of pack 1 while rank 2 is in its
+ * data phase: not named before the waiters have waited GS_WAITING_MIN_MS,
+ * named at the first look after it (looks are 250 ms apart) (the job stalled, the reason in /status
+ * and in heartbeat replies); rank 2 reaching the allreduce clears it. Silence names a rank that
+ * says nothing (SIGSTOP), ahead of one in another phase. */
+START_TEST(held_up_ranks_are_named)
+{
+  gradsync_HeartbeatResponse resp;
+
+  start_world("h", 3, 0);
+  in_phase(2, gradsync_Phase_PHASE_DATA, 0, 4, 0, 10000);
+  in_phase(0, gradsync_Phase_PHASE_ALLREDUCE, 0, 4, 0, 10000);
+  in_phase(1, gradsync_Phase_PHASE_ALLREDUCE, 100, 4, 0, 10000);
+  gs__jobs_sweep(&jobs, 10150); /* rank 1 has waited 250 ms */
+  check_waiting(NULL, NULL, "running");
+  gs__jobs_sweep(&jobs, 10400);
+  check_waiting("phase", "[2]", "stalled");
+  resp = in_phase(0, gradsync_Phase_PHASE_ALLREDUCE, 600, 4, 0, 10600);
+  ck_assert_ptr_nonnull(strstr(resp.waiting_on, "rank 2 in data for 0.4 s at step 50; 2 rank(s) "
+                                                "wait in the allreduce of pack 1 for 0.5 s"));
+  in_phase(2, gradsync_Phase_PHASE_ALLREDUCE, 0, 4, 0, 10700);
+  gs__jobs_sweep(&jobs, 10700);
+  check_waiting(NULL, NULL, "running");
+  resp = in_phase(0, gradsync_Phase_PHASE_DATA, 0, 5, 0, 10800);
+  ck_assert_str_eq(resp.waiting_on, "");
+
+  /* Rank 2 goes silent in an allreduce; the others wait in the next one. */
+  in_phase(2, gradsync_Phase_PHASE_ALLREDUCE, 0, 5, 0, 20000);
+  gs__jobs_sweep(&jobs, 20000); /* a longer gap would be the coordinator's own stall */
+  in_phase(0, gradsync_Phase_PHASE_ALLREDUCE, 0, 5, 0, 20100);
+  in_phase(1, gradsync_Phase_PHASE_ALLREDUCE, 0, 5, 0, 20100);
+  in_phase(0, gradsync_Phase_PHASE_ALLREDUCE, 1150, 5, 0, 21250);
+  in_phase(1, gradsync_Phase_PHASE_ALLREDUCE, 1150, 5, 0, 21250);
+  gs__jobs_sweep(&jobs, 21250); /* held, but rank 2 not silent yet: nobody named */
+  check_waiting(NULL, NULL, "running");
+  gs__jobs_sweep(&jobs, 21501);
+  check_waiting("no_heartbeat", "[2]", "stalled");
+}
+END_TEST
+
+/* Every rank inside one collective and none behind: the transport is named
+ * only after ten times the threshold; a rank whose sends wait there (most
+ * of the time, twice any other's) owns the slow link. */
+START_TEST(collective_without_a_culprit_names_the_transport_or_a_link)
+{
+  start_world("h", 3, 0);
+  for (uint32_t r = 0; r < 3; r++)
+    in_phase(r, gradsync_Phase_PHASE_SYNC, 4000, 0, 0.1f, 10000);
+  gs__jobs_sweep(&jobs, 10000);
+  check_waiting(NULL, NULL, "running");
+  for (uint32_t r = 0; r < 3; r++)
+    in_phase(r, gradsync_Phase_PHASE_SYNC, 5000, 0, 0.1f, 11000);
+  gs__jobs_sweep(&jobs, 11000);
+  check_waiting("transport", "[]", "stalled");
+  in_phase(1, gradsync_Phase_PHASE_SYNC, 5300, 0, 0.9f, 11300);
+  in_phase(1, gradsync_Phase_PHASE_SYNC, 5300, 0, 0.9f, 11300); /* smoothed: 0.5, then 0.7 */
+  gs__jobs_sweep(&jobs, 11300);
+  check_waiting("slow_link", "[1]", "stalled");
 }
 END_TEST
 
@@ -1719,6 +1837,8 @@ static Suite *jobs_suite(void)
       {"failed_state", aborted_job_is_failed_until_it_rejoins},
       {"rendezvous_progress", waiting_rendezvous_logs_its_progress},
       {"stalled", job_whose_step_stops_is_stalled},
+      {"held_up", held_up_ranks_are_named},
+      {"held_transport", collective_without_a_culprit_names_the_transport_or_a_link},
       {"heartbeat_long_poll", heartbeats_wait_for_news},
       {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},
       {"elastic_stateless_member", elastic_member_without_state_comes_back},

@@ -404,6 +404,47 @@ def case_status(tmp):
     assert p.returncode == 0, p.returncode
 
 
+def case_data_hang(tmp):
+    """A PyTorch script whose data loading hangs on rank 1 of 3: the
+    coordinator names rank 1, in its data phase, while the two others wait
+    in the allreduce (the front end marks each forward as compute; the
+    engine marks the time between steps as data)."""
+    env = dict(os.environ, PYTHONPATH=PY_DIR)
+    p = subprocess.Popen([RUN, "--nproc", "3", "--", sys.executable, WORKER, "slow", tmp,
+                          "steps=100000", "hang=1:40"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    try:
+        url = None
+        for line in p.stdout:
+            m = re.search(r"status at (http://\S+)/status", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "gradsync-run printed no status URL"
+        job = {}
+
+        def named():
+            try:
+                with urllib.request.urlopen(url + "/jobs/local", timeout=WAIT) as r:
+                    job.update(json.load(r))
+            except OSError:
+                return False
+            w = job.get("waiting_on")
+            return w and w["kind"] == "phase" and w["ranks"] == [1]
+
+        wait_until(f"waiting_on naming rank 1 at {url}/jobs/local (last: {job})", named,
+                   every=0.2)
+        w = job["waiting_on"]
+        assert job["state"] == "stalled" and w["phase"] == "data", job
+        phases = {x["rank"]: x["phase"] for x in job["ranks"]}
+        assert phases == {0: "allreduce", 1: "data", 2: "allreduce"}, phases
+        print(f"PyTorch data loader hung on rank 1 of 3: {w['reason']}")
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=WAIT)
+
+
 def case_buffers(tmp):
     """broadcast_buffers, step by step from what each rank's BatchNorm saw
     (2 ranks, unlike batches): every rank starts from rank 0's buffers;

@@ -330,7 +330,11 @@ def slow():
     model = mlp()
     opt = gs.DistributedOptimizer(model, **sgd_args())
     x, y = data(1, 8, gs.world_size())
-    for _ in range(int(OPTS.get("steps", 400))):  # the same count on every rank
+    # hang=RANK:STEP: that rank's data loading hangs before that step.
+    hang = [int(v) for v in OPTS["hang"].split(":")] if "hang" in OPTS else None
+    for s in range(int(OPTS.get("steps", 400))):  # the same count on every rank
+        if hang and hang == [gs.rank(), s]:
+            time.sleep(3600)
         loss = F.cross_entropy(model(x[0]), y[0])
         opt.zero_grad()
         loss.backward()

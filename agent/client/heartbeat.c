@@ -29,6 +29,8 @@ struct gs_heartbeat {
   bool gave_up; /* the abort is this rank's own: the coordinator unreachable, or it refused us */
   bool grace_raised; /* cfg.grace_ms was below the coordinator's heartbeat timeout */
   char why[512];
+  char waiting_on[256]; /* the last reply's (see gs_heartbeat_waiting_on) */
+  uint64_t gives_up_at; /* while heartbeats fail: when the grace ends; 0 otherwise */
   gs_progress_t progress;
   gs_directives_t directives;
   const gs_packlist_t *packlist; /* rank 0's, to publish again after a re-registration */
@@ -101,6 +103,10 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
   req.compute_ms = hb->progress.compute_ms;
   req.comm_wait_ms = hb->progress.comm_wait_ms;
   pthread_mutex_unlock(&hb->lock);
+  if (hb->cfg.where) {
+    req.has_progress = true;
+    hb->cfg.where(hb->cfg.where_arg, &req.progress);
+  }
   err = gs_client_heartbeat(hb->cl, &req, &resp, req.wait_ms + call_ms(hb));
   if (err)
     return err;
@@ -119,6 +125,7 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
       .regroup_seq = resp.directives.regroup_seq,
       .coordinator_id = resp.coordinator_id,
   };
+  snprintf(hb->waiting_on, sizeof(hb->waiting_on), "%s", resp.waiting_on);
   pthread_mutex_unlock(&hb->lock);
   *abort = resp.abort;
   snprintf(why, len, "%s", resp.abort_reason[0] ? resp.abort_reason : "generation aborted");
@@ -248,6 +255,9 @@ static void *run(void *arg)
         continue;
       }
     }
+    pthread_mutex_lock(&hb->lock);
+    hb->gives_up_at = err ? last_ok + hb->cfg.grace_ms : 0;
+    pthread_mutex_unlock(&hb->lock);
     if (!err) {
       if (failing)
         log_recovery(hb, last_ok);
@@ -377,6 +387,23 @@ void gs_heartbeat_directives(gs_heartbeat_t *hb, gs_directives_t *out)
   pthread_mutex_lock(&hb->lock);
   *out = hb->directives;
   pthread_mutex_unlock(&hb->lock);
+}
+
+void gs_heartbeat_waiting_on(gs_heartbeat_t *hb, char *out, size_t len)
+{
+  pthread_mutex_lock(&hb->lock);
+  snprintf(out, len, "%s", hb->waiting_on);
+  pthread_mutex_unlock(&hb->lock);
+}
+
+uint64_t gs_heartbeat_gives_up_at(gs_heartbeat_t *hb)
+{
+  uint64_t at;
+
+  pthread_mutex_lock(&hb->lock);
+  at = hb->aborted ? 0 : hb->gives_up_at;
+  pthread_mutex_unlock(&hb->lock);
+  return at;
 }
 
 void gs_heartbeat_set_period(gs_heartbeat_t *hb, int32_t period)

@@ -2,6 +2,7 @@
  * wrappers that dispatch through each backend's ops table. */
 #include "comm.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -85,6 +86,8 @@ int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup)
 {
   if (!comm || !setup)
     return GS_EINVAL;
+  comm->gauge = setup->gauge ? setup->gauge : &comm->own_gauge;
+  atomic_store_explicit(&comm->gauge->done, 0, memory_order_relaxed);
   return comm->ops->init(comm, setup);
 }
 
@@ -120,9 +123,25 @@ int gs_comm_order_after(gs_comm_t *comm, uint64_t ticket)
 
 int gs_comm_sync(gs_comm_t *comm)
 {
+  int err;
+
   if (!comm)
     return GS_EINVAL;
-  return comm->ops->sync ? comm->ops->sync(comm) : 0;
+  err = comm->ops->sync ? comm->ops->sync(comm) : 0;
+  if (!err && comm->gauge)
+    atomic_store_explicit(&comm->gauge->done, comm->ticket, memory_order_relaxed);
+  return err;
+}
+
+/* Gives the next collective its ticket; a blocking backend's collective is
+ * complete when it returns, so it counts as done (a stream-ordered one's
+ * at gs_comm_sync). Returns err. */
+static int counted(gs_comm_t *comm, int err)
+{
+  comm->ticket++;
+  if (!err && comm->gauge && !comm->ops->stream_ordered)
+    atomic_store_explicit(&comm->gauge->done, comm->ticket, memory_order_relaxed);
+  return err;
 }
 
 /* The backend sees the collective's ticket as comm->ticket during the call
@@ -134,8 +153,7 @@ int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype
   if (!comm)
     return GS_EINVAL;
   err = comm->ops->allreduce(comm, buf, count, dtype, op);
-  comm->ticket++;
-  return err;
+  return counted(comm, err);
 }
 
 int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root)
@@ -145,8 +163,7 @@ int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root)
   if (!comm)
     return GS_EINVAL;
   err = comm->ops->broadcast(comm, buf, bytes, root);
-  comm->ticket++;
-  return err;
+  return counted(comm, err);
 }
 
 /* One ticket for the whole group. A backend without a group call
@@ -162,8 +179,7 @@ int gs_comm_broadcast_group(gs_comm_t *comm, const gs_comm_span_t *spans, size_t
   else
     for (size_t i = 0; i < n && !err; i++)
       err = comm->ops->broadcast(comm, spans[i].buf, spans[i].bytes, root);
-  comm->ticket++;
-  return err;
+  return counted(comm, err);
 }
 
 void gs_comm_abort(gs_comm_t *comm)

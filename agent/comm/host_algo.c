@@ -14,7 +14,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,14 +287,52 @@ static int ring_recv_some(host_comm_t *c, xfer_t *x)
   return 1;
 }
 
+/* Whether bytes this rank sent still wait to leave it: handed to send()
+ * but not yet sent by the kernel (SIOCOUTQNSD). A slow outbound link
+ * keeps them there, hidden by the socket buffer from send() itself. */
+static bool unsent_bytes(host_comm_t *c)
+{
+  int fd = atomic_load(&c->next_fd), n = 0;
+
+  return !c->out_pipe && fd >= 0 && ioctl(fd, SIOCOUTQNSD, &n) == 0 && n > 0;
+}
+
+/* Sleeps until a link of x can move, the abort, or timeout_ms. The time
+ * it sleeps with bytes waiting to go out counts as send wait. */
+static int xfer_sleep(host_comm_t *c, xfer_t *x, int timeout_ms)
+{
+  bool sending = x->sent < gs__host_send_limit(x);
+  bool waits_out = sending || unsent_bytes(c);
+  uint64_t since = waits_out ? gs_now_ns() : 0;
+  struct pollfd pfd[3];
+  int err = 0, nfd = 0;
+
+  if (c->out_pipe || c->in_pipe) {
+    err = gs__host_sleep_on_pipes(c, x, timeout_ms);
+  } else {
+    pfd[nfd++] = (struct pollfd){c->wake_fd, POLLIN, 0};
+    if (sending)
+      pfd[nfd++] = (struct pollfd){atomic_load(&c->next_fd), POLLOUT, 0};
+    if (x->recvd < x->recv_len)
+      pfd[nfd++] = (struct pollfd){atomic_load(&c->prev_fd), POLLIN, 0};
+    if (poll(pfd, (nfds_t)nfd, timeout_ms) < 0 && errno != EINTR) {
+      GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": poll: %s", c->rank, strerror(errno));
+      err = GS_EIO;
+    }
+  }
+  if (waits_out && c->base.gauge)
+    atomic_fetch_add_explicit(&c->base.gauge->send_wait_ns, gs_now_ns() - since,
+                              memory_order_relaxed);
+  return err;
+}
+
 /* Runs one step to completion: sends and receives at once, so two ranks
  * never wait on each other's full buffers. `last` is the time of the last
  * progress, carried across the steps of one operation. */
 static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
 {
-  struct pollfd pfd[3];
   uint64_t now, spin_since = gs_now_ns();
-  int sent, got, nfd;
+  int sent, got, err;
 
   for (;;) {
     if (gs__host_aborted(c))
@@ -317,23 +357,9 @@ static int xfer_run(host_comm_t *c, xfer_t *x, uint64_t *last)
     now = gs_now_ms();
     if (now - *last >= c->timeout_ms)
       return gs__host_xfer_timeout(c, x);
-    if (c->out_pipe || c->in_pipe) {
-      int err = gs__host_sleep_on_pipes(c, x, gs__host_wait_ms(*last, c->timeout_ms, now));
-
-      if (err)
-        return err;
-      continue;
-    }
-    nfd = 0;
-    pfd[nfd++] = (struct pollfd){c->wake_fd, POLLIN, 0};
-    if (x->sent < gs__host_send_limit(x))
-      pfd[nfd++] = (struct pollfd){atomic_load(&c->next_fd), POLLOUT, 0};
-    if (x->recvd < x->recv_len)
-      pfd[nfd++] = (struct pollfd){atomic_load(&c->prev_fd), POLLIN, 0};
-    if (poll(pfd, (nfds_t)nfd, gs__host_wait_ms(*last, c->timeout_ms, now)) < 0 && errno != EINTR) {
-      GS_LOG_ERR(c->base.log, "host comm: rank %" PRIu32 ": poll: %s", c->rank, strerror(errno));
-      return GS_EIO;
-    }
+    err = xfer_sleep(c, x, gs__host_wait_ms(*last, c->timeout_ms, now));
+    if (err)
+      return err;
   }
 }
 

@@ -114,30 +114,50 @@ int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job)
 
 /* Explains a failed collective. The coordinator usually knows the cause (a
  * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
+/* How long a failed collective waits for the heartbeat to explain it: two
+ * intervals for the coordinator's abort; while the coordinator does not
+ * answer, until this rank gives up on it too, for a peer that left may
+ * have left because of that (each rank's grace ends at its own moment). */
+static bool explained_soon(gs_engine_t *e, double until, char *why, size_t len)
+{
+  for (;;) {
+    uint64_t gives_up = gs_heartbeat_gives_up_at(e->hb);
+    double now = gs_now_ms_f();
+
+    if (gs_heartbeat_aborted(e->hb, why, len))
+      return true;
+    if (now >= until && (!gives_up || now >= (double)gives_up + 1000.0))
+      return false;
+    nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+  }
+}
+
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
 {
   double until = gs_now_ms_f() +
                  (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
-  char why[300] = "";
+  char why[300] = "", held[256] = "", by[300] = "";
 
   /* A signal's interruption is not a peer's fault: nothing to wait for;
    * an elastic job regroups at once and hears the cause in its Join. */
-  while (err != GS_EINTR && !gs__engine_elastic(e) && e->hb &&
-         !gs_heartbeat_aborted(e->hb, why, sizeof(why)) && gs_now_ms_f() < until) {
-    struct timespec ts = {0, 20 * 1000 * 1000};
-
-    nanosleep(&ts, NULL);
-  }
+  if (err != GS_EINTR && !gs__engine_elastic(e) && e->hb)
+    explained_soon(e, until, why, sizeof(why));
+  /* What the coordinator saw holding the job up, when this rank gave up
+   * waiting on it (--comm-timeout). */
+  if (e->hb && err == GS_ETIMEDOUT)
+    gs_heartbeat_waiting_on(e->hb, held, sizeof(held));
+  if (held[0])
+    snprintf(by, sizeof(by), "; the coordinator saw the job wait on %s", held);
   if (why[0])
     gs_set_why(e->error, sizeof(e->error), "%s failed: %s generation %" PRIu64 ": %s", what,
                gs_heartbeat_gave_up(e->hb) ? "this rank ended" : "the coordinator aborted",
                e->join.generation, why);
   else if (gs_comm_why(e->comm)[0])
-    gs_set_why(e->error, sizeof(e->error), "%s failed: %s", what, gs_comm_why(e->comm));
+    gs_set_why(e->error, sizeof(e->error), "%s failed: %s%s", what, gs_comm_why(e->comm), by);
   else
     gs_set_why(e->error, sizeof(e->error),
-               "%s failed: %s (a peer rank failed or is unreachable; see its log)", what,
-               gs_strerror(err));
+               "%s failed: %s (a peer rank failed or is unreachable; see its log)%s", what,
+               gs_strerror(err), by);
   return gs__engine_fail(e, err);
 }
 
@@ -182,8 +202,8 @@ static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count
  * device memory when `on_device`, else in host memory, which a backend
  * working on device memory gets through the aux_dev staging buffer, in
  * pieces of AUX_BYTES (every rank cuts the same pieces). */
-int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
-                       uint32_t root, const char *what)
+static int run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
+                   uint32_t root, const char *what)
 {
   size_t bytes = op == OP_ALLREDUCE ? count * sizeof(float) : count;
   int err = 0;
@@ -210,6 +230,20 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
       err = gs_device_download(e->cfg.dev, (uint8_t *)buf + off, e->aux_dev, len);
   }
   return err ? gs__engine_comm_failed(e, err, what) : 0;
+}
+
+/* Outside the step a collective is the phase the rank is in (a broadcast,
+ * a metric's sum): the previous phase comes back after it. */
+int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
+                       uint32_t root, const char *what)
+{
+  gs_phase_t was = gs__engine_phase_now(e);
+  int err;
+
+  gs__engine_enter(e, GS_PHASE_SYNC, 0);
+  err = run_now(e, op, buf, count, on_device, root, what);
+  gs__engine_enter(e, was, 0);
+  return err;
 }
 
 void gs__engine_on_abort(void *arg, uint64_t generation, const char *reason)

@@ -162,6 +162,7 @@ int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double ste
   bool retried;
   int err;
 
+  gs__engine_enter(e, GS_PHASE_IDLE, 0); /* rejoining: a new generation's heartbeat reports */
   if (e->has_state)
     gs_log(e->cfg.log, planned ? GS_LOG_INFO : GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
            "generation %" PRIu64 " %s; regrouping from step %" PRIu64, old_gen,
@@ -214,7 +215,10 @@ int gs__engine_regroup_before_training(gs_engine_t *e)
 int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
 {
   gs_step_result_t out;
-  int err = gs__engine_sync_state(e, pos);
+  int err;
+
+  gs__engine_enter(e, GS_PHASE_DATA, 0); /* after the state's sync: the first batch */
+  err = gs__engine_sync_state(e, pos);
 
   /* The world broke while the ranks agreed on where to start (a rank lost
    * as this one joined a running job): the next generation's state. */

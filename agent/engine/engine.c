@@ -332,6 +332,7 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
     reason = "the last checkpoint could not be written";
     gs_set_why(e->error, sizeof(e->error), "%s", why);
   }
+  gs__engine_enter(e, GS_PHASE_IDLE, 0);
   gs__engine_comm_stop(e, !finished);
   if (e->joined && e->client) {
     int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,

@@ -14,6 +14,7 @@
 #include <gradsync/engine.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -45,6 +46,17 @@ typedef struct reduced {
   int err;
   double waited_ms, optimizer_ms;
 } reduced_t;
+
+/* Where the rank is (progress.c): written by the training thread (the
+ * phase) and the comm (its gauge), read by the heartbeat thread, which
+ * alone keeps the last two fields. */
+typedef struct phase_board {
+  _Atomic uint32_t phase; /* gs_phase_t */
+  _Atomic uint32_t pack;  /* GS_PHASE_ALLREDUCE: the pack waited for */
+  _Atomic uint64_t since_ms;
+  gs_comm_gauge_t comm;
+  uint64_t read_ms, read_send_wait_ns;
+} phase_board_t;
 
 /* One collective for the comm thread. */
 typedef struct comm_job {
@@ -153,9 +165,16 @@ struct gs_engine {
   double step_start_ms; /* when begin_step was called */
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
+  phase_board_t board;
 };
 
 #define AUX_BYTES (1u << 20) /* host buffers reach a device backend in pieces of this */
+
+/* progress.c: the training thread enters a phase (pack: the allreduce's);
+ * the heartbeat thread reads where the rank is. */
+void gs__engine_enter(gs_engine_t *e, gs_phase_t phase, uint32_t pack);
+gs_phase_t gs__engine_phase_now(const gs_engine_t *e);
+void gs__engine_where(void *arg, gradsync_Progress *out);
 
 /* comm_thread.c: the comm thread and the collectives it runs. */
 int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;

@@ -195,6 +195,7 @@ static int connect_ranks(gs_engine_t *e)
       .id = id,
       /* a step queues one allreduce per pack; a broadcast of the packs two per pack */
       .max_queued = 2 * e->packs.list.pack_count + 2,
+      .gauge = &e->board.comm,
   };
   int err;
 
@@ -284,6 +285,8 @@ int gs__engine_start_heartbeat(gs_engine_t *e)
       .on_abort = gs__engine_on_abort,
       .arg = e,
       .rejoin = &e->join_req,
+      .where = gs__engine_where,
+      .where_arg = e,
   };
 
   if (hc.grace_ms < hc.timeout_ms && !e->grace_told) {

@@ -77,6 +77,7 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   write_control(e, loss);
   e->steps_begun++;
   e->step_start_ms = gs_now_ms_f();
+  gs__engine_enter(e, GS_PHASE_COMPUTE, 0);
   /* Queued before backward, so it is in place before the last pack's allreduce. */
   e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
   if (!e->launch_err)
@@ -405,6 +406,7 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
     return step_failed(e, e->launch_err, what, start_ms, out);
   for (uint32_t k = 0; k < e->nissued; k++) {
     t0 = gs_now_ms_f();
+    gs__engine_enter(e, GS_PHASE_ALLREDUCE, k);
     err = complete(e, k);
     e->reduced.waited_ms += gs_now_ms_f() - t0;
     if (err) {
@@ -414,8 +416,10 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
     if (check)
       gs_device_check_finite(e->cfg.dev, e->packs.packs[k].grads, e->packs.packs[k].elements,
                              e->skip_dev);
-    if (!defer)
+    if (!defer) {
+      gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0);
       e->reduced.optimizer_ms += apply_optim(e, k, st);
+    }
   }
   t0 = gs_now_ms_f();
   err =
@@ -423,6 +427,7 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   e->reduced.waited_ms += gs_now_ms_f() - t0;
   if (err)
     return step_failed(e, err, what, start_ms, out);
+  gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0); /* the engine's, or the front end's own */
   return 0;
 }
 
@@ -478,7 +483,7 @@ void gs_engine_skip_step(gs_engine_t *e)
  * a mix, whatever a lost rank interrupted or a NaN spoilt: a regroup can
  * go on from it, and a non-finite step is never applied (it costs the
  * overlap of the optimizer with the last allreduces). */
-int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
+static int end_step(gs_engine_t *e, gs_step_result_t *out)
 {
   uint64_t step = e->after.step;
   bool check = e->cfg.nonfinite != GS_NONFINITE_OFF;
@@ -533,4 +538,14 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   }
   e->committed = e->after; /* this step is done: applied in full, or skipped */
   return act_on_control(e, step, e->step_start_ms, out);
+}
+
+/* Between steps the rank is in its data phase until the front end says
+ * otherwise (begin_step, or gs_engine_phase before its forward). */
+int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
+{
+  int err = end_step(e, out);
+
+  gs__engine_enter(e, GS_PHASE_DATA, 0);
+  return err;
 }

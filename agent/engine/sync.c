@@ -117,7 +117,7 @@ static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
   return err;
 }
 
-int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
+static int checkpoint(gs_engine_t *e, const gs_position_t *pos)
 {
   gs_ckpt_state_t st = {pos->step,
                         pos->epoch,
@@ -159,6 +159,17 @@ int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
     gs_set_why(e->error, sizeof(e->error), "%s", why);
   e->ckpt_taken = true;
   e->ckpt_step = pos->step;
+  return err;
+}
+
+int gs_engine_checkpoint(gs_engine_t *e, const gs_position_t *pos)
+{
+  gs_phase_t was = gs__engine_phase_now(e);
+  int err;
+
+  gs__engine_enter(e, GS_PHASE_CHECKPOINT, 0);
+  err = checkpoint(e, pos);
+  gs__engine_enter(e, was, 0);
   return err;
 }
 

@@ -75,6 +75,17 @@ static void show_layers(const void *target, char *buf, size_t len)
     used += (size_t)snprintf(buf + used, len - used, "%s%u", i ? "," : "", t->layers[i]);
 }
 
+/* --inject-fault: a fault this agent injects into itself (faults.h). */
+static int parse_fault(const char *v, void *target, char *expect, size_t expect_len)
+{
+  return gs_fault_parse(v, target, expect, expect_len);
+}
+
+static void show_fault(const void *target, char *buf, size_t len)
+{
+  gs_fault_show(target, buf, len);
+}
+
 /* --world-size: N, or MIN:MAX for an elastic job. */
 static int parse_world(const char *v, void *target, char *expect, size_t expect_len)
 {
@@ -337,6 +348,13 @@ static const gs_flag_t flag_rows[] = {
           "is raised to it, with a warning"},
   {.name = "--comm-timeout", .kind = GS_FLAG_DURATION, E(comm_timeout_ms), .metavar = "DUR",
    .help = "no progress in a collective", .doc = "no progress inside a collective is an error"},
+  {.name = "--inject-fault", .kind = GS_FLAG_CUSTOM, F(t.fault), .parse = parse_fault,
+   .show = show_fault, .metavar = "SPEC", .def = "none",
+   .help = "make one rank hang or straggle (tests)",
+   .doc = "make one rank of the job misbehave, to see how the coordinator names it: "
+          "`data-hang:RANK:STEP[:DURATION]` (rank RANK's data loading sleeps DURATION, default "
+          "1h, before step STEP) or `straggler:RANK[:FACTOR]` (rank RANK computes FACTOR times "
+          "as long, default 2)"},
   {.name = "--log-interval", .kind = GS_FLAG_DURATION, F(t.log_interval_ms), .metavar = "DUR",
    .help = "progress line period", .doc = "progress line period (rank 0)"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, F(log.level),

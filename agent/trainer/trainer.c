@@ -138,19 +138,24 @@ static int train_step(trainer_t *t, const gs_position_t *at, const gs_position_t
 {
   uint64_t s = at->step;
   batch_slot_t *b = &t->slot[s % 2];
-  double t0 = gs_now_ms_f();
+  double t0 = gs_now_ms_f(), t1;
   float loss;
   int err;
 
+  gs_engine_phase(t->engine, GS_PHASE_DATA);
+  gs_fault_data(&t->cfg->fault, t->rank, s, t->cfg->engine.term_flag);
   err = load_train_batch(t, s, at);
   *data_ms = gs_now_ms_f() - t0;
   if (err) {
     report(t, "cannot copy a batch to %s\n", t->dev->label);
     return err;
   }
+  gs_engine_phase(t->engine, GS_PHASE_COMPUTE);
+  t1 = gs_now_ms_f();
   loss = gs_mlp_forward(t->mlp, b->x, b->y, t->cfg->batch, NULL);
   gs_engine_begin_step(t->engine, loss, after);
   gs_mlp_backward(t->mlp, b->x, gs_engine_grad_ready, t->engine);
+  gs_fault_compute(&t->cfg->fault, t->rank, gs_now_ms_f() - t1);
   t->last_loss = loss;
   if (!finished(t, after)) {
     t0 = gs_now_ms_f();

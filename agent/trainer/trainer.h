@@ -10,6 +10,8 @@
 
 #include <gradsync/engine.h>
 
+#include "faults.h"
+
 #define GS_TRAINER_MAX_LAYERS 16
 
 typedef struct gs_trainer_config {
@@ -28,6 +30,7 @@ typedef struct gs_trainer_config {
   uint64_t log_interval_ms; /* progress lines */
   bool validate;            /* a validation pass at each epoch end */
   const char *save_model;   /* rank 0 writes the trained params here (safetensors); NULL: not */
+  gs_fault_t fault;         /* --inject-fault (tests, bench/hang_inject.sh) */
 } gs_trainer_config_t;
 
 /* Trains; returns 0 when training finished or was stopped cleanly, else a

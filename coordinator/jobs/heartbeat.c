@@ -19,11 +19,15 @@ static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
 
   if (job->hb_reply_valid && d->bcast_period == now.bcast_period &&
       d->broadcast_seq == now.broadcast_seq && d->checkpoint_seq == now.checkpoint_seq &&
-      d->stop == now.stop && d->regroup_seq == now.regroup_seq)
+      d->stop == now.stop && d->regroup_seq == now.regroup_seq &&
+      job->hb_reply_held == job->held_version)
     return &job->hb_reply;
   resp.has_directives = true;
   resp.directives = now;
   resp.coordinator_id = job->jobs->cfg.coordinator_id;
+  if (job->held_up.kind != GS_WAIT_NONE)
+    snprintf(resp.waiting_on, sizeof(resp.waiting_on), "%s", job->held_up.reason);
+  job->hb_reply_held = job->held_version;
   job->hb_reply.len = 0;
   job->hb_reply_valid =
       gs_wire_encode(&job->hb_reply, gradsync_HeartbeatResponse_fields, &resp) == 0;
@@ -154,6 +158,29 @@ static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
   return true;
 }
 
+/* Where the rank says it is. A phase it is still in keeps its start, so
+ * the coordinator's clock, not each heartbeat's rounding, times it. */
+static void note_progress(gs_member_t *m, uint64_t now, const gradsync_HeartbeatRequest *req)
+{
+  const gradsync_Progress *p = &req->progress;
+  uint64_t start = now - (p->phase_ms < now ? p->phase_ms : now);
+  bool same = m->has_progress && m->phase == (uint32_t)p->phase && m->pack == p->pack &&
+              m->collectives_done == p->collectives_done;
+
+  bool had = m->has_progress;
+
+  m->has_progress = req->has_progress;
+  if (!req->has_progress)
+    return;
+  /* Each heartbeat's share is one interval's: smoothed over a few. */
+  m->send_wait = had ? 0.5f * m->send_wait + 0.5f * p->send_wait : p->send_wait;
+  if (!same || start < m->phase_start_ms)
+    m->phase_start_ms = start;
+  m->phase = (uint32_t)p->phase;
+  m->pack = p->pack;
+  m->collectives_done = p->collectives_done;
+}
+
 void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req)
 {
   gs_member_t *m;
@@ -194,6 +221,7 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
   m->samples_per_sec = req->samples_per_sec;
   m->compute_ms = req->compute_ms;
   m->comm_wait_ms = req->comm_wait_ms;
+  note_progress(m, call->now_ms, req);
   if (req->wait_ms && job->news == job->news_told)
     wait_for_news(m, call, req->wait_ms);
   else
@@ -304,6 +332,7 @@ void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)
   if (job->state != GS_JOB_RUNNING || !m ||
       now - m->last_heartbeat_ms <= job->jobs->cfg.heartbeat_timeout_ms) {
     stall_sweep(job, now);
+    gs__waiting_sweep(job, now);
     return;
   }
   snprintf(how, sizeof(how), "no heartbeat for %.1fs", (now - m->last_heartbeat_ms) / 1000.0);

@@ -175,6 +175,7 @@ void gs__job_stall_reset(gs_job_t *job, uint64_t now)
   job->step_max = 0;
   job->step_advanced_ms = now;
   job->stalled = false;
+  gs__waiting_clear(job);
 }
 
 void gs__job_fill_peer(gs_job_t *job, uint32_t r)

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "ratelimit.h"
 #include "responder.h"
+#include "waiting.h"
 
 typedef struct gs_job gs_job_t;
 
@@ -120,6 +121,13 @@ struct gs_member {
   bool heartbeats_seen; /* its heartbeats tied it to `peer` (see gs__heartbeat) */
   uint64_t step;
   float loss, samples_per_sec, compute_ms, comm_wait_ms;
+  /* Where its heartbeats say it is (their Progress; waiting.c): the
+   * phase's start is on the coordinator's clock (arrival minus phase_ms). */
+  bool has_progress;
+  uint32_t phase, pack;
+  uint64_t phase_start_ms;
+  uint64_t collectives_done;
+  float send_wait; /* share of the time its sends waited, over the last few heartbeats */
   /* Elastic: it came back for the next generation (regroup.c), so its old
    * connections closing loses nothing. */
   bool regrouped;
@@ -202,6 +210,7 @@ struct gs_job {
   gs_buf_t hb_reply;
   gradsync_Directives hb_reply_for;
   bool hb_reply_valid;
+  uint64_t hb_reply_held; /* the held_version it carries */
 
   uint64_t aborted_generation;
   char abort_reason[256];
@@ -212,6 +221,11 @@ struct gs_job {
   uint64_t step_max;
   uint64_t step_advanced_ms;
   bool stalled;
+  /* What holds the ranks up (waiting.c), when it last looked, and a count
+   * of its verdicts' changes (the heartbeat reply carries the verdict). */
+  gs_waiting_on_t held_up;
+  uint64_t held_checked_ms;
+  uint64_t held_version;
   /* Elastic membership (regroup.c): world_min > 0 makes the job elastic,
    * of world_min..world_max ranks. */
   uint32_t world_min, world_max;

@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "phase.h"
 #include "status.h"
+#include "why.h"
 
 /* A rank is a straggler when its compute time per step is over 1.2x the
  * median (the others then wait on it in every allreduce) or its step is two
@@ -137,10 +139,63 @@ static cJSON *lagging_json(const gs_job_t *job, const rank_stats_t *st, uint32_t
   return arr;
 }
 
-/* Whether the job shows as stalled (see heartbeat.c's stall sweep). */
+/* Whether the job shows as stalled: ranks held up in a collective
+ * (waiting.c), or its step still for --stall-timeout (heartbeat.c). */
 static bool job_stalled(const gs_job_t *job)
 {
-  return job->stalled && job->state == GS_JOB_RUNNING;
+  return (job->stalled || job->held_up.kind != GS_WAIT_NONE) && job->state == GS_JOB_RUNNING;
+}
+
+/* The job's state as shown: a running job whose ranks are held is
+ * "stalled", with the reason. */
+static const char *shown_state(const gs_job_t *job, char *reason, size_t len, uint64_t now)
+{
+  reason[0] = '\0';
+  if (job->state == GS_JOB_FAILED)
+    gs_set_why(reason, len, "%s", job->abort_reason);
+  if (!job_stalled(job))
+    return gs__job_state_name(job->state);
+  if (job->held_up.kind != GS_WAIT_NONE)
+    gs_set_why(reason, len, "%s", job->held_up.reason);
+  else
+    gs_set_why(reason, len,
+               "step %" PRIu64 " has not advanced for %.0f s while heartbeats are fresh",
+               job->step_max, (now - job->step_advanced_ms) / 1000.0);
+  return "stalled";
+}
+
+/* waiting_on: what holds the job up, or else slows every step (waiting.h). */
+static cJSON *waiting_json(const gs_job_t *job, const rank_stats_t *st, uint64_t now)
+{
+  gs_waiting_on_t slow;
+  const gs_waiting_on_t *w = &job->held_up;
+  cJSON *o, *ranks;
+
+  if (job->state != GS_JOB_RUNNING)
+    return cJSON_CreateNull();
+  if (w->kind == GS_WAIT_NONE) {
+    if (!gs__waiting_slow(job, st->median_compute, STRAGGLER_COMPUTE_RATIO, &slow))
+      return cJSON_CreateNull();
+    w = &slow;
+  }
+  o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "kind", gs__wait_kind_name(w->kind));
+  ranks = cJSON_AddArrayToObject(o, "ranks");
+  for (uint32_t i = 0; ranks && i < w->rank_count && i < GS_WAITING_MAX_RANKS; i++)
+    cJSON_AddItemToArray(ranks, cJSON_CreateNumber(w->ranks[i]));
+  cJSON_AddNumberToObject(o, "rank_count", w->rank_count);
+  cJSON_AddStringToObject(o, "phase", gs_phase_name(w->phase));
+  if (w->phase == gradsync_Phase_PHASE_ALLREDUCE)
+    cJSON_AddNumberToObject(o, "pack", w->pack);
+  else
+    cJSON_AddNullToObject(o, "pack");
+  cJSON_AddNumberToObject(o, "for_s", w == &slow ? 0 : (now - w->since_ms) / 1000.0);
+  cJSON_AddNumberToObject(o, "named_after_s",
+                          w == &slow ? 0 : (w->named_ms - w->since_ms) / 1000.0);
+  cJSON_AddBoolToObject(o, "hang", w != &slow);
+  cJSON_AddNumberToObject(o, "waiters", w->waiters);
+  cJSON_AddStringToObject(o, "reason", w->reason);
+  return o;
 }
 
 static void stall_json(cJSON *o, const gs_job_t *job, const rank_stats_t *st, uint64_t now,
@@ -193,6 +248,16 @@ static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
   cJSON_AddNumberToObject(o, "compute_ms", m->compute_ms);
   cJSON_AddNumberToObject(o, "comm_wait_ms", m->comm_wait_ms);
   cJSON_AddNumberToObject(o, "last_heartbeat_s", (now - m->last_heartbeat_ms) / 1000.0);
+  if (!m->has_progress)
+    return o;
+  cJSON_AddStringToObject(o, "phase", gs_phase_name(m->phase));
+  if (m->phase == gradsync_Phase_PHASE_ALLREDUCE)
+    cJSON_AddNumberToObject(o, "pack", m->pack);
+  else
+    cJSON_AddNullToObject(o, "pack");
+  cJSON_AddNumberToObject(o, "phase_s", (now - m->phase_start_ms) / 1000.0);
+  cJSON_AddNumberToObject(o, "collectives_done", (double)m->collectives_done);
+  cJSON_AddNumberToObject(o, "send_wait", m->send_wait);
   return o;
 }
 
@@ -246,6 +311,7 @@ static void elastic_json(cJSON *o, const gs_job_t *job, uint64_t now, bool with_
 cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
 {
   cJSON *o = cJSON_CreateObject(), *ranks, *waiting;
+  char reason[300];
   uint32_t stragglers;
   rank_stats_t st;
 
@@ -253,8 +319,8 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
     return NULL;
   rank_stats(job, &st);
   cJSON_AddStringToObject(o, "name", job->name);
-  cJSON_AddStringToObject(o, "state", gs__job_state_name(job->state));
-  cJSON_AddStringToObject(o, "reason", job->state == GS_JOB_FAILED ? job->abort_reason : "");
+  cJSON_AddStringToObject(o, "state", shown_state(job, reason, sizeof(reason), now));
+  cJSON_AddStringToObject(o, "reason", reason);
   cJSON_AddNumberToObject(o, "generation", (double)job->generation);
   cJSON_AddNumberToObject(o, "world_size", job->world_size);
   cJSON_AddNumberToObject(o, "bcast_period", job->bcast_period);
@@ -274,6 +340,7 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
       stragglers_json(job, &st, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS, &stragglers));
   cJSON_AddNumberToObject(o, "straggler_count", stragglers);
   stall_json(o, job, &st, now, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS);
+  cJSON_AddItemToObject(o, "waiting_on", waiting_json(job, &st, now));
   cJSON_AddItemToObject(o, "rank_summary", rank_summary_json(job, &st, now));
   if (!with_ranks)
     return o;
@@ -458,6 +525,40 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
   return err ? GS_ENOMEM : 0;
 }
 
+/* What holds each job up: how long, and the ranks named (waiting.h). */
+static int held_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
+{
+  int err = 0;
+
+  err |= family(out, "gradsync_job_held_seconds", "gauge",
+                "Seconds the job's ranks have waited in a collective on others (0: none).");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
+    err |= emit(out, "gradsync_job_held_seconds{job=\"%s\"} %.3f\n", j->name,
+                j->held_up.kind ? (now - j->held_up.since_ms) / 1000.0 : 0.0);
+  err |= family(out, "gradsync_job_waiting_on", "gauge",
+                "1 for each rank a held-up job waits on, with why (kind) and its phase.");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next) {
+    const gs_waiting_on_t *w = &j->held_up;
+
+    for (uint32_t i = 0; w->kind && i < w->rank_count && i < GS_WAITING_MAX_RANKS; i++)
+      err |=
+          emit(out, "gradsync_job_waiting_on{job=\"%s\",rank=\"%u\",kind=\"%s\",phase=\"%s\"} 1\n",
+               j->name, w->ranks[i], gs__wait_kind_name(w->kind), gs_phase_name(w->phase));
+  }
+  err |= family(out, "gradsync_rank_phase_seconds", "gauge",
+                "Seconds the rank has been in its current phase (label phase).");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next) {
+    for (uint32_t r = 0; r < j->world_size; r++) {
+      const gs_member_t *m = j->ranks[r];
+
+      if (m && m->state == GS_MEMBER_RUNNING && m->has_progress)
+        err |= emit(out, "gradsync_rank_phase_seconds{job=\"%s\",rank=\"%u\",phase=\"%s\"} %.3f\n",
+                    j->name, r, gs_phase_name(m->phase), (now - m->phase_start_ms) / 1000.0);
+    }
+  }
+  return err;
+}
+
 static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
 {
   static const struct {
@@ -485,9 +586,11 @@ static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
     err |= emit(out, "gradsync_job_running{job=\"%s\"} %d\n", j->name, j->state == GS_JOB_RUNNING);
   err |= state_metrics(jobs, out);
   err |= family(out, "gradsync_job_stalled", "gauge",
-                "1 while the job's step has not advanced for --stall-timeout.");
+                "1 while ranks are held up in a collective, or the step has not advanced for "
+                "--stall-timeout.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_stalled{job=\"%s\"} %d\n", j->name, job_stalled(j));
+  err |= held_metrics(jobs, now, out);
   err |= family(out, "gradsync_job_bcast_period", "gauge", "Parameter broadcast period.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_bcast_period{job=\"%s\"} %d\n", j->name, j->bcast_period);

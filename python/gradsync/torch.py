@@ -368,6 +368,8 @@ def _extra_saver(buffers, wrapped):
 
 # torch.optim's optimizers the engine runs fused over the packs (their own
 # class, not a subclass: a subclass may change step()).
+# gs_phase_t (gradsync/engine.h): the model's forward starts the compute.
+_PHASE_COMPUTE = 2
 _FUSED = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
 
 
@@ -731,6 +733,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         batch)."""
         if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._batch = args[0].shape[0]
+        if torch.is_grad_enabled() and self._engine is not None:
+            self._engine.phase(_PHASE_COMPUTE)  # what the coordinator shows (waiting_on)
         if (self._buffer_mode != "own" and self._buffers and self.world_size > 1 and
                 not self._elastic and torch.is_grad_enabled() and not self._accumulating and
                 not self._in_step):

@@ -49,6 +49,11 @@ typedef struct gs_heartbeat_config {
    * coordinator no longer knows the rank (it restarted: it keeps soft state
    * only, and re-registering rebuilds the job). NULL: never re-register. */
   const gradsync_JoinRequest *rejoin;
+  /* Fills where the rank is at the moment a heartbeat leaves (phase,
+   * collectives done, ...), from the heartbeat thread; `where_arg` is its
+   * argument. NULL: heartbeats carry no Progress. */
+  void (*where)(void *where_arg, gradsync_Progress *out);
+  void *where_arg;
 } gs_heartbeat_config_t;
 
 typedef struct gs_heartbeat gs_heartbeat_t;
@@ -56,6 +61,15 @@ typedef struct gs_heartbeat gs_heartbeat_t;
 /* Starts the thread (the first heartbeat is sent at once). NULL with the
  * reason logged on failure. Stop and free with gs_heartbeat_stop. */
 gs_heartbeat_t *gs_heartbeat_start(const gs_heartbeat_config_t *cfg);
+
+/* What the coordinator said, in its last reply, the job waits on ("" while
+ * it is not stalled), copied to out. */
+void gs_heartbeat_waiting_on(gs_heartbeat_t *hb, char *out, size_t len);
+
+/* While the coordinator does not answer this rank's heartbeats: the
+ * monotonic ms at which the rank gives up on it (the grace's end, when
+ * on_abort fires); 0 while it answers, and after the abort. */
+uint64_t gs_heartbeat_gives_up_at(gs_heartbeat_t *hb);
 
 /* Publishes the latest progress (copied under the lock). */
 void gs_heartbeat_report(gs_heartbeat_t *hb, const gs_progress_t *p);

@@ -11,6 +11,7 @@
 #define GS_COMM_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,6 +22,15 @@
 #include "log.h"
 #include "device.h"
 #include "packlist.h"
+
+/* What a rank's collectives are doing, published for another thread (the
+ * heartbeat's) to read at any moment: the collectives completed since init,
+ * and the time they waited for room to send (a slow outbound link shows
+ * here, on the rank that owns it, while its neighbours wait to receive). */
+typedef struct gs_comm_gauge {
+  _Atomic uint64_t done;
+  _Atomic uint64_t send_wait_ns;
+} gs_comm_gauge_t;
 
 /* What a backend needs to connect the ranks of one generation. */
 typedef struct gs_comm_setup {
@@ -48,6 +58,9 @@ typedef struct gs_comm_setup {
   const void *id;
   size_t id_len;
   uint32_t max_queued;
+  /* Where the comm publishes its progress; owned by the caller, outlives
+   * the comm. NULL: nowhere. */
+  gs_comm_gauge_t *gauge;
 } gs_comm_setup_t;
 
 typedef struct gs_comm gs_comm_t;
@@ -166,8 +179,10 @@ typedef struct gs_comm_ops {
 struct gs_comm {
   const gs_comm_ops_t *ops;
   const gs_log_t *log;
-  uint64_t ticket; /* collectives started since init (comm.c counts them) */
-  char why[512];   /* gs_comm_why; a backend sets it with gs__comm_fail */
+  uint64_t ticket;        /* collectives started since init (comm.c counts them) */
+  gs_comm_gauge_t *gauge; /* setup's, or one of its own */
+  gs_comm_gauge_t own_gauge;
+  char why[512]; /* gs_comm_why; a backend sets it with gs__comm_fail */
 };
 
 /* Logs an error, keeps its words as gs_comm_why, and returns err. */

@@ -333,6 +333,22 @@ typedef struct gs_progress {
   float comm_wait_ms; /* per step, recent average */
 } gs_progress_t;
 
+/* What the rank is doing, sent with every heartbeat so that the
+ * coordinator can name the rank a stalled job waits on, and for how long.
+ * The engine sets the phases of its own calls (allreduce, optimizer,
+ * checkpoint, sync; compute from begin_step; data once end_step returns);
+ * a front end says when its forward starts (GS_PHASE_COMPUTE) and may say
+ * when it loads data. */
+typedef enum gs_phase {
+  GS_PHASE_IDLE,       /* not training: joining, regrouping, finished */
+  GS_PHASE_DATA,       /* between steps: the next batch, the script's own work */
+  GS_PHASE_COMPUTE,    /* forward and backward */
+  GS_PHASE_ALLREDUCE,  /* waiting for a pack's allreduce */
+  GS_PHASE_OPTIMIZER,  /* the update */
+  GS_PHASE_CHECKPOINT, /* taking a checkpoint */
+  GS_PHASE_SYNC        /* a collective outside the step */
+} gs_phase_t;
+
 /* Called by a model's backward as each parameter's gradient becomes final
  * (gs_engine_grad_ready is one, with the engine as `arg`). */
 typedef void (*gs_grad_ready_fn)(void *arg, uint32_t param_index);
@@ -554,6 +570,10 @@ GS_ENGINE_API int gs_engine_checkpoint(gs_engine_t *e,
 
 /* Waits for the checkpoint being written; its error, if it failed. */
 GS_ENGINE_API int gs_engine_checkpoint_wait(gs_engine_t *e) GS_ENGINE_WARN_UNUSED;
+
+/* The front end enters a phase (GS_PHASE_COMPUTE before its forward,
+ * GS_PHASE_DATA while it loads a batch). Cheap: call it every step. */
+GS_ENGINE_API void gs_engine_phase(gs_engine_t *e, gs_phase_t phase);
 
 /* Progress for the coordinator (copied; sent with the next heartbeat). */
 GS_ENGINE_API void gs_engine_report(gs_engine_t *e, const gs_progress_t *p);

@@ -1,0 +1,63 @@
+/* Where the rank is: the training thread's phase, published for the
+ * heartbeat thread, which sends it with every heartbeat so that the
+ * coordinator can name the rank a stalled job waits on (docs/design.md,
+ * "Seeing what holds a job up"). Setting a phase is two relaxed atomic
+ * stores and a clock read, a few times per step. */
+#include "engine_internal.h"
+
+#include "clock.h"
+#include "gradsync.pb.h"
+
+_Static_assert((int)GS_PHASE_IDLE == gradsync_Phase_PHASE_IDLE &&
+                   (int)GS_PHASE_DATA == gradsync_Phase_PHASE_DATA &&
+                   (int)GS_PHASE_COMPUTE == gradsync_Phase_PHASE_COMPUTE &&
+                   (int)GS_PHASE_ALLREDUCE == gradsync_Phase_PHASE_ALLREDUCE &&
+                   (int)GS_PHASE_OPTIMIZER == gradsync_Phase_PHASE_OPTIMIZER &&
+                   (int)GS_PHASE_CHECKPOINT == gradsync_Phase_PHASE_CHECKPOINT &&
+                   (int)GS_PHASE_SYNC == gradsync_Phase_PHASE_SYNC,
+               "gs_phase_t is the wire's Phase");
+
+void gs__engine_enter(gs_engine_t *e, gs_phase_t phase, uint32_t pack)
+{
+  phase_board_t *b = &e->board;
+
+  if (atomic_load_explicit(&b->phase, memory_order_relaxed) == (uint32_t)phase &&
+      atomic_load_explicit(&b->pack, memory_order_relaxed) == pack)
+    return;
+  atomic_store_explicit(&b->since_ms, gs_now_ms(), memory_order_relaxed);
+  atomic_store_explicit(&b->pack, pack, memory_order_relaxed);
+  atomic_store_explicit(&b->phase, (uint32_t)phase, memory_order_relaxed);
+}
+
+gs_phase_t gs__engine_phase_now(const gs_engine_t *e)
+{
+  return (gs_phase_t)atomic_load_explicit(&e->board.phase, memory_order_relaxed);
+}
+
+void gs_engine_phase(gs_engine_t *e, gs_phase_t phase)
+{
+  if (e && (unsigned)phase <= GS_PHASE_SYNC)
+    gs__engine_enter(e, phase, 0);
+}
+
+/* The heartbeat thread's reader (gs_heartbeat_config_t.where). The send
+ * wait is the share of the time since the previous heartbeat; only this
+ * thread keeps those two numbers. */
+void gs__engine_where(void *arg, gradsync_Progress *out)
+{
+  gs_engine_t *e = arg;
+  phase_board_t *b = &e->board;
+  uint64_t now = gs_now_ms(), since = atomic_load_explicit(&b->since_ms, memory_order_relaxed);
+  uint64_t wait_ns = atomic_load_explicit(&b->comm.send_wait_ns, memory_order_relaxed);
+
+  out->phase = (gradsync_Phase)atomic_load_explicit(&b->phase, memory_order_relaxed);
+  out->pack = atomic_load_explicit(&b->pack, memory_order_relaxed);
+  out->phase_ms = now > since ? (uint32_t)(now - since < UINT32_MAX ? now - since : UINT32_MAX) : 0;
+  out->collectives_done = atomic_load_explicit(&b->comm.done, memory_order_relaxed);
+  if (b->read_ms && now > b->read_ms && wait_ns >= b->read_send_wait_ns)
+    out->send_wait = (float)((wait_ns - b->read_send_wait_ns) / 1e6 / (double)(now - b->read_ms));
+  if (out->send_wait > 1.0f)
+    out->send_wait = 1.0f;
+  b->read_ms = now;
+  b->read_send_wait_ns = wait_ns;
+}

@@ -1,0 +1,310 @@
+/* What holds a job up (see waiting.h).
+ *
+ * A rank is held up when it has waited in a collective (an allreduce, or a
+ * sync outside the step) for longer than GS_WAITING_MIN_MS and three of its
+ * own recent steps: a straggler's neighbours wait less than a step each
+ * time, a hang's wait grows. The ranks they wait on are then, in order:
+ * the silent ones (no heartbeat: SIGSTOP, a frozen host, a cut link); the
+ * live ones in another phase (a data loader that hangs, a forward that
+ * never ends); the ones inside the collective whose sends wait most of the
+ * time (their outbound link is slow: their neighbours wait to receive);
+ * and when every rank is inside it and none is behind, the transport
+ * itself. */
+#include "waiting.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gradsync.pb.h"
+#include "job.h"
+#include "phase.h"
+#include "why.h"
+
+#define CHECK_EVERY_MS 250
+/* A rank whose sends waited this share of the time, more than twice any
+ * other's, owns the slow link. */
+#define SLOW_LINK_SHARE 0.5f
+
+static const char *const kind_names[] = {"none",      "no_heartbeat", "phase",
+                                         "slow_link", "transport",    "straggler"};
+
+const char *gs__wait_kind_name(gs_wait_kind_t k)
+{
+  return (unsigned)k < sizeof(kind_names) / sizeof(kind_names[0]) ? kind_names[k] : "unknown";
+}
+
+static bool in_collective(const gs_member_t *m)
+{
+  return m->phase == gradsync_Phase_PHASE_ALLREDUCE || m->phase == gradsync_Phase_PHASE_SYNC;
+}
+
+/* Silent: no heartbeat for an interval and a half (at least 500 ms more
+ * than one): its heartbeat thread does not run either. */
+static bool silent(const gs_member_t *m, uint64_t now)
+{
+  uint64_t interval = m->job->jobs->cfg.heartbeat_interval_ms;
+  uint64_t slack = interval / 2 > 500 ? interval / 2 : 500;
+
+  return now - m->last_heartbeat_ms > interval + slack;
+}
+
+/* How long m may wait in a collective before it counts as held up. */
+static uint64_t held_after_ms(const gs_member_t *m)
+{
+  double steps = 3.0 * ((double)m->compute_ms + (double)m->comm_wait_ms);
+
+  return steps > GS_WAITING_MIN_MS ? (uint64_t)steps : GS_WAITING_MIN_MS;
+}
+
+/* What one pass over the ranks found. */
+typedef struct scan {
+  uint32_t waiters, live_in_collective;
+  const gs_member_t *longest;                   /* the waiter waiting longest */
+  uint64_t longest_done;                        /* the most collectives any waiter completed */
+  gs_waiting_on_t found[GS_WAIT_TRANSPORT + 1]; /* candidates of each kind */
+} scan_t;
+
+static void add_rank(gs_waiting_on_t *w, const gs_member_t *m)
+{
+  if (w->rank_count < GS_WAITING_MAX_RANKS)
+    w->ranks[w->rank_count] = m->rank;
+  if (w->rank_count++ == 0) {
+    w->phase = m->phase;
+    w->pack = m->pack;
+  }
+}
+
+static void scan_rank(scan_t *s, const gs_member_t *m, uint64_t now)
+{
+  bool quiet = silent(m, now);
+
+  if (quiet) {
+    add_rank(&s->found[GS_WAIT_NO_HEARTBEAT], m);
+    return;
+  }
+  if (!m->has_progress)
+    return; /* an agent that does not say where it is: neither waits nor is waited on */
+  if (!in_collective(m)) {
+    add_rank(&s->found[GS_WAIT_PHASE], m);
+    return;
+  }
+  s->live_in_collective++;
+  if (now - m->phase_start_ms < held_after_ms(m))
+    return;
+  s->waiters++;
+  if (!s->longest || m->phase_start_ms < s->longest->phase_start_ms)
+    s->longest = m;
+  if (m->collectives_done > s->longest_done)
+    s->longest_done = m->collectives_done;
+}
+
+/* The ranks whose sends wait (SLOW_LINK_SHARE of the time, twice any
+ * other's): the slow links' owners, into w. With `in_collective_only`,
+ * among the ranks in a collective (a held job's). */
+static void find_slow_links(const gs_job_t *job, bool in_collective_only, gs_waiting_on_t *w)
+{
+  float max = 0, second = 0;
+
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint32_t r = 0; r < job->world_size; r++) {
+      const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
+
+      if (!m || m->state != GS_MEMBER_RUNNING || !m->has_progress ||
+          (in_collective_only && !in_collective(m)))
+        continue;
+      if (pass == 0 && m->send_wait > max)
+        second = max, max = m->send_wait;
+      else if (pass == 0 && m->send_wait > second)
+        second = m->send_wait;
+      else if (pass == 1 && m->send_wait == max)
+        add_rank(w, m);
+    }
+    if (max < SLOW_LINK_SHARE || max < 2 * second)
+      return;
+  }
+}
+
+/* "rank 2" or "ranks 2, 5, 7 (and 3 more)". */
+static void name_ranks(const gs_waiting_on_t *w, char *out, size_t len)
+{
+  uint32_t shown = w->rank_count < GS_WAITING_MAX_RANKS ? w->rank_count : GS_WAITING_MAX_RANKS;
+  size_t n = (size_t)snprintf(out, len, "rank%s ", w->rank_count > 1 ? "s" : "");
+
+  for (uint32_t i = 0; i < shown && n < len; i++)
+    n += (size_t)snprintf(out + n, len - n, "%s%u", i ? ", " : "", w->ranks[i]);
+  if (w->rank_count > shown && n < len)
+    snprintf(out + n, len - n, " (and %u more)", w->rank_count - shown);
+}
+
+static void collective_words(uint32_t phase, uint32_t pack, char *out, size_t len)
+{
+  if (phase == gradsync_Phase_PHASE_ALLREDUCE)
+    snprintf(out, len, "the allreduce of pack %u", pack);
+  else
+    snprintf(out, len, "a collective outside the step (%s)", gs_phase_name(phase));
+}
+
+/* The verdict's words; the same on the page, in the log and in the
+ * agents' timeout errors. */
+static void explain(gs_waiting_on_t *w, const gs_member_t *first, uint64_t now)
+{
+  char who[96], coll[64];
+  double waited = (now - w->since_ms) / 1000.0;
+
+  name_ranks(w, who, sizeof(who));
+  collective_words(w->coll_phase, w->coll_pack, coll, sizeof(coll));
+  switch (w->kind) {
+  case GS_WAIT_NO_HEARTBEAT:
+    gs_set_why(w->reason, sizeof(w->reason),
+               "%s sent no heartbeat for %.1f s (stopped, frozen or cut off; last seen in %s at "
+               "step %llu); %u rank(s) wait in %s for %.1f s",
+               who, (now - first->last_heartbeat_ms) / 1000.0, gs_phase_name(first->phase),
+               (unsigned long long)first->step, w->waiters, coll, waited);
+    break;
+  case GS_WAIT_PHASE:
+    gs_set_why(w->reason, sizeof(w->reason),
+               "%s in %s for %.1f s at step %llu; %u rank(s) wait in %s for %.1f s", who,
+               gs_phase_name(first->phase), (now - first->phase_start_ms) / 1000.0,
+               (unsigned long long)first->step, w->waiters, coll, waited);
+    break;
+  case GS_WAIT_SLOW_LINK:
+    gs_set_why(w->reason, sizeof(w->reason),
+               "%s: its sends wait %.0f%% of the time in %s (its outbound link is slow or down); "
+               "%u rank(s) wait for %.1f s",
+               who, 100.0 * first->send_wait, coll, w->waiters, waited);
+    break;
+  default:
+    gs_set_why(w->reason, sizeof(w->reason),
+               "every rank has waited in %s for %.1f s and none is behind: the network or the "
+               "collective library holds them",
+               coll, waited);
+    break;
+  }
+}
+
+/* The verdict of one pass, in `out`; GS_WAIT_NONE when nobody is held. */
+static void judge(gs_job_t *job, uint64_t now, gs_waiting_on_t *out)
+{
+  scan_t s = {0};
+  const gs_member_t *first = NULL;
+
+  *out = (gs_waiting_on_t){0};
+  for (uint32_t r = 0; r < job->world_size; r++) {
+    const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
+
+    if (m && m->state == GS_MEMBER_RUNNING)
+      scan_rank(&s, m, now);
+  }
+  if (!s.waiters)
+    return;
+  find_slow_links(job, true, &s.found[GS_WAIT_SLOW_LINK]);
+  for (int k = GS_WAIT_NO_HEARTBEAT; k < GS_WAIT_TRANSPORT; k++) {
+    if (s.found[k].rank_count) {
+      *out = s.found[k];
+      out->kind = (gs_wait_kind_t)k;
+      break;
+    }
+  }
+  if (out->kind == GS_WAIT_NONE) {
+    if (now - s.longest->phase_start_ms < GS_WAITING_TRANSPORT_X * held_after_ms(s.longest))
+      return;
+    out->kind = GS_WAIT_TRANSPORT;
+  }
+  out->waiters = s.live_in_collective; /* held or not yet: all wait on the same ranks */
+  out->coll_phase = s.longest->phase;
+  out->coll_pack = s.longest->pack;
+  out->since_ms = s.longest->phase_start_ms;
+  if (out->rank_count)
+    first = job->ranks[out->ranks[0]];
+  explain(out, first ? first : s.longest, now);
+}
+
+/* The stragglers: compute over `ratio` times the median. */
+static bool find_stragglers(const gs_job_t *job, float median, float ratio, gs_waiting_on_t *w)
+{
+  const gs_member_t *first = NULL;
+
+  *w = (gs_waiting_on_t){.kind = GS_WAIT_STRAGGLER};
+  for (uint32_t r = 0; median > 0 && r < job->world_size; r++) {
+    const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
+
+    if (!m || m->state != GS_MEMBER_RUNNING || m->compute_ms <= ratio * median)
+      continue;
+    add_rank(w, m);
+    if (!first)
+      first = m;
+  }
+  if (!first)
+    return false;
+  w->phase = gradsync_Phase_PHASE_COMPUTE;
+  gs_set_why(w->reason, sizeof(w->reason),
+             "rank %u computes %.1fx the median step (%.1f ms against %.1f ms)%s: the others wait "
+             "for it in every step (a straggler, not a hang)",
+             first->rank, first->compute_ms / median, first->compute_ms, median,
+             w->rank_count > 1 ? ", with others" : "");
+  return true;
+}
+
+/* Stragglers first: a rank that computes longer also makes its ring
+ * neighbour's sends wait (the straggler reads late), which is no slow
+ * link. */
+bool gs__waiting_slow(const gs_job_t *job, float median_compute, float straggler_ratio,
+                      gs_waiting_on_t *w)
+{
+  const gs_member_t *first;
+
+  if (find_stragglers(job, median_compute, straggler_ratio, w))
+    return true;
+  *w = (gs_waiting_on_t){.kind = GS_WAIT_SLOW_LINK};
+  find_slow_links(job, false, w);
+  if (!w->rank_count)
+    return false;
+  first = job->ranks[w->ranks[0]];
+  gs_set_why(w->reason, sizeof(w->reason),
+             "rank %u's sends wait %.0f%% of the time (its outbound link is the slow one): "
+             "the others wait for its data in every step",
+             first->rank, 100.0 * first->send_wait);
+  return true;
+}
+
+/* Whether two verdicts name the same ranks for the same cause. */
+static bool same_verdict(const gs_waiting_on_t *a, const gs_waiting_on_t *b)
+{
+  return a->kind == b->kind && a->rank_count == b->rank_count &&
+         !memcmp(a->ranks, b->ranks, sizeof(a->ranks)) && a->phase == b->phase;
+}
+
+void gs__waiting_clear(gs_job_t *job)
+{
+  if (job->held_up.kind != GS_WAIT_NONE)
+    job->held_version++;
+  job->held_up = (gs_waiting_on_t){0};
+}
+
+void gs__waiting_sweep(gs_job_t *job, uint64_t now)
+{
+  gs_waiting_on_t was = job->held_up, now_w;
+
+  if (job->state != GS_JOB_RUNNING || job->world_size < 2) {
+    gs__waiting_clear(job);
+    return;
+  }
+  if (now - job->held_checked_ms < CHECK_EVERY_MS)
+    return;
+  job->held_checked_ms = now;
+  judge(job, now, &now_w);
+  if (now_w.kind == GS_WAIT_NONE) {
+    if (was.kind != GS_WAIT_NONE)
+      gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+             "no longer held up after %.1f s (was: %s)", (now - was.since_ms) / 1000.0, was.reason);
+    gs__waiting_clear(job);
+    return;
+  }
+  now_w.named_ms = same_verdict(&was, &now_w) ? was.named_ms : now;
+  if (!same_verdict(&was, &now_w)) {
+    job->held_version++;
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "held up: %s", now_w.reason);
+  }
+  job->held_up = now_w;
+  job->jobs->version++; /* /status shows it */
+}

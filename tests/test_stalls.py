@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""What holds a job up, named live: a coordinator and 3 or 4 MLP agents on
+Fashion-MNIST, one rank made to misbehave, and /jobs/NAME and /metrics read
+until `waiting_on` names it. The waits are on events (the verdict appearing)
+with a generous timeout that only decides failure; how fast the verdict
+comes is bench/hang_inject.sh's to measure, not a test's.
+
+usage: test_stalls.py CASE BIN_DIR COORDINATOR_BIN
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from testlib import WAIT, Lines, wait_until  # noqa: E402
+
+CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
+AGENT = os.path.join(BIN_DIR, "gradsync-agent")
+# Long enough that the job is still training whatever the machine's load.
+AGENT_ARGS = ["--reduce", "mean", "--steps", "200000", "--batch", "32", "--no-validate",
+              "--log-interval", "1s"]
+
+
+class Job:
+    """A coordinator and `world` agents of job "j"; agent_args(rank) adds
+    each rank's own flags."""
+
+    def __init__(self, world, agent_args=lambda rank: [], coord_args=()):
+        self.coord = subprocess.Popen(
+            [COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", *coord_args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        m = re.search(r"rpc=(\S+) http=(\S+)", self.coord.stdout.readline())
+        self.rpc, self.http = m.group(1), m.group(2)
+        self.log = Lines(self.coord.stderr, "coordinator")
+        self.agents = [subprocess.Popen(
+            [AGENT, "--coordinator", self.rpc, "--job", "j", "--world-size", str(world),
+             "--local-rank", str(r), *AGENT_ARGS, *agent_args(r)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+        self.outs = [(Lines(a.stdout, f"rank {r} stdout"), Lines(a.stderr, f"rank {r} stderr"))
+                     for r, a in enumerate(self.agents)]
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=WAIT) as r:
+            return r.read().decode()
+
+    def job(self):
+        try:
+            return json.loads(self.get("/jobs/j"))
+        except urllib.error.HTTPError as e:  # 404 until the first Join
+            if e.code != 404:
+                raise
+            return {"state": "none", "waiting_on": None}
+
+    def wait_training(self):
+        """Until every rank has reported a step and its phase."""
+        def training():
+            j = self.job()
+            ranks = j.get("ranks", [])
+            return j["state"] == "running" and ranks and all(
+                r.get("step", 0) > 0 and "phase" in r for r in ranks)
+        wait_until("every rank training and reporting its phase", training)
+
+    def wait_named(self, kind, rank):
+        """Until waiting_on names `rank` for `kind`; the job's JSON then."""
+        def named():
+            j = self.job()
+            w = j.get("waiting_on")
+            return j if w and w["kind"] == kind and rank in w["ranks"] else None
+        return wait_until(f"waiting_on naming rank {rank} ({kind})", named)
+
+    def close(self):
+        for a in self.agents:
+            try:
+                a.send_signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            a.kill()
+            a.wait()
+        self.coord.kill()
+        self.coord.wait()
+        for o, e in self.outs:
+            o.close()
+            e.close()
+        return self.log.close()
+
+
+def check_metrics(job, rank, kind):
+    text = job.get("/metrics")
+    line = re.search(r'^gradsync_job_waiting_on\{job="j",rank="(\d+)",kind="(\w+)",'
+                     r'phase="(\w+)"\} 1$', text, re.M)
+    assert line and int(line.group(1)) == rank and line.group(2) == kind, text[-3000:]
+    assert re.search(r'^gradsync_job_stalled\{job="j"\} 1$', text, re.M), text[-3000:]
+    held = re.search(r'^gradsync_job_held_seconds\{job="j"\} ([\d.]+)$', text, re.M)
+    assert held and float(held.group(1)) > 0, text[-3000:]
+    return line.group(3)
+
+
+def case_sigstop():
+    """A rank frozen with SIGSTOP: its heartbeats stop with it, the others
+    wait in their next allreduce; the job is stalled, the frozen rank named
+    for its silence. SIGCONT: the job trains on and the verdict clears."""
+    job = Job(4)
+    try:
+        job.wait_training()
+        job.agents[2].send_signal(signal.SIGSTOP)
+        j = job.wait_named("no_heartbeat", 2)
+        w = j["waiting_on"]
+        assert j["state"] == "stalled" and "rank 2 sent no heartbeat" in j["reason"], j
+        assert w["ranks"] == [2] and w["rank_count"] == 1 and w["waiters"] >= 1, w
+        check_metrics(job, 2, "no_heartbeat")
+        step = j["rank_summary"]["step_max"]
+        job.agents[2].send_signal(signal.SIGCONT)
+        wait_until("the job training again, not held", lambda: (
+            lambda j: j["state"] == "running" and j["waiting_on"] is None
+            and j["rank_summary"]["step_min"] > step)(job.job()))
+    finally:
+        log = job.close()
+    assert "held up: rank 2 sent no heartbeat" in log and "no longer held up" in log, log[-3000:]
+    print(f"SIGSTOP on rank 2 of 4: named ({w['reason']}); cleared after SIGCONT")
+
+
+def case_data_hang():
+    """A data loader that hangs on rank 1 at step 30: the rank is alive
+    (it heartbeats) and in its data phase; the three others wait in the
+    allreduce of pack 0. The agents' own comm timeout (10 s here) then ends
+    the job, and their error names what the coordinator saw."""
+    job = Job(4, lambda r: ["--inject-fault", "data-hang:1:30:1h", "--comm-timeout", "10s"])
+    try:
+        job.wait_training()
+        j = job.wait_named("phase", 1)
+        w = j["waiting_on"]
+        assert w["phase"] == "data" and j["state"] == "stalled", j
+        assert "rank 1 in data for" in w["reason"] and "wait in the allreduce of pack" in w["reason"], w
+        rank1 = next(r for r in j["ranks"] if r["rank"] == 1)
+        assert rank1["phase"] == "data", rank1
+        others = [r for r in j["ranks"] if r["rank"] != 1]
+        assert all(r["phase"] == "allreduce" for r in others), others
+        assert check_metrics(job, 1, "phase") == "data"
+        # The waiting ranks give up at --comm-timeout, naming rank 1.
+        errs = [job.agents[r] for r in (0, 2, 3)]
+        for a in errs:
+            a.wait(timeout=WAIT)
+        err0 = job.outs[0][1].close()
+    finally:
+        job.close()
+    assert "the coordinator saw the job wait on rank 1 in data" in err0, err0[-3000:]
+    print(f"data loader hung on rank 1: named ({w['reason']}); the others' timeout says so")
+
+
+def case_straggler():
+    """Rank 3 computes twice as long as the others: the job goes on, slower;
+    waiting_on names rank 3 as a straggler and the job is not stalled."""
+    job = Job(4, lambda r: ["--inject-fault", "straggler:3:2"])
+    try:
+        job.wait_training()
+        j = job.wait_named("straggler", 3)
+        w = j["waiting_on"]
+        assert j["state"] == "running", j
+        assert w["ranks"] == [3] and "not a hang" in w["reason"], w
+        text = job.get("/metrics")
+        assert re.search(r'^gradsync_job_stalled\{job="j"\} 0$', text, re.M), text[-2000:]
+    finally:
+        log = job.close()
+    assert "held up" not in log, log[-3000:]
+    print(f"2x straggler on rank 3: named, not a hang ({w['reason']})")
+
+
+def case_slow_link():
+    """Two nodes (network namespaces on a bridge, tests/cluster.py), one
+    rank each; node a's link limited to 4 Mbit/s with tc tbf: its rank's
+    bytes wait in its socket to leave while the other's do not, and
+    waiting_on names the rank on node a for its slow link. Needs root (skipped otherwise)."""
+    from cluster import ADDR, Cluster, missing_tool, sh
+    if os.geteuid() != 0 or missing_tool():
+        print("skipped: needs root and iproute2 for network namespaces")
+        sys.exit(77)
+    try:
+        cl = Cluster("gsst").__enter__()
+    except RuntimeError as e:
+        print(f"skipped: cannot make network namespaces here: {e}")
+        sys.exit(77)
+    http = f"{ADDR['c']}:8080"
+
+    def job():
+        p = sh(*cl.enter("c"), "curl", "-s", f"http://{http}/jobs/j", check=False)
+        j = json.loads(p.stdout) if p.stdout.startswith("{") else {}
+        return j if "ranks" in j else {"ranks": []}  # none yet, or a 404 before the first Join
+    try:
+        cl.run("c", [COORD, "--listen", f"{ADDR['c']}:7070", "--http", http])
+        agents = [cl.run(n, [AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", "j",
+                             "--world-size", "2", *AGENT_ARGS, "--comm-timeout", "10m"])
+                  for n in "ab"]
+        wait_until("both ranks training", lambda: len(job()["ranks"]) == 2 and all(
+            r.get("step", 0) > 0 for r in job()["ranks"]))
+        cl.exec("a", ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "4mbit",
+                      "burst", "32kb", "latency", "400ms"])
+        slow = next(r["rank"] for r in job()["ranks"] if r["node"] == "node-a")
+        got = {}
+
+        def named():
+            got.update(job())
+            w = got.get("waiting_on")
+            return w and w["kind"] == "slow_link" and w["ranks"] == [slow]
+        wait_until(f"waiting_on naming rank {slow}'s slow link (last: {got})", named, every=0.2)
+        w = got["waiting_on"]
+        # Named whether the job counts as held (an allreduce waited more than
+        # three of its steps) or only as slowed (every step waits as long).
+        assert "outbound link is" in w["reason"], got
+        assert got["state"] == ("stalled" if w["hang"] else "running"), got
+        for a in agents:
+            assert a.poll() is None, a.stdout.read()[-2000:]
+    finally:
+        cl.__exit__()
+    print(f"4 Mbit/s link on node a: rank {slow} named ({w['reason']})")
+
+
+CASES = {"sigstop": case_sigstop, "data_hang": case_data_hang, "straggler": case_straggler,
+         "slow_link": case_slow_link}
+
+if __name__ == "__main__":
+    CASES[CASE]()
