@@ -200,7 +200,7 @@ function record(j, ranks) {
   if (!h) ui.history.set(j.name, (h = []));
   const live = ranks.filter((r) => typeof r.loss === "number" && r.state === "running");
   const step = j.rank_summary ? j.rank_summary.step_max : 0;
-  if (live.length && (!h.length || h[h.length - 1].step !== step)) {
+  if (live.length && step > 0 && (!h.length || h[h.length - 1].step !== step)) {
     const loss = live.reduce((a, r) => a + r.loss, 0) / live.length;
     h.push({ step, loss, sps: j.samples_per_sec || 0 });
     if (h.length > HISTORY) h.shift();
@@ -241,18 +241,20 @@ function showMembers(ranks) {
   }
 }
 
-// One cell per rank, its colour from its step time against the slowest.
+// One cell per rank, its colour from its step time between the fastest
+// (green) and the slowest (red); all alike stay green.
 function showHeatmap(ranks) {
   const box = $("heatmap");
   box.replaceChildren();
   const t = ranks.map((r) => (r.compute_ms || 0) + (r.comm_wait_ms || 0));
-  const max = Math.max(...t, 0) || 1;
+  const min = Math.min(...t);
+  const spread = Math.max(...t) - min;
   ranks.forEach((r, i) => {
     const cell = el("span", null, {
       "data-rank": r.rank,
       title: `rank ${r.rank}: ${t[i].toFixed(2)} ms (compute ${num(r.compute_ms, 2)}, comm wait ${num(r.comm_wait_ms, 2)})`,
     });
-    const f = t[i] / max;
+    const f = spread > 0.05 * min ? (t[i] - min) / spread : 0;
     cell.style.backgroundColor = r.state === "running" ? `hsl(${120 - 120 * f}, 70%, ${70 - 25 * f}%)` : "#bbb";
     if (ranks.length <= 64) cell.textContent = r.rank;
     box.appendChild(cell);
