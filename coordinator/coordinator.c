@@ -222,7 +222,8 @@ static void on_housekeeping(uv_timer_t *t)
 
   gs__jobs_sweep(&c->jobs, now);
   gs__conns_sweep_idle(c->conns, now);
-  gs__log_limit_sweep(&c->lines, now); /* summaries, even of clients gone quiet */
+  gs__log_limit_sweep(&c->lines, now);   /* summaries, even of clients gone quiet */
+  gs__http_routes_tick(&c->routes, now); /* the dashboard's event streams */
   c->jobs_forgotten |= c->jobs.job_count < jobs;
   release_memory(c, now);
 }

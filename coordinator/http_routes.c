@@ -1,6 +1,8 @@
-/* The HTTP API: /healthz, /status, /jobs/NAME, /metrics and
- * POST /jobs/NAME/control. Handlers run on the loop and never block. */
+/* The HTTP API: /healthz, /status, /jobs/NAME, /metrics,
+ * POST /jobs/NAME/control, the dashboard's files and its event streams
+ * (/events). Handlers run on the loop and never block. */
 #include <cJSON.h>
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,8 +14,30 @@
 #include "auth.h"
 #include "http_routes.h"
 #include "parse.h"
+#include "ui_assets.h"
 
 #define JSON "application/json"
+#define EVENT_STREAM "text/event-stream"
+
+/* The dashboard's files: never cached stale, never framed, and the page
+ * may load and fetch only from this origin (its script and style are
+ * files of their own, so no inline code is allowed either). */
+#define UI_HEADERS                                                                                 \
+  "Cache-Control: no-cache\r\n"                                                                    \
+  "Content-Security-Policy: default-src 'self'; script-src 'self'; style-src 'self'; "             \
+  "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "                 \
+  "form-action 'none'; frame-ancestors 'none'\r\n"                                                 \
+  "X-Content-Type-Options: nosniff\r\n"                                                            \
+  "Referrer-Policy: no-referrer\r\n"
+#define EVENT_HEADERS "Cache-Control: no-cache\r\nX-Content-Type-Options: nosniff\r\n"
+
+/* One open event stream: the /status summary (job "") or one job's JSON. */
+typedef struct gs_http_sub {
+  gs_list_t node; /* on gs_http_routes_t.subs while open */
+  gs_http_routes_t *r;
+  gs_http_stream_t *stream;
+  char job[128];
+} gs_http_sub_t;
 
 static void respond(gs_http_response_t *res, int status, const char *type, char *body)
 {
@@ -267,6 +291,34 @@ static bool status_page(const char *query, gs_status_page_t *page, char *why, si
   return true;
 }
 
+/* Renders the first page of GET /status into r->status_body unless the
+ * cached one still holds (see gs_http_routes_t). */
+static int status_first_page(gs_http_routes_t *r, uint64_t now)
+{
+  gs_status_page_t page = {.limit = GS_STATUS_PAGE_DEFAULT};
+  gs_buf_t *cache = &r->status_body;
+  gs_service_info_t svc;
+  cJSON *doc;
+  char *text;
+
+  r->service_info(r->ctx, &svc);
+  if (r->status_valid && r->status_version == r->jobs->version && r->status_ms == now &&
+      r->status_connections == svc.connections)
+    return 0;
+  doc = gs__status_json(r->jobs, &svc, now, false, &page);
+  text = doc ? cJSON_PrintUnformatted(doc) : NULL;
+  cJSON_Delete(doc);
+  cache->len = 0;
+  r->status_valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
+  free(text);
+  if (!r->status_valid)
+    return GS_ENOMEM;
+  r->status_version = r->jobs->version;
+  r->status_ms = now;
+  r->status_connections = svc.connections;
+  return 0;
+}
+
 /* GET /status: the service and a page of its jobs (see status_page).
  * The first page of summaries, which pollers read, is rendered once and
  * reused while the state is unchanged (see gs_http_routes_t); the others,
@@ -278,33 +330,20 @@ static void status(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_re
   bool ranks = wants_ranks(req->query);
   gs_status_page_t page;
   gs_service_info_t svc;
-  char *body, *text, why[128];
+  char *body, why[128];
 
   if (!status_page(req->query, &page, why, sizeof(why))) {
     respond_error(res, 400, "%s", why);
     return;
   }
-  r->service_info(r->ctx, &svc);
   if (ranks || page.after || page.limit != GS_STATUS_PAGE_DEFAULT) {
+    r->service_info(r->ctx, &svc);
     respond_json(res, 200, gs__status_json(r->jobs, &svc, now, ranks, &page));
     return;
   }
-  if (!r->status_valid || r->status_version != r->jobs->version || r->status_ms != now ||
-      r->status_connections != svc.connections) {
-    cJSON *doc = gs__status_json(r->jobs, &svc, now, false, &page);
-
-    text = doc ? cJSON_PrintUnformatted(doc) : NULL;
-    cJSON_Delete(doc);
-    cache->len = 0;
-    r->status_valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
-    free(text);
-    if (!r->status_valid) {
-      respond_error(res, 500, "out of memory");
-      return;
-    }
-    r->status_version = r->jobs->version;
-    r->status_ms = now;
-    r->status_connections = svc.connections;
+  if (status_first_page(r, now)) {
+    respond_error(res, 500, "out of memory");
+    return;
   }
   body = malloc(cache->len + 1);
   if (!body) {
@@ -370,15 +409,266 @@ static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http
     respond_json(res, 200, gs__job_json(job, uv_now(r->loop), true));
 }
 
+/* The dashboard file a path names: "/" and "/ui" the page, "/ui/FILE" its
+ * other files; NULL for any other path. */
+static const gs_ui_asset_t *ui_asset(const char *path)
+{
+  const char *name = NULL;
+
+  if (!strcmp(path, "/") || !strcmp(path, "/ui"))
+    name = "index.html";
+  else if (!strncmp(path, "/ui/", 4))
+    name = path + 4;
+  for (size_t i = 0; name && i < gs__ui_asset_count; i++) {
+    if (!strcmp(gs__ui_assets[i].name, name))
+      return &gs__ui_assets[i];
+  }
+  return NULL;
+}
+
+/* GET of a dashboard file. It holds no data (the page fetches that with
+ * the token its user types), so it needs no token. */
+static void ui_route(const gs_http_request_t *req, const gs_ui_asset_t *a, gs_http_response_t *res)
+{
+  char *body;
+
+  if (strcmp(req->method, "GET") != 0) {
+    res->allow = "GET";
+    respond_error(res, 405, "%s allows GET only", req->path);
+    return;
+  }
+  body = malloc(a->len + 1);
+  if (!body) {
+    respond_error(res, 500, "out of memory");
+    return;
+  }
+  memcpy(body, a->data, a->len + 1); /* with embed.cmake's NUL */
+  res->status = 200;
+  res->content_type = a->content_type;
+  res->body = body;
+  res->body_len = a->len;
+  res->headers = UI_HEADERS;
+}
+
+static unsigned hex_digit(char c)
+{
+  return isdigit((unsigned char)c) ? (unsigned)(c - '0')
+                                   : (unsigned)(tolower((unsigned char)c) - 'a' + 10);
+}
+
+/* The value of query parameter `key` ("key=VALUE" among the &-separated
+ * ones), %XX escapes decoded, into `out`. 0, GS_ENOTFOUND when absent, or
+ * GS_EINVAL when malformed, too long for `len` or holding a NUL. */
+static int query_param(const char *query, const char *key, char *out, size_t len)
+{
+  size_t klen = strlen(key);
+
+  for (const char *p = query; *p;) {
+    size_t n = strcspn(p, "&"), o = 0;
+
+    if (n > klen && !strncmp(p, key, klen) && p[klen] == '=') {
+      for (size_t i = klen + 1; i < n; i++) {
+        unsigned v = (unsigned char)p[i];
+
+        if (p[i] == '%') {
+          if (i + 2 >= n || !isxdigit((unsigned char)p[i + 1]) ||
+              !isxdigit((unsigned char)p[i + 2]))
+            return GS_EINVAL;
+          v = hex_digit(p[i + 1]) * 16 + hex_digit(p[i + 2]);
+          i += 2;
+        }
+        if (v == 0 || o + 1 >= len)
+          return GS_EINVAL;
+        out[o++] = (char)v;
+      }
+      out[o] = '\0';
+      return o ? 0 : GS_EINVAL;
+    }
+    p += n + (p[n] == '&');
+  }
+  return GS_ENOTFOUND;
+}
+
+/* A job's JSON for its stream: gs__job_json with the ranks after the
+ * first GS_EVENTS_MAX_RANKS dropped (from the tail, O(1) each), and
+ * `ranks_listed` saying how many are listed. */
+static cJSON *job_event_json(const gs_job_t *job, uint64_t now)
+{
+  cJSON *doc = gs__job_json(job, now, true);
+  cJSON *ranks = cJSON_GetObjectItemCaseSensitive(doc, "ranks");
+  uint32_t listed = job->world_size;
+
+  for (; ranks && ranks->child && listed > GS_EVENTS_MAX_RANKS; listed--)
+    cJSON_Delete(cJSON_DetachItemViaPointer(ranks, ranks->child->prev));
+  cJSON_AddNumberToObject(doc, "ranks_listed", listed);
+  cJSON_AddNumberToObject(doc, "ranks_max_listed", GS_EVENTS_MAX_RANKS);
+  return doc;
+}
+
+/* One server-sent event, "event: KIND\ndata: JSON\n\n", for what `job`
+ * streams ("": the first page of /status; a job no longer known: a
+ * "gone" event). NULL when out of memory; the caller frees it. */
+static char *event_text(gs_http_routes_t *r, const char *job, uint64_t now, size_t *len)
+{
+  const gs_job_t *j = job[0] ? gs__jobs_find(r->jobs, job) : NULL;
+  const char *kind = !job[0] ? "status" : j ? "job" : "gone";
+  char *json = NULL, *text = NULL;
+  cJSON *doc = NULL;
+
+  if (!job[0]) {
+    json = status_first_page(r, now) ? NULL : strdup((const char *)r->status_body.data);
+  } else {
+    if (j) {
+      doc = job_event_json(j, now);
+    } else if ((doc = cJSON_CreateObject())) {
+      cJSON_AddStringToObject(doc, "job", job);
+    }
+    json = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+  }
+  if (json && asprintf(&text, "event: %s\ndata: %s\n\n", kind, json) < 0)
+    text = NULL;
+  free(json);
+  *len = text ? strlen(text) : 0;
+  return text;
+}
+
+static void on_stream_open(void *data, gs_http_stream_t *s)
+{
+  gs_http_sub_t *sub = data;
+
+  sub->stream = s;
+  gs_list_insert_tail(&sub->r->subs, &sub->node);
+}
+
+/* The stream ended, or never opened (s NULL): the subscription goes. */
+static void on_stream_close(void *data, gs_http_stream_t *s)
+{
+  gs_http_sub_t *sub = data;
+
+  (void)s;
+  gs_list_remove(&sub->node);
+  free(sub);
+}
+
+/* GET /events[?job=NAME]: a stream of server-sent events, the first page
+ * of /status (or the job's JSON) now and then each GS_EVENTS_PERIOD_MS
+ * (all streams at the same tick). Authorized as /status (or as
+ * /jobs/NAME, which shows the same). */
+static void events_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res)
+{
+  gs_http_sub_t *sub;
+  char name[128];
+  int err = query_param(req->query, "job", name, sizeof(name));
+  bool is_job = err == 0;
+
+  if (strcmp(req->method, "GET") != 0) {
+    res->allow = "GET";
+    respond_error(res, 405, "%s allows GET only", req->path);
+    return;
+  }
+  if (err && err != GS_ENOTFOUND) {
+    respond_error(res, 400, "job must be a job's name (URL-encoded, up to %zu bytes)",
+                  sizeof(name) - 1);
+    return;
+  }
+  if (!authorized(r, req, is_job ? name : NULL, false, is_job, res))
+    return;
+  if (is_job && !gs__jobs_find(r->jobs, name)) {
+    respond_error(res, 404, "no job named %s", name);
+    return;
+  }
+  sub = calloc(1, sizeof(*sub));
+  if (!sub) {
+    respond_error(res, 500, "out of memory");
+    return;
+  }
+  gs_list_init(&sub->node);
+  sub->r = r;
+  snprintf(sub->job, sizeof(sub->job), "%s", is_job ? name : "");
+  res->body = event_text(r, sub->job, uv_now(r->loop), &res->body_len);
+  if (!res->body) {
+    free(sub);
+    respond_error(res, 500, "out of memory");
+    return;
+  }
+  res->status = 200;
+  res->content_type = EVENT_STREAM;
+  res->headers = EVENT_HEADERS;
+  res->on_stream_open = on_stream_open;
+  res->on_stream_close = on_stream_close;
+  res->stream_data = sub;
+}
+
+/* One tick's rendered events, so that streams of the same subject share
+ * one rendering (a job's JSON costs O(world)). */
+typedef struct rendered {
+  char job[128]; /* a copy: a write may free the sub it came from */
+  char *text;
+  size_t len;
+} rendered_t;
+
+/* The event for `sub` this tick: rendered now, or by an earlier stream of
+ * the same subject. NULL when out of memory. */
+static rendered_t *render_once(gs_http_routes_t *r, rendered_t *done, size_t *ndone,
+                               const gs_http_sub_t *sub, uint64_t now)
+{
+  rendered_t *e;
+
+  for (size_t i = 0; i < *ndone; i++) {
+    if (!strcmp(done[i].job, sub->job))
+      return &done[i];
+  }
+  e = &done[(*ndone)++];
+  memcpy(e->job, sub->job, sizeof(e->job));
+  e->text = event_text(r, sub->job, now, &e->len);
+  return e->text ? e : NULL;
+}
+
+void gs__http_routes_tick(gs_http_routes_t *r, uint64_t now)
+{
+  gs_list_t *node, *next;
+  rendered_t *done;
+  size_t ndone = 0, nsubs = 0;
+
+  if (!r->subs.next || gs_list_empty(&r->subs))
+    return;
+  if (now - r->events_ms < GS_EVENTS_PERIOD_MS)
+    return;
+  r->events_ms = now;
+  for (node = r->subs.next; node != &r->subs; node = node->next)
+    nsubs++;
+  done = calloc(nsubs, sizeof(*done));
+  if (!done)
+    return;
+  /* A write may end its stream (and free its sub) before it returns. */
+  for (node = r->subs.next; node != &r->subs; node = next) {
+    gs_http_sub_t *sub = GS_CONTAINER_OF(node, gs_http_sub_t, node);
+    rendered_t *e = render_once(r, done, &ndone, sub, now);
+
+    next = node->next;
+    if (e && gs_http_stream_write(sub->stream, e->text, e->len))
+      continue; /* it ended: the server said why, and on_stream_close freed it */
+  }
+  for (size_t i = 0; i < ndone; i++)
+    free(done[i].text);
+  free(done);
+}
+
 void gs__http_routes_handle(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)
 {
   gs_http_routes_t *r = ctx;
+  const gs_ui_asset_t *asset;
   bool is_control;
   char name[128];
 
   if (!strcmp(req->path, "/healthz") || !strcmp(req->path, "/status") ||
       !strcmp(req->path, "/metrics"))
     service_route(r, req, res);
+  else if (!strcmp(req->path, "/events"))
+    events_route(r, req, res);
+  else if ((asset = ui_asset(req->path)))
+    ui_route(req, asset, res);
   else if (job_path(req->path, name, sizeof(name), &is_control))
     job_route(r, req, res, name, is_control);
   else
@@ -396,6 +686,7 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
       .lines = r->lines,
   };
 
+  gs_list_init(&r->subs);
   r->http = gs_http_server_new(r->loop, r->log, &limits, gs__http_routes_handle, r);
   if (!r->http)
     return GS_ENOMEM;

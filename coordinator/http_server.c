@@ -8,7 +8,10 @@
  * so that a reply is not lost to a reset caused by unread request bytes.
  * Open connections are capped (limits.max_connections): at the cap a new
  * one closes the one idle longest, so that idle clients, which need no
- * token, cannot take every descriptor. */
+ * token, cannot take every descriptor. A handler may turn its reply into
+ * an event stream (gs_http_response_t.on_stream_close): the connection
+ * then stays open, reads nothing more, and is written to by its owner
+ * through gs_http_stream_write until one side ends it. */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,7 +33,8 @@
 #define LINGER_MS 2000              /* wait for the peer's EOF after our last reply */
 #define DEFAULT_TYPE "application/json"
 
-typedef struct http_conn http_conn_t;
+/* A connection is also the handle of the stream it may carry. */
+typedef struct gs_http_stream http_conn_t;
 
 struct gs_http_server {
   uv_loop_t *loop;
@@ -44,6 +48,8 @@ struct gs_http_server {
   /* The connections that owe no reply, by when they last became idle or
    * began a request, oldest first: where the cap finds one to close. */
   gs_list_t quiet;
+  gs_list_t streams; /* the open event streams, oldest first */
+  size_t streams_open;
   uint64_t evicted, refused; /* at the cap */
   gs_ratelimit_t cap_rl;     /* lines about the cap, for the whole port */
   gs_ratelimit_t accept_rl;  /* failed accepts */
@@ -58,7 +64,7 @@ struct gs_http_server {
   char rbuf[READ_CHUNK];
 };
 
-struct http_conn {
+struct gs_http_stream {
   uv_tcp_t tcp;
   uv_timer_t timer; /* idle timeout, then the linger deadline */
   uv_shutdown_t shutdown;
@@ -84,6 +90,11 @@ struct http_conn {
   bool eof;         /* the peer has shut down its side */
   bool notified;    /* our TLS close_notify is out */
   bool closing;
+  /* An event stream (gs_http_response_t): open while `streaming`. */
+  bool streaming;
+  gs_list_t stream_node; /* on srv->streams while streaming */
+  gs_http_stream_fn on_stream_close;
+  void *stream_data;
   char peer[64];
 };
 
@@ -163,12 +174,29 @@ static void on_conn_handle_close(uv_handle_t *h)
 }
 
 /* Puts the connection at the end of the quiet list, when it owes no
- * reply: it became idle or began a request just now. */
+ * reply: it became idle or began a request just now. A stream is never
+ * quiet: it has its own list. */
 static void quiet_touch(http_conn_t *conn)
 {
   gs_list_remove(&conn->quiet_node);
-  if (!conn->closing && conn->writes == 0)
+  if (!conn->closing && !conn->streaming && conn->writes == 0)
     gs_list_insert_tail(&conn->srv->quiet, &conn->quiet_node);
+}
+
+/* Ends the connection's stream, if it carries one: its owner hears it
+ * once, and writes no more. The connection itself goes on to drain or
+ * close. */
+static void stream_end(http_conn_t *conn)
+{
+  gs_http_stream_fn on_close = conn->on_stream_close;
+
+  if (!conn->streaming)
+    return;
+  conn->streaming = false;
+  conn->on_stream_close = NULL;
+  gs_list_remove(&conn->stream_node);
+  conn->srv->streams_open--;
+  on_close(conn->stream_data, conn);
 }
 
 /* Closes both handles; the memory goes in the last close callback, so the
@@ -179,6 +207,7 @@ static void conn_close(http_conn_t *conn)
     return;
   conn->closing = true;
   conn->srv->open--;
+  stream_end(conn);
   gs_list_remove(&conn->quiet_node);
   uv_close((uv_handle_t *)&conn->timer, on_conn_handle_close);
   uv_close((uv_handle_t *)&conn->tcp, on_conn_handle_close);
@@ -321,6 +350,21 @@ static void send_response_tls(http_conn_t *conn, http_write_t *w, const gs_http_
     conn_close(conn);
 }
 
+/* Extra header lines: each "Name: value" ended by CRLF, with no other CR
+ * or LF and no empty line (which would end the head early). */
+static bool headers_are_valid(const char *h)
+{
+  for (const char *line = h; *line;) {
+    const char *end = strpbrk(line, "\r\n");
+
+    if (!end || end == line || !strchr(line, ':') || strchr(line, ':') > end || end[0] != '\r' ||
+        end[1] != '\n')
+      return false;
+    line = end + 2;
+  }
+  return true;
+}
+
 /* Header values come from our own code, but a CR or LF in one would let a
  * handler split the response; such a response is replaced by a 500. */
 static bool response_is_valid(const gs_http_response_t *res)
@@ -329,15 +373,21 @@ static bool response_is_valid(const gs_http_response_t *res)
     return false;
   if (res->content_type && strpbrk(res->content_type, "\r\n"))
     return false;
-  return !res->allow || !strpbrk(res->allow, "\r\n");
+  if (res->allow && strpbrk(res->allow, "\r\n"))
+    return false;
+  return !res->headers || headers_are_valid(res->headers);
 }
 
-/* Formats the status line and headers into a new write request. */
+/* Formats the status line and headers into a new write request. A
+ * stream's head has no Content-Length: its body ends with the connection. */
 static http_write_t *response_head(const gs_http_response_t *res, bool close)
 {
-  static const char fmt[] = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                            "Connection: %s\r\n%s%s%s\r\n";
+  static const char fmt[] = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s%s"
+                            "Connection: %s\r\n%s%s%s%s\r\n";
+  bool sized = !res->on_stream_close;
+  char length[32];
   const char *type = res->content_type ? res->content_type : DEFAULT_TYPE;
+  const char *extra = res->headers ? res->headers : "";
   const char *reason = http_status_str((enum http_status)res->status);
   const char *conn_hdr = close ? "close" : "keep-alive";
   const char *allow_name = res->allow ? "Allow: " : "";
@@ -346,15 +396,17 @@ static http_write_t *response_head(const gs_http_response_t *res, bool close)
   http_write_t *w;
   int n;
 
-  n = snprintf(NULL, 0, fmt, res->status, reason, type, res->body_len, conn_hdr, allow_name, allow,
-               allow_end);
+  snprintf(length, sizeof(length), "%zu", res->body_len);
+  n = snprintf(NULL, 0, fmt, res->status, reason, type, sized ? "Content-Length: " : "",
+               sized ? length : "", sized ? "\r\n" : "", conn_hdr, allow_name, allow, allow_end,
+               extra);
   if (n < 0)
     return NULL;
   w = malloc(sizeof(*w) + (size_t)n + 1);
   if (!w)
     return NULL;
-  snprintf(w->head, (size_t)n + 1, fmt, res->status, reason, type, res->body_len, conn_hdr,
-           allow_name, allow, allow_end);
+  snprintf(w->head, (size_t)n + 1, fmt, res->status, reason, type, sized ? "Content-Length: " : "",
+           sized ? length : "", sized ? "\r\n" : "", conn_hdr, allow_name, allow, allow_end, extra);
   return w;
 }
 
@@ -560,6 +612,27 @@ static int split_target(gs_buf_t *url, gs_http_request_t *req)
   return 0;
 }
 
+/* After a stream's head went out: the connection becomes the stream, or,
+ * when it cannot (see gs_http_response_t), the owner hears that it never
+ * opened. A live stream is not idle: its timer stops. */
+static void stream_start(http_conn_t *conn, const gs_http_response_t *res, bool with_body)
+{
+  gs_http_server_t *srv = conn->srv;
+
+  if (!with_body || res->status != 200 || conn->closing || conn->draining) {
+    res->on_stream_close(res->stream_data, NULL);
+    return;
+  }
+  conn->streaming = true;
+  conn->on_stream_close = res->on_stream_close;
+  conn->stream_data = res->stream_data;
+  gs_list_insert_tail(&srv->streams, &conn->stream_node);
+  srv->streams_open++;
+  uv_timer_stop(&conn->timer);
+  if (res->on_stream_open)
+    res->on_stream_open(res->stream_data, conn);
+}
+
 static int on_message_complete(http_parser *p)
 {
   http_conn_t *conn = p->data;
@@ -572,6 +645,7 @@ static int on_message_complete(http_parser *p)
       .body_len = conn->body.len,
   };
   gs_http_response_t res = {0};
+  bool stream;
 
   if (split_target(&conn->url, &req))
     return refuse(conn, 400, "malformed request target");
@@ -580,18 +654,24 @@ static int on_message_complete(http_parser *p)
     gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: handler gave an invalid %d response to %s %s",
            res.status, req.method, req.path);
     free(res.body);
+    if (res.on_stream_close)
+      res.on_stream_close(res.stream_data, NULL);
     res = (gs_http_response_t){.status = 500, .body = strdup("{\"error\":\"internal error\"}")};
     res.body_len = res.body ? strlen(res.body) : 0;
   }
-  send_response(conn, &res, p->method != HTTP_HEAD, !conn->keep_alive);
+  stream = res.on_stream_close != NULL;
+  send_response(conn, &res, p->method != HTTP_HEAD, !conn->keep_alive || stream);
   request_reset(conn);
   conn->in_request = false;
+  if (stream)
+    stream_start(conn, &res, p->method != HTTP_HEAD);
   quiet_touch(conn);
-  if (!conn->keep_alive)
+  if (!conn->keep_alive || (stream && !conn->streaming))
     conn_drain(conn);
   /* Stop at this request if the connection is ending (the handler may
-   * even have closed the server); otherwise the idle clock starts again. */
-  if (conn->draining || conn->closing)
+   * even have closed the server) or streams; otherwise the idle clock
+   * starts again. */
+  if (conn->draining || conn->closing || conn->streaming)
     http_parser_pause(p, 1);
   else
     timer_restart(conn, srv->limits.idle_timeout_ms);
@@ -645,7 +725,7 @@ static bool take_bytes(http_conn_t *conn, const uint8_t *data, size_t len)
   enum http_errno err;
 
   http_parser_execute(&conn->parser, &parser_settings, (const char *)data, len);
-  if (conn->draining || conn->closing)
+  if (conn->draining || conn->closing || conn->streaming)
     return false;
   err = HTTP_PARSER_ERRNO(&conn->parser);
   if (err != HPE_OK) {
@@ -696,6 +776,7 @@ static void tls_failed(http_conn_t *conn)
 static void end_of_input(http_conn_t *conn)
 {
   conn->eof = true;
+  stream_end(conn);
   if (conn->draining && conn->writes == 0)
     conn_close(conn);
   else
@@ -730,8 +811,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     end_of_input(conn);
     return;
   }
-  /* Bytes after the last request we answer are read only to be dropped. */
-  if (nread == 0 || conn->draining || conn->closing)
+  /* Bytes after the last request we answer (or one that opened a
+   * stream) are read only to be dropped. */
+  if (nread == 0 || conn->draining || conn->closing || conn->streaming)
     return;
   if (conn->tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
@@ -754,6 +836,7 @@ static http_conn_t *conn_new(gs_http_server_t *srv)
   conn->tcp.data = conn->timer.data = conn;
   conn->handles = 2;
   gs_list_init(&conn->quiet_node);
+  gs_list_init(&conn->stream_node);
   conn->srv = srv;
   http_parser_init(&conn->parser, HTTP_REQUEST);
   conn->parser.data = conn;
@@ -783,8 +866,9 @@ static void accept_failed(gs_http_server_t *srv, int err)
 }
 
 /* The connection to close at the cap: the one idle longest, else the one
- * whose request began first; NULL when every one owes a reply. The walk
- * passes only connections with a request in progress. */
+ * whose request began first, else the oldest event stream (a dashboard
+ * left open must not hold the port); NULL when every one owes a reply.
+ * The walk passes only connections with a request in progress. */
 static http_conn_t *eviction_victim(gs_http_server_t *srv)
 {
   gs_list_t *first = gs_list_first(&srv->quiet);
@@ -795,7 +879,10 @@ static http_conn_t *eviction_victim(gs_http_server_t *srv)
     if (!conn->in_request)
       return conn;
   }
-  return first ? GS_CONTAINER_OF(first, http_conn_t, quiet_node) : NULL;
+  if (first)
+    return GS_CONTAINER_OF(first, http_conn_t, quiet_node);
+  first = gs_list_first(&srv->streams);
+  return first ? GS_CONTAINER_OF(first, http_conn_t, stream_node) : NULL;
 }
 
 /* At the cap: closes a connection to admit a new one (true), or says why
@@ -821,7 +908,9 @@ static bool make_room(gs_http_server_t *srv)
            "http: %zu connections (--max-http-connections): closing %s, the %s, to admit a new "
            "one (%llu closed so far; %u such lines held back)",
            srv->open, old->peer,
-           old->in_request ? "one whose request began first" : "one idle longest",
+           old->streaming    ? "oldest event stream"
+           : old->in_request ? "one whose request began first"
+                             : "one idle longest",
            (unsigned long long)srv->evicted, held_back);
   conn_close(old);
   return true;
@@ -920,6 +1009,7 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   srv->ctx = ctx;
   srv->listener.data = srv;
   gs_list_init(&srv->quiet);
+  gs_list_init(&srv->streams);
   return srv;
 }
 
@@ -948,6 +1038,33 @@ uint16_t gs_http_server_port(const gs_http_server_t *srv)
 size_t gs_http_server_connections(const gs_http_server_t *srv)
 {
   return srv->open;
+}
+
+size_t gs_http_server_streams(const gs_http_server_t *srv)
+{
+  return srv->streams_open;
+}
+
+int gs_http_stream_write(gs_http_stream_t *conn, const char *data, size_t len)
+{
+  size_t queued;
+
+  if (!conn->streaming || conn->closing)
+    return GS_ECLOSED;
+  queued = uv_stream_get_write_queue_size((uv_stream_t *)&conn->tcp);
+  if (queued >= GS_HTTP_STREAM_BACKLOG) {
+    conn_log(conn, GS_LOG_KIND_HTTP_LIMIT,
+             "is not reading its event stream (%zu bytes queued); closing", queued);
+    conn_close(conn);
+    return GS_ELIMIT;
+  }
+  if (conn->tls) {
+    if (gs__tls_output(conn->tls, (const uint8_t *)data, len))
+      conn_close(conn);
+  } else {
+    write_raw(conn, (const uint8_t *)data, len);
+  }
+  return conn->closing ? GS_ECLOSED : 0;
 }
 
 static void on_listener_close(uv_handle_t *h)

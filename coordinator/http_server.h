@@ -26,12 +26,32 @@ typedef struct gs_http_request {
   size_t body_len;
 } gs_http_request_t;
 
+/* A response that stays open (an event stream): the handler's owner
+ * writes to it until it ends. The connection itself, opaque. */
+typedef struct gs_http_stream gs_http_stream_t;
+
+/* Told about a stream: `data` is the response's stream_data. */
+typedef void (*gs_http_stream_fn)(void *data, gs_http_stream_t *s);
+
 typedef struct gs_http_response {
   int status;               /* 200, 404, ... */
   const char *content_type; /* static string, e.g. "application/json" */
   char *body;               /* malloc'd by the handler; the server frees it */
   size_t body_len;
   const char *allow; /* for 405: the Allow header value, or NULL */
+  /* More header lines, each "Name: value\r\n" (a static string), or NULL. */
+  const char *headers;
+  /* An event stream, when on_stream_close is set: the head goes out with
+   * no Content-Length and `Connection: close`, the body as the first
+   * bytes, and the connection stays open for gs_http_stream_write; it
+   * reads no further request and is not idle while open. Exactly one of
+   * these follows: on_stream_open(stream_data, s) and later, once,
+   * on_stream_close(stream_data, s) when the client goes away, a write
+   * fails or falls too far behind, or the server closes; or
+   * on_stream_close(stream_data, NULL) when the stream never opened (a
+   * HEAD, a status other than 200, a connection already ending). */
+  gs_http_stream_fn on_stream_open, on_stream_close;
+  void *stream_data;
 } gs_http_response_t;
 
 /* Called once per complete request, on the loop thread. Must not block. */
@@ -75,6 +95,17 @@ uint16_t gs_http_server_port(const gs_http_server_t *srv);
 
 /* Number of open client connections (for metrics). */
 size_t gs_http_server_connections(const gs_http_server_t *srv);
+
+/* Sends `len` bytes on an open stream: at once when the socket takes
+ * them, else from a copy queued behind the bytes before them. A client
+ * with GS_HTTP_STREAM_BACKLOG bytes still queued is not reading: its
+ * stream is closed. May call the stream's on_stream_close before it
+ * returns (then it returns an error, and `s` is gone). */
+#define GS_HTTP_STREAM_BACKLOG (256u * 1024)
+int gs_http_stream_write(gs_http_stream_t *s, const char *data, size_t len) GS_WARN_UNUSED;
+
+/* Number of open streams (for metrics). */
+size_t gs_http_server_streams(const gs_http_server_t *srv);
 
 /* Closes the listener and every connection; the memory is freed in the
  * last close callback, so run the loop until it has no active handles. */

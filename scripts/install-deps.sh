@@ -21,7 +21,7 @@ packages=(
   check
   libopenblas-dev dataset-fashion-mnist fortunes
   patchelf clang-format clang
-  curl openssl python3-yaml
+  curl openssl python3-yaml chromium
   python3-dev python3-torch python3-numpy
   iproute2 iptables
   "${extra[@]}"

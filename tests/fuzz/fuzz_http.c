@@ -53,6 +53,15 @@ static const uint8_t *take_line(const uint8_t *p, const uint8_t *end, char *out,
   return nl ? nl + 1 : end;
 }
 
+/* Frees a response as the server would; an event stream (GET /events)
+ * is told it never opened, as for a connection already ending. */
+static void end_response(gs_http_response_t *res)
+{
+  free(res->body);
+  if (res->on_stream_close)
+    res->on_stream_close(res->stream_data, NULL);
+}
+
 static void check_response(const gs_http_response_t *res)
 {
   GS_FUZZ_CHECK(res->status >= 200 && res->status < 600);
@@ -125,11 +134,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   gs__http_routes_handle(&f.routes, &req, &res);
   check_response(&res);
   /* Twice: GET /status is served from its cache the second time. */
-  free(res.body);
+  end_response(&res);
   res = (gs_http_response_t){0};
   gs__http_routes_handle(&f.routes, &req, &res);
   check_response(&res);
-  free(res.body);
+  end_response(&res);
   gs_buf_free(&f.routes.status_body);
   gs__jobs_peer_closed(&f.jobs, &f.peer);
   gs__jobs_free(&f.jobs);

@@ -1,0 +1,317 @@
+// The coordinator's dashboard: plain JavaScript, no framework, no build step.
+// Data comes from two server-sent event streams the coordinator pushes once a
+// second (docs/design.md, "The dashboard"): GET events (the /status summary)
+// and GET events?job=NAME (that job's /jobs/NAME JSON). They are read with
+// fetch() rather than EventSource so that the token goes in an
+// Authorization header, never in a URL. The token is kept in
+// sessionStorage only (this tab, until it closes). Every URL is relative, so
+// the page works at / and /ui, over http and https, behind a path prefix.
+"use strict";
+
+const HISTORY = 300; // chart points kept per job (5 minutes at one a second)
+const $ = (id) => document.getElementById(id);
+
+const ui = {
+  token: sessionStorage.getItem("gradsync-token") || "",
+  job: decodeURIComponent(location.hash.slice(1)) || null, // selected job
+  history: new Map(), // job name -> [{step, loss, sps}]
+  streams: { status: null, job: null }, // AbortControllers
+};
+
+// One stream of server-sent events read with fetch(), reconnecting with
+// backoff until it is aborted. onEvent(kind, parsedJson) per event.
+function stream(url, onEvent, onState) {
+  const ctl = new AbortController();
+  let delay = 500;
+  const once = async () => {
+    const headers = ui.token ? { Authorization: "Bearer " + ui.token } : {};
+    const res = await fetch(url, { headers, signal: ctl.signal, cache: "no-store" });
+    if (res.status === 401) throw Object.assign(new Error("this needs the token"), { auth: true });
+    if (!res.ok) throw new Error(url + ": " + res.status + " " + (await res.text()));
+    onState("live");
+    delay = 500;
+    const reader = res.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += dec.decode(value, { stream: true });
+      let end;
+      while ((end = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        let kind = "message";
+        let data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event:")) kind = line.slice(6).trim();
+          else if (line.startsWith("data:")) data += line.slice(5).trim();
+        }
+        if (data) onEvent(kind, JSON.parse(data));
+      }
+    }
+  };
+  (async () => {
+    while (!ctl.signal.aborted) {
+      try {
+        await once();
+        onState("reconnecting");
+      } catch (e) {
+        if (ctl.signal.aborted) return;
+        onState(e.auth ? "token needed" : "reconnecting", e.message);
+        if (e.auth) return; // until a token is given
+      }
+      await new Promise((ok) => setTimeout(ok, delay));
+      delay = Math.min(delay * 2, 10000);
+    }
+  })();
+  return ctl;
+}
+
+function setConn(state, why) {
+  $("conn").textContent = state;
+  $("conn").dataset.state = state;
+  const n = $("notice");
+  n.hidden = !why;
+  n.textContent = why || "";
+}
+
+// Small DOM helpers: text only, never HTML from the wire.
+function el(tag, text, attrs) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = text;
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+function row(cells, attrs) {
+  const tr = el("tr", null, attrs);
+  for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
+  return tr;
+}
+const num = (v, d = 0) => (typeof v === "number" ? v.toFixed(d) : "");
+const fmt = (v) => (typeof v === "number" ? (Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3)) : "");
+
+function onStatus(kind, s) {
+  const c = s.coordinator || {};
+  $("coordinator").textContent = `v${c.version || "?"} · up ${num(c.uptime_s)} s · ${c.jobs || 0} jobs`;
+  const body = $("jobs").tBodies[0];
+  body.replaceChildren();
+  for (const j of s.jobs || []) {
+    const rs = j.rank_summary || {};
+    const name = el("td");
+    const a = el("a", j.name, { href: "#" + encodeURIComponent(j.name) });
+    name.appendChild(a);
+    const tr = row([name, el("td", j.state, { class: "state-" + j.state }), String(j.world_size),
+      `${rs.step_min ?? ""} – ${rs.step_max ?? ""}`, num(j.samples_per_sec)],
+    { "data-job": j.name });
+    if (j.name === ui.job) tr.classList.add("selected");
+    body.appendChild(tr);
+  }
+  $("no-jobs").hidden = (s.jobs || []).length > 0;
+  if (!ui.job && s.jobs && s.jobs.length) select(s.jobs[0].name);
+}
+
+function select(name) {
+  if (ui.job === name && ui.streams.job) return;
+  ui.job = name;
+  if (location.hash.slice(1) !== encodeURIComponent(name)) location.hash = encodeURIComponent(name);
+  if (ui.streams.job) ui.streams.job.abort();
+  $("job").hidden = false;
+  $("job-name").textContent = name;
+  ui.streams.job = stream("events?job=" + encodeURIComponent(name), onJob, (st, why) => {
+    if (st !== "live") setConn(st, why);
+  });
+}
+
+function onJob(kind, j) {
+  if (kind === "gone") {
+    $("job-state").textContent = "forgotten by the coordinator";
+    return;
+  }
+  const rs = j.rank_summary || {};
+  const ranks = j.ranks || [];
+  $("job-name").textContent = j.name;
+  $("job-state").textContent = j.state;
+  $("job-state").dataset.state = j.state;
+  const reason = j.reason || j.abort_reason || "";
+  $("job-reason").hidden = !reason;
+  $("job-reason").textContent = reason;
+  $("step-min").textContent = rs.step_min ?? "";
+  $("step-max").textContent = rs.step_max ?? 0;
+  $("job-sps").textContent = num(j.samples_per_sec);
+  $("job-gen").textContent = `${j.generation} (regroups ${j.regroups ?? 0})`;
+  $("job-world").textContent = `${j.world_size} (min ${j.world_min}, max ${j.world_max})`;
+  showWaiting(j);
+  showSettings(j);
+  record(j, ranks);
+  showMembers(ranks);
+  showHeatmap(ranks);
+  showGenerations(j.generations || []);
+  const cut = $("ranks-cut");
+  cut.hidden = !(j.ranks_listed < j.world_size);
+  cut.textContent = `showing the first ${j.ranks_listed} of ${j.world_size} ranks ` +
+    "(the stream lists at most " + j.ranks_max_listed + ")";
+}
+
+// Who the job waits on: waiting_on when the coordinator says it, else the
+// ranks at the lowest step of a stalled job.
+function showWaiting(j) {
+  const w = j.waiting_on;
+  let ranks = [];
+  let why = "";
+  if (w && typeof w === "object") {
+    ranks = w.ranks || [];
+    why = w.reason || [w.kind, w.phase, w.collective].filter(Boolean).join(", ");
+    if (w.rank_count > ranks.length) why += ` (${w.rank_count} ranks in all)`;
+  } else if (j.stalled || j.state === "stalled") {
+    ranks = j.stalled_ranks || [];
+    why = j.state === "stalled" && j.reason ? j.reason :
+      `no step for ${num(j.stalled_since_s, 1)} s; these ranks are at the lowest step`;
+  }
+  const show = ranks.length > 0 || (w && typeof w === "object");
+  $("waiting-box").hidden = !show;
+  $("waiting-on").textContent = ranks.map((r) => "rank " + r).join(", ") || (w ? w.kind : "");
+  $("waiting-why").textContent = why;
+}
+
+function showSettings(j) {
+  const dl = $("settings");
+  dl.replaceChildren();
+  const add = (k, v) => {
+    if (v === undefined || v === null || v === "") return;
+    dl.appendChild(el("dt", k));
+    dl.appendChild(el("dd", typeof v === "object" ? JSON.stringify(v) : String(v)));
+  };
+  add("broadcast period", j.bcast_period);
+  add("world min / max", `${j.world_min} / ${j.world_max}`);
+  const p = j.pack_list;
+  if (p) add("packs", `${p.packs} packs, ${p.params} params, ${(p.bytes / 1048576).toFixed(2)} MiB ` +
+    `(threshold ${(p.threshold_bytes / 1048576).toFixed(1)} MiB)`);
+  add("broadcasts asked", j.broadcast_seq);
+  add("checkpoints asked", j.checkpoint_seq);
+  add("stop asked", j.stop ? "yes" : "no");
+  for (const [k, v] of Object.entries(j.settings || {})) add(k, v);
+  const input = $("bcast-period");
+  if (document.activeElement !== input) input.value = j.bcast_period;
+}
+
+function record(j, ranks) {
+  let h = ui.history.get(j.name);
+  if (!h) ui.history.set(j.name, (h = []));
+  const live = ranks.filter((r) => typeof r.loss === "number" && r.state === "running");
+  const step = j.rank_summary ? j.rank_summary.step_max : 0;
+  if (live.length && step > 0 && (!h.length || h[h.length - 1].step !== step)) {
+    const loss = live.reduce((a, r) => a + r.loss, 0) / live.length;
+    h.push({ step, loss, sps: j.samples_per_sec || 0 });
+    if (h.length > HISTORY) h.shift();
+  }
+  chart($("chart-loss"), h.map((p) => p.loss));
+  chart($("chart-sps"), h.map((p) => p.sps));
+}
+
+// A line chart of `ys` in a 300x100 SVG, with its last value and range.
+function chart(svg, ys) {
+  const NS = "http://www.w3.org/2000/svg";
+  svg.replaceChildren();
+  if (!ys.length) return;
+  const lo = Math.min(...ys);
+  const hi = Math.max(...ys);
+  const span = hi - lo || 1;
+  const pts = ys.map((y, i) => `${(i / Math.max(ys.length - 1, 1)) * 300},${95 - ((y - lo) / span) * 85}`);
+  const line = document.createElementNS(NS, "polyline");
+  line.setAttribute("points", pts.join(" "));
+  svg.appendChild(line);
+  const label = document.createElementNS(NS, "text");
+  label.setAttribute("x", "4");
+  label.setAttribute("y", "12");
+  label.textContent = `${fmt(ys[ys.length - 1])}  (${fmt(lo)} – ${fmt(hi)})`;
+  svg.appendChild(label);
+}
+
+function showMembers(ranks) {
+  const body = $("members").tBodies[0];
+  body.replaceChildren();
+  for (const r of ranks) {
+    const attrs = { "data-rank": r.rank, "data-state": r.state, "data-phase": r.phase || "" };
+    body.appendChild(row([String(r.rank), r.state, r.phase ? r.phase + (r.pack != null ? ` (pack ${r.pack})` : "") : "",
+      r.node || "", r.device || "", r.step ?? "", fmt(r.loss), num(r.samples_per_sec),
+      num(r.compute_ms, 2), num(r.comm_wait_ms, 2),
+      typeof r.send_wait === "number" ? (r.send_wait * 100).toFixed(0) + "%" : "",
+      typeof r.last_heartbeat_s === "number" ? r.last_heartbeat_s.toFixed(1) + " s ago" : ""], attrs));
+  }
+}
+
+// One cell per rank, its colour from its step time between the fastest
+// (green) and the slowest (red); all alike stay green.
+function showHeatmap(ranks) {
+  const box = $("heatmap");
+  box.replaceChildren();
+  const t = ranks.map((r) => (r.compute_ms || 0) + (r.comm_wait_ms || 0));
+  const min = Math.min(...t);
+  const spread = Math.max(...t) - min;
+  ranks.forEach((r, i) => {
+    const cell = el("span", null, {
+      "data-rank": r.rank,
+      title: `rank ${r.rank}: ${t[i].toFixed(2)} ms (compute ${num(r.compute_ms, 2)}, comm wait ${num(r.comm_wait_ms, 2)})`,
+    });
+    const f = spread > 0.05 * min ? (t[i] - min) / spread : 0;
+    cell.style.backgroundColor = r.state === "running" ? `hsl(${120 - 120 * f}, 70%, ${70 - 25 * f}%)` : "#bbb";
+    if (ranks.length <= 64) cell.textContent = r.rank;
+    box.appendChild(cell);
+  });
+}
+
+function showGenerations(gens) {
+  const body = $("generations").tBodies[0];
+  body.replaceChildren();
+  for (const g of gens.slice().reverse()) {
+    body.appendChild(row([String(g.generation), String(g.world_size), String(g.start_step),
+      num(g.started_s_ago) + " s ago", num(g.duration_s, 1) + " s", num(g.lost_s, 1) + " s",
+      g.end || "running", g.lost || ""]));
+  }
+}
+
+async function control(action) {
+  const out = $("control-result");
+  const body = {};
+  if (action === "period") body.bcast_period = Number($("bcast-period").value);
+  else body.action = action;
+  if (action === "stop" && !confirm(`Stop job ${ui.job}?`)) return;
+  const headers = { "Content-Type": "application/json" };
+  if (ui.token) headers.Authorization = "Bearer " + ui.token;
+  try {
+    const res = await fetch("jobs/" + encodeURIComponent(ui.job) + "/control",
+      { method: "POST", headers, body: JSON.stringify(body) });
+    const text = await res.text();
+    out.textContent = res.ok ? `${action}: done` : `${action}: ${res.status} ${text}`;
+  } catch (e) {
+    out.textContent = `${action}: ${e.message}`;
+  }
+}
+
+function start() {
+  if (ui.streams.status) ui.streams.status.abort();
+  ui.streams.status = stream("events", onStatus, setConn);
+  if (ui.streams.job) ui.streams.job.abort();
+  ui.streams.job = null;
+  if (ui.job) select(ui.job);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token").value = ui.token;
+  $("token-set").addEventListener("click", () => {
+    ui.token = $("token").value.trim();
+    if (ui.token) sessionStorage.setItem("gradsync-token", ui.token);
+    else sessionStorage.removeItem("gradsync-token");
+    start();
+  });
+  $("control").addEventListener("click", (e) => {
+    const a = e.target.dataset && e.target.dataset.action;
+    if (a && ui.job) control(a);
+  });
+  window.addEventListener("hashchange", () => {
+    const name = decodeURIComponent(location.hash.slice(1));
+    if (name && name !== ui.job) select(name);
+  });
+  start();
+});
