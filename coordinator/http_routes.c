@@ -14,6 +14,7 @@
 #include "auth.h"
 #include "http_routes.h"
 #include "parse.h"
+#include "trace.h"
 #include "ui_assets.h"
 
 #define JSON "application/json"
@@ -74,8 +75,12 @@ static void respond_error(gs_http_response_t *res, int status, const char *fmt, 
   respond_json(res, status, doc);
 }
 
-/* Splits "/jobs/NAME" or "/jobs/NAME/control"; false for other paths. */
-static bool job_path(const char *path, char *name, size_t len, bool *control)
+/* What under /jobs/NAME a path names. */
+typedef enum job_part { JOB_VIEW, JOB_CONTROL, JOB_TRACE } job_part_t;
+
+/* Splits "/jobs/NAME", "/jobs/NAME/control" or "/jobs/NAME/trace"; false
+ * for other paths. */
+static bool job_path(const char *path, char *name, size_t len, job_part_t *part)
 {
   const char *p = path + strlen("/jobs/"), *slash;
   size_t n;
@@ -86,11 +91,16 @@ static bool job_path(const char *path, char *name, size_t len, bool *control)
   n = slash ? (size_t)(slash - p) : strlen(p);
   if (n == 0 || n >= len)
     return false;
-  if (slash && strcmp(slash, "/control") != 0)
+  if (!slash)
+    *part = JOB_VIEW;
+  else if (!strcmp(slash, "/control"))
+    *part = JOB_CONTROL;
+  else if (!strcmp(slash, "/trace"))
+    *part = JOB_TRACE;
+  else
     return false;
   memcpy(name, p, n);
   name[n] = '\0';
-  *control = slash != NULL;
   return true;
 }
 
@@ -386,25 +396,70 @@ static void service_route(gs_http_routes_t *r, const gs_http_request_t *req,
   }
 }
 
-/* GET /jobs/NAME or POST /jobs/NAME/control. */
-static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res,
-                      const char *name, bool is_control)
+static int query_param(const char *query, const char *key, char *out, size_t len);
+
+/* POST /jobs/NAME/trace?steps=N (default 10) asks the ranks to record
+ * their next N steps: 202, and where the result will be. GET gives it:
+ * 200 with the Chrome trace-event document once every rank published its
+ * part, else 202 with the ranks still missing (404 before any request). */
+static void trace(gs_job_t *job, const gs_http_request_t *req, gs_http_response_t *res)
 {
+  char steps_text[16];
+  long steps = 10;
+  bool complete;
+  cJSON *doc;
+
+  if (!strcmp(req->method, "GET")) {
+    if (!job->trace_seq) {
+      respond_error(res, 404, "no trace asked of job %s yet: POST /jobs/%s/trace?steps=N",
+                    job->name, job->name);
+      return;
+    }
+    doc = gs__trace_json(job, &complete);
+    respond_json(res, complete ? 200 : 202, doc);
+    return;
+  }
+  if (query_param(req->query, "steps", steps_text, sizeof(steps_text)) != GS_ENOTFOUND &&
+      gs_parse_long(steps_text, 1, GS_TRACE_MAX_STEPS, &steps)) {
+    respond_error(res, 400, "steps must be a whole number from 1 to %d", GS_TRACE_MAX_STEPS);
+    return;
+  }
+  if (job->state != GS_JOB_RUNNING) {
+    respond_error(res, 409, "job %s is %s: only a running job records a trace", job->name,
+                  gs__job_state_name(job->state));
+    return;
+  }
+  doc = cJSON_CreateObject();
+  cJSON_AddNumberToObject(doc, "trace_seq", (double)gs__jobs_trace(job, (uint32_t)steps));
+  cJSON_AddNumberToObject(doc, "steps", (double)steps);
+  cJSON_AddNumberToObject(doc, "ranks", job->world_size);
+  cJSON_AddStringToObject(doc, "result", req->path);
+  respond_json(res, 202, doc);
+}
+
+/* GET /jobs/NAME, POST /jobs/NAME/control, POST or GET /jobs/NAME/trace. */
+static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res,
+                      const char *name, job_part_t part)
+{
+  bool is_post = !strcmp(req->method, "POST"), changes = part == JOB_CONTROL || is_post;
   gs_job_t *job;
 
-  if (strcmp(req->method, is_control ? "POST" : "GET") != 0) {
-    res->allow = is_control ? "POST" : "GET";
+  if (part == JOB_TRACE ? !is_post && strcmp(req->method, "GET")
+                        : strcmp(req->method, part == JOB_CONTROL ? "POST" : "GET")) {
+    res->allow = part == JOB_TRACE ? "GET, POST" : part == JOB_CONTROL ? "POST" : "GET";
     respond_error(res, 405, "%s allows %s only", req->path, res->allow);
     return;
   }
   /* /jobs/NAME lists the job's ranks, with their addresses. */
-  if (!authorized(r, req, name, is_control, !is_control, res))
+  if (!authorized(r, req, name, changes, !changes, res))
     return;
   job = gs__jobs_find(r->jobs, name);
   if (!job)
     respond_error(res, 404, "no job named %s", name);
-  else if (is_control)
+  else if (part == JOB_CONTROL)
     control(r, job, req, res);
+  else if (part == JOB_TRACE)
+    trace(job, req, res);
   else
     respond_json(res, 200, gs__job_json(job, uv_now(r->loop), true));
 }
@@ -659,7 +714,7 @@ void gs__http_routes_handle(void *ctx, const gs_http_request_t *req, gs_http_res
 {
   gs_http_routes_t *r = ctx;
   const gs_ui_asset_t *asset;
-  bool is_control;
+  job_part_t part;
   char name[128];
 
   if (!strcmp(req->path, "/healthz") || !strcmp(req->path, "/status") ||
@@ -669,8 +724,8 @@ void gs__http_routes_handle(void *ctx, const gs_http_request_t *req, gs_http_res
     events_route(r, req, res);
   else if ((asset = ui_asset(req->path)))
     ui_route(req, asset, res);
-  else if (job_path(req->path, name, sizeof(name), &is_control))
-    job_route(r, req, res, name, is_control);
+  else if (job_path(req->path, name, sizeof(name), &part))
+    job_route(r, req, res, name, part);
   else
     respond_error(res, 404, "no such path: %s", req->path);
 }

@@ -19,8 +19,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testlib import WAIT, Lines, wait_until  # noqa: E402
 
-CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
-AGENT = os.path.join(BIN_DIR, "gradsync-agent")
+# The programs: set from the command line, or by bench/hang_inject.py.
+COORD = AGENT = None
 # Long enough that the job is still training whatever the machine's load.
 AGENT_ARGS = ["--reduce", "mean", "--steps", "200000", "--batch", "32", "--no-validate",
               "--log-interval", "1s"]
@@ -219,8 +219,69 @@ def case_slow_link():
     print(f"4 Mbit/s link on node a: rank {slow} named ({w['reason']})")
 
 
-CASES = {"sigstop": case_sigstop, "data_hang": case_data_hang, "straggler": case_straggler,
+def check_trace_format(doc, world, steps):
+    """The trace-event format as chrome://tracing and Perfetto read it:
+    metadata naming each rank's process and threads, complete ("X") events
+    with numeric times, on a training and a comm track per rank, spans of
+    one track never overlapping, and `steps` steps of each rank."""
+    events = doc["traceEvents"]
+    assert all(e["ph"] in ("X", "M") for e in events), {e["ph"] for e in events}
+    names = {(e["pid"], e.get("tid"), e["name"]) for e in events if e["ph"] == "M"}
+    for r in range(world):
+        assert (r, None, "process_name") in names and (r, 0, "thread_name") in names, names
+    spans = [e for e in events if e["ph"] == "X"]
+    for e in spans:
+        assert e["pid"] in range(world) and e["tid"] in (0, 1), e
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0 and e["dur"] >= 0, e
+    for r in range(world):
+        for tid in (0, 1):
+            track = sorted((e["ts"], e["dur"]) for e in spans if e["pid"] == r and e["tid"] == tid)
+            assert track, (r, tid)
+            for (t0, d0), (t1, _) in zip(track, track[1:]):
+                assert t0 + d0 <= t1 + 1, (r, tid, t0, d0, t1)  # 1 µs of rounding
+        seen = {e["args"]["step"] for e in spans if e["pid"] == r and e["tid"] == 0
+                and e["name"] == "compute"}
+        assert len(seen) >= steps, (r, sorted(seen))
+    return spans
+
+
+def case_trace():
+    """POST /jobs/j/trace?steps=20 on a 3-rank job: 202, then GET gives the
+    merged Chrome trace once every rank published. The ranks' clocks are
+    aligned: the same step's allreduce of pack 0, which the three comm
+    threads run together, overlaps on every rank's track."""
+    job = Job(3)
+    try:
+        job.wait_training()
+        req = urllib.request.Request(f"http://{job.http}/jobs/j/trace?steps=20", method="POST")
+        with urllib.request.urlopen(req, timeout=WAIT) as r:
+            started = json.loads(r.read())
+            assert r.status == 202 and started["steps"] == 20 and started["ranks"] == 3, started
+
+        def merged():
+            with urllib.request.urlopen(f"http://{job.http}/jobs/j/trace", timeout=WAIT) as r:
+                body = json.loads(r.read())
+                return body if r.status == 200 else None
+        doc = wait_until("every rank's part of the trace", merged, every=0.2)
+    finally:
+        job.close()
+    spans = check_trace_format(doc, 3, 20)
+    coll = {}
+    for e in spans:
+        if e["tid"] == 1 and e["name"] == "allreduce pack 0":
+            coll.setdefault(e["args"]["step"], {})[e["pid"]] = (e["ts"], e["ts"] + e["dur"])
+    together = [s for s, by in coll.items() if len(by) == 3]
+    assert len(together) >= 10, coll
+    for s in together:
+        start, end = max(a for a, _ in coll[s].values()), min(b for _, b in coll[s].values())
+        assert start <= end + 2000, (s, coll[s])  # 2 ms: the clocks' alignment
+    print(f"trace: {len(spans)} spans of 3 ranks x 20 steps, valid; the same allreduce overlaps "
+          f"on every rank in {len(together)} steps")
+
+
+CASES = {"trace": case_trace, "sigstop": case_sigstop, "data_hang": case_data_hang, "straggler": case_straggler,
          "slow_link": case_slow_link}
 
 if __name__ == "__main__":
-    CASES[CASE]()
+    COORD, AGENT = sys.argv[3], os.path.join(sys.argv[2], "gradsync-agent")
+    CASES[sys.argv[1]]()

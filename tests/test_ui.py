@@ -6,8 +6,9 @@ Cases:
   page      the page in headless chromium, driven over its DevTools pipe
             (--remote-debugging-pipe, standard library only): both ranks
             appear, the step shown rises between two looks, the page's
-            "broadcast now" button reaches the job, and the headers (CSP,
-            no-cache) are there.
+            "broadcast now" button reaches the job, the headers (CSP,
+            no-cache) are there, and a rank frozen with SIGSTOP is named
+            as the one the job waits on.
   page_tls  the same page against a coordinator with --tls-cert/--tls-key
             (a self-signed certificate made here; chromium is told to
             ignore certificate errors).
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -169,6 +171,9 @@ LOOK = """document.getElementById('step-max') === null ? 'null' : JSON.stringify
   jobs: [...document.querySelectorAll('#jobs tr[data-job]')].map(r => r.dataset.job),
   heat: document.querySelectorAll('#heatmap span[data-rank]').length,
   conn: document.getElementById('conn').textContent,
+  state: document.getElementById('job-state').textContent,
+  waiting: document.getElementById('waiting-box').hidden ? '' :
+      document.getElementById('waiting-on').textContent,
 })"""
 
 
@@ -213,6 +218,14 @@ def case_page(tmp, tls=False):
         wait_until("the page saying it was done", lambda: "broadcast: done" in browser.eval(
             "document.getElementById('control-result').textContent"))
         print("the page's 'broadcast now' reached the job")
+        # A rank frozen: the page names it (waiting_on), the job stalled.
+        agents[1].send_signal(signal.SIGSTOP)
+        held = wait_until("the page naming the frozen rank 1", lambda: look(
+            lambda g: g["waiting"] == "rank 1" and g["state"] == "stalled"))
+        reason = browser.eval("document.getElementById('waiting-why').textContent")
+        assert "rank 1 sent no heartbeat" in reason, reason
+        print(f"rank 1 stopped (SIGSTOP): the page says it waits on '{held['waiting']}': {reason}")
+        agents[1].send_signal(signal.SIGCONT)
     finally:
         if browser:
             browser.close()

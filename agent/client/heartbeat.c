@@ -29,8 +29,9 @@ struct gs_heartbeat {
   bool gave_up; /* the abort is this rank's own: the coordinator unreachable, or it refused us */
   bool grace_raised; /* cfg.grace_ms was below the coordinator's heartbeat timeout */
   char why[512];
-  char waiting_on[256]; /* the last reply's (see gs_heartbeat_waiting_on) */
-  uint64_t gives_up_at; /* while heartbeats fail: when the grace ends; 0 otherwise */
+  char waiting_on[256];         /* the last reply's (see gs_heartbeat_waiting_on) */
+  uint64_t gives_up_at;         /* while heartbeats fail: when the grace ends; 0 otherwise */
+  uint64_t sent_us, replied_us; /* the last answered heartbeat's (the thread's own) */
   gs_progress_t progress;
   gs_directives_t directives;
   const gs_packlist_t *packlist; /* rank 0's, to publish again after a re-registration */
@@ -89,9 +90,12 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
   const gs_client_config_t *cc = &hb->cfg.client;
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
   gradsync_HeartbeatResponse resp;
+  uint64_t sent_us = gs_now_ns() / 1000;
   int err;
 
   req.generation = hb->cfg.generation;
+  req.clock_sent_us = hb->sent_us;
+  req.clock_replied_us = hb->replied_us;
   req.rank = hb->cfg.rank;
   /* Long poll: the reply comes at once when the generation ends or a
    * directive changes, else after about an interval. */
@@ -110,6 +114,8 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
   err = gs_client_heartbeat(hb->cl, &req, &resp, req.wait_ms + call_ms(hb));
   if (err)
     return err;
+  hb->sent_us = sent_us;
+  hb->replied_us = gs_now_ns() / 1000;
   if (*coord_id && resp.coordinator_id != *coord_id)
     gs_log(cc->log, GS_LOG_WARN, cc->job, hb->cfg.rank,
            "coordinator %s:%u restarted (id %016llx, was %016llx)", cc->host, cc->port,
@@ -123,6 +129,8 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
       .checkpoint_seq = resp.directives.checkpoint_seq,
       .stop = resp.directives.stop,
       .regroup_seq = resp.directives.regroup_seq,
+      .trace_seq = resp.directives.trace_seq,
+      .trace_steps = resp.directives.trace_steps,
       .coordinator_id = resp.coordinator_id,
   };
   snprintf(hb->waiting_on, sizeof(hb->waiting_on), "%s", resp.waiting_on);

@@ -86,8 +86,9 @@ int gs_comm_init(gs_comm_t *comm, const gs_comm_setup_t *setup)
 {
   if (!comm || !setup)
     return GS_EINVAL;
-  comm->gauge = setup->gauge ? setup->gauge : &comm->own_gauge;
-  atomic_store_explicit(&comm->gauge->done, 0, memory_order_relaxed);
+  comm->gauge = setup->gauge;
+  if (comm->gauge)
+    atomic_store_explicit(&comm->gauge->done, 0, memory_order_relaxed);
   return comm->ops->init(comm, setup);
 }
 

@@ -302,7 +302,7 @@ static bool unsent_bytes(host_comm_t *c)
 static int xfer_sleep(host_comm_t *c, xfer_t *x, int timeout_ms)
 {
   bool sending = x->sent < gs__host_send_limit(x);
-  bool waits_out = sending || unsent_bytes(c);
+  bool waits_out = c->base.gauge && (sending || unsent_bytes(c));
   uint64_t since = waits_out ? gs_now_ns() : 0;
   struct pollfd pfd[3];
   int err = 0, nfd = 0;

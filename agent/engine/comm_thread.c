@@ -25,7 +25,7 @@ int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint1
   return err;
 }
 
-int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
+static int run_job(gs_engine_t *e, const comm_job_t *job)
 {
   int err;
 
@@ -35,6 +35,17 @@ int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
   /* A blocking backend's device is the cpu: its sums are there already. */
   if (!err && job->wire)
     gs_device_widen(e->cfg.dev, job->buf, job->wire, job->elements, e->packs.wire);
+  return err;
+}
+
+/* A recorded step timeline gets each collective's span. */
+int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job)
+{
+  uint64_t start = gs__trace_now(e);
+  int err = run_job(e, job);
+
+  if (start)
+    gs__trace_collective(e, job, start);
   return err;
 }
 

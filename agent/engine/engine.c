@@ -361,6 +361,7 @@ void gs_engine_free(gs_engine_t *e)
   gs_join_result_free(&e->join);
   gs_packs_free(&e->packs);
   gs_pb_array_free(&e->settings);
+  gs__trace_free(e);
   free(e->jobs);
   free(e->queue);
   free(e->ready);

@@ -58,6 +58,19 @@ typedef struct phase_board {
   uint64_t read_ms, read_send_wait_ns;
 } phase_board_t;
 
+/* A step timeline being recorded (trace.c). `on` and the counts are read
+ * by whichever thread runs a collective; the rest is the training
+ * thread's. */
+typedef struct trace_rec {
+  _Atomic bool on;
+  bool primed, truncated;
+  uint64_t coordinator_id, seen_seq, seq;
+  uint32_t steps_left;
+  uint64_t origin_us, since_us;     /* since_us: the current phase's start */
+  gradsync_TraceEvent *main, *comm; /* halves of one allocation */
+  _Atomic uint32_t nmain, ncomm;
+} trace_rec_t;
+
 /* One collective for the comm thread. */
 typedef struct comm_job {
   job_op_t op;
@@ -166,6 +179,7 @@ struct gs_engine {
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
   phase_board_t board;
+  trace_rec_t trace;
 };
 
 #define AUX_BYTES (1u << 20) /* host buffers reach a device backend in pieces of this */
@@ -175,6 +189,17 @@ struct gs_engine {
 void gs__engine_enter(gs_engine_t *e, gs_phase_t phase, uint32_t pack);
 gs_phase_t gs__engine_phase_now(const gs_engine_t *e);
 void gs__engine_where(void *arg, gradsync_Progress *out);
+
+/* trace.c: the step timeline. gs__trace_now is 0 unless recording (then
+ * the monotonic clock in µs); the phase that ends, the collective that
+ * ran from start_us, and each step's end (which starts, counts and
+ * publishes a recording). */
+uint64_t gs__trace_now(const gs_engine_t *e);
+void gs__trace_phase_end(gs_engine_t *e, uint32_t phase, uint32_t pack);
+struct comm_job;
+void gs__trace_collective(gs_engine_t *e, const struct comm_job *job, uint64_t start_us);
+void gs__trace_step_end(gs_engine_t *e);
+void gs__trace_free(gs_engine_t *e);
 
 /* comm_thread.c: the comm thread and the collectives it runs. */
 int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;

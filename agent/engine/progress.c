@@ -21,8 +21,14 @@ void gs__engine_enter(gs_engine_t *e, gs_phase_t phase, uint32_t pack)
 {
   phase_board_t *b = &e->board;
 
-  if (atomic_load_explicit(&b->phase, memory_order_relaxed) == (uint32_t)phase &&
-      atomic_load_explicit(&b->pack, memory_order_relaxed) == pack)
+  uint32_t was = atomic_load_explicit(&b->phase, memory_order_relaxed);
+  uint32_t was_pack = atomic_load_explicit(&b->pack, memory_order_relaxed);
+
+  if (was == (uint32_t)phase && was_pack == pack)
+    return;
+  if (gs__trace_now(e))
+    gs__trace_phase_end(e, was, was_pack);
+  if (e->cfg.no_progress)
     return;
   atomic_store_explicit(&b->since_ms, gs_now_ms(), memory_order_relaxed);
   atomic_store_explicit(&b->pack, pack, memory_order_relaxed);

@@ -547,5 +547,7 @@ int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
   int err = end_step(e, out);
 
   gs__engine_enter(e, GS_PHASE_DATA, 0);
+  if (!err)
+    gs__trace_step_end(e);
   return err;
 }

@@ -355,6 +355,11 @@ static const gs_flag_t flag_rows[] = {
           "`data-hang:RANK:STEP[:DURATION]` (rank RANK's data loading sleeps DURATION, default "
           "1h, before step STEP) or `straggler:RANK[:FACTOR]` (rank RANK computes FACTOR times "
           "as long, default 2)"},
+  {.name = "--no-progress", .kind = GS_FLAG_BOOL, E(no_progress),
+   .help = "heartbeats without this rank's phase (measuring its cost)",
+   .doc = "heartbeats say nothing of where this rank is (its phase, how long its sends wait), "
+          "so the coordinator cannot name it when it holds the job up; for measuring what "
+          "saying it costs (`bench/hang_inject.sh`)"},
   {.name = "--log-interval", .kind = GS_FLAG_DURATION, F(t.log_interval_ms), .metavar = "DUR",
    .help = "progress line period", .doc = "progress line period (rank 0)"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, F(log.level),

@@ -6,6 +6,7 @@
 
 #include "history.h"
 #include "session.h"
+#include "trace.h"
 #include "wire.h"
 
 /* The body of a heartbeat reply without an abort, encoded again only when
@@ -19,7 +20,7 @@ static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
 
   if (job->hb_reply_valid && d->bcast_period == now.bcast_period &&
       d->broadcast_seq == now.broadcast_seq && d->checkpoint_seq == now.checkpoint_seq &&
-      d->stop == now.stop && d->regroup_seq == now.regroup_seq &&
+      d->stop == now.stop && d->regroup_seq == now.regroup_seq && d->trace_seq == now.trace_seq &&
       job->hb_reply_held == job->held_version)
     return &job->hb_reply;
   resp.has_directives = true;
@@ -55,6 +56,12 @@ static void reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id
   gs__respond(r, peer, GS_METHOD_HEARTBEAT, request_id, gradsync_HeartbeatResponse_fields, &resp);
 }
 
+/* Notes when m's heartbeat was answered, for its clock's next sample. */
+static void replied(gs_member_t *m, uint64_t now)
+{
+  m->hb_replied_ms = now;
+}
+
 static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
 {
   reply_heartbeat_to(job, call->peer->id, call->request_id, abort, why);
@@ -71,6 +78,7 @@ static void answer_waiting(gs_member_t *m)
 
   gs_list_remove(&m->wait_node);
   r->unpark(r, m->wait_peer);
+  replied(m, job->jobs->now_ms);
   reply_heartbeat_to(job, m->wait_peer, m->wait_request, ended,
                      m->generation == job->aborted_generation
                          ? job->abort_reason
@@ -172,8 +180,11 @@ static void note_progress(gs_member_t *m, uint64_t now, const gradsync_Heartbeat
   m->has_progress = req->has_progress;
   if (!req->has_progress)
     return;
-  /* Each heartbeat's share is one interval's: smoothed over a few. */
+  /* Each heartbeat's share is one interval's, and a front end may report
+   * each step's own times: smoothed over a few. */
   m->send_wait = had ? 0.5f * m->send_wait + 0.5f * p->send_wait : p->send_wait;
+  m->step_ms = had ? 0.75f * m->step_ms + 0.25f * (req->compute_ms + req->comm_wait_ms)
+                   : req->compute_ms + req->comm_wait_ms;
   if (!same || start < m->phase_start_ms)
     m->phase_start_ms = start;
   m->phase = (uint32_t)p->phase;
@@ -222,10 +233,14 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
   m->compute_ms = req->compute_ms;
   m->comm_wait_ms = req->comm_wait_ms;
   note_progress(m, call->now_ms, req);
-  if (req->wait_ms && job->news == job->news_told)
+  gs__trace_clock_sample(m, req->clock_sent_us, req->clock_replied_us);
+  m->hb_arrived_ms = call->now_ms;
+  if (req->wait_ms && job->news == job->news_told) {
     wait_for_news(m, call, req->wait_ms);
-  else
+  } else {
     reply_heartbeat(call, job, false, NULL);
+    replied(m, call->now_ms);
+  }
 }
 
 /* A running job whose highest step has not grown for the stall timeout

@@ -201,6 +201,8 @@ gradsync_Directives gs__job_directives(const gs_job_t *job)
       .checkpoint_seq = job->checkpoint_seq,
       .stop = job->stop,
       .regroup_seq = job->regroup_seq,
+      .trace_seq = job->trace_seq,
+      .trace_steps = job->trace_steps,
   };
 }
 

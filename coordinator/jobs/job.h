@@ -128,6 +128,14 @@ struct gs_member {
   uint64_t phase_start_ms;
   uint64_t collectives_done;
   float send_wait; /* share of the time its sends waited, over the last few heartbeats */
+  float step_ms;   /* compute + comm wait per step, over the last few heartbeats */
+  /* Its agent's clock (trace.c): coordinator µs = agent µs + offset, from
+   * the heartbeat round trip with the shortest time; this heartbeat's
+   * arrival and reply, on the coordinator's clock. */
+  int64_t clock_offset_us;
+  uint64_t clock_rtt_us;
+  bool clock_synced;
+  uint64_t hb_arrived_ms, hb_replied_ms;
   /* Elastic: it came back for the next generation (regroup.c), so its old
    * connections closing loses nothing. */
   bool regrouped;
@@ -226,6 +234,11 @@ struct gs_job {
   gs_waiting_on_t held_up;
   uint64_t held_checked_ms;
   uint64_t held_version;
+  /* The latest step-timeline request (trace.c): its number, its steps, the
+   * generation asked. */
+  uint64_t trace_seq;
+  uint32_t trace_steps;
+  uint64_t trace_generation;
   /* Elastic membership (regroup.c): world_min > 0 makes the job elastic,
    * of world_min..world_max ranks. */
   uint32_t world_min, world_max;

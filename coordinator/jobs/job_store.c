@@ -41,13 +41,18 @@ static void count(gs_job_store_t *s, size_t add, size_t sub)
     gs_mem_budget_store(s->mem, add, sub);
 }
 
-static gs_blob_t *find_blob(gs_job_store_t *s, const char *key)
+const gs_blob_t *gs__store_find(const gs_job_store_t *s, const char *key)
 {
-  for (gs_blob_t *b = s->blobs; b; b = b->next) {
+  for (const gs_blob_t *b = s->blobs; b; b = b->next) {
     if (strcmp(b->key, key) == 0)
       return b;
   }
   return NULL;
+}
+
+static gs_blob_t *find_blob(gs_job_store_t *s, const char *key)
+{
+  return (gs_blob_t *)gs__store_find(s, key);
 }
 
 static void reply_blob(gs_job_store_t *s, uint64_t peer, uint64_t request_id, const gs_blob_t *b)

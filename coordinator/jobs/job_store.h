@@ -57,6 +57,9 @@ typedef struct gs_job_store {
   gs_waiter_t *waiters;
 } gs_job_store_t;
 
+/* The blob stored under `key`, or NULL. */
+const gs_blob_t *gs__store_find(const gs_job_store_t *s, const char *key);
+
 /* An empty store answering through `r`; `log`, `job` and `mem` (the
  * budget its blobs and pack list count in, or NULL) are borrowed. */
 void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job,

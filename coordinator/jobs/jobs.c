@@ -1,6 +1,7 @@
 /* The registry of jobs and the jobs layer's entry points (see jobs.h). */
 #include "jobs.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -352,6 +353,19 @@ void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_act
     job->stop = true;
   job->news++;
   tell_news(job);
+}
+
+uint64_t gs__jobs_trace(gs_job_t *job, uint32_t steps)
+{
+  job->trace_seq++;
+  job->trace_steps = steps;
+  job->trace_generation = job->generation;
+  job->jobs->version++;
+  job->news++;
+  tell_news(job);
+  gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+         "trace %" PRIu64 ": the ranks record their next %u step(s)", job->trace_seq, steps);
+  return job->trace_seq;
 }
 
 void gs__jobs_free(gs_jobs_t *jobs)

@@ -58,5 +58,8 @@ bool gs__jobs_checkpoints_off(const gs_job_t *job);
 /* Sets the broadcast period (when set_period) and/or applies `action`;
  * every rank sees it in its next heartbeat reply. */
 void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_action_t action);
+/* Asks every rank of `job` to record its next `steps` steps (the
+ * trace_seq directive, trace.h); returns the request's number. */
+uint64_t gs__jobs_trace(gs_job_t *job, uint32_t steps);
 
 #endif

@@ -21,6 +21,7 @@
 #include "why.h"
 
 #define CHECK_EVERY_MS 250
+#define WARN_AFTER_MS 10000 /* a hold this long is logged as a warning */
 /* A rank whose sends waited this share of the time, more than twice any
  * other's, owns the slow link. */
 #define SLOW_LINK_SHARE 0.5f
@@ -48,10 +49,12 @@ static bool silent(const gs_member_t *m, uint64_t now)
   return now - m->last_heartbeat_ms > interval + slack;
 }
 
-/* How long m may wait in a collective before it counts as held up. */
+/* How long m may wait in a collective before it counts as held up: its
+ * latest step or its recent ones, whichever was longer, three times. */
 static uint64_t held_after_ms(const gs_member_t *m)
 {
-  double steps = 3.0 * ((double)m->compute_ms + (double)m->comm_wait_ms);
+  double last = (double)m->compute_ms + (double)m->comm_wait_ms;
+  double steps = 3.0 * (last > m->step_ms ? last : (double)m->step_ms);
 
   return steps > GS_WAITING_MIN_MS ? (uint64_t)steps : GS_WAITING_MIN_MS;
 }
@@ -301,9 +304,16 @@ void gs__waiting_sweep(gs_job_t *job, uint64_t now)
     return;
   }
   now_w.named_ms = same_verdict(&was, &now_w) ? was.named_ms : now;
+  now_w.warned = same_verdict(&was, &now_w) && was.warned;
   if (!same_verdict(&was, &now_w)) {
     job->held_version++;
-    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "held up: %s", now_w.reason);
+    gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "held up: %s", now_w.reason);
+  }
+  /* A loaded machine holds ranks up for a second now and then; a hold
+   * that lasts is what an operator must hear of. */
+  if (!now_w.warned && now - now_w.since_ms >= WARN_AFTER_MS) {
+    now_w.warned = true;
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "stalled: %s", now_w.reason);
   }
   job->held_up = now_w;
   job->jobs->version++; /* /status shows it */

@@ -36,14 +36,16 @@ typedef struct gs_waiting_on {
   uint32_t coll_phase, coll_pack; /* the collective they wait in */
   uint64_t since_ms;              /* when the longest of them started waiting */
   uint64_t named_ms;              /* when this was first named */
+  bool warned;                    /* it lasted: logged as a warning */
   char reason[256];
 } gs_waiting_on_t;
 
 const char *gs__wait_kind_name(gs_wait_kind_t k);
 
 /* Looks at the job's running ranks (O(world), at most four times a
- * second: 100k ranks cost about 2 ms a second) and updates job->held_up: names the rank(s) held up ranks wait
- * on, or clears it; logs both, and makes the heartbeat replies carry it. */
+ * second) and updates job->held_up: names the rank(s) that held-up ranks
+ * wait on, or clears it; logs both, and makes the heartbeat replies carry
+ * it. */
 void gs__waiting_sweep(struct gs_job *job, uint64_t now);
 /* When nothing holds the job up: the ranks that make every step slower,
  * into w: the stragglers (compute over `straggler_ratio` times the

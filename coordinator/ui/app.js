@@ -133,7 +133,8 @@ function onJob(kind, j) {
   $("job-name").textContent = j.name;
   $("job-state").textContent = j.state;
   $("job-state").dataset.state = j.state;
-  const reason = j.reason || j.abort_reason || "";
+  // A stall's reason is the waiting-on line's; this one is a failure's.
+  const reason = j.state === "stalled" ? "" : j.reason || j.abort_reason || "";
   $("job-reason").hidden = !reason;
   $("job-reason").textContent = reason;
   $("step-min").textContent = rs.step_min ?? "";

@@ -28,7 +28,9 @@ typedef struct gs_directives {
   uint64_t broadcast_seq;
   uint64_t checkpoint_seq;
   bool stop;
-  uint64_t regroup_seq;    /* elastic: agents wait to join; the ranks regroup */
+  uint64_t regroup_seq; /* elastic: agents wait to join; the ranks regroup */
+  uint64_t trace_seq;   /* record the next trace_steps steps (engine/trace.c) */
+  uint32_t trace_steps;
   uint64_t coordinator_id; /* the sequence numbers count per coordinator process */
 } gs_directives_t;
 

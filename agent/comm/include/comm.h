@@ -59,7 +59,7 @@ typedef struct gs_comm_setup {
   size_t id_len;
   uint32_t max_queued;
   /* Where the comm publishes its progress; owned by the caller, outlives
-   * the comm. NULL: nowhere. */
+   * the comm. NULL: nowhere (and the send wait is not measured). */
   gs_comm_gauge_t *gauge;
 } gs_comm_setup_t;
 
@@ -180,9 +180,8 @@ struct gs_comm {
   const gs_comm_ops_t *ops;
   const gs_log_t *log;
   uint64_t ticket;        /* collectives started since init (comm.c counts them) */
-  gs_comm_gauge_t *gauge; /* setup's, or one of its own */
-  gs_comm_gauge_t own_gauge;
-  char why[512]; /* gs_comm_why; a backend sets it with gs__comm_fail */
+  gs_comm_gauge_t *gauge; /* setup's; NULL: nothing measured */
+  char why[512];          /* gs_comm_why; a backend sets it with gs__comm_fail */
 };
 
 /* Logs an error, keeps its words as gs_comm_why, and returns err. */

@@ -228,9 +228,13 @@ typedef struct gs_engine_config {
    * none (not when there is one of another layout). */
   bool resume;
   bool resume_auto;
-  uint64_t join_timeout_ms;    /* waiting for the other ranks (default 5 min) */
-  uint64_t rpc_timeout_ms;     /* any other coordinator call (default 30 s) */
-  uint64_t comm_timeout_ms;    /* no progress inside a collective (default 2 min) */
+  uint64_t join_timeout_ms; /* waiting for the other ranks (default 5 min) */
+  uint64_t rpc_timeout_ms;  /* any other coordinator call (default 30 s) */
+  uint64_t comm_timeout_ms; /* no progress inside a collective (default 2 min) */
+  /* Heartbeats say nothing of where the rank is (its phase, send wait):
+   * the coordinator cannot name it when it holds a job up. For measuring
+   * what that costs (bench/hang_inject.sh); default false. */
+  bool no_progress;
   uint64_t connect_timeout_ms; /* the ranks' connections not formed (default 15 s) */
   /* The coordinator unreachable for this long ends training (default 10
    * min); through a shorter outage the ranks train on, re-register when it

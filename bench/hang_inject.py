@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Hang injection: how often, and how fast, the coordinator names the rank
+that holds a job up (`waiting_on` in /jobs/NAME), and what saying where
+each rank is costs the training step.
+
+Each fault runs --runs times on a fresh 4-rank MLP job (tests/test_stalls.py
+makes them the same way):
+
+  sigstop    rank 2 frozen with SIGSTOP; timed from the signal
+  data_hang  rank 1's data loading sleeps (--inject-fault data-hang); timed
+             from the moment the coordinator says rank 1 entered its data
+             phase (its phase_s when first named)
+  straggler  rank 3 computes twice as long (--inject-fault straggler); right
+             when it is named a straggler and the job never called stalled
+             in the --watch seconds after; not timed
+  slow_link  two network-namespace nodes, node a's link limited to 4 Mbit/s
+             with tc tbf (root only; skipped otherwise); timed from the tc
+             command
+
+A run is named correctly when the first verdict that names anyone names
+the right rank for the right cause. /jobs/NAME is read every 20 ms, so a
+time is at most that late.
+
+The overhead row: the same 4-rank training run (--steps) with each rank's
+progress on and off (--no-progress), alternating, --pairs times; samples/s
+of each (rank 0's timing line), and their ratio.
+
+usage: bench/hang_inject.py --bin BUILD/bin [--runs 10] [--faults sigstop,...]
+                            [--pairs 5] [--steps 3000] [--markdown F] [--json F]
+"""
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, HERE)
+import test_stalls  # noqa: E402  (the faults, as the tests make them)
+from benchlib import fmt, parse_ours, publish, run_timed, subset  # noqa: E402
+
+FAULTS = ("sigstop", "data_hang", "straggler", "slow_link")
+POLL_S = 0.02
+
+
+def first_verdict(job, timeout=60):
+    """Polls /jobs/j until waiting_on names someone: (its JSON, when), or
+    (None, None) past the timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        j = job.job()
+        if j.get("waiting_on"):
+            return j, time.monotonic()
+        time.sleep(POLL_S)
+    return None, None
+
+
+def run_sigstop():
+    job = test_stalls.Job(4)
+    try:
+        job.wait_training()
+        t0 = time.monotonic()
+        job.agents[2].send_signal(signal.SIGSTOP)
+        j, t = first_verdict(job)
+        w = j and j["waiting_on"]
+        return {"ok": bool(w and w["kind"] == "no_heartbeat" and w["ranks"] == [2]),
+                "s": t - t0 if t else None, "verdict": w and w["reason"]}
+    finally:
+        job.close()
+
+
+def run_data_hang():
+    job = test_stalls.Job(4, lambda r: ["--inject-fault", "data-hang:1:400:1h"])
+    try:
+        job.wait_training()
+        j, _ = first_verdict(job)
+        w = j and j["waiting_on"]
+        ok = bool(w and w["kind"] == "phase" and w["ranks"] == [1] and w["phase"] == "data")
+        rank1 = j and next(r for r in j["ranks"] if r["rank"] == 1)
+        return {"ok": ok, "s": rank1["phase_s"] if ok else None, "verdict": w and w["reason"]}
+    finally:
+        job.close()
+
+
+def run_straggler(watch):
+    job = test_stalls.Job(4, lambda r: ["--inject-fault", "straggler:3:2"])
+    try:
+        job.wait_training()
+        j, _ = first_verdict(job)
+        w = j and j["waiting_on"]
+        ok = bool(w and w["kind"] == "straggler" and w["ranks"] == [3])
+        deadline = time.monotonic() + watch
+        while ok and time.monotonic() < deadline:
+            j = job.job()
+            ok = j["state"] == "running" and not (j["waiting_on"] or {}).get("hang")
+            time.sleep(0.1)
+        return {"ok": ok, "s": None, "verdict": w and w["reason"]}
+    finally:
+        job.close()
+
+
+def run_slow_link():
+    from cluster import ADDR, Cluster, missing_tool, sh
+    if os.geteuid() != 0 or missing_tool():
+        return None
+    A = test_stalls
+    with Cluster("gshi") as cl:
+        http = f"{ADDR['c']}:8080"
+
+        def job():
+            import json
+            p = sh(*cl.enter("c"), "curl", "-s", f"http://{http}/jobs/j", check=False)
+            j = json.loads(p.stdout) if p.stdout.startswith("{") else {}
+            return j if "ranks" in j else {"ranks": []}
+        cl.run("c", [A.COORD, "--listen", f"{ADDR['c']}:7070", "--http", http])
+        for n in "ab":
+            cl.run(n, [A.AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", "j",
+                       "--world-size", "2", *A.AGENT_ARGS, "--comm-timeout", "10m"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                len(job()["ranks"]) == 2 and all(r.get("step", 0) > 0 for r in job()["ranks"])):
+            time.sleep(0.1)
+        slow = next(r["rank"] for r in job()["ranks"] if r["node"] == "node-a")
+        t0 = time.monotonic()
+        cl.exec("a", ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "4mbit",
+                      "burst", "32kb", "latency", "400ms"])
+        while time.monotonic() < t0 + 60:
+            w = job().get("waiting_on")
+            if w:
+                return {"ok": w["kind"] == "slow_link" and w["ranks"] == [slow],
+                        "s": time.monotonic() - t0, "verdict": w["reason"]}
+            time.sleep(POLL_S)
+        return {"ok": False, "s": None, "verdict": None}
+
+
+def pct(vals, q):
+    """The q-quantile (nearest rank) of vals."""
+    s = sorted(vals)
+    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+def overhead(a):
+    """Alternating runs with progress on and off: samples/s of each."""
+    got = {"on": [], "off": []}
+    for i in range(a.pairs):
+        for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", "4", "--reduce", "mean",
+                   "--steps", str(a.steps), "--no-validate", "--threads", "1",
+                   "--log-level", "warn"] + (["--no-progress"] if mode == "off" else [])
+            res, out = run_timed(cmd, 1800)
+            r = res if out is None else parse_ours(res, out, 4 * 64)
+            if r.get("ok"):
+                got[mode].append(r["samples_per_sec"])
+            print(f"overhead pair {i + 1} {mode}: {fmt(r.get('samples_per_sec'), ',.0f')} "
+                  f"samples/s{'' if r.get('ok') else ' ' + str(r.get('error'))}", flush=True)
+    return got
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", required=True, help="the build's bin folder")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--watch", type=float, default=5.0,
+                    help="seconds a straggler's job is watched for a false stall")
+    ap.add_argument("--pairs", type=int, default=5, help="overhead: on/off pairs (0: none)")
+    ap.add_argument("--steps", type=int, default=3000, help="overhead: steps per run")
+    ap.add_argument("--markdown")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    faults = subset(ap, "--faults", a.faults, FAULTS)
+    a.bin = os.path.abspath(a.bin)
+    test_stalls.COORD = os.path.join(a.bin, "gradsync-coordinator")
+    test_stalls.AGENT = os.path.join(a.bin, "gradsync-agent")
+    rows, data = [], {"faults": {}, "overhead": None}
+    for f in faults:
+        runs = []
+        for i in range(a.runs):
+            r = run_straggler(a.watch) if f == "straggler" else globals()["run_" + f]()
+            if r is None:
+                print(f"{f}: skipped (needs root and network namespaces)", flush=True)
+                break
+            runs.append(r)
+            print(f"{f} run {i + 1}: {'named' if r['ok'] else 'WRONG'}"
+                  f"{'' if r['s'] is None else ' in %.2f s' % r['s']}: {r['verdict']}",
+                  flush=True)
+        if not runs:
+            continue
+        data["faults"][f] = runs
+        times = [r["s"] for r in runs if r["ok"] and r["s"] is not None]
+        rows.append(f"| {f} | {sum(r['ok'] for r in runs)} of {len(runs)} | "
+                    f"{fmt(statistics.median(times) if times else None, '.2f')} | "
+                    f"{fmt(pct(times, 0.99) if times else None, '.2f')} |")
+    table = ("| fault (4 ranks) | named correctly | time to name, median s | p99 s |\n"
+             "|---|---|---|---|\n" + "\n".join(rows) + "\n")
+    if a.pairs:
+        got = overhead(a)
+        on, off = (statistics.median(got[m]) if got[m] else None for m in ("on", "off"))
+        data["overhead"] = got
+        table += (f"\n| training, 4 ranks, {a.steps} steps | samples/s (median of {a.pairs}) |\n"
+                  f"|---|---|\n| progress off (--no-progress) | {fmt(off, ',.0f')} |\n"
+                  f"| progress on (default) | {fmt(on, ',.0f')} |\n"
+                  f"| on / off | {fmt(on / off if on and off else None, '.3f')} |\n")
+    publish(table, a.markdown, a.json, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
