@@ -15,6 +15,9 @@
  * or more behind the leading rank. */
 #define STRAGGLER_COMPUTE_RATIO 1.2
 #define STRAGGLER_STEP_LAG 2
+/* ...and waiting_on names one, as what slows every step, over 1.5x: the
+ * steps of ranks alike differ by more than 1.2x on a busy machine. */
+#define STRAGGLER_NAMED_RATIO 1.5
 #define SUMMARY_STRAGGLERS 32 /* rank numbers listed by the summary view */
 
 static void swap_float(float *a, uint32_t i, uint32_t j)
@@ -174,7 +177,7 @@ static cJSON *waiting_json(const gs_job_t *job, const rank_stats_t *st, uint64_t
   if (job->state != GS_JOB_RUNNING)
     return cJSON_CreateNull();
   if (w->kind == GS_WAIT_NONE) {
-    if (!gs__waiting_slow(job, st->median_compute, STRAGGLER_COMPUTE_RATIO, &slow))
+    if (!gs__waiting_slow(job, st->median_compute, STRAGGLER_NAMED_RATIO, &slow))
       return cJSON_CreateNull();
     w = &slow;
   }

@@ -1,9 +1,9 @@
 /* What holds a job up (see waiting.h).
  *
- * A rank is held up when it has waited in a collective (an allreduce, or a
- * sync outside the step) for longer than GS_WAITING_MIN_MS and three of its
- * own recent steps: a straggler's neighbours wait less than a step each
- * time, a hang's wait grows. The ranks they wait on are then, in order:
+ * A rank is held up when its heartbeat says it has waited in a collective
+ * (an allreduce, or a sync outside the step) for longer than
+ * GS_WAITING_MIN_MS and three of its own recent steps: a straggler's
+ * neighbours wait less than a step each time, a hang's wait grows. The ranks they wait on are then, in order:
  * the silent ones (no heartbeat: SIGSTOP, a frozen host, a cut link); the
  * live ones in another phase (a data loader that hangs, a forward that
  * never ends); the ones inside the collective whose sends wait most of the
@@ -59,11 +59,10 @@ static uint64_t held_after_ms(const gs_member_t *m)
   return steps > GS_WAITING_MIN_MS ? (uint64_t)steps : GS_WAITING_MIN_MS;
 }
 
-/* What one pass over the ranks found. */
+/* What the passes over the ranks found. */
 typedef struct scan {
   uint32_t waiters, live_in_collective;
-  const gs_member_t *longest;                   /* the waiter waiting longest */
-  uint64_t longest_done;                        /* the most collectives any waiter completed */
+  const gs_member_t *longest; /* the waiter waiting longest */
   gs_waiting_on_t found[GS_WAIT_TRANSPORT + 1]; /* candidates of each kind */
 } scan_t;
 
@@ -77,28 +76,38 @@ static void add_rank(gs_waiting_on_t *w, const gs_member_t *m)
   }
 }
 
-static void scan_rank(scan_t *s, const gs_member_t *m, uint64_t now)
+/* Whether m's heartbeats say it is held up: what a heartbeat said, never
+ * a guess of where the rank went since (a rank reports a snapshot each
+ * interval, and most of them are a few milliseconds old news). */
+static bool held(const gs_member_t *m)
 {
-  bool quiet = silent(m, now);
+  return m->last_heartbeat_ms - m->phase_start_ms >= held_after_ms(m);
+}
 
-  if (quiet) {
-    add_rank(&s->found[GS_WAIT_NO_HEARTBEAT], m);
+/* The first pass: the ranks in a collective, and the one held longest. */
+static void find_waiters(scan_t *s, const gs_member_t *m, uint64_t now)
+{
+  if (!m->has_progress || silent(m, now) || !in_collective(m))
     return;
-  }
-  if (!m->has_progress)
-    return; /* an agent that does not say where it is: neither waits nor is waited on */
-  if (!in_collective(m)) {
-    add_rank(&s->found[GS_WAIT_PHASE], m);
-    return;
-  }
   s->live_in_collective++;
-  if (now - m->phase_start_ms < held_after_ms(m))
+  if (!held(m))
     return;
   s->waiters++;
   if (!s->longest || m->phase_start_ms < s->longest->phase_start_ms)
     s->longest = m;
-  if (m->collectives_done > s->longest_done)
-    s->longest_done = m->collectives_done;
+}
+
+/* The second pass: who the longest waiter w waits on. Only a rank that
+ * has not completed the collective w waits in can hold it up, and a live
+ * rank's word counts only if it came after w began to wait. */
+static void find_culprit(scan_t *s, const gs_member_t *m, const gs_member_t *w, uint64_t now)
+{
+  if (m->collectives_done > w->collectives_done)
+    return;
+  if (silent(m, now))
+    add_rank(&s->found[GS_WAIT_NO_HEARTBEAT], m);
+  else if (m->has_progress && !in_collective(m) && m->last_heartbeat_ms >= w->phase_start_ms)
+    add_rank(&s->found[GS_WAIT_PHASE], m);
 }
 
 /* The ranks whose sends wait (SLOW_LINK_SHARE of the time, twice any
@@ -196,10 +205,16 @@ static void judge(gs_job_t *job, uint64_t now, gs_waiting_on_t *out)
     const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
 
     if (m && m->state == GS_MEMBER_RUNNING)
-      scan_rank(&s, m, now);
+      find_waiters(&s, m, now);
   }
   if (!s.waiters)
     return;
+  for (uint32_t r = 0; r < job->world_size; r++) {
+    const gs_member_t *m = job->ranks[r];
+
+    if (m && m->state == GS_MEMBER_RUNNING)
+      find_culprit(&s, m, s.longest, now);
+  }
   find_slow_links(job, true, &s.found[GS_WAIT_SLOW_LINK]);
   for (int k = GS_WAIT_NO_HEARTBEAT; k < GS_WAIT_TRANSPORT; k++) {
     if (s.found[k].rank_count) {
@@ -209,7 +224,8 @@ static void judge(gs_job_t *job, uint64_t now, gs_waiting_on_t *out)
     }
   }
   if (out->kind == GS_WAIT_NONE) {
-    if (now - s.longest->phase_start_ms < GS_WAITING_TRANSPORT_X * held_after_ms(s.longest))
+    if (s.longest->last_heartbeat_ms - s.longest->phase_start_ms <
+        GS_WAITING_TRANSPORT_X * held_after_ms(s.longest))
       return;
     out->kind = GS_WAIT_TRANSPORT;
   }
