@@ -1337,7 +1337,7 @@ START_TEST(held_up_ranks_are_named)
   check_waiting("phase", "[2]", "stalled");
   resp = in_phase(0, gradsync_Phase_PHASE_ALLREDUCE, 700, 4, 0, 10700);
   ck_assert_ptr_nonnull(strstr(resp.waiting_on, "rank 2 in data for 0.7 s at step 50; 2 rank(s) "
-                                                 "wait in the allreduce of pack 1 for 0.8 s"));
+                                                "wait in the allreduce of pack 1 for 0.8 s"));
   /* Rank 2 done with the collective they wait in: its word is news they
    * have not heard yet, not a rank to name. */
   in_phase(2, gradsync_Phase_PHASE_DATA, 0, 5, 0, 10800);

@@ -365,6 +365,15 @@ def case_resume(tmp):
               f"go (params, buffers, optimizer state bit for bit)")
 
 
+def status_url(p):
+    """The coordinator's address gradsync-run `p` prints ("status at ...")."""
+    for line in p.stdout:
+        m = re.search(r"status at (http://\S+)/status", line)
+        if m:
+            return m.group(1)
+    raise AssertionError("gradsync-run printed no status URL")
+
+
 def case_status(tmp):
     """Progress reaches the coordinator's status page with no extra code:
     each rank's step, loss, samples/s and timings."""
@@ -373,13 +382,7 @@ def case_status(tmp):
                           "steps=500"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True, env=env)
     try:
-        url = None
-        for line in p.stdout:
-            m = re.search(r"status at (http://\S+)/status", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, "gradsync-run printed no status URL"
+        url = status_url(p)
         ranks = []
 
         def progressed():
@@ -415,13 +418,7 @@ def case_data_hang(tmp):
                          stderr=subprocess.STDOUT, text=True, env=env,
                          start_new_session=True)
     try:
-        url = None
-        for line in p.stdout:
-            m = re.search(r"status at (http://\S+)/status", line)
-            if m:
-                url = m.group(1)
-                break
-        assert url, "gradsync-run printed no status URL"
+        url = status_url(p)
         job = {}
 
         def named():

@@ -127,17 +127,22 @@ int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job)
  * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
 /* How long a failed collective waits for the heartbeat to explain it: two
  * intervals for the coordinator's abort; while the coordinator does not
- * answer, until this rank gives up on it too, for a peer that left may
- * have left because of that (each rank's grace ends at its own moment). */
+ * answer, until this rank gives up on it too if that comes within
+ * GIVE_UP_WAIT_MS, for a peer that left may have left because of that
+ * (each rank's grace ends at its own moment). */
+#define GIVE_UP_WAIT_MS 10000.0
 static bool explained_soon(gs_engine_t *e, double until, char *why, size_t len)
 {
+  double start = gs_now_ms_f();
+
   for (;;) {
     uint64_t gives_up = gs_heartbeat_gives_up_at(e->hb);
     double now = gs_now_ms_f();
+    bool soon = gives_up && (double)gives_up < start + GIVE_UP_WAIT_MS;
 
     if (gs_heartbeat_aborted(e->hb, why, len))
       return true;
-    if (now >= until && (!gives_up || now >= (double)gives_up + 1000.0))
+    if (now >= until && (!soon || now >= (double)gives_up + 1000.0))
       return false;
     nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
   }

@@ -3,13 +3,13 @@
  * A rank is held up when its heartbeat says it has waited in a collective
  * (an allreduce, or a sync outside the step) for longer than
  * GS_WAITING_MIN_MS and three of its own recent steps: a straggler's
- * neighbours wait less than a step each time, a hang's wait grows. The ranks they wait on are then, in order:
- * the silent ones (no heartbeat: SIGSTOP, a frozen host, a cut link); the
- * live ones in another phase (a data loader that hangs, a forward that
- * never ends); the ones inside the collective whose sends wait most of the
- * time (their outbound link is slow: their neighbours wait to receive);
- * and when every rank is inside it and none is behind, the transport
- * itself. */
+ * neighbours wait less than a step each time, a hang's wait grows. The
+ * ranks they wait on are then, in order: the silent ones (no heartbeat:
+ * SIGSTOP, a frozen host, a cut link); the live ones in another phase (a
+ * data loader that hangs, a forward that never ends); the ones inside the
+ * collective whose sends wait most of the time (their outbound link is
+ * slow: their neighbours wait to receive); and when every rank is inside
+ * it and none is behind, the transport itself. */
 #include "waiting.h"
 
 #include <stdio.h>
@@ -62,7 +62,7 @@ static uint64_t held_after_ms(const gs_member_t *m)
 /* What the passes over the ranks found. */
 typedef struct scan {
   uint32_t waiters, live_in_collective;
-  const gs_member_t *longest; /* the waiter waiting longest */
+  const gs_member_t *longest;                   /* the waiter waiting longest */
   gs_waiting_on_t found[GS_WAIT_TRANSPORT + 1]; /* candidates of each kind */
 } scan_t;
 
