@@ -84,6 +84,7 @@ static int join_result(gs_client_t *cl, const gradsync_JoinResponse *resp,
   snprintf(out->regroup_reason, sizeof(out->regroup_reason), "%s", resp->regroup_reason);
   out->broadcast_seq = resp->directives.broadcast_seq;
   out->checkpoint_seq = resp->directives.checkpoint_seq;
+  out->trace_seq = resp->directives.trace_seq;
   out->regroup_seq = resp->directives.regroup_seq;
   out->coordinator_id = resp->coordinator_id;
   return 0;

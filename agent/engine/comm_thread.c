@@ -159,8 +159,9 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
   if (err != GS_EINTR && !gs__engine_elastic(e) && e->hb)
     explained_soon(e, until, why, sizeof(why));
   /* What the coordinator saw holding the job up, when this rank gave up
-   * waiting on it (--comm-timeout). */
-  if (e->hb && err == GS_ETIMEDOUT)
+   * waiting on it (--comm-timeout), or a neighbour that gave up first
+   * closed the ring. */
+  if (e->hb && (err == GS_ETIMEDOUT || err == GS_ECLOSED))
     gs_heartbeat_waiting_on(e->hb, held, sizeof(held));
   if (held[0])
     snprintf(by, sizeof(by), "; the coordinator saw the job wait on %s", held);

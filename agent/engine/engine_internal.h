@@ -63,7 +63,7 @@ typedef struct phase_board {
  * thread's. */
 typedef struct trace_rec {
   _Atomic bool on;
-  bool primed, truncated;
+  bool truncated;
   uint64_t coordinator_id, seen_seq, seq;
   uint32_t steps_left;
   uint64_t origin_us, since_us;     /* since_us: the current phase's start */
@@ -199,6 +199,7 @@ void gs__trace_phase_end(gs_engine_t *e, uint32_t phase, uint32_t pack);
 struct comm_job;
 void gs__trace_collective(gs_engine_t *e, const struct comm_job *job, uint64_t start_us);
 void gs__trace_step_end(gs_engine_t *e);
+void gs__trace_joined(gs_engine_t *e);
 void gs__trace_free(gs_engine_t *e);
 
 /* comm_thread.c: the comm thread and the collectives it runs. */

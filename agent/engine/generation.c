@@ -139,6 +139,7 @@ void gs__engine_joined(gs_engine_t *e)
   e->seen_broadcast_seq = e->join.broadcast_seq;
   e->seen_checkpoint_seq = e->join.checkpoint_seq;
   e->seen_regroup_seq = e->join.regroup_seq;
+  gs__trace_joined(e);
   e->nctl = gs_control_len(e->join.world_size);
   e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
   e->lr_scale = e->cfg.elastic_lr == GS_ELASTIC_LR_LINEAR

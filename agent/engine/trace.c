@@ -161,10 +161,9 @@ void gs__trace_step_end(gs_engine_t *e)
   gs_heartbeat_directives(e->hb, &d);
   if (!d.valid)
     return;
-  /* The first directives seen, or a restarted coordinator's (it counts
-   * from zero again): what they ask for was asked before this rank came. */
-  if (!t->primed || d.coordinator_id != t->coordinator_id) {
-    t->primed = true;
+  /* A restarted coordinator counts from zero again: what its directives
+   * ask for was asked before, of the ranks it knew. */
+  if (d.coordinator_id != t->coordinator_id) {
     t->coordinator_id = d.coordinator_id;
     t->seen_seq = d.trace_seq;
     return;
@@ -173,6 +172,14 @@ void gs__trace_step_end(gs_engine_t *e)
     t->seen_seq = d.trace_seq;
     start(e, d.trace_seq, d.trace_steps);
   }
+}
+
+void gs__trace_joined(gs_engine_t *e)
+{
+  /* Requests made before this Join were for the ranks before it; one
+   * made after it comes with a heartbeat's directives, however soon. */
+  e->trace.coordinator_id = e->join.coordinator_id;
+  e->trace.seen_seq = e->join.trace_seq;
 }
 
 void gs__trace_free(gs_engine_t *e)
