@@ -106,40 +106,24 @@ def run_straggler(watch):
 
 
 def run_slow_link():
-    from cluster import ADDR, Cluster, missing_tool, sh
-    if os.geteuid() != 0 or missing_tool():
+    cl = test_stalls.netns_cluster("gshi")
+    if not cl:
         return None
-    A = test_stalls
-    with Cluster("gshi") as cl:
-        http = f"{ADDR['c']}:8080"
-
-        def job():
-            import json
-            p = sh(*cl.enter("c"), "curl", "-s", f"http://{http}/jobs/j", check=False)
-            j = json.loads(p.stdout) if p.stdout.startswith("{") else {}
-            return j if "ranks" in j else {"ranks": []}
-        # Their output unread: not into a pipe that fills and stops them.
-        cl.run("c", [A.COORD, "--listen", f"{ADDR['c']}:7070", "--http", http],
-               stdout=subprocess.DEVNULL)
-        for n in "ab":
-            cl.run(n, [A.AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", "j",
-                       "--world-size", "2", *A.AGENT_ARGS, "--comm-timeout", "10m"],
-                   stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (
-                len(job()["ranks"]) == 2 and all(r.get("step", 0) > 0 for r in job()["ranks"])):
-            time.sleep(0.1)
-        slow = next(r["rank"] for r in job()["ranks"] if r["node"] == "node-a")
+    try:
+        nodes = test_stalls.NodesJob(cl)
+        nodes.wait_training()
+        slow = nodes.rank_on("a")
         t0 = time.monotonic()
-        cl.exec("a", ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "4mbit",
-                      "burst", "32kb", "latency", "400ms"])
+        nodes.throttle("a")
         while time.monotonic() < t0 + 60:
-            w = job().get("waiting_on")
+            w = nodes.job().get("waiting_on")
             if w:
                 return {"ok": w["kind"] == "slow_link" and w["ranks"] == [slow],
                         "s": time.monotonic() - t0, "verdict": w["reason"]}
             time.sleep(POLL_S)
         return {"ok": False, "s": None, "verdict": None}
+    finally:
+        cl.__exit__()
 
 
 def pct(vals, q):

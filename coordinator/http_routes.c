@@ -441,17 +441,18 @@ static void trace(gs_job_t *job, const gs_http_request_t *req, gs_http_response_
 static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res,
                       const char *name, job_part_t part)
 {
-  bool is_post = !strcmp(req->method, "POST"), changes = part == JOB_CONTROL || is_post;
+  static const char *const allowed[] = {
+      [JOB_VIEW] = "GET", [JOB_CONTROL] = "POST", [JOB_TRACE] = "GET, POST"};
+  bool is_post = !strcmp(req->method, "POST");
   gs_job_t *job;
 
-  if (part == JOB_TRACE ? !is_post && strcmp(req->method, "GET")
-                        : strcmp(req->method, part == JOB_CONTROL ? "POST" : "GET")) {
-    res->allow = part == JOB_TRACE ? "GET, POST" : part == JOB_CONTROL ? "POST" : "GET";
+  if (is_post ? part == JOB_VIEW : strcmp(req->method, "GET") || part == JOB_CONTROL) {
+    res->allow = allowed[part];
     respond_error(res, 405, "%s allows %s only", req->path, res->allow);
     return;
   }
   /* /jobs/NAME lists the job's ranks, with their addresses. */
-  if (!authorized(r, req, name, changes, !changes, res))
+  if (!authorized(r, req, name, is_post, !is_post, res))
     return;
   job = gs__jobs_find(r->jobs, name);
   if (!job)

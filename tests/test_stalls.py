@@ -171,42 +171,71 @@ def case_straggler():
     print(f"2x straggler on rank 3: named, not a hang ({w['reason']})")
 
 
+class NodesJob:
+    """A coordinator on node c and one rank on each of nodes a and b of the
+    cluster `cl` (tests/cluster.py), read through curl on node c. Their
+    output goes nowhere: not into a pipe that fills and stops them."""
+
+    def __init__(self, cl):
+        from cluster import ADDR
+        self.cl, self.http = cl, f"{ADDR['c']}:8080"
+        cl.run("c", [COORD, "--listen", f"{ADDR['c']}:7070", "--http", self.http],
+               stdout=subprocess.DEVNULL)
+        self.agents = [cl.run(n, [AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", "j",
+                                  "--world-size", "2", *AGENT_ARGS, "--comm-timeout", "10m"],
+                              stdout=subprocess.DEVNULL) for n in "ab"]
+
+    def job(self):
+        from cluster import sh
+        p = sh(*self.cl.enter("c"), "curl", "-s", f"http://{self.http}/jobs/j", check=False)
+        j = json.loads(p.stdout) if p.stdout.startswith("{") else {}
+        return j if "ranks" in j else {"ranks": []}  # none yet, or a 404 before the first Join
+
+    def wait_training(self):
+        wait_until("both ranks training", lambda: (lambda j: len(j["ranks"]) == 2 and all(
+            r.get("step", 0) > 0 for r in j["ranks"]))(self.job()))
+
+    def rank_on(self, node):
+        return next(r["rank"] for r in self.job()["ranks"] if r["node"] == f"node-{node}")
+
+    def throttle(self, node):
+        """The node's link limited to 4 Mbit/s (tc tbf)."""
+        self.cl.exec(node, ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "4mbit",
+                            "burst", "32kb", "latency", "400ms"])
+
+
+def netns_cluster(prefix):
+    """A Cluster entered, or None where network namespaces cannot be made
+    here (not root, iproute2 missing, or refused), saying why."""
+    from cluster import Cluster, missing_tool
+    if os.geteuid() != 0 or missing_tool():
+        print("skipped: needs root and iproute2 for network namespaces")
+        return None
+    try:
+        return Cluster(prefix).__enter__()
+    except RuntimeError as e:
+        print(f"skipped: cannot make network namespaces here: {e}")
+        return None
+
+
 def case_slow_link():
     """Two nodes (network namespaces on a bridge, tests/cluster.py), one
     rank each; node a's link limited to 4 Mbit/s with tc tbf: its rank's
     bytes wait in its socket to leave while the other's do not, and
-    waiting_on names the rank on node a for its slow link. Needs root (skipped otherwise)."""
-    from cluster import ADDR, Cluster, missing_tool, sh
-    if os.geteuid() != 0 or missing_tool():
-        print("skipped: needs root and iproute2 for network namespaces")
+    waiting_on names the rank on node a for its slow link. Needs root
+    (skipped otherwise)."""
+    cl = netns_cluster("gsst")
+    if not cl:
         sys.exit(77)
     try:
-        cl = Cluster("gsst").__enter__()
-    except RuntimeError as e:
-        print(f"skipped: cannot make network namespaces here: {e}")
-        sys.exit(77)
-    http = f"{ADDR['c']}:8080"
-
-    def job():
-        p = sh(*cl.enter("c"), "curl", "-s", f"http://{http}/jobs/j", check=False)
-        j = json.loads(p.stdout) if p.stdout.startswith("{") else {}
-        return j if "ranks" in j else {"ranks": []}  # none yet, or a 404 before the first Join
-    try:
-        cl.run("c", [COORD, "--listen", f"{ADDR['c']}:7070", "--http", http],
-               stdout=subprocess.DEVNULL)
-        # Their output unread: not into a pipe that fills and stops them.
-        agents = [cl.run(n, [AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", "j",
-                             "--world-size", "2", *AGENT_ARGS, "--comm-timeout", "10m"],
-                         stdout=subprocess.DEVNULL) for n in "ab"]
-        wait_until("both ranks training", lambda: len(job()["ranks"]) == 2 and all(
-            r.get("step", 0) > 0 for r in job()["ranks"]))
-        cl.exec("a", ["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "4mbit",
-                      "burst", "32kb", "latency", "400ms"])
-        slow = next(r["rank"] for r in job()["ranks"] if r["node"] == "node-a")
+        nodes = NodesJob(cl)
+        nodes.wait_training()
+        slow = nodes.rank_on("a")
+        nodes.throttle("a")
         got = {}
 
         def named():
-            got.update(job())
+            got.update(nodes.job())
             w = got.get("waiting_on")
             return w and w["kind"] == "slow_link" and w["ranks"] == [slow]
         wait_until(f"waiting_on naming rank {slow}'s slow link (last: {got})", named, every=0.2)
@@ -215,9 +244,8 @@ def case_slow_link():
         # three of its steps) or only as slowed (every step waits as long).
         assert "outbound link is" in w["reason"], got
         assert got["state"] == ("stalled" if w["hang"] else "running"), got
-        for a in agents:
+        for a in nodes.agents:
             assert a.poll() is None, f"an agent exited {a.returncode}"
-
     finally:
         cl.__exit__()
     print(f"4 Mbit/s link on node a: rank {slow} named ({w['reason']})")

@@ -320,7 +320,7 @@ static int xfer_sleep(host_comm_t *c, xfer_t *x, int timeout_ms)
       err = GS_EIO;
     }
   }
-  if (waits_out && c->base.gauge)
+  if (waits_out)
     atomic_fetch_add_explicit(&c->base.gauge->send_wait_ns, gs_now_ns() - since,
                               memory_order_relaxed);
   return err;

@@ -123,8 +123,6 @@ int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job)
   return err;
 }
 
-/* Explains a failed collective. The coordinator usually knows the cause (a
- * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
 /* How long a failed collective waits for the heartbeat to explain it: two
  * intervals for the coordinator's abort; while the coordinator does not
  * answer, until this rank gives up on it too if that comes within
@@ -148,6 +146,8 @@ static bool explained_soon(gs_engine_t *e, double until, char *why, size_t len)
   }
 }
 
+/* Explains a failed collective. The coordinator usually knows the cause (a
+ * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
 {
   double until = gs_now_ms_f() +

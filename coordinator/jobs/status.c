@@ -167,6 +167,15 @@ static const char *shown_state(const gs_job_t *job, char *reason, size_t len, ui
   return "stalled";
 }
 
+/* "pack": the pack an allreduce waits for; null in any other phase. */
+static void add_pack(cJSON *o, uint32_t phase, uint32_t pack)
+{
+  if (phase == gradsync_Phase_PHASE_ALLREDUCE)
+    cJSON_AddNumberToObject(o, "pack", pack);
+  else
+    cJSON_AddNullToObject(o, "pack");
+}
+
 /* waiting_on: what holds the job up, or else slows every step (waiting.h). */
 static cJSON *waiting_json(const gs_job_t *job, const rank_stats_t *st, uint64_t now)
 {
@@ -188,10 +197,7 @@ static cJSON *waiting_json(const gs_job_t *job, const rank_stats_t *st, uint64_t
     cJSON_AddItemToArray(ranks, cJSON_CreateNumber(w->ranks[i]));
   cJSON_AddNumberToObject(o, "rank_count", w->rank_count);
   cJSON_AddStringToObject(o, "phase", gs_phase_name(w->phase));
-  if (w->phase == gradsync_Phase_PHASE_ALLREDUCE)
-    cJSON_AddNumberToObject(o, "pack", w->pack);
-  else
-    cJSON_AddNullToObject(o, "pack");
+  add_pack(o, w->phase, w->pack);
   cJSON_AddNumberToObject(o, "for_s", w == &slow ? 0 : (now - w->since_ms) / 1000.0);
   cJSON_AddNumberToObject(o, "named_after_s",
                           w == &slow ? 0 : (w->named_ms - w->since_ms) / 1000.0);
@@ -254,10 +260,7 @@ static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
   if (!m->has_progress)
     return o;
   cJSON_AddStringToObject(o, "phase", gs_phase_name(m->phase));
-  if (m->phase == gradsync_Phase_PHASE_ALLREDUCE)
-    cJSON_AddNumberToObject(o, "pack", m->pack);
-  else
-    cJSON_AddNullToObject(o, "pack");
+  add_pack(o, m->phase, m->pack);
   cJSON_AddNumberToObject(o, "phase_s", (now - m->phase_start_ms) / 1000.0);
   cJSON_AddNumberToObject(o, "collectives_done", (double)m->collectives_done);
   cJSON_AddNumberToObject(o, "send_wait", m->send_wait);

@@ -61,8 +61,8 @@ static uint64_t held_after_ms(const gs_member_t *m)
 
 /* What the passes over the ranks found. */
 typedef struct scan {
-  uint32_t waiters, live_in_collective;
-  const gs_member_t *longest;                   /* the waiter waiting longest */
+  uint32_t live_in_collective;
+  const gs_member_t *longest;                   /* the waiter waiting longest; NULL: none */
   gs_waiting_on_t found[GS_WAIT_TRANSPORT + 1]; /* candidates of each kind */
 } scan_t;
 
@@ -92,7 +92,6 @@ static void find_waiters(scan_t *s, const gs_member_t *m, uint64_t now)
   s->live_in_collective++;
   if (!held(m))
     return;
-  s->waiters++;
   if (!s->longest || m->phase_start_ms < s->longest->phase_start_ms)
     s->longest = m;
 }
@@ -207,7 +206,7 @@ static void judge(gs_job_t *job, uint64_t now, gs_waiting_on_t *out)
     if (m && m->state == GS_MEMBER_RUNNING)
       find_waiters(&s, m, now);
   }
-  if (!s.waiters)
+  if (!s.longest)
     return;
   for (uint32_t r = 0; r < job->world_size; r++) {
     const gs_member_t *m = job->ranks[r];
@@ -303,6 +302,7 @@ void gs__waiting_clear(gs_job_t *job)
 void gs__waiting_sweep(gs_job_t *job, uint64_t now)
 {
   gs_waiting_on_t was = job->held_up, now_w;
+  bool same;
 
   if (job->state != GS_JOB_RUNNING || job->world_size < 2) {
     gs__waiting_clear(job);
@@ -319,9 +319,10 @@ void gs__waiting_sweep(gs_job_t *job, uint64_t now)
     gs__waiting_clear(job);
     return;
   }
-  now_w.named_ms = same_verdict(&was, &now_w) ? was.named_ms : now;
-  now_w.warned = same_verdict(&was, &now_w) && was.warned;
-  if (!same_verdict(&was, &now_w)) {
+  same = same_verdict(&was, &now_w);
+  now_w.named_ms = same ? was.named_ms : now;
+  now_w.warned = same && was.warned;
+  if (!same) {
     job->held_version++;
     gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "held up: %s", now_w.reason);
   }
