@@ -96,11 +96,19 @@ static void unpark(gs_responder_t *r, uint64_t peer)
     gs__conn_unpark(conn);
 }
 
+/* uv_hrtime is CLOCK_MONOTONIC, the agents' clock on this host too. */
+static uint64_t clock_us(gs_responder_t *r)
+{
+  (void)r;
+  return uv_hrtime() / 1000;
+}
+
 void gs__rpc_init(gs_rpc_t *rpc, uv_loop_t *loop, gs_conns_t *conns, gs_jobs_t *jobs,
                   const gs_log_t *log, const char *token, uint64_t default_wait_ms)
 {
   memset(rpc, 0, sizeof(*rpc));
-  rpc->responder = (gs_responder_t){.reply = reply, .park = park, .unpark = unpark};
+  rpc->responder =
+      (gs_responder_t){.reply = reply, .park = park, .unpark = unpark, .clock_us = clock_us};
   rpc->loop = loop;
   rpc->conns = conns;
   rpc->jobs = jobs;

@@ -56,12 +56,6 @@ static void reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id
   gs__respond(r, peer, GS_METHOD_HEARTBEAT, request_id, gradsync_HeartbeatResponse_fields, &resp);
 }
 
-/* Notes when m's heartbeat was answered, for its clock's next sample. */
-static void replied(gs_member_t *m, uint64_t now)
-{
-  m->hb_replied_ms = now;
-}
-
 static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
 {
   reply_heartbeat_to(job, call->peer->id, call->request_id, abort, why);
@@ -78,7 +72,7 @@ static void answer_waiting(gs_member_t *m)
 
   gs_list_remove(&m->wait_node);
   r->unpark(r, m->wait_peer);
-  replied(m, job->jobs->now_ms);
+  gs__trace_stamp(m, &m->hb_replied_us, job->jobs->now_ms);
   reply_heartbeat_to(job, m->wait_peer, m->wait_request, ended,
                      m->generation == job->aborted_generation
                          ? job->abort_reason
@@ -172,10 +166,9 @@ static void note_progress(gs_member_t *m, uint64_t now, const gradsync_Heartbeat
 {
   const gradsync_Progress *p = &req->progress;
   uint64_t start = now - (p->phase_ms < now ? p->phase_ms : now);
-  bool same = m->has_progress && m->phase == (uint32_t)p->phase && m->pack == p->pack &&
-              m->collectives_done == p->collectives_done;
-
   bool had = m->has_progress;
+  bool same = had && m->phase == (uint32_t)p->phase && m->pack == p->pack &&
+              m->collectives_done == p->collectives_done;
 
   m->has_progress = req->has_progress;
   if (!req->has_progress)
@@ -234,12 +227,12 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
   m->comm_wait_ms = req->comm_wait_ms;
   note_progress(m, call->now_ms, req);
   gs__trace_clock_sample(m, req->clock_sent_us, req->clock_replied_us);
-  m->hb_arrived_ms = call->now_ms;
+  gs__trace_stamp(m, &m->hb_arrived_us, call->now_ms);
   if (req->wait_ms && job->news == job->news_told) {
     wait_for_news(m, call, req->wait_ms);
   } else {
     reply_heartbeat(call, job, false, NULL);
-    replied(m, call->now_ms);
+    m->hb_replied_us = m->hb_arrived_us;
   }
 }
 

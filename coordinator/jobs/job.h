@@ -131,11 +131,11 @@ struct gs_member {
   float step_ms;   /* compute + comm wait per step, over the last few heartbeats */
   /* Its agent's clock (trace.c): coordinator µs = agent µs + offset, from
    * the heartbeat round trip with the shortest time; this heartbeat's
-   * arrival and reply, on the coordinator's clock. */
+   * arrival and reply, on the coordinator's clock (µs). */
   int64_t clock_offset_us;
   uint64_t clock_rtt_us;
   bool clock_synced;
-  uint64_t hb_arrived_ms, hb_replied_ms;
+  uint64_t hb_arrived_us, hb_replied_us;
   /* Elastic: it came back for the next generation (regroup.c), so its old
    * connections closing loses nothing. */
   bool regrouped;

@@ -58,6 +58,11 @@ struct gs_responder {
    * waiting: a waiting connection is not idle. */
   void (*park)(gs_responder_t *r, uint64_t peer);
   void (*unpark)(gs_responder_t *r, uint64_t peer);
+  /* The monotonic clock now, in microseconds, read fresh (the calls' and
+   * sweeps' times are the loop's, cached and in milliseconds): what the
+   * heartbeats' clock samples are stamped with (trace.c). NULL: those
+   * times are used. */
+  uint64_t (*clock_us)(gs_responder_t *r);
 };
 
 /* Conveniences over r->reply. */

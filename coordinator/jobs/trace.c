@@ -15,13 +15,20 @@
 #include "phase.h"
 #include "wire.h"
 
+void gs__trace_stamp(const gs_member_t *m, uint64_t *at_us, uint64_t now_ms)
+{
+  gs_responder_t *r = m->job->jobs->responder;
+
+  *at_us = r->clock_us ? r->clock_us(r) : now_ms * 1000;
+}
+
 void gs__trace_clock_sample(gs_member_t *m, uint64_t agent_sent_us, uint64_t agent_replied_us)
 {
   int64_t t1 = (int64_t)agent_sent_us, t4 = (int64_t)agent_replied_us;
-  int64_t t2 = (int64_t)m->hb_arrived_ms * 1000, t3 = (int64_t)m->hb_replied_ms * 1000;
+  int64_t t2 = (int64_t)m->hb_arrived_us, t3 = (int64_t)m->hb_replied_us;
   int64_t rtt = (t4 - t1) - (t3 - t2);
 
-  if (!t1 || !t4 || !m->hb_arrived_ms || !m->hb_replied_ms || t4 < t1 || rtt < 0)
+  if (!t1 || !t4 || !t2 || !t3 || t4 < t1 || rtt < 0)
     return; /* no sample yet, or the two sides speak of different heartbeats */
   /* The best sample ages, so that a clock that drifts is followed. */
   if (m->clock_rtt_us && (uint64_t)rtt > m->clock_rtt_us + m->clock_rtt_us / 16 + 1000) {
@@ -96,6 +103,7 @@ static bool rank_trace(const gs_job_t *job, uint32_t rank, gradsync_Trace *t)
   b = gs__store_find(&job->store, key);
   return b && gs_wire_decode(b->value, b->len, gradsync_Trace_fields, t, why, sizeof(why)) == 0;
 }
+
 /* What is still missing: the ranks that have not published. */
 static cJSON *pending_json(const gs_job_t *job, const bool *have, uint32_t count)
 {
@@ -115,15 +123,16 @@ static cJSON *pending_json(const gs_job_t *job, const bool *have, uint32_t count
   return o;
 }
 
-/* The merged document from the ranks' traces, decoded one at a time
- * into `t` (a Trace is 44 KB): once to find the earliest span, which
- * becomes time 0, and once to write the spans. */
+/* The merged document from the ranks' traces, each decoded once into `t`
+ * (a Trace is 44 KB); the spans are written on the shared clock, then
+ * moved so that the earliest is at time 0. */
 static cJSON *chrome_json(const gs_job_t *job, gradsync_Trace *t)
 {
   cJSON *doc = cJSON_CreateObject(), *events = cJSON_AddArrayToObject(doc, "traceEvents");
   cJSON *other = cJSON_AddObjectToObject(doc, "otherData");
   cJSON *truncated =
       cJSON_AddArrayToObject(other, "truncated"); /* ranks whose last spans are left out */
+  cJSON *e, *ts;
   double origin = -1;
 
   cJSON_AddStringToObject(doc, "displayTimeUnit", "ms");
@@ -131,21 +140,24 @@ static cJSON *chrome_json(const gs_job_t *job, gradsync_Trace *t)
   cJSON_AddNumberToObject(other, "trace_seq", (double)job->trace_seq);
   cJSON_AddNumberToObject(other, "generation", (double)job->generation);
   cJSON_AddNumberToObject(other, "steps", job->trace_steps);
-  for (uint32_t r = 0; r < job->world_size && rank_trace(job, r, t); r++) {
+  for (uint32_t r = 0; events && r < job->world_size && rank_trace(job, r, t); r++) {
     double base = (double)t->origin_us + (double)job->ranks[r]->clock_offset_us;
 
-    for (pb_size_t i = 0; i < t->events_count; i++)
-      if (origin < 0 || base + (double)t->events[i].start_us < origin)
-        origin = base + (double)t->events[i].start_us;
-  }
-  for (uint32_t r = 0; events && r < job->world_size && rank_trace(job, r, t); r++) {
-    double base = (double)t->origin_us + (double)job->ranks[r]->clock_offset_us - origin;
-
     name_tracks(events, job->ranks[r], r);
-    for (pb_size_t i = 0; i < t->events_count; i++)
-      add_span(events, r, &t->events[i], base + (double)t->events[i].start_us);
+    for (pb_size_t i = 0; i < t->events_count; i++) {
+      double at = base + (double)t->events[i].start_us;
+
+      add_span(events, r, &t->events[i], at);
+      if (origin < 0 || at < origin)
+        origin = at;
+    }
     if (t->truncated)
       cJSON_AddItemToArray(truncated, cJSON_CreateNumber(r));
+  }
+  cJSON_ArrayForEach(e, events)
+  {
+    if ((ts = cJSON_GetObjectItemCaseSensitive(e, "ts")))
+      cJSON_SetNumberValue(ts, ts->valuedouble - origin);
   }
   return doc;
 }
