@@ -4,7 +4,6 @@
 #include <cJSON.h>
 #include <ctype.h>
 #include <limits.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include <strings.h>
 
 #include "auth.h"
+#include "control_body.h"
 #include "http_routes.h"
 #include "parse.h"
 #include "trace.h"
@@ -142,103 +142,39 @@ static bool authorized(gs_http_routes_t *r, const gs_http_request_t *req, const 
   return false;
 }
 
-/* Whether a JSON text holds a NUL: a raw one, or one escaped in a string
- * (\u0000), which cJSON decodes into a C string that ends there:
- * "stop\u0000x" would read as "stop". Walks the strings and their
- * escapes; reads only `len` bytes. */
-static bool json_has_nul(const char *text, size_t len)
-{
-  bool in_string = false;
-
-  for (size_t i = 0; i < len; i++) {
-    if (text[i] == '\0') {
-      return true; /* a raw one, in a string or not, ends what cJSON reads */
-    } else if (text[i] == '"') {
-      in_string = !in_string;
-    } else if (in_string && text[i] == '\\' && i + 1 < len) {
-      if (text[i + 1] == 'u' && i + 5 < len && !memcmp(text + i + 2, "0000", 4))
-        return true;
-      i++; /* the escaped character: an escaped quote ends no string */
-    }
-  }
-  return false;
-}
-
-/* Applies {"bcast_period": N} and/or {"action": "broadcast"|"checkpoint"|"stop"}.
- * Read strictly: a field given twice or a string with a NUL is refused,
- * not resolved (which copy wins, or where a string ends, is not ours to
- * guess for a request that stops a job). */
+/* Applies a control request (control_body.h) and answers with what the
+ * job's directives now are. */
 static void control(gs_http_routes_t *r, gs_job_t *job, const gs_http_request_t *req,
                     gs_http_response_t *res)
 {
-  cJSON *doc, *item, *out;
-  const cJSON *period = NULL, *action = NULL;
+  static const char *const action_names[] = {
+      [GS_JOB_ACTION_BROADCAST] = "broadcast",
+      [GS_JOB_ACTION_CHECKPOINT] = "checkpoint",
+      [GS_JOB_ACTION_STOP] = "stop",
+  };
+  gs_job_control_t c;
+  char why[160];
+  cJSON *out;
 
-  if (json_has_nul(req->body, req->body_len)) {
-    respond_error(res, 400, "a string in the body holds a NUL (\\u0000)");
-    return;
-  }
-  doc = cJSON_ParseWithLength(req->body, req->body_len);
-  if (!cJSON_IsObject(doc)) {
-    cJSON_Delete(doc);
-    respond_error(res, 400, "the body must be a JSON object");
-    return;
-  }
-  cJSON_ArrayForEach(item, doc)
-  {
-    const cJSON **slot = strcmp(item->string, "bcast_period") == 0 ? &period
-                         : strcmp(item->string, "action") == 0     ? &action
-                                                                   : NULL;
-
-    if (!slot || *slot) {
-      if (slot)
-        respond_error(res, 400, "field '%s' is given twice", item->string);
-      else
-        respond_error(res, 400, "unknown field '%s' (expected bcast_period or action)",
-                      item->string);
-      cJSON_Delete(doc);
-      return;
-    }
-    *slot = item;
-  }
-  if (!period && !action) {
-    cJSON_Delete(doc);
-    respond_error(res, 400, "nothing to do: give bcast_period and/or action");
-    return;
-  }
-  if (period && (!cJSON_IsNumber(period) || period->valuedouble != floor(period->valuedouble) ||
-                 period->valuedouble < -1 || period->valuedouble > INT_MAX)) {
-    cJSON_Delete(doc);
-    respond_error(res, 400, "bcast_period must be an integer >= -1");
-    return;
-  }
-  if (action && (!cJSON_IsString(action) || (strcmp(action->valuestring, "broadcast") &&
-                                             strcmp(action->valuestring, "checkpoint") &&
-                                             strcmp(action->valuestring, "stop")))) {
-    cJSON_Delete(doc);
-    respond_error(res, 400, "action must be \"broadcast\", \"checkpoint\" or \"stop\"");
+  if (!gs__control_body_parse(req->body, req->body_len, &c, why, sizeof(why))) {
+    respond_error(res, 400, "%s", why);
     return;
   }
   /* Nothing is queued for a job that would act on it with no checkpoint dir. */
-  if (action && strcmp(action->valuestring, "checkpoint") == 0 && gs__jobs_checkpoints_off(job)) {
-    cJSON_Delete(doc);
+  if (c.action == GS_JOB_ACTION_CHECKPOINT && gs__jobs_checkpoints_off(job)) {
     respond_error(res, 409,
                   "job '%s' takes no checkpoints: its rank 0 was started without a checkpoint "
                   "directory (--checkpoint-dir)",
                   job->name);
     return;
   }
-  gs__jobs_control(job, period != NULL, period ? (int32_t)period->valuedouble : 0,
-                   !action                                          ? GS_JOB_ACTION_NONE
-                   : strcmp(action->valuestring, "broadcast") == 0  ? GS_JOB_ACTION_BROADCAST
-                   : strcmp(action->valuestring, "checkpoint") == 0 ? GS_JOB_ACTION_CHECKPOINT
-                                                                    : GS_JOB_ACTION_STOP);
-  if (action)
-    gs_log(r->log, GS_LOG_INFO, job->name, -1, "control: %s requested", action->valuestring);
-  cJSON_Delete(doc);
+  gs__jobs_control(job, &c);
+  if (c.action != GS_JOB_ACTION_NONE)
+    gs_log(r->log, GS_LOG_INFO, job->name, -1, "control: %s requested", action_names[c.action]);
   out = cJSON_CreateObject();
   cJSON_AddStringToObject(out, "job", job->name);
   cJSON_AddNumberToObject(out, "bcast_period", job->bcast_period);
+  cJSON_AddNumberToObject(out, "lr_scale", job->lr_scale);
   cJSON_AddNumberToObject(out, "broadcast_seq", (double)job->broadcast_seq);
   cJSON_AddNumberToObject(out, "checkpoint_seq", (double)job->checkpoint_seq);
   cJSON_AddBoolToObject(out, "stop", job->stop);

@@ -891,11 +891,12 @@ static PyObject *engine_info(EngineObject *self, PyObject *unused)
 
   gs_engine_position(self->engine, &pos);
   return Py_BuildValue(
-      "{s:I,s:I,s:K,s:I,s:i,s:K,s:K,s:K}", "rank", gs_engine_rank(self->engine), "world_size",
+      "{s:I,s:I,s:K,s:I,s:i,s:d,s:K,s:K,s:K}", "rank", gs_engine_rank(self->engine), "world_size",
       gs_engine_world_size(self->engine), "generation",
       (unsigned long long)gs_engine_generation(self->engine), "packs",
       gs_engine_pack_count(self->engine), "bcast_period", gs_engine_bcast_period(self->engine),
-      "step", (unsigned long long)pos.step, "epoch", (unsigned long long)pos.epoch, "sample",
+      "lr_factor", (double)gs_engine_lr_factor(self->engine), "step", (unsigned long long)pos.step,
+      "epoch", (unsigned long long)pos.epoch, "sample",
       (unsigned long long)(pos.sample == GS_POSITION_SAMPLE_UNKNOWN ? 0 : pos.sample));
 }
 
@@ -1033,8 +1034,9 @@ static PyObject *engine_grad_ready(EngineObject *self, PyObject *arg)
 }
 
 /* end_step's decisions as a dict; `resume` (the position every rank
- * holds after an elastic regroup) is None unless `regrouped`, and `rank`
- * and `world_size` are this rank's place from now on. */
+ * holds after an elastic regroup) is None unless `regrouped`, `rank`
+ * and `world_size` are this rank's place from now on, and `lr_factor`
+ * what a front end's own optimizer scales its lr by from now on. */
 static PyObject *step_result(EngineObject *self, const gs_step_result_t *r)
 {
   PyObject *resume = r->regrouped ? position_value(&r->resume) : Py_NewRef(Py_None);
@@ -1042,12 +1044,14 @@ static PyObject *step_result(EngineObject *self, const gs_step_result_t *r)
   if (!resume)
     return NULL;
   return Py_BuildValue(
-      "{s:O,s:s,s:i,s:O,s:O,s:O,s:O,s:O,s:d,s:d,s:O,s:N,s:d,s:d,s:I,s:I}", "stop",
+      "{s:O,s:s,s:i,s:O,s:d,s:O,s:d,s:O,s:O,s:O,s:O,s:d,s:d,s:O,s:N,s:d,s:d,s:I,s:I}", "stop",
       r->stop ? Py_True : Py_False, "stop_reason", r->stop_reason, "bcast_period", r->bcast_period,
-      "period_changed", r->period_changed ? Py_True : Py_False, "broadcast",
-      r->broadcast ? Py_True : Py_False, "checkpoint", r->checkpoint ? Py_True : Py_False,
-      "nonfinite", r->nonfinite ? Py_True : Py_False, "skipped", r->skipped ? Py_True : Py_False,
-      "comm_wait_ms", r->comm_wait_ms, "optimizer_ms", r->optimizer_ms, "regrouped",
+      "period_changed", r->period_changed ? Py_True : Py_False, "lr_scale", (double)r->lr_scale,
+      "lr_scale_changed", r->lr_scale_changed ? Py_True : Py_False, "lr_factor",
+      (double)gs_engine_lr_factor(self->engine), "broadcast", r->broadcast ? Py_True : Py_False,
+      "checkpoint", r->checkpoint ? Py_True : Py_False, "nonfinite",
+      r->nonfinite ? Py_True : Py_False, "skipped", r->skipped ? Py_True : Py_False, "comm_wait_ms",
+      r->comm_wait_ms, "optimizer_ms", r->optimizer_ms, "regrouped",
       r->regrouped ? Py_True : Py_False, "resume", resume, "detect_ms", r->detect_ms, "regroup_ms",
       r->regroup_ms, "rank", gs_engine_rank(self->engine), "world_size",
       gs_engine_world_size(self->engine));
@@ -1229,7 +1233,8 @@ static PyMethodDef engine_methods[] = {
     {"start", (PyCFunction)engine_start, METH_NOARGS,
      "joins the job, agrees on the pack list, connects the ranks (blocks)"},
     {"info", (PyCFunction)engine_info, METH_NOARGS,
-     "{'rank', 'world_size', 'generation', 'packs', 'bcast_period'} once started"},
+     "{'rank', 'world_size', 'generation', 'packs', 'bcast_period', 'lr_factor', 'step', "
+     "'epoch', 'sample'} once started"},
     {"param", (PyCFunction)engine_param, METH_VARARGS, "param(i) -> Buffer of its pack memory"},
     {"grad", (PyCFunction)engine_grad, METH_VARARGS, "grad(i) -> Buffer of its gradient memory"},
     {"param_pack", (PyCFunction)engine_param_pack, METH_VARARGS,

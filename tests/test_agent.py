@@ -629,8 +629,8 @@ def case_outage(tmp):
     assert got == want, (got, want)
     err = outs[0][1]
     assert "unreachable for" in err and "training goes on" in err, err[-3000:]
-    assert "re-registered with the coordinator for generation 1 (broadcast period 500)" in err, \
-        err[-3000:]
+    assert "re-registered with the coordinator for generation 1 (broadcast period 500, lr scale " \
+        "1)" in err, err[-3000:]
     assert job["state"] == "finished" and job["bcast_period"] == 500, job
     assert job["pack_list"] and job["pack_list"]["packs"] >= 1, job
     print(f"outage: ranks trained on and finished at accuracy {got} (uninterrupted: {want}); "

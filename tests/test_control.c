@@ -8,6 +8,7 @@
 
 #include "control.h"
 #include "error.h"
+#include "lr_scale.h"
 
 #define MAX_LEN 64
 
@@ -49,7 +50,7 @@ START_TEST(quiet_step)
   ck_assert_msg(isnan(v[n]), "slot %zu past the end was written", n);
   gs_control_decode(v, n, &c);
   ck_assert(!c.stop && !c.term && !c.period_changed && !c.broadcast && !c.checkpoint &&
-            !c.nonfinite);
+            !c.nonfinite && !c.lr_scale_changed);
 }
 END_TEST
 
@@ -108,6 +109,42 @@ START_TEST(period_range)
   gs_control_encode(&in, v, n);
   gs_control_decode(v, n, &c);
   ck_assert(!c.period_changed);
+}
+END_TEST
+
+/* Rank 0's new lr scale is summed with the others' zeros bit for bit,
+ * at any world size; one outside (0, GS_LR_SCALE_MAX] is not sent. */
+START_TEST(lr_scale_exact)
+{
+  const float ok[] = {0.1f, 1.0f / 3.0f, 1.0f, 7.25f, (float)GS_LR_SCALE_MAX, 1e-30f};
+  const float bad[] = {0.0f, -1.0f, (float)GS_LR_SCALE_MAX * 2, INFINITY, NAN};
+  gs_control_local_t in[40] = {{0}};
+  float sum[MAX_LEN];
+  size_t n = gs_control_len(40);
+  gs_control_t c;
+
+  for (uint32_t r = 0; r < 40; r++)
+    in[r].rank = r;
+  in[0].set_lr_scale = true;
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+    in[0].lr_scale = ok[i];
+    sum_ranks(in, 40, sum, n);
+    gs_control_decode(sum, n, &c);
+    ck_assert_msg(c.lr_scale_changed, "%g", ok[i]);
+    ck_assert_msg(c.lr_scale == ok[i], "%g came out as %g", ok[i], c.lr_scale);
+    ck_assert(!c.period_changed && !c.stop);
+  }
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    in[0].lr_scale = bad[i];
+    sum_ranks(in, 40, sum, n);
+    gs_control_decode(sum, n, &c);
+    ck_assert_msg(!c.lr_scale_changed, "%g was sent", bad[i]);
+  }
+  in[0].set_lr_scale = false;
+  in[0].lr_scale = 2.0f;
+  sum_ranks(in, 40, sum, n);
+  gs_control_decode(sum, n, &c);
+  ck_assert(!c.lr_scale_changed);
 }
 END_TEST
 
@@ -259,6 +296,7 @@ static Suite *control_suite(void)
       {"quiet_step", quiet_step},
       {"rank0_requests", rank0_requests},
       {"period_range", period_range},
+      {"lr_scale_exact", lr_scale_exact},
       {"term_any_rank", term_any_rank},
       {"nonfinite_bits", nonfinite_bits},
       {"short_vector", short_vector},

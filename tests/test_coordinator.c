@@ -791,6 +791,14 @@ START_TEST(control_body_is_read_strictly)
       {"{\"action\": \"stop\\u0000\"}", "holds a NUL"},
       {"{\"action\\u0000x\": \"stop\"}", "holds a NUL"},
       {"{\"action\": \"stop\\\\u0000\"}", "action must be"},
+      {"{\"lr_scale\": 0}", "lr_scale must be a number above 0 and at most 1000"},
+      {"{\"lr_scale\": -0.5}", "lr_scale must be"},
+      {"{\"lr_scale\": 1001}", "lr_scale must be"},
+      {"{\"lr_scale\": 1e-50}", "lr_scale must be"}, /* 0 as a float */
+      {"{\"lr_scale\": \"0.5\"}", "lr_scale must be"},
+      {"{\"lr_scale\": 0.5, \"lr_scale\": 2}", "field 'lr_scale' is given twice"},
+      {"{\"lr\": 0.5}", "unknown field 'lr'"},
+      {"{}", "nothing to do"},
   };
   char *body;
 
@@ -812,6 +820,20 @@ START_TEST(control_body_is_read_strictly)
   ck_assert_int_eq(heartbeat(&cl, "c", 1, 0, 1, &hb), OK);
   ck_assert(!hb.directives.stop);
   ck_assert_uint_eq(hb.directives.broadcast_seq, 0);
+  ck_assert_float_eq(hb.directives.lr_scale, 1.0f);
+  /* A good one is applied, shown in the job's JSON and in /metrics. */
+  ck_assert_int_eq(
+      th_http(coord.http_port, "POST", "/jobs/c/control", NULL, "{\"lr_scale\": 0.5}", &body), 200);
+  ck_assert_msg(strstr(body, "\"lr_scale\":0.5"), "%s", body);
+  free(body);
+  ck_assert_int_eq(heartbeat(&cl, "c", 1, 0, 1, &hb), OK);
+  ck_assert_float_eq(hb.directives.lr_scale, 0.5f);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/c", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "\"lr_scale\":0.5"), "%s", body);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/metrics", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "gradsync_job_lr_scale{job=\"c\"} 0.5\n"), "%s", body);
+  free(body);
   th_close(&cl);
 }
 END_TEST

@@ -73,9 +73,10 @@ typedef struct scenario {
     int err;
     char error[768];
     uint64_t steps;
-    uint64_t period_changed_at, stopped_at, skipped_at;
+    uint64_t period_changed_at, stopped_at, skipped_at, lr_changed_at, lr_changes;
     uint64_t optim_steps;
     int32_t period;
+    float lr_scale, lr_factor;
     float params[NPARAMS][16];
     gs_position_t start;
     uint32_t packs;
@@ -285,6 +286,12 @@ static void *rank_main(void *arg)
     if (res.period_changed && !rr->period_changed_at)
       rr->period_changed_at = s + 1;
     rr->period = res.bcast_period;
+    if (res.lr_scale_changed && !rr->lr_changed_at)
+      rr->lr_changed_at = s + 1;
+    if (res.lr_scale_changed)
+      __atomic_add_fetch(&rr->lr_changes, 1, __ATOMIC_SEQ_CST);
+    rr->lr_scale = res.lr_scale;
+    rr->lr_factor = gs_engine_lr_factor(e);
     if (sc->slow)
       usleep(2000);
     if (res.stop) {
@@ -454,6 +461,11 @@ START_TEST(control_takes_effect_at_the_same_step)
                    &body);
   free(body);
   ck_assert_int_eq(status, 200);
+  wait_min_step(&sc, 60);
+  status =
+      th_http(sc.coord.http_port, "POST", "/jobs/ctl/control", NULL, "{\"lr_scale\": 0.25}", &body);
+  free(body);
+  ck_assert_int_eq(status, 200);
   wait_min_step(&sc, 100);
   status = th_http(sc.coord.http_port, "POST", "/jobs/ctl/control", NULL, "{\"action\": \"stop\"}",
                    &body);
@@ -465,6 +477,10 @@ START_TEST(control_takes_effect_at_the_same_step)
     ck_assert_int_eq(sc.ranks[r].period, 5);
     ck_assert_uint_gt(sc.ranks[r].period_changed_at, 20);
     ck_assert_uint_eq(sc.ranks[r].period_changed_at, sc.ranks[0].period_changed_at);
+    ck_assert_uint_gt(sc.ranks[r].lr_changed_at, 60);
+    ck_assert_uint_eq(sc.ranks[r].lr_changed_at, sc.ranks[0].lr_changed_at);
+    ck_assert_float_eq(sc.ranks[r].lr_scale, 0.25f);
+    ck_assert_float_eq(sc.ranks[r].lr_factor, 0.25f);
     ck_assert_uint_gt(sc.ranks[r].stopped_at, 100);
     ck_assert_uint_eq(sc.ranks[r].stopped_at, sc.ranks[0].stopped_at);
   }
@@ -473,7 +489,8 @@ END_TEST
 
 /* The coordinator keeps soft state only: after it is killed and restarted
  * on the same port, the ranks' heartbeats re-register, training never
- * stops, and a directive posted to the new coordinator reaches every rank.
+ * stops, an operator's lr scale set before is kept (the ranks report it),
+ * and a directive posted to the new coordinator reaches every rank.
  * The ranks tolerate its silence for the heartbeat timeout, 10 s: a
  * restart on a loaded machine can take seconds. */
 START_TEST(coordinator_restart_is_survived)
@@ -488,6 +505,18 @@ START_TEST(coordinator_restart_is_survived)
   sc.slow = true;
   run_ranks(&sc);
   wait_min_step(&sc, 20);
+  status = th_http(sc.coord.http_port, "POST", "/jobs/restart/control", NULL, "{\"lr_scale\": 0.5}",
+                   &body);
+  free(body);
+  body = NULL;
+  ck_assert_int_eq(status, 200);
+  status = 0;
+  for (uint32_t r = 0; r < 2; r++)
+    for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS;
+         !__atomic_load_n(&sc.ranks[r].lr_changes, __ATOMIC_SEQ_CST);) {
+      ck_assert_msg(gs_now_ms() < deadline, "rank %u never took the lr scale", r);
+      usleep(10000);
+    }
   th_coord_kill(&sc.coord);
   snprintf(listen, sizeof(listen), "127.0.0.1:%u", sc.coord.rpc_port);
   th_coord_start(&sc.coord, "--listen", listen, "--heartbeat-interval", "100ms",
@@ -502,10 +531,17 @@ START_TEST(coordinator_restart_is_survived)
   }
   free(body);
   ck_assert_int_eq(status, 200);
+  ck_assert_int_eq(th_http(sc.coord.http_port, "GET", "/jobs/restart", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "\"lr_scale\":0.5"), "%s", body);
+  free(body);
   join_ranks(&sc);
   expect_ok(&sc);
   ck_assert_uint_gt(sc.ranks[0].stopped_at, resumed);
   ck_assert_uint_eq(sc.ranks[0].stopped_at, sc.ranks[1].stopped_at);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_float_eq(sc.ranks[r].lr_factor, 0.5f);
+    ck_assert_uint_eq(sc.ranks[r].lr_changes, 1); /* not set back to 1 by the restart */
+  }
 }
 END_TEST
 

@@ -1109,7 +1109,7 @@ static void check_views(const char *name, const char *state, const char *reason,
 {
   static const uint64_t zero[GS_METHOD_COUNT];
   gs_service_info_t svc = {.requests = zero, .errors = zero};
-  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), jobs_now, false);
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), jobs_now, NULL);
   gs_buf_t text = {0};
 
   ck_assert_ptr_nonnull(o);
@@ -1220,7 +1220,7 @@ END_TEST
  * lagging ranks in `ranks` (a JSON array, as printed). */
 static void check_stall(const char *name, bool stalled, double since_s, const char *ranks)
 {
-  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), jobs_now, false);
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, name), jobs_now, NULL);
   char *printed;
 
   ck_assert_ptr_nonnull(o);
@@ -1784,12 +1784,26 @@ START_TEST(heartbeats_wait_for_news)
   call.session = rank_session("w", 0);
   req.rank = 0;
   gs__jobs_heartbeat(&jobs, &call, &req);
-  gs__jobs_control(gs__jobs_find(&jobs, "w"), false, 0, GS_JOB_ACTION_CHECKPOINT);
+  gs__jobs_control(gs__jobs_find(&jobs, "w"),
+                   &(gs_job_control_t){.action = GS_JOB_ACTION_CHECKPOINT});
   ck_assert_int_eq(fake.parked[peers[0].id], 0); /* news: answered at once */
   ck_assert_int_eq(gs_wire_decode(last_reply(0)->body.data, last_reply(0)->body.len,
                                   gradsync_HeartbeatResponse_fields, &resp, why, sizeof(why)),
                    0);
   ck_assert_uint_eq(resp.directives.checkpoint_seq, 1);
+  ck_assert_float_eq(resp.directives.lr_scale, 1.0f);
+  call = call_from(0, GS_METHOD_HEARTBEAT, 1250);
+  call.session = rank_session("w", 0);
+  gs__jobs_heartbeat(&jobs, &call, &req);
+  ck_assert_int_eq(fake.parked[peers[0].id], 1);
+  /* A new lr scale is news too, and the cached reply is built again. */
+  gs__jobs_control(gs__jobs_find(&jobs, "w"),
+                   &(gs_job_control_t){.set_lr_scale = true, .lr_scale = 0.25f});
+  ck_assert_int_eq(fake.parked[peers[0].id], 0);
+  ck_assert_int_eq(gs_wire_decode(last_reply(0)->body.data, last_reply(0)->body.len,
+                                  gradsync_HeartbeatResponse_fields, &resp, why, sizeof(why)),
+                   0);
+  ck_assert_float_eq(resp.directives.lr_scale, 0.25f);
   call = call_from(0, GS_METHOD_HEARTBEAT, 1300);
   call.session = rank_session("w", 0);
   gs__jobs_heartbeat(&jobs, &call, &req);

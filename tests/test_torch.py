@@ -374,28 +374,45 @@ def status_url(p):
     raise AssertionError("gradsync-run printed no status URL")
 
 
+def start(nproc, scenario, out, *opts):
+    """gradsync-run in the background, in a session of its own (os.killpg
+    ends it all), its output piped."""
+    env = dict(os.environ, PYTHONPATH=PY_DIR)
+    return subprocess.Popen([RUN, "--nproc", str(nproc), "--", sys.executable, WORKER, scenario,
+                             out] + list(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+
+
+def wait_job(url, what, pred):
+    """Reads url/jobs/local until pred(job) holds; the job's JSON. The
+    failure names the last JSON read."""
+    job = {}
+
+    def look():
+        try:
+            with urllib.request.urlopen(url + "/jobs/local", timeout=WAIT) as r:
+                job.clear()
+                job.update(json.load(r))
+        except OSError:
+            return False
+        return pred(job)
+
+    try:
+        wait_until(f"{what} at {url}/jobs/local", look, every=0.1)
+    except AssertionError as e:
+        raise AssertionError(f"{e} (last: {job})") from None
+    return job
+
+
 def case_status(tmp):
     """Progress reaches the coordinator's status page with no extra code:
     each rank's step, loss, samples/s and timings."""
-    env = dict(os.environ, PYTHONPATH=PY_DIR)
-    p = subprocess.Popen([RUN, "--nproc", "2", "--", sys.executable, WORKER, "slow", tmp,
-                          "steps=500"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, env=env)
+    p = start(2, "slow", tmp, "steps=500")
     try:
         url = status_url(p)
-        ranks = []
-
-        def progressed():
-            try:
-                with urllib.request.urlopen(url + "/jobs/local", timeout=WAIT) as r:
-                    ranks[:] = json.load(r).get("ranks", [])
-            except OSError:
-                return False
-            return len(ranks) == 2 and all(x["step"] > 5 and x["samples_per_sec"] > 0
-                                           for x in ranks)
-
-        wait_until(f"both ranks past step 5 at {url}/jobs/local (last: {ranks})", progressed,
-                   every=0.2)
+        ranks = wait_job(url, "both ranks past step 5", lambda j: len(j.get("ranks", [])) == 2 and
+                         all(x["step"] > 5 and x["samples_per_sec"] > 0
+                             for x in j["ranks"]))["ranks"]
         for x in ranks:
             assert x["step"] > 5 and x["loss"] > 0 and x["samples_per_sec"] > 0 and \
                 x["compute_ms"] > 0, ranks
@@ -407,31 +424,85 @@ def case_status(tmp):
     assert p.returncode == 0, p.returncode
 
 
+def case_lr_scale(tmp):
+    """The operator's lr scale (POST /jobs/NAME/control {"lr_scale": 0.5})
+    reaches every rank at the same step and multiplies each group's lr
+    from the next step on, on top of the script's LambdaLR: a fused
+    AdamW and a wrapped RMSprop (whose own step() runs) equal one torch
+    process that halves the lr from that step (and not one a step early
+    or late); the groups' lr
+    the script sees stays the scheduler's; the job's JSON shows it."""
+    for name in ("adamw", "rmsprop"):
+        out = tempfile.mkdtemp(dir=tmp)
+        p = start(2, "lr_scale", out, f"opt={name}")
+        try:
+            url = status_url(p)
+            # Both ranks training: a scale set before their Join is no change.
+            wait_job(url, "both ranks past step 5", lambda j: len(j.get("ranks", [])) == 2 and
+                     all(x["step"] > 5 for x in j["ranks"]))
+            req = urllib.request.Request(url + "/jobs/local/control", data=b'{"lr_scale": 0.5}',
+                                         method="POST")
+            with urllib.request.urlopen(req, timeout=WAIT) as r:
+                assert json.load(r)["lr_scale"] == 0.5
+            with urllib.request.urlopen(url + "/jobs/local", timeout=WAIT) as r:
+                assert json.load(r)["lr_scale"] == 0.5
+            logs = p.communicate(timeout=2 * WAIT)[0]
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        assert p.returncode == 0, logs[-4000:]
+        got = [result(out, r) for r in (0, 1)]
+        assert got[0]["changed"] == got[1]["changed"] and got[0]["scale"] == 0.5, \
+            [(g["changed"], g["scale"]) for g in got]
+        changed, steps = got[0]["changed"], got[0]["steps"]
+        assert f"lr scale set to 0.5 by the coordinator (from step {changed + 2})" in logs, \
+            logs[-3000:]
+        want, lrs = scaled_reference(name, steps, changed)
+        err = rel(got[0]["params"], want)
+        # Thousands of steps in float32 (two half batches summed, against
+        # one batch) drift further than case_optimizers' 100; the scale a
+        # step early or late is thousands of times further still.
+        early, late = (rel(got[0]["params"], scaled_reference(name, steps, c)[0])
+                       for c in (changed - 1, changed + 1))
+        assert err < 1e-4 and min(early, late) > 100 * err, (name, err, early, late)
+        assert got[0]["lrs"] == lrs, (got[0]["lrs"], lrs)
+        print(f"{name}: lr scale 0.5 taken by both ranks at step {changed + 1} of {steps}, "
+              f"applied from the next; params relative error {err:.2e} against torch (a step "
+              f"early {early:.1e}, late {late:.1e})")
+
+
+def scaled_reference(name, steps, changed):
+    """One torch process under case_lr_scale's schedule, the lr halved for
+    each step after `changed`: its params, and its groups' lr."""
+    model = torch_worker.mlp()
+    opt = torch_worker.make_optimizer(model, name)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, torch_worker.lr_schedule)
+    x, y = torch_worker.data(200, 8, 2)
+    for s in range(steps):
+        loss = F.cross_entropy(model(x[s % 200]), y[s % 200])
+        opt.zero_grad()
+        loss.backward()
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] *= 0.5 if s > changed else 1.0
+        opt.step()
+        for g, lr in zip(opt.param_groups, saved):
+            g["lr"] = lr
+        sched.step()
+    return [q.detach() for q in model.parameters()], [g["lr"] for g in opt.param_groups]
+
+
 def case_data_hang(tmp):
     """A PyTorch script whose data loading hangs on rank 1 of 3: the
     coordinator names rank 1, in its data phase, while the two others wait
     in the allreduce (the front end marks each forward as compute; the
     engine marks the time between steps as data)."""
-    env = dict(os.environ, PYTHONPATH=PY_DIR)
-    p = subprocess.Popen([RUN, "--nproc", "3", "--", sys.executable, WORKER, "slow", tmp,
-                          "steps=100000", "hang=1:40"], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=env,
-                         start_new_session=True)
+    p = start(3, "slow", tmp, "steps=100000", "hang=1:40")
     try:
         url = status_url(p)
-        job = {}
-
-        def named():
-            try:
-                with urllib.request.urlopen(url + "/jobs/local", timeout=WAIT) as r:
-                    job.update(json.load(r))
-            except OSError:
-                return False
-            w = job.get("waiting_on")
-            return w and w["kind"] == "phase" and w["ranks"] == [1]
-
-        wait_until(f"waiting_on naming rank 1 at {url}/jobs/local (last: {job})", named,
-                   every=0.2)
+        job = wait_job(url, "waiting_on naming rank 1", lambda j: j.get("waiting_on") and
+                       j["waiting_on"]["kind"] == "phase" and j["waiting_on"]["ranks"] == [1])
         w = job["waiting_on"]
         assert job["state"] == "stalled" and w["phase"] == "data", job
         phases = {x["rank"]: x["phase"] for x in job["ranks"]}

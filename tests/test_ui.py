@@ -6,7 +6,7 @@ Cases:
   page      the page in headless chromium, driven over its DevTools pipe
             (--remote-debugging-pipe, standard library only): both ranks
             appear, the step shown rises between two looks, the page's
-            "broadcast now" button reaches the job, the headers (CSP,
+            "broadcast now" and "lr x" controls reach the job, the headers (CSP,
             no-cache) are there, and a rank frozen with SIGSTOP is named
             as the one the job waits on.
   page_tls  the same page against a coordinator with --tls-cert/--tls-key
@@ -218,6 +218,16 @@ def case_page(tmp, tls=False):
         wait_until("the page saying it was done", lambda: "broadcast: done" in browser.eval(
             "document.getElementById('control-result').textContent"))
         print("the page's 'broadcast now' reached the job")
+        # Its lr control too: the value typed is the job's lr scale.
+        browser.eval("(() => { const i = document.getElementById('lr-scale'); i.focus(); "
+                     "i.value = '0.5'; document.querySelector('button[data-action=lr_scale]')"
+                     ".click(); i.blur(); })()")
+        wait_until("the page's lr scale applied",
+                   lambda: job_json(base, ctx)["lr_scale"] == 0.5)
+        wait_until("the page showing lr scale 0.5", lambda: browser.eval(
+            "document.getElementById('lr-scale').value") == "0.5" and "lr scale0.5" in
+            browser.eval("document.getElementById('settings').textContent"))
+        print("the page's 'lr x 0.5' reached the job")
         # A rank frozen: the page names it (waiting_on), the job stalled.
         agents[1].send_signal(signal.SIGSTOP)
         held = wait_until("the page naming the frozen rank 1", lambda: look(

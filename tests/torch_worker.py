@@ -189,6 +189,42 @@ def optimizers():
          scales=scales, skipped=skipped)
 
 
+def lr_schedule(step):
+    """A LambdaLR factor that moves both ways: the operator's lr scale
+    must compose with a schedule that sets the lr every step."""
+    return 1.0 + 0.5 * ((step // 7) % 2)
+
+
+def lr_scale():
+    """optimizer=OPTS["opt"] under a LambdaLR, training on (the examples
+    cycle) until a step's result says the operator's lr scale changed
+    (the test posts it), then 20 steps more: the same count on every
+    rank, since every rank sees the change at the same step."""
+    gs.init()
+    model = mlp()
+    opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, OPTS["opt"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule)
+    batch, r = 8, gs.rank()
+    x, y = data(200, batch, gs.world_size())
+    changed, scale, s = None, None, 0
+    while changed is None or s <= changed + 20:
+        if s == 1_000_000:
+            raise SystemExit("the lr scale never came")
+        mine = (s % 200, slice(r * batch, (r + 1) * batch))
+        loss = F.cross_entropy(model(x[mine]), y[mine])
+        opt.zero_grad()
+        loss.backward()
+        res = opt.step(loss)
+        if res.lr_scale_changed:
+            changed, scale = s, res.lr_scale
+        sched.step()
+        s += 1
+        if changed is None:
+            time.sleep(0.005)  # fewer steps to compare while the test asks
+    save(params=[p.detach().cpu().clone() for p in model.parameters()], changed=changed,
+         scale=scale, steps=s, lrs=[g["lr"] for g in opt.param_groups])
+
+
 def accumulate():
     """Each step: `micro` backward passes of batch/micro examples, all but
     the last inside no_sync()."""

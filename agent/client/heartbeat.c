@@ -3,6 +3,7 @@
  * coordinator aborts the generation or stays unreachable too long. */
 #include "heartbeat.h"
 #include "clock.h"
+#include "lr_scale.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -131,6 +132,7 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
       .regroup_seq = resp.directives.regroup_seq,
       .trace_seq = resp.directives.trace_seq,
       .trace_steps = resp.directives.trace_steps,
+      .lr_scale = gs_lr_scale_or_one(resp.directives.lr_scale),
       .coordinator_id = resp.coordinator_id,
   };
   snprintf(hb->waiting_on, sizeof(hb->waiting_on), "%s", resp.waiting_on);
@@ -194,8 +196,9 @@ static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
   gs_join_result_free(&res);
   if (err == 0) {
     gs_log(cc->log, GS_LOG_INFO, cc->job, hb->cfg.rank,
-           "re-registered with the coordinator for generation %llu (broadcast period %d)",
-           (unsigned long long)hb->cfg.generation, req.bcast_period);
+           "re-registered with the coordinator for generation %llu (broadcast period %d, lr "
+           "scale %g)",
+           (unsigned long long)hb->cfg.generation, req.bcast_period, (double)req.lr_scale);
     republish_packlist(hb, deadline_ms);
   } else if (err == GS_EABORTED) {
     snprintf(why, sizeof(why), "re-registration refused: %s", gs_client_error(hb->cl));
@@ -414,10 +417,11 @@ uint64_t gs_heartbeat_gives_up_at(gs_heartbeat_t *hb)
   return at;
 }
 
-void gs_heartbeat_set_period(gs_heartbeat_t *hb, int32_t period)
+void gs_heartbeat_set_in_effect(gs_heartbeat_t *hb, int32_t period, float lr_scale)
 {
   pthread_mutex_lock(&hb->lock);
   hb->rejoin.bcast_period = period;
+  hb->rejoin.lr_scale = lr_scale;
   pthread_mutex_unlock(&hb->lock);
 }
 

@@ -7,6 +7,7 @@
 
 #include "client_internal.h"
 #include "clock.h"
+#include "lr_scale.h"
 #include "pb_array.h"
 #include "wire.h"
 
@@ -86,6 +87,7 @@ static int join_result(gs_client_t *cl, const gradsync_JoinResponse *resp,
   out->checkpoint_seq = resp->directives.checkpoint_seq;
   out->trace_seq = resp->directives.trace_seq;
   out->regroup_seq = resp->directives.regroup_seq;
+  out->lr_scale = gs_lr_scale_or_one(resp->directives.lr_scale);
   out->coordinator_id = resp->coordinator_id;
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "lr_scale.h"
 
 size_t gs_control_len(uint32_t world_size)
 {
@@ -25,6 +26,9 @@ void gs_control_encode(const gs_control_local_t *in, float *v, size_t n)
   v[GS_CTL_BROADCAST] = in->broadcast;
   v[GS_CTL_CHECKPOINT] = in->checkpoint;
   v[GS_CTL_REGROUP] = in->regroup;
+  /* Adding the other ranks' zeros leaves rank 0's float as it is. */
+  if (in->set_lr_scale && gs_lr_scale_valid(in->lr_scale))
+    v[GS_CTL_LR_SCALE] = in->lr_scale;
   v[GS_CTL_TERM] = in->term;
   v[GS_CTL_STEP] = (float)(in->step % GS_CTL_SEQ_MOD);
   v[GS_CTL_SEQ] = (float)(in->collectives % GS_CTL_SEQ_MOD);
@@ -47,6 +51,8 @@ void gs_control_decode(const float *v, size_t n, gs_control_t *out)
   out->broadcast = v[GS_CTL_BROADCAST] > 0;
   out->checkpoint = v[GS_CTL_CHECKPOINT] > 0;
   out->regroup = v[GS_CTL_REGROUP] > 0;
+  out->lr_scale_changed = gs_lr_scale_valid(v[GS_CTL_LR_SCALE]);
+  out->lr_scale = out->lr_scale_changed ? v[GS_CTL_LR_SCALE] : 0.0f;
   out->nonfinite = v[GS_CTL_NONFINITE] > 0;
 }
 

@@ -1,8 +1,8 @@
 /* The control vector: a few floats appended to the gradients of the pack
  * reduced last, so the one allreduce every step already does also carries
  * the step's decisions, and every rank reads the same sums at the same
- * step (stop, new broadcast period, broadcast now, checkpoint now, regroup,
- * SIGTERM, non-finite loss) with no extra round trip.
+ * step (stop, new broadcast period, new lr scale, broadcast now, checkpoint
+ * now, regroup, SIGTERM, non-finite loss) with no extra round trip.
  *
  * Layout: fixed slots, then one bit per rank for a non-finite loss, 16
  * ranks per float (sums of distinct powers of two below 2^24 are exact in
@@ -37,6 +37,7 @@ enum {
   GS_CTL_STEP,       /* every rank: steps begun since start, mod GS_CTL_SEQ_MOD */
   GS_CTL_SEQ,        /* every rank: collectives issued before this step, mod GS_CTL_SEQ_MOD */
   GS_CTL_REGROUP,    /* rank 0: elastic jobs: agents wait to join; regroup after this step */
+  GS_CTL_LR_SCALE,   /* rank 0: the operator's new lr scale (0: no change) */
   GS_CTL_FIXED,      /* the first per-rank bit slot */
 };
 #define GS_CTL_RANKS_PER_SLOT 16
@@ -55,6 +56,8 @@ typedef struct gs_control_local {
   bool broadcast;
   bool checkpoint;
   bool regroup;
+  bool set_lr_scale; /* `lr_scale` is a new one (gs_lr_scale_valid; others are not sent) */
+  float lr_scale;
   /* Every rank. */
   bool term;            /* SIGTERM arrived */
   bool nonfinite;       /* this rank's loss is NaN or infinite */
@@ -70,7 +73,9 @@ typedef struct gs_control {
   int32_t period;
   bool broadcast;
   bool checkpoint;
-  bool regroup;   /* every rank regroups after this step (elastic) */
+  bool regroup;          /* every rank regroups after this step (elastic) */
+  bool lr_scale_changed; /* `lr_scale` is the new one */
+  float lr_scale;
   bool nonfinite; /* some rank's loss is not finite (gs_control_rank_nonfinite says which) */
 } gs_control_t;
 

@@ -57,6 +57,7 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
     e->cfg.coord.log = e->cfg.log;
   e->repeated_param = -1;
   e->step_factor = 1.0f;
+  e->lr_scale = e->operator_lr_scale = 1.0f; /* until a Join says */
   gs_packs_init(&e->packs);
   if (gs__engine_groups_init(e)) {
     gs__engine_groups_free(e);

@@ -127,6 +127,7 @@ struct gs_engine {
   float step_factor;            /* gs_engine_scale_step's, for this step's update (default 1) */
   bool skip_requested;          /* gs_engine_skip_step's: this step's update is not applied */
   float lr_scale;               /* elastic_lr linear: world / world_size */
+  float operator_lr_scale;      /* the coordinator's control (lr_scale), in effect; 1 unset */
 
   /* Elastic membership (elastic.c). The state every rank of the
    * generation holds at the last step whose SGD it applied in full: what

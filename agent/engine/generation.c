@@ -145,6 +145,9 @@ void gs__engine_joined(gs_engine_t *e)
   e->lr_scale = e->cfg.elastic_lr == GS_ELASTIC_LR_LINEAR
                     ? (float)e->join.world_size / (float)e->cfg.world_size
                     : 1.0f;
+  /* Every rank of the generation took the same from its Join; a
+   * re-registration tells a restarted coordinator. */
+  e->operator_lr_scale = e->join_req.lr_scale = e->join.lr_scale;
 }
 
 #define COMM_ID_KEY "comm-id"

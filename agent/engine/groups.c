@@ -189,14 +189,19 @@ uint32_t gs__engine_state_count(const gs_engine_t *e)
   return gs_optim_state_count(e->cfg.optim, e->groups, e->ngroups);
 }
 
+float gs_engine_lr_factor(const gs_engine_t *e)
+{
+  return e->lr_scale * e->operator_lr_scale;
+}
+
 void gs__engine_resolve_groups(gs_engine_t *e, uint64_t step, gs_optim_step_t *out)
 {
   float scheduled = e->explicit_groups ? 1.0f : gs_sgd_lr(&e->cfg.sgd, step - 1);
 
   for (uint32_t k = 0; k < e->ngroups; k++) {
     e->step_groups[k] = e->groups[k];
-    e->step_groups[k].lr =
-        (e->explicit_groups ? e->groups[k].lr : scheduled * e->group_mult[k]) * e->lr_scale;
+    e->step_groups[k].lr = (e->explicit_groups ? e->groups[k].lr : scheduled * e->group_mult[k]) *
+                           gs_engine_lr_factor(e);
   }
   *out = (gs_optim_step_t){
       .kind = e->cfg.optim,

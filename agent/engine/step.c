@@ -44,6 +44,8 @@ static void write_control(gs_engine_t *e, float loss)
       in.stop = d.stop;
       in.set_period = d.bcast_period != e->period;
       in.period = d.bcast_period;
+      in.set_lr_scale = d.lr_scale != e->operator_lr_scale;
+      in.lr_scale = d.lr_scale;
       if (d.broadcast_seq > e->seen_broadcast_seq) {
         in.broadcast = true;
         e->seen_broadcast_seq = d.broadcast_seq;
@@ -233,11 +235,21 @@ static int act_on_control(gs_engine_t *e, uint64_t step, double start_ms, gs_ste
   }
   if (c.period_changed) {
     e->period = c.period;
-    gs_heartbeat_set_period(e->hb, e->period); /* what a re-registration reports */
     out->period_changed = true;
     gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
            "step %" PRIu64 ": broadcast period set to %d by the coordinator", step, e->period);
   }
+  if (c.lr_scale_changed) {
+    /* This step's update is applied already: the next one takes it. */
+    e->operator_lr_scale = e->join_req.lr_scale = c.lr_scale;
+    out->lr_scale_changed = true;
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+           "step %" PRIu64 ": lr scale set to %g by the coordinator (from step %" PRIu64 ")", step,
+           (double)c.lr_scale, step + 1);
+  }
+  if (c.period_changed || c.lr_scale_changed) /* what a re-registration reports */
+    gs_heartbeat_set_in_effect(e->hb, e->period, e->operator_lr_scale);
+  out->lr_scale = e->operator_lr_scale;
   out->bcast_period = e->period;
   if (e->period > 0 && step % (uint64_t)e->period == 0)
     bcast = true;

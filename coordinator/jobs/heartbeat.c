@@ -21,7 +21,7 @@ static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
   if (job->hb_reply_valid && d->bcast_period == now.bcast_period &&
       d->broadcast_seq == now.broadcast_seq && d->checkpoint_seq == now.checkpoint_seq &&
       d->stop == now.stop && d->regroup_seq == now.regroup_seq && d->trace_seq == now.trace_seq &&
-      job->hb_reply_held == job->held_version)
+      d->lr_scale == now.lr_scale && job->hb_reply_held == job->held_version)
     return &job->hb_reply;
   resp.has_directives = true;
   resp.directives = now;

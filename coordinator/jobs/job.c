@@ -33,6 +33,7 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
     return NULL;
   job->jobs = jobs;
   snprintf(job->name, sizeof(job->name), "%s", name);
+  job->lr_scale = 1.0f;
   gs_list_init(&job->hb_list);
   gs_list_init(&job->wait_list);
   gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name, jobs->cfg.mem);
@@ -203,6 +204,7 @@ gradsync_Directives gs__job_directives(const gs_job_t *job)
       .regroup_seq = job->regroup_seq,
       .trace_seq = job->trace_seq,
       .trace_steps = job->trace_steps,
+      .lr_scale = job->lr_scale,
   };
 }
 

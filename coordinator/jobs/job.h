@@ -211,6 +211,7 @@ struct gs_job {
   /* Directives for the heartbeat replies. */
   int32_t bcast_period;
   bool bcast_period_overridden; /* set by the control endpoint */
+  float lr_scale;               /* the operator's (control endpoint), 1 by default */
   uint64_t broadcast_seq, checkpoint_seq;
   bool stop;
   /* The encoded reply to a heartbeat that needs no abort: the same for

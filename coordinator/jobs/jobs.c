@@ -335,21 +335,25 @@ bool gs__jobs_checkpoints_off(const gs_job_t *job)
          job->ranks[0]->req.checkpoints == gradsync_Checkpoints_CHECKPOINTS_OFF;
 }
 
-void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_action_t action)
+void gs__jobs_control(gs_job_t *job, const gs_job_control_t *c)
 {
   const gs_log_t *log = job->jobs->cfg.log;
 
   job->jobs->version++;
-  if (set_period) {
-    job->bcast_period = period;
+  if (c->set_period) {
+    job->bcast_period = c->period;
     job->bcast_period_overridden = true;
-    gs_log(log, GS_LOG_INFO, job->name, -1, "control: bcast_period set to %d", period);
+    gs_log(log, GS_LOG_INFO, job->name, -1, "control: bcast_period set to %d", c->period);
   }
-  if (action == GS_JOB_ACTION_BROADCAST)
+  if (c->set_lr_scale) {
+    job->lr_scale = c->lr_scale;
+    gs_log(log, GS_LOG_INFO, job->name, -1, "control: lr_scale set to %g", (double)c->lr_scale);
+  }
+  if (c->action == GS_JOB_ACTION_BROADCAST)
     job->broadcast_seq++;
-  else if (action == GS_JOB_ACTION_CHECKPOINT)
+  else if (c->action == GS_JOB_ACTION_CHECKPOINT)
     job->checkpoint_seq++;
-  else if (action == GS_JOB_ACTION_STOP)
+  else if (c->action == GS_JOB_ACTION_STOP)
     job->stop = true;
   job->news++;
   tell_news(job);

@@ -55,9 +55,18 @@ typedef enum gs_job_action {
  * agent), or no rank 0 is known yet. */
 bool gs__jobs_checkpoints_off(const gs_job_t *job);
 
-/* Sets the broadcast period (when set_period) and/or applies `action`;
- * every rank sees it in its next heartbeat reply. */
-void gs__jobs_control(gs_job_t *job, bool set_period, int32_t period, gs_job_action_t action);
+/* What one control request asks. */
+typedef struct gs_job_control {
+  bool set_period;
+  int32_t period;
+  bool set_lr_scale;
+  float lr_scale; /* gs_lr_scale_valid */
+  gs_job_action_t action;
+} gs_job_control_t;
+
+/* Applies a control request; every rank sees it in its next heartbeat
+ * reply. */
+void gs__jobs_control(gs_job_t *job, const gs_job_control_t *c);
 /* Asks every rank of `job` to record its next `steps` steps (the
  * trace_seq directive, trace.h); returns the request's number. */
 uint64_t gs__jobs_trace(gs_job_t *job, uint32_t steps);

@@ -7,6 +7,7 @@
 
 #include "agreement.h"
 #include "history.h"
+#include "lr_scale.h"
 #include "parse.h"
 #include "regroup.h"
 #include "session.h"
@@ -256,6 +257,7 @@ static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsyn
   job->reregister_deadline_ms =
       call->now_ms + job->jobs->cfg.heartbeat_timeout_ms + GS_REREGISTER_SLACK_MS;
   job->bcast_period = req->bcast_period;
+  job->lr_scale = gs_lr_scale_or_one(req->lr_scale);
   gs__job_stall_reset(job, call->now_ms);
   gs__generation_started(job, call->now_ms);
   return true;

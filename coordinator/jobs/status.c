@@ -334,6 +334,7 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   cJSON_AddNumberToObject(o, "generation", (double)job->generation);
   cJSON_AddNumberToObject(o, "world_size", job->world_size);
   cJSON_AddNumberToObject(o, "bcast_period", job->bcast_period);
+  cJSON_AddNumberToObject(o, "lr_scale", job->lr_scale);
   elastic_json(o, job, now, with_ranks);
   waiting = cJSON_AddObjectToObject(o, "rendezvous");
   cJSON_AddNumberToObject(waiting, "joined", job->waiting_count);
@@ -604,6 +605,10 @@ static int job_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
   err |= family(out, "gradsync_job_bcast_period", "gauge", "Parameter broadcast period.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_bcast_period{job=\"%s\"} %d\n", j->name, j->bcast_period);
+  err |= family(out, "gradsync_job_lr_scale", "gauge",
+                "The operator's learning-rate scale (POST /jobs/NAME/control), 1 unless set.");
+  for (const gs_job_t *j = jobs->jobs; j; j = j->next)
+    err |= emit(out, "gradsync_job_lr_scale{job=\"%s\"} %g\n", j->name, (double)j->lr_scale);
   for (size_t k = 0; k < sizeof(per_rank) / sizeof(per_rank[0]); k++) {
     err |= family(out, per_rank[k].name, "gauge", per_rank[k].help);
     for (const gs_job_t *j = jobs->jobs; j; j = j->next) {

@@ -184,6 +184,7 @@ function showSettings(j) {
     dl.appendChild(el("dd", typeof v === "object" ? JSON.stringify(v) : String(v)));
   };
   add("broadcast period", j.bcast_period);
+  add("lr scale", j.lr_scale);
   add("world min / max", `${j.world_min} / ${j.world_max}`);
   const p = j.pack_list;
   if (p) add("packs", `${p.packs} packs, ${p.params} params, ${(p.bytes / 1048576).toFixed(2)} MiB ` +
@@ -192,8 +193,11 @@ function showSettings(j) {
   add("checkpoints asked", j.checkpoint_seq);
   add("stop asked", j.stop ? "yes" : "no");
   for (const [k, v] of Object.entries(j.settings || {})) add(k, v);
-  const input = $("bcast-period");
-  if (document.activeElement !== input) input.value = j.bcast_period;
+  // What the job runs with, unless the user is typing a new value.
+  for (const [id, v] of [["bcast-period", j.bcast_period], ["lr-scale", j.lr_scale]]) {
+    const input = $(id);
+    if (document.activeElement !== input) input.value = v;
+  }
 }
 
 function record(j, ranks) {
@@ -276,6 +280,7 @@ async function control(action) {
   const out = $("control-result");
   const body = {};
   if (action === "period") body.bcast_period = Number($("bcast-period").value);
+  else if (action === "lr_scale") body.lr_scale = Number($("lr-scale").value);
   else body.action = action;
   if (action === "stop" && !confirm(`Stop job ${ui.job}?`)) return;
   const headers = { "Content-Type": "application/json" };

@@ -253,6 +253,11 @@ class StepResult:
     stop_reason: str
     bcast_period: int
     period_changed: bool
+    # The operator's lr scale (POST /jobs/NAME/control {"lr_scale": x}):
+    # every group's lr is multiplied by it from the next step on, on top
+    # of the script's own schedule (which sees the unscaled lr).
+    lr_scale: float
+    lr_scale_changed: bool
     broadcast: bool
     checkpoint: bool
     # A rank's loss, or the summed gradients, held NaN or an infinity: the
@@ -536,6 +541,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise _mismatch(err, named) from None
         self._engine = e
         _state["engine"] = e
+        self._lr_factor = e.info()["lr_factor"]  # an lr scale set before this rank joined
         self.on_world_change = on_world_change
         self._elastic = cfg["world_min"] > 0
         self._has_state = False  # trained in this job: its buffers are the job's
@@ -1081,7 +1087,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._synced = self._scaled = True
             nonfinite, regrouped = self._engine.synchronize(True)
             if not nonfinite and not regrouped and not found_inf:
-                self._inner.step()
+                self._scaled_step()
         self._synced = self._clipped = False
         r = self._result(e.end_step())
         now = time.monotonic()
@@ -1095,6 +1101,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.finish(finished=not r.nonfinite, reason=r.stop_reason)
             _state["nonfinite_stop"] |= r.nonfinite
         return r
+
+    def _scaled_step(self):
+        """The wrapped optimizer's own step with each group's lr times the
+        engine's factor (the operator's lr scale, elastic_lr's), as the
+        fused update applies it: set for the step only, so the script's
+        scheduler goes on from its own values."""
+        f = self._lr_factor
+        if f == 1.0:
+            self._inner.step()
+            return
+        saved = [g["lr"] for g in self._inner.param_groups]
+        try:
+            for g in self._inner.param_groups:
+                g["lr"] = g["lr"] * f
+            self._inner.step()
+        finally:
+            for g, lr in zip(self._inner.param_groups, saved):
+                g["lr"] = lr
 
     def _unscale(self, scaler, loss):
         """A GradScaler's step: the gradients reduced (the means in place),
@@ -1125,6 +1149,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Moves the position (to the engine's resume position after an
         elastic regroup), re-syncs buffers, and says what the step did."""
         resume, regrouped = d.pop("resume"), d.pop("regrouped")
+        self._lr_factor = d.pop("lr_factor")
         if regrouped:
             step, epoch, sample = resume
             self.step_count, self.epoch, self.sample = step, epoch, sample or 0

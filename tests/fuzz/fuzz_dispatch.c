@@ -159,7 +159,11 @@ static void control(fuzz_world_t *w, const uint8_t *b, size_t len)
   snprintf(name, sizeof(name), "%.*s", (int)(len - 2 < 127 ? len - 2 : 127), (const char *)b + 2);
   job = gs__jobs_find(&w->jobs, name);
   if (job)
-    gs__jobs_control(job, b[0] != 0xff, (int32_t)b[0] - 1, (gs_job_action_t)(b[1] % 4));
+    gs__jobs_control(job, &(gs_job_control_t){.set_period = b[0] != 0xff,
+                                              .period = (int32_t)b[0] - 1,
+                                              .set_lr_scale = b[1] >= 0x80,
+                                              .lr_scale = (float)(b[1] & 0x7f) / 16.0f + 0.0625f,
+                                              .action = (gs_job_action_t)(b[1] % 4)});
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -122,6 +122,7 @@ typedef struct gs_join_result {
   /* The directives' counters as they stood (0 from an older coordinator):
    * a new rank 0 passes on only requests made after its Join. */
   uint64_t broadcast_seq, checkpoint_seq, regroup_seq, trace_seq, coordinator_id;
+  float lr_scale;   /* the operator's lr scale (Directives.lr_scale; 1 when unset) */
   gs_peer_t *peers; /* world_size entries in rank order; free with gs_join_result_free */
 } gs_join_result_t;
 

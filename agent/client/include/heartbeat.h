@@ -31,6 +31,7 @@ typedef struct gs_directives {
   uint64_t regroup_seq; /* elastic: agents wait to join; the ranks regroup */
   uint64_t trace_seq;   /* record the next trace_steps steps (engine/trace.c) */
   uint32_t trace_steps;
+  float lr_scale;          /* every group's lr times this (1 when unset) */
   uint64_t coordinator_id; /* the sequence numbers count per coordinator process */
 } gs_directives_t;
 
@@ -79,9 +80,9 @@ void gs_heartbeat_report(gs_heartbeat_t *hb, const gs_progress_t *p);
 /* Copies the latest directives. */
 void gs_heartbeat_directives(gs_heartbeat_t *hb, gs_directives_t *out);
 
-/* The broadcast period now in effect (a re-registration reports it, so a
- * restarted coordinator keeps an operator's setting). */
-void gs_heartbeat_set_period(gs_heartbeat_t *hb, int32_t period);
+/* The broadcast period and lr scale now in effect (a re-registration
+ * reports them, so a restarted coordinator keeps an operator's settings). */
+void gs_heartbeat_set_in_effect(gs_heartbeat_t *hb, int32_t period, float lr_scale);
 
 /* Rank 0, once the pack list is agreed: what to publish again after a
  * re-registration. Borrowed; must outlive the heartbeat. */

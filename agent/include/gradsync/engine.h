@@ -306,6 +306,10 @@ typedef struct gs_step_result {
   char stop_reason[160]; /* why, when stop */
   int32_t bcast_period;  /* in effect from the next step */
   bool period_changed;   /* the coordinator changed it at this step */
+  /* The operator's lr scale (POST /jobs/NAME/control {"lr_scale": x}),
+   * in effect from the next step's update: every group's lr times it. */
+  float lr_scale;
+  bool lr_scale_changed; /* the coordinator changed it at this step */
   bool broadcast;        /* params were broadcast from rank 0 after this step */
   bool checkpoint;       /* a checkpoint was taken after this step */
   /* A rank's loss, or the summed gradients, held NaN or an infinity: the
@@ -458,6 +462,11 @@ GS_ENGINE_API uint32_t gs_engine_world_size(const gs_engine_t *e);
 GS_ENGINE_API uint64_t gs_engine_generation(const gs_engine_t *e);
 GS_ENGINE_API uint32_t gs_engine_pack_count(const gs_engine_t *e);
 GS_ENGINE_API int32_t gs_engine_bcast_period(const gs_engine_t *e);
+/* What the engine's update multiplies every group's lr by: the operator's
+ * lr scale (gs_step_result_t.lr_scale) times elastic_lr's world / world
+ * size. A front end whose own optimizer steps (not the engine's) scales
+ * its lr by it too. */
+GS_ENGINE_API float gs_engine_lr_factor(const gs_engine_t *e);
 
 /* Views of parameter i and its gradient in the packs (after start), in the
  * device's memory: plain host memory on the cpu device. */
