@@ -1,14 +1,23 @@
 /* coord_load: a load generator for gradsync-coordinator. It simulates many
- * agents from one libuv loop, each on its own TCP connection and speaking
- * the real wire protocol through common/ (frames, Envelope, nanopb), and
- * measures the two things a coordinator must do at scale:
+ * agents from one libuv loop, speaking the real wire protocol through
+ * common/ (frames, Envelope, Batch, nanopb), and measures the two things a
+ * coordinator must do at scale:
  *
  *   1. rendezvous: from the first connect to every simulated rank holding
  *      its Join answer (rank, generation); ranks are checked to be unique
  *      and the ring neighbours to be right;
  *   2. heartbeats: every rank heartbeats once per interval, spread evenly
  *      over the interval, for a while; the coordinator's CPU time is read
- *      from /proc/PID/stat (utime + stime) over that window.
+ *      from /proc/PID/stat (utime + stime) over that window, and its
+ *      resident memory (VmRSS) before the first connect and when the window
+ *      closes.
+ *
+ * Two modes. Direct (the default): one TCP connection per rank, each call a
+ * frame of its own (slot 0). Node (--node-agents): one connection per node
+ * of --ranks-per-node ranks, as a node agent holds it; a rank's calls carry
+ * its slot (local rank + 1) and go in one Batch per node: the node's Joins,
+ * its heartbeats of one interval (the nodes' batches spread evenly over the
+ * interval), its Leaves.
  *
  * It prints a "joined" line when the rendezvous completes (so a script can
  * start another load, e.g. wrk, at that point) and one "result" line of
@@ -32,9 +41,10 @@
 #include "wire.h"
 
 #define READ_CHUNK (64 * 1024)
-#define FD_HEADROOM 64      /* descriptors beyond one per rank: loop, stdio, ... */
+#define FD_HEADROOM 64      /* descriptors beyond one per connection: loop, stdio, ... */
 #define TICK_MS 1           /* heartbeat scheduler period */
 #define MAX_PEERS_ALL 65536 /* decode bound of a PEERS_ALL reply */
+#define MAX_SLOT 255        /* Envelope.slot of a node agent's rank: 1..255 */
 
 enum phase { PH_JOIN, PH_HEARTBEAT, PH_LEAVE, PH_DONE };
 
@@ -45,7 +55,8 @@ typedef struct cfg {
   char token[256];
   uint32_t ranks;
   uint32_t per_node;
-  uint32_t window; /* connects in flight at once */
+  bool node_agents; /* one connection per node, its calls in Batches */
+  uint32_t window;  /* connects in flight at once */
   uint64_t duration_ms, warmup_ms, interval_ms, join_timeout_ms;
   long coord_pid; /* 0: no CPU measurement */
   gradsync_PeerSet peers;
@@ -61,26 +72,44 @@ typedef struct proc_cpu {
 
 typedef struct load load_t;
 
-typedef struct agent {
-  uv_tcp_t tcp;
-  uv_connect_t connect;
-  load_t *ld;
-  uint32_t index;   /* which simulated agent: node index/per_node, local index%per_node */
+/* One simulated rank. */
+typedef struct sim_rank {
+  uint32_t index;   /* which simulated rank: node index/per_node, local index%per_node */
   uint32_t rank;    /* from the Join reply */
   char session[48]; /* from the Join reply: sent with every later call */
-  gs_buf_t rbuf;    /* bytes of a frame not yet complete */
   uint64_t hb_sent_ns;
   uint32_t hb_outstanding;
   uint64_t step;
-  bool connected, joined, left, closed;
-} agent_t;
+  bool joined, left;
+} sim_rank_t;
+
+/* One TCP connection: a rank's own (direct mode) or a node agent's for the
+ * ranks of one node (node mode), ranks[first .. first + count). */
+typedef struct conn {
+  uv_tcp_t tcp;
+  uv_connect_t connect;
+  load_t *ld;
+  uint32_t index;        /* which connection */
+  uint32_t first, count; /* its ranks */
+  uint32_t left;         /* of those, how many have their Leave answer */
+  uint64_t batch_seq;    /* request id of its last Batch */
+  gs_buf_t rbuf;         /* bytes of a frame not yet complete */
+  bool connected, closed;
+} conn_t;
 
 struct load {
   cfg_t cfg;
   uv_loop_t *loop;
-  agent_t *agents;
+  uint32_t nconns, per_conn; /* connections, and ranks on each but maybe the last */
+  conn_t *conns;
+  sim_rank_t *ranks;
   uint8_t *rank_seen;
   uint32_t next_connect, connects_in_flight, connected, joined, left, closed;
+  /* Encoding scratch, reused so a heartbeat costs no allocation: a
+   * request's body, the entries of the Batch being built (for one
+   * connection at a time: each is built and flushed in one callback), and
+   * the frame being sent. */
+  gs_buf_t body, batch, out;
   enum phase phase;
   uint64_t generation;
   uint64_t t_start_ns, t_connected_ns, t_joined_ns;
@@ -88,13 +117,15 @@ struct load {
   uv_signal_t sigint, sigterm;
   /* Heartbeat schedule and counters. */
   uint64_t hb_start_ns, hb_sent, hb_replies, hb_aborts, hb_errors, hb_overlaps;
-  uint32_t *lat_us; /* one per reply, for percentiles */
+  uint64_t hb_rounds; /* connections' heartbeat rounds sent: the schedule's position */
+  uint32_t *lat_us;   /* one per reply, for percentiles */
   size_t lat_count, lat_cap;
   /* The CPU window. */
   bool window_open, window_closed;
   uint64_t win_start_ns, win_end_ns, win_hb_replies0, win_hb_replies1;
   proc_cpu_t coord0, coord1;
   bool coord_ok;
+  long coord_rss0_kb, coord_rss1_kb; /* before the first connect, at the window's end; -1 */
   double self_cpu0, self_cpu1;
   int errors; /* fatal problems seen; the exit status is 1 when > 0 */
   char rbuf[READ_CHUNK];
@@ -102,31 +133,44 @@ struct load {
 
 static void usage(FILE *out)
 {
-  fprintf(out, "usage: coord_load --coordinator HOST:PORT [options]\n"
-               "\n"
-               "Simulates many gradsync agents against a running coordinator, one TCP connection\n"
-               "each, from one libuv loop: rendezvous them in one job, then heartbeat.\n"
-               "\n"
-               "  --coordinator HOST:PORT  the coordinator's RPC address (required)\n"
-               "  --ranks N                simulated ranks, one connection each (default 10000)\n"
-               "  --ranks-per-node K       agents per simulated node (default 8)\n"
-               "  --job NAME               job name (default load)\n"
-               "  --token TOKEN            shared secret (default $GRADSYNC_TOKEN)\n"
-               "  --peers ring|all|none    peers asked for in Join (default ring, like the agent)\n"
-               "  --connect-window W       connects in flight at once (default 1000)\n"
-               "  --join-timeout DUR       give up when the rendezvous takes longer (default 60s)\n"
-               "  --interval DUR           heartbeat period of each rank (default 1s)\n"
-               "  --warmup DUR             heartbeating before the CPU window opens (default 2s)\n"
-               "  --duration DUR           length of the CPU window (default 15s); 0s: heartbeat\n"
-               "                           until SIGINT or SIGTERM\n"
-               "  --coord-pid PID          measure this process's CPU time (/proc/PID/stat)\n"
-               "  -h, --help               print this help and exit\n"
-               "\n"
-               "Output (stdout), one line each:\n"
-               "  coord_load: joined ranks=N rendezvous_s=S generation=G\n"
-               "  coord_load: result ranks=N rendezvous_s=S hb_per_s=R coord_cpu_pct=P ...\n"
-               "Exit status: 0 when every rank joined, heartbeated without an error and left;\n"
-               "1 on a protocol or measurement failure; 2 on bad flags or limits.\n");
+  fprintf(out,
+          "usage: coord_load --coordinator HOST:PORT [options]\n"
+          "\n"
+          "Simulates many gradsync agents against a running coordinator, one TCP connection\n"
+          "each (or one per node with --node-agents), from one libuv loop: rendezvous them\n"
+          "in one job, then heartbeat.\n"
+          "\n"
+          "  --coordinator HOST:PORT  the coordinator's RPC address (required)\n"
+          "  --ranks N                simulated ranks (default 10000)\n"
+          "  --ranks-per-node K       ranks per simulated node (default 8)\n"
+          "  --node-agents            one connection per node, as its node agent holds it:\n"
+          "                           each rank's calls on its slot (local rank + 1), a\n"
+          "                           node's Joins, heartbeats of one interval and Leaves\n"
+          "                           each in one Batch (K at most 255)\n"
+          "  --job NAME               job name (default load)\n"
+          "  --token TOKEN            shared secret (default $GRADSYNC_TOKEN)\n"
+          "  --peers ring|all|none    peers asked for in Join (default ring, like the agent)\n"
+          "  --connect-window W       connects in flight at once (default 1000)\n"
+          "  --join-timeout DUR       give up when the rendezvous takes longer (default 60s)\n"
+          "  --interval DUR           heartbeat period of each rank (default 1s); node\n"
+          "                           mode sends one Batch per node per period\n"
+          "  --warmup DUR             heartbeating before the CPU window opens (default 2s)\n"
+          "  --duration DUR           length of the CPU window (default 15s); 0s: heartbeat\n"
+          "                           until SIGINT or SIGTERM\n"
+          "  --coord-pid PID          measure this process's CPU time (/proc/PID/stat) and\n"
+          "                           resident memory (VmRSS of /proc/PID/status)\n"
+          "  -h, --help               print this help and exit\n"
+          "\n"
+          "Output (stdout), one line each:\n"
+          "  coord_load: joined ranks=N rendezvous_s=S generation=G\n"
+          "  coord_load: result ranks=N mode=direct|node connections=C rendezvous_s=S\n"
+          "              hb_per_s=R coord_cpu_pct=P ... coord_rss_mb=M coord_rss_per_rank_kb=K\n"
+          "              ... errors=E\n"
+          "hb_per_s counts ranks' heartbeats in either mode. coord_rss_mb is the\n"
+          "coordinator's VmRSS when the CPU window closes; coord_rss_per_rank_kb is that\n"
+          "less its VmRSS before the first connect, over N (both -1 without --coord-pid).\n"
+          "Exit status: 0 when every rank joined, heartbeated without an error and left;\n"
+          "1 on a protocol or measurement failure; 2 on bad flags or limits.\n");
 }
 
 static double now_s(uint64_t ns)
@@ -169,6 +213,25 @@ static int proc_cpu(long pid, proc_cpu_t *out)
   return 0;
 }
 
+/* `pid`'s resident memory in KiB (VmRSS of /proc/PID/status); -1 when it
+ * cannot be read. */
+static long proc_rss_kb(long pid)
+{
+  char path[64], line[256];
+  long kb = -1;
+  FILE *f;
+
+  snprintf(path, sizeof(path), "/proc/%ld/status", pid);
+  f = fopen(path, "r");
+  if (!f)
+    return -1;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld", &kb) == 1)
+      break;
+  fclose(f);
+  return kb;
+}
+
 static double self_cpu_s(void)
 {
   struct rusage ru;
@@ -208,127 +271,174 @@ typedef struct write_req {
 
 static void on_write(uv_write_t *req, int status)
 {
-  agent_t *a = req->handle->data;
+  conn_t *c = req->handle->data;
 
-  if (status < 0 && status != UV_ECANCELED && !a->ld->errors)
-    fail(a->ld, "write to the coordinator failed: %s", uv_strerror(status));
+  if (status < 0 && status != UV_ECANCELED && !c->ld->errors)
+    fail(c->ld, "write to the coordinator failed: %s", uv_strerror(status));
   free(req);
 }
 
-/* Sends one request; tries a direct write first, so a heartbeat usually
- * costs no allocation. */
-static int send_request(agent_t *a, const char *method, const pb_msgdesc_t *fields, const void *msg,
-                        uint64_t request_id, uint32_t timeout_ms)
+/* Writes `len` bytes on c; tries a direct write first, so a heartbeat
+ * usually costs no allocation, and copies only what is left. */
+static int conn_write(conn_t *c, const uint8_t *data, size_t len)
 {
-  load_t *ld = a->ld;
-  gradsync_Envelope env;
-  uint8_t stack[1024];
-  gs_buf_t out = {0};
-  uv_buf_t b;
+  uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+  int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
   write_req_t *w;
-  int n, err;
 
-  memset(&env, 0, sizeof(env));
-  snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "%s", method);
-  env.request_id = request_id;
-  env.timeout_ms = timeout_ms;
-  snprintf(env.token, sizeof(env.token), "%s", ld->cfg.token);
-  snprintf(env.session, sizeof(env.session), "%s", a->session);
-  out.data = stack;
-  out.cap = sizeof(stack);
-  err = gs_wire_encode_frame(&out, &env, fields, msg, SIZE_MAX);
-  if (err)
-    goto out;
-  b = uv_buf_init((char *)out.data, (unsigned)out.len);
-  n = uv_try_write((uv_stream_t *)&a->tcp, &b, 1);
-  if (n == (int)out.len)
-    goto out;
-  if (n < 0 && n != UV_EAGAIN) {
-    err = GS_EIO;
-    goto out;
-  }
+  if (n == (int)len)
+    return 0;
+  if (n < 0 && n != UV_EAGAIN)
+    return GS_EIO;
   if (n < 0)
     n = 0;
-  w = malloc(sizeof(*w) + out.len - (size_t)n);
-  if (!w) {
-    err = GS_ENOMEM;
-    goto out;
-  }
-  w->len = out.len - (size_t)n;
-  memcpy(w->data, out.data + n, w->len);
+  w = malloc(sizeof(*w) + len - (size_t)n);
+  if (!w)
+    return GS_ENOMEM;
+  w->len = len - (size_t)n;
+  memcpy(w->data, data + n, w->len);
   b = uv_buf_init((char *)w->data, (unsigned)w->len);
-  if (uv_write(&w->req, (uv_stream_t *)&a->tcp, &b, 1, on_write)) {
+  if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write)) {
     free(w);
-    err = GS_EIO;
+    return GS_EIO;
   }
-out:
-  if (out.data != stack)
-    free(out.data); /* gs_buf_reserve moved a large frame to the heap */
+  return 0;
+}
+
+static void request_envelope(const load_t *ld, gradsync_Envelope *env, gs_method_t m,
+                             uint64_t request_id, uint32_t timeout_ms, const char *session)
+{
+  memset(env, 0, sizeof(*env));
+  snprintf(env->method, sizeof(env->method), "%s", gs_method_path(m));
+  env->request_id = request_id;
+  env->timeout_ms = timeout_ms;
+  snprintf(env->token, sizeof(env->token), "%s", ld->cfg.token);
+  snprintf(env->session, sizeof(env->session), "%s", session);
+}
+
+/* One call of rank r on its connection c: in direct mode a frame of its own
+ * (slot 0), sent now; in node mode an entry of c's Batch on the rank's slot
+ * (local rank + 1), sent by flush(). */
+static int send_call(conn_t *c, const sim_rank_t *r, gs_method_t m, const pb_msgdesc_t *fields,
+                     const void *msg, uint64_t request_id, uint32_t timeout_ms)
+{
+  load_t *ld = c->ld;
+  gradsync_Envelope env;
+  int err;
+
+  request_envelope(ld, &env, m, request_id, timeout_ms, r->session);
+  if (!ld->cfg.node_agents) {
+    ld->out.len = 0;
+    err = gs_wire_encode_frame(&ld->out, &env, fields, msg, SIZE_MAX);
+    return err ? err : conn_write(c, ld->out.data, ld->out.len);
+  }
+  env.slot = r->index % ld->cfg.per_node + 1;
+  ld->body.len = 0;
+  err = gs_wire_encode(&ld->body, fields, msg);
+  if (!err)
+    err = gs_wire_encode_batch_entry(&ld->batch, &env, ld->body.data, ld->body.len, SIZE_MAX);
   return err;
 }
 
-static void send_join(agent_t *a)
+/* Sends the Batch that send_call built for c, if any (node mode): the
+ * connection's own call (slot 0) with a request id of its own. */
+static int flush(conn_t *c)
 {
-  load_t *ld = a->ld;
+  load_t *ld = c->ld;
+  gradsync_Envelope env;
+  int err;
+
+  if (ld->batch.len == 0)
+    return 0;
+  if (c->closed) { /* a failure while building it closed every connection */
+    ld->batch.len = 0;
+    return 0;
+  }
+  request_envelope(ld, &env, GS_METHOD_BATCH, ++c->batch_seq, 0, "");
+  ld->out.len = 0;
+  err = gs_wire_encode_frame_bytes(&ld->out, &env, ld->batch.data, ld->batch.len, SIZE_MAX);
+  ld->batch.len = 0;
+  return err ? err : conn_write(c, ld->out.data, ld->out.len);
+}
+
+static void send_join(conn_t *c, sim_rank_t *r, uint64_t now)
+{
+  load_t *ld = c->ld;
   gradsync_JoinRequest req = gradsync_JoinRequest_init_zero;
 
+  (void)now;
   snprintf(req.job, sizeof(req.job), "%s", ld->cfg.job);
   req.world_size = ld->cfg.ranks;
-  snprintf(req.node, sizeof(req.node), "node%05u", a->index / ld->cfg.per_node);
-  req.local_rank = a->index % ld->cfg.per_node;
+  snprintf(req.node, sizeof(req.node), "node%05u", r->index / ld->cfg.per_node);
+  req.local_rank = r->index % ld->cfg.per_node;
   snprintf(req.device, sizeof(req.device), "cpu");
   req.has_model_signature = true;
   req.model_signature = (gradsync_ModelSignature){6, 235146, 0x5eed5eedULL, 0xf10a7ULL};
-  snprintf(req.comm_addr, sizeof(req.comm_addr), "10.%u.%u.%u:%u", (a->index >> 16) & 255,
-           (a->index >> 8) & 255, a->index & 255, 29500 + req.local_rank);
+  snprintf(req.comm_addr, sizeof(req.comm_addr), "10.%u.%u.%u:%u", (r->index >> 16) & 255,
+           (r->index >> 8) & 255, r->index & 255, 29500 + req.local_rank);
   req.peers = ld->cfg.peers;
-  if (send_request(a, "Join", gradsync_JoinRequest_fields, &req, 1,
-                   (uint32_t)ld->cfg.join_timeout_ms))
-    fail(ld, "cannot send Join for agent %u", a->index);
+  if (send_call(c, r, GS_METHOD_JOIN, gradsync_JoinRequest_fields, &req, 1,
+                (uint32_t)ld->cfg.join_timeout_ms))
+    fail(ld, "cannot send Join for agent %u", r->index);
 }
 
-static void send_heartbeat(agent_t *a, uint64_t now)
+static void send_heartbeat(conn_t *c, sim_rank_t *r, uint64_t now)
 {
-  load_t *ld = a->ld;
+  load_t *ld = c->ld;
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
 
   snprintf(req.job, sizeof(req.job), "%s", ld->cfg.job);
   req.generation = ld->generation;
-  req.rank = a->rank;
-  req.step = ++a->step;
-  req.loss = 2.0f / (float)(1 + a->step);
+  req.rank = r->rank;
+  req.step = ++r->step;
+  req.loss = 2.0f / (float)(1 + r->step);
   req.samples_per_sec = 1000.0f;
-  req.compute_ms = 10.0f + 0.1f * (float)(a->rank % 5); /* no stragglers */
+  req.compute_ms = 10.0f + 0.1f * (float)(r->rank % 5); /* no stragglers */
   req.comm_wait_ms = 1.0f;
-  if (a->hb_outstanding)
+  if (r->hb_outstanding)
     ld->hb_overlaps++;
-  a->hb_sent_ns = now;
-  a->hb_outstanding++;
+  r->hb_sent_ns = now;
+  r->hb_outstanding++;
   ld->hb_sent++;
-  if (send_request(a, "Heartbeat", gradsync_HeartbeatRequest_fields, &req, 2 + a->step, 0))
-    fail(ld, "cannot send a heartbeat for rank %u", a->rank);
+  if (send_call(c, r, GS_METHOD_HEARTBEAT, gradsync_HeartbeatRequest_fields, &req, 2 + r->step, 0))
+    fail(ld, "cannot send a heartbeat for rank %u", r->rank);
 }
 
-static void send_leave(agent_t *a)
+static void send_leave(conn_t *c, sim_rank_t *r, uint64_t now)
 {
-  load_t *ld = a->ld;
+  load_t *ld = c->ld;
   gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
 
+  (void)now;
   snprintf(req.job, sizeof(req.job), "%s", ld->cfg.job);
   req.generation = ld->generation;
-  req.rank = a->rank;
+  req.rank = r->rank;
   req.finished = true;
-  if (send_request(a, "Leave", gradsync_LeaveRequest_fields, &req, 1ULL << 62, 0))
-    fail(ld, "cannot send Leave for rank %u", a->rank);
+  if (send_call(c, r, GS_METHOD_LEAVE, gradsync_LeaveRequest_fields, &req, 1ULL << 62, 0))
+    fail(ld, "cannot send Leave for rank %u", r->rank);
+}
+
+typedef void (*send_fn)(conn_t *c, sim_rank_t *r, uint64_t now);
+
+/* Makes one call per rank of c and sends them: a frame each in direct
+ * mode, one Batch in node mode. */
+static void send_all(conn_t *c, send_fn send, uint64_t now)
+{
+  load_t *ld = c->ld;
+
+  for (uint32_t i = 0; i < c->count && !c->closed; i++)
+    send(c, &ld->ranks[c->first + i], now);
+  if (flush(c))
+    fail(ld, "cannot send a Batch on connection %u", c->index);
 }
 
 /* --- replies --- */
 
 static void all_joined(load_t *ld);
 
-static void on_join_reply(agent_t *a, const gradsync_Envelope *env, const gs_buf_t *body)
+static void on_join_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *env,
+                          const gs_buf_t *body)
 {
-  load_t *ld = a->ld;
   gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
   gs_pb_array_t peers;
   const gradsync_Peer *p;
@@ -336,7 +446,7 @@ static void on_join_reply(agent_t *a, const gradsync_Envelope *env, const gs_buf
   char why[128];
 
   if (env->status) {
-    fail(ld, "Join of agent %u failed: status %d: %s", a->index, env->status, env->message);
+    fail(ld, "Join of agent %u failed: status %d: %s", r->index, env->status, env->message);
     return;
   }
   gs_pb_array_init(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer), MAX_PEERS_ALL);
@@ -350,7 +460,7 @@ static void on_join_reply(agent_t *a, const gradsync_Envelope *env, const gs_buf
   p = peers.items;
   if (resp.world_size != n || resp.rank >= n || ld->rank_seen[resp.rank] ||
       (ld->generation && resp.generation != ld->generation)) {
-    fail(ld, "bad Join answer for agent %u: rank %u, world %u, generation %llu", a->index,
+    fail(ld, "bad Join answer for agent %u: rank %u, world %u, generation %llu", r->index,
          resp.rank, resp.world_size, (unsigned long long)resp.generation);
   } else if (ld->cfg.peers == gradsync_PeerSet_PEERS_RING &&
              (peers.count != (n > 1 ? 2u : 1u) || p[0].rank != (resp.rank + n - 1) % n ||
@@ -360,94 +470,147 @@ static void on_join_reply(agent_t *a, const gradsync_Envelope *env, const gs_buf
     fail(ld, "rank %u got %zu peers, not %u", resp.rank, peers.count, n);
   } else {
     ld->rank_seen[resp.rank] = 1;
-    snprintf(a->session, sizeof(a->session), "%s", resp.session);
+    snprintf(r->session, sizeof(r->session), "%s", resp.session);
     ld->generation = resp.generation;
-    a->rank = resp.rank;
-    a->joined = true;
+    r->rank = resp.rank;
+    r->joined = true;
     if (++ld->joined == n)
       all_joined(ld);
   }
   gs_pb_array_free(&peers);
 }
 
-static void on_heartbeat_reply(agent_t *a, const gradsync_Envelope *env, const gs_buf_t *body)
+static void on_heartbeat_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *env,
+                               const gs_buf_t *body)
 {
-  load_t *ld = a->ld;
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
   uint64_t now = uv_hrtime();
 
-  if (a->hb_outstanding == 0) {
-    fail(ld, "rank %u: a heartbeat reply nobody asked for", a->rank);
+  if (r->hb_outstanding == 0) {
+    fail(ld, "rank %u: a heartbeat reply nobody asked for", r->rank);
     return;
   }
-  a->hb_outstanding--;
+  r->hb_outstanding--;
   ld->hb_replies++;
   if (env->status ||
       gs_wire_decode(body->data, body->len, gradsync_HeartbeatResponse_fields, &resp, NULL, 0)) {
     if (ld->hb_errors++ == 0)
-      fprintf(stderr, "coord_load: rank %u: heartbeat failed: status %d: %s\n", a->rank,
+      fprintf(stderr, "coord_load: rank %u: heartbeat failed: status %d: %s\n", r->rank,
               env->status, env->message);
     return;
   }
   if (resp.abort) {
     if (ld->hb_aborts++ == 0)
-      fprintf(stderr, "coord_load: rank %u: generation aborted: %s\n", a->rank, resp.abort_reason);
+      fprintf(stderr, "coord_load: rank %u: generation aborted: %s\n", r->rank, resp.abort_reason);
     return;
   }
-  if (a->hb_outstanding == 0 && ld->lat_count < ld->lat_cap)
-    ld->lat_us[ld->lat_count++] = (uint32_t)((now - a->hb_sent_ns) / 1000);
+  if (r->hb_outstanding == 0 && ld->lat_count < ld->lat_cap)
+    ld->lat_us[ld->lat_count++] = (uint32_t)((now - r->hb_sent_ns) / 1000);
 }
 
-static void agent_close(agent_t *a);
+static void conn_close(conn_t *c);
 
-static void on_leave_reply(agent_t *a, const gradsync_Envelope *env)
+/* A rank's Leave answer; its connection closes with its last rank's. */
+static void on_leave_reply(conn_t *c, sim_rank_t *r, const gradsync_Envelope *env)
 {
-  load_t *ld = a->ld;
+  load_t *ld = c->ld;
 
   if (env->status)
-    fail(ld, "Leave of rank %u failed: status %d: %s", a->rank, env->status, env->message);
-  a->left = true;
-  agent_close(a);
+    fail(ld, "Leave of rank %u failed: status %d: %s", r->rank, env->status, env->message);
+  r->left = true;
+  if (++c->left == c->count)
+    conn_close(c);
   if (++ld->left == ld->cfg.ranks)
     leave_done(ld);
 }
 
+/* The reply to one call of rank r: a frame of its own, or an entry of a
+ * Batch reply. */
+static void on_reply(conn_t *c, sim_rank_t *r, const gradsync_Envelope *env, const gs_buf_t *body)
+{
+  gs_method_t m;
+
+  if (!gs_method_from_path(env->method, &m))
+    m = GS_METHOD_COUNT;
+  switch (m) {
+  case GS_METHOD_JOIN:
+    on_join_reply(c->ld, r, env, body);
+    break;
+  case GS_METHOD_HEARTBEAT:
+    on_heartbeat_reply(c->ld, r, env, body);
+    break;
+  case GS_METHOD_LEAVE:
+    on_leave_reply(c, r, env);
+    break;
+  default:
+    fail(c->ld, "unexpected reply '%s' (status %d: %s)", env->method, env->status, env->message);
+  }
+}
+
+/* A node agent's Batch reply: one reply per call, each on its rank's slot. */
+static void on_batch_reply(conn_t *c, const gradsync_Envelope *env, const gs_buf_t *body)
+{
+  load_t *ld = c->ld;
+  gs_buf_t ibody = {0};
+  const uint8_t *item;
+  size_t off = 0, len;
+  bool bad = false;
+  char why[128];
+
+  if (strcmp(env->method, gs_method_path(GS_METHOD_BATCH)) != 0 || env->status || env->slot) {
+    fail(ld, "connection %u: unexpected reply '%s' on slot %u (status %d: %s)", c->index,
+         env->method, env->slot, env->status, env->message);
+    return;
+  }
+  while (!c->closed && gs_wire_batch_next(body->data, body->len, &off, &item, &len, &bad)) {
+    gradsync_Envelope e;
+
+    if (gs_wire_decode_envelope(item, len, &e, &ibody, why, sizeof(why)))
+      fail(ld, "connection %u: undecodable Envelope in a Batch reply: %s", c->index, why);
+    else if (e.slot == 0 || e.slot > c->count)
+      fail(ld, "connection %u: a Batch reply for slot %u of %u", c->index, e.slot, c->count);
+    else
+      on_reply(c, &ld->ranks[c->first + e.slot - 1], &e, &ibody);
+  }
+  if (bad)
+    fail(ld, "connection %u: undecodable BatchResponse", c->index);
+  gs_buf_free(&ibody);
+}
+
 /* One complete frame from the coordinator. */
-static void on_frame(agent_t *a, const uint8_t *payload, size_t len)
+static void on_frame(conn_t *c, const uint8_t *payload, size_t len)
 {
   gradsync_Envelope env;
   gs_buf_t body = {0};
   char why[128];
 
-  if (gs_wire_decode_envelope(payload, len, &env, &body, why, sizeof(why))) {
-    fail(a->ld, "undecodable Envelope from the coordinator: %s", why);
-  } else if (strcmp(env.method, GS_METHOD_PREFIX "Join") == 0) {
-    on_join_reply(a, &env, &body);
-  } else if (strcmp(env.method, GS_METHOD_PREFIX "Heartbeat") == 0) {
-    on_heartbeat_reply(a, &env, &body);
-  } else if (strcmp(env.method, GS_METHOD_PREFIX "Leave") == 0) {
-    on_leave_reply(a, &env);
-  } else {
-    fail(a->ld, "unexpected reply '%s' (status %d: %s)", env.method, env.status, env.message);
-  }
+  if (gs_wire_decode_envelope(payload, len, &env, &body, why, sizeof(why)))
+    fail(c->ld, "undecodable Envelope from the coordinator: %s", why);
+  else if (c->ld->cfg.node_agents)
+    on_batch_reply(c, &env, &body);
+  else if (env.slot)
+    fail(c->ld, "a reply on slot %u of a direct connection", env.slot);
+  else
+    on_reply(c, &c->ld->ranks[c->first], &env, &body);
   gs_buf_free(&body);
 }
 
-/* Cuts frames out of data[0..len); returns the bytes used, < 0 on error. */
-static long cut_frames(agent_t *a, const uint8_t *data, size_t len)
+/* Cuts frames out of data[0..len); returns the bytes used, < 0 on error. A
+ * Batch reply holds a reply per rank of the connection, each up to a frame. */
+static long cut_frames(conn_t *c, const uint8_t *data, size_t len)
 {
-  size_t off = 0;
+  size_t off = 0, max = (size_t)GS_FRAME_DEFAULT_MAX * c->count;
 
-  while (!a->closed) {
+  while (!c->closed) {
     const uint8_t *payload;
     size_t plen;
-    long used = gs_frame_parse(data + off, len - off, GS_FRAME_DEFAULT_MAX, &payload, &plen);
+    long used = gs_frame_parse(data + off, len - off, max, &payload, &plen);
 
     if (used < 0)
       return used;
     if (used == 0)
       break;
-    on_frame(a, payload, plen);
+    on_frame(c, payload, plen);
     off += (size_t)used;
   }
   return (long)off;
@@ -455,40 +618,40 @@ static long cut_frames(agent_t *a, const uint8_t *data, size_t len)
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-  agent_t *a = h->data;
+  conn_t *c = h->data;
 
   (void)suggested;
-  *buf = uv_buf_init(a->ld->rbuf, sizeof(a->ld->rbuf));
+  *buf = uv_buf_init(c->ld->rbuf, sizeof(c->ld->rbuf));
 }
 
 /* Reads land in one shared buffer; only an incomplete frame's bytes are
  * kept per connection. */
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
-  agent_t *a = s->data;
-  load_t *ld = a->ld;
+  conn_t *c = s->data;
+  load_t *ld = c->ld;
   long used;
 
   if (nread < 0) {
-    if (!a->left && ld->phase != PH_DONE)
-      fail(ld, "coordinator closed the connection of agent %u (rank %u): %s", a->index, a->rank,
-           uv_strerror((int)nread));
-    agent_close(a);
+    if (c->left < c->count && ld->phase != PH_DONE)
+      fail(ld, "coordinator closed connection %u (agents %u..%u): %s", c->index, c->first,
+           c->first + c->count - 1, uv_strerror((int)nread));
+    conn_close(c);
     return;
   }
   if (nread == 0)
     return;
-  if (a->rbuf.len == 0) {
-    used = cut_frames(a, (const uint8_t *)buf->base, (size_t)nread);
-    if (used >= 0 && used < nread && !a->closed &&
-        gs_buf_append(&a->rbuf, buf->base + used, (size_t)(nread - used)))
+  if (c->rbuf.len == 0) {
+    used = cut_frames(c, (const uint8_t *)buf->base, (size_t)nread);
+    if (used >= 0 && used < nread && !c->closed &&
+        gs_buf_append(&c->rbuf, buf->base + used, (size_t)(nread - used)))
       used = GS_ENOMEM;
   } else {
-    used = gs_buf_append(&a->rbuf, buf->base, (size_t)nread);
+    used = gs_buf_append(&c->rbuf, buf->base, (size_t)nread);
     if (used == 0) {
-      used = cut_frames(a, a->rbuf.data, a->rbuf.len);
+      used = cut_frames(c, c->rbuf.data, c->rbuf.len);
       if (used > 0)
-        gs_buf_consume(&a->rbuf, (size_t)used);
+        gs_buf_consume(&c->rbuf, (size_t)used);
     }
   }
   if (used < 0)
@@ -499,48 +662,49 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
 static void on_closed(uv_handle_t *h)
 {
-  agent_t *a = h->data;
+  conn_t *c = h->data;
 
-  gs_buf_free(&a->rbuf);
-  a->ld->closed++;
+  gs_buf_free(&c->rbuf);
+  c->ld->closed++;
 }
 
-static void agent_close(agent_t *a)
+static void conn_close(conn_t *c)
 {
-  if (a->closed)
+  if (c->closed)
     return;
-  a->closed = true;
-  uv_close((uv_handle_t *)&a->tcp, on_closed);
+  c->closed = true;
+  uv_close((uv_handle_t *)&c->tcp, on_closed);
 }
 
 static void start_connects(load_t *ld);
 
 static void on_connect(uv_connect_t *req, int status)
 {
-  agent_t *a = req->handle->data;
-  load_t *ld = a->ld;
+  conn_t *c = req->handle->data;
+  load_t *ld = c->ld;
 
   ld->connects_in_flight--;
   if (status < 0) {
-    agent_close(a);
+    conn_close(c);
     if (ld->phase == PH_JOIN)
-      fail(ld, "connect to %s:%u failed for agent %u: %s%s", ld->cfg.host, ld->cfg.port, a->index,
-           uv_strerror(status), status == UV_EMFILE ? " (raise RLIMIT_NOFILE: ulimit -n)" : "");
+      fail(ld, "connect to %s:%u failed for connection %u: %s%s", ld->cfg.host, ld->cfg.port,
+           c->index, uv_strerror(status),
+           status == UV_EMFILE ? " (raise RLIMIT_NOFILE: ulimit -n)" : "");
     return;
   }
-  a->connected = true;
-  if (++ld->connected == ld->cfg.ranks)
+  c->connected = true;
+  if (++ld->connected == ld->nconns)
     ld->t_connected_ns = uv_hrtime();
-  uv_tcp_nodelay(&a->tcp, 1);
-  if (uv_read_start((uv_stream_t *)&a->tcp, on_alloc, on_read)) {
-    fail(ld, "cannot read from the connection of agent %u", a->index);
+  uv_tcp_nodelay(&c->tcp, 1);
+  if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read)) {
+    fail(ld, "cannot read from connection %u", c->index);
     return;
   }
-  send_join(a);
+  send_all(c, send_join, 0);
   start_connects(ld);
 }
 
-/* Keeps up to `window` connects in flight until every agent has one. */
+/* Keeps up to `window` connects in flight until every connection has one. */
 static void start_connects(load_t *ld)
 {
   struct sockaddr_storage addr;
@@ -549,19 +713,21 @@ static void start_connects(load_t *ld)
     uv_ip6_addr(ld->cfg.host, ld->cfg.port, (struct sockaddr_in6 *)&addr);
   else
     uv_ip4_addr(ld->cfg.host, ld->cfg.port, (struct sockaddr_in *)&addr);
-  while (ld->phase == PH_JOIN && ld->next_connect < ld->cfg.ranks &&
+  while (ld->phase == PH_JOIN && ld->next_connect < ld->nconns &&
          ld->connects_in_flight < ld->cfg.window) {
-    agent_t *a = &ld->agents[ld->next_connect];
+    conn_t *c = &ld->conns[ld->next_connect];
     int err;
 
-    a->ld = ld;
-    a->index = ld->next_connect++;
-    uv_tcp_init(ld->loop, &a->tcp);
-    a->tcp.data = a;
-    err = uv_tcp_connect(&a->connect, &a->tcp, (struct sockaddr *)&addr, on_connect);
+    c->ld = ld;
+    c->index = ld->next_connect++;
+    c->first = c->index * ld->per_conn;
+    c->count = ld->cfg.ranks - c->first < ld->per_conn ? ld->cfg.ranks - c->first : ld->per_conn;
+    uv_tcp_init(ld->loop, &c->tcp);
+    c->tcp.data = c;
+    err = uv_tcp_connect(&c->connect, &c->tcp, (struct sockaddr *)&addr, on_connect);
     if (err) {
-      agent_close(a);
-      fail(ld, "cannot connect agent %u: %s%s", a->index, uv_strerror(err),
+      conn_close(c);
+      fail(ld, "cannot connect connection %u: %s%s", c->index, uv_strerror(err),
            err == UV_EMFILE ? " (raise RLIMIT_NOFILE: ulimit -n)" : "");
       return;
     }
@@ -587,6 +753,8 @@ static void close_window(load_t *ld)
   ld->self_cpu1 = self_cpu_s();
   if (ld->cfg.coord_pid && proc_cpu(ld->cfg.coord_pid, &ld->coord1) == 0)
     ld->coord_ok = true;
+  if (ld->cfg.coord_pid)
+    ld->coord_rss1_kb = proc_rss_kb(ld->cfg.coord_pid);
 }
 
 static void close_handles(load_t *ld)
@@ -608,14 +776,14 @@ static void finish(load_t *ld)
   if (ld->errors || ld->phase == PH_JOIN) {
     ld->phase = PH_DONE;
     for (uint32_t i = 0; i < ld->next_connect; i++)
-      agent_close(&ld->agents[i]);
+      conn_close(&ld->conns[i]);
     close_handles(ld);
     return;
   }
   ld->phase = PH_LEAVE;
   uv_timer_start(&ld->deadline, on_deadline, 30000, 0);
-  for (uint32_t i = 0; i < ld->cfg.ranks && ld->phase == PH_LEAVE; i++)
-    send_leave(&ld->agents[i]);
+  for (uint32_t i = 0; i < ld->nconns && ld->phase == PH_LEAVE; i++)
+    send_all(&ld->conns[i], send_leave, 0);
 }
 
 /* The Leave phase ended (every reply in, or its deadline). */
@@ -629,24 +797,25 @@ static void leave_done(load_t *ld)
     ld->errors++;
   }
   ld->phase = PH_DONE;
-  for (uint32_t i = 0; i < ld->cfg.ranks; i++)
-    agent_close(&ld->agents[i]);
+  for (uint32_t i = 0; i < ld->nconns; i++)
+    conn_close(&ld->conns[i]);
   close_handles(ld);
 }
 
-/* Sends the heartbeats due by now: rank slot i of the interval is due at
- * start + i * interval / N, so the load is smooth rather than a burst. */
+/* Sends the heartbeats due by now: connection i's round of the interval
+ * (its rank's heartbeat, or its node's Batch of them) is due at start + i *
+ * interval / C, so the load is smooth rather than a burst. */
 static void on_tick(uv_timer_t *t)
 {
   load_t *ld = t->data;
   uint64_t now = uv_hrtime(), elapsed = now - ld->hb_start_ns;
   uint64_t interval_ns = ld->cfg.interval_ms * 1000000ULL;
   uint64_t due =
-      elapsed / interval_ns * ld->cfg.ranks + (elapsed % interval_ns) * ld->cfg.ranks / interval_ns;
+      elapsed / interval_ns * ld->nconns + (elapsed % interval_ns) * ld->nconns / interval_ns;
   uint64_t warm_ns = ld->cfg.warmup_ms * 1000000ULL;
 
-  while (ld->hb_sent < due && ld->phase == PH_HEARTBEAT)
-    send_heartbeat(&ld->agents[ld->hb_sent % ld->cfg.ranks], now);
+  while (ld->hb_rounds < due && ld->phase == PH_HEARTBEAT)
+    send_all(&ld->conns[ld->hb_rounds++ % ld->nconns], send_heartbeat, now);
   if (!ld->window_open && elapsed >= warm_ns) {
     ld->window_open = true;
     ld->win_start_ns = now;
@@ -701,6 +870,7 @@ static void report(load_t *ld)
 {
   double win = ld->window_closed ? now_s(ld->win_end_ns - ld->win_start_ns) : 0;
   double coord_pct = -1, user_pct = -1, sys_pct = -1, wakeups = -1, self_pct = -1, rate = 0;
+  double rss_mb = -1, rss_per_rank_kb = -1;
   uint32_t p50 = 0, p99 = 0, pmax = 0;
 
   if (win > 0) {
@@ -713,24 +883,31 @@ static void report(load_t *ld)
       wakeups = (double)(ld->coord1.wakeups - ld->coord0.wakeups) / win;
     }
   }
+  if (ld->coord_rss1_kb >= 0) {
+    rss_mb = ld->coord_rss1_kb / 1024.0;
+    if (ld->coord_rss0_kb >= 0)
+      rss_per_rank_kb = (double)(ld->coord_rss1_kb - ld->coord_rss0_kb) / ld->cfg.ranks;
+  }
   if (ld->lat_count) {
     qsort(ld->lat_us, ld->lat_count, sizeof(uint32_t), cmp_u32);
     p50 = ld->lat_us[ld->lat_count / 2];
     p99 = ld->lat_us[ld->lat_count * 99 / 100];
     pmax = ld->lat_us[ld->lat_count - 1];
   }
-  printf("coord_load: result ranks=%u connect_s=%.3f rendezvous_s=%.3f generation=%llu "
-         "window_s=%.2f hb_sent=%llu hb_replies=%llu hb_per_s=%.0f hb_errors=%llu "
-         "hb_aborts=%llu hb_overlaps=%llu hb_p50_ms=%.3f hb_p99_ms=%.3f hb_max_ms=%.3f "
-         "coord_cpu_pct=%.2f coord_user_pct=%.2f coord_sys_pct=%.2f coord_wakeups_per_s=%.0f "
+  printf("coord_load: result ranks=%u mode=%s connections=%u connect_s=%.3f rendezvous_s=%.3f "
+         "generation=%llu window_s=%.2f hb_sent=%llu hb_replies=%llu hb_per_s=%.0f "
+         "hb_errors=%llu hb_aborts=%llu hb_overlaps=%llu hb_p50_ms=%.3f hb_p99_ms=%.3f "
+         "hb_max_ms=%.3f coord_cpu_pct=%.2f coord_user_pct=%.2f coord_sys_pct=%.2f "
+         "coord_wakeups_per_s=%.0f coord_rss_mb=%.1f coord_rss_per_rank_kb=%.2f "
          "load_cpu_pct=%.2f left=%u errors=%d\n",
-         ld->cfg.ranks, ld->t_connected_ns ? now_s(ld->t_connected_ns - ld->t_start_ns) : -1,
+         ld->cfg.ranks, ld->cfg.node_agents ? "node" : "direct", ld->nconns,
+         ld->t_connected_ns ? now_s(ld->t_connected_ns - ld->t_start_ns) : -1,
          ld->t_joined_ns ? now_s(ld->t_joined_ns - ld->t_start_ns) : -1,
          (unsigned long long)ld->generation, win, (unsigned long long)ld->hb_sent,
          (unsigned long long)ld->hb_replies, rate, (unsigned long long)ld->hb_errors,
          (unsigned long long)ld->hb_aborts, (unsigned long long)ld->hb_overlaps, p50 / 1000.0,
-         p99 / 1000.0, pmax / 1000.0, coord_pct, user_pct, sys_pct, wakeups, self_pct, ld->left,
-         ld->errors);
+         p99 / 1000.0, pmax / 1000.0, coord_pct, user_pct, sys_pct, wakeups, rss_mb,
+         rss_per_rank_kb, self_pct, ld->left, ld->errors);
   fflush(stdout);
 }
 
@@ -738,9 +915,9 @@ static void report(load_t *ld)
 
 /* One descriptor per connection: raise the soft limit (and the hard one,
  * which root may) to what the run needs, or say why not. */
-static int raise_fd_limit(uint32_t ranks)
+static int raise_fd_limit(uint32_t conns)
 {
-  rlim_t need = (rlim_t)ranks + FD_HEADROOM;
+  rlim_t need = (rlim_t)conns + FD_HEADROOM;
   struct rlimit rl;
 
   if (getrlimit(RLIMIT_NOFILE, &rl)) {
@@ -758,7 +935,7 @@ static int raise_fd_limit(uint32_t ranks)
             "coord_load: %u connections need %llu open files but the hard limit "
             "(RLIMIT_NOFILE) is %llu and cannot be raised (%s); use fewer --ranks or raise it "
             "(ulimit -Hn as root, LimitNOFILE= in systemd, or /etc/security/limits.conf)\n",
-            ranks, (unsigned long long)need, (unsigned long long)rl.rlim_max, strerror(errno));
+            conns, (unsigned long long)need, (unsigned long long)rl.rlim_max, strerror(errno));
     return 2;
   }
   rl.rlim_cur = need;
@@ -783,6 +960,7 @@ enum {
   OPT_WARMUP,
   OPT_DURATION,
   OPT_PID,
+  OPT_NODE_AGENTS,
 };
 
 static const struct option options[] = {
@@ -798,6 +976,7 @@ static const struct option options[] = {
     {"warmup", required_argument, NULL, OPT_WARMUP},
     {"duration", required_argument, NULL, OPT_DURATION},
     {"coord-pid", required_argument, NULL, OPT_PID},
+    {"node-agents", no_argument, NULL, OPT_NODE_AGENTS},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -886,6 +1065,9 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
         return bad(name, optarg, "a process id");
       cfg->coord_pid = n;
       break;
+    case OPT_NODE_AGENTS:
+      cfg->node_agents = true;
+      break;
     case 'h':
       usage(stdout);
       return -1;
@@ -902,6 +1084,11 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
     fprintf(stderr, "coord_load: --coordinator HOST:PORT is required (try --help)\n");
     return 2;
   }
+  if (cfg->node_agents && cfg->per_node > MAX_SLOT) {
+    fprintf(stderr, "coord_load: --node-agents takes at most %u --ranks-per-node (slots 1..%u)\n",
+            MAX_SLOT, MAX_SLOT);
+    return 2;
+  }
   if (cfg->ranks > 65536 && cfg->peers == gradsync_PeerSet_PEERS_ALL) {
     fprintf(stderr, "coord_load: --peers all is limited to 65536 ranks\n");
     return 2;
@@ -914,15 +1101,19 @@ static int load_init(load_t *ld, uv_loop_t *loop)
   uint64_t windows = ld->cfg.duration_ms ? ld->cfg.duration_ms + ld->cfg.warmup_ms : 600000;
 
   ld->loop = loop;
-  ld->agents = calloc(ld->cfg.ranks, sizeof(*ld->agents));
+  ld->conns = calloc(ld->nconns, sizeof(*ld->conns));
+  ld->ranks = calloc(ld->cfg.ranks, sizeof(*ld->ranks));
   ld->rank_seen = calloc(ld->cfg.ranks, 1);
   /* Room for every reply of a timed run (10% slack); later ones go uncounted. */
   ld->lat_cap = (size_t)(ld->cfg.ranks * (windows / (double)ld->cfg.interval_ms) * 1.1) + 1024;
   ld->lat_us = malloc(ld->lat_cap * sizeof(*ld->lat_us));
-  if (!ld->agents || !ld->rank_seen || !ld->lat_us) {
+  if (!ld->conns || !ld->ranks || !ld->rank_seen || !ld->lat_us) {
     fprintf(stderr, "coord_load: out of memory for %u ranks\n", ld->cfg.ranks);
     return 1;
   }
+  for (uint32_t i = 0; i < ld->cfg.ranks; i++)
+    ld->ranks[i].index = i;
+  ld->coord_rss0_kb = ld->coord_rss1_kb = -1;
   uv_timer_init(loop, &ld->tick);
   uv_timer_init(loop, &ld->deadline);
   uv_signal_init(loop, &ld->sigint);
@@ -944,8 +1135,10 @@ int main(int argc, char **argv)
     return 1;
   }
   rc = parse_flags(argc, argv, &ld->cfg);
+  ld->per_conn = ld->cfg.node_agents ? ld->cfg.per_node : 1;
+  ld->nconns = (uint32_t)(((uint64_t)ld->cfg.ranks + ld->per_conn - 1) / ld->per_conn);
   if (rc == 0)
-    rc = raise_fd_limit(ld->cfg.ranks);
+    rc = raise_fd_limit(ld->nconns);
   if (rc) {
     free(ld);
     return rc < 0 ? 0 : rc;
@@ -954,8 +1147,11 @@ int main(int argc, char **argv)
   uv_loop_init(&loop);
   rc = load_init(ld, &loop);
   if (rc == 0) {
-    fprintf(stderr, "coord_load: %u ranks (%u per node) joining job %s at %s:%u\n", ld->cfg.ranks,
-            ld->cfg.per_node, ld->cfg.job, ld->cfg.host, ld->cfg.port);
+    fprintf(stderr,
+            "coord_load: %u ranks (%u per node) on %u connections joining job %s at %s:%u\n",
+            ld->cfg.ranks, ld->cfg.per_node, ld->nconns, ld->cfg.job, ld->cfg.host, ld->cfg.port);
+    if (ld->cfg.coord_pid)
+      ld->coord_rss0_kb = proc_rss_kb(ld->cfg.coord_pid);
     ld->t_start_ns = uv_hrtime();
     uv_timer_start(&ld->deadline, on_deadline, ld->cfg.join_timeout_ms, 0);
     start_connects(ld);
@@ -967,8 +1163,12 @@ int main(int argc, char **argv)
     fprintf(stderr, "coord_load: handles left open at exit\n");
     rc = 1;
   }
-  free(ld->agents);
+  free(ld->conns);
+  free(ld->ranks);
   free(ld->rank_seen);
+  gs_buf_free(&ld->body);
+  gs_buf_free(&ld->batch);
+  gs_buf_free(&ld->out);
   free(ld->lat_us);
   free(ld);
   return rc;

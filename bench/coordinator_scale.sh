@@ -7,13 +7,20 @@
 #      heartbeat at 1 Hz (utime + stime from /proc/PID/stat);
 #   2. GET /status requests/s under wrk (2 threads, 100 connections) while
 #      1,000 ranks heartbeat;
+#   3. node agents (coord_load --node-agents: one connection per node of 8
+#      ranks, each node's Joins and heartbeats batched): rendezvous, CPU at
+#      1 Hz and the coordinator's memory at each of --node-worlds, beside
+#      ranks connected directly at each of --direct-worlds (those the
+#      open-file limit allows), and GET /status under wrk while the largest
+#      node world heartbeats;
 #
 # each --runs times, and prints a table of medians against the targets.
 # The simulated ranks come from bench/coord_load.c (one libuv loop, one TCP
-# connection per rank, the real wire protocol).
+# connection per rank or per node, the real wire protocol).
 #
 # usage: bench/coordinator_scale.sh [BUILD_DIR] [--runs N] [--ranks N]
 #            [--status-ranks N] [--hb-seconds S] [--wrk-seconds S]
+#            [--node-worlds "10000 20000 50000 100000"] [--direct-worlds "10000 20000"]
 #
 # BUILD_DIR (default: build) is configured and built if needed; missing
 # Debian packages (the build's, and wrk) are installed. Run as root or with
@@ -28,7 +35,10 @@ status_ranks=1000
 hb_seconds=15
 wrk_seconds=10
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+node_worlds="10000 20000 50000 100000"
+direct_worlds="10000 20000"
+
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "coordinator_scale: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
@@ -38,6 +48,8 @@ while [ $# -gt 0 ]; do
     --status-ranks) status_ranks=${2:?}; shift 2 ;;
     --hb-seconds) hb_seconds=${2:?}; shift 2 ;;
     --wrk-seconds) wrk_seconds=${2:?}; shift 2 ;;
+    --node-worlds) node_worlds=${2?}; shift 2 ;;
+    --direct-worlds) direct_worlds=${2?}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (try --help)" ;;
     *) build=$1; shift ;;
@@ -73,11 +85,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Starts a coordinator on free ports; sets coord_pid, rpc_addr, http_addr.
+# Starts a coordinator on free ports (with the flags given); sets
+# coord_pid, rpc_addr, http_addr.
 start_coordinator() {
   local out="$work/coord.out" i
   : >"$out"
-  "$coord_bin" --listen 127.0.0.1:0 --http 127.0.0.1:0 >"$out" 2>"$work/coord.log" &
+  "$coord_bin" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$out" 2>"$work/coord.log" &
   coord_pid=$!
   for i in $(seq 100); do
     grep -q "listening" "$out" && break
@@ -99,10 +112,19 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
 
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
+# One descriptor per connection, in coord_load and in the coordinator. A
+# simulated rank holds one connection (an agent two, which the coordinator's
+# cap on one job's world assumes): lift the caps, the open-file limit
+# decides.
+fd_limit=$(ulimit -Hn)
+[ "$fd_limit" = unlimited ] && fd_limit=1048576
+ulimit -n "$fd_limit"
+big=(--max-world-size 200000 --max-connections 400000 --heartbeat-timeout 60s --log-level warn)
+
 # --- scenario 1: rendezvous, then heartbeats -------------------------------
 rdv=() cpu=()
 for run in $(seq "$runs"); do
-  start_coordinator
+  start_coordinator "${big[@]}"
   line=$("$load_bin" --coordinator "$rpc_addr" --ranks "$ranks" --warmup 2s \
     --duration "${hb_seconds}s" --coord-pid "$coord_pid" 2>"$work/load.log" | grep "result") \
     || die "coord_load failed (run $run): $(tail -3 "$work/load.log")"
@@ -117,33 +139,97 @@ for run in $(seq "$runs"); do
     "heartbeat p99 $(field hb_p99_ms "$line") ms"
 done
 
-# --- scenario 2: GET /status under wrk while ranks heartbeat ---------------
-rps=()
-for run in $(seq "$runs"); do
-  start_coordinator
-  "$load_bin" --coordinator "$rpc_addr" --ranks "$status_ranks" --warmup 0s \
-    --duration "$((wrk_seconds + 4))s" >"$work/load.out" 2>"$work/load.log" &
+# GET /status under wrk while N simulated ranks heartbeat (coord_load's
+# flags after N) against a fresh coordinator; sets rps_run (req/s) and
+# load_line (coord_load's result), and with sizes=1 summary_bytes and
+# full_bytes (/status and /status?ranks=1).
+status_under_load() {
+  local n=$1 i
+  shift
+  start_coordinator "${big[@]}"
+  "$load_bin" --coordinator "$rpc_addr" --ranks "$n" "$@" --join-timeout 120s --warmup 0s \
+    --duration "$((wrk_seconds + 6))s" >"$work/load.out" 2>"$work/load.log" &
   load_pid=$!
-  for i in $(seq 200); do
+  for i in $(seq 2400); do
     grep -q "joined" "$work/load.out" && break
     kill -0 "$load_pid" 2>/dev/null || die "coord_load exited: $(tail -3 "$work/load.log")"
     sleep 0.05
   done
   sleep 1
-  summary_bytes=$(python3 -c "import urllib.request,sys; print(len(urllib.request.urlopen(sys.argv[1]).read()))" "http://$http_addr/status")
-  full_bytes=$(python3 -c "import urllib.request,sys; print(len(urllib.request.urlopen(sys.argv[1]).read()))" "http://$http_addr/status?ranks=1")
+  if [ "${sizes:-0}" = 1 ]; then
+    summary_bytes=$(python3 -c "import urllib.request,sys; print(len(urllib.request.urlopen(sys.argv[1]).read()))" "http://$http_addr/status")
+    full_bytes=$(python3 -c "import urllib.request,sys; print(len(urllib.request.urlopen(sys.argv[1]).read()))" "http://$http_addr/status?ranks=1")
+  fi
   wrk_out=$(wrk -t2 -c100 -d"${wrk_seconds}s" "http://$http_addr/status")
-  wait "$load_pid" || die "coord_load failed during wrk (run $run): $(tail -3 "$work/load.log")"
+  wait "$load_pid" || die "coord_load failed during wrk: $(tail -3 "$work/load.log")"
   load_pid=""
   stop_coordinator
   grep -q "Non-2xx" <<<"$wrk_out" && die "wrk saw error responses: $wrk_out"
-  r=$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$wrk_out")
-  [ -n "$r" ] || die "no result from wrk: $wrk_out"
-  rps+=("$r")
-  line=$(grep result "$work/load.out")
-  echo "run $run: GET /status $r req/s with $status_ranks ranks heartbeating" \
-    "(heartbeat p99 $(field hb_p99_ms "$line") ms, errors $(field hb_errors "$line"));" \
+  rps_run=$(awk '/Requests\/sec/ {printf "%.0f", $2}' <<<"$wrk_out")
+  [ -n "$rps_run" ] || die "no result from wrk: $wrk_out"
+  load_line=$(grep result "$work/load.out")
+}
+
+# --- scenario 2: GET /status under wrk while ranks heartbeat ---------------
+rps=()
+for run in $(seq "$runs"); do
+  sizes=1 status_under_load "$status_ranks"
+  rps+=("$rps_run")
+  echo "run $run: GET /status $rps_run req/s with $status_ranks ranks heartbeating" \
+    "(heartbeat p99 $(field hb_p99_ms "$load_line") ms, errors $(field hb_errors "$load_line"));" \
     "/status $summary_bytes bytes, /status?ranks=1 $full_bytes bytes"
+done
+
+# --- scenario 3: node agents against direct ranks, by world size -------------
+declare -A s_rdv s_cpu s_rss s_kb s_p99
+for mode in node direct; do
+  worlds=$node_worlds flag=(--node-agents)
+  [ $mode = direct ] && worlds=$direct_worlds flag=()
+  for w in $worlds; do
+    conns=$w
+    [ $mode = node ] && conns=$(((w + 7) / 8))
+    if [ $((conns + 256)) -gt "$fd_limit" ]; then
+      echo "$mode, $w ranks: skipped ($conns connections, open-file limit $fd_limit)"
+      continue
+    fi
+    r_rdv=() r_cpu=() r_rss=() r_kb=() r_p99=()
+    for run in $(seq "$runs"); do
+      start_coordinator "${big[@]}"
+      line=$("$load_bin" --coordinator "$rpc_addr" --ranks "$w" "${flag[@]}" --join-timeout 120s \
+        --warmup 2s --duration "${hb_seconds}s" --coord-pid "$coord_pid" 2>"$work/load.log" |
+        grep "result") || die "coord_load $mode $w failed (run $run): $(tail -3 "$work/load.log")"
+      stop_coordinator
+      [ "$(field errors "$line")" = 0 ] && [ "$(field hb_errors "$line")" = 0 ] ||
+        die "coord_load reported errors: $line"
+      r_rdv+=("$(field rendezvous_s "$line")")
+      r_cpu+=("$(field coord_cpu_pct "$line")")
+      r_rss+=("$(field coord_rss_mb "$line")")
+      r_kb+=("$(field coord_rss_per_rank_kb "$line")")
+      r_p99+=("$(field hb_p99_ms "$line")")
+      echo "run $run: $mode, $w ranks on $(field connections "$line") connections: rendezvous" \
+        "$(field rendezvous_s "$line") s, $(field hb_per_s "$line") heartbeats/s, coordinator" \
+        "CPU $(field coord_cpu_pct "$line")% (user $(field coord_user_pct "$line"), system" \
+        "$(field coord_sys_pct "$line")), RSS $(field coord_rss_mb "$line") MB" \
+        "($(field coord_rss_per_rank_kb "$line") KB a rank), heartbeat p99" \
+        "$(field hb_p99_ms "$line") ms; coord_load itself $(field load_cpu_pct "$line")% CPU"
+    done
+    s_rdv[$mode $w]=$(median "${r_rdv[@]}")
+    s_cpu[$mode $w]=$(median "${r_cpu[@]}")
+    s_rss[$mode $w]=$(median "${r_rss[@]}")
+    s_kb[$mode $w]=$(median "${r_kb[@]}")
+    s_p99[$mode $w]=$(median "${r_p99[@]}")
+  done
+done
+
+# GET /status while the largest node world heartbeats.
+node_rps=() largest=""
+for w in $node_worlds; do largest=$w; done
+for run in $(seq "$runs"); do
+  [ -n "$largest" ] || break
+  status_under_load "$largest" --node-agents
+  node_rps+=("$rps_run")
+  echo "run $run: GET /status $rps_run req/s while $largest ranks heartbeat through node agents" \
+    "(heartbeat p99 $(field hb_p99_ms "$load_line") ms)"
 done
 
 # --- the table --------------------------------------------------------------
@@ -168,3 +254,23 @@ printf '%-62s %-10s %-24s %-10s %s\n' \
   ">= 20000" "$(verdict "$m_rps" 20000 ge)"
 echo "reference (published, not measured here): PyTorch TCPStore, libuv backend:" \
   "about 2 s to start 4,000 ranks, about 100 s at 96,000"
+echo
+echo "node agents (8 ranks a node) against ranks connected directly: medians of $runs"
+printf '%-8s %-8s %-13s %-14s %-12s %-12s %s\n' "mode" "ranks" "rendezvous s" "CPU % at 1 Hz" \
+  "RSS MB" "KB a rank" "heartbeat p99 ms"
+for mode in node direct; do
+  for w in $([ $mode = node ] && echo "$node_worlds" || echo "$direct_worlds"); do
+    [ -n "${s_rdv[$mode $w]:-}" ] || continue
+    printf '%-8s %-8s %-13s %-14s %-12s %-12s %s\n' "$mode" "$w" "${s_rdv[$mode $w]}" \
+      "${s_cpu[$mode $w]}" "${s_rss[$mode $w]}" "${s_kb[$mode $w]}" "${s_p99[$mode $w]}"
+  done
+done
+if [ -n "$largest" ] && [ -n "${s_rdv[node $largest]:-}" ]; then
+  m_nrps=$(median "${node_rps[@]}")
+  printf '%-62s %-10s %-10s %s\n' "rendezvous, $largest ranks through node agents" \
+    "${s_rdv[node $largest]} s" "< 5 s" "$(verdict "${s_rdv[node $largest]}" 5 lt)"
+  printf '%-62s %-10s %-10s %s\n' "coordinator CPU, $largest ranks heartbeating at 1 Hz" \
+    "${s_cpu[node $largest]} %" "< 10 %" "$(verdict "${s_cpu[node $largest]}" 10 lt)"
+  printf '%-62s %-10s %-10s %s\n' "GET /status req/s, $largest ranks heartbeating" "$m_nrps" \
+    ">= 20000" "$(verdict "$m_nrps" 20000 ge)"
+fi

@@ -265,7 +265,11 @@ static int apply_addr(const gs_flag_t *f, const char *v, char *base)
   char host[256];
   uint16_t port;
 
-  if (gs_parse_addr(v, host, sizeof(host), &port) || port < f->min || strlen(host) >= f->size)
+  bool is_unix = f->unix_ok && !strncmp(v, GS_UNIX_PREFIX, strlen(GS_UNIX_PREFIX));
+
+  if ((f->unix_ok ? gs_parse_endpoint(v, host, sizeof(host), &port)
+                  : gs_parse_addr(v, host, sizeof(host), &port)) ||
+      (port < f->min && !is_unix) || strlen(host) >= f->size)
     return GS_EINVAL;
   memcpy(base + f->off, host, strlen(host) + 1);
   memcpy(base + f->off2, &port, sizeof(port));

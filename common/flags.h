@@ -61,6 +61,7 @@ typedef struct gs_flag {
   bool negate;            /* GS_FLAG_BOOL: the flag sets false */
   bool required;          /* an error when neither given nor in .env */
   bool secret;            /* never echo the value (tokens) */
+  bool unix_ok;           /* GS_FLAG_ADDR: "unix:/path" too (gs_parse_endpoint) */
   size_t given_off;       /* GS_FLAG_GIVEN: a bool set when the flag (or env) is given */
   const char *env;        /* environment variable used when the flag is absent */
   /* Or an ordered, NULL-terminated list of sources tried when the flag is

@@ -231,6 +231,20 @@ int gs_parse_addr(const char *s, char *host, size_t host_len, uint16_t *port)
   return 0;
 }
 
+int gs_parse_endpoint(const char *s, char *host, size_t host_len, uint16_t *port)
+{
+  size_t n = s ? strlen(s) : 0, pre = strlen(GS_UNIX_PREFIX);
+
+  if (!s || strncmp(s, GS_UNIX_PREFIX, pre))
+    return gs_parse_addr(s, host, host_len, port);
+  /* sun_path holds 108 bytes with its NUL. */
+  if (s[pre] != '/' || n >= host_len || n - pre >= 108)
+    return GS_EINVAL;
+  memcpy(host, s, n + 1);
+  *port = 0;
+  return 0;
+}
+
 /* Applies the sign to a magnitude already known to fit in 64 bits;
  * GS_ERANGE when the result is not a long. LONG_MIN's magnitude is one
  * more than LONG_MAX's. */

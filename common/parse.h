@@ -24,6 +24,13 @@ int gs_parse_duration_ms(const char *s, uint64_t *ms) GS_WARN_UNUSED;
  * GS_EINVAL if it does not fit in host_len. */
 int gs_parse_addr(const char *s, char *host, size_t host_len, uint16_t *port) GS_WARN_UNUSED;
 
+/* A coordinator address that is a node agent's socket on this host:
+ * "unix:/path" (gradsync-relay). */
+#define GS_UNIX_PREFIX "unix:"
+/* gs_parse_addr, or "unix:/absolute/path", which `host` gets whole (the
+ * prefix kept, port 0): where an agent reaches its coordinator. */
+int gs_parse_endpoint(const char *s, char *host, size_t host_len, uint16_t *port) GS_WARN_UNUSED;
+
 /* The index of `s` in names[0 .. n) (an enum's names, in its order), or
  * -1 (also for NULL); and names[v], or "unknown" past the table. */
 int gs_name_index(const char *s, const char *const *names, size_t n);

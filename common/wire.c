@@ -86,11 +86,14 @@ int gs_wire_encode_frame_bytes(gs_buf_t *out, const gradsync_Envelope *env, cons
   return encode_frame(out, env, &ref, max_payload);
 }
 
-static int encode_frame(gs_buf_t *out, const gradsync_Envelope *env, struct body_ref *ref,
-                        size_t max_payload)
+/* Appends `env` with its body, after a header: a frame's (4-byte length)
+ * or a batch entry's (field 1's tag and a varint length). */
+static int encode_envelope(gs_buf_t *out, const gradsync_Envelope *env, struct body_ref *ref,
+                           size_t max_payload, bool as_batch_entry)
 {
   gradsync_Envelope e = *env;
-  size_t size;
+  uint8_t head[16];
+  size_t size, head_len = GS_FRAME_HEADER_BYTES;
   pb_ostream_t stream;
   int err;
 
@@ -100,15 +103,61 @@ static int encode_frame(gs_buf_t *out, const gradsync_Envelope *env, struct body
     return GS_EPROTO;
   if (size > max_payload || size > UINT32_MAX)
     return GS_ETOOBIG;
-  err = gs_buf_reserve(out, GS_FRAME_HEADER_BYTES + size);
+  if (as_batch_entry) {
+    stream = pb_ostream_from_buffer(head, sizeof(head));
+    if (!pb_encode_tag(&stream, PB_WT_STRING, 1) || !pb_encode_varint(&stream, size))
+      return GS_EPROTO;
+    head_len = stream.bytes_written;
+  } else {
+    gs_frame_put_header(head, (uint32_t)size);
+  }
+  err = gs_buf_reserve(out, head_len + size);
   if (err)
     return err;
-  gs_frame_put_header(out->data + out->len, (uint32_t)size);
-  stream = pb_ostream_from_buffer(out->data + out->len + GS_FRAME_HEADER_BYTES, size);
+  memcpy(out->data + out->len, head, head_len);
+  stream = pb_ostream_from_buffer(out->data + out->len + head_len, size);
   if (!pb_encode(&stream, gradsync_Envelope_fields, &e))
     return GS_EPROTO;
-  out->len += GS_FRAME_HEADER_BYTES + size;
+  out->len += head_len + size;
   return 0;
+}
+
+static int encode_frame(gs_buf_t *out, const gradsync_Envelope *env, struct body_ref *ref,
+                        size_t max_payload)
+{
+  return encode_envelope(out, env, ref, max_payload, false);
+}
+
+int gs_wire_encode_batch_entry(gs_buf_t *out, const gradsync_Envelope *env, const uint8_t *body,
+                               size_t body_len, size_t max_payload)
+{
+  struct body_ref ref = {NULL, NULL, body, body_len};
+
+  return encode_envelope(out, env, &ref, max_payload, true);
+}
+
+bool gs_wire_batch_next(const uint8_t *data, size_t len, size_t *off, const uint8_t **entry,
+                        size_t *entry_len, bool *bad)
+{
+  pb_istream_t s;
+  pb_wire_type_t type;
+  uint32_t tag;
+  uint64_t n;
+  bool eof;
+
+  *bad = false;
+  if (*off >= len)
+    return false;
+  s = pb_istream_from_buffer(data + *off, len - *off);
+  if (!pb_decode_tag(&s, &type, &tag, &eof) || tag != 1 || type != PB_WT_STRING ||
+      !pb_decode_varint(&s, &n) || n > s.bytes_left) {
+    *bad = true;
+    return false;
+  }
+  *entry = data + len - s.bytes_left;
+  *entry_len = (size_t)n;
+  *off = len - s.bytes_left + (size_t)n;
+  return true;
 }
 
 static bool decode_body(pb_istream_t *stream, const pb_field_t *field, void **arg)

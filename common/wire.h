@@ -23,7 +23,8 @@
   XX(PUBLISH_PACK_LIST, PublishPackList)                                                           \
   XX(FETCH_PACK_LIST, FetchPackList)                                                               \
   XX(HEARTBEAT, Heartbeat)                                                                         \
-  XX(LEAVE, Leave)
+  XX(LEAVE, Leave)                                                                                 \
+  XX(BATCH, Batch)
 
 typedef enum gs_method {
 #define GS__METHOD_ENUM(id, name) GS_METHOD_##id,
@@ -49,6 +50,17 @@ int gs_wire_encode_frame(gs_buf_t *out, const gradsync_Envelope *env,
 /* Same, with a body that is already encoded (e.g. cached for many replies). */
 int gs_wire_encode_frame_bytes(gs_buf_t *out, const gradsync_Envelope *env, const uint8_t *body,
                                size_t body_len, size_t max_payload) GS_WARN_UNUSED;
+
+/* Batches (BatchRequest.calls, BatchResponse.replies: field 1, repeated
+ * Envelope). Appends `env` with its body as one entry of a batch's body;
+ * the same errors as gs_wire_encode_frame_bytes. */
+int gs_wire_encode_batch_entry(gs_buf_t *out, const gradsync_Envelope *env, const uint8_t *body,
+                               size_t body_len, size_t max_payload) GS_WARN_UNUSED;
+/* The next entry of a batch's body data[*off .. len): true with the
+ * encoded Envelope in [*entry, *entry + *entry_len) and *off past it; false
+ * at the end or on bytes that are not a batch (*bad set then). */
+bool gs_wire_batch_next(const uint8_t *data, size_t len, size_t *off, const uint8_t **entry,
+                        size_t *entry_len, bool *bad);
 
 /* Decodes an Envelope payload. Its body is copied into `body` (which the
  * caller frees with gs_buf_free, also on error). On failure `why` gets

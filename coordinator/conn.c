@@ -182,7 +182,7 @@ static void idle_touch(gs_conn_t *conn)
 
 static uint32_t slot_of(uint64_t id)
 {
-  return (uint32_t)id;
+  return (uint32_t)id & GS_CONN_SLOT_MASK;
 }
 
 static void on_close(uv_handle_t *h)
@@ -252,6 +252,9 @@ static int table_insert(gs_conns_t *t, gs_conn_t *conn)
 
   if (t->free_count == 0) {
     uint32_t cap = t->cap ? t->cap * 2 : 64;
+
+    if (cap > GS_CONN_SLOT_MASK + 1u)
+      return GS_ELIMIT; /* 16M connections: far past any --max-connections */
     gs_conn_t **slots = realloc(t->slots, cap * sizeof(*slots));
     uint32_t *gens, *free_slots;
 

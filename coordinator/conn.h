@@ -185,6 +185,12 @@ void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now);
 /* The open connection `id` names, or NULL (closed, closing or ending
  * after its last frame). */
 gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id);
+/* An id is the connection's table slot (its low GS_CONN_SLOT_BITS bits)
+ * and that slot's generation (the high 32 bits); the bits between are the
+ * owner's to use (rpc.c: which of a node agent's ranks), and
+ * gs__conn_get ignores them. */
+#define GS_CONN_SLOT_BITS 24
+#define GS_CONN_SLOT_MASK ((1u << GS_CONN_SLOT_BITS) - 1)
 /* Closes a connection (on_close runs now). Idempotent. */
 void gs__conn_close(gs_conn_t *conn, const char *why);
 /* A call on `conn` passed its token check: from now on it counts against

@@ -237,19 +237,51 @@ static bool status_page(const char *query, gs_status_page_t *page, char *why, si
   return true;
 }
 
+/* The ranks a /jobs/NAME query asks for: "ranks_from=R" (0 when not
+ * given) and "ranks_limit=N" (0 to GS_RANKS_PAGE_MAX; GS_RANKS_PAGE_DEFAULT
+ * when not given). False, with the reason in `why`, when one is malformed. */
+static bool rank_page(const char *query, gs_rank_page_t *page, char *why, size_t len)
+{
+  *page = (gs_rank_page_t){.limit = GS_RANKS_PAGE_DEFAULT};
+  for (const char *p = query; *p;) {
+    size_t n = strcspn(p, "&");
+    long v;
+
+    if (n >= 11 && !strncmp(p, "ranks_from=", 11)) {
+      if (!param_long(p + 11, n - 11, 0, UINT32_MAX, &v)) {
+        snprintf(why, len, "ranks_from must be a rank (0 or more)");
+        return false;
+      }
+      page->from = (uint32_t)v;
+    } else if (n >= 12 && !strncmp(p, "ranks_limit=", 12)) {
+      if (!param_long(p + 12, n - 12, 0, GS_RANKS_PAGE_MAX, &v)) {
+        snprintf(why, len, "ranks_limit must be a number of ranks from 0 to %d", GS_RANKS_PAGE_MAX);
+        return false;
+      }
+      page->limit = (uint32_t)v;
+    }
+    p += n + (p[n] == '&');
+  }
+  return true;
+}
+
 /* Renders the first page of GET /status into r->status_body unless the
  * cached one still holds (see gs_http_routes_t). */
 static int status_first_page(gs_http_routes_t *r, uint64_t now)
 {
   gs_status_page_t page = {.limit = GS_STATUS_PAGE_DEFAULT};
   gs_buf_t *cache = &r->status_body;
+  uint32_t n = 0;
   gs_service_info_t svc;
   cJSON *doc;
   char *text;
 
   r->service_info(r->ctx, &svc);
-  if (r->status_valid && r->status_version == r->jobs->version && r->status_ms == now &&
-      r->status_connections == svc.connections)
+  if (r->status_valid && r->status_version == r->jobs->version &&
+      r->status_connections == svc.connections &&
+      (r->status_ranks >= GS_STATUS_LARGE_RANKS
+           ? now - r->status_ms < GS_STATUS_LAG_MS
+           : r->status_ms == now && r->status_progress == r->jobs->progress))
     return 0;
   doc = gs__status_json(r->jobs, &svc, now, false, &page);
   text = doc ? cJSON_PrintUnformatted(doc) : NULL;
@@ -260,8 +292,12 @@ static int status_first_page(gs_http_routes_t *r, uint64_t now)
   if (!r->status_valid)
     return GS_ENOMEM;
   r->status_version = r->jobs->version;
+  r->status_progress = r->jobs->progress;
   r->status_ms = now;
   r->status_connections = svc.connections;
+  r->status_ranks = 0;
+  for (const gs_job_t *j = r->jobs->jobs; j && n++ < page.limit; j = j->next)
+    r->status_ranks += j->world_size;
   return 0;
 }
 
@@ -380,6 +416,8 @@ static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http
   static const char *const allowed[] = {
       [JOB_VIEW] = "GET", [JOB_CONTROL] = "POST", [JOB_TRACE] = "GET, POST"};
   bool is_post = !strcmp(req->method, "POST");
+  gs_rank_page_t page;
+  char why[128];
   gs_job_t *job;
 
   if (is_post ? part == JOB_VIEW : strcmp(req->method, "GET") || part == JOB_CONTROL) {
@@ -397,8 +435,10 @@ static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http
     control(r, job, req, res);
   else if (part == JOB_TRACE)
     trace(job, req, res);
+  else if (rank_page(req->query, &page, why, sizeof(why)))
+    respond_json(res, 200, gs__job_json(job, uv_now(r->loop), &page));
   else
-    respond_json(res, 200, gs__job_json(job, uv_now(r->loop), true));
+    respond_error(res, 400, "%s", why);
 }
 
 /* The dashboard file a path names: "/" and "/ui" the page, "/ui/FILE" its
@@ -481,18 +521,16 @@ static int query_param(const char *query, const char *key, char *out, size_t len
   return GS_ENOTFOUND;
 }
 
-/* A job's JSON for its stream: gs__job_json with the ranks after the
- * first GS_EVENTS_MAX_RANKS dropped (from the tail, O(1) each), and
+/* A job's JSON for its stream: its first GS_EVENTS_MAX_RANKS ranks, and
  * `ranks_listed` saying how many are listed. */
 static cJSON *job_event_json(const gs_job_t *job, uint64_t now)
 {
-  cJSON *doc = gs__job_json(job, now, true);
-  cJSON *ranks = cJSON_GetObjectItemCaseSensitive(doc, "ranks");
-  uint32_t listed = job->world_size;
+  const gs_rank_page_t first = {.from = 0, .limit = GS_EVENTS_MAX_RANKS};
+  cJSON *doc = gs__job_json(job, now, &first);
 
-  for (; ranks && ranks->child && listed > GS_EVENTS_MAX_RANKS; listed--)
-    cJSON_Delete(cJSON_DetachItemViaPointer(ranks, ranks->child->prev));
-  cJSON_AddNumberToObject(doc, "ranks_listed", listed);
+  cJSON_AddNumberToObject(doc, "ranks_listed",
+                          job->world_size < GS_EVENTS_MAX_RANKS ? job->world_size
+                                                                : GS_EVENTS_MAX_RANKS);
   cJSON_AddNumberToObject(doc, "ranks_max_listed", GS_EVENTS_MAX_RANKS);
   return doc;
 }

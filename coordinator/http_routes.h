@@ -20,6 +20,9 @@
  * rank_summary and /jobs/NAME): a snapshot stays under ~300 KB. */
 #define GS_EVENTS_MAX_RANKS 1024
 
+#define GS_STATUS_LARGE_RANKS 10000
+#define GS_STATUS_LAG_MS 250
+
 typedef struct gs_http_routes {
   gs_jobs_t *jobs;
   uv_loop_t *loop; /* its clock dates the status */
@@ -35,10 +38,14 @@ typedef struct gs_http_routes {
   gs_log_limit_t *lines;
   gs_http_server_t *http;
   /* The first page of GET /status is cached: it is reused while nothing
-   * it shows changed (the jobs' version and the connection count) within
-   * the same loop millisecond (its times have millisecond resolution). */
+   * it shows changed (the jobs' version and progress, the connection
+   * count) within the same loop millisecond (its times have millisecond
+   * resolution). A page of GS_STATUS_LARGE_RANKS ranks or more, which
+   * heartbeats change thousands of times a second and which takes
+   * milliseconds to render, is reused for up to GS_STATUS_LAG_MS while
+   * only heartbeats' progress changed. */
   gs_buf_t status_body;
-  uint64_t status_version, status_ms;
+  uint64_t status_version, status_progress, status_ms, status_ranks;
   uint32_t status_connections;
   bool status_valid;
   /* The open event streams (gs_http_sub_t in http_routes.c), and when

@@ -66,9 +66,10 @@ static int parse_flags(int argc, char **argv, gs_coord_config_t *cfg)
 
 #define FD_HEADROOM 64 /* descriptors besides agent connections: listeners, HTTP, stdio */
 
-/* Every agent holds a connection, so the open-file limit caps how many can
- * join: raise the soft limit to the hard one, and say so when even that is
- * short of --max-world-size. */
+/* Every agent connected directly holds a connection (a node agent one for
+ * its node), so the open-file limit caps how many can join: raise the soft
+ * limit to the hard one, and say so when even that is short of
+ * --max-world-size. */
 static void raise_fd_limit(const gs_coord_config_t *cfg)
 {
   rlim_t want = (rlim_t)cfg->max_world_size + FD_HEADROOM;
@@ -91,15 +92,18 @@ static void raise_fd_limit(const gs_coord_config_t *cfg)
   /* INFO, not WARN: most machines' hard limit is below the default
    * --max-world-size and most jobs are far smaller; an accept that runs
    * out of descriptors warns on its own. */
-  if (rl.rlim_cur < want)
+  if (rl.rlim_cur < want) {
+    gs_fd_budget_t b = gs__fd_budget(rl.rlim_cur, cfg->max_connections, cfg->max_http_connections);
+    uint64_t room = rl.rlim_cur > GS_FD_OTHERS + b.http ? rl.rlim_cur - GS_FD_OTHERS - b.http : 0;
+
     gs_log(&cfg->log, GS_LOG_INFO, NULL, -1,
-           "open-file limit is %llu: about %u agents can connect, fewer than --max-world-size "
-           "%u; raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker --ulimit nofile=) "
-           "for jobs that large",
+           "open-file limit is %llu: about %llu agents can connect directly, fewer than "
+           "--max-world-size %u; raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, docker "
+           "--ulimit nofile=) for jobs that large, or run node agents (gradsync-run "
+           "--node-agent: one connection per node)",
            (unsigned long long)rl.rlim_cur,
-           gs__fd_budget(rl.rlim_cur, cfg->max_connections, cfg->max_http_connections).rpc,
-           cfg->max_world_size);
-  else
+           (unsigned long long)(b.fits || b.rpc < room ? b.rpc : room), cfg->max_world_size);
+  } else
     gs_log(&cfg->log, GS_LOG_DEBUG, NULL, -1, "open-file limit is %llu",
            (unsigned long long)rl.rlim_cur);
 }

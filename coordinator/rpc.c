@@ -13,6 +13,7 @@
 
 #include "auth.h"
 #include "coordinator.h"
+#include "link.h"
 #include "list.h"
 #include "packlist.h"
 #include "pb_array.h"
@@ -66,18 +67,72 @@ static void envelope_for(gradsync_Envelope *env, const char *path, uint64_t requ
     snprintf(env->message, sizeof(env->message), "%s", message);
 }
 
+/* Files an answer as entry `e` of batch `b`; sends the Batch's reply once
+ * it was the last one awaited. */
+static void answer_entry(gs_rpc_t *rpc, gs_conn_t *conn, gs_batch_t *b, gs_batch_entry_t *e,
+                         const gradsync_Envelope *env, const gs_reply_t *rep)
+{
+  const uint8_t *body = rep ? rep->body : NULL;
+  size_t body_len = rep ? rep->body_len : 0;
+  gradsync_Envelope done;
+  uint64_t request_id;
+  int err = 0;
+
+  if (rep && !rep->body && rep->fields) {
+    rpc->tmp.len = 0;
+    err = gs_wire_encode(&rpc->tmp, rep->fields, rep->msg);
+    body = rpc->tmp.data;
+    body_len = rpc->tmp.len;
+  }
+  e->reply.len = 0;
+  if (!err)
+    err = gs_wire_encode_batch_entry(&e->reply, env, body, body_len, SIZE_MAX);
+  if (err || !gs__link_batch_answered(b, e, &rpc->batch_out, &request_id, &err)) {
+    if (err)
+      gs__conn_close(conn, "cannot encode a batched reply");
+    return;
+  }
+  if (err) {
+    gs__conn_close(conn, "cannot encode a batch reply");
+    return;
+  }
+  envelope_for(&done, gs_method_path(GS_METHOD_BATCH), request_id, 0, NULL);
+  send_envelope(rpc, conn, &done,
+                &(gs_reply_t){.body = rpc->batch_out.data, .body_len = rpc->batch_out.len}, false);
+  if (rpc->batch_out.cap > KEEP_BUF_BYTES)
+    gs_buf_free(&rpc->batch_out);
+}
+
+/* An error's Envelope, its message formatted from `fmt`. */
+static void error_envelope(gradsync_Envelope *env, const char *path, uint64_t request_id, int err,
+                           const char *fmt, va_list ap) __attribute__((format(printf, 5, 0)));
+static void error_envelope(gradsync_Envelope *env, const char *path, uint64_t request_id, int err,
+                           const char *fmt, va_list ap)
+{
+  envelope_for(env, path, request_id, err, NULL);
+  vsnprintf(env->message, sizeof(env->message), fmt, ap);
+}
+
 static void reply(gs_responder_t *r, const gs_reply_t *rep)
 {
   gs_rpc_t *rpc = RPC_OF(r);
   gs_conn_t *conn = gs__conn_get(rpc->conns, rep->to);
+  uint32_t slot = gs__link_slot_of(rep->to);
   gradsync_Envelope env;
+  gs_batch_entry_t *e;
+  gs_batch_t *b;
 
   if (rep->err && rep->method < GS_METHOD_COUNT)
     rpc->stats.errors[rep->method]++;
   if (!conn)
     return; /* it closed while the call waited */
   envelope_for(&env, gs_method_path(rep->method), rep->request_id, rep->err, rep->message);
-  send_envelope(rpc, conn, &env, rep->err ? NULL : rep, false);
+  env.slot = slot;
+  e = gs__link_batch_find(conn->data, slot, rep->request_id, &b);
+  if (e)
+    answer_entry(rpc, conn, b, e, &env, rep->err ? NULL : rep);
+  else
+    send_envelope(rpc, conn, &env, rep->err ? NULL : rep, false);
 }
 
 static void park(gs_responder_t *r, uint64_t peer)
@@ -122,6 +177,9 @@ void gs__rpc_free(gs_rpc_t *rpc)
 {
   gs_buf_free(&rpc->wbuf);
   gs_buf_free(&rpc->rbody);
+  gs_buf_free(&rpc->ibody);
+  gs_buf_free(&rpc->tmp);
+  gs_buf_free(&rpc->batch_out);
 }
 
 /* An error answer to a call that never reached the jobs layer. */
@@ -360,31 +418,29 @@ static void (*const handlers[GS_METHOD_COUNT])(gs_rpc_t *, const request_t *) = 
 
 int gs__rpc_on_open(void *ctx, gs_conn_t *conn)
 {
-  gs_peer_t *peer = calloc(1, sizeof(*peer));
-
   (void)ctx;
-  if (!peer)
-    return GS_ENOMEM;
-  peer->id = conn->id;
-  peer->name = conn->peer;
-  conn->data = peer;
-  return 0;
+  conn->data = gs__link_new(conn->id, conn->peer);
+  return conn->data ? 0 : GS_ENOMEM;
 }
 
 bool gs__rpc_is_vacant(void *ctx, const gs_conn_t *conn)
 {
-  const gs_peer_t *peer = conn->data;
-
   (void)ctx;
-  return !peer || !peer->member;
+  return !conn->data || gs__link_vacant(conn->data);
 }
 
+static void peer_closed(void *arg, gs_peer_t *peer)
+{
+  gs__jobs_peer_closed(arg, peer);
+}
+
+/* Every rank the connection carried ends with it: a node agent's too. */
 void gs__rpc_on_close(void *ctx, gs_conn_t *conn)
 {
   gs_rpc_t *rpc = ctx;
 
-  gs__jobs_peer_closed(rpc->jobs, conn->data);
-  free(conn->data);
+  gs__link_each_peer(conn->data, peer_closed, rpc->jobs);
+  gs__link_free(conn->data);
   conn->data = NULL;
 }
 
@@ -394,14 +450,12 @@ static void fail_stream(gs_rpc_t *rpc, gs_conn_t *conn, int err, const char *fmt
     __attribute__((format(printf, 4, 5)));
 static void fail_stream(gs_rpc_t *rpc, gs_conn_t *conn, int err, const char *fmt, ...)
 {
-  char text[sizeof(((gradsync_Envelope *)0)->message)];
   gradsync_Envelope env;
   va_list ap;
 
   va_start(ap, fmt);
-  vsnprintf(text, sizeof(text), fmt, ap);
+  error_envelope(&env, "", 0, err, fmt, ap);
   va_end(ap);
-  envelope_for(&env, "", 0, err, text);
   send_envelope(rpc, conn, &env, NULL, true);
 }
 
@@ -438,38 +492,43 @@ static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_
   send_envelope(rpc, conn, &env, NULL, false);
 }
 
-void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t len)
+/* One call, of a frame or a batch: authenticated, checked and handed to
+ * the jobs layer, for the slot's peer. `body` holds its request. */
+static void dispatch(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *env, gs_method_t m,
+                     const gs_buf_t *body)
 {
-  gs_rpc_t *rpc = ctx;
-  gradsync_Envelope env;
-  gs_buf_t *body = &rpc->rbody; /* one request is dispatched at a time */
-  request_t rq = {.call = {.peer = conn->data, .now_ms = uv_now(rpc->loop)}, .conn = conn};
-  char why[128];
+  gs_peer_t *self = gs__link_self(conn->data), none;
+  request_t rq = {.call = {.peer = gs__link_peer(conn->data, env->slot),
+                           .method = m,
+                           .now_ms = uv_now(rpc->loop),
+                           .request_id = env->request_id,
+                           .session = env->session},
+                  .conn = conn,
+                  .body = body->data,
+                  .body_len = body->len};
 
-  if (gs_wire_decode_envelope(payload, len, &env, body, why, sizeof(why))) {
-    rpc->stats.bad_frames++;
-    gs__conn_log(conn, GS_LOG_KIND_RPC_FRAME, "sent an undecodable envelope (%s); closing", why);
-    fail_stream(rpc, conn, GS_EINVAL, "cannot decode Envelope: %s", why);
-    goto out;
+  rq.call.deadline_ms = rq.call.now_ms + (env->timeout_ms ? env->timeout_ms : rpc->default_wait_ms);
+  rpc->stats.requests[m]++;
+  if (!rq.call.peer) {
+    /* No peer for the slot: the answer is addressed to the slot all the
+     * same (a batch awaits it), or past the slots to the connection. */
+    none = (gs_peer_t){.id = env->slot > GS_LINK_MAX_SLOT
+                                 ? self->id
+                                 : self->id | (uint64_t)env->slot << GS_CONN_SLOT_BITS};
+    rq.call.peer = &none;
+    reply_error(rpc, &rq.call, env->slot > GS_LINK_MAX_SLOT ? GS_EINVAL : GS_ENOMEM,
+                "slot %u: slots are 1 to %u (0: the connection's own call)", env->slot,
+                GS_LINK_MAX_SLOT);
+    return;
   }
-  if (!gs_method_from_path(env.method, &rq.call.method)) {
-    reply_unknown_method(rpc, conn, &env);
-    goto out;
-  }
-  rq.call.request_id = env.request_id;
-  rq.call.session = env.session;
-  rq.call.deadline_ms = rq.call.now_ms + (env.timeout_ms ? env.timeout_ms : rpc->default_wait_ms);
-  rq.body = body->data;
-  rq.body_len = body->len;
-  rpc->stats.requests[rq.call.method]++;
-  if (!gs__token_ok(rpc->token, env.token)) {
-    if (strlen(env.token) != GS_JOB_TOKEN_LEN) {
-      gs__conn_log(conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token; closing",
-                   gs_method_name(rq.call.method), env.token[0] ? "wrong" : "missing");
-      refuse_token(rpc, &rq, env.token[0] ? "wrong token" : "missing token");
-      goto out;
+  if (!gs__token_ok(rpc->token, env->token)) {
+    if (strlen(env->token) != GS_JOB_TOKEN_LEN) {
+      gs__conn_log(conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token; closing", gs_method_name(m),
+                   env->token[0] ? "wrong" : "missing");
+      refuse_token(rpc, &rq, env->token[0] ? "wrong token" : "missing token");
+      return;
     }
-    rq.job_token = env.token; /* perhaps a job's: checked against the job the body names */
+    rq.job_token = env->token; /* perhaps a job's: checked against the job the body names */
   } else {
     gs__conn_authenticate(conn);
   }
@@ -477,15 +536,124 @@ void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t
     gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
                  "%s refused: the coordinator's connections and stored blobs hold more than "
                  "their part of --max-memory (%zu bytes)",
-                 gs_method_name(rq.call.method), rpc->conns->mem->max);
+                 gs_method_name(m), rpc->conns->mem->max);
     reply_error(rpc, &rq.call, GS_ELIMIT,
                 "coordinator memory budget exhausted (--max-memory); try again later");
-    goto out;
+    return;
   }
   if (rq.job_token && !check_job_token(rpc, &rq))
-    goto out;
-  handlers[rq.call.method](rpc, &rq);
-out:
+    return;
+  handlers[m](rpc, &rq);
+}
+
+/* An answer the RPC layer gives a batched call itself (it never reached
+ * the jobs layer). */
+static void answer_entry_error(gs_rpc_t *rpc, gs_conn_t *conn, gs_batch_t *b, gs_batch_entry_t *e,
+                               const char *method, int err, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static void answer_entry_error(gs_rpc_t *rpc, gs_conn_t *conn, gs_batch_t *b, gs_batch_entry_t *e,
+                               const char *method, int err, const char *fmt, ...)
+{
+  gradsync_Envelope env;
+  va_list ap;
+
+  va_start(ap, fmt);
+  error_envelope(&env, method, e->request_id, err, fmt, ap);
+  va_end(ap);
+  env.slot = e->slot;
+  answer_entry(rpc, conn, b, e, &env, NULL);
+}
+
+/* A node agent's Batch: each call dispatched as if it came alone on its
+ * slot's connection; the replies are gathered (reply, answer_entry) and go
+ * back in one frame once the last is in. */
+static void on_batch(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *env,
+                     const gs_buf_t *body)
+{
+  request_t rq = {.call = {.peer = gs__link_self(conn->data),
+                           .method = GS_METHOD_BATCH,
+                           .request_id = env->request_id},
+                  .conn = conn};
+  const uint8_t *item;
+  size_t off = 0, len;
+  uint32_t calls = 0;
+  gs_batch_t *b;
+  bool bad;
+
+  rpc->stats.requests[GS_METHOD_BATCH]++;
+  while (gs_wire_batch_next(body->data, body->len, &off, &item, &len, &bad))
+    calls++;
+  if (bad || calls == 0 || calls > GS_BATCH_MAX_CALLS || env->slot) {
+    rpc->stats.bad_frames++;
+    if (env->slot)
+      reply_error(rpc, &rq.call, GS_EINVAL, "a Batch is the connection's own call (slot 0)");
+    else if (bad)
+      reply_error(rpc, &rq.call, GS_EINVAL, "cannot decode BatchRequest");
+    else
+      reply_error(rpc, &rq.call, GS_EINVAL, "a Batch holds 1 to %u calls, not %u",
+                  GS_BATCH_MAX_CALLS, calls);
+    return;
+  }
+  b = gs__link_batch_open(conn->data, env->request_id, calls);
+  if (!b) {
+    reply_error(rpc, &rq.call, GS_ENOMEM, "out of memory");
+    return;
+  }
+  off = 0;
+  /* A call may end the connection (a wrong token), and its link with it. */
+  while (gs__conn_get(rpc->conns, conn->id) &&
+         gs_wire_batch_next(body->data, body->len, &off, &item, &len, &bad)) {
+    gradsync_Envelope call;
+    gs_batch_entry_t *e;
+    gs_method_t m;
+    char why[128];
+    bool dup;
+
+    if (gs_wire_decode_envelope(item, len, &call, &rpc->ibody, why, sizeof(why))) {
+      e = gs__link_batch_add(conn->data, b, 0, 0, &dup);
+      answer_entry_error(rpc, conn, b, e, "", GS_EINVAL, "cannot decode Envelope: %s", why);
+    } else if (e = gs__link_batch_add(conn->data, b, call.slot, call.request_id, &dup), dup) {
+      answer_entry_error(rpc, conn, b, e, call.method, GS_EINVAL,
+                         "slot %u already awaits a reply to request %llu", call.slot,
+                         (unsigned long long)call.request_id);
+    } else if (!gs_method_from_path(call.method, &m)) {
+      rpc->stats.bad_frames++;
+      answer_entry_error(rpc, conn, b, e, call.method, GS_EUNIMPL, "unknown method '%s'",
+                         call.method);
+    } else if (m == GS_METHOD_BATCH) {
+      rpc->stats.bad_frames++;
+      answer_entry_error(rpc, conn, b, e, call.method, GS_EINVAL, "a Batch cannot hold a Batch");
+    } else if (call.slot > GS_LINK_MAX_SLOT) {
+      answer_entry_error(rpc, conn, b, e, call.method, GS_EINVAL,
+                         "slot %u: slots are 1 to %u (0: the connection's own call)", call.slot,
+                         GS_LINK_MAX_SLOT);
+    } else {
+      dispatch(rpc, conn, &call, m, &rpc->ibody);
+    }
+  }
+  if (rpc->ibody.cap > KEEP_BUF_BYTES)
+    gs_buf_free(&rpc->ibody);
+}
+
+void gs__rpc_on_frame(void *ctx, gs_conn_t *conn, const uint8_t *payload, size_t len)
+{
+  gs_rpc_t *rpc = ctx;
+  gradsync_Envelope env;
+  gs_buf_t *body = &rpc->rbody; /* one request is dispatched at a time */
+  gs_method_t m;
+  char why[128];
+
+  if (gs_wire_decode_envelope(payload, len, &env, body, why, sizeof(why))) {
+    rpc->stats.bad_frames++;
+    gs__conn_log(conn, GS_LOG_KIND_RPC_FRAME, "sent an undecodable envelope (%s); closing", why);
+    fail_stream(rpc, conn, GS_EINVAL, "cannot decode Envelope: %s", why);
+  } else if (!gs_method_from_path(env.method, &m)) {
+    reply_unknown_method(rpc, conn, &env);
+  } else if (m == GS_METHOD_BATCH) {
+    on_batch(rpc, conn, &env, body);
+  } else {
+    dispatch(rpc, conn, &env, m, body);
+  }
   if (body->cap > KEEP_BUF_BYTES)
     gs_buf_free(body);
 }

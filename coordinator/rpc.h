@@ -31,6 +31,9 @@ typedef struct gs_rpc {
   uint32_t max_params; /* pack-list entries accepted (--max-params) */
   gs_buf_t wbuf;       /* encodes one reply at a time */
   gs_buf_t rbody;      /* the body of the request being dispatched */
+  gs_buf_t ibody;      /* that of a call of a Batch being dispatched */
+  gs_buf_t tmp;        /* a batched reply's body, encoded */
+  gs_buf_t batch_out;  /* a Batch's replies, gathered */
   gs_rpc_stats_t stats;
 } gs_rpc_t;
 

@@ -257,7 +257,7 @@ static int set_float(PyObject *v, float *out)
   return 0;
 }
 
-/* "host:port" into the coordinator's address. */
+/* "host:port" (or a node agent's "unix:/path") into the coordinator's address. */
 static int set_coordinator(PyObject *v, gs_engine_coord_t *c)
 {
   const char *s = utf8(v), *colon;
@@ -267,6 +267,15 @@ static int set_coordinator(PyObject *v, gs_engine_coord_t *c)
 
   if (!s)
     return -1;
+  if (!strncmp(s, "unix:", 5)) { /* a node agent's socket (gradsync-relay) */
+    if (s[5] != '/' || strlen(s) >= sizeof(c->host) || strlen(s) - 5 >= 108) {
+      PyErr_Format(PyExc_ValueError, "coordinator: expected unix:/absolute/path, got '%s'", s);
+      return -1;
+    }
+    snprintf(c->host, sizeof(c->host), "%s", s);
+    c->port = 0;
+    return 0;
+  }
   colon = strrchr(s, ':');
   port = colon ? strtol(colon + 1, &end, 10) : 0;
   if (!colon || !colon[1] || *end || port < 1 || port > 65535) {
@@ -611,7 +620,7 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
     PyErr_SetString(PyExc_ValueError, why);
     goto out;
   }
-  if (!cfg.coord.port) {
+  if (!cfg.coord.port && strncmp(cfg.coord.host, "unix:", 5)) { /* unix: a node agent */
     PyErr_SetString(PyExc_ValueError, "coordinator='HOST:PORT' is required");
     goto out;
   }

@@ -170,12 +170,10 @@ static int read_full(int fd, void *buf, size_t len, long deadline)
   return 0;
 }
 
-int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fields, void *resp,
-            int timeout_ms)
+int th_recv_body(th_client_t *cl, gradsync_Envelope *env, gs_buf_t *body, int timeout_ms)
 {
   long deadline = (long)gs_now_ms() + timeout_ms;
   uint8_t hdr[4], *payload;
-  gs_buf_t body = {0};
   uint32_t len;
   char why[128];
   int rc = -1;
@@ -186,18 +184,83 @@ int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fi
   payload = malloc(len ? len : 1);
   if (read_full(cl->fd, payload, len, deadline))
     goto out;
-  ck_assert_int_eq(gs_wire_decode_envelope(payload, len, env, &body, why, sizeof(why)), 0);
-  if (env->status == 0 && resp_fields)
-    ck_assert_msg(gs_wire_decode(body.data, body.len, resp_fields, resp, why, sizeof(why)) == 0,
-                  "response body: %s", why);
-  /* The session a Join earned: the client acts for that rank from now on. */
-  if (env->status == 0 && resp_fields == gradsync_JoinResponse_fields)
-    snprintf(cl->session, sizeof(cl->session), "%s", ((gradsync_JoinResponse *)resp)->session);
+  ck_assert_int_eq(gs_wire_decode_envelope(payload, len, env, body, why, sizeof(why)), 0);
   rc = 0;
 out:
   free(payload);
+  return rc;
+}
+
+int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fields, void *resp,
+            int timeout_ms)
+{
+  gs_buf_t body = {0};
+  char why[128];
+  int rc = th_recv_body(cl, env, &body, timeout_ms);
+
+  if (rc == 0 && env->status == 0 && resp_fields)
+    ck_assert_msg(gs_wire_decode(body.data, body.len, resp_fields, resp, why, sizeof(why)) == 0,
+                  "response body: %s", why);
+  /* The session a Join earned: the client acts for that rank from now on. */
+  if (rc == 0 && env->status == 0 && resp_fields == gradsync_JoinResponse_fields)
+    snprintf(cl->session, sizeof(cl->session), "%s", ((gradsync_JoinResponse *)resp)->session);
   gs_buf_free(&body);
   return rc;
+}
+
+uint64_t th_batch_add(th_client_t *cl, gs_buf_t *batch, uint32_t slot, const char *session,
+                      const char *method, uint32_t timeout_ms, const pb_msgdesc_t *fields,
+                      const void *msg)
+{
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gs_buf_t body = {0};
+
+  snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "%s", method);
+  env.request_id = cl->next_id++;
+  env.timeout_ms = timeout_ms;
+  env.slot = slot;
+  if (cl->token)
+    snprintf(env.token, sizeof(env.token), "%s", cl->token);
+  snprintf(env.session, sizeof(env.session), "%s", session ? session : "");
+  ck_assert_int_eq(gs_wire_encode(&body, fields, msg), 0);
+  ck_assert_int_eq(gs_wire_encode_batch_entry(batch, &env, body.data, body.len, SIZE_MAX), 0);
+  gs_buf_free(&body);
+  return env.request_id;
+}
+
+uint64_t th_batch_send(th_client_t *cl, gs_buf_t *batch)
+{
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gs_buf_t frame = {0};
+
+  snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "Batch");
+  env.request_id = cl->next_id++;
+  if (cl->token)
+    snprintf(env.token, sizeof(env.token), "%s", cl->token);
+  ck_assert_int_eq(gs_wire_encode_frame_bytes(&frame, &env, batch->data, batch->len, SIZE_MAX), 0);
+  th_send_raw(cl, frame.data, frame.len);
+  gs_buf_free(&frame);
+  gs_buf_free(batch);
+  return env.request_id;
+}
+
+int th_batch_replies(const gs_buf_t *body, gradsync_Envelope *replies, gs_buf_t *bodies, int max)
+{
+  const uint8_t *entry;
+  size_t off = 0, len;
+  char why[128];
+  bool bad;
+  int n = 0;
+
+  while (gs_wire_batch_next(body->data, body->len, &off, &entry, &len, &bad)) {
+    ck_assert_int_lt(n, max);
+    ck_assert_msg(gs_wire_decode_envelope(entry, len, &replies[n], &bodies[n], why, sizeof(why)) ==
+                      0,
+                  "batch reply %d: %s", n, why);
+    n++;
+  }
+  ck_assert_msg(!bad, "the BatchResponse does not decode");
+  return n;
 }
 
 bool th_closed_by_peer(th_client_t *cl, int timeout_ms)

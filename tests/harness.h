@@ -56,6 +56,22 @@ void th_send_raw(th_client_t *cl, const void *data, size_t len);
  * resp_fields is not NULL). */
 int th_recv(th_client_t *cl, gradsync_Envelope *env, const pb_msgdesc_t *resp_fields, void *resp,
             int timeout_ms);
+/* Receives one frame within timeout_ms: its envelope and its body as it
+ * came (the caller frees it). 0, or -1 on timeout or a closed connection. */
+int th_recv_body(th_client_t *cl, gradsync_Envelope *env, gs_buf_t *body, int timeout_ms);
+
+/* A node agent's calls (proto/README.md "Node agents"): appends one for
+ * `slot`, acting with `session` ("" or NULL: none), to the batch being
+ * built in `batch`; returns its request id. */
+uint64_t th_batch_add(th_client_t *cl, gs_buf_t *batch, uint32_t slot, const char *session,
+                      const char *method, uint32_t timeout_ms, const pb_msgdesc_t *fields,
+                      const void *msg);
+/* Sends the calls as one Batch (and frees `batch`); returns its request id. */
+uint64_t th_batch_send(th_client_t *cl, gs_buf_t *batch);
+/* A Batch reply's body split into its reply envelopes and their bodies
+ * (which the caller frees); returns how many (at most max). */
+int th_batch_replies(const gs_buf_t *body, gradsync_Envelope *replies, gs_buf_t *bodies, int max);
+
 /* Whether the peer closed the connection within timeout_ms. */
 bool th_closed_by_peer(th_client_t *cl, int timeout_ms);
 /* One request and its response; returns the gRPC status (msg gets the

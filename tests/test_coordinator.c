@@ -284,6 +284,19 @@ START_TEST(one_job_gathers_at_most_half_the_connections)
   ck_assert_msg(strstr(msg, "world_size 64 is more than one job may gather on this coordinator: "
                             "10, half of --max-connections"),
                 "%s", msg);
+  /* Behind a node agent the ranks hold no connection each: no such cap. */
+  {
+    gs_buf_t batch = {0}, body = {0};
+    gradsync_Envelope env;
+
+    th_batch_add(&big, &batch, 1, NULL, "Join", 100, gradsync_JoinRequest_fields, &req);
+    th_batch_send(&big, &batch);
+    ck_assert_int_eq(th_recv_body(&big, &env, &batch, TH_WAIT_MS), 0);
+    ck_assert_int_eq(th_batch_replies(&batch, &env, &body, 1), 1);
+    ck_assert_msg(env.status == 4, "%s", env.message); /* DEADLINE_EXCEEDED: it waited */
+    gs_buf_free(&batch);
+    gs_buf_free(&body);
+  }
   th_close(&big);
   for (uint32_t i = 0; i < 9; i++) { /* one short of its world of 10: all wait */
     gradsync_JoinRequest r = th_join_request("a", 10, "n", i);
@@ -1429,6 +1442,242 @@ START_TEST(unknown_method_is_echoed)
 }
 END_TEST
 
+/* /jobs/NAME lists a page of ranks (1,000 unless asked): ranks_from and
+ * ranks_limit choose it, and ranks_page.next is the next page's path. */
+START_TEST(job_ranks_are_paged)
+{
+  th_client_t cl[5];
+  gradsync_JoinResponse resp[5];
+  char *body;
+
+  th_coord_start(&coord, NULL);
+  join_all(cl, resp, false, NULL, 5, "pg");
+  ck_assert_int_eq(
+      th_http(coord.http_port, "GET", "/jobs/pg?ranks_from=1&ranks_limit=2", NULL, NULL, &body),
+      200);
+  ck_assert_msg(strstr(body, "\"ranks\":[{\"rank\":1,") && strstr(body, "{\"rank\":2,") &&
+                    !strstr(body, "{\"rank\":3,") && !strstr(body, "{\"rank\":0,"),
+                "%s", body);
+  ck_assert_msg(strstr(body, "\"ranks_page\":{\"from\":1,\"limit\":2,\"listed\":2,"
+                             "\"next\":\"/jobs/pg?ranks_from=3&ranks_limit=2\"}"),
+                "%s", body);
+  free(body);
+  ck_assert_int_eq(
+      th_http(coord.http_port, "GET", "/jobs/pg?ranks_from=3&ranks_limit=2", NULL, NULL, &body),
+      200);
+  ck_assert_msg(strstr(body, "\"listed\":2,\"next\":null"), "%s", body);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_from=9", NULL, NULL, &body),
+                   200);
+  ck_assert_msg(strstr(body, "\"ranks\":[],") && strstr(body, "\"listed\":0,\"next\":null"), "%s",
+                body);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "\"ranks_page\":{\"from\":0,\"limit\":1000,\"listed\":5,"), "%s",
+                body);
+  free(body);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_limit=10001", NULL, NULL, &body),
+                   400);
+  ck_assert_msg(strstr(body, "ranks_limit must be"), "%s", body);
+  free(body);
+  for (int i = 0; i < 5; i++)
+    th_close(&cl[i]);
+  stop_and_check();
+}
+END_TEST
+
+/* Sends one call for `slot` of a node agent's connection, on its own
+ * (no Batch); returns its request id. */
+static uint64_t send_for_slot(th_client_t *cl, uint32_t slot, const char *session,
+                              const char *method, const pb_msgdesc_t *fields, const void *msg)
+{
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gs_buf_t frame = {0};
+
+  snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "%s", method);
+  env.request_id = cl->next_id++;
+  env.slot = slot;
+  snprintf(env.session, sizeof(env.session), "%s", session);
+  ck_assert_int_eq(gs_wire_encode_frame(&frame, &env, fields, msg, SIZE_MAX), 0);
+  th_send_raw(cl, frame.data, frame.len);
+  gs_buf_free(&frame);
+  return env.request_id;
+}
+
+/* Waits for the reply to Batch `id` and splits it: its n replies. */
+static void recv_batch(th_client_t *cl, uint64_t id, gradsync_Envelope *replies, gs_buf_t *bodies,
+                       int n)
+{
+  gradsync_Envelope env;
+  gs_buf_t body = {0};
+
+  ck_assert_int_eq(th_recv_body(cl, &env, &body, TH_WAIT_MS), 0);
+  ck_assert_str_eq(env.method, GS_METHOD_PREFIX "Batch");
+  ck_assert_uint_eq(env.request_id, id);
+  ck_assert_msg(env.status == OK, "Batch: %s", env.message);
+  ck_assert_int_eq(th_batch_replies(&body, replies, bodies, n), n);
+  gs_buf_free(&body);
+}
+
+/* A node agent (proto/README.md "Node agents"): one connection speaks for
+ * three ranks of node "n" by slot, beside a rank connected directly (a
+ * mixed job). The node's Joins, sent as one Batch, are answered in one
+ * reply once the rendezvous is complete, in the calls' order and each
+ * with its slot; its heartbeats likewise; a call for one slot on its own
+ * is answered with the slot. When the node agent's connection closes,
+ * its ranks are lost with it and the job says why. */
+START_TEST(node_agent_speaks_for_its_ranks)
+{
+  th_client_t node, direct;
+  gs_buf_t batch = {0}, bodies[3] = {{0}};
+  gradsync_Envelope env, replies[3];
+  gradsync_JoinResponse resp[3], dresp = {0};
+  gradsync_HeartbeatRequest hb = gradsync_HeartbeatRequest_init_zero;
+  gradsync_HeartbeatResponse hbr;
+  uint64_t ids[3], id;
+  char why[128], *body;
+
+  th_coord_start(&coord, NULL);
+  th_connect(&node, coord.rpc_port);
+  th_connect(&direct, coord.rpc_port);
+  for (uint32_t s = 1; s <= 3; s++) {
+    gradsync_JoinRequest req = th_join_request("nj", 4, "n", s - 1);
+
+    ids[s - 1] = th_batch_add(&node, &batch, s, NULL, "Join", 0, gradsync_JoinRequest_fields, &req);
+  }
+  id = th_batch_send(&node, &batch);
+  {
+    gradsync_JoinRequest req = th_join_request("nj", 4, "z", 0); /* after node "n": rank 3 */
+
+    ck_assert_int_eq(th_call(&direct, "Join", gradsync_JoinRequest_fields, &req,
+                             gradsync_JoinResponse_fields, &dresp, NULL, 0),
+                     OK);
+  }
+  ck_assert_uint_eq(dresp.rank, 3);
+  recv_batch(&node, id, replies, bodies, 3);
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_uint_eq(replies[i].slot, i + 1);
+    ck_assert_uint_eq(replies[i].request_id, ids[i]);
+    ck_assert_str_eq(replies[i].method, GS_METHOD_PREFIX "Join");
+    ck_assert_msg(replies[i].status == OK, "slot %u: %s", i + 1, replies[i].message);
+    resp[i] = (gradsync_JoinResponse)gradsync_JoinResponse_init_zero;
+    ck_assert_int_eq(gs_wire_decode(bodies[i].data, bodies[i].len, gradsync_JoinResponse_fields,
+                                    &resp[i], why, sizeof(why)),
+                     0);
+    ck_assert_uint_eq(resp[i].rank, i);
+    ck_assert_uint_eq(resp[i].generation, 1);
+    gs_buf_free(&bodies[i]);
+  }
+  /* One heartbeat each, in one Batch, each acting with its rank's session. */
+  snprintf(hb.job, sizeof(hb.job), "nj");
+  hb.generation = 1;
+  for (uint32_t i = 0; i < 3; i++) {
+    hb.rank = i;
+    hb.step = 7;
+    ids[i] = th_batch_add(&node, &batch, i + 1, resp[i].session, "Heartbeat", 0,
+                          gradsync_HeartbeatRequest_fields, &hb);
+  }
+  id = th_batch_send(&node, &batch);
+  recv_batch(&node, id, replies, bodies, 3);
+  for (uint32_t i = 0; i < 3; i++) {
+    ck_assert_uint_eq(replies[i].slot, i + 1);
+    ck_assert_msg(replies[i].status == OK, "slot %u: %s", i + 1, replies[i].message);
+    memset(&hbr, 0, sizeof(hbr));
+    ck_assert_int_eq(gs_wire_decode(bodies[i].data, bodies[i].len,
+                                    gradsync_HeartbeatResponse_fields, &hbr, why, sizeof(why)),
+                     0);
+    ck_assert(!hbr.abort);
+    gs_buf_free(&bodies[i]);
+  }
+  /* A call for one slot on its own; a wrong session is that slot's error. */
+  hb.rank = 1;
+  id = send_for_slot(&node, 2, resp[1].session, "Heartbeat", gradsync_HeartbeatRequest_fields, &hb);
+  ck_assert_int_eq(th_recv(&node, &env, gradsync_HeartbeatResponse_fields, &hbr, TH_WAIT_MS), 0);
+  ck_assert_uint_eq(env.request_id, id);
+  ck_assert_uint_eq(env.slot, 2);
+  ck_assert_int_eq(env.status, OK);
+  id = send_for_slot(&node, 2, resp[0].session, "Heartbeat", gradsync_HeartbeatRequest_fields, &hb);
+  ck_assert_int_eq(th_recv(&node, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_uint_eq(env.slot, 2);
+  ck_assert_int_eq(env.status, 7); /* PERMISSION_DENIED */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/nj", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "\"step\":7"), "%s", body);
+  free(body);
+  /* The node agent goes: its three ranks are lost, the direct one told. */
+  th_close(&node);
+  for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS;;) {
+    ck_assert_int_eq(heartbeat(&direct, "nj", 1, 3, 1, &hbr), OK);
+    if (hbr.abort || gs_now_ms() > deadline)
+      break;
+    usleep(10000);
+  }
+  ck_assert(hbr.abort);
+  ck_assert_msg(strstr(hbr.abort_reason, "its node agent's connection closed"), "%s",
+                hbr.abort_reason);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/nj", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "its node agent's connection closed"), "%s", body);
+  free(body);
+  th_close(&direct);
+  stop_and_check();
+}
+END_TEST
+
+/* What a Batch may not hold is answered in its place, call by call,
+ * while the rest of the batch is served: an unknown method, a request id
+ * its slot awaits already, a slot past 255, a Batch inside; a Batch
+ * itself must be the connection's own (slot 0) and hold 1 to 1024 calls. */
+START_TEST(node_agent_batch_errors)
+{
+  th_client_t node, direct;
+  gs_buf_t batch = {0}, bodies[5] = {{0}};
+  gradsync_Envelope env, replies[5];
+  gradsync_JoinRequest req = th_join_request("ej", 2, "n", 0);
+  gradsync_JoinResponse dresp = {0};
+  uint64_t first, id;
+  int status[5];
+
+  th_coord_start(&coord, NULL);
+  th_connect(&node, coord.rpc_port);
+  th_connect(&direct, coord.rpc_port);
+  first = th_batch_add(&node, &batch, 1, NULL, "Join", 0, gradsync_JoinRequest_fields, &req);
+  th_batch_add(&node, &batch, 2, NULL, "Dance", 0, gradsync_JoinRequest_fields, &req);
+  node.next_id = first; /* the same slot and request id as the Join, which waits */
+  th_batch_add(&node, &batch, 1, NULL, "Join", 0, gradsync_JoinRequest_fields, &req);
+  th_batch_add(&node, &batch, 300, NULL, "Join", 0, gradsync_JoinRequest_fields, &req);
+  th_batch_add(&node, &batch, 3, NULL, "Batch", 0, gradsync_JoinRequest_fields, &req);
+  id = th_batch_send(&node, &batch);
+  req = th_join_request("ej", 2, "z", 0);
+  ck_assert_int_eq(th_call(&direct, "Join", gradsync_JoinRequest_fields, &req,
+                           gradsync_JoinResponse_fields, &dresp, NULL, 0),
+                   OK);
+  recv_batch(&node, id, replies, bodies, 5);
+  for (int i = 0; i < 5; i++) {
+    status[i] = replies[i].status;
+    gs_buf_free(&bodies[i]);
+  }
+  ck_assert_int_eq(status[0], OK);
+  ck_assert_int_eq(status[1], 12); /* UNIMPLEMENTED */
+  ck_assert_msg(strstr(replies[1].message, "unknown method"), "%s", replies[1].message);
+  ck_assert_int_eq(status[2], 3); /* INVALID_ARGUMENT */
+  ck_assert_msg(strstr(replies[2].message, "already awaits"), "%s", replies[2].message);
+  ck_assert_int_eq(status[3], 3);
+  ck_assert_msg(strstr(replies[3].message, "slots are 1 to 255"), "%s", replies[3].message);
+  ck_assert_int_eq(status[4], 3);
+  ck_assert_msg(strstr(replies[4].message, "cannot hold a Batch"), "%s", replies[4].message);
+  /* An empty Batch, and one sent for a slot. */
+  th_batch_send(&node, &batch);
+  ck_assert_int_eq(th_recv(&node, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_int_eq(env.status, 3);
+  ck_assert_msg(strstr(env.message, "1 to 1024 calls"), "%s", env.message);
+  send_for_slot(&node, 1, "", "Batch", NULL, NULL);
+  ck_assert_int_eq(th_recv(&node, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_int_eq(env.status, 3);
+  th_close(&node);
+  th_close(&direct);
+  stop_and_check();
+}
+END_TEST
+
 /* An agent joins on one connection and heartbeats on another (its
  * heartbeat thread's own): the rank's first heartbeat ties it to that
  * connection. Closing the Join connection then loses nothing; a heartbeat
@@ -1732,6 +1981,9 @@ static Suite *coordinator_suite(void)
       {"idle_parked", parked_join_outlives_idle_timeout},
       {"rendezvous_disconnect", waiting_agent_that_disconnects_is_replaced},
       {"unknown_method", unknown_method_is_echoed},
+      {"node_agent", node_agent_speaks_for_its_ranks},
+      {"job_ranks_paged", job_ranks_are_paged},
+      {"node_agent_errors", node_agent_batch_errors},
       {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
       {"job_cap", job_cap_refuses_new_jobs},
       {"never_started", never_started_job_is_forgotten_at_once},

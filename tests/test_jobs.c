@@ -737,7 +737,8 @@ START_TEST(history_keeps_the_latest_generations)
     start_world("h", 1, g * 10);
     leave(0, "h", g, 0, false, g * 10 + 1);
   }
-  o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now, true);
+  o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now,
+                   &(gs_rank_page_t){.limit = GS_RANKS_PAGE_DEFAULT});
   gens = cJSON_GetObjectItem(o, "generations");
   ck_assert_int_eq(cJSON_GetArraySize(gens), GS_JOB_HISTORY);
   for (int i = 0; i < GS_JOB_HISTORY; i++)
@@ -1296,7 +1297,8 @@ static gradsync_HeartbeatResponse in_phase(uint32_t r, gradsync_Phase phase, uin
 /* waiting_on in /jobs/NAME: its kind and ranks, printed ("null" when none). */
 static void check_waiting(const char *kind, const char *ranks, const char *state)
 {
-  cJSON *o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now, true);
+  cJSON *o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now,
+                          &(gs_rank_page_t){.limit = GS_RANKS_PAGE_DEFAULT});
   cJSON *w = cJSON_GetObjectItem(o, "waiting_on");
   char *printed = cJSON_PrintUnformatted(cJSON_GetObjectItem(w, "ranks"));
 
@@ -1563,7 +1565,7 @@ START_TEST(elastic_survivors_regroup_without_the_lost_rank)
   ck_assert_ptr_nonnull(strstr((char *)text.data, "gradsync_regroups_total 1\n"));
   ck_assert_ptr_nonnull(strstr((char *)text.data, "gradsync_regroup_seconds_total 0.100\n"));
   gs_buf_free(&text);
-  json = gs__job_json(job, 200, true);
+  json = gs__job_json(job, 200, &(gs_rank_page_t){.limit = GS_RANKS_PAGE_DEFAULT});
   status = cJSON_PrintUnformatted(json);
   cJSON_Delete(json);
   ck_assert_msg(strstr(status, "\"generations\":[{\"generation\":1,\"world_size\":3"), "%s",

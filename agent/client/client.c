@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "client_internal.h"
 #include "client_tls.h"
 #include "frame.h"
+#include "parse.h"
 #include "why.h"
 #include "wire.h"
 
@@ -282,6 +284,17 @@ static int dial(gs_client_t *cl, uint64_t deadline)
   char port[8];
   int rc, err = GS_EUNAVAIL;
 
+  /* A node agent's socket on this host (unix:PATH): no name, no TLS. */
+  if (!strncmp(cl->host, GS_UNIX_PREFIX, strlen(GS_UNIX_PREFIX))) {
+    struct sockaddr_un sun = {.sun_family = AF_UNIX};
+    struct addrinfo local = {.ai_family = AF_UNIX,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_addr = (struct sockaddr *)&sun,
+                             .ai_addrlen = sizeof(sun)};
+
+    snprintf(sun.sun_path, sizeof(sun.sun_path), "%s", cl->host + strlen(GS_UNIX_PREFIX));
+    return dial_one(cl, &local, deadline);
+  }
   snprintf(port, sizeof(port), "%u", cl->port);
   rc = getaddrinfo(cl->host[0] ? cl->host : NULL, port, &hints, &res);
   if (rc) {

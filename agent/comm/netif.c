@@ -97,25 +97,3 @@ int gs_netif_address(const char *iface, char *addr, size_t len, char *why, size_
                 "interface '%s' has no usable address here (interfaces with one: %s)", iface,
                 names[0] ? names : "none");
 }
-
-int gs_netif_route_to(const char *host, char *addr, size_t len)
-{
-  struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *ai = NULL;
-  struct sockaddr_storage ss;
-  socklen_t sl = sizeof(ss);
-  int fd = -1, err = GS_ENOTFOUND;
-
-  if (getaddrinfo(host, "9", &hints, &ai) || !ai)
-    return GS_ENOTFOUND;
-  /* A connected UDP socket picks the source address of the route and
-   * sends nothing. */
-  fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-      getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-      getnameinfo((struct sockaddr *)&ss, sl, addr, (socklen_t)len, NULL, 0, NI_NUMERICHOST) == 0)
-    err = 0;
-  if (fd >= 0)
-    close(fd);
-  freeaddrinfo(ai);
-  return err;
-}

@@ -6,6 +6,8 @@
 
 #include "engine_internal.h"
 #include "netif.h"
+#include "parse.h"
+#include "route.h"
 #include "why.h"
 
 /* The address to use when none is given: comm_iface's, or this host's on
@@ -16,7 +18,10 @@ static int own_address(const gs_engine_config_t *cfg, char *addr, size_t len, ch
 {
   if (cfg->comm_iface[0])
     return gs_netif_address(cfg->comm_iface, addr, len, why, why_len);
-  if (gs_netif_route_to(cfg->coord.host, addr, len))
+  /* Behind a node agent the route to the coordinator is the agent's: this
+   * host's loopback unless --comm-iface names the interface. */
+  if (!strncmp(cfg->coord.host, GS_UNIX_PREFIX, strlen(GS_UNIX_PREFIX)) ||
+      gs_route_source(cfg->coord.host, addr, len))
     snprintf(addr, len, "127.0.0.1"); /* no route: Join will say so */
   return 0;
 }

@@ -83,6 +83,7 @@ int gs__engine_agree_packlist(gs_engine_t *e)
 int gs__engine_join(gs_engine_t *e, const char *comm_addr)
 {
   gradsync_JoinRequest *req = &e->join_req;
+  char where[320];
   int err;
 
   req->world_size = e->cfg.world_size;
@@ -102,14 +103,19 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
   if (err)
     return err;
   gs_pb_array_bind_encode(&req->settings, &e->settings);
+  /* A node agent's socket has no port. */
+  if (e->cfg.coord.port)
+    snprintf(where, sizeof(where), "%s:%u", e->cfg.coord.host, e->cfg.coord.port);
+  else
+    snprintf(where, sizeof(where), "%s (a node agent)", e->cfg.coord.host);
   if (e->cfg.world_min)
     gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
-           "joining %s:%u as node '%s' local rank %u (elastic: %u to %u ranks)", e->cfg.coord.host,
-           e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_min, e->cfg.world_size);
+           "joining %s as node '%s' local rank %u (elastic: %u to %u ranks)", where, e->cfg.node,
+           e->cfg.local_rank, e->cfg.world_min, e->cfg.world_size);
   else
     gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
-           "joining %s:%u as node '%s' local rank %u (world size %u)", e->cfg.coord.host,
-           e->cfg.coord.port, e->cfg.node, e->cfg.local_rank, e->cfg.world_size);
+           "joining %s as node '%s' local rank %u (world size %u)", where, e->cfg.node,
+           e->cfg.local_rank, e->cfg.world_size);
   err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
   if (err) {
     /* A signal is no failure of the join: its message says what was waited for. */

@@ -3,7 +3,8 @@
  * stream.c (pipes), spawn.c (processes), stop.c (stopping in order),
  * restart.c (restarting a failed rank, --max-restarts), supervise.c
  * (starting agents, reaping, forwarding lines; devices.c, the line about
- * the ranks' device), loop.c (the poll loop),
+ * the ranks' device; node_agent.c, the node agent the ranks may go
+ * through), loop.c (the poll loop),
  * coord_args.c (the coordinator's flags it hands on), options.c (flags)
  * and main.c. Each calls only downward; a
  * stream reports its lines upward through the callback its owner set. */
@@ -35,6 +36,9 @@
 #define GS_RUN_BACKOFF_MAX_MS 30000
 #define GS_RUN_USAGE_ERR 2
 #define GS_RUN_MAX_COORD_ARGS 256 /* arguments for the coordinator it starts */
+/* gs_run_child_t.rank of the children that are no rank. */
+#define GS_RUN_COORD_RANK (-1)
+#define GS_RUN_NODE_AGENT_RANK (-2)
 
 typedef struct gs_run_stream gs_run_stream_t;
 
@@ -93,6 +97,11 @@ typedef struct gs_run_config {
   const char *coord_flag, *agent_flag; /* --coordinator-bin / --agent-bin, or NULL */
   char coord_bin[PATH_MAX];
   char agent_bin[PATH_MAX];
+  /* --node-agent: the ranks reach the coordinator through a node agent
+   * (gradsync-relay, --relay-bin) on a Unix socket, one connection for all. */
+  bool node_agent;
+  const char *relay_flag;
+  char relay_bin[PATH_MAX];
   /* A build tree's Python package (BIN/../python, holding gradsync/), put
    * first on a command's PYTHONPATH; "" when there is none. */
   char python_dir[PATH_MAX];
@@ -107,7 +116,7 @@ typedef struct gs_run_config {
 } gs_run_config_t;
 
 typedef enum gs_run_phase {
-  GS_RUN_STARTING,    /* waiting for the coordinator's address */
+  GS_RUN_STARTING,    /* waiting for the coordinator's address (and the node agent's) */
   GS_RUN_RUNNING,     /* agents started */
   GS_RUN_STOP_AGENTS, /* agents sent SIGTERM (or all finished) */
   GS_RUN_STOP_COORD,  /* no agent left; coordinator sent SIGTERM */
@@ -124,7 +133,14 @@ struct gs_run {
   struct rlimit orig_nofile;
   bool nofile_raised; /* children get orig_nofile back */
   gs_run_child_t coord;
+  gs_run_child_t relay;   /* the node agent (--node-agent) */
   gs_run_child_t *agents; /* cfg.nproc of them */
+  /* The coordinator address the ranks get: cfg.rpc, or the node agent's
+   * "unix:PATH"; and with a node agent, the address they listen on for
+   * their peers unless the environment names one ("": none). */
+  char rank_rpc[320];
+  char rank_bind[64];
+  char relay_dir[PATH_MAX]; /* the node agent's socket's private folder ("": none) */
   int agents_running;
   int agents_pending; /* reaped, waiting to be restarted */
   long restarts;      /* restarts done, all slots together */
@@ -175,6 +191,14 @@ void gs__run_start_due_restarts(gs_run_t *r);
  * it knows they all do. */
 int gs__run_count_gpus(void);
 void gs__run_say_devices(const gs_run_t *r);
+
+/* node_agent.c: the node agent (--node-agent). Starts it for this node's
+ * ranks once cfg.rpc is known; 0 or an error it said. */
+int gs__run_start_node_agent(gs_run_t *r);
+/* Recognises its "listening" line: then the ranks' address is its socket. */
+bool gs__run_node_agent_ready(gs_run_t *r, const char *line, size_t len);
+/* Removes its socket's folder (at exit). */
+void gs__run_node_agent_cleanup(gs_run_t *r);
 
 /* supervise.c: lines from children, starting the agents, reaping. */
 void gs__run_on_line(gs_run_stream_t *s, const char *line, size_t len);

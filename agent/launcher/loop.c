@@ -47,7 +47,7 @@ static void add_child_fds(gs_run_child_t *c, struct pollfd *p, gs_run_stream_t *
  * every child is reaped and its output forwarded. */
 int gs__run_loop(gs_run_t *r)
 {
-  size_t cap = 2 * ((size_t)r->cfg.nproc + 1) + 1;
+  size_t cap = 2 * ((size_t)r->cfg.nproc + 2) + 1;
   struct pollfd *p = calloc(cap, sizeof(*p));
   gs_run_stream_t **which = calloc(cap, sizeof(*which));
   int n, rc = 0;
@@ -60,6 +60,7 @@ int gs__run_loop(gs_run_t *r)
     n = 0;
     p[n++] = (struct pollfd){.fd = r->sigfd, .events = POLLIN};
     add_child_fds(&r->coord, p, which, &n);
+    add_child_fds(&r->relay, p, which, &n);
     for (long i = 0; i < r->cfg.nproc; i++)
       add_child_fds(&r->agents[i], p, which, &n);
     /* Done once every child is reaped and its pipes are closed. */

@@ -26,8 +26,10 @@ static void child_init(gs_run_t *r, gs_run_child_t *c, int rank)
 {
   c->run = r;
   c->rank = rank;
-  if (rank < 0)
+  if (rank == GS_RUN_COORD_RANK)
     snprintf(c->name, sizeof(c->name), "coordinator");
+  else if (rank == GS_RUN_NODE_AGENT_RANK)
+    snprintf(c->name, sizeof(c->name), "node agent");
   else if (r->cfg.join) /* the global rank is the coordinator's to give */
     snprintf(c->name, sizeof(c->name), "local rank %d", rank);
   else
@@ -50,6 +52,8 @@ static int join(gs_run_t *r)
   else
     gs__run_say("node %ld of %ld: %ld agent%s joining %s as job %s", cfg->node_rank, cfg->nnodes,
                 cfg->nproc, cfg->nproc == 1 ? "" : "s", cfg->rpc, cfg->job);
+  if (cfg->node_agent) /* the ranks start once it listens */
+    return gs__run_start_node_agent(r);
   gs__run_start_agents(r);
   return 0;
 }
@@ -113,7 +117,8 @@ int main(int argc, char **argv)
 
   memset(&r, 0, sizeof(r));
   r.sigfd = r.devnull = -1;
-  child_init(&r, &r.coord, -1);
+  child_init(&r, &r.coord, GS_RUN_COORD_RANK);
+  child_init(&r, &r.relay, GS_RUN_NODE_AGENT_RANK);
   r.self = getpid();
   if (gs__run_open_std_fds() != 0)
     return 1;
@@ -150,6 +155,7 @@ int main(int argc, char **argv)
   else if (rc == 0)
     gs__run_say("%s ranks finished%s", ranks, restarts);
 out_close:
+  gs__run_node_agent_cleanup(&r);
   if (r.sigfd >= 0)
     close(r.sigfd);
   if (r.devnull >= 0)

@@ -80,12 +80,22 @@ static const gs_flag_t flag_rows[] = {
           "fails for good no longer stops the others, which go on while at least M remain, and "
           "a rank `--max-restarts` starts again rejoins at a step boundary ([elastic "
           "training](docs/guide/elastic.md)); 0: a fixed world"},
+  {.name = "--node-agent", .kind = GS_FLAG_BOOL, CFG(node_agent),
+   .help = "the ranks reach the coordinator through one node agent (gradsync-relay) for this "
+           "node: one connection, batched Joins and heartbeats",
+   .doc = "start a node agent (`gradsync-relay`) for this node's ranks: they reach the "
+          "coordinator through it on a Unix socket, and it speaks for them all on one "
+          "connection, their Joins and heartbeats batched into one frame each (for many nodes: "
+          "[node agents](docs/guide/deployment.md#node-agents))"},
   {.name = "--coordinator-bin", .kind = GS_FLAG_STR, CFG(coord_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "coordinator program",
    .doc = "the coordinator program to start"},
   {.name = "--agent-bin", .kind = GS_FLAG_STR, CFG(agent_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "agent program",
    .doc = "the agent program to start"},
+  {.name = "--relay-bin", .kind = GS_FLAG_STR, CFG(relay_flag), .metavar = "PATH",
+   .def = "next to `gradsync-run`", .help = "node agent program (--node-agent)",
+   .doc = "the node agent program `--node-agent` starts"},
   {.name = "--print-config", .kind = GS_FLAG_BOOL, CFG(print_config),
    .help = "print each setting, its value and where it came from, then exit",
    .doc = "print each setting, its value and its source (flag, variable or default; never the "
@@ -245,11 +255,14 @@ static int check_tls(const gs_run_config_t *cfg)
   static const char *const vars[] = {"GRADSYNC_TLS_CA",         "GRADSYNC_TLS_CERT",
                                      "GRADSYNC_TLS_KEY",        "GRADSYNC_TLS_SERVER_CERT",
                                      "GRADSYNC_TLS_SERVER_KEY", "GRADSYNC_TLS_CLIENT_CA"};
-  static const char why[] = "the coordinator gradsync-run starts listens on loopback without "
-                            "TLS; TLS is for agents joining a coordinator started with "
-                            "--tls-cert (--coordinator HOST:PORT)";
+  static const char standalone[] = "the coordinator gradsync-run starts listens on loopback "
+                                   "without TLS; TLS is for agents joining a coordinator started "
+                                   "with --tls-cert (--coordinator HOST:PORT)";
+  static const char node_agent[] = "--node-agent does not speak TLS to the coordinator yet: run "
+                                   "this node's ranks without it";
+  const char *why = cfg->node_agent ? node_agent : standalone;
 
-  if (cfg->join)
+  if (cfg->join && !cfg->node_agent)
     return 0;
   for (int i = 0; !cfg->command && i < cfg->npass; i++) {
     if (!strncmp(cfg->pass[i], "--tls-", 6)) {
@@ -441,6 +454,9 @@ int gs__run_resolve_bins(gs_run_config_t *cfg)
     return 1;
   if (!cfg->command && resolve_bin(cfg->agent_flag, "--agent-bin", "gradsync-agent", cfg->agent_bin,
                                    sizeof(cfg->agent_bin)))
+    return 1;
+  if (cfg->node_agent && resolve_bin(cfg->relay_flag, "--relay-bin", "gradsync-relay",
+                                     cfg->relay_bin, sizeof(cfg->relay_bin)))
     return 1;
   return 0;
 }

@@ -101,7 +101,12 @@ static void rank_env(const gs_run_t *r, const gs_run_child_t *c)
   setenv("GRADSYNC_WORLD_SIZE", world_text(cfg, text, sizeof(text)), 1);
   setenv_long("GRADSYNC_NNODES", cfg->nnodes);
   setenv_long("GRADSYNC_NODE_RANK", cfg->node_rank);
-  setenv("GRADSYNC_COORDINATOR", cfg->rpc, 1);
+  setenv("GRADSYNC_COORDINATOR", r->rank_rpc[0] ? r->rank_rpc : cfg->rpc, 1);
+  /* Behind a node agent a rank cannot route to the coordinator itself:
+   * it listens where this host reaches the coordinator from. */
+  if (r->rank_bind[0] && !getenv("GRADSYNC_COMM_IFACE") && !getenv("GRADSYNC_COMM_BIND") &&
+      !getenv("GRADSYNC_COMM_ADVERTISE"))
+    setenv("GRADSYNC_COMM_BIND", r->rank_bind, 1);
   setenv("GRADSYNC_JOB", cfg->job, 1);
   if (cfg->node)
     setenv("GRADSYNC_NODE", cfg->node, 1);
@@ -220,7 +225,7 @@ static char **rank_argv(gs_run_t *r, const gs_run_child_t *c, struct rank_number
   if (!r->cfg.command) {
     argv[k++] = r->cfg.agent_bin;
     argv[k++] = "--coordinator";
-    argv[k++] = r->cfg.rpc;
+    argv[k++] = r->rank_rpc[0] ? r->rank_rpc : r->cfg.rpc;
     argv[k++] = "--job";
     argv[k++] = (char *)r->cfg.job;
     argv[k++] = "--world-size";

@@ -21,8 +21,8 @@ void gs__run_fail(gs_run_t *r, int code)
 }
 
 /* Moves through the stop phases as children go: agents first (none
- * running and none waiting to be restarted), then the coordinator
- * (SIGTERM, SIGKILL after the grace period), then done. */
+ * running and none waiting to be restarted), then the coordinator and the
+ * node agent (SIGTERM, SIGKILL after the grace period), then done. */
 void gs__run_advance(gs_run_t *r)
 {
   if (r->phase == GS_RUN_RUNNING && r->agents_running == 0 && r->agents_pending == 0)
@@ -30,12 +30,13 @@ void gs__run_advance(gs_run_t *r)
   if (r->phase == GS_RUN_STOP_AGENTS && r->agents_running == 0) {
     r->phase = GS_RUN_STOP_COORD;
     r->agents_deadline = 0;
-    if (r->coord.running) {
+    if (r->coord.running || r->relay.running) {
       gs__run_signal_child(&r->coord, SIGTERM);
+      gs__run_signal_child(&r->relay, SIGTERM);
       r->coord_deadline = gs_now_ms() + r->cfg.grace_ms;
     }
   }
-  if (r->phase == GS_RUN_STOP_COORD && !r->coord.running) {
+  if (r->phase == GS_RUN_STOP_COORD && !r->coord.running && !r->relay.running) {
     r->phase = GS_RUN_DONE;
     r->coord_deadline = 0;
   }
@@ -71,6 +72,7 @@ void gs__run_kill_everything(gs_run_t *r)
 {
   signal_agents(r, SIGKILL);
   gs__run_signal_child(&r->coord, SIGKILL);
+  gs__run_signal_child(&r->relay, SIGKILL);
   r->agents_deadline = r->coord_deadline = 0;
 }
 
@@ -108,9 +110,13 @@ void gs__run_check_deadlines(gs_run_t *r)
 {
   uint64_t now = gs_now_ms();
 
-  if (r->phase == GS_RUN_STARTING && now >= r->ready_deadline) {
-    gs__run_say("coordinator %s did not print its address within %d s; stopping it",
-                r->cfg.coord_bin, GS_RUN_READY_MS / 1000);
+  if (r->phase == GS_RUN_STARTING && r->ready_deadline && now >= r->ready_deadline) {
+    if (r->relay.running)
+      gs__run_say("node agent %s did not say it listens within %d s; stopping it", r->cfg.relay_bin,
+                  GS_RUN_READY_MS / 1000);
+    else
+      gs__run_say("coordinator %s did not print its address within %d s; stopping it",
+                  r->cfg.coord_bin, GS_RUN_READY_MS / 1000);
     gs__run_fail(r, 1);
     r->ready_deadline = 0;
     gs__run_begin_stop(r);
@@ -125,8 +131,8 @@ void gs__run_check_deadlines(gs_run_t *r)
     }
     r->agents_deadline = 0;
   }
-  for (long i = -1; i < r->cfg.nproc; i++) {
-    gs_run_child_t *c = i < 0 ? &r->coord : &r->agents[i];
+  for (long i = -2; i < r->cfg.nproc; i++) {
+    gs_run_child_t *c = i == -2 ? &r->relay : i == -1 ? &r->coord : &r->agents[i];
 
     if (is_draining(c) && now >= c->drain_deadline) {
       gs__run_stream_close(&c->out);
@@ -137,7 +143,11 @@ void gs__run_check_deadlines(gs_run_t *r)
     if (r->coord.running)
       gs__run_say("coordinator did not stop within %s of SIGTERM; sending SIGKILL",
                   r->cfg.grace_text);
+    if (r->relay.running)
+      gs__run_say("node agent did not stop within %s of SIGTERM; sending SIGKILL",
+                  r->cfg.grace_text);
     gs__run_signal_child(&r->coord, SIGKILL);
+    gs__run_signal_child(&r->relay, SIGKILL);
     r->coord_deadline = 0;
   }
 }
@@ -153,8 +163,8 @@ int gs__run_next_timeout(const gs_run_t *r)
     next = r->agents_deadline;
   if (r->coord_deadline && r->coord_deadline < next)
     next = r->coord_deadline;
-  for (long i = -1; i < r->cfg.nproc; i++) {
-    const gs_run_child_t *c = i < 0 ? &r->coord : &r->agents[i];
+  for (long i = -2; i < r->cfg.nproc; i++) {
+    const gs_run_child_t *c = i == -2 ? &r->relay : i == -1 ? &r->coord : &r->agents[i];
 
     if (is_draining(c) && c->drain_deadline < next)
       next = c->drain_deadline;

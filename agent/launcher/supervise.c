@@ -55,7 +55,12 @@ static bool coordinator_ready(gs_run_t *r, const char *data, size_t len)
   gs__run_say("coordinator rpc=%s, status at http://%s%s/status", rpc, shown, colon);
   r->ready_deadline = 0;
   snprintf(r->cfg.rpc, sizeof(r->cfg.rpc), "%s", rpc);
-  gs__run_start_agents(r);
+  if (!r->cfg.node_agent)
+    gs__run_start_agents(r);
+  else if (gs__run_start_node_agent(r)) {
+    gs__run_fail(r, 1);
+    gs__run_begin_stop(r);
+  }
   return true;
 }
 
@@ -71,6 +76,11 @@ void gs__run_on_line(gs_run_stream_t *s, const char *data, size_t len)
   if (c == &r->coord && s == &c->out && r->phase == GS_RUN_STARTING &&
       coordinator_ready(r, data, len))
     return;
+  if (c == &r->relay && s == &c->out && r->phase == GS_RUN_STARTING &&
+      gs__run_node_agent_ready(r, data, len)) {
+    gs__run_start_agents(r);
+    return;
+  }
   gs__run_write_all(s->out_fd, line, gs_run_prefix_line(line, sizeof(line), c->prefix, data, len));
 }
 
@@ -104,6 +114,29 @@ static void on_coordinator_exit(gs_run_t *r, int status)
     gs__run_fail(r, 1);
   } else if (!ok) {
     gs__run_say("coordinator %s", how);
+  }
+  gs__run_begin_stop(r);
+}
+
+/* The node agent was reaped: this node's ranks lost their way to the
+ * coordinator (which has lost them: in an elastic job the other nodes go
+ * on without them), so they stop, unless we were stopping it. */
+static void on_node_agent_exit(gs_run_t *r, int status)
+{
+  char how[80];
+
+  gs__run_describe_status(status, how, sizeof(how));
+  if (r->phase == GS_RUN_STARTING) {
+    gs__run_say("node agent %s before it was ready (its output is above)", how);
+    gs__run_fail(r, 1);
+  } else if (r->phase == GS_RUN_RUNNING || r->phase == GS_RUN_STOP_AGENTS) {
+    gs__run_say("node agent %s while ranks were running: the coordinator lost this node's ranks",
+                how);
+    if (r->phase == GS_RUN_RUNNING && r->agents_running > 0)
+      gs__run_say("stopping the ranks");
+    gs__run_fail(r, 1);
+  } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    gs__run_say("node agent %s", how);
   }
   gs__run_begin_stop(r);
 }
@@ -150,6 +183,8 @@ static gs_run_child_t *find_child(gs_run_t *r, pid_t pid)
 {
   if (r->coord.running && r->coord.pid == pid)
     return &r->coord;
+  if (r->relay.running && r->relay.pid == pid)
+    return &r->relay;
   for (long i = 0; i < r->cfg.nproc; i++)
     if (r->agents[i].running && r->agents[i].pid == pid)
       return &r->agents[i];
@@ -184,6 +219,8 @@ void gs__run_reap(gs_run_t *r)
     drain_child(c);
     if (c == &r->coord)
       on_coordinator_exit(r, status);
+    else if (c == &r->relay)
+      on_node_agent_exit(r, status);
     else
       on_agent_exit(r, c, status);
   }
@@ -193,7 +230,7 @@ void gs__run_reap(gs_run_t *r)
 void gs__run_kill_and_reap_all(gs_run_t *r)
 {
   gs__run_kill_everything(r);
-  while (r->coord.running || r->agents_running > 0) {
+  while (r->coord.running || r->relay.running || r->agents_running > 0) {
     int status;
     pid_t pid = waitpid(-1, &status, 0);
     gs_run_child_t *c;
@@ -206,7 +243,7 @@ void gs__run_kill_and_reap_all(gs_run_t *r)
     if (!c)
       continue;
     c->running = false;
-    if (c != &r->coord)
+    if (c != &r->coord && c != &r->relay)
       r->agents_running--;
     gs__run_stream_close(&c->out);
     gs__run_stream_close(&c->err);

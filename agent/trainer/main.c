@@ -140,8 +140,8 @@ static const gs_flag_t flag_rows[] = {
   GS_FLAG_HEADING("Job:"),
   {.name = "--coordinator", .kind = GS_FLAG_ADDR, E(coord.host),
    GS_FLAG_PORT_AT(flags_t, t.engine.coord.port), .min = 1, GS_FLAG_GIVEN(flags_t, have_coord),
-   .envs = gs_launch_coordinator_envs, .metavar = "HOST:PORT", .def = "required",
-   .help = "the coordinator's RPC address",
+   .unix_ok = true, .envs = gs_launch_coordinator_envs, .metavar = "HOST:PORT", .def = "required",
+   .help = "the coordinator's RPC address (unix:PATH: a node agent's socket, gradsync-relay)",
    .doc = "the coordinator's RPC address; `$MASTER_ADDR` with port `$GRADSYNC_COORDINATOR_PORT` "
           "or 7070 (`$MASTER_PORT` is torch's store port, not ours)"},
   {.name = "--job", .kind = GS_FLAG_STR, E(coord.job), .min = 1, .max = 127,

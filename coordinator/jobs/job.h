@@ -44,10 +44,11 @@ typedef struct gs_jobs_config {
   uint64_t job_retention_ms;      /* a job that ran and rests is forgotten this long after */
   uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
   uint32_t max_world_size;
-  /* The largest world one job may gather (0: max_world_size): a rank
-   * holds two connections once it trains (its Join's and its
-   * heartbeats'), so a larger job could not run, and one job token's
-   * parked Joins leave the rest of --max-connections to other jobs. */
+  /* The largest world one job may gather through ranks' own connections
+   * (0: max_world_size): a rank holds two connections once it trains
+   * (its Join's and its heartbeats'), so a larger job could not run, and
+   * one job token's parked Joins leave the rest of --max-connections to
+   * other jobs. Ranks behind node agents hold none of their own. */
   uint32_t max_job_world;
   uint32_t max_jobs;       /* jobs held at once (--max-jobs) */
   uint64_t coordinator_id; /* sent in heartbeat replies: lets agents notice a restart */
@@ -74,8 +75,10 @@ typedef struct gs_jobs {
   uint64_t jobs_created;      /* ever: the latest job's serial */
   gs_ratelimit_t job_cap_log; /* Joins refused at --max-jobs are logged, not each one */
   gs_jobs_stats_t stats;
-  /* Bumped by every change /status could show (its cache key). */
-  uint64_t version;
+  /* Bumped by every change /status could show (its cache key); a
+   * heartbeat's progress bumps `progress` instead (http_routes.c lets a
+   * large page lag it a little). */
+  uint64_t version, progress;
   /* The latest time an entry point was given (a closing connection brings
    * none of its own). */
   uint64_t now_ms;

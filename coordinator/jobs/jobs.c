@@ -201,7 +201,7 @@ void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
 {
   gs_job_t *job = job_of_call(jobs, call, req->job);
 
-  jobs->version++;
+  jobs->progress++;
   jobs->now_ms = call->now_ms;
   if (job) {
     gs__heartbeat(job, call, req);
@@ -248,7 +248,8 @@ void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
   if (m->state == GS_MEMBER_WAITING)
     gs__rendezvous_drop(m->job, m);
   else if (gs__member_active(m) || gs__member_pending(m))
-    gs__member_lost(m, "connection closed");
+    gs__member_lost(m,
+                    peer->node_slot ? "its node agent's connection closed" : "connection closed");
   tell_news(job); /* m may be gone */
 }
 

@@ -376,7 +376,9 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
                       "world_min %u is above world_size %u", req->world_min, req->world_size);
     return false;
   }
-  if (jobs->cfg.max_job_world && req->world_size > jobs->cfg.max_job_world) {
+  /* A rank behind a node agent holds no connection of its own. */
+  if (jobs->cfg.max_job_world && req->world_size > jobs->cfg.max_job_world &&
+      !call->peer->node_slot) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_ELIMIT,
                       "world_size %u is more than one job may gather on this coordinator: %u, "
                       "half of --max-connections (each rank holds two connections)",

@@ -22,6 +22,7 @@ typedef struct gs_peer {
   uint64_t id;         /* what replies are addressed to; never 0 */
   const char *name;    /* "127.0.0.1:40000", for logs */
   gs_member_t *member; /* the rank whose liveness this connection carries */
+  bool node_slot;      /* a slot of a node agent's connection: it ends with the node agent */
 } gs_peer_t;
 
 /* One request as the jobs layer sees it. */

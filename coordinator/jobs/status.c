@@ -318,9 +318,32 @@ static void elastic_json(cJSON *o, const gs_job_t *job, uint64_t now, bool with_
   }
 }
 
-cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
+/* The page of ranks (gs_rank_page_t), and where the next one starts. */
+static void ranks_json(cJSON *o, const gs_job_t *job, const gs_rank_page_t *page, uint64_t now)
 {
-  cJSON *o = cJSON_CreateObject(), *ranks, *waiting;
+  cJSON *ranks = cJSON_AddArrayToObject(o, "ranks"), *p = cJSON_AddObjectToObject(o, "ranks_page");
+  uint32_t end = page->from < job->world_size ? page->from : job->world_size;
+  char next[192];
+
+  end = job->world_size - end > page->limit ? end + page->limit : job->world_size;
+  for (uint32_t r = page->from; ranks && r < end; r++)
+    cJSON_AddItemToArray(ranks, rank_json(job->ranks[r], r, now));
+  if (!p)
+    return;
+  cJSON_AddNumberToObject(p, "from", page->from);
+  cJSON_AddNumberToObject(p, "limit", page->limit);
+  cJSON_AddNumberToObject(p, "listed", end > page->from ? end - page->from : 0);
+  snprintf(next, sizeof(next), "/jobs/%s?ranks_from=%u&ranks_limit=%u", job->name, end,
+           page->limit);
+  cJSON_AddItemToObject(p, "next",
+                        end < job->world_size ? cJSON_CreateString(next) : cJSON_CreateNull());
+}
+
+cJSON *gs__job_json(const gs_job_t *job, uint64_t now, const gs_rank_page_t *ranks)
+{
+  uint32_t max_listed = ranks ? GS_RANKS_PAGE_MAX : SUMMARY_STRAGGLERS;
+  bool with_ranks = ranks != NULL;
+  cJSON *o = cJSON_CreateObject(), *waiting;
   char reason[300];
   uint32_t stragglers;
   rank_stats_t st;
@@ -346,18 +369,13 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks)
   cJSON_AddNumberToObject(o, "checkpoint_seq", (double)job->checkpoint_seq);
   cJSON_AddBoolToObject(o, "stop", job->stop);
   cJSON_AddNumberToObject(o, "samples_per_sec", st.samples);
-  cJSON_AddItemToObject(
-      o, "stragglers",
-      stragglers_json(job, &st, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS, &stragglers));
+  cJSON_AddItemToObject(o, "stragglers", stragglers_json(job, &st, max_listed, &stragglers));
   cJSON_AddNumberToObject(o, "straggler_count", stragglers);
-  stall_json(o, job, &st, now, with_ranks ? UINT32_MAX : SUMMARY_STRAGGLERS);
+  stall_json(o, job, &st, now, max_listed);
   cJSON_AddItemToObject(o, "waiting_on", waiting_json(job, &st, now));
   cJSON_AddItemToObject(o, "rank_summary", rank_summary_json(job, &st, now));
-  if (!with_ranks)
-    return o;
-  ranks = cJSON_AddArrayToObject(o, "ranks");
-  for (uint32_t r = 0; r < job->world_size; r++)
-    cJSON_AddItemToArray(ranks, rank_json(job->ranks[r], r, now));
+  if (ranks)
+    ranks_json(o, job, ranks, now);
   return o;
 }
 
@@ -396,6 +414,7 @@ cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint
 {
   cJSON *o = cJSON_CreateObject(), *svc_o, *arr;
   const gs_job_t *j = first_on_page(jobs, page->after), *last = NULL;
+  gs_rank_page_t first_ranks;
   char id[17];
 
   if (!o)
@@ -408,8 +427,9 @@ cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint
   cJSON_AddNumberToObject(svc_o, "connections", svc->connections);
   cJSON_AddNumberToObject(svc_o, "jobs", jobs->job_count);
   arr = cJSON_AddArrayToObject(o, "jobs");
+  first_ranks = (gs_rank_page_t){.from = 0, .limit = GS_RANKS_PAGE_DEFAULT};
   for (uint32_t shown = 0; j && shown < page->limit; j = j->next, shown++) {
-    cJSON_AddItemToArray(arr, gs__job_json(j, now, with_ranks));
+    cJSON_AddItemToArray(arr, gs__job_json(j, now, with_ranks ? &first_ranks : NULL));
     last = j;
   }
   page_json(o, jobs, page, with_ranks, j ? last : NULL);

@@ -35,12 +35,26 @@ typedef struct gs_status_page {
 #define GS_STATUS_PAGE_DEFAULT 100
 #define GS_STATUS_PAGE_MAX 1000
 
+/* Which of a job's ranks its JSON lists: `limit` from rank `from` on. A
+ * job of 100,000 ranks lists 32 MB, which the loop would take a second to
+ * build: a page of them at a time. */
+typedef struct gs_rank_page {
+  uint32_t from;
+  uint32_t limit;
+} gs_rank_page_t;
+#define GS_RANKS_PAGE_DEFAULT 1000
+#define GS_RANKS_PAGE_MAX 10000
+
 /* One job as JSON (caller frees with cJSON_Delete); NULL when out of memory.
- * The summary (counts, step range, stragglers, ...) is always there; the
- * per-rank list only `with_ranks`: it grows with the world size. */
-cJSON *gs__job_json(const gs_job_t *job, uint64_t now, bool with_ranks);
+ * The summary (counts, step range, stragglers, ...) is always there, its
+ * lists of ranks cut at SUMMARY_STRAGGLERS; with `ranks`, those lists hold
+ * up to GS_RANKS_PAGE_MAX and `ranks` lists the page's ranks, with
+ * `ranks_page` ({from, limit, listed, next: the path of the next page or
+ * null}). */
+cJSON *gs__job_json(const gs_job_t *job, uint64_t now, const gs_rank_page_t *ranks);
 /* The service and one page of its jobs as JSON (caller frees with
- * cJSON_Delete), with the total and the path of the next page. */
+ * cJSON_Delete), with the total and the path of the next page; with
+ * `with_ranks`, each job with the first page of its ranks. */
 cJSON *gs__status_json(const gs_jobs_t *jobs, const gs_service_info_t *svc, uint64_t now,
                        bool with_ranks, const gs_status_page_t *page);
 /* Appends the Prometheus text exposition of every metric to `out`. */

@@ -1,5 +1,6 @@
 /* Every request message: the first input byte picks the method, the rest
- * is its body, decoded as the coordinator's RPC layer decodes it. A body
+ * is its body, decoded as the coordinator's RPC layer decodes it (a
+ * Batch's, entry by entry). A body
  * that decodes is encoded again (gs_wire_encode), and that encoding must
  * decode and re-encode to the same bytes; a PublishPackList also goes
  * through the pack list check the coordinator runs before storing it. */
@@ -24,6 +25,26 @@ static void re_encode(fuzz_request_t *rq)
   gs_buf_free(&twice);
 }
 
+/* A Batch's body, as the coordinator's RPC layer walks it: each entry
+ * within the body, after the last, and each an Envelope or not. */
+static void walk_batch(const uint8_t *data, size_t len)
+{
+  const uint8_t *entry;
+  size_t off = 0, elen, last = 0;
+  gs_buf_t body = {0};
+  gradsync_Envelope env;
+  bool bad;
+
+  while (gs_wire_batch_next(data, len, &off, &entry, &elen, &bad)) {
+    GS_FUZZ_CHECK(entry >= data + last && entry + elen == data + off && off <= len);
+    last = off;
+    if (gs_wire_decode_envelope(entry, elen, &env, &body, NULL, 0) == 0)
+      GS_FUZZ_CHECK(strlen(env.method) < sizeof(env.method));
+  }
+  GS_FUZZ_CHECK(bad || off >= len);
+  gs_buf_free(&body);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
   fuzz_request_t rq;
@@ -32,6 +53,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   if (size < 1)
     return 0;
   m = (gs_method_t)(data[0] % GS_METHOD_COUNT);
+  if (m == GS_METHOD_BATCH) {
+    walk_batch(data + 1, size - 1);
+    return 0;
+  }
   if (fuzz_request_decode(&rq, m, data + 1, size - 1) == 0) {
     if (m == GS_METHOD_PUBLISH_PACK_LIST) {
       gs_pack_summary_t sum;

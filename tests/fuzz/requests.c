@@ -19,7 +19,7 @@ const pb_msgdesc_t *fuzz_request_fields(gs_method_t m)
       [GS_METHOD_LEAVE] = gradsync_LeaveRequest_fields,
   };
 
-  return fields[m];
+  return m < GS_METHOD_COUNT ? fields[m] : NULL; /* Batch: no message of one rank */
 }
 
 int fuzz_request_decode(fuzz_request_t *rq, gs_method_t m, const uint8_t *data, size_t len)
@@ -41,6 +41,8 @@ int fuzz_request_decode(fuzz_request_t *rq, gs_method_t m, const uint8_t *data, 
     gs_pb_array_bind_decode(&rq->u.publish_pack_list.pack_list.pack_sizes, &rq->sizes);
     gs_pb_array_bind_decode(&rq->u.publish_pack_list.pack_list.pack_params, &rq->order);
   }
+  if (!fuzz_request_fields(m))
+    return GS_EINVAL;
   return gs_wire_decode(data, len, fuzz_request_fields(m), &rq->u, why, sizeof(why));
 }
 

@@ -28,7 +28,8 @@ typedef struct fuzz_request {
   gs_pb_array_t settings, params, sizes, order;
 } fuzz_request_t;
 
-/* The message type of method `m`. */
+/* The message type of method `m` (NULL for Batch, which carries whole
+ * Envelopes: fuzz_messages.c walks them). */
 const pb_msgdesc_t *fuzz_request_fields(gs_method_t m);
 /* Decodes `len` bytes as the request of method `m` into `rq` (its arrays
  * bound); free with fuzz_request_free whatever it returns. */

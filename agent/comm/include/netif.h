@@ -20,9 +20,4 @@ bool gs_netif_of_address(const char *host, char *name, size_t len);
  * GS_ENOTFOUND with a reason naming the interfaces this host has. */
 int gs_netif_address(const char *iface, char *addr, size_t len, char *why, size_t why_len);
 
-/* The address of this host on its route to `host` (a host name or
- * address): what a peer that reaches `host` most likely reaches us at.
- * Nothing is sent. 0, or a negative code when there is no route. */
-int gs_netif_route_to(const char *host, char *addr, size_t len);
-
 #endif

@@ -1,0 +1,87 @@
+/* The node agent (--node-agent): gradsync-relay, started for this node's
+ * ranks once the coordinator's address is known, on a Unix socket in a
+ * private folder; the ranks get "unix:SOCKET" as their coordinator, and
+ * (unless the environment names one) the address this host reaches the
+ * coordinator from as the one their peers dial. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "launcher.h"
+#include "parse.h"
+#include "route.h"
+
+#define SOCKET_NAME "node.sock"
+
+/* The coordinator's host, as cfg.rpc spells it ("host:port", "[v6]:port"). */
+static void coordinator_host(const gs_run_t *r, char *host, size_t len)
+{
+  uint16_t port;
+
+  if (gs_parse_addr(r->cfg.rpc, host, len, &port))
+    snprintf(host, len, "127.0.0.1");
+}
+
+int gs__run_start_node_agent(gs_run_t *r)
+{
+  char ranks[16], path[PATH_MAX + 16], host[256];
+  char *argv[] = {r->cfg.relay_bin, "--coordinator", r->cfg.rpc, "--socket", path,
+                  "--ranks",        ranks,           NULL};
+  const char *tmp = getenv("TMPDIR");
+
+  snprintf(r->relay_dir, sizeof(r->relay_dir), "%s/gradsync-node-XXXXXX",
+           tmp && tmp[0] ? tmp : "/tmp");
+  if (!mkdtemp(r->relay_dir)) {
+    gs__run_say("cannot make a folder for the node agent's socket (%s): %s", r->relay_dir,
+                strerror(errno));
+    r->relay_dir[0] = '\0';
+    return 1;
+  }
+  snprintf(path, sizeof(path), "%s/" SOCKET_NAME, r->relay_dir);
+  if (strlen(path) >= 108) {
+    gs__run_say("the node agent's socket path %s is too long for a Unix socket; set TMPDIR to a "
+                "shorter folder",
+                path);
+    return 1;
+  }
+  snprintf(ranks, sizeof(ranks), "%ld", r->cfg.nproc);
+  coordinator_host(r, host, sizeof(host));
+  if (gs_route_source(host, r->rank_bind, sizeof(r->rank_bind)))
+    r->rank_bind[0] = '\0';
+  r->ready_deadline = 0; /* the node agent's own, from now */
+  if (gs__run_spawn(r, &r->relay, argv))
+    return 1;
+  r->ready_deadline = gs_now_ms() + GS_RUN_READY_MS;
+  return 0;
+}
+
+bool gs__run_node_agent_ready(gs_run_t *r, const char *line, size_t len)
+{
+  static const char ready[] = "gradsync-relay listening socket=";
+  const char *p = line + sizeof(ready) - 1, *end;
+
+  if (len < sizeof(ready) || strncmp(line, ready, sizeof(ready) - 1))
+    return false;
+  end = memchr(p, ' ', len - (size_t)(p - line));
+  if (!end)
+    return false;
+  snprintf(r->rank_rpc, sizeof(r->rank_rpc), GS_UNIX_PREFIX "%.*s", (int)(end - p), p);
+  r->ready_deadline = 0;
+  gs__run_say("node agent: this node's %ld rank%s the coordinator through %s", r->cfg.nproc,
+              r->cfg.nproc == 1 ? " reaches" : "s reach", r->rank_rpc);
+  return true;
+}
+
+void gs__run_node_agent_cleanup(gs_run_t *r)
+{
+  char path[PATH_MAX + 16];
+
+  if (!r->relay_dir[0])
+    return;
+  snprintf(path, sizeof(path), "%s/" SOCKET_NAME, r->relay_dir);
+  unlink(path);
+  rmdir(r->relay_dir);
+}

@@ -1,0 +1,572 @@
+/* The node agent's loop (see relay.h). */
+#include "relay.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "buf.h"
+#include "frame.h"
+#include "wire.h"
+
+#define MAX_SLOT 255                      /* the coordinator's slots: 1..255 */
+#define UP_FRAME_MAX (64u << 20)          /* a Batch reply holds a node's replies */
+#define REDIAL_MS 1000                    /* between attempts to reach the coordinator */
+#define BATCH_ID_BASE (UINT64_C(1) << 62) /* the relay's own request ids upstream */
+#define PACK_LIST_PATH GS_METHOD_PREFIX "FetchPackList"
+
+typedef struct local {
+  uv_pipe_t pipe;
+  gs_relay_t *r;
+  uint32_t slot;
+  gs_buf_t rbuf;
+} local_t;
+
+/* Calls held to go up together: encoded Batch entries. */
+typedef struct pending {
+  gs_buf_t entries;
+  uint32_t count;
+  char token[256]; /* the callers' (every rank of a job has the same) */
+} pending_t;
+
+/* The pack list of one generation, fetched once for the node. */
+typedef struct pack_list {
+  char job[128];
+  uint64_t generation;
+  bool asked, have; /* a fetch is on its way up / its reply is kept in `reply` */
+  uint32_t asker_slot;
+  uint64_t asker_id;
+  gs_buf_t reply; /* the reply Envelope's encoded frame (slot 0) */
+  struct waiter {
+    uint32_t slot;
+    uint64_t request_id;
+  } waiters[MAX_SLOT];
+  uint32_t nwaiters;
+} pack_list_t;
+
+struct gs_relay {
+  gs_relay_config_t cfg;
+  uv_loop_t *loop;
+  uv_pipe_t server;
+  uv_tcp_t up;
+  uv_connect_t up_req;
+  uv_getaddrinfo_t resolve;
+  bool up_open, up_ready, stopping;
+  gs_buf_t up_rbuf;
+  uv_timer_t flush, redial;
+  local_t *slots[MAX_SLOT + 1];
+  pending_t joins, beats;
+  pack_list_t pl;
+  uint64_t batch_seq;
+  gs_buf_t body, out, tmp; /* scratch: a decoded body, a frame being built */
+  uint32_t open_handles;
+};
+
+static void up_dial(gs_relay_t *r);
+static void local_close(local_t *l);
+
+/* --- writing --- */
+
+typedef struct write_req {
+  uv_write_t req;
+  uint8_t data[];
+} write_req_t;
+
+static void on_written(uv_write_t *req, int status)
+{
+  (void)status; /* a failed write shows up as a read error on the same stream */
+  free(req);
+}
+
+/* Queues `len` bytes on a stream; false when it cannot (out of memory, or
+ * the stream is closing). */
+static bool write_bytes(uv_stream_t *s, const uint8_t *data, size_t len)
+{
+  write_req_t *w = malloc(sizeof(*w) + len);
+  uv_buf_t b;
+
+  if (!w)
+    return false;
+  memcpy(w->data, data, len);
+  b = uv_buf_init((char *)w->data, (unsigned)len);
+  if (uv_write(&w->req, s, &b, 1, on_written)) {
+    free(w);
+    return false;
+  }
+  return true;
+}
+
+/* Sends `env` with the body bytes as one frame on `s`. */
+static bool send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,
+                       const uint8_t *body, size_t len)
+{
+  r->out.len = 0;
+  return gs_wire_encode_frame_bytes(&r->out, env, body, len, UP_FRAME_MAX) == 0 &&
+         write_bytes(s, r->out.data, r->out.len);
+}
+
+/* --- batches --- */
+
+static void flush_pending(gs_relay_t *r, pending_t *p)
+{
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+
+  if (!p->count)
+    return;
+  snprintf(env.method, sizeof(env.method), "%s", gs_method_path(GS_METHOD_BATCH));
+  env.request_id = BATCH_ID_BASE + ++r->batch_seq;
+  snprintf(env.token, sizeof(env.token), "%s", p->token);
+  if (r->up_ready && !send_frame(r, (uv_stream_t *)&r->up, &env, p->entries.data, p->entries.len))
+    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: cannot send a batch of %u calls upstream",
+           p->count);
+  p->entries.len = 0;
+  p->count = 0;
+}
+
+static void flush_all(gs_relay_t *r)
+{
+  uv_timer_stop(&r->flush);
+  flush_pending(r, &r->joins);
+  flush_pending(r, &r->beats);
+}
+
+static void on_flush(uv_timer_t *t)
+{
+  flush_all(t->data);
+}
+
+/* Holds a call to go up in the next batch of its kind. */
+static void hold(gs_relay_t *r, pending_t *p, const gradsync_Envelope *env, const gs_buf_t *body)
+{
+  if (gs_wire_encode_batch_entry(&p->entries, env, body->data, body->len, UP_FRAME_MAX)) {
+    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: cannot hold a call of slot %u", env->slot);
+    return;
+  }
+  snprintf(p->token, sizeof(p->token), "%s", env->token);
+  if (++p->count >= r->cfg.ranks) {
+    flush_pending(r, p);
+    return;
+  }
+  if (!uv_is_active((uv_handle_t *)&r->flush))
+    uv_timer_start(&r->flush, on_flush, r->cfg.window_ms, 0);
+}
+
+/* --- the pack list, once per generation --- */
+
+/* Answers a waiter from the kept reply: its request id in place of the asker's. */
+static void answer_pack_list(gs_relay_t *r, uint32_t slot, uint64_t request_id)
+{
+  gradsync_Envelope env;
+  local_t *l = slot <= MAX_SLOT ? r->slots[slot] : NULL;
+  char why[128];
+
+  if (!l ||
+      gs_wire_decode_envelope(r->pl.reply.data, r->pl.reply.len, &env, &r->tmp, why, sizeof(why)))
+    return;
+  env.request_id = request_id;
+  env.slot = 0;
+  send_frame(r, (uv_stream_t *)&l->pipe, &env, r->tmp.data, r->tmp.len);
+}
+
+/* A local FetchPackList: answered from the kept list, or sent up once and
+ * answered to everyone who asked when the reply comes. False when it is
+ * for another generation than the one kept (it goes up on its own). */
+static bool fetch_pack_list(gs_relay_t *r, local_t *l, const gradsync_Envelope *env,
+                            const gs_buf_t *body)
+{
+  gradsync_FetchPackListRequest req = gradsync_FetchPackListRequest_init_zero;
+  pack_list_t *pl = &r->pl;
+
+  if (gs_wire_decode(body->data, body->len, gradsync_FetchPackListRequest_fields, &req, NULL, 0))
+    return false;
+  if (strcmp(req.job, pl->job) || req.generation != pl->generation) {
+    if (pl->asked && !pl->have)
+      return false; /* one generation at a time */
+    snprintf(pl->job, sizeof(pl->job), "%s", req.job);
+    pl->generation = req.generation;
+    pl->asked = pl->have = false;
+    pl->nwaiters = 0;
+  }
+  if (pl->have) {
+    answer_pack_list(r, l->slot, env->request_id);
+    return true;
+  }
+  if (pl->asked) {
+    if (pl->nwaiters == MAX_SLOT)
+      return false;
+    pl->waiters[pl->nwaiters++] = (struct waiter){l->slot, env->request_id};
+    return true;
+  }
+  pl->asked = true;
+  pl->asker_slot = l->slot;
+  pl->asker_id = env->request_id;
+  return false; /* the asker's own call goes up */
+}
+
+/* The reply to the node's pack-list fetch: kept (when OK) and handed to
+ * every rank that waits for it. */
+static void pack_list_reply(gs_relay_t *r, const uint8_t *payload, size_t len, int status)
+{
+  pack_list_t *pl = &r->pl;
+
+  pl->reply.len = 0;
+  if (gs_buf_reserve(&pl->reply, len))
+    return;
+  memcpy(pl->reply.data, payload, len);
+  pl->reply.len = len;
+  pl->have = status == 0;
+  pl->asked = false;
+  for (uint32_t i = 0; i < pl->nwaiters; i++)
+    answer_pack_list(r, pl->waiters[i].slot, pl->waiters[i].request_id);
+  pl->nwaiters = 0;
+}
+
+/* --- from the coordinator --- */
+
+/* One reply Envelope (of a frame, or of a Batch's body): to its slot's rank. */
+static void route_reply(gs_relay_t *r, const uint8_t *payload, size_t len)
+{
+  gradsync_Envelope env;
+  char why[128];
+  local_t *l;
+  uint32_t slot;
+
+  if (gs_wire_decode_envelope(payload, len, &env, &r->body, why, sizeof(why))) {
+    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: an undecodable reply upstream: %s", why);
+    return;
+  }
+  slot = env.slot;
+  if (!strcmp(env.method, PACK_LIST_PATH) && r->pl.asked && slot == r->pl.asker_slot &&
+      env.request_id == r->pl.asker_id) {
+    env.slot = 0;
+    r->tmp.len = 0;
+    if (gs_wire_encode_frame_bytes(&r->tmp, &env, r->body.data, r->body.len, UP_FRAME_MAX) == 0)
+      pack_list_reply(r, r->tmp.data + GS_FRAME_HEADER_BYTES, r->tmp.len - GS_FRAME_HEADER_BYTES,
+                      env.status);
+  }
+  if (slot == 0 || slot > MAX_SLOT) {
+    if (env.status)
+      gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: the coordinator refused %s: %s", env.method,
+             env.message);
+    return;
+  }
+  l = r->slots[slot];
+  if (!l)
+    return; /* that rank's connection has closed */
+  env.slot = 0;
+  send_frame(r, (uv_stream_t *)&l->pipe, &env, r->body.data, r->body.len);
+}
+
+static void up_frame(gs_relay_t *r, const uint8_t *payload, size_t len)
+{
+  gradsync_Envelope env;
+  gs_buf_t batch = {0};
+  const uint8_t *entry;
+  size_t off = 0, elen;
+  char why[128];
+  bool bad;
+
+  if (gs_wire_decode_envelope(payload, len, &env, &batch, why, sizeof(why))) {
+    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: an undecodable frame upstream: %s", why);
+  } else if (strcmp(env.method, gs_method_path(GS_METHOD_BATCH)) == 0 && env.status == 0) {
+    while (gs_wire_batch_next(batch.data, batch.len, &off, &entry, &elen, &bad))
+      route_reply(r, entry, elen);
+  } else {
+    route_reply(r, payload, len);
+  }
+  gs_buf_free(&batch);
+}
+
+/* --- connections --- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+  gs_relay_t *r = h->data;
+
+  if (--r->open_handles == 0 && r->stopping) {
+    gs_buf_free(&r->up_rbuf);
+    gs_buf_free(&r->joins.entries);
+    gs_buf_free(&r->beats.entries);
+    gs_buf_free(&r->pl.reply);
+    gs_buf_free(&r->body);
+    gs_buf_free(&r->out);
+    gs_buf_free(&r->tmp);
+    free(r);
+  }
+}
+
+static void on_local_closed(uv_handle_t *h)
+{
+  local_t *l = h->data;
+  gs_relay_t *r = l->r;
+
+  gs_buf_free(&l->rbuf);
+  free(l);
+  on_handle_closed((uv_handle_t *)&r->server);
+}
+
+static void local_close(local_t *l)
+{
+  if (uv_is_closing((uv_handle_t *)&l->pipe))
+    return;
+  if (l->r->slots[l->slot] == l)
+    l->r->slots[l->slot] = NULL;
+  uv_close((uv_handle_t *)&l->pipe, on_local_closed);
+}
+
+static void close_locals(gs_relay_t *r)
+{
+  for (uint32_t s = 1; s <= MAX_SLOT; s++)
+    if (r->slots[s])
+      local_close(r->slots[s]);
+}
+
+/* The upstream connection ended: its ranks are lost to the coordinator, so
+ * their local connections end too (they redial and re-register), and the
+ * relay redials. */
+static void up_lost(gs_relay_t *r, const char *why)
+{
+  bool ranks = false;
+
+  for (uint32_t s = 1; s <= MAX_SLOT && !ranks; s++)
+    ranks = r->slots[s] != NULL;
+  if (r->up_ready)
+    gs_log(r->cfg.log, ranks ? GS_LOG_WARN : GS_LOG_INFO, NULL, -1,
+           "relay: lost the coordinator %s:%u (%s); closing the ranks' connections and redialing",
+           r->cfg.coord_host, r->cfg.coord_port, why);
+  r->up_ready = false;
+  r->joins.count = r->beats.count = 0;
+  r->joins.entries.len = r->beats.entries.len = 0;
+  r->pl = (pack_list_t){.reply = r->pl.reply};
+  close_locals(r);
+  if (r->up_open && !uv_is_closing((uv_handle_t *)&r->up))
+    uv_close((uv_handle_t *)&r->up, on_handle_closed);
+  r->up_open = false;
+  if (!r->stopping)
+    uv_timer_start(&r->redial, (uv_timer_cb)up_dial, REDIAL_MS, 0);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  (void)h;
+  buf->base = malloc(suggested);
+  buf->len = buf->base ? suggested : 0;
+}
+
+/* Appends what was read to `rbuf` and calls `frame` for each whole frame;
+ * false when the stream is broken (a frame over `max`, out of memory). */
+static bool cut_frames(gs_buf_t *rbuf, const uv_buf_t *buf, ssize_t n, size_t max,
+                       void (*frame)(void *arg, const uint8_t *p, size_t len), void *arg)
+{
+  size_t off = 0;
+
+  if (gs_buf_append(rbuf, buf->base, (size_t)n))
+    return false;
+  for (;;) {
+    const uint8_t *payload;
+    size_t plen;
+    long used = gs_frame_parse(rbuf->data + off, rbuf->len - off, max, &payload, &plen);
+
+    if (used < 0)
+      return false;
+    if (used == 0)
+      break;
+    frame(arg, payload, plen);
+    off += (size_t)used;
+  }
+  gs_buf_consume(rbuf, off);
+  return true;
+}
+
+static void up_frame_cb(void *arg, const uint8_t *p, size_t len)
+{
+  up_frame(arg, p, len);
+}
+
+static void on_up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+  gs_relay_t *r = s->data;
+
+  if (n < 0)
+    up_lost(r, uv_strerror((int)n));
+  else if (n > 0 && !cut_frames(&r->up_rbuf, buf, n, UP_FRAME_MAX, up_frame_cb, r))
+    up_lost(r, "a bad frame");
+  free(buf->base);
+}
+
+static void on_up_connect(uv_connect_t *req, int status)
+{
+  gs_relay_t *r = req->data;
+
+  if (status < 0) {
+    if (status != UV_ECANCELED)
+      up_lost(r, uv_strerror(status));
+    return;
+  }
+  uv_tcp_nodelay(&r->up, 1);
+  r->up_rbuf.len = 0;
+  if (uv_read_start((uv_stream_t *)&r->up, on_alloc, on_up_read)) {
+    up_lost(r, "cannot read");
+    return;
+  }
+  r->up_ready = true;
+  gs_log(r->cfg.log, GS_LOG_INFO, NULL, -1, "relay: connected to the coordinator %s:%u",
+         r->cfg.coord_host, r->cfg.coord_port);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+  gs_relay_t *r = req->data;
+
+  if (r->stopping) {
+    uv_freeaddrinfo(res);
+    return;
+  }
+  if (status < 0 || !res) {
+    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: cannot resolve %s: %s", r->cfg.coord_host,
+           uv_strerror(status));
+    uv_timer_start(&r->redial, (uv_timer_cb)up_dial, REDIAL_MS, 0);
+    uv_freeaddrinfo(res);
+    return;
+  }
+  uv_tcp_init(r->loop, &r->up);
+  r->up.data = r;
+  r->up_open = true;
+  r->open_handles++;
+  r->up_req.data = r;
+  if (uv_tcp_connect(&r->up_req, &r->up, res->ai_addr, on_up_connect))
+    up_lost(r, "cannot connect");
+  uv_freeaddrinfo(res);
+}
+
+static void up_dial(gs_relay_t *r)
+{
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  char port[8];
+
+  if (r->stopping)
+    return;
+  snprintf(port, sizeof(port), "%u", r->cfg.coord_port);
+  r->resolve.data = r;
+  if (uv_getaddrinfo(r->loop, &r->resolve, on_resolved, r->cfg.coord_host, port, &hints))
+    uv_timer_start(&r->redial, (uv_timer_cb)up_dial, REDIAL_MS, 0);
+}
+
+/* One call from a rank: stamped with its slot and sent up, held for a
+ * batch, or (the pack list) answered here. */
+static void local_frame(void *arg, const uint8_t *payload, size_t len)
+{
+  local_t *l = arg;
+  gs_relay_t *r = l->r;
+  gradsync_Envelope env;
+  char why[128];
+  gs_method_t m;
+
+  if (gs_wire_decode_envelope(payload, len, &env, &r->body, why, sizeof(why))) {
+    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: slot %u sent an undecodable frame (%s)",
+           l->slot, why);
+    local_close(l);
+    return;
+  }
+  if (!r->up_ready) {
+    local_close(l); /* it redials, and finds the coordinator reachable or not */
+    return;
+  }
+  env.slot = l->slot;
+  if (!gs_method_from_path(env.method, &m) || m == GS_METHOD_BATCH) {
+    send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);
+  } else if (m == GS_METHOD_JOIN) {
+    hold(r, &r->joins, &env, &r->body);
+  } else if (m == GS_METHOD_HEARTBEAT) {
+    hold(r, &r->beats, &env, &r->body);
+  } else if (m != GS_METHOD_FETCH_PACK_LIST || !fetch_pack_list(r, l, &env, &r->body)) {
+    send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);
+  }
+}
+
+static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+  local_t *l = s->data;
+
+  if (n < 0 || (n > 0 && !cut_frames(&l->rbuf, buf, n, GS_FRAME_DEFAULT_MAX, local_frame, l)))
+    local_close(l);
+  free(buf->base);
+}
+
+static void on_local(uv_stream_t *server, int status)
+{
+  gs_relay_t *r = server->data;
+  local_t *l;
+  uint32_t slot = 1;
+
+  if (status < 0)
+    return;
+  while (slot <= MAX_SLOT && r->slots[slot])
+    slot++;
+  l = calloc(1, sizeof(*l));
+  if (!l)
+    return;
+  l->r = r;
+  uv_pipe_init(r->loop, &l->pipe, 0);
+  l->pipe.data = l;
+  r->open_handles++;
+  if (uv_accept(server, (uv_stream_t *)&l->pipe) || slot > MAX_SLOT || !r->up_ready) {
+    /* No room, or nothing to relay to yet: the rank redials. */
+    l->slot = 0;
+    uv_close((uv_handle_t *)&l->pipe, on_local_closed);
+    return;
+  }
+  l->slot = slot;
+  r->slots[slot] = l;
+  uv_read_start((uv_stream_t *)&l->pipe, on_alloc, on_local_read);
+}
+
+gs_relay_t *gs_relay_start(uv_loop_t *loop, const gs_relay_config_t *cfg, char *why, size_t why_len)
+{
+  gs_relay_t *r = calloc(1, sizeof(*r));
+  int err;
+
+  if (!r) {
+    snprintf(why, why_len, "out of memory");
+    return NULL;
+  }
+  r->cfg = *cfg;
+  r->loop = loop;
+  if (!r->cfg.ranks)
+    r->cfg.ranks = 1;
+  uv_pipe_init(loop, &r->server, 0);
+  r->server.data = r;
+  unlink(cfg->socket_path);
+  err = uv_pipe_bind(&r->server, cfg->socket_path);
+  if (!err)
+    err = uv_listen((uv_stream_t *)&r->server, 256, on_local);
+  if (err) {
+    snprintf(why, why_len, "cannot listen on %s: %s", cfg->socket_path, uv_strerror(err));
+    uv_close((uv_handle_t *)&r->server, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+    free(r);
+    return NULL;
+  }
+  uv_timer_init(loop, &r->flush);
+  uv_timer_init(loop, &r->redial);
+  r->flush.data = r->redial.data = r;
+  r->open_handles = 3; /* server, flush, redial */
+  up_dial(r);
+  return r;
+}
+
+void gs_relay_stop(gs_relay_t *r)
+{
+  r->stopping = true;
+  flush_all(r);
+  close_locals(r);
+  if (r->up_open && !uv_is_closing((uv_handle_t *)&r->up))
+    uv_close((uv_handle_t *)&r->up, on_handle_closed);
+  r->up_open = false;
+  uv_cancel((uv_req_t *)&r->resolve);
+  uv_close((uv_handle_t *)&r->flush, on_handle_closed);
+  uv_close((uv_handle_t *)&r->redial, on_handle_closed);
+  uv_close((uv_handle_t *)&r->server, on_handle_closed);
+  unlink(r->cfg.socket_path);
+}

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Node agents (gradsync-relay, proto/README.md "Batch") with real agents,
+a real coordinator and Fashion-MNIST: node "a"'s three ranks reach the
+coordinator through a node agent on a Unix socket, node "b"'s one
+directly.
+
+Cases (one per run):
+  mixed    the mixed job trains exactly (the same test accuracy, to the
+           digit) as the same job with every rank connected directly; the
+           coordinator saw Batches (one frame for the node's Joins and for
+           its heartbeats) and one pack-list fetch for node a's two
+           fetching ranks
+  killed   the node agent killed (SIGKILL) mid-training in a fixed job:
+           the job fails, its reason naming the node agent, and every rank
+           stops
+  elastic  the same in a 1:4 job: node b's rank regroups without node a's
+           three and finishes, the regroup's reason naming the node agent
+  launcher gradsync-run --node-agent: its ranks join through the node agent
+           it starts, and train exactly as without it; the socket's folder
+           is gone afterwards
+
+usage: test_node_agent.py CASE BIN_DIR COORDINATOR_BIN
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The elastic tests' job: a coordinator on free ports and agents logging to files.
+from agentlib import node_address  # noqa: E402
+from testlib import WAIT  # noqa: E402
+from test_elastic import (AGENT, BIN_DIR, CASE, FASHION, FOREVER, QUICK_LOSS,  # noqa: E402
+                          TRAIN, Job, accuracy, clean_env, expect_ok, regroup_line, run_case)
+
+
+RELAY = os.path.join(BIN_DIR, "gradsync-relay")
+NODES = {0: "a", 1: "a", 2: "a", 3: "b"}  # index: node ("a": behind the node agent)
+LOCAL = {0: 0, 1: 1, 2: 2, 3: 0}
+# Two node names on one host: their ranks advertise an address that is not
+# loopback (a job of two nodes on loopback is refused at its rendezvous).
+HOST = node_address()
+
+
+class NodeJob(Job):
+    """A job of four agents on nodes a and b; with `relay`, node a's three
+    reach the coordinator through a node agent."""
+
+    def __init__(self, world, *coord_flags, relay=True):
+        super().__init__(world, *coord_flags)
+        self.relay = self.socket = None
+        if relay:
+            self.socket = os.path.join(self.dir, "node-a.sock")
+            self.relay_log = os.path.join(self.dir, "relay.log")
+            self.relay = subprocess.Popen(
+                [RELAY, "--coordinator", self.rpc, "--socket", self.socket, "--ranks", "3"],
+                stdout=subprocess.PIPE, stderr=open(self.relay_log, "w"), text=True,
+                env=clean_env())
+            line = self.relay.stdout.readline()
+            assert line.startswith("gradsync-relay listening"), line
+
+    def start(self, local, *extra, epochs=3):
+        node = NODES[local]
+        where = f"unix:{self.socket}" if self.relay and node == "a" else self.rpc
+        log = os.path.join(self.dir, f"agent{local}.log")
+        p = subprocess.Popen(
+            [AGENT, "--coordinator", where, "--job", self.name, "--world-size", self.world,
+             "--local-rank", str(LOCAL[local]), "--node", node, "--epochs", str(epochs), *TRAIN,
+             "--data", FASHION, "--coordinator-grace", "5s", "--comm-bind", HOST, *extra],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env())
+        self.agents[local] = (p, log)
+        return p
+
+    def close(self):
+        if self.relay and self.relay.poll() is None:
+            self.relay.kill()
+            self.relay.wait()
+        super().close()
+
+
+def calls(metrics, method):
+    m = re.search(rf'^gradsync_rpc_requests_total\{{method="{method}"\}} (\d+)$', metrics, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def run_four(relay):
+    """A fixed job of four ranks, one epoch: rank 0's accuracy, and the
+    coordinator's counts of Batch and FetchPackList calls."""
+    job = NodeJob("4", relay=relay)
+    try:
+        for i in range(4):
+            job.start(i, epochs=1)
+        expect_ok(job, range(4))
+        metrics = job.get("/metrics")
+        ranks = json.loads(job.get(f"/jobs/{job.name}"))["ranks"]
+        assert [r["node"] for r in ranks] == ["a", "a", "a", "b"], ranks
+        return accuracy(job.log(0)), calls(metrics, "Batch"), calls(metrics, "FetchPackList")
+    finally:
+        job.close()
+
+
+def case_mixed():
+    direct, none, fetches = run_four(relay=False)
+    mixed, batches, relayed = run_four(relay=True)
+    assert none == 0 and fetches == 3, (none, fetches)
+    assert batches >= 2, f"{batches} Batch calls: the node's Joins and heartbeats went one by one"
+    # Node a's ranks 1 and 2 asked; its node agent fetched once for both.
+    assert relayed == 2, f"{relayed} pack-list fetches reached the coordinator, not 2"
+    assert mixed == direct, f"through the node agent {mixed}, directly {direct}"
+    print(f"mixed job (node a behind a node agent, {batches} Batches, {relayed} pack-list fetches "
+          f"for 3 fetching ranks): test accuracy {mixed:.4f}, the same as every rank direct")
+
+
+def kill_node_agent(world):
+    """Four ranks training, then the node agent killed: the job."""
+    job = NodeJob(world, *QUICK_LOSS)
+    for i in range(4):
+        job.start(i, epochs=FOREVER)
+    job.wait_line(0, r"epoch 1 validation")  # rank 0 (node a) reports
+    job.relay.send_signal(signal.SIGKILL)
+    job.relay.wait()
+    return job
+
+
+def case_killed():
+    job = kill_node_agent("4")
+    try:
+        codes = job.finish([3])
+        assert all(c != 0 for c in codes.values()), codes
+        status = json.loads(job.get(f"/jobs/{job.name}"))
+        assert status["state"] == "failed", status["state"]
+        assert "its node agent's connection closed" in status["reason"], status["reason"]
+        print(f"node agent killed: the job failed: {status['reason']}")
+    finally:
+        job.close()
+
+
+def case_elastic():
+    job = kill_node_agent("1:4")
+    try:
+        job.wait_line(3, r"continuing with 1 ranks")
+        m = regroup_line(job.log(3))
+        assert "its node agent's connection closed" in m.group(1), m.group(0)
+        job.stop()
+        expect_ok(job, [3])
+        gens = json.loads(job.get(f"/jobs/{job.name}"))["generations"]
+        assert [g["world_size"] for g in gens] == [4, 1], gens
+        print(f"node agent killed in a 1:4 job: node b's rank went on: {m.group(0)}")
+    finally:
+        job.close()
+
+
+def launch(*flags):
+    """gradsync-run --nproc 2 with `flags`, 300 steps: its output."""
+    p = subprocess.run([os.path.join(BIN_DIR, "gradsync-run"), "--nproc", "2", *flags, "--",
+                        *TRAIN, "--data", FASHION, "--steps", "300"],
+                       capture_output=True, text=True, timeout=2 * WAIT, env=clean_env())
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout + p.stderr
+
+
+def case_launcher():
+    direct = launch()
+    out = launch("--node-agent")
+    m = re.search(r"reach the coordinator through unix:(\S+)", out)
+    assert m, out[-3000:]
+    assert len(re.findall(r"joining unix:\S+ \(a node agent\)", out)) == 2, out[-3000:]
+    assert not os.path.exists(os.path.dirname(m.group(1))), m.group(1)
+    want, got = accuracy(direct), accuracy(out)
+    assert got == want, f"through the node agent {got}, directly {want}"
+    print(f"gradsync-run --node-agent: both ranks through {m.group(1)}, test accuracy {got:.4f} "
+          f"as without it")
+
+
+if __name__ == "__main__":
+    if HOST == "127.0.0.1" and CASE != "launcher":
+        print("skip: two nodes on one machine need an address other than loopback")
+        sys.exit(77)
+    sys.exit(run_case(globals(), "node agent"))
