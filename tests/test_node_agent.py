@@ -15,6 +15,10 @@ Cases (one per run):
            stops
   elastic  the same in a 1:4 job: node b's rank regroups without node a's
            three and finishes, the regroup's reason naming the node agent
+  outage   the coordinator killed and restarted on its ports mid-training:
+           the node agent redials it, its ranks redial the node agent and
+           re-register through it like the direct rank, and the job trains
+           on to a clean stop
   launcher gradsync-run --node-agent: its ranks join through the node agent
            it starts, and train exactly as without it; the socket's folder
            is gone afterwards
@@ -61,14 +65,14 @@ class NodeJob(Job):
             line = self.relay.stdout.readline()
             assert line.startswith("gradsync-relay listening"), line
 
-    def start(self, local, *extra, epochs=3):
+    def start(self, local, *extra, epochs=3, grace="5s"):
         node = NODES[local]
         where = f"unix:{self.socket}" if self.relay and node == "a" else self.rpc
         log = os.path.join(self.dir, f"agent{local}.log")
         p = subprocess.Popen(
             [AGENT, "--coordinator", where, "--job", self.name, "--world-size", self.world,
              "--local-rank", str(LOCAL[local]), "--node", node, "--epochs", str(epochs), *TRAIN,
-             "--data", FASHION, "--coordinator-grace", "5s", "--comm-bind", HOST, *extra],
+             "--data", FASHION, "--coordinator-grace", grace, "--comm-bind", HOST, *extra],
             stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env())
         self.agents[local] = (p, log)
         return p
@@ -148,6 +152,26 @@ def case_elastic():
         gens = json.loads(job.get(f"/jobs/{job.name}"))["generations"]
         assert [g["world_size"] for g in gens] == [4, 1], gens
         print(f"node agent killed in a 1:4 job: node b's rank went on: {m.group(0)}")
+    finally:
+        job.close()
+
+
+def case_outage():
+    job = NodeJob("4", "--heartbeat-interval", "250ms", "--heartbeat-timeout", "3s")
+    try:
+        for i in range(4):
+            job.start(i, epochs=FOREVER, grace="600s")
+        job.wait_line(0, r"epoch 1 validation")
+        job.restart_coordinator()
+        for i in range(4):  # node a's through the node agent, node b's directly
+            job.wait_line(i, r"re-registered with the coordinator for generation 1")
+        relay = open(job.relay_log).read()
+        assert len(re.findall(r"relay: connected to the coordinator", relay)) >= 2, relay
+        job.wait_more(0, r"\nstep ")  # trains on
+        job.stop()
+        expect_ok(job, range(4))
+        print("coordinator restarted: the node agent redialled it and node a's 3 ranks "
+              "re-registered through it; the job trained on and stopped cleanly")
     finally:
         job.close()
 

@@ -66,6 +66,11 @@ struct gs_relay {
 static void up_dial(gs_relay_t *r);
 static void local_close(local_t *l);
 
+static void on_redial(uv_timer_t *t)
+{
+  up_dial(t->data);
+}
+
 /* --- writing --- */
 
 typedef struct write_req {
@@ -344,7 +349,7 @@ static void up_lost(gs_relay_t *r, const char *why)
     uv_close((uv_handle_t *)&r->up, on_handle_closed);
   r->up_open = false;
   if (!r->stopping)
-    uv_timer_start(&r->redial, (uv_timer_cb)up_dial, REDIAL_MS, 0);
+    uv_timer_start(&r->redial, on_redial, REDIAL_MS, 0);
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -426,7 +431,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
   if (status < 0 || !res) {
     gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: cannot resolve %s: %s", r->cfg.coord_host,
            uv_strerror(status));
-    uv_timer_start(&r->redial, (uv_timer_cb)up_dial, REDIAL_MS, 0);
+    uv_timer_start(&r->redial, on_redial, REDIAL_MS, 0);
     uv_freeaddrinfo(res);
     return;
   }
@@ -450,7 +455,7 @@ static void up_dial(gs_relay_t *r)
   snprintf(port, sizeof(port), "%u", r->cfg.coord_port);
   r->resolve.data = r;
   if (uv_getaddrinfo(r->loop, &r->resolve, on_resolved, r->cfg.coord_host, port, &hints))
-    uv_timer_start(&r->redial, (uv_timer_cb)up_dial, REDIAL_MS, 0);
+    uv_timer_start(&r->redial, on_redial, REDIAL_MS, 0);
 }
 
 /* One call from a rank: stamped with its slot and sent up, held for a
