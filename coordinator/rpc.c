@@ -87,13 +87,10 @@ static void answer_entry(gs_rpc_t *rpc, gs_conn_t *conn, gs_batch_t *b, gs_batch
   e->reply.len = 0;
   if (!err)
     err = gs_wire_encode_batch_entry(&e->reply, env, body, body_len, SIZE_MAX);
-  if (err || !gs__link_batch_answered(b, e, &rpc->batch_out, &request_id, &err)) {
-    if (err)
-      gs__conn_close(conn, "cannot encode a batched reply");
-    return;
-  }
+  if (!err && !gs__link_batch_answered(b, e, &rpc->batch_out, &request_id, &err))
+    return; /* others of the batch are still awaited */
   if (err) {
-    gs__conn_close(conn, "cannot encode a batch reply");
+    gs__conn_close(conn, "cannot encode a batched reply");
     return;
   }
   envelope_for(&done, gs_method_path(GS_METHOD_BATCH), request_id, 0, NULL);

@@ -97,46 +97,27 @@ static void drain_child(gs_run_child_t *c)
   c->drain_deadline = gs_now_ms() + GS_RUN_DRAIN_MS;
 }
 
-/* The coordinator was reaped: a failure unless we were stopping it. */
-static void on_coordinator_exit(gs_run_t *r, int status)
+/* The coordinator or the node agent was reaped: a failure unless we were
+ * stopping it. When the node agent goes, this node's ranks have lost their
+ * way to the coordinator, which has lost them (an elastic job's other
+ * nodes go on without them): they stop, as they do without a coordinator. */
+static void on_service_exit(gs_run_t *r, const gs_run_child_t *c, int status)
 {
   bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   char how[80];
 
   gs__run_describe_status(status, how, sizeof(how));
   if (r->phase == GS_RUN_STARTING) {
-    gs__run_say("coordinator %s before it was ready (its output is above)", how);
+    gs__run_say("%s %s before it was ready (its output is above)", c->name, how);
     gs__run_fail(r, 1);
   } else if (r->phase == GS_RUN_RUNNING || r->phase == GS_RUN_STOP_AGENTS) {
-    gs__run_say("coordinator %s while ranks were running", how);
+    gs__run_say("%s %s while ranks were running%s", c->name, how,
+                c == &r->relay ? ": the coordinator lost this node's ranks" : "");
     if (r->phase == GS_RUN_RUNNING && r->agents_running > 0)
       gs__run_say("stopping the ranks");
     gs__run_fail(r, 1);
   } else if (!ok) {
-    gs__run_say("coordinator %s", how);
-  }
-  gs__run_begin_stop(r);
-}
-
-/* The node agent was reaped: this node's ranks lost their way to the
- * coordinator (which has lost them: in an elastic job the other nodes go
- * on without them), so they stop, unless we were stopping it. */
-static void on_node_agent_exit(gs_run_t *r, int status)
-{
-  char how[80];
-
-  gs__run_describe_status(status, how, sizeof(how));
-  if (r->phase == GS_RUN_STARTING) {
-    gs__run_say("node agent %s before it was ready (its output is above)", how);
-    gs__run_fail(r, 1);
-  } else if (r->phase == GS_RUN_RUNNING || r->phase == GS_RUN_STOP_AGENTS) {
-    gs__run_say("node agent %s while ranks were running: the coordinator lost this node's ranks",
-                how);
-    if (r->phase == GS_RUN_RUNNING && r->agents_running > 0)
-      gs__run_say("stopping the ranks");
-    gs__run_fail(r, 1);
-  } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-    gs__run_say("node agent %s", how);
+    gs__run_say("%s %s", c->name, how);
   }
   gs__run_begin_stop(r);
 }
@@ -217,10 +198,8 @@ void gs__run_reap(gs_run_t *r)
       continue;
     c->running = false;
     drain_child(c);
-    if (c == &r->coord)
-      on_coordinator_exit(r, status);
-    else if (c == &r->relay)
-      on_node_agent_exit(r, status);
+    if (c == &r->coord || c == &r->relay)
+      on_service_exit(r, c, status);
     else
       on_agent_exit(r, c, status);
   }

@@ -34,10 +34,11 @@ typedef struct pending {
 typedef struct pack_list {
   char job[128];
   uint64_t generation;
-  bool asked, have; /* a fetch is on its way up / its reply is kept in `reply` */
+  bool asked, have; /* a fetch is on its way up / its reply is kept below */
   uint32_t asker_slot;
   uint64_t asker_id;
-  gs_buf_t reply; /* the reply Envelope's encoded frame (slot 0) */
+  gradsync_Envelope reply; /* its reply, and the reply's body */
+  gs_buf_t body;
   struct waiter {
     uint32_t slot;
     uint64_t request_id;
@@ -59,7 +60,7 @@ struct gs_relay {
   pending_t joins, beats;
   pack_list_t pl;
   uint64_t batch_seq;
-  gs_buf_t body, out, tmp; /* scratch: a decoded body, a frame being built */
+  gs_buf_t body, frame_body, out; /* scratch: decoded bodies, a frame being built */
   uint32_t open_handles;
 };
 
@@ -162,16 +163,13 @@ static void hold(gs_relay_t *r, pending_t *p, const gradsync_Envelope *env, cons
 /* Answers a waiter from the kept reply: its request id in place of the asker's. */
 static void answer_pack_list(gs_relay_t *r, uint32_t slot, uint64_t request_id)
 {
-  gradsync_Envelope env;
+  gradsync_Envelope env = r->pl.reply;
   local_t *l = slot <= MAX_SLOT ? r->slots[slot] : NULL;
-  char why[128];
 
-  if (!l ||
-      gs_wire_decode_envelope(r->pl.reply.data, r->pl.reply.len, &env, &r->tmp, why, sizeof(why)))
+  if (!l)
     return;
   env.request_id = request_id;
-  env.slot = 0;
-  send_frame(r, (uv_stream_t *)&l->pipe, &env, r->tmp.data, r->tmp.len);
+  send_frame(r, (uv_stream_t *)&l->pipe, &env, r->pl.body.data, r->pl.body.len);
 }
 
 /* A local FetchPackList: answered from the kept list, or sent up once and
@@ -209,18 +207,17 @@ static bool fetch_pack_list(gs_relay_t *r, local_t *l, const gradsync_Envelope *
   return false; /* the asker's own call goes up */
 }
 
-/* The reply to the node's pack-list fetch: kept (when OK) and handed to
- * every rank that waits for it. */
-static void pack_list_reply(gs_relay_t *r, const uint8_t *payload, size_t len, int status)
+/* The reply to the node's pack-list fetch (`env`, slot 0, with `body`):
+ * kept (when OK) and handed to every rank that waits for it. */
+static void pack_list_reply(gs_relay_t *r, const gradsync_Envelope *env, const gs_buf_t *body)
 {
   pack_list_t *pl = &r->pl;
 
-  pl->reply.len = 0;
-  if (gs_buf_reserve(&pl->reply, len))
+  pl->body.len = 0;
+  if (gs_buf_append(&pl->body, body->data, body->len))
     return;
-  memcpy(pl->reply.data, payload, len);
-  pl->reply.len = len;
-  pl->have = status == 0;
+  pl->reply = *env;
+  pl->have = env->status == 0;
   pl->asked = false;
   for (uint32_t i = 0; i < pl->nwaiters; i++)
     answer_pack_list(r, pl->waiters[i].slot, pl->waiters[i].request_id);
@@ -229,76 +226,69 @@ static void pack_list_reply(gs_relay_t *r, const uint8_t *payload, size_t len, i
 
 /* --- from the coordinator --- */
 
-/* One reply Envelope (of a frame, or of a Batch's body): to its slot's rank. */
-static void route_reply(gs_relay_t *r, const uint8_t *payload, size_t len)
+/* One reply (a frame's, or an entry of a Batch's), decoded: to its slot's
+ * rank, without the slot. */
+static void route_reply(gs_relay_t *r, gradsync_Envelope *env, const gs_buf_t *body)
 {
-  gradsync_Envelope env;
-  char why[128];
-  local_t *l;
-  uint32_t slot;
+  uint32_t slot = env->slot;
+  local_t *l = slot && slot <= MAX_SLOT ? r->slots[slot] : NULL;
 
-  if (gs_wire_decode_envelope(payload, len, &env, &r->body, why, sizeof(why))) {
-    gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: an undecodable reply upstream: %s", why);
+  if (!slot || slot > MAX_SLOT) {
+    if (env->status)
+      gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: the coordinator refused %s: %s",
+             env->method, env->message);
     return;
   }
-  slot = env.slot;
-  if (!strcmp(env.method, PACK_LIST_PATH) && r->pl.asked && slot == r->pl.asker_slot &&
-      env.request_id == r->pl.asker_id) {
-    env.slot = 0;
-    r->tmp.len = 0;
-    if (gs_wire_encode_frame_bytes(&r->tmp, &env, r->body.data, r->body.len, UP_FRAME_MAX) == 0)
-      pack_list_reply(r, r->tmp.data + GS_FRAME_HEADER_BYTES, r->tmp.len - GS_FRAME_HEADER_BYTES,
-                      env.status);
-  }
-  if (slot == 0 || slot > MAX_SLOT) {
-    if (env.status)
-      gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: the coordinator refused %s: %s", env.method,
-             env.message);
-    return;
-  }
-  l = r->slots[slot];
-  if (!l)
-    return; /* that rank's connection has closed */
-  env.slot = 0;
-  send_frame(r, (uv_stream_t *)&l->pipe, &env, r->body.data, r->body.len);
+  env->slot = 0;
+  if (!strcmp(env->method, PACK_LIST_PATH) && r->pl.asked && slot == r->pl.asker_slot &&
+      env->request_id == r->pl.asker_id)
+    pack_list_reply(r, env, body);
+  if (l) /* else that rank's connection has closed */
+    send_frame(r, (uv_stream_t *)&l->pipe, env, body->data, body->len);
 }
 
 static void up_frame(gs_relay_t *r, const uint8_t *payload, size_t len)
 {
   gradsync_Envelope env;
-  gs_buf_t batch = {0};
   const uint8_t *entry;
   size_t off = 0, elen;
   char why[128];
   bool bad;
 
-  if (gs_wire_decode_envelope(payload, len, &env, &batch, why, sizeof(why))) {
+  if (gs_wire_decode_envelope(payload, len, &env, &r->frame_body, why, sizeof(why))) {
     gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: an undecodable frame upstream: %s", why);
-  } else if (strcmp(env.method, gs_method_path(GS_METHOD_BATCH)) == 0 && env.status == 0) {
-    while (gs_wire_batch_next(batch.data, batch.len, &off, &entry, &elen, &bad))
-      route_reply(r, entry, elen);
+  } else if (strcmp(env.method, gs_method_path(GS_METHOD_BATCH)) || env.status) {
+    route_reply(r, &env, &r->frame_body);
   } else {
-    route_reply(r, payload, len);
+    while (gs_wire_batch_next(r->frame_body.data, r->frame_body.len, &off, &entry, &elen, &bad)) {
+      if (gs_wire_decode_envelope(entry, elen, &env, &r->body, why, sizeof(why)))
+        gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: an undecodable reply upstream: %s", why);
+      else
+        route_reply(r, &env, &r->body);
+    }
   }
-  gs_buf_free(&batch);
 }
 
 /* --- connections --- */
 
-static void on_handle_closed(uv_handle_t *h)
+/* One of the relay's handles is closed: the last, once stopping, frees it. */
+static void handle_gone(gs_relay_t *r)
 {
-  gs_relay_t *r = h->data;
-
   if (--r->open_handles == 0 && r->stopping) {
     gs_buf_free(&r->up_rbuf);
     gs_buf_free(&r->joins.entries);
     gs_buf_free(&r->beats.entries);
-    gs_buf_free(&r->pl.reply);
+    gs_buf_free(&r->pl.body);
     gs_buf_free(&r->body);
+    gs_buf_free(&r->frame_body);
     gs_buf_free(&r->out);
-    gs_buf_free(&r->tmp);
     free(r);
   }
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+  handle_gone(h->data);
 }
 
 static void on_local_closed(uv_handle_t *h)
@@ -308,7 +298,7 @@ static void on_local_closed(uv_handle_t *h)
 
   gs_buf_free(&l->rbuf);
   free(l);
-  on_handle_closed((uv_handle_t *)&r->server);
+  handle_gone(r);
 }
 
 static void local_close(local_t *l)
@@ -343,7 +333,7 @@ static void up_lost(gs_relay_t *r, const char *why)
   r->up_ready = false;
   r->joins.count = r->beats.count = 0;
   r->joins.entries.len = r->beats.entries.len = 0;
-  r->pl = (pack_list_t){.reply = r->pl.reply};
+  r->pl = (pack_list_t){.body = r->pl.body};
   close_locals(r);
   if (r->up_open && !uv_is_closing((uv_handle_t *)&r->up))
     uv_close((uv_handle_t *)&r->up, on_handle_closed);
@@ -479,15 +469,14 @@ static void local_frame(void *arg, const uint8_t *payload, size_t len)
     return;
   }
   env.slot = l->slot;
-  if (!gs_method_from_path(env.method, &m) || m == GS_METHOD_BATCH) {
-    send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);
-  } else if (m == GS_METHOD_JOIN) {
+  if (!gs_method_from_path(env.method, &m))
+    m = GS_METHOD_COUNT; /* the coordinator answers it: unknown */
+  if (m == GS_METHOD_JOIN)
     hold(r, &r->joins, &env, &r->body);
-  } else if (m == GS_METHOD_HEARTBEAT) {
+  else if (m == GS_METHOD_HEARTBEAT)
     hold(r, &r->beats, &env, &r->body);
-  } else if (m != GS_METHOD_FETCH_PACK_LIST || !fetch_pack_list(r, l, &env, &r->body)) {
+  else if (m != GS_METHOD_FETCH_PACK_LIST || !fetch_pack_list(r, l, &env, &r->body))
     send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);
-  }
 }
 
 static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
