@@ -15,9 +15,10 @@
  * Two modes. Direct (the default): one TCP connection per rank, each call a
  * frame of its own (slot 0). Node (--node-agents): one connection per node
  * of --ranks-per-node ranks, as a node agent holds it; a rank's calls carry
- * its slot (local rank + 1) and go in one Batch per node: the node's Joins,
- * its heartbeats of one interval (the nodes' batches spread evenly over the
- * interval), its Leaves.
+ * its slot (local rank + 1): the node's Joins and its Leaves go in one Batch,
+ * its heartbeats of one interval in one NodeHeartbeat (the nodes' spread
+ * evenly over the interval), which the coordinator answers only with news
+ * (a rank's first beat, a changed directive).
  *
  * It prints a "joined" line when the rendezvous completes (so a script can
  * start another load, e.g. wrk, at that point) and one "result" line of
@@ -36,6 +37,7 @@
 
 #include "buf.h"
 #include "frame.h"
+#include "node_beats.h"
 #include "parse.h"
 #include "pb_array.h"
 #include "wire.h"
@@ -80,6 +82,7 @@ typedef struct sim_rank {
   uint64_t hb_sent_ns;
   uint32_t hb_outstanding;
   uint64_t step;
+  uint64_t news; /* node mode: the news of the last reply for its slot */
   bool joined, left;
 } sim_rank_t;
 
@@ -110,6 +113,7 @@ struct load {
    * connection at a time: each is built and flushed in one callback), and
    * the frame being sent. */
   gs_buf_t body, batch, out;
+  gs_node_beats_t *node_beats; /* node mode: the NodeHeartbeat being built */
   enum phase phase;
   uint64_t generation;
   uint64_t t_start_ns, t_connected_ns, t_joined_ns;
@@ -122,7 +126,7 @@ struct load {
   size_t lat_count, lat_cap;
   /* The CPU window. */
   bool window_open, window_closed;
-  uint64_t win_start_ns, win_end_ns, win_hb_replies0, win_hb_replies1;
+  uint64_t win_start_ns, win_end_ns, win_hb_replies0, win_hb_replies1, win_hb_sent0, win_hb_sent1;
   proc_cpu_t coord0, coord1;
   bool coord_ok;
   long coord_rss0_kb, coord_rss1_kb; /* before the first connect, at the window's end; -1 */
@@ -145,15 +149,16 @@ static void usage(FILE *out)
           "  --ranks-per-node K       ranks per simulated node (default 8)\n"
           "  --node-agents            one connection per node, as its node agent holds it:\n"
           "                           each rank's calls on its slot (local rank + 1), a\n"
-          "                           node's Joins, heartbeats of one interval and Leaves\n"
-          "                           each in one Batch (K at most 255)\n"
+          "                           node's Joins and Leaves each in one Batch, its\n"
+          "                           heartbeats of one interval in one NodeHeartbeat\n"
+          "                           (K at most 255)\n"
           "  --job NAME               job name (default load)\n"
           "  --token TOKEN            shared secret (default $GRADSYNC_TOKEN)\n"
           "  --peers ring|all|none    peers asked for in Join (default ring, like the agent)\n"
           "  --connect-window W       connects in flight at once (default 1000)\n"
           "  --join-timeout DUR       give up when the rendezvous takes longer (default 60s)\n"
           "  --interval DUR           heartbeat period of each rank (default 1s); node\n"
-          "                           mode sends one Batch per node per period\n"
+          "                           mode sends one NodeHeartbeat per node per period\n"
           "  --warmup DUR             heartbeating before the CPU window opens (default 2s)\n"
           "  --duration DUR           length of the CPU window (default 15s); 0s: heartbeat\n"
           "                           until SIGINT or SIGTERM\n"
@@ -166,7 +171,8 @@ static void usage(FILE *out)
           "  coord_load: result ranks=N mode=direct|node connections=C rendezvous_s=S\n"
           "              hb_per_s=R coord_cpu_pct=P ... coord_rss_mb=M coord_rss_per_rank_kb=K\n"
           "              ... errors=E\n"
-          "hb_per_s counts ranks' heartbeats in either mode. coord_rss_mb is the\n"
+          "hb_per_s counts ranks' heartbeats in either mode (node mode: those sent, as\n"
+          "the coordinator answers them only with news). coord_rss_mb is the\n"
           "coordinator's VmRSS when the CPU window closes; coord_rss_per_rank_kb is that\n"
           "less its VmRSS before the first connect, over N (both -1 without --coord-pid).\n"
           "Exit status: 0 when every rank joined, heartbeated without an error and left;\n"
@@ -340,24 +346,29 @@ static int send_call(conn_t *c, const sim_rank_t *r, gs_method_t m, const pb_msg
   return err;
 }
 
-/* Sends the Batch that send_call built for c, if any (node mode): the
- * connection's own call (slot 0) with a request id of its own. */
-static int flush(conn_t *c)
+/* Sends the Batch (or NodeHeartbeat, `m`) built for c, if any (node
+ * mode): the connection's own call (slot 0) with a request id of its own. */
+static int flush(conn_t *c, gs_method_t m)
 {
   load_t *ld = c->ld;
   gradsync_Envelope env;
   int err;
 
-  if (ld->batch.len == 0)
+  bool beats = m == GS_METHOD_NODE_HEARTBEAT;
+
+  if (beats ? ld->node_beats->count == 0 : ld->batch.len == 0)
     return 0;
   if (c->closed) { /* a failure while building it closed every connection */
     ld->batch.len = 0;
+    ld->node_beats->count = 0;
     return 0;
   }
-  request_envelope(ld, &env, GS_METHOD_BATCH, ++c->batch_seq, 0, "");
+  request_envelope(ld, &env, m, ++c->batch_seq, 0, "");
   ld->out.len = 0;
-  err = gs_wire_encode_frame_bytes(&ld->out, &env, ld->batch.data, ld->batch.len, SIZE_MAX);
+  err = beats ? gs_node_beats_encode_frame(ld->node_beats, &ld->out, &env, SIZE_MAX)
+              : gs_wire_encode_frame_bytes(&ld->out, &env, ld->batch.data, ld->batch.len, SIZE_MAX);
   ld->batch.len = 0;
+  ld->node_beats->count = 0;
   return err ? err : conn_write(c, ld->out.data, ld->out.len);
 }
 
@@ -395,11 +406,23 @@ static void send_heartbeat(conn_t *c, sim_rank_t *r, uint64_t now)
   req.samples_per_sec = 1000.0f;
   req.compute_ms = 10.0f + 0.1f * (float)(r->rank % 5); /* no stragglers */
   req.comm_wait_ms = 1.0f;
+  ld->hb_sent++;
+  if (ld->cfg.node_agents) {
+    /* A beat of the node's NodeHeartbeat: the session until a reply came. */
+    req.has_progress = true;
+    req.progress = (gradsync_Progress){
+        .phase = gradsync_Phase_PHASE_COMPUTE, .phase_ms = 5, .collectives_done = r->step};
+    if (!ld->node_beats->count)
+      gs_node_beats_reset(ld->node_beats, ld->cfg.job);
+    if (gs_node_beats_add(ld->node_beats, r->index % ld->cfg.per_node + 1, &req, r->news,
+                          r->news ? "" : r->session))
+      fail(ld, "cannot add the beat of rank %u", r->rank);
+    return;
+  }
   if (r->hb_outstanding)
     ld->hb_overlaps++;
   r->hb_sent_ns = now;
   r->hb_outstanding++;
-  ld->hb_sent++;
   if (send_call(c, r, GS_METHOD_HEARTBEAT, gradsync_HeartbeatRequest_fields, &req, 2 + r->step, 0))
     fail(ld, "cannot send a heartbeat for rank %u", r->rank);
 }
@@ -428,7 +451,7 @@ static void send_all(conn_t *c, send_fn send, uint64_t now)
 
   for (uint32_t i = 0; i < c->count && !c->closed; i++)
     send(c, &ld->ranks[c->first + i], now);
-  if (flush(c))
+  if (flush(c, send == send_heartbeat ? GS_METHOD_NODE_HEARTBEAT : GS_METHOD_BATCH))
     fail(ld, "cannot send a Batch on connection %u", c->index);
 }
 
@@ -480,6 +503,24 @@ static void on_join_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *en
   gs_pb_array_free(&peers);
 }
 
+/* Counts a heartbeat reply, decoded into `resp`: its error or its abort
+ * (the first of each logged). False on an error. */
+static bool count_heartbeat_reply(load_t *ld, const sim_rank_t *r, const gradsync_Envelope *env,
+                                  const gs_buf_t *body, gradsync_HeartbeatResponse *resp)
+{
+  ld->hb_replies++;
+  if (env->status ||
+      gs_wire_decode(body->data, body->len, gradsync_HeartbeatResponse_fields, resp, NULL, 0)) {
+    if (ld->hb_errors++ == 0)
+      fprintf(stderr, "coord_load: rank %u: heartbeat failed: status %d: %s\n", r->rank,
+              env->status, env->message);
+    return false;
+  }
+  if (resp->abort && ld->hb_aborts++ == 0)
+    fprintf(stderr, "coord_load: rank %u: generation aborted: %s\n", r->rank, resp->abort_reason);
+  return true;
+}
+
 static void on_heartbeat_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *env,
                                const gs_buf_t *body)
 {
@@ -491,19 +532,8 @@ static void on_heartbeat_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelop
     return;
   }
   r->hb_outstanding--;
-  ld->hb_replies++;
-  if (env->status ||
-      gs_wire_decode(body->data, body->len, gradsync_HeartbeatResponse_fields, &resp, NULL, 0)) {
-    if (ld->hb_errors++ == 0)
-      fprintf(stderr, "coord_load: rank %u: heartbeat failed: status %d: %s\n", r->rank,
-              env->status, env->message);
+  if (!count_heartbeat_reply(ld, r, env, body, &resp) || resp.abort)
     return;
-  }
-  if (resp.abort) {
-    if (ld->hb_aborts++ == 0)
-      fprintf(stderr, "coord_load: rank %u: generation aborted: %s\n", r->rank, resp.abort_reason);
-    return;
-  }
   if (r->hb_outstanding == 0 && ld->lat_count < ld->lat_cap)
     ld->lat_us[ld->lat_count++] = (uint32_t)((now - r->hb_sent_ns) / 1000);
 }
@@ -547,6 +577,16 @@ static void on_reply(conn_t *c, sim_rank_t *r, const gradsync_Envelope *env, con
   }
 }
 
+/* News for a rank's slot (node mode): the reply its next beats show. */
+static void on_node_news(load_t *ld, sim_rank_t *r, const gradsync_Envelope *env,
+                         const gs_buf_t *body)
+{
+  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
+
+  if (count_heartbeat_reply(ld, r, env, body, &resp))
+    r->news = resp.news;
+}
+
 /* A node agent's Batch reply: one reply per call, each on its rank's slot. */
 static void on_batch_reply(conn_t *c, const gradsync_Envelope *env, const gs_buf_t *body)
 {
@@ -557,6 +597,11 @@ static void on_batch_reply(conn_t *c, const gradsync_Envelope *env, const gs_buf
   bool bad = false;
   char why[128];
 
+  if (!strcmp(env->method, gs_method_path(GS_METHOD_HEARTBEAT)) && env->slot &&
+      env->slot <= c->count) {
+    on_node_news(ld, &ld->ranks[c->first + env->slot - 1], env, body);
+    return;
+  }
   if (strcmp(env->method, gs_method_path(GS_METHOD_BATCH)) != 0 || env->status || env->slot) {
     fail(ld, "connection %u: unexpected reply '%s' on slot %u (status %d: %s)", c->index,
          env->method, env->slot, env->status, env->message);
@@ -750,6 +795,7 @@ static void close_window(load_t *ld)
   ld->window_closed = true;
   ld->win_end_ns = uv_hrtime();
   ld->win_hb_replies1 = ld->hb_replies;
+  ld->win_hb_sent1 = ld->hb_sent;
   ld->self_cpu1 = self_cpu_s();
   if (ld->cfg.coord_pid && proc_cpu(ld->cfg.coord_pid, &ld->coord1) == 0)
     ld->coord_ok = true;
@@ -820,6 +866,7 @@ static void on_tick(uv_timer_t *t)
     ld->window_open = true;
     ld->win_start_ns = now;
     ld->win_hb_replies0 = ld->hb_replies;
+    ld->win_hb_sent0 = ld->hb_sent;
     ld->self_cpu0 = self_cpu_s();
     if (ld->cfg.coord_pid && proc_cpu(ld->cfg.coord_pid, &ld->coord0)) {
       fail(ld, "cannot read /proc/%ld/stat: %s", ld->cfg.coord_pid, strerror(errno));
@@ -874,7 +921,11 @@ static void report(load_t *ld)
   uint32_t p50 = 0, p99 = 0, pmax = 0;
 
   if (win > 0) {
-    rate = (ld->win_hb_replies1 - ld->win_hb_replies0) / win;
+    /* Node mode: beats are answered only with news, so those sent count
+     * (the Leaves, answered after them on each connection, show every
+     * one was read). */
+    rate = ld->cfg.node_agents ? (ld->win_hb_sent1 - ld->win_hb_sent0) / win
+                               : (ld->win_hb_replies1 - ld->win_hb_replies0) / win;
     self_pct = 100 * (ld->self_cpu1 - ld->self_cpu0) / win;
     if (ld->coord_ok) {
       user_pct = 100 * (ld->coord1.user_s - ld->coord0.user_s) / win;
@@ -1104,10 +1155,11 @@ static int load_init(load_t *ld, uv_loop_t *loop)
   ld->conns = calloc(ld->nconns, sizeof(*ld->conns));
   ld->ranks = calloc(ld->cfg.ranks, sizeof(*ld->ranks));
   ld->rank_seen = calloc(ld->cfg.ranks, 1);
+  ld->node_beats = calloc(1, sizeof(*ld->node_beats));
   /* Room for every reply of a timed run (10% slack); later ones go uncounted. */
   ld->lat_cap = (size_t)(ld->cfg.ranks * (windows / (double)ld->cfg.interval_ms) * 1.1) + 1024;
   ld->lat_us = malloc(ld->lat_cap * sizeof(*ld->lat_us));
-  if (!ld->conns || !ld->ranks || !ld->rank_seen || !ld->lat_us) {
+  if (!ld->conns || !ld->ranks || !ld->rank_seen || !ld->node_beats || !ld->lat_us) {
     fprintf(stderr, "coord_load: out of memory for %u ranks\n", ld->cfg.ranks);
     return 1;
   }
@@ -1166,6 +1218,7 @@ int main(int argc, char **argv)
   free(ld->conns);
   free(ld->ranks);
   free(ld->rank_seen);
+  free(ld->node_beats);
   gs_buf_free(&ld->body);
   gs_buf_free(&ld->batch);
   gs_buf_free(&ld->out);

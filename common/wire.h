@@ -24,7 +24,8 @@
   XX(FETCH_PACK_LIST, FetchPackList)                                                               \
   XX(HEARTBEAT, Heartbeat)                                                                         \
   XX(LEAVE, Leave)                                                                                 \
-  XX(BATCH, Batch)
+  XX(BATCH, Batch)                                                                                 \
+  XX(NODE_HEARTBEAT, NodeHeartbeat)
 
 typedef enum gs_method {
 #define GS__METHOD_ENUM(id, name) GS_METHOD_##id,

@@ -10,6 +10,7 @@
 #endif
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include "conn.h"
 #include "coordinator.h"
@@ -22,6 +23,8 @@
 #include "rpc.h"
 
 #define HOUSEKEEPING_MS 50
+/* Connections from which on the loop is paced (see on_pace). */
+#define PACE_MIN_CONNECTIONS 1000
 /* How often at most freed memory is handed back to the system (see
  * release_memory). */
 #define RELEASE_MEMORY_MS 1000
@@ -31,6 +34,8 @@ struct gs_coord {
   gs_coord_config_t cfg;
   uv_tcp_t listener;
   uv_timer_t housekeeping;
+  uv_check_t pace;
+  uint64_t paced_ns;   /* when the previous loop iteration's callbacks ended */
   gs_mem_budget_t mem; /* --max-memory: the connections' and the jobs' store's */
   gs_conns_t *conns;
   gs_rpc_t rpc;
@@ -39,7 +44,7 @@ struct gs_coord {
   gs_log_limit_t lines; /* lines about clients, both ports' */
   uint64_t started_ms;
   gs_ratelimit_t accept_rl; /* failed accepts are logged, not each one */
-  uint32_t handles_open;    /* listener + timer; freed when 0 and closing */
+  uint32_t handles_open;    /* listener, timer, pace; freed when 0 and closing */
   uint64_t released_ms;     /* when release_memory last ran */
   bool jobs_forgotten;      /* since then */
   bool closing;
@@ -194,7 +199,9 @@ gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
   c->listener.data = c;
   uv_timer_init(loop, &c->housekeeping);
   c->housekeeping.data = c;
-  c->handles_open = 2;
+  uv_check_init(loop, &c->pace);
+  c->pace.data = c;
+  c->handles_open = 3;
   return c;
 }
 
@@ -226,6 +233,28 @@ static void on_housekeeping(uv_timer_t *t)
   gs__http_routes_tick(&c->routes, now); /* the dashboard's event streams */
   c->jobs_forgotten |= c->jobs.job_count < jobs;
   release_memory(c, now);
+}
+
+/* With many connections open, the loop takes its events in rounds: an
+ * iteration that ends sooner than cfg.loop_pace_ms after the previous one
+ * sleeps out the rest, and the frames that came meanwhile are read in one
+ * wake-up. A wake-up (epoll_wait returning, the switch back to this
+ * thread) costs more than reading a frame: 12,500 node agents'
+ * heartbeats spread over each second woke the loop 5,000 times a second,
+ * and that was half its CPU (docs/performance.md). Few connections: no
+ * pacing, every call answered at once. */
+static void on_pace(uv_check_t *h)
+{
+  gs_coord_t *c = h->data;
+  uint64_t now = uv_hrtime(), pace = c->cfg.loop_pace_ms * 1000000;
+
+  if (c->conns->open >= PACE_MIN_CONNECTIONS && now - c->paced_ns < pace) {
+    struct timespec rest = {.tv_nsec = (long)(pace - (now - c->paced_ns))};
+
+    nanosleep(&rest, NULL);
+    now = uv_hrtime();
+  }
+  c->paced_ns = now;
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -260,6 +289,8 @@ int gs_coord_start(gs_coord_t *c)
   if (err)
     return err;
   uv_timer_start(&c->housekeeping, on_housekeeping, HOUSEKEEPING_MS, HOUSEKEEPING_MS);
+  if (c->cfg.loop_pace_ms)
+    uv_check_start(&c->pace, on_pace);
   return 0;
 }
 
@@ -294,4 +325,5 @@ void gs_coord_close(gs_coord_t *c)
   gs__log_limit_close(&c->lines, uv_now(c->loop)); /* what was held back, counted */
   uv_close((uv_handle_t *)&c->listener, on_handle_closed);
   uv_close((uv_handle_t *)&c->housekeeping, on_handle_closed);
+  uv_close((uv_handle_t *)&c->pace, on_handle_closed);
 }

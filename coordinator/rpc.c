@@ -15,6 +15,7 @@
 #include "coordinator.h"
 #include "link.h"
 #include "list.h"
+#include "node_beats.h"
 #include "packlist.h"
 #include "pb_array.h"
 #include "rpc_checks.h"
@@ -177,6 +178,7 @@ void gs__rpc_free(gs_rpc_t *rpc)
   gs_buf_free(&rpc->ibody);
   gs_buf_free(&rpc->tmp);
   gs_buf_free(&rpc->batch_out);
+  free(rpc->node_beats);
 }
 
 /* An error answer to a call that never reached the jobs layer. */
@@ -395,6 +397,68 @@ static void on_heartbeat(gs_rpc_t *rpc, const request_t *rq)
     gs__jobs_heartbeat(rpc->jobs, &rq->call, &req);
 }
 
+/* A node agent's heartbeats of one interval (proto/README.md,
+ * "NodeHeartbeat"): each column entry a heartbeat of its slot, answered
+ * only with news. The connection's own call; no reply of its own. */
+static void on_node_heartbeat(gs_rpc_t *rpc, const request_t *rq)
+{
+  gs_node_beats_t *q;
+  gs_node_beat_t *beats;
+  uint32_t n = 0;
+  char why[128];
+
+  if (gs__link_slot_of(rq->call.peer->id)) {
+    reply_error(rpc, &rq->call, GS_EINVAL, "a NodeHeartbeat is the connection's own call (slot 0)");
+    return;
+  }
+  if (!rpc->node_beats && !(rpc->node_beats = malloc(sizeof(*rpc->node_beats)))) {
+    reply_error(rpc, &rq->call, GS_ENOMEM, "out of memory");
+    return;
+  }
+  q = &rpc->node_beats->columns;
+  beats = rpc->node_beats->beats;
+  if (gs_node_beats_decode(q, rq->body, rq->body_len, why, sizeof(why))) {
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_CALL, "sent an undecodable NodeHeartbeat: %s", why);
+    reply_error(rpc, &rq->call, GS_EINVAL, "cannot decode NodeHeartbeatRequest: %s", why);
+    return;
+  }
+  if (!check_job(rpc, rq, q->msg.job))
+    return;
+  for (uint32_t i = 0; i < q->count; i++) {
+    gs_node_beat_t *b = &beats[n];
+
+    b->call = rq->call;
+    b->call.method = GS_METHOD_HEARTBEAT; /* a slot's answer is a Heartbeat's */
+    b->call.peer = q->slot[i] ? gs__link_peer(rq->conn->data, q->slot[i]) : NULL;
+    if (!b->call.peer) {
+      reply_error(rpc, &rq->call, q->slot[i] > GS_LINK_MAX_SLOT ? GS_EINVAL : GS_ENOMEM,
+                  "a beat for slot %u: slots are 1 to %u", q->slot[i], GS_LINK_MAX_SLOT);
+      continue;
+    }
+    b->call.session = q->msg.sessions_count ? gs_node_beats_session(q, q->slot[i]) : "";
+    b->call.news_only = true;
+    b->call.news_seen = q->news_seen[i];
+    b->beat = (gs_beat_t){
+        .generation = q->generation[i],
+        .rank = q->rank[i],
+        .step = q->step[i],
+        .loss = q->loss[i],
+        .samples_per_sec = q->samples_per_sec[i],
+        .compute_ms = q->compute_ms[i],
+        .comm_wait_ms = q->comm_wait_ms[i],
+        .has_progress = q->has_progress[i],
+        .progress = {.phase = (gradsync_Phase)q->phase[i],
+                     .pack = q->pack[i],
+                     .phase_ms = q->phase_ms[i],
+                     .collectives_done = q->collectives_done[i],
+                     .send_wait = q->send_wait[i]},
+    };
+    n++;
+  }
+  rpc->stats.requests[GS_METHOD_HEARTBEAT] += n;
+  gs__jobs_node_heartbeat(rpc->jobs, q->msg.job, beats, n);
+}
+
 static void on_leave(gs_rpc_t *rpc, const request_t *rq)
 {
   gradsync_LeaveRequest req = gradsync_LeaveRequest_init_zero;
@@ -411,6 +475,7 @@ static void (*const handlers[GS_METHOD_COUNT])(gs_rpc_t *, const request_t *) = 
     [GS_METHOD_FETCH_PACK_LIST] = on_fetch_pack_list,
     [GS_METHOD_HEARTBEAT] = on_heartbeat,
     [GS_METHOD_LEAVE] = on_leave,
+    [GS_METHOD_NODE_HEARTBEAT] = on_node_heartbeat,
 };
 
 int gs__rpc_on_open(void *ctx, gs_conn_t *conn)
@@ -489,6 +554,25 @@ static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_
   send_envelope(rpc, conn, &env, NULL, false);
 }
 
+/* A call's token: the coordinator's (the connection is authenticated), or
+ * perhaps a job's (rq->job_token: checked against the job the body names).
+ * Anything else is refused, and the connection closes. */
+static bool take_token(gs_rpc_t *rpc, request_t *rq, const char *token)
+{
+  if (gs__token_ok(rpc->token, token)) {
+    gs__conn_authenticate(rq->conn);
+    return true;
+  }
+  if (strlen(token) != GS_JOB_TOKEN_LEN) {
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token; closing",
+                 gs_method_name(rq->call.method), token[0] ? "wrong" : "missing");
+    refuse_token(rpc, rq, token[0] ? "wrong token" : "missing token");
+    return false;
+  }
+  rq->job_token = token;
+  return true;
+}
+
 /* One call, of a frame or a batch: authenticated, checked and handed to
  * the jobs layer, for the slot's peer. `body` holds its request. */
 static void dispatch(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *env, gs_method_t m,
@@ -518,17 +602,8 @@ static void dispatch(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *en
                 GS_LINK_MAX_SLOT);
     return;
   }
-  if (!gs__token_ok(rpc->token, env->token)) {
-    if (strlen(env->token) != GS_JOB_TOKEN_LEN) {
-      gs__conn_log(conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token; closing", gs_method_name(m),
-                   env->token[0] ? "wrong" : "missing");
-      refuse_token(rpc, &rq, env->token[0] ? "wrong token" : "missing token");
-      return;
-    }
-    rq.job_token = env->token; /* perhaps a job's: checked against the job the body names */
-  } else {
-    gs__conn_authenticate(conn);
-  }
+  if (!take_token(rpc, &rq, env->token))
+    return;
   if (gs__conns_over_budget(rpc->conns)) {
     gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
                  "%s refused: the coordinator's connections and stored blobs hold more than "
@@ -617,9 +692,10 @@ static void on_batch(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *en
       rpc->stats.bad_frames++;
       answer_entry_error(rpc, conn, b, e, call.method, GS_EUNIMPL, "unknown method '%s'",
                          call.method);
-    } else if (m == GS_METHOD_BATCH) {
+    } else if (m == GS_METHOD_BATCH || m == GS_METHOD_NODE_HEARTBEAT) {
       rpc->stats.bad_frames++;
-      answer_entry_error(rpc, conn, b, e, call.method, GS_EINVAL, "a Batch cannot hold a Batch");
+      answer_entry_error(rpc, conn, b, e, call.method, GS_EINVAL, "a Batch cannot hold a %s",
+                         gs_method_name(m));
     } else if (call.slot > GS_LINK_MAX_SLOT) {
       answer_entry_error(rpc, conn, b, e, call.method, GS_EINVAL,
                          "slot %u: slots are 1 to %u (0: the connection's own call)", call.slot,

@@ -12,6 +12,7 @@
 #include "buf.h"
 #include "conn.h"
 #include "jobs.h"
+#include "node_beats.h"
 #include "responder.h"
 
 typedef struct gs_rpc_stats {
@@ -19,6 +20,13 @@ typedef struct gs_rpc_stats {
   uint64_t errors[GS_METHOD_COUNT];
   uint64_t bad_frames; /* oversized, undecodable or unknown */
 } gs_rpc_stats_t;
+
+/* A NodeHeartbeat being dispatched: its columns, and its beats as calls
+ * (at most one per slot). Made at the first, about 70 KB. */
+typedef struct gs_rpc_node_beats {
+  gs_node_beats_t columns;
+  gs_node_beat_t beats[GS_NODE_BEATS_MAX];
+} gs_rpc_node_beats_t;
 
 typedef struct gs_rpc {
   gs_responder_t responder; /* what gs_jobs_t answers through */
@@ -34,6 +42,7 @@ typedef struct gs_rpc {
   gs_buf_t ibody;      /* that of a call of a Batch being dispatched */
   gs_buf_t tmp;        /* a batched reply's body, encoded */
   gs_buf_t batch_out;  /* a Batch's replies, gathered */
+  gs_rpc_node_beats_t *node_beats;
   gs_rpc_stats_t stats;
 } gs_rpc_t;
 

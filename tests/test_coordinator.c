@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "harness.h"
+#include "node_beats.h"
 
 #define OK 0
 
@@ -1678,6 +1679,158 @@ START_TEST(node_agent_batch_errors)
 }
 END_TEST
 
+/* Sends the NodeHeartbeat of `n` ranks' beats, rank i on slot slots[i]
+ * with news news[i] and session sessions[i]; returns its request id. */
+static uint64_t send_node_beats(th_client_t *cl, const gradsync_HeartbeatRequest *beats,
+                                const uint32_t *slots, const uint64_t *news,
+                                const char *const *sessions, int n)
+{
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gs_node_beats_t *q = calloc(1, sizeof(*q));
+  gs_buf_t frame = {0};
+
+  ck_assert_ptr_nonnull(q);
+  gs_node_beats_reset(q, beats[0].job);
+  for (int i = 0; i < n; i++)
+    ck_assert_int_eq(gs_node_beats_add(q, slots[i], &beats[i], news[i], sessions[i]), 0);
+  snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "NodeHeartbeat");
+  env.request_id = cl->next_id++;
+  ck_assert_int_eq(gs_node_beats_encode_frame(q, &frame, &env, SIZE_MAX), 0);
+  th_send_raw(cl, frame.data, frame.len);
+  gs_buf_free(&frame);
+  free(q);
+  return env.request_id;
+}
+
+/* The next frame: a Heartbeat reply for a slot (its body decoded). */
+static uint32_t recv_slot_news(th_client_t *cl, uint64_t request_id,
+                               gradsync_HeartbeatResponse *resp)
+{
+  gradsync_Envelope env;
+
+  memset(resp, 0, sizeof(*resp));
+  ck_assert_int_eq(th_recv(cl, &env, gradsync_HeartbeatResponse_fields, resp, TH_WAIT_MS), 0);
+  ck_assert_str_eq(env.method, GS_METHOD_PREFIX "Heartbeat");
+  ck_assert_uint_eq(env.request_id, request_id);
+  ck_assert_msg(env.status == OK, "slot %u: %s", env.slot, env.message);
+  return env.slot;
+}
+
+/* A NodeHeartbeat (proto/README.md): a node's beats in one message, each
+ * slot answered only with news. Two ranks joined on slots 1 and 2 beat on
+ * slots 3 and 4 (as agents heartbeat on a connection of their own): the
+ * first beats, with sessions, are answered with a numbered reply each;
+ * the next, without sessions and showing that number, get nothing (the
+ * next frame is a probe's reply) yet count (the job's step); a changed
+ * directive reaches both slots at once. A beat without a session on a
+ * slot its rank never beat from is refused; one for slot 300, a body that
+ * is not beats and a NodeHeartbeat inside a Batch are errors. */
+START_TEST(node_heartbeat_answers_only_news)
+{
+  th_client_t node;
+  gs_buf_t batch = {0}, bodies[2] = {{0}};
+  gradsync_Envelope env, replies[2];
+  gradsync_JoinResponse resp[2];
+  gradsync_HeartbeatRequest beats[2] = {gradsync_HeartbeatRequest_init_zero,
+                                        gradsync_HeartbeatRequest_init_zero};
+  gradsync_HeartbeatResponse hbr;
+  uint32_t slots[2] = {3, 4};
+  uint64_t id, news = 0, probe, seen[2] = {0, 0};
+  const char *sessions[2], *none[2] = {"", ""};
+  char why[128], *body;
+
+  th_coord_start(&coord, NULL);
+  th_connect(&node, coord.rpc_port);
+  for (uint32_t s = 1; s <= 2; s++) {
+    gradsync_JoinRequest req = th_join_request("nh", 2, "n", s - 1);
+
+    th_batch_add(&node, &batch, s, NULL, "Join", 0, gradsync_JoinRequest_fields, &req);
+  }
+  recv_batch(&node, th_batch_send(&node, &batch), replies, bodies, 2);
+  for (int i = 0; i < 2; i++) {
+    resp[i] = (gradsync_JoinResponse)gradsync_JoinResponse_init_zero;
+    ck_assert_int_eq(gs_wire_decode(bodies[i].data, bodies[i].len, gradsync_JoinResponse_fields,
+                                    &resp[i], why, sizeof(why)),
+                     0);
+    gs_buf_free(&bodies[i]);
+    snprintf(beats[i].job, sizeof(beats[i].job), "nh");
+    beats[i].generation = 1;
+    beats[i].rank = resp[i].rank;
+    beats[i].step = 5;
+    sessions[i] = resp[i].session;
+  }
+  /* First beats: each slot hears its reply, numbered alike. */
+  id = send_node_beats(&node, beats, slots, seen, sessions, 2);
+  for (int i = 0; i < 2; i++) {
+    uint32_t slot = recv_slot_news(&node, id, &hbr);
+
+    ck_assert(slot == 3 || slot == 4);
+    ck_assert(!hbr.abort);
+    ck_assert_uint_ge(hbr.news, 2);
+    ck_assert(news == 0 || news == hbr.news);
+    news = hbr.news;
+  }
+  /* Beats that hold that reply: no answer, but they count. */
+  for (int i = 0; i < 2; i++) {
+    seen[i] = news;
+    beats[i].step = 6;
+  }
+  id = send_node_beats(&node, beats, slots, seen, none, 2);
+  probe = send_for_slot(&node, 1, resp[0].session, "Heartbeat", gradsync_HeartbeatRequest_fields,
+                        &beats[0]);
+  ck_assert_int_eq(th_recv(&node, &env, gradsync_HeartbeatResponse_fields, &hbr, TH_WAIT_MS), 0);
+  ck_assert_msg(env.request_id == probe, "a beat without news was answered (request %llu)",
+                (unsigned long long)env.request_id);
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/nh", NULL, NULL, &body), 200);
+  ck_assert_msg(strstr(body, "\"step\":6"), "%s", body);
+  free(body);
+  /* News: both waiting slots hear it, on the last NodeHeartbeat's id. */
+  ck_assert_int_eq(
+      th_http(coord.http_port, "POST", "/jobs/nh/control", NULL, "{\"lr_scale\": 0.5}", &body),
+      200);
+  free(body);
+  for (int i = 0; i < 2; i++) {
+    recv_slot_news(&node, id, &hbr);
+    ck_assert(hbr.directives.lr_scale == 0.5f);
+    ck_assert_uint_ne(hbr.news, news);
+  }
+  /* No session, on a slot that never carried the rank's heartbeats. */
+  slots[0] = 1;
+  send_node_beats(&node, beats, slots, seen, none, 1);
+  ck_assert_int_eq(th_recv(&node, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_uint_eq(env.slot, 1);
+  ck_assert_int_eq(env.status, 7); /* PERMISSION_DENIED */
+  slots[0] = 300;
+  send_node_beats(&node, beats, slots, seen, none, 1);
+  ck_assert_int_eq(th_recv(&node, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_int_eq(env.status, 3);
+  ck_assert_msg(strstr(env.message, "slots are 1 to 255"), "%s", env.message);
+  {
+    static const uint8_t not_beats[] = {0x15, 1, 2, 3}; /* 3 bytes of a 4-byte column */
+
+    env = (gradsync_Envelope)gradsync_Envelope_init_zero;
+    snprintf(env.method, sizeof(env.method), GS_METHOD_PREFIX "NodeHeartbeat");
+    env.request_id = node.next_id++;
+    ck_assert_int_eq(
+        gs_wire_encode_frame_bytes(&batch, &env, not_beats, sizeof(not_beats), SIZE_MAX), 0);
+    th_send_raw(&node, batch.data, batch.len);
+    batch.len = 0;
+  }
+  ck_assert_int_eq(th_recv(&node, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_int_eq(env.status, 3);
+  ck_assert_msg(strstr(env.message, "cannot decode NodeHeartbeatRequest"), "%s", env.message);
+  th_batch_add(&node, &batch, 0, NULL, "NodeHeartbeat", 0, gradsync_HeartbeatRequest_fields,
+               &beats[1]); /* the body does not matter: refused unread */
+  recv_batch(&node, th_batch_send(&node, &batch), replies, bodies, 1);
+  gs_buf_free(&bodies[0]);
+  ck_assert_int_eq(replies[0].status, 3);
+  ck_assert_msg(strstr(replies[0].message, "cannot hold a NodeHeartbeat"), "%s",
+                replies[0].message);
+  th_close(&node);
+  stop_and_check();
+}
+END_TEST
+
 /* An agent joins on one connection and heartbeats on another (its
  * heartbeat thread's own): the rank's first heartbeat ties it to that
  * connection. Closing the Join connection then loses nothing; a heartbeat
@@ -1984,6 +2137,7 @@ static Suite *coordinator_suite(void)
       {"node_agent", node_agent_speaks_for_its_ranks},
       {"job_ranks_paged", job_ranks_are_paged},
       {"node_agent_errors", node_agent_batch_errors},
+      {"node_heartbeat", node_heartbeat_answers_only_news},
       {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
       {"job_cap", job_cap_refuses_new_jobs},
       {"never_started", never_started_job_is_forgotten_at_once},

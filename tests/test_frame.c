@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "node_beats.h"
 #include "pb_array.h"
 #include "wire.h"
 
@@ -224,6 +225,85 @@ START_TEST(buf_grows_and_consumes)
 }
 END_TEST
 
+/* Decodes the NodeHeartbeat body of frame `f` into `q`; returns the result. */
+static int node_beats_from_frame(const gs_buf_t *f, gs_node_beats_t *q, char *why, size_t len)
+{
+  const uint8_t *payload;
+  gradsync_Envelope env;
+  gs_buf_t body = {0};
+  size_t plen;
+  int err;
+
+  ck_assert_int_gt(gs_frame_parse(f->data, f->len, SIZE_MAX, &payload, &plen), 0);
+  ck_assert_int_eq(gs_wire_decode_envelope(payload, plen, &env, &body, NULL, 0), 0);
+  err = gs_node_beats_decode(q, body.data, body.len, why, len);
+  gs_buf_free(&body);
+  return err;
+}
+
+/* A NodeHeartbeat's columns: 255 beats (the most a node has) encode and
+ * decode to the same values, sessions only for the slots that gave one;
+ * a 256th is refused. */
+START_TEST(node_beats_round_trip)
+{
+  static gs_node_beats_t q, back;
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+  gs_buf_t f = {0};
+
+  gs_node_beats_reset(&q, "big");
+  for (uint32_t i = 0; i < GS_NODE_BEATS_MAX; i++) {
+    req.rank = 100000 + i;
+    req.generation = 3;
+    req.step = (uint64_t)1 << 40 | i;
+    req.loss = 1.0f / (float)(i + 1);
+    req.has_progress = i % 2;
+    req.progress.phase = gradsync_Phase_PHASE_ALLREDUCE;
+    req.progress.collectives_done = 7 * i;
+    ck_assert_int_eq(gs_node_beats_add(&q, i + 1, &req, 2 + i, i == 4 ? "4.abc" : ""), 0);
+  }
+  ck_assert_int_eq(gs_node_beats_add(&q, 256, &req, 0, ""), GS_ERANGE);
+  ck_assert_int_eq(gs_node_beats_encode_frame(&q, &f, &env, SIZE_MAX), 0);
+  ck_assert_int_eq(node_beats_from_frame(&f, &back, NULL, 0), 0);
+  ck_assert_str_eq(back.msg.job, "big");
+  ck_assert_uint_eq(back.count, GS_NODE_BEATS_MAX);
+  for (uint32_t i = 0; i < GS_NODE_BEATS_MAX; i++) {
+    ck_assert_uint_eq(back.slot[i], i + 1);
+    ck_assert_uint_eq(back.rank[i], 100000 + i);
+    ck_assert_uint_eq(back.step[i], (uint64_t)1 << 40 | i);
+    ck_assert(back.loss[i] == 1.0f / (float)(i + 1));
+    ck_assert_int_eq(back.has_progress[i], i % 2);
+    ck_assert_uint_eq(back.phase[i], gradsync_Phase_PHASE_ALLREDUCE);
+    ck_assert_uint_eq(back.collectives_done[i], 7 * i);
+    ck_assert_uint_eq(back.news_seen[i], 2 + i);
+  }
+  ck_assert_str_eq(gs_node_beats_session(&back, 5), "4.abc");
+  ck_assert_str_eq(gs_node_beats_session(&back, 6), "");
+  gs_buf_free(&f);
+}
+END_TEST
+
+/* What is not a NodeHeartbeat is refused: columns of unequal length, a
+ * partial value, a bool column holding 2, more than 255 values. */
+START_TEST(node_beats_decode_refuses_bad_columns)
+{
+  static gs_node_beats_t q;
+  static const uint8_t uneven[] = {0x12, 4, 1, 0, 0, 0, 0x12, 4, 2, 0, 0, 0}; /* 2 slots, 0 ranks */
+  static const uint8_t partial[] = {0x12, 3, 1, 0, 0};
+  static const uint8_t bool2[] = {0x52, 1, 2};
+  uint8_t long_col[2 + 3 + 256 * 4] = {0x12, 0x80 | (1024 & 0x7f), 1024 >> 7};
+  char why[128];
+
+  ck_assert_int_ne(gs_node_beats_decode(&q, uneven, sizeof(uneven), why, sizeof(why)), 0);
+  ck_assert_msg(strstr(why, "differ in length"), "%s", why);
+  ck_assert_int_ne(gs_node_beats_decode(&q, partial, sizeof(partial), why, sizeof(why)), 0);
+  ck_assert_int_ne(gs_node_beats_decode(&q, bool2, sizeof(bool2), why, sizeof(why)), 0);
+  ck_assert_msg(strstr(why, "not 0 or 1"), "%s", why);
+  ck_assert_int_ne(gs_node_beats_decode(&q, long_col, 3 + 256 * 4, why, sizeof(why)), 0);
+  ck_assert_msg(strstr(why, "column too long"), "%s", why);
+}
+END_TEST
+
 static Suite *frame_suite(void)
 {
   Suite *s = suite_create("frame");
@@ -240,6 +320,10 @@ static Suite *frame_suite(void)
   suite_add_tcase(s, tc);
   tc = tcase_create("pb_array");
   tcase_add_test(tc, pb_array_round_trip_and_bound);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("node_beats");
+  tcase_add_test(tc, node_beats_round_trip);
+  tcase_add_test(tc, node_beats_decode_refuses_bad_columns);
   suite_add_tcase(s, tc);
   tc = tcase_create("buf");
   tcase_add_test(tc, buf_grows_and_consumes);

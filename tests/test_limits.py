@@ -335,7 +335,11 @@ def case_budget_unauth(binary, pb):
               f"closed or refused; {beats[0]} heartbeats all answered; peak RSS {peak:.1f} MiB")
         assert unauth <= 4 * MiB + MiB, unauth  # the share, and one buffer's growth
         assert heartbeat() == 0
-        assert "a quarter of --max-memory" in c.text(), c.text()[-3000:]
+        # Closed mid-frame, or refused at accept once the share's
+        # connections are taken (which comes first depends on timing).
+        text = c.text()
+        assert ("a quarter of --max-memory" in text or
+                "unauthenticated (their share of --max-memory)" in text), text[-3000:]
     finally:
         for a in attackers:
             a.close()

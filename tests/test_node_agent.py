@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Node agents (gradsync-relay, proto/README.md "Batch") with real agents,
+"""Node agents (gradsync-relay, proto/README.md "Batch", "NodeHeartbeat") with real agents,
 a real coordinator and Fashion-MNIST: node "a"'s three ranks reach the
 coordinator through a node agent on a Unix socket, node "b"'s one
 directly.
@@ -7,14 +7,17 @@ directly.
 Cases (one per run):
   mixed    the mixed job trains exactly (the same test accuracy, to the
            digit) as the same job with every rank connected directly; the
-           coordinator saw Batches (one frame for the node's Joins and for
-           its heartbeats) and one pack-list fetch for node a's two
+           coordinator saw a Batch (one frame for the node's Joins) and
+           NodeHeartbeats (one for its heartbeats of an interval) and one pack-list fetch for node a's two
            fetching ranks
   killed   the node agent killed (SIGKILL) mid-training in a fixed job:
            the job fails, its reason naming the node agent, and every rank
            stops
   elastic  the same in a 1:4 job: node b's rank regroups without node a's
            three and finishes, the regroup's reason naming the node agent
+  news     node b's direct rank killed in a 3:4 job: node a's ranks regroup
+           and go on, and the stop reaches rank 0 through the node agent
+           (news of its NodeHeartbeats)
   outage   the coordinator killed and restarted on its ports mid-training:
            the node agent redials it, its ranks redial the node agent and
            re-register through it like the direct rank, and the job trains
@@ -100,20 +103,23 @@ def run_four(relay):
         metrics = job.get("/metrics")
         ranks = json.loads(job.get(f"/jobs/{job.name}"))["ranks"]
         assert [r["node"] for r in ranks] == ["a", "a", "a", "b"], ranks
-        return accuracy(job.log(0)), calls(metrics, "Batch"), calls(metrics, "FetchPackList")
+        return (accuracy(job.log(0)), calls(metrics, "Batch"), calls(metrics, "NodeHeartbeat"),
+                calls(metrics, "FetchPackList"))
     finally:
         job.close()
 
 
 def case_mixed():
-    direct, none, fetches = run_four(relay=False)
-    mixed, batches, relayed = run_four(relay=True)
-    assert none == 0 and fetches == 3, (none, fetches)
-    assert batches >= 2, f"{batches} Batch calls: the node's Joins and heartbeats went one by one"
+    direct, none, no_beats, fetches = run_four(relay=False)
+    mixed, batches, node_beats, relayed = run_four(relay=True)
+    assert none == 0 and no_beats == 0 and fetches == 3, (none, no_beats, fetches)
+    assert batches >= 1, "no Batch: the node's Joins went one by one"
+    assert node_beats >= 1, "no NodeHeartbeat: the node's heartbeats went one by one"
     # Node a's ranks 1 and 2 asked; its node agent fetched once for both.
     assert relayed == 2, f"{relayed} pack-list fetches reached the coordinator, not 2"
     assert mixed == direct, f"through the node agent {mixed}, directly {direct}"
-    print(f"mixed job (node a behind a node agent, {batches} Batches, {relayed} pack-list fetches "
+    print(f"mixed job (node a behind a node agent, {batches} Batches, {node_beats} "
+          f"NodeHeartbeats, {relayed} pack-list fetches "
           f"for 3 fetching ranks): test accuracy {mixed:.4f}, the same as every rank direct")
 
 
@@ -152,6 +158,36 @@ def case_elastic():
         gens = json.loads(job.get(f"/jobs/{job.name}"))["generations"]
         assert [g["world_size"] for g in gens] == [4, 1], gens
         print(f"node agent killed in a 1:4 job: node b's rank went on: {m.group(0)}")
+    finally:
+        job.close()
+
+
+def case_news():
+    """Node b's direct rank killed in a 3:4 job: node a's ranks regroup
+    (their allreduce fails, and the abort comes as news of their
+    NodeHeartbeats, which the node agent answers their heartbeats with) and
+    go on; the operator's stop then reaches rank 0 the same way, as news
+    (without it no rank would stop)."""
+    job = NodeJob("3:4", *QUICK_LOSS)
+    try:
+        for i in range(4):
+            job.start(i, epochs=FOREVER)
+        job.wait_line(0, r"epoch 1 validation")
+        job.agents[3][0].kill()
+        for i in range(3):
+            job.wait_line(i, r"continuing with 3 ranks")
+        m = regroup_line(job.log(0))
+        job.wait_more(0, r"\nstep ")  # trains on, behind the node agent
+        job.stop()
+        expect_ok(job, range(3))
+        # Rank 0 (node a) heard the stop and passed it on to the others.
+        assert "the coordinator asked every rank to stop" in job.log(0), job.log(0)[-2000:]
+        metrics = job.get("/metrics")
+        assert calls(metrics, "NodeHeartbeat") >= 1, "the ranks' heartbeats never went as one"
+        gens = json.loads(job.get(f"/jobs/{job.name}"))["generations"]
+        assert [g["world_size"] for g in gens] == [4, 3], gens
+        print(f"node b's direct rank killed: node a's 3 ranks heard it through their node "
+              f"agent and went on: {m.group(0)}")
     finally:
         job.close()
 

@@ -1,68 +1,14 @@
 /* The node agent's loop (see relay.h). */
-#include "relay.h"
+#include "relay_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "buf.h"
 #include "frame.h"
-#include "wire.h"
 
-#define MAX_SLOT 255                      /* the coordinator's slots: 1..255 */
-#define UP_FRAME_MAX (64u << 20)          /* a Batch reply holds a node's replies */
-#define REDIAL_MS 1000                    /* between attempts to reach the coordinator */
-#define BATCH_ID_BASE (UINT64_C(1) << 62) /* the relay's own request ids upstream */
-#define PACK_LIST_PATH GS_METHOD_PREFIX "FetchPackList"
-
-typedef struct local {
-  uv_pipe_t pipe;
-  gs_relay_t *r;
-  uint32_t slot;
-  gs_buf_t rbuf;
-} local_t;
-
-/* Calls held to go up together: encoded Batch entries. */
-typedef struct pending {
-  gs_buf_t entries;
-  uint32_t count;
-  char token[256]; /* the callers' (every rank of a job has the same) */
-} pending_t;
-
-/* The pack list of one generation, fetched once for the node. */
-typedef struct pack_list {
-  char job[128];
-  uint64_t generation;
-  bool asked, have; /* a fetch is on its way up / its reply is kept below */
-  uint32_t asker_slot;
-  uint64_t asker_id;
-  gradsync_Envelope reply; /* its reply, and the reply's body */
-  gs_buf_t body;
-  struct waiter {
-    uint32_t slot;
-    uint64_t request_id;
-  } waiters[MAX_SLOT];
-  uint32_t nwaiters;
-} pack_list_t;
-
-struct gs_relay {
-  gs_relay_config_t cfg;
-  uv_loop_t *loop;
-  uv_pipe_t server;
-  uv_tcp_t up;
-  uv_connect_t up_req;
-  uv_getaddrinfo_t resolve;
-  bool up_open, up_ready, stopping;
-  gs_buf_t up_rbuf;
-  uv_timer_t flush, redial;
-  local_t *slots[MAX_SLOT + 1];
-  pending_t joins, beats;
-  pack_list_t pl;
-  uint64_t batch_seq;
-  gs_buf_t body, frame_body, out; /* scratch: decoded bodies, a frame being built */
-  uint32_t open_handles;
-};
+#define REDIAL_MS 1000 /* between attempts to reach the coordinator */
 
 static void up_dial(gs_relay_t *r);
 static void local_close(local_t *l);
@@ -87,7 +33,7 @@ static void on_written(uv_write_t *req, int status)
 
 /* Queues `len` bytes on a stream; false when it cannot (out of memory, or
  * the stream is closing). */
-static bool write_bytes(uv_stream_t *s, const uint8_t *data, size_t len)
+bool gs__relay_write(uv_stream_t *s, const uint8_t *data, size_t len)
 {
   write_req_t *w = malloc(sizeof(*w) + len);
   uv_buf_t b;
@@ -104,12 +50,12 @@ static bool write_bytes(uv_stream_t *s, const uint8_t *data, size_t len)
 }
 
 /* Sends `env` with the body bytes as one frame on `s`. */
-static bool send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,
-                       const uint8_t *body, size_t len)
+bool gs__relay_send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,
+                          const uint8_t *body, size_t len)
 {
   r->out.len = 0;
   return gs_wire_encode_frame_bytes(&r->out, env, body, len, UP_FRAME_MAX) == 0 &&
-         write_bytes(s, r->out.data, r->out.len);
+         gs__relay_write(s, r->out.data, r->out.len);
 }
 
 /* --- batches --- */
@@ -123,7 +69,8 @@ static void flush_pending(gs_relay_t *r, pending_t *p)
   snprintf(env.method, sizeof(env.method), "%s", gs_method_path(GS_METHOD_BATCH));
   env.request_id = BATCH_ID_BASE + ++r->batch_seq;
   snprintf(env.token, sizeof(env.token), "%s", p->token);
-  if (r->up_ready && !send_frame(r, (uv_stream_t *)&r->up, &env, p->entries.data, p->entries.len))
+  if (r->up_ready &&
+      !gs__relay_send_frame(r, (uv_stream_t *)&r->up, &env, p->entries.data, p->entries.len))
     gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: cannot send a batch of %u calls upstream",
            p->count);
   p->entries.len = 0;
@@ -134,7 +81,7 @@ static void flush_all(gs_relay_t *r)
 {
   uv_timer_stop(&r->flush);
   flush_pending(r, &r->joins);
-  flush_pending(r, &r->beats);
+  gs__relay_beats_flush(r);
 }
 
 static void on_flush(uv_timer_t *t)
@@ -142,7 +89,14 @@ static void on_flush(uv_timer_t *t)
   flush_all(t->data);
 }
 
-/* Holds a call to go up in the next batch of its kind. */
+/* Starts the batching window, if it is not running. */
+void gs__relay_flush_soon(gs_relay_t *r)
+{
+  if (!uv_is_active((uv_handle_t *)&r->flush))
+    uv_timer_start(&r->flush, on_flush, r->cfg.window_ms, 0);
+}
+
+/* Holds a Join to go up in the next batch. */
 static void hold(gs_relay_t *r, pending_t *p, const gradsync_Envelope *env, const gs_buf_t *body)
 {
   if (gs_wire_encode_batch_entry(&p->entries, env, body->data, body->len, UP_FRAME_MAX)) {
@@ -150,78 +104,10 @@ static void hold(gs_relay_t *r, pending_t *p, const gradsync_Envelope *env, cons
     return;
   }
   snprintf(p->token, sizeof(p->token), "%s", env->token);
-  if (++p->count >= r->cfg.ranks) {
+  if (++p->count >= r->cfg.ranks)
     flush_pending(r, p);
-    return;
-  }
-  if (!uv_is_active((uv_handle_t *)&r->flush))
-    uv_timer_start(&r->flush, on_flush, r->cfg.window_ms, 0);
-}
-
-/* --- the pack list, once per generation --- */
-
-/* Answers a waiter from the kept reply: its request id in place of the asker's. */
-static void answer_pack_list(gs_relay_t *r, uint32_t slot, uint64_t request_id)
-{
-  gradsync_Envelope env = r->pl.reply;
-  local_t *l = slot <= MAX_SLOT ? r->slots[slot] : NULL;
-
-  if (!l)
-    return;
-  env.request_id = request_id;
-  send_frame(r, (uv_stream_t *)&l->pipe, &env, r->pl.body.data, r->pl.body.len);
-}
-
-/* A local FetchPackList: answered from the kept list, or sent up once and
- * answered to everyone who asked when the reply comes. False when it is
- * for another generation than the one kept (it goes up on its own). */
-static bool fetch_pack_list(gs_relay_t *r, local_t *l, const gradsync_Envelope *env,
-                            const gs_buf_t *body)
-{
-  gradsync_FetchPackListRequest req = gradsync_FetchPackListRequest_init_zero;
-  pack_list_t *pl = &r->pl;
-
-  if (gs_wire_decode(body->data, body->len, gradsync_FetchPackListRequest_fields, &req, NULL, 0))
-    return false;
-  if (strcmp(req.job, pl->job) || req.generation != pl->generation) {
-    if (pl->asked && !pl->have)
-      return false; /* one generation at a time */
-    snprintf(pl->job, sizeof(pl->job), "%s", req.job);
-    pl->generation = req.generation;
-    pl->asked = pl->have = false;
-    pl->nwaiters = 0;
-  }
-  if (pl->have) {
-    answer_pack_list(r, l->slot, env->request_id);
-    return true;
-  }
-  if (pl->asked) {
-    if (pl->nwaiters == MAX_SLOT)
-      return false;
-    pl->waiters[pl->nwaiters++] = (struct waiter){l->slot, env->request_id};
-    return true;
-  }
-  pl->asked = true;
-  pl->asker_slot = l->slot;
-  pl->asker_id = env->request_id;
-  return false; /* the asker's own call goes up */
-}
-
-/* The reply to the node's pack-list fetch (`env`, slot 0, with `body`):
- * kept (when OK) and handed to every rank that waits for it. */
-static void pack_list_reply(gs_relay_t *r, const gradsync_Envelope *env, const gs_buf_t *body)
-{
-  pack_list_t *pl = &r->pl;
-
-  pl->body.len = 0;
-  if (gs_buf_append(&pl->body, body->data, body->len))
-    return;
-  pl->reply = *env;
-  pl->have = env->status == 0;
-  pl->asked = false;
-  for (uint32_t i = 0; i < pl->nwaiters; i++)
-    answer_pack_list(r, pl->waiters[i].slot, pl->waiters[i].request_id);
-  pl->nwaiters = 0;
+  else
+    gs__relay_flush_soon(r);
 }
 
 /* --- from the coordinator --- */
@@ -239,12 +125,16 @@ static void route_reply(gs_relay_t *r, gradsync_Envelope *env, const gs_buf_t *b
              env->method, env->message);
     return;
   }
+  if (l && env->request_id >= BATCH_ID_BASE && !strcmp(env->method, HEARTBEAT_PATH)) {
+    gs__relay_beat_news(l, env, body); /* for a beat of the node's */
+    return;
+  }
   env->slot = 0;
   if (!strcmp(env->method, PACK_LIST_PATH) && r->pl.asked && slot == r->pl.asker_slot &&
       env->request_id == r->pl.asker_id)
-    pack_list_reply(r, env, body);
+    gs__relay_pack_list_reply(r, env, body);
   if (l) /* else that rank's connection has closed */
-    send_frame(r, (uv_stream_t *)&l->pipe, env, body->data, body->len);
+    gs__relay_send_frame(r, (uv_stream_t *)&l->pipe, env, body->data, body->len);
 }
 
 static void up_frame(gs_relay_t *r, const uint8_t *payload, size_t len)
@@ -277,7 +167,6 @@ static void handle_gone(gs_relay_t *r)
   if (--r->open_handles == 0 && r->stopping) {
     gs_buf_free(&r->up_rbuf);
     gs_buf_free(&r->joins.entries);
-    gs_buf_free(&r->beats.entries);
     gs_buf_free(&r->pl.body);
     gs_buf_free(&r->body);
     gs_buf_free(&r->frame_body);
@@ -297,6 +186,7 @@ static void on_local_closed(uv_handle_t *h)
   gs_relay_t *r = l->r;
 
   gs_buf_free(&l->rbuf);
+  gs_buf_free(&l->held_body);
   free(l);
   handle_gone(r);
 }
@@ -307,6 +197,9 @@ static void local_close(local_t *l)
     return;
   if (l->r->slots[l->slot] == l)
     l->r->slots[l->slot] = NULL;
+  if (l->beat_due)
+    l->r->beats_due--;
+  l->beat_due = l->parked = false;
   uv_close((uv_handle_t *)&l->pipe, on_local_closed);
 }
 
@@ -331,8 +224,8 @@ static void up_lost(gs_relay_t *r, const char *why)
            "relay: lost the coordinator %s:%u (%s); closing the ranks' connections and redialing",
            r->cfg.coord_host, r->cfg.coord_port, why);
   r->up_ready = false;
-  r->joins.count = r->beats.count = 0;
-  r->joins.entries.len = r->beats.entries.len = 0;
+  r->joins.count = 0;
+  r->joins.entries.len = 0;
   r->pl = (pack_list_t){.body = r->pl.body};
   close_locals(r);
   if (r->up_open && !uv_is_closing((uv_handle_t *)&r->up))
@@ -473,10 +366,10 @@ static void local_frame(void *arg, const uint8_t *payload, size_t len)
     m = GS_METHOD_COUNT; /* the coordinator answers it: unknown */
   if (m == GS_METHOD_JOIN)
     hold(r, &r->joins, &env, &r->body);
-  else if (m == GS_METHOD_HEARTBEAT)
-    hold(r, &r->beats, &env, &r->body);
-  else if (m != GS_METHOD_FETCH_PACK_LIST || !fetch_pack_list(r, l, &env, &r->body))
-    send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);
+  else if (m == GS_METHOD_HEARTBEAT && gs__relay_beat(r, l, &env, &r->body))
+    return;
+  else if (m != GS_METHOD_FETCH_PACK_LIST || !gs__relay_pack_list_fetch(r, l, &env, &r->body))
+    gs__relay_send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);
 }
 
 static void on_local_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -544,8 +437,9 @@ gs_relay_t *gs_relay_start(uv_loop_t *loop, const gs_relay_config_t *cfg, char *
   }
   uv_timer_init(loop, &r->flush);
   uv_timer_init(loop, &r->redial);
-  r->flush.data = r->redial.data = r;
-  r->open_handles = 3; /* server, flush, redial */
+  uv_timer_init(loop, &r->tick);
+  r->flush.data = r->redial.data = r->tick.data = r;
+  r->open_handles = 4; /* server, flush, redial, tick */
   up_dial(r);
   return r;
 }
@@ -561,6 +455,7 @@ void gs_relay_stop(gs_relay_t *r)
   uv_cancel((uv_req_t *)&r->resolve);
   uv_close((uv_handle_t *)&r->flush, on_handle_closed);
   uv_close((uv_handle_t *)&r->redial, on_handle_closed);
+  uv_close((uv_handle_t *)&r->tick, on_handle_closed);
   uv_close((uv_handle_t *)&r->server, on_handle_closed);
   unlink(r->cfg.socket_path);
 }

@@ -4,9 +4,12 @@
  * The ranks connect to it on a Unix socket and speak the usual protocol,
  * unchanged. Each local connection gets a slot; the relay stamps every
  * call with it and sends it upstream, and hands each reply, by the slot it
- * echoes, back to its connection. Joins and heartbeats are held for a
- * short window (or until every expected rank's is in) and go up as one
- * Batch: one frame per node instead of one per rank. The pack list is
+ * echoes, back to its connection. Joins are held for a short window (or
+ * until every expected rank's is in) and go up as one Batch: one frame
+ * per node instead of one per rank. Heartbeats are answered here, from
+ * the last reply the coordinator sent for the rank's slot, and go up as
+ * one NodeHeartbeat per node and interval, which the coordinator answers
+ * only with news (proto/README.md, "NodeHeartbeat"). The pack list is
  * fetched once per generation and handed to every rank that asks.
  *
  * When the upstream connection ends, every local connection is closed

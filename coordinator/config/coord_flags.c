@@ -60,6 +60,12 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--idle-timeout", .kind = GS_FLAG_DURATION, CFG(idle_timeout_ms), .umin = 1,
    .metavar = "DUR", .help = "close connections idle this long",
    .doc = "connections (RPC and HTTP) with nothing to do this long are closed"},
+  {.name = "--loop-pace", .kind = GS_FLAG_DURATION, CFG(loop_pace_ms), .umax = 100,
+   .metavar = "DUR", .help = "with 1000+ connections, loop wake-ups at least this far apart (0s: off)",
+   .doc = "with 1,000 RPC connections or more, the loop wakes at most once per `DUR` and takes "
+          "what came meanwhile together: each wake-up costs the CPU more than the frames it "
+          "reads (100,000 ranks' heartbeats through node agents: docs/performance.md). Each "
+          "call may wait up to `DUR` longer; `0s` wakes for every event"},
   {.name = "--wait-timeout", .kind = GS_FLAG_DURATION, CFG(default_wait_ms), .umin = 1,
    .metavar = "DUR", .help = "default deadline of Fetch/FetchPackList",
    .doc = "deadline of `Fetch`/`FetchPackList` that set none"},
@@ -151,6 +157,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->heartbeat_timeout_ms = 10000;
   cfg->rendezvous_timeout_ms = 300000;
   cfg->idle_timeout_ms = 60000;
+  cfg->loop_pace_ms = 2;
   cfg->default_wait_ms = 60000;
   cfg->job_retention_ms = 3600000;
   cfg->stall_timeout_ms = 300000;

@@ -9,26 +9,36 @@
 #include "trace.h"
 #include "wire.h"
 
+/* A reply's `news` (HeartbeatResponse.news): every abort is the same news
+ * (the rank rejoins, and the node agent starts its slot afresh when its
+ * beats name another generation); each body built for the replies without
+ * one gets a number of its own, from 2, coordinator-wide. */
+#define NEWS_ABORT 1
+#define NEWS_FIRST_BODY 2
+
 /* The body of a heartbeat reply without an abort, encoded again only when
  * a directive changed since the last one. NULL if it cannot be encoded. */
 static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
 {
-  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
   gradsync_Directives now = gs__job_directives(job);
-
   const gradsync_Directives *d = &job->hb_reply_for;
+  gradsync_HeartbeatResponse resp; /* 600 bytes: zeroed only when it is built */
 
+  if (job->hb_reply_current)
+    return &job->hb_reply;
   if (job->hb_reply_valid && d->bcast_period == now.bcast_period &&
       d->broadcast_seq == now.broadcast_seq && d->checkpoint_seq == now.checkpoint_seq &&
       d->stop == now.stop && d->regroup_seq == now.regroup_seq && d->trace_seq == now.trace_seq &&
       d->lr_scale == now.lr_scale && job->hb_reply_held == job->held_version)
     return &job->hb_reply;
+  resp = (gradsync_HeartbeatResponse)gradsync_HeartbeatResponse_init_zero;
   resp.has_directives = true;
   resp.directives = now;
   resp.coordinator_id = job->jobs->cfg.coordinator_id;
   if (job->held_up.kind != GS_WAIT_NONE)
     snprintf(resp.waiting_on, sizeof(resp.waiting_on), "%s", job->held_up.reason);
   job->hb_reply_held = job->held_version;
+  job->hb_reply_news = resp.news = NEWS_FIRST_BODY + job->jobs->hb_replies_built++;
   job->hb_reply.len = 0;
   job->hb_reply_valid =
       gs_wire_encode(&job->hb_reply, gradsync_HeartbeatResponse_fields, &resp) == 0;
@@ -36,17 +46,25 @@ static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
   return job->hb_reply_valid ? &job->hb_reply : NULL;
 }
 
-static void reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id, bool abort,
-                               const char *why)
+/* Answers a heartbeat, unless its node agent holds this reply already
+ * (`seen`, its news; 0 for any other heartbeat). Returns whether it did. */
+static bool reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id, bool abort,
+                               const char *why, uint64_t seen)
 {
-  gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
   const gs_buf_t *body = abort ? NULL : ok_heartbeat_body(job);
   gs_responder_t *r = job->jobs->responder;
+  gradsync_HeartbeatResponse resp;
 
   if (body) {
+    if (seen && seen == job->hb_reply_news)
+      return false;
     gs__respond_bytes(r, peer, GS_METHOD_HEARTBEAT, request_id, body->data, body->len);
-    return;
+    return true;
   }
+  if (abort && seen == NEWS_ABORT)
+    return false;
+  resp = (gradsync_HeartbeatResponse)gradsync_HeartbeatResponse_init_zero;
+  resp.news = abort ? NEWS_ABORT : 0;
   resp.has_directives = true;
   resp.directives = gs__job_directives(job);
   resp.abort = abort;
@@ -54,11 +72,12 @@ static void reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id
     snprintf(resp.abort_reason, sizeof(resp.abort_reason), "%s", why);
   resp.coordinator_id = job->jobs->cfg.coordinator_id;
   gs__respond(r, peer, GS_METHOD_HEARTBEAT, request_id, gradsync_HeartbeatResponse_fields, &resp);
+  return true;
 }
 
-static void reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
+static bool reply_heartbeat(const gs_call_t *call, gs_job_t *job, bool abort, const char *why)
 {
-  reply_heartbeat_to(job, call->peer->id, call->request_id, abort, why);
+  return reply_heartbeat_to(job, call->peer->id, call->request_id, abort, why, call->news_seen);
 }
 
 /* Answers m's waiting heartbeat with what is true now. */
@@ -76,7 +95,15 @@ static void answer_waiting(gs_member_t *m)
   reply_heartbeat_to(job, m->wait_peer, m->wait_request, ended,
                      m->generation == job->aborted_generation
                          ? job->abort_reason
-                         : "this generation was superseded by a newer one");
+                         : "this generation was superseded by a newer one",
+                     m->wait_seen);
+}
+
+void gs__heartbeat_node_beats(gs_job_t *job, bool start)
+{
+  job->hb_reply_current = false;
+  if (start)
+    job->hb_reply_current = ok_heartbeat_body(job) != NULL;
 }
 
 void gs__heartbeat_release(gs_member_t *m)
@@ -90,13 +117,15 @@ void gs__heartbeat_tell_news(gs_job_t *job)
   gs_list_t *n;
 
   job->news_told = job->news;
-  while ((n = gs_list_first(&job->wait_list)))
+  while ((n = gs_list_first(&job->wait_list)) || (n = gs_list_first(&job->node_waits)))
     answer_waiting(GS_CONTAINER_OF(n, gs_member_t, wait_node));
 }
 
 /* Long poll: the reply waits for news or until the wait ends, at most
  * the heartbeat interval, so the rank's next heartbeat still comes in
- * time. Waits end in arrival order: the list stays sorted. */
+ * time. Waits end in arrival order: the list stays sorted. A node agent's
+ * beat waits for news alone (its node agent answers the rank meanwhile),
+ * on a list of its own, and ends unanswered after the heartbeat timeout. */
 static void wait_for_news(gs_member_t *m, const gs_call_t *call, uint32_t wait_ms)
 {
   gs_job_t *job = m->job;
@@ -106,9 +135,46 @@ static void wait_for_news(gs_member_t *m, const gs_call_t *call, uint32_t wait_m
     answer_waiting(m);
   m->wait_peer = call->peer->id;
   m->wait_request = call->request_id;
-  m->wait_until_ms = call->now_ms + (wait_ms < cap ? wait_ms : cap);
+  m->wait_seen = call->news_only ? call->news_seen : 0;
+  /* A node agent's beat is replaced by its slot's next one long before
+   * the heartbeat timeout; one that outlives it is a silent rank's. */
+  m->wait_until_ms = call->now_ms + (call->news_only ? job->jobs->cfg.heartbeat_timeout_ms
+                                     : wait_ms < cap ? wait_ms
+                                                     : cap);
   job->jobs->responder->park(job->jobs->responder, call->peer->id);
-  gs_list_insert_tail(&job->wait_list, &m->wait_node);
+  gs_list_insert_tail(call->news_only ? &job->node_waits : &job->wait_list, &m->wait_node);
+}
+
+/* Ends m's wait without an answer. */
+static void drop_wait(gs_member_t *m)
+{
+  gs_responder_t *r = m->job->jobs->responder;
+
+  gs_list_remove(&m->wait_node);
+  r->unpark(r, m->wait_peer);
+}
+
+/* A node agent's beat: answered now when its reply is news to the node
+ * agent, else held until there is news. It replaces the slot's earlier
+ * beat, which had no news either: its wait is this one's now. */
+static void answer_node_beat(gs_member_t *m, const gs_call_t *call)
+{
+  if (gs_list_linked(&m->wait_node) && !m->wait_seen)
+    answer_waiting(m); /* a long poll of a direct heartbeat */
+  if (reply_heartbeat(call, m->job, false, NULL)) {
+    if (gs_list_linked(&m->wait_node))
+      drop_wait(m);
+  } else if (gs_list_linked(&m->wait_node) && m->wait_peer == call->peer->id) {
+    m->wait_request = call->request_id; /* the same wait, for this beat, and as long */
+    m->wait_seen = call->news_seen;
+    m->wait_until_ms = call->now_ms + m->job->jobs->cfg.heartbeat_timeout_ms;
+    gs_list_remove(&m->wait_node);
+    gs_list_insert_tail(&m->job->node_waits, &m->wait_node);
+  } else {
+    if (gs_list_linked(&m->wait_node))
+      drop_wait(m);
+    wait_for_news(m, call, 0);
+  }
 }
 
 /* Ties a rank to the connection of its heartbeats. An agent joins on one
@@ -162,22 +228,22 @@ static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
 
 /* Where the rank says it is. A phase it is still in keeps its start, so
  * the coordinator's clock, not each heartbeat's rounding, times it. */
-static void note_progress(gs_member_t *m, uint64_t now, const gradsync_HeartbeatRequest *req)
+static void note_progress(gs_member_t *m, uint64_t now, const gs_beat_t *b)
 {
-  const gradsync_Progress *p = &req->progress;
+  const gradsync_Progress *p = &b->progress;
   uint64_t start = now - (p->phase_ms < now ? p->phase_ms : now);
   bool had = m->has_progress;
   bool same = had && m->phase == (uint32_t)p->phase && m->pack == p->pack &&
               m->collectives_done == p->collectives_done;
 
-  m->has_progress = req->has_progress;
-  if (!req->has_progress)
+  m->has_progress = b->has_progress;
+  if (!b->has_progress)
     return;
   /* Each heartbeat's share is one interval's, and a front end may report
    * each step's own times: smoothed over a few. */
   m->send_wait = had ? 0.5f * m->send_wait + 0.5f * p->send_wait : p->send_wait;
-  m->step_ms = had ? 0.75f * m->step_ms + 0.25f * (req->compute_ms + req->comm_wait_ms)
-                   : req->compute_ms + req->comm_wait_ms;
+  m->step_ms = had ? 0.75f * m->step_ms + 0.25f * (b->compute_ms + b->comm_wait_ms)
+                   : b->compute_ms + b->comm_wait_ms;
   if (!same || start < m->phase_start_ms)
     m->phase_start_ms = start;
   m->phase = (uint32_t)p->phase;
@@ -185,18 +251,18 @@ static void note_progress(gs_member_t *m, uint64_t now, const gradsync_Heartbeat
   m->collectives_done = p->collectives_done;
 }
 
-void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req)
+void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b)
 {
   gs_member_t *m;
   char why[300];
 
-  if (req->generation < job->generation) {
+  if (b->generation < job->generation) {
     snprintf(why, sizeof(why), "generation %llu was superseded by generation %llu",
-             (unsigned long long)req->generation, (unsigned long long)job->generation);
+             (unsigned long long)b->generation, (unsigned long long)job->generation);
     reply_heartbeat(call, job, true, why);
     return;
   }
-  m = gs__job_find_member(job, call, req->generation, req->rank);
+  m = gs__job_find_member(job, call, b->generation, b->rank);
   if (!m || !gs__session_owns(m, call))
     return;
   if (job->aborted_generation == job->generation) {
@@ -211,26 +277,33 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_Heartbea
     return;
   m->heartbeats_seen = true;
   gs__hb_touch(m, call->now_ms);
-  m->step = req->step;
-  if (req->step > job->step_max) {
-    job->step_max = req->step;
+  m->step = b->step;
+  if (b->step > job->step_max) {
+    job->step_max = b->step;
     job->step_advanced_ms = call->now_ms;
     if (job->stalled) {
       job->stalled = false;
       gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "no longer stalled: step %llu",
-             (unsigned long long)req->step);
+             (unsigned long long)b->step);
     }
   }
-  m->loss = req->loss;
-  m->samples_per_sec = req->samples_per_sec;
-  m->compute_ms = req->compute_ms;
-  m->comm_wait_ms = req->comm_wait_ms;
-  note_progress(m, call->now_ms, req);
-  gs__trace_clock_sample(m, req->clock_sent_us, req->clock_replied_us);
-  gs__trace_stamp(m, &m->hb_arrived_us, call->now_ms);
-  if (req->wait_ms && job->news == job->news_told) {
-    wait_for_news(m, call, req->wait_ms);
-  } else {
+  m->loss = b->loss;
+  m->samples_per_sec = b->samples_per_sec;
+  m->compute_ms = b->compute_ms;
+  m->comm_wait_ms = b->comm_wait_ms;
+  note_progress(m, call->now_ms, b);
+  gs__waiting_note_beat(m, call->now_ms);
+  /* A node agent's beat has no clock samples: its rank's round trips end
+   * at the node agent. */
+  if (!call->news_only) {
+    gs__trace_clock_sample(m, b->clock_sent_us, b->clock_replied_us);
+    gs__trace_stamp(m, &m->hb_arrived_us, call->now_ms);
+  }
+  if (call->news_only)
+    answer_node_beat(m, call);
+  else if (b->wait_ms && job->news == job->news_told)
+    wait_for_news(m, call, b->wait_ms);
+  else {
     reply_heartbeat(call, job, false, NULL);
     m->hb_replied_us = m->hb_arrived_us;
   }
@@ -273,7 +346,8 @@ static void forgive_own_stall(gs_job_t *job, uint64_t now, uint64_t gap)
          gap / 1000.0);
 }
 
-/* Answers the heartbeats whose wait ended: the head of the wait list. */
+/* Answers the heartbeats whose wait ended (the head of the wait list),
+ * and ends, unanswered, the node agents' beats that outlived theirs. */
 static void end_waits(gs_job_t *job, uint64_t now)
 {
   gs_list_t *n;
@@ -284,6 +358,13 @@ static void end_waits(gs_job_t *job, uint64_t now)
     if (m->wait_until_ms > now)
       break;
     answer_waiting(m);
+  }
+  while ((n = gs_list_first(&job->node_waits))) {
+    gs_member_t *m = GS_CONTAINER_OF(n, gs_member_t, wait_node);
+
+    if (m->wait_until_ms > now)
+      break;
+    drop_wait(m);
   }
 }
 

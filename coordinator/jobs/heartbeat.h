@@ -5,12 +5,17 @@
 
 #include "job.h"
 
-/* A Heartbeat for `job`. O(1) and allocation-free for a running rank. The
+/* A heartbeat for `job` (a Heartbeat's, or a beat of a NodeHeartbeat:
+ * call->news_only). O(1) and allocation-free for a running rank. The
  * rank's first heartbeat makes its connection the one whose loss loses the
  * rank (the agent heartbeats on a connection of its own, not the one it
  * joined on); heartbeats for it from any other connection are then refused
  * (FAILED_PRECONDITION). */
-void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gradsync_HeartbeatRequest *req);
+void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b);
+/* Around the beats of one NodeHeartbeat (start true, then false): the
+ * reply to a heartbeat is built or checked once for all of them, as
+ * nothing a heartbeat does changes a directive or the verdict. */
+void gs__heartbeat_node_beats(gs_job_t *job, bool start);
 /* Answers every heartbeat of `job` that waits for news (wait_ms), once
  * job->news grew: a generation's end or a directive reaches every rank
  * at once, not at its next heartbeat. O(waiting) per change. */

@@ -79,10 +79,31 @@ typedef struct gs_jobs {
    * heartbeat's progress bumps `progress` instead (http_routes.c lets a
    * large page lag it a little). */
   uint64_t version, progress;
+  /* Heartbeat reply bodies built so far: each one's `news` number. */
+  uint64_t hb_replies_built;
   /* The latest time an entry point was given (a closing connection brings
    * none of its own). */
   uint64_t now_ms;
 } gs_jobs_t;
+
+/* One rank's heartbeat as the jobs layer reads it: what a Heartbeat's
+ * request says, or one column of a node agent's NodeHeartbeat. */
+typedef struct gs_beat {
+  uint64_t generation;
+  uint32_t rank;
+  uint64_t step;
+  float loss, samples_per_sec, compute_ms, comm_wait_ms;
+  bool has_progress;
+  gradsync_Progress progress;
+  uint64_t clock_sent_us, clock_replied_us; /* 0: no sample */
+  uint32_t wait_ms;                         /* long poll (not a node agent's) */
+} gs_beat_t;
+
+/* A beat of a NodeHeartbeat: the call of its slot (news_only), its beat. */
+typedef struct gs_node_beat {
+  gs_call_t call;
+  gs_beat_t beat;
+} gs_node_beat_t;
 
 typedef enum gs_job_state {
   GS_JOB_WAITING = 0,
@@ -146,6 +167,7 @@ struct gs_member {
    * wait list, in arrival order, which is the order its waits end. */
   gs_list_t wait_node;
   uint64_t wait_peer, wait_request, wait_until_ms;
+  uint64_t wait_seen; /* a node agent's beat: the news it holds (its wait has no end) */
 };
 
 /* One generation of a job, for /jobs/NAME: when it started, its world,
@@ -206,6 +228,7 @@ struct gs_job {
    * change they wait for (a generation's end, a directive), `news_told`
    * is the value they were last answered at. */
   gs_list_t wait_list;
+  gs_list_t node_waits; /* node agents' beats, waiting only for news */
   uint64_t news, news_told;
   uint64_t last_hb_sweep_ms; /* the liveness sweep's last run (0: never) */
 
@@ -223,6 +246,8 @@ struct gs_job {
   gradsync_Directives hb_reply_for;
   bool hb_reply_valid;
   uint64_t hb_reply_held; /* the held_version it carries */
+  uint64_t hb_reply_news; /* its `news` */
+  bool hb_reply_current;  /* known current: beats of one NodeHeartbeat are being taken */
 
   uint64_t aborted_generation;
   char abort_reason[256];
@@ -237,6 +262,7 @@ struct gs_job {
    * of its verdicts' changes (the heartbeat reply carries the verdict). */
   gs_waiting_on_t held_up;
   uint64_t held_checked_ms;
+  uint64_t held_beat_ms; /* the latest heartbeat of a rank held in a collective */
   uint64_t held_version;
   /* The latest step-timeline request (trace.c): its number, its steps, the
    * generation asked. */

@@ -32,6 +32,10 @@ void gs__jobs_fetch_pack_list(gs_jobs_t *jobs, const gs_call_t *call,
                               const gradsync_FetchPackListRequest *req);
 void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
                         const gradsync_HeartbeatRequest *req);
+/* A node agent's beats for ranks of job `job`, each a heartbeat of its
+ * slot answered only with news (proto/README.md, "NodeHeartbeat"). */
+void gs__jobs_node_heartbeat(gs_jobs_t *jobs, const char *job, const gs_node_beat_t *beats,
+                             uint32_t n);
 void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_LeaveRequest *req);
 
 /* `peer`'s connection closed: a member bound to it leaves its rendezvous

@@ -33,6 +33,11 @@ typedef struct gs_call {
   uint64_t now_ms;      /* the caller's clock: tests inject their own */
   uint64_t deadline_ms; /* absolute, on the same clock */
   const char *session;  /* the envelope's session ("" or NULL: none); borrowed */
+  /* A node agent's beat (NodeHeartbeat): answered only when its reply's
+   * news differs from news_seen (0: it holds none), else held, without a
+   * deadline, until there is news. */
+  bool news_only;
+  uint64_t news_seen;
 } gs_call_t;
 
 /* One answer: err 0 with a message (fields, msg) or an already encoded body

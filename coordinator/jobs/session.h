@@ -30,8 +30,8 @@ gs_member_t *gs__session_member(gs_job_t *job, const char *session, uint64_t gen
 gs_member_t *gs__session_check(gs_job_t *job, const gs_call_t *call, uint64_t generation,
                                long want_rank);
 
-/* Whether the call carries m's session; answers PERMISSION_DENIED when
- * not. */
+/* Whether the call carries m's session (or is a node agent's beat on the
+ * slot that carries m's heartbeats); answers PERMISSION_DENIED when not. */
 bool gs__session_owns(const gs_member_t *m, const gs_call_t *call);
 
 #endif

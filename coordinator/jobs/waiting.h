@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 struct gs_job;
+struct gs_member;
 
 /* Ranks named in full; the count says how many there are in all. */
 #define GS_WAITING_MAX_RANKS 8
@@ -42,8 +43,11 @@ typedef struct gs_waiting_on {
 
 const char *gs__wait_kind_name(gs_wait_kind_t k);
 
+/* A heartbeat of m's was taken: notes whether it says m is held up. O(1). */
+void gs__waiting_note_beat(struct gs_member *m, uint64_t now);
 /* Looks at the job's running ranks (O(world), at most four times a
- * second) and updates job->held_up: names the rank(s) that held-up ranks
+ * second, and only while a recent heartbeat said its rank was held up)
+ * and updates job->held_up: names the rank(s) that held-up ranks
  * wait on, or clears it; logs both, and makes the heartbeat replies carry
  * it. */
 void gs__waiting_sweep(struct gs_job *job, uint64_t now);

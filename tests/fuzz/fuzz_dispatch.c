@@ -8,7 +8,8 @@
  *   op % 4 == 2: the clock moves by the bytes (big-endian ms), then a sweep;
  *   op % 4 == 3: a control request (bytes: period, action) on the job the
  *                bytes after them name.
- * Every reply is encoded as rpc.c would send it, and parked calls must be
+ * A NodeHeartbeat's beats are calls of fake peers too (its slots modulo
+ * eight). Every reply is encoded as rpc.c would send it, and parked calls must be
  * unparked exactly once while its connection is open. State is reset between inputs so that a saved
  * crash input replays the same way on its own. */
 #include <ctype.h>
@@ -17,6 +18,7 @@
 
 #include "fuzz.h"
 #include "jobs.h"
+#include "node_beats.h"
 #include "requests.h"
 #include "rpc_checks.h"
 
@@ -112,6 +114,43 @@ static void dispatch(fuzz_world_t *w, gs_peer_t *peer, const gs_call_t *call, fu
   (void)peer;
 }
 
+/* A NodeHeartbeat, as rpc.c hands one to the jobs layer: each beat a
+ * call of its slot, which is one of the fake peers here (slot % PEERS),
+ * so node beats and direct calls meet on the same members. */
+static void node_beats(fuzz_world_t *w, const gs_call_t *call, const gs_buf_t *body)
+{
+  static gs_node_beats_t q;
+  static gs_node_beat_t beats[GS_NODE_BEATS_MAX];
+  static char sessions[GS_NODE_BEATS_MAX][48];
+  uint32_t n = 0;
+
+  if (gs_node_beats_decode(&q, body->data, body->len, NULL, 0) || !gs__job_name_ok(q.msg.job))
+    return;
+  for (uint32_t i = 0; i < q.count; i++) {
+    gs_peer_t *peer = &w->peers[q.slot[i] % PEERS];
+    const char *session = gs_node_beats_session(&q, q.slot[i]);
+
+    /* As for a direct call: the member's session unless the beat has one. */
+    snprintf(sessions[n], sizeof(sessions[n]), "%s",
+             session[0] || !peer->member || q.slot[i] & 0x80 ? session : peer->member->session);
+    beats[n].call = *call;
+    beats[n].call.method = GS_METHOD_HEARTBEAT;
+    beats[n].call.peer = peer;
+    beats[n].call.session = sessions[n];
+    beats[n].call.news_only = true;
+    beats[n].call.news_seen = q.news_seen[i];
+    beats[n++].beat = (gs_beat_t){.generation = q.generation[i],
+                                  .rank = q.rank[i],
+                                  .step = q.step[i],
+                                  .has_progress = q.has_progress[i],
+                                  .progress = {.phase = (gradsync_Phase)q.phase[i],
+                                               .pack = q.pack[i],
+                                               .phase_ms = q.phase_ms[i],
+                                               .collectives_done = q.collectives_done[i]}};
+  }
+  gs__jobs_node_heartbeat(&w->jobs, q.msg.job, beats, n);
+}
+
 /* One frame payload from `peer`, as gs__rpc_on_frame takes it. */
 static void on_frame(fuzz_world_t *w, gs_peer_t *peer, const uint8_t *payload, size_t len)
 {
@@ -132,6 +171,10 @@ static void on_frame(fuzz_world_t *w, gs_peer_t *peer, const uint8_t *payload, s
   if (!env.session[0] && peer->member)
     snprintf(env.session, sizeof(env.session), "%s", peer->member->session);
   call.session = env.session;
+  if (call.method == GS_METHOD_NODE_HEARTBEAT) {
+    node_beats(w, &call, &body);
+    goto out;
+  }
   if (fuzz_request_decode(&rq, call.method, body.data, body.len) == 0 &&
       gs__job_name_ok(fuzz_request_job(&rq)))
     dispatch(w, peer, &call, &rq);

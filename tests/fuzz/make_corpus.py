@@ -13,7 +13,8 @@ import sys
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-METHODS = ["Join", "Publish", "Fetch", "PublishPackList", "FetchPackList", "Heartbeat", "Leave"]
+METHODS = ["Join", "Publish", "Fetch", "PublishPackList", "FetchPackList", "Heartbeat", "Leave",
+           "Batch", "NodeHeartbeat"]
 
 
 # Protobuf wire format, enough for our messages.
@@ -52,6 +53,23 @@ def pack_list(params, sizes, order, threshold=1 << 20):
     ps = [(2, msg((1, name), (2, elements), (3, dtype))) for name, elements, dtype in params]
     return msg((1, threshold), *ps, (3, b"".join(varint(s) for s in sizes)),
                (4, b"".join(varint(o) for o in order)))
+
+
+def node_beats(job, beats, sessions=()):
+    """A NodeHeartbeatRequest: beats are (slot, rank, generation, step,
+    news_seen); its columns packed fixed-width, has_progress packed bools."""
+    def col(num, fmt, values):
+        return field(num, b"".join(struct.pack("<" + fmt, v) for v in values))
+
+    cols = list(zip(*beats))
+    n = len(beats)
+    return b"".join([field(1, job), col(2, "I", cols[0]), col(3, "I", cols[1]),
+                     col(4, "Q", cols[2]), col(5, "Q", cols[3]), col(6, "f", [1.5] * n),
+                     col(7, "f", [100.0] * n), col(8, "f", [9.0] * n), col(9, "f", [1.0] * n),
+                     field(10, bytes([1] * n)), col(11, "I", [3] * n), col(12, "I", [0] * n),
+                     col(13, "I", [700] * n), col(14, "Q", cols[3]), col(15, "f", [0.0] * n),
+                     col(16, "Q", cols[4])]
+                    + [field(17, msg((1, slot), (2, sess))) for slot, sess in sessions])
 
 
 REQUESTS = {
@@ -103,6 +121,8 @@ def corpus_messages():
         for i, body in enumerate(bodies):
             out[f"{method.lower()}-{i}"] = bytes([METHODS.index(method)]) + body
     out["empty-join"] = bytes([0])
+    out["nodeheartbeat-0"] = bytes([METHODS.index("NodeHeartbeat")]) + node_beats(
+        "j", [(1, 0, 1, 5, 0), (2, 1, 1, 5, 2)], [(1, "0." + "ab" * 16)])
     return out
 
 
@@ -132,7 +152,16 @@ def corpus_dispatch():
             + call(2, "Join", join(node="n0", rejoin=1), 5) + tick(70000))
     waiting = (call(0, "Join", join(world=3), 1) + record(1, 0, b"") + tick(61000)
                + call(3, "Join", join(job="solo", world=1), 2) + tick(1000))
-    return {"train": train, "lost-rank": lost, "rendezvous-timeout": waiting}
+    # Node beats on the joined ranks' peers (slot % 8), then news, then
+    # beats holding the news, then one without a session (slot 129 % 8).
+    node = (call(0, "Join", join(node="n0"), 1) + call(1, "Join", join(node="n1", local=1), 2)
+            + tick(500) + call(2, "NodeHeartbeat", node_beats("j", [(0, 0, 1, 1, 0),
+                                                                    (1, 1, 1, 1, 0)]), 7)
+            + record(3, 0, bytes([3, 1]) + b"j")
+            + call(2, "NodeHeartbeat", node_beats("j", [(0, 0, 1, 2, 2), (1, 1, 1, 2, 2)]), 8)
+            + call(2, "NodeHeartbeat", node_beats("j", [(129, 1, 1, 3, 3)]), 9)
+            + tick(11000))
+    return {"train": train, "lost-rank": lost, "rendezvous-timeout": waiting, "node-beats": node}
 
 
 def corpus_http():

@@ -19,7 +19,7 @@ const pb_msgdesc_t *fuzz_request_fields(gs_method_t m)
       [GS_METHOD_LEAVE] = gradsync_LeaveRequest_fields,
   };
 
-  return m < GS_METHOD_COUNT ? fields[m] : NULL; /* Batch: no message of one rank */
+  return m < GS_METHOD_COUNT ? fields[m] : NULL; /* Batch, NodeHeartbeat: lists */
 }
 
 int fuzz_request_decode(fuzz_request_t *rq, gs_method_t m, const uint8_t *data, size_t len)
