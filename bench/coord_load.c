@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -60,6 +61,10 @@ typedef struct cfg {
   bool node_agents; /* one connection per node, its calls in Batches */
   uint32_t window;  /* connects in flight at once */
   uint64_t duration_ms, warmup_ms, interval_ms, join_timeout_ms;
+  /* A hang to name: this long into heartbeating, rank hang_rank's data
+   * loader hangs and every other rank waits in the allreduce. 0: none. */
+  uint64_t hang_after_ms;
+  uint32_t hang_rank;
   long coord_pid; /* 0: no CPU measurement */
   gradsync_PeerSet peers;
 } cfg_t;
@@ -122,7 +127,10 @@ struct load {
   /* Heartbeat schedule and counters. */
   uint64_t hb_start_ns, hb_sent, hb_replies, hb_aborts, hb_errors, hb_overlaps;
   uint64_t hb_rounds; /* connections' heartbeat rounds sent: the schedule's position */
-  uint32_t *lat_us;   /* one per reply, for percentiles */
+  uint64_t hang_ns;   /* --hang-after: when the hang begins (uv_hrtime; 0: none) */
+  uint64_t hang_step; /* the step every rank hangs at (0: not yet) */
+  bool hang_told;
+  uint32_t *lat_us; /* one per reply, for percentiles */
   size_t lat_count, lat_cap;
   /* The CPU window. */
   bool window_open, window_closed;
@@ -162,12 +170,18 @@ static void usage(FILE *out)
           "  --warmup DUR             heartbeating before the CPU window opens (default 2s)\n"
           "  --duration DUR           length of the CPU window (default 15s); 0s: heartbeat\n"
           "                           until SIGINT or SIGTERM\n"
+          "  --hang-after DUR         this long into heartbeating, one rank's data loader\n"
+          "                           hangs (its heartbeats say so) and every other rank\n"
+          "                           waits in the allreduce: a hang for the coordinator\n"
+          "                           to name; prints the hang line below (default: none)\n"
+          "  --hang-rank R            the rank that hangs (default: the middle one)\n"
           "  --coord-pid PID          measure this process's CPU time (/proc/PID/stat) and\n"
           "                           resident memory (VmRSS of /proc/PID/status)\n"
           "  -h, --help               print this help and exit\n"
           "\n"
           "Output (stdout), one line each:\n"
           "  coord_load: joined ranks=N rendezvous_s=S generation=G\n"
+          "  coord_load: hang rank=R at_unix_ms=T      (with --hang-after)\n"
           "  coord_load: result ranks=N mode=direct|node connections=C rendezvous_s=S\n"
           "              hb_per_s=R coord_cpu_pct=P ... coord_rss_mb=M coord_rss_per_rank_kb=K\n"
           "              ... errors=E\n"
@@ -393,6 +407,23 @@ static void send_join(conn_t *c, sim_rank_t *r, uint64_t now)
     fail(ld, "cannot send Join for agent %u", r->index);
 }
 
+/* During the hang: the hung rank's step stops in its data loader, every
+ * other rank's in the allreduce that waits for it, the same step and
+ * collective for all (the steps are the ones the hang began at). */
+static void hung_beat(load_t *ld, sim_rank_t *r, gradsync_HeartbeatRequest *req, uint64_t now)
+{
+  uint32_t waited_ms = (uint32_t)((now - ld->hang_ns) / 1000000);
+
+  if (!ld->hang_step)
+    ld->hang_step = r->step;
+  r->step = ld->hang_step;
+  req->step = ld->hang_step;
+  req->progress.collectives_done = ld->hang_step;
+  req->progress.phase_ms = waited_ms;
+  req->progress.phase =
+      r->rank == ld->cfg.hang_rank ? gradsync_Phase_PHASE_DATA : gradsync_Phase_PHASE_ALLREDUCE;
+}
+
 static void send_heartbeat(conn_t *c, sim_rank_t *r, uint64_t now)
 {
   load_t *ld = c->ld;
@@ -406,12 +437,14 @@ static void send_heartbeat(conn_t *c, sim_rank_t *r, uint64_t now)
   req.samples_per_sec = 1000.0f;
   req.compute_ms = 10.0f + 0.1f * (float)(r->rank % 5); /* no stragglers */
   req.comm_wait_ms = 1.0f;
+  req.has_progress = true;
+  req.progress = (gradsync_Progress){
+      .phase = gradsync_Phase_PHASE_COMPUTE, .phase_ms = 5, .collectives_done = r->step};
+  if (ld->hang_ns && now >= ld->hang_ns)
+    hung_beat(ld, r, &req, now);
   ld->hb_sent++;
   if (ld->cfg.node_agents) {
     /* A beat of the node's NodeHeartbeat: the session until a reply came. */
-    req.has_progress = true;
-    req.progress = (gradsync_Progress){
-        .phase = gradsync_Phase_PHASE_COMPUTE, .phase_ms = 5, .collectives_done = r->step};
     if (!ld->node_beats->count)
       gs_node_beats_reset(ld->node_beats, ld->cfg.job);
     if (gs_node_beats_add(ld->node_beats, r->index % ld->cfg.per_node + 1, &req, r->news,
@@ -860,6 +893,16 @@ static void on_tick(uv_timer_t *t)
       elapsed / interval_ns * ld->nconns + (elapsed % interval_ns) * ld->nconns / interval_ns;
   uint64_t warm_ns = ld->cfg.warmup_ms * 1000000ULL;
 
+  if (ld->hang_ns && now >= ld->hang_ns && !ld->hang_told) {
+    struct timespec wall;
+
+    /* The wall clock, for whoever polls the coordinator for its verdict. */
+    clock_gettime(CLOCK_REALTIME, &wall);
+    printf("coord_load: hang rank=%u at_unix_ms=%lld\n", ld->cfg.hang_rank,
+           (long long)wall.tv_sec * 1000 + wall.tv_nsec / 1000000);
+    fflush(stdout);
+    ld->hang_told = true;
+  }
   while (ld->hb_rounds < due && ld->phase == PH_HEARTBEAT)
     send_all(&ld->conns[ld->hb_rounds++ % ld->nconns], send_heartbeat, now);
   if (!ld->window_open && elapsed >= warm_ns) {
@@ -889,6 +932,8 @@ static void all_joined(load_t *ld)
   fflush(stdout);
   ld->phase = PH_HEARTBEAT;
   ld->hb_start_ns = uv_hrtime();
+  if (ld->cfg.hang_after_ms)
+    ld->hang_ns = ld->hb_start_ns + ld->cfg.hang_after_ms * 1000000ULL;
   uv_timer_start(&ld->tick, on_tick, TICK_MS, TICK_MS);
 }
 
@@ -1012,6 +1057,8 @@ enum {
   OPT_DURATION,
   OPT_PID,
   OPT_NODE_AGENTS,
+  OPT_HANG_AFTER,
+  OPT_HANG_RANK,
 };
 
 static const struct option options[] = {
@@ -1028,6 +1075,8 @@ static const struct option options[] = {
     {"duration", required_argument, NULL, OPT_DURATION},
     {"coord-pid", required_argument, NULL, OPT_PID},
     {"node-agents", no_argument, NULL, OPT_NODE_AGENTS},
+    {"hang-after", required_argument, NULL, OPT_HANG_AFTER},
+    {"hang-rank", required_argument, NULL, OPT_HANG_RANK},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -1053,6 +1102,7 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
                  .warmup_ms = 2000,
                  .interval_ms = 1000,
                  .join_timeout_ms = 60000,
+                 .hang_rank = UINT32_MAX,
                  .peers = gradsync_PeerSet_PEERS_RING};
   snprintf(cfg->job, sizeof(cfg->job), "load");
   if (env_token)
@@ -1099,7 +1149,8 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
     case OPT_JOIN_TIMEOUT:
     case OPT_INTERVAL:
     case OPT_WARMUP:
-    case OPT_DURATION: {
+    case OPT_DURATION:
+    case OPT_HANG_AFTER: {
       uint64_t ms;
 
       if (gs_parse_duration_ms(optarg, &ms) ||
@@ -1108,9 +1159,15 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
       *(opt == OPT_JOIN_TIMEOUT ? &cfg->join_timeout_ms
         : opt == OPT_INTERVAL   ? &cfg->interval_ms
         : opt == OPT_WARMUP     ? &cfg->warmup_ms
+        : opt == OPT_HANG_AFTER ? &cfg->hang_after_ms
                                 : &cfg->duration_ms) = ms;
       break;
     }
+    case OPT_HANG_RANK:
+      if (gs_parse_long(optarg, 0, 1 << 20, &n))
+        return bad(name, optarg, "a rank");
+      cfg->hang_rank = (uint32_t)n;
+      break;
     case OPT_PID:
       if (gs_parse_long(optarg, 1, 1L << 30, &n))
         return bad(name, optarg, "a process id");
@@ -1133,6 +1190,13 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
   }
   if (!have_coord) {
     fprintf(stderr, "coord_load: --coordinator HOST:PORT is required (try --help)\n");
+    return 2;
+  }
+  if (cfg->hang_rank == UINT32_MAX)
+    cfg->hang_rank = cfg->ranks / 2;
+  if (cfg->hang_rank >= cfg->ranks) {
+    fprintf(stderr, "coord_load: --hang-rank %u is not one of the %u ranks\n", cfg->hang_rank,
+            cfg->ranks);
     return 2;
   }
   if (cfg->node_agents && cfg->per_node > MAX_SLOT) {

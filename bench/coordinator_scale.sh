@@ -14,6 +14,10 @@
 #      ranks connected directly at each of --direct-worlds (those the
 #      open-file limit allows), and GET /status under wrk while the largest
 #      node world heartbeats;
+#   4. a hang at the largest node world (coord_load --hang-after: one rank's
+#      data loader hangs, every other rank waits in the allreduce): the time
+#      from the hang until GET /jobs/NAME names that rank, and the
+#      coordinator's CPU while the job is held up;
 #
 # each --runs times, and prints a table of medians against the targets.
 # The simulated ranks come from bench/coord_load.c (one libuv loop, one TCP
@@ -22,6 +26,7 @@
 # usage: bench/coordinator_scale.sh [BUILD_DIR] [--runs N] [--ranks N]
 #            [--status-ranks N] [--hb-seconds S] [--wrk-seconds S]
 #            [--node-worlds "10000 20000 50000 100000"] [--direct-worlds "10000 20000"]
+#            (scenarios 3 and 4 need --node-worlds; "" skips them)
 #
 # BUILD_DIR (default: build) is configured and built if needed; missing
 # Debian packages (the build's, and wrk) are installed. Run as root or with
@@ -233,6 +238,47 @@ for run in $(seq "$runs"); do
   echo "run $run: GET /status $rps_run req/s while $largest ranks heartbeat through node agents"
 done
 
+# --- scenario 4: a hang named at the largest node world -----------------------
+# Polls /jobs/load (no rank list) every 50 ms from the moment coord_load
+# says the hang began until waiting_on names the hung rank as a hang; the
+# CPU window (the last 8 s) lies inside the hang.
+hang_s=() hang_cpu=()
+for run in $(seq "$runs"); do
+  [ -n "$largest" ] || break
+  start_coordinator "${big[@]}"
+  "$load_bin" --coordinator "$rpc_addr" --ranks "$largest" --node-agents --join-timeout 120s \
+    --hang-after 5s --warmup 9s --duration 8s --coord-pid "$coord_pid" \
+    >"$work/hang.out" 2>"$work/hang.log" &
+  load_pid=$!
+  for i in $(seq 2400); do
+    grep -q "hang rank" "$work/hang.out" && break
+    kill -0 "$load_pid" 2>/dev/null || die "coord_load exited: $(tail -3 "$work/hang.log")"
+    sleep 0.05
+  done
+  hang_line=$(grep "hang rank" "$work/hang.out") || die "coord_load never hung a rank"
+  named=$(python3 - "http://$http_addr/jobs/load?ranks_limit=0" "$(field rank "$hang_line")" \
+    "$(field at_unix_ms "$hang_line")" <<'PY'
+import json, sys, time, urllib.request
+url, rank, at_ms = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+while time.time() * 1000 - at_ms < 60000:
+    w = json.load(urllib.request.urlopen(url, timeout=30)).get("waiting_on") or {}
+    if w.get("hang") and rank in w.get("ranks", []):
+        print(f"{(time.time() * 1000 - at_ms) / 1000:.2f} {w['kind']}")
+        sys.exit(0)
+    time.sleep(0.05)
+sys.exit("not named within 60 s")
+PY
+  ) || die "the hung rank was not named: $(tail -3 "$work/hang.log")"
+  wait "$load_pid" || die "coord_load failed during the hang: $(tail -3 "$work/hang.log")"
+  load_pid=""
+  stop_coordinator
+  line=$(grep result "$work/hang.out")
+  hang_s+=("${named% *}")
+  hang_cpu+=("$(field coord_cpu_pct "$line")")
+  echo "run $run: $largest ranks, one rank's data loader hung: named (${named#* }) after" \
+    "${named% *} s; coordinator CPU $(field coord_cpu_pct "$line")% while held up"
+done
+
 # --- the table --------------------------------------------------------------
 # verdict VALUE TARGET lt|ge: "3.9x under" / "MISSED (1.2x over)" ...
 verdict() {
@@ -274,4 +320,8 @@ if [ -n "$largest" ] && [ -n "${s_rdv[node $largest]:-}" ]; then
     "${s_cpu[node $largest]} %" "< 10 %" "$(verdict "${s_cpu[node $largest]}" 10 lt)"
   printf '%-62s %-10s %-10s %s\n' "GET /status req/s, $largest ranks heartbeating" "$m_nrps" \
     ">= 20000" "$(verdict "$m_nrps" 20000 ge)"
+  printf '%-62s %-10s %-10s %s\n' "a hang named, $largest ranks (from the hang to /jobs/NAME)" \
+    "$(median "${hang_s[@]}") s" "< 2 s" "$(verdict "$(median "${hang_s[@]}")" 2 lt)"
+  printf '%-62s %-10s %s\n' "coordinator CPU while they are held up" \
+    "$(median "${hang_cpu[@]}") %" "(the stall look is O(world) then)"
 fi
