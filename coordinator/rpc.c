@@ -435,24 +435,10 @@ static void on_node_heartbeat(gs_rpc_t *rpc, const request_t *rq)
                   "a beat for slot %u: slots are 1 to %u", q->slot[i], GS_LINK_MAX_SLOT);
       continue;
     }
-    b->call.session = q->msg.sessions_count ? gs_node_beats_session(q, q->slot[i]) : "";
+    b->call.session = gs_node_beats_session(q, q->slot[i]);
     b->call.news_only = true;
     b->call.news_seen = q->news_seen[i];
-    b->beat = (gs_beat_t){
-        .generation = q->generation[i],
-        .rank = q->rank[i],
-        .step = q->step[i],
-        .loss = q->loss[i],
-        .samples_per_sec = q->samples_per_sec[i],
-        .compute_ms = q->compute_ms[i],
-        .comm_wait_ms = q->comm_wait_ms[i],
-        .has_progress = q->has_progress[i],
-        .progress = {.phase = (gradsync_Phase)q->phase[i],
-                     .pack = q->pack[i],
-                     .phase_ms = q->phase_ms[i],
-                     .collectives_done = q->collectives_done[i],
-                     .send_wait = q->send_wait[i]},
-    };
+    b->beat = gs__jobs_beat_of(q, i);
     n++;
   }
   rpc->stats.requests[GS_METHOD_HEARTBEAT] += n;

@@ -227,6 +227,25 @@ void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
     reply_no_job(jobs, call, req->job, RESTARTED_HINT);
 }
 
+gs_beat_t gs__jobs_beat_of(const gs_node_beats_t *q, uint32_t i)
+{
+  return (gs_beat_t){
+      .generation = q->generation[i],
+      .rank = q->rank[i],
+      .step = q->step[i],
+      .loss = q->loss[i],
+      .samples_per_sec = q->samples_per_sec[i],
+      .compute_ms = q->compute_ms[i],
+      .comm_wait_ms = q->comm_wait_ms[i],
+      .has_progress = q->has_progress[i],
+      .progress = {.phase = (gradsync_Phase)q->phase[i],
+                   .pack = q->pack[i],
+                   .phase_ms = q->phase_ms[i],
+                   .collectives_done = q->collectives_done[i],
+                   .send_wait = q->send_wait[i]},
+  };
+}
+
 void gs__jobs_node_heartbeat(gs_jobs_t *jobs, const char *name, const gs_node_beat_t *beats,
                              uint32_t n)
 {

@@ -7,6 +7,7 @@
 #define GS_JOBS_H
 
 #include "job.h"
+#include "node_beats.h"
 
 /* Starts an empty registry; `r` must outlive it. */
 void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t *r);
@@ -32,6 +33,8 @@ void gs__jobs_fetch_pack_list(gs_jobs_t *jobs, const gs_call_t *call,
                               const gradsync_FetchPackListRequest *req);
 void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
                         const gradsync_HeartbeatRequest *req);
+/* Beat i of a NodeHeartbeat's columns, as the jobs layer reads a heartbeat. */
+gs_beat_t gs__jobs_beat_of(const gs_node_beats_t *q, uint32_t i);
 /* A node agent's beats for ranks of job `job`, each a heartbeat of its
  * slot answered only with news (proto/README.md, "NodeHeartbeat"). */
 void gs__jobs_node_heartbeat(gs_jobs_t *jobs, const char *job, const gs_node_beat_t *beats,

@@ -21,7 +21,8 @@
 #include "why.h"
 
 #define CHECK_EVERY_MS 250
-#define WARN_AFTER_MS 10000 /* a hold this long is logged as a warning */
+#define HELD_AFTER_MAX_MS 86400000 /* a day */
+#define WARN_AFTER_MS 10000        /* a hold this long is logged as a warning */
 /* A rank whose sends waited this share of the time, more than twice any
  * other's, owns the slow link. */
 #define SLOW_LINK_SHARE 0.5f
@@ -55,12 +56,16 @@ static bool silent(const gs_member_t *m, uint64_t now)
 }
 
 /* How long m may wait in a collective before it counts as held up: its
- * latest step or its recent ones, whichever was longer, three times. */
+ * latest step or its recent ones, whichever was longer, three times. The
+ * times are the client's floats: one past a day (or infinite) counts as a
+ * day, which a C conversion of a huge double could not give. */
 static uint64_t held_after_ms(const gs_member_t *m)
 {
   double last = (double)m->compute_ms + (double)m->comm_wait_ms;
   double steps = 3.0 * (last > m->step_ms ? last : (double)m->step_ms);
 
+  if (steps > HELD_AFTER_MAX_MS)
+    return HELD_AFTER_MAX_MS;
   return steps > GS_WAITING_MIN_MS ? (uint64_t)steps : GS_WAITING_MIN_MS;
 }
 

@@ -139,14 +139,7 @@ static void node_beats(fuzz_world_t *w, const gs_call_t *call, const gs_buf_t *b
     beats[n].call.session = sessions[n];
     beats[n].call.news_only = true;
     beats[n].call.news_seen = q.news_seen[i];
-    beats[n++].beat = (gs_beat_t){.generation = q.generation[i],
-                                  .rank = q.rank[i],
-                                  .step = q.step[i],
-                                  .has_progress = q.has_progress[i],
-                                  .progress = {.phase = (gradsync_Phase)q.phase[i],
-                                               .pack = q.pack[i],
-                                               .phase_ms = q.phase_ms[i],
-                                               .collectives_done = q.collectives_done[i]}};
+    beats[n++].beat = gs__jobs_beat_of(&q, i);
   }
   gs__jobs_node_heartbeat(&w->jobs, q.msg.job, beats, n);
 }
