@@ -10,8 +10,13 @@ training step (forward 3; backward a weight gradient per layer and an input
 gradient for every layer but the first) timed alone with torch.mm on the same
 shapes; our target is a step within 10% of it on the large size.
 
+With --baseline-bin DIR (an earlier build's binaries), that build runs in
+each pair too, after ours: a change's effect on the step measured on the
+same GPU in the same run ("before" in the notes).
+
 usage: gpu_vs_torch.py --bin DIR --data DIR [--steps N] [--pairs 3]
-                       [--sizes small,large] [--json PATH] [--markdown PATH]
+                       [--sizes small,large] [--baseline-bin DIR]
+                       [--json PATH] [--markdown PATH]
 """
 import argparse
 import os
@@ -28,9 +33,9 @@ SIZES = {
 TARGET_OVER_BOUND = 1.10
 
 
-def run_ours(a, size):
+def run_ours(a, size, bin_dir=None):
     cfg = SIZES[size]
-    cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", "1", "--device", "cuda",
+    cmd = [os.path.join(bin_dir or a.bin, "gradsync-run"), "--nproc", "1", "--device", "cuda",
            "--backend", "nccl", "--layers", ",".join(map(str, cfg["layers"])),
            "--batch", str(cfg["batch"]), "--steps", str(a.steps_of[size]), "--no-validate",
            "--log-level", "warn", "--data", a.data]
@@ -98,7 +103,7 @@ def gemm_bound_ms(widths, batch, reps=50):
             "device": torch.cuda.get_device_name(dev)}
 
 
-def summarize(size, ours, torch_runs, bound):
+def summarize(size, ours, torch_runs, bound, before):
     cfg = SIZES[size]
     row = {
         "size": size, "layers": cfg["layers"], "batch": cfg["batch"],
@@ -118,6 +123,11 @@ def summarize(size, ours, torch_runs, bound):
     row["ours_over_torch"] = o / t if o and t else None
     s, b = row["ours_step_ms"], row["gemm_bound_ms"]
     row["ours_over_bound"] = s / b if s and b else None
+    if before:
+        row["before_step_ms"] = median_of(before, "step_ms")
+        row["before_parts_ms"] = median_parts(before)
+        p = row["before_step_ms"]
+        row["before_over_bound"] = p / b if p and b else None
     return row
 
 
@@ -151,6 +161,10 @@ def markdown(rows, steps_of, pairs, gpu):
             verdict = "within" if r["ours_over_bound"] <= TARGET_OVER_BOUND else "NOT within"
             notes.append(f"ours step {r['ours_over_bound']:.2f}x the GEMM bound "
                          f"({r['gemm_tflops']:.1f} TFLOP/s): {verdict} the 10% target")
+        if r.get("before_step_ms") is not None:
+            brk = " + ".join(f"{k} {v:.3f}" for k, v in r["before_parts_ms"].items())
+            notes.append(f"before (--baseline-bin): step {r['before_step_ms']:.3f} ms ({brk}), "
+                         f"{fmt(r['before_over_bound'], '.2f')}x the GEMM bound")
         if notes:
             lines.append(f"- {r['size']}: " + "; ".join(notes))
     return "\n".join(lines).rstrip() + "\n"
@@ -165,6 +179,7 @@ def parse_args():
     p.add_argument("--sizes", default="small,large")
     p.add_argument("--timeout", type=float, default=300, help="seconds per run")
     p.add_argument("--python", default=sys.executable, help="python for torch_mlp.py")
+    p.add_argument("--baseline-bin", help="an earlier build's binaries, run in each pair too")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--markdown", help="also write the markdown table here")
     a = p.parse_args()
@@ -175,8 +190,11 @@ def parse_args():
     a.steps_of = {s: a.steps or SIZES[s]["steps"] for s in SIZES}
     a.bin = os.path.abspath(a.bin)
     a.data = os.path.abspath(a.data)
-    if not os.access(os.path.join(a.bin, "gradsync-run"), os.X_OK):
-        p.error(f"no gradsync-run in {a.bin}")
+    for d in [a.bin] + ([a.baseline_bin] if a.baseline_bin else []):
+        if not os.access(os.path.join(d, "gradsync-run"), os.X_OK):
+            p.error(f"no gradsync-run in {d}")
+    if a.baseline_bin:
+        a.baseline_bin = os.path.abspath(a.baseline_bin)
     return a
 
 
@@ -185,9 +203,12 @@ def main():
     runs = {}
     failed = False
     for size in a.sizes:
-        ours, torch_runs = [], []
+        ours, torch_runs, before = [], [], []
+        sides = [("ours", run_ours, ours), ("torch", run_torch, torch_runs)]
+        if a.baseline_bin:
+            sides.append(("before", lambda a, s: run_ours(a, s, a.baseline_bin), before))
         for i in range(a.pairs):
-            for name, fn, dst in (("ours", run_ours, ours), ("torch", run_torch, torch_runs)):
+            for name, fn, dst in sides:
                 r = fn(a, size)
                 dst.append(r)
                 if r["ok"]:
@@ -197,7 +218,7 @@ def main():
                 else:
                     failed = True
                     print(f"{size} pair {i + 1} {name}: FAILED: {r['error']}", flush=True)
-        runs[size] = (ours, torch_runs)
+        runs[size] = (ours, torch_runs, before)
 
     # After the subprocess runs, so this process's CUDA context never shares
     # the GPU with a timed run.
@@ -213,10 +234,11 @@ def main():
             bounds[size] = None
             print(f"{size} GEMM bound: FAILED: {e!r}", flush=True)
 
-    rows = [summarize(s, runs[s][0], runs[s][1], bounds[s]) for s in a.sizes]
+    rows = [summarize(s, runs[s][0], runs[s][1], bounds[s], runs[s][2]) for s in a.sizes]
     publish(markdown(rows, a.steps_of, a.pairs, gpu), a.markdown, a.json,
             {"gpu": gpu, "pairs": a.pairs, "steps": a.steps_of, "rows": rows,
-             "runs": {s: {"ours": runs[s][0], "torch": runs[s][1]} for s in a.sizes},
+             "runs": {s: {"ours": runs[s][0], "torch": runs[s][1], "before": runs[s][2]}
+                      for s in a.sizes},
              "gemm_bound": bounds})
     sys.exit(1 if failed else 0)
 

@@ -4,9 +4,17 @@
 {"samples_per_sec": global, "step_ms": ...}.
 
   --side plain     one plain PyTorch process, torch.optim.SGD
-  --side ddp       --world processes under DistributedDataParallel (gloo)
+  --side ddp       --world processes under DistributedDataParallel (gloo;
+                   nccl with --device cuda)
   --side gradsync  this process is one rank of a gradsync job (start it
                    with gradsync-run), gradsync.torch.DistributedOptimizer
+
+--device cuda (default cpu): the model and the data on cuda:0, every rank
+on that one GPU posing as a host of its own for NCCL (NCCL_HOSTID
+gradsync-rank-R, NCCL_NET=Socket over lo, no InfiniBand, as
+tests/gpu/one_gpu_ranks.sh does), so DDP's nccl process group and
+gradsync's engine move the gradients over the same transport; the clock
+is read after torch.cuda.synchronize(). Without a GPU it exits 77.
 
 Models: --model cnn (examples/torch/fashion_cnn.py's Net) or mlp
 (784-256-128-10): synthetic Fashion-MNIST-shaped data (the throughput does
@@ -38,14 +46,14 @@ OPT = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
 VOCAB, CONTEXT = 113, 64  # the fortunes' characters, the example's default context
 
 
-def model_of(name):
+def model_of(name, device):
     torch.manual_seed(0)
     if name == "cnn":
-        return Net()
+        return Net().to(device)
     if name == "transformer":
-        return CharGPT(VOCAB, CONTEXT, width=64, layers=2, heads=4)
+        return CharGPT(VOCAB, CONTEXT, width=64, layers=2, heads=4).to(device)
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
-                         nn.ReLU(), nn.Linear(128, 10))
+                         nn.ReLU(), nn.Linear(128, 10)).to(device)
 
 
 def optimizer_of(name, model):
@@ -58,37 +66,59 @@ def optimizer_of(name, model):
 def loss_of(name, net, x, y):
     if name != "transformer":
         return F.cross_entropy(net(x), y)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
         return F.cross_entropy(net(x).float().flatten(0, 1), y.flatten())
 
 
-def batches(name, batch, rank):
+def batches(name, batch, rank, device):
+    """Eight batches, already on the device (both sides alike)."""
     g = torch.Generator().manual_seed(rank)
     if name == "transformer":
-        chunks = [torch.randint(0, VOCAB, (batch, CONTEXT + 1), generator=g) for _ in range(8)]
+        chunks = [torch.randint(0, VOCAB, (batch, CONTEXT + 1), generator=g).to(device)
+                  for _ in range(8)]
         return [(c[:, :-1], c[:, 1:]) for c in chunks]
-    return [(torch.randn(batch, 1, 28, 28, generator=g), torch.randint(0, 10, (batch,),
-                                                                         generator=g))
-            for _ in range(8)]
+    return [(torch.randn(batch, 1, 28, 28, generator=g).to(device),
+             torch.randint(0, 10, (batch,), generator=g).to(device)) for _ in range(8)]
+
+
+def sync(device):
+    """Waits for the device's queued work, so that the clock reads whole steps."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def timed(a, step, world, rank):
-    data = batches(a.model, a.batch, rank)
+    data = batches(a.model, a.batch, rank, a.device)
     for i in range(a.warmup):
         step(*data[i % len(data)])
+    sync(a.device)
     t0 = time.perf_counter()
     for i in range(a.steps):
         step(*data[i % len(data)])
+    sync(a.device)
     dt = time.perf_counter() - t0
     if rank == 0:
         print(json.dumps({"samples_per_sec": a.steps * a.batch * world / dt,
                           "step_ms": dt / a.steps * 1000.0}), flush=True)
 
 
+def one_gpu_ranks(rank):
+    """This rank a host of its own for NCCL on the one GPU, NCCL's socket
+    transport over loopback (tests/gpu/one_gpu_ranks.sh): set before the
+    first NCCL call, on both sides."""
+    os.environ.update(NCCL_HOSTID=f"gradsync-rank-{rank}", NCCL_NET="Socket",
+                      NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
+
+
 def plain(a, rank=0, world=1, ddp=False):
     torch.set_num_threads(1)
-    model = model_of(a.model)
-    net = nn.parallel.DistributedDataParallel(model) if ddp else model
+    model = model_of(a.model, a.device)
+    if not ddp:
+        net = model
+    elif a.device == "cuda":
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    else:
+        net = nn.parallel.DistributedDataParallel(model)
     opt = optimizer_of(a.model, model)
 
     def step(x, y):
@@ -101,7 +131,12 @@ def plain(a, rank=0, world=1, ddp=False):
 
 def ddp_rank(rank, a, port):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    backend = "gloo"
+    if a.device == "cuda":
+        backend = "nccl"
+        one_gpu_ranks(rank)
+        torch.cuda.set_device(0)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=a.world)
     plain(a, rank, a.world, ddp=True)
     dist.destroy_process_group()
@@ -110,8 +145,11 @@ def ddp_rank(rank, a, port):
 def gradsync_side(a):
     import gradsync.torch as gs
     torch.set_num_threads(1)
-    gs.init()
-    model = model_of(a.model)
+    cfg = gs.init()
+    if a.device == "cuda":
+        one_gpu_ranks(cfg["local_rank"])
+        torch.cuda.set_device(0)
+    model = model_of(a.model, a.device)  # on cuda: the engine on cuda:0 with NCCL
     # SGD as the engine's own (lr=...), AdamW as a torch optimizer it wraps.
     hyper = dict(optimizer=optimizer_of(a.model, model)) if a.model == "transformer" else OPT
     opt = gs.DistributedOptimizer(model, reduce="mean", nonfinite=a.nonfinite, **hyper)
@@ -134,7 +172,13 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--nonfinite", choices=["stop", "skip", "off"], default="stop",
                    help="gradsync: what a non-finite step does (off: no check, overlap)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: every rank on cuda:0, DDP over nccl (default cpu)")
     a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print(f"torch_frontend: --device cuda: no GPU visible to PyTorch {torch.__version__} "
+              "(torch.cuda.is_available() is False); nothing measured", file=sys.stderr)
+        sys.exit(77)
     if a.side == "plain":
         plain(a)
     elif a.side == "gradsync":

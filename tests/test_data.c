@@ -197,8 +197,8 @@ static void check_real_split(const char *split, uint32_t count, uint32_t per_cla
   /* Fashion-MNIST's first example of both splits is an ankle boot. */
   ck_assert_uint_eq(ds.y[0], 9);
   for (k = 0; k < (size_t)count * 784; k++) {
-    if (!(ds.x[k] >= 0.0f && ds.x[k] <= 1.0f) || ds.x[k] != img[16 + k] / 255.0f)
-      ck_abort_msg("x[%zu] = %g, want %u / 255", k, ds.x[k], img[16 + k]);
+    if (ds.pixels[k] != img[16 + k])
+      ck_abort_msg("pixels[%zu] = %u, want %u", k, ds.pixels[k], img[16 + k]);
   }
   for (i = 0; i < count; i++) {
     CHECK(ds.y[i] == lbl[8 + i] && ds.y[i] < 10, "y[%u] = %u, want %u", i, ds.y[i], lbl[8 + i]);
@@ -207,7 +207,7 @@ static void check_real_split(const char *split, uint32_t count, uint32_t per_cla
   for (i = 0; i < 10; i++)
     ck_assert_msg(hist[i] == per_class, "class %u has %u examples, want %u", i, hist[i], per_class);
   gs_dataset_free(&ds);
-  ck_assert_ptr_null(ds.x);
+  ck_assert_ptr_null(ds.pixels);
   ck_assert_ptr_null(ds.y);
   free(img);
   free(lbl);
@@ -260,7 +260,7 @@ START_TEST(plain_vs_gzip)
   ck_assert_uint_eq(plain.count, gz.count);
   ck_assert_uint_eq(plain.features, gz.features);
   ck_assert_uint_eq(plain.classes, gz.classes);
-  ck_assert_int_eq(memcmp(plain.x, gz.x, (size_t)gz.count * gz.features * sizeof(float)), 0);
+  ck_assert_int_eq(memcmp(plain.pixels, gz.pixels, (size_t)gz.count * gz.features), 0);
   ck_assert_int_eq(memcmp(plain.y, gz.y, gz.count), 0);
   gs_dataset_free(&plain);
 
@@ -275,7 +275,7 @@ START_TEST(plain_vs_gzip)
   ck_assert_msg(gs_dataset_load(dir, "t10k", 0, &plain, why, sizeof(why)) == 0, "%s", why);
   ck_assert_uint_eq(plain.y[0], 3);
   ck_assert_int_eq(memcmp(plain.y + 1, gz.y + 1, gz.count - 1), 0);
-  ck_assert_int_eq(memcmp(plain.x, gz.x, (size_t)gz.count * gz.features * sizeof(float)), 0);
+  ck_assert_int_eq(memcmp(plain.pixels, gz.pixels, (size_t)gz.count * gz.features), 0);
   gs_dataset_free(&plain);
   gs_dataset_free(&gz);
   free(bytes);
@@ -660,7 +660,7 @@ START_TEST(dataset_small)
   char dir[160], p[256], why[512] = "";
   uint8_t buf[64];
   gs_dataset_t ds;
-  size_t len, i;
+  size_t len;
 
   make_tmpdir(dir, sizeof(dir));
   len = make_idx(buf, 0x08, 3, img_dims, 0);
@@ -674,11 +674,7 @@ START_TEST(dataset_small)
   ck_assert_uint_eq(ds.count, 3);
   ck_assert_uint_eq(ds.features, 4);
   ck_assert_uint_eq(ds.classes, 8);
-  ck_assert_float_eq(ds.x[0], 0.0f);
-  ck_assert_float_eq(ds.x[1], 1.0f);
-  ck_assert_float_eq_tol(ds.x[2], 0.2f, 1e-7f);
-  for (i = 0; i < 12; i++)
-    ck_assert_float_eq(ds.x[i], (float)pixels[i] / 255.0f);
+  ck_assert_int_eq(memcmp(ds.pixels, pixels, 12), 0);
   ck_assert_int_eq(memcmp(ds.y, labels, 3), 0);
   ck_assert_uint_eq(ds.max_at, 2);
   ck_assert_int_eq(gs_dataset_check_labels(&ds, 8, why, sizeof(why)), 0);
@@ -736,7 +732,7 @@ START_TEST(dataset_features)
   write_file(join(p, sizeof(p), dir, "t10k-labels-idx1-ubyte"), buf, len);
   ck_assert_int_eq(gs_dataset_load(dir, "t10k", 784, &ds, why, sizeof(why)), GS_EPRECOND);
   ck_assert_str_eq(why, want);
-  ck_assert_ptr_null(ds.x);
+  ck_assert_ptr_null(ds.pixels);
   ck_assert_msg(gs_dataset_load(dir, "t10k", 9, &ds, why, sizeof(why)) == 0, "%s", why);
   gs_dataset_free(&ds);
   rm_tmpdir(dir);
@@ -751,7 +747,7 @@ static void expect_dataset_error(const char *dir, const char *split, int err, co
 
   ck_assert_int_eq(gs_dataset_load(dir, split, 0, &ds, why, sizeof(why)), err);
   ck_assert_str_eq(why, want);
-  ck_assert_ptr_null(ds.x);
+  ck_assert_ptr_null(ds.pixels);
   ck_assert_ptr_null(ds.y);
   ck_assert_uint_eq(ds.count, 0);
 }

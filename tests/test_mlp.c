@@ -786,6 +786,30 @@ START_TEST(training_learns)
 }
 END_TEST
 
+/* The inputs from pixel bytes: every value v becomes v / 255, in [0, 1]. */
+START_TEST(inputs_from_pixels)
+{
+  static const uint32_t sizes[] = {256, 2};
+  uint8_t px[256];
+  float x[256];
+  net_t t;
+
+  for (int v = 0; v < 256; v++) {
+    px[v] = (uint8_t)(255 - v);
+    x[v] = NAN;
+  }
+  net_new(&t, sizes, COUNT(sizes), 1);
+  gs_mlp_inputs_from_pixels(t.m, px, x, 256);
+  ck_assert_int_eq(gs_device_sync(cpu()), 0);
+  for (int v = 0; v < 256; v++)
+    ck_assert_msg(x[v] == (float)px[v] / 255.0f && x[v] >= 0.0f && x[v] <= 1.0f,
+                  "pixel %u became %.9g", px[v], x[v]);
+  ck_assert_float_eq(x[0], 1.0f);
+  ck_assert_float_eq(x[255], 0.0f);
+  net_free(&t);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *test)
 {
   TCase *tc = tcase_create(name);
@@ -809,6 +833,7 @@ static Suite *mlp_suite(void)
   suite_add_tcase(s, tcase("backward_matches_reference", backward_matches_reference));
   suite_add_tcase(s, tcase("ready_order", ready_order));
   suite_add_tcase(s, tcase("training_learns", training_learns));
+  suite_add_tcase(s, tcase("inputs_from_pixels", inputs_from_pixels));
   return s;
 }
 

@@ -415,27 +415,20 @@ static int check_shapes(const char *img_path, const gs_idx_t *img, const char *l
   return 0;
 }
 
-/* Fills `out` from checked image and label files: x scaled to [0, 1]. */
-static int fill_dataset(const char *img_path, const gs_idx_t *img, const gs_idx_t *lbl,
-                        gs_dataset_t *out, char *why, size_t why_len)
+/* Fills `out`'s shape and label statistics from checked image and label files. */
+static void fill_dataset(const gs_idx_t *img, const gs_idx_t *lbl, gs_dataset_t *out)
 {
-  size_t n, i;
+  size_t i;
   uint8_t max = 0;
 
   out->count = img->dims[0];
   out->features = img->dims[1] * img->dims[2];
-  n = (size_t)out->count * out->features;
-  if (n > SIZE_MAX / sizeof(float) || !(out->x = malloc(n * sizeof(float))))
-    return gs_why(GS_ENOMEM, why, why_len, "%s: out of memory for %zu inputs", img_path, n);
-  for (i = 0; i < n; i++)
-    out->x[i] = img->data[i] / 255.0f;
   for (i = 0; i < out->count; i++)
     if (lbl->data[i] > max) {
       max = lbl->data[i];
       out->max_at = (uint32_t)i;
     }
   out->classes = (uint32_t)max + 1;
-  return 0;
 }
 
 int gs_dataset_load(const char *dir, const char *split, uint32_t features, gs_dataset_t *out,
@@ -461,18 +454,14 @@ int gs_dataset_load(const char *dir, const char *split, uint32_t features, gs_da
   err = check_shapes(img_path, &img, lbl_path, &lbl, why, why_len);
   if (err)
     goto out_free_labels;
-  /* Before the images become floats (four times their bytes): a file the
-   * model cannot take costs no more than its bytes. */
   if (features && img.dims[1] * img.dims[2] != features) {
     err = gs_why(GS_EPRECOND, why, why_len, "the images in %s have %u pixels", img_path,
                  img.dims[1] * img.dims[2]);
     goto out_free_labels;
   }
-  err = fill_dataset(img_path, &img, &lbl, out, why, why_len);
-  if (err)
-    goto out_free_labels;
-  out->y = lbl.data; /* the labels are already one byte each */
-  gs_idx_free(&img);
+  fill_dataset(&img, &lbl, out);
+  out->pixels = img.data; /* the images and labels are already one byte each */
+  out->y = lbl.data;
   out->labels_path = strdup(lbl_path);
   if (!out->labels_path) {
     gs_dataset_free(out);
@@ -501,7 +490,7 @@ int gs_dataset_check_labels(const gs_dataset_t *ds, uint32_t classes, char *why,
 
 void gs_dataset_free(gs_dataset_t *ds)
 {
-  free(ds->x);
+  free(ds->pixels);
   free(ds->y);
   free(ds->labels_path);
   memset(ds, 0, sizeof(*ds));

@@ -34,13 +34,15 @@ int gs_idx_load(const char *path, gs_idx_t *out, char *why, size_t why_len) GS_W
 
 void gs_idx_free(gs_idx_t *idx);
 
-/* One split of an image-classification dataset, inputs scaled to [0, 1]. */
+/* One split of an image-classification dataset, the images as the file
+ * holds them (a byte per pixel; the model scales them to [0, 1] on its
+ * device, gs_mlp_inputs_from_pixels). */
 typedef struct gs_dataset {
   uint32_t count;    /* examples */
   uint32_t features; /* rows * cols */
   uint32_t classes;  /* 1 + the largest label */
   uint32_t max_at;   /* the index of the first example with the largest label */
-  float *x;          /* count * features, row-major */
+  uint8_t *pixels;   /* count * features, row-major */
   uint8_t *y;        /* count labels */
   char *labels_path; /* the label file it came from (owned) */
 } gs_dataset_t;

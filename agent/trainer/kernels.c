@@ -50,3 +50,8 @@ void gs_kernels_softmax_xent(gs_kernels_t *kn, const float *z, const uint8_t *y,
 {
   kn->ops->softmax_xent(kn, z, y, dz, m, c, stats);
 }
+
+void gs_kernels_pixels(gs_kernels_t *kn, const uint8_t *src, float *dst, size_t n)
+{
+  kn->ops->pixels(kn, src, dst, n);
+}

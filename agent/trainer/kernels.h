@@ -30,6 +30,7 @@ typedef struct gs_kernels_ops {
                           float *gw, float *gb, float *dx, uint32_t m, uint32_t n, uint32_t k_in);
   void (*softmax_xent)(gs_kernels_t *k, const float *z, const uint8_t *y, float *dz, uint32_t m,
                        uint32_t c, float *stats);
+  void (*pixels)(gs_kernels_t *k, const uint8_t *src, float *dst, size_t n);
   void (*destroy)(gs_kernels_t *k);
 } gs_kernels_ops_t;
 
@@ -61,6 +62,11 @@ void gs_kernels_linear_backward(gs_kernels_t *kn, const float *x, const float *w
  * two device floats the caller zeroes). A label >= c makes the loss NaN. */
 void gs_kernels_softmax_xent(gs_kernels_t *kn, const float *z, const uint8_t *y, float *dz,
                              uint32_t m, uint32_t c, float *stats);
+
+/* dst[i] = src[i] / 255 (IEEE float division on every device, so the
+ * devices agree to the bit): images travel to the device as bytes, a
+ * quarter of the floats' bytes, and become the model's inputs there. */
+void gs_kernels_pixels(gs_kernels_t *kn, const uint8_t *src, float *dst, size_t n);
 
 /* Constructors (gs_kernels_new picks by the device's kind). */
 gs_kernels_t *gs__kernels_cpu_new(gs_device_t *dev, char *why, size_t why_len);

@@ -116,6 +116,13 @@ static void cpu_softmax_xent(gs_kernels_t *kn, const float *z, const uint8_t *y,
   stats[1] += (float)hits;
 }
 
+static void cpu_pixels(gs_kernels_t *kn, const uint8_t *restrict src, float *restrict dst, size_t n)
+{
+  (void)kn;
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (float)src[i] / 255.0f;
+}
+
 static void cpu_destroy(gs_kernels_t *k)
 {
   free(k);
@@ -126,6 +133,7 @@ static const gs_kernels_ops_t cpu_kernels = {
     .linear_forward = cpu_linear_forward,
     .linear_backward = cpu_linear_backward,
     .softmax_xent = cpu_softmax_xent,
+    .pixels = cpu_pixels,
     .destroy = cpu_destroy,
 };
 

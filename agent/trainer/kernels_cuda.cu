@@ -182,6 +182,15 @@ static __global__ void softmax_xent_kernel(const float *z, const uint8_t *y, flo
   }
 }
 
+/* dst = src / 255, rounded as the cpu device rounds (no fast-math division). */
+static __global__ void pixels_kernel(const uint8_t *src, float *dst, size_t n)
+{
+  size_t stride = (size_t)gridDim.x * blockDim.x;
+
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __fdiv_rn((float)src[i], 255.0f);
+}
+
 /* ---- layers ----------------------------------------------------------- */
 
 /* Row-major y = x W^T is column-major y^T = W x^T: cuBLAS sees W^T [k x n]
@@ -243,6 +252,16 @@ static void cuda_softmax_xent(gs_kernels_t *base, const float *z, const uint8_t 
   LAUNCHED(d);
 }
 
+static void cuda_pixels(gs_kernels_t *base, const uint8_t *src, float *dst, size_t n)
+{
+  cuda_kernels_t *d = ck(base);
+
+  if (n == 0 || note(d, enter(d)))
+    return;
+  pixels_kernel<<<blocks_for(n), THREADS, 0, stream_of(d)>>>(src, dst, n);
+  LAUNCHED(d);
+}
+
 static void cuda_destroy(gs_kernels_t *base)
 {
   cuda_kernels_t *d = ck(base);
@@ -257,6 +276,7 @@ static const gs_kernels_ops_t cuda_kernels = {
     .linear_forward = cuda_linear_forward,
     .linear_backward = cuda_linear_backward,
     .softmax_xent = cuda_softmax_xent,
+    .pixels = cuda_pixels,
     .destroy = cuda_destroy,
 };
 

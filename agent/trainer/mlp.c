@@ -311,6 +311,11 @@ int gs_mlp_init_params(gs_mlp_t *m, uint64_t seed)
   return err;
 }
 
+void gs_mlp_inputs_from_pixels(gs_mlp_t *m, const uint8_t *pixels, float *x, size_t n)
+{
+  gs_kernels_pixels(m->kn, pixels, x, n);
+}
+
 /* True when every parameter and gradient is bound. */
 static bool all_bound(const gs_mlp_t *m)
 {

@@ -54,6 +54,11 @@ void gs_mlp_bind(gs_mlp_t *m, uint32_t i, float *param, float *grad);
  * every rank and every run. */
 int gs_mlp_init_params(gs_mlp_t *m, uint64_t seed) GS_WARN_UNUSED;
 
+/* The model's inputs from images stored as bytes: x[i] = pixels[i] / 255
+ * for `n` values (device memory both), queued on the model's device. A
+ * batch then crosses to the device in a quarter of the bytes. */
+void gs_mlp_inputs_from_pixels(gs_mlp_t *m, const uint8_t *pixels, float *x, size_t n);
+
 /* Forward pass on `batch` <= max_batch examples, keeping the activations for
  * backward. Returns the mean softmax cross-entropy loss over the batch
  * (NaN on a bad batch size or a device error); *correct gets the number of

@@ -20,11 +20,14 @@
 #include "sampler.h"
 #include "clock.h"
 
-/* A batch on its way to the device: gathered into pinned host memory, then
- * copied asynchronously (on the CPU device the two are the same buffer). */
+/* A batch on its way to the device: its images' bytes and labels gathered
+ * into pinned host memory, copied asynchronously (on the CPU device host
+ * and device buffers are the same), and scaled there into the model's
+ * inputs x. */
 typedef struct batch_slot {
-  float *x_host, *x;
+  uint8_t *px_host, *px;
   uint8_t *y_host, *y;
+  float *x;
   int64_t step; /* the training step it holds, or -1 */
 } batch_slot_t;
 
@@ -70,21 +73,23 @@ __attribute__((format(printf, 2, 3))) static void report(trainer_t *t, const cha
   t->reported = true;
 }
 
-/* Copies the examples `idx` into slot's host buffer and queues the copy to
- * the device. */
+/* Copies the examples `idx` into slot's host buffers, queues their copy to
+ * the device and the scaling of the pixels into the model's inputs. */
 static int load_batch(trainer_t *t, batch_slot_t *b, const gs_dataset_t *ds, const uint32_t *idx,
                       uint32_t n)
 {
-  size_t row = ds->features * sizeof(float);
+  size_t row = ds->features;
   int err;
 
   for (uint32_t i = 0; i < n; i++) {
-    memcpy(b->x_host + (size_t)i * ds->features, ds->x + (size_t)idx[i] * ds->features, row);
+    memcpy(b->px_host + (size_t)i * row, ds->pixels + (size_t)idx[i] * row, row);
     b->y_host[i] = ds->y[idx[i]];
   }
-  err = gs_device_upload(t->dev, b->x, b->x_host, n * row);
+  err = gs_device_upload(t->dev, b->px, b->px_host, n * row);
   if (!err)
     err = gs_device_upload(t->dev, b->y, b->y_host, n);
+  if (!err)
+    gs_mlp_inputs_from_pixels(t->mlp, b->px, b->x, n * row);
   return err;
 }
 
@@ -364,17 +369,18 @@ static int open_device(trainer_t *t, gs_engine_config_t *ec)
  * buffer each on the CPU device, where they would be the same memory). */
 static int alloc_slots(trainer_t *t, uint32_t rows)
 {
-  size_t xbytes = (size_t)rows * t->cfg->layers[0] * sizeof(float);
+  size_t pixels = (size_t)rows * t->cfg->layers[0];
 
   for (int k = 0; k < 2; k++) {
     batch_slot_t *b = &t->slot[k];
 
     b->step = -1;
-    b->x = gs_device_alloc(t->dev, xbytes);
+    b->px = gs_device_alloc(t->dev, pixels);
     b->y = gs_device_alloc(t->dev, rows);
-    b->x_host = t->dev->host_memory ? b->x : gs_device_host_alloc(t->dev, xbytes);
+    b->x = gs_device_alloc(t->dev, pixels * sizeof(float));
+    b->px_host = t->dev->host_memory ? b->px : gs_device_host_alloc(t->dev, pixels);
     b->y_host = t->dev->host_memory ? b->y : gs_device_host_alloc(t->dev, rows);
-    if (!b->x || !b->y || !b->x_host || !b->y_host) {
+    if (!b->px || !b->y || !b->x || !b->px_host || !b->y_host) {
       report(t, "cannot allocate batch buffers on %s\n", t->dev->label);
       return GS_ENOMEM;
     }
@@ -388,9 +394,10 @@ static void free_slots(trainer_t *t)
     batch_slot_t *b = &t->slot[k];
 
     if (!t->dev->host_memory) {
-      gs_device_host_free(t->dev, b->x_host);
+      gs_device_host_free(t->dev, b->px_host);
       gs_device_host_free(t->dev, b->y_host);
     }
+    gs_device_free(t->dev, b->px);
     gs_device_free(t->dev, b->x);
     gs_device_free(t->dev, b->y);
   }

@@ -3,6 +3,9 @@
 
     gradsync-run --nproc 2 -- python3 examples/torch/fashion_cnn.py --epochs 3
 
+(--device cuda: each rank on the GPU of its local rank, the gradients
+summed by NCCL.)
+
 An ordinary PyTorch training script: the lines marked "gradsync" are all
 it takes (import, init, the optimizer, and stopping when a step says so).
 The data are Debian's dataset-fashion-mnist IDX files (no download).
@@ -69,17 +72,24 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the GPU of this rank's local rank (modulo the GPUs there are)")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no GPU visible to PyTorch")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     gs.init()  # gradsync (2/3): where the coordinator and the other ranks are
-    model = Net()
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", gs.local_rank() % torch.cuda.device_count())
+    model = Net().to(device)
     opt = gs.DistributedOptimizer(model, lr=args.lr, momentum=0.9, weight_decay=5e-4,  # gradsync
                                   reduce="mean")
     rank, world = gs.rank(), gs.world_size()
-    x_train, y_train = load(args.data, "train")
-    x_test, y_test = load(args.data, "t10k")
+    x_train, y_train = (t.to(device) for t in load(args.data, "train"))
+    x_test, y_test = (t.to(device) for t in load(args.data, "t10k"))
     steps_per_epoch = len(x_train) // (args.batch * world)
     if rank == 0:
         print(f"{world} ranks x batch {args.batch}, {steps_per_epoch} steps per epoch", flush=True)
@@ -89,6 +99,7 @@ def main():
         model.train()
         opt.set_epoch(epoch)
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(epoch))
+        order = order.to(device)
         t0 = time.monotonic()
         for s in range(steps_per_epoch):
             # Each rank takes its own slice of the global batch.
@@ -103,8 +114,8 @@ def main():
         model.eval()
         with torch.no_grad():
             correct = torch.zeros(2)  # this rank's half of the test set: right, total
-            for part in torch.arange(len(x_test)).chunk(world)[rank].split(1000):
-                correct[0] += (model(x_test[part]).argmax(1) == y_test[part]).sum()
+            for part in torch.arange(len(x_test), device=device).chunk(world)[rank].split(1000):
+                correct[0] += (model(x_test[part]).argmax(1) == y_test[part]).sum().item()
                 correct[1] += len(part)
         opt.allreduce_sum(correct)
         if rank == 0:

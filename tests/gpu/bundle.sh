@@ -4,21 +4,26 @@
 # driver, CUDA runtime, cuBLAS and NCCL (in PyTorch's wheels) but none of our
 # other libraries (libuv, cJSON, http-parser, OpenBLAS, ...).
 #
-# usage: tests/gpu/bundle.sh [--allow-cpu] [BUILD_DIR] [OUT_DIR]
+# usage: tests/gpu/bundle.sh [--allow-cpu] [--baseline DIR] [BUILD_DIR] [OUT_DIR]
 #   BUILD_DIR  a finished build (default: build at the repository root)
 #   OUT_DIR    where the bundle goes (default: BUILD_DIR/gpu-bundle); emptied
 #   --allow-cpu  accept an agent built without CUDA (tests this script only)
+#   --baseline DIR  an earlier CUDA build's bin/ folder: its gradsync-run,
+#               -agent and -coordinator go to bin-before/, which run.sh's
+#               benchmark then measures beside this build
 #
 # Layout of OUT_DIR:
 #   bin/        gradsync-agent, gradsync-run, gradsync-coordinator, test_kernels,
-#               test_nccl, test_nccl_ranks (when built), run.sh; rpath set to
-#               $ORIGIN/../lib
+#               test_nccl, test_nccl_ranks, nccl_busbw (when built), run.sh;
+#               rpath set to $ORIGIN/../lib
 #   lib/        every shared library they need except the ones every Linux has
 #               (glibc, libgcc_s, libstdc++) and the CUDA ones the GPU machine has
 #   tests/gpu/  tests/gpu/*.py, run.sh and one_gpu_ranks.sh, as in the
 #               repository, and the tests/checkpoints.py, agentlib.py and
 #               testlib.py they import
-#   bench/      bench/gpu_*.py, bench/torch_mlp.py and bench/benchlib.py, as in the repository
+#   bench/      bench/gpu_*.py, torch_mlp.py, torch_vs_ddp.py, torch_frontend.py and
+#               benchlib.py, as in the repository
+#   examples/torch/  the PyTorch examples (fashion_cnn.py, char_transformer.py)
 #   python/     the gradsync Python package (gradsync._engine on the stable ABI)
 #   MANIFEST.txt
 # and OUT_DIR.tar.gz beside it. On the GPU machine: tar xzf the tarball, then
@@ -33,16 +38,20 @@ die() { echo "bundle: error: $*" >&2; exit 1; }
 note() { echo "bundle: $*"; }
 
 allow_cpu=0
+baseline=""
 pos=()
-for a in "$@"; do
+while [ $# -gt 0 ]; do
+  a=$1
+  shift
   case "$a" in
     --allow-cpu) allow_cpu=1 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --baseline) baseline=${1:?--baseline needs a bin folder}; shift ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $a" ;;
     *) pos+=("$a") ;;
   esac
 done
-[ ${#pos[@]} -le 2 ] || die "too many arguments (usage: bundle.sh [--allow-cpu] [BUILD_DIR] [OUT_DIR])"
+[ ${#pos[@]} -le 2 ] || die "too many arguments (usage: bundle.sh [--allow-cpu] [--baseline DIR] [BUILD_DIR] [OUT_DIR])"
 build=${pos[0]:-$repo/build}
 out=${pos[1]:-$build/gpu-bundle}
 
@@ -89,7 +98,15 @@ for b in gradsync-agent gradsync-run gradsync-coordinator; do
   cp -L "$build/bin/$b" "$out/bin/$b"
   bins+=("$out/bin/$b")
 done
-for t in test_kernels test_nccl test_nccl_ranks; do
+if [ -n "$baseline" ]; then
+  mkdir -p "$out/bin-before"
+  for b in gradsync-agent gradsync-run gradsync-coordinator; do
+    [ -x "$baseline/$b" ] || die "--baseline $baseline: no $b there"
+    cp -L "$baseline/$b" "$out/bin-before/$b"
+    bins+=("$out/bin-before/$b")
+  done
+fi
+for t in test_kernels test_nccl test_nccl_ranks nccl_busbw; do
   src=""
   for cand in "$build/tests/$t" "$build/bin/$t"; do
     if [ -x "$cand" ]; then src=$cand; break; fi
@@ -119,7 +136,11 @@ if [ -d "$build/python/gradsync" ]; then
   rm -rf "$out/python/gradsync/__pycache__"
 fi
 cp "$repo/tests/gpu/run.sh" "$out/bin/run.sh"
-for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py "$repo"/bench/benchlib.py; do cp "$f" "$out/bench/"; done
+for f in "$repo"/bench/gpu_*.py "$repo"/bench/torch_mlp.py "$repo"/bench/benchlib.py \
+         "$repo"/bench/torch_vs_ddp.py "$repo"/bench/torch_frontend.py; do cp "$f" "$out/bench/"; done
+# The examples bench/torch_frontend.py and test_gpu_torch.py's cnn case train.
+mkdir -p "$out/examples/torch"
+cp "$repo"/examples/torch/*.py "$out/examples/torch/"
 shopt -u nullglob
 chmod +x "$out/bin/run.sh" "$out/tests/gpu/run.sh" "$out/tests/gpu/one_gpu_ranks.sh"
 [ -e "$out/tests/gpu/test_gpu_agent.py" ] || note "warning: no tests/gpu/test_gpu_agent.py yet; run.sh will SKIP its cases"

@@ -9,10 +9,14 @@
 #   --data DIR  Fashion-MNIST IDX files (default: $GS_DATA, else
 #               BUNDLE/../data/fashion-mnist, BUNDLE/data/fashion-mnist,
 #               /usr/share/datasets/fashion-mnist)
-#   --only LIST comma-separated subset of: kernels, nccl, nccl_ranks, bench and the cases
-#               tests/gpu/test_gpu_agent.py lists (parity, nccl1, training, ...)
+#   --only LIST comma-separated subset of: kernels, nccl, nccl_ranks, the cases
+#               tests/gpu/test_gpu_agent.py lists (parity, nccl1, training, ...),
+#               torch, cnn, bench, busbw2, busbw4, ddp
 # Environment: PYTHON (default: a python3 that imports torch), GS_BENCH_ARGS
-# (extra arguments for bench/gpu_vs_torch.py, e.g. "--pairs 1").
+# (extra arguments for bench/gpu_vs_torch.py, e.g. "--pairs 1"; with
+# BUNDLE/bin-before, an earlier build the bundle carries, the bench also
+# runs it as its baseline), GS_BUSBW_ARGS (for nccl_busbw, e.g.
+# "--max-bytes 256MiB"), GS_DDP_ARGS (for bench/torch_vs_ddp.py).
 # Exit status: 0 when nothing FAILED (SKIPs allowed), 1 otherwise; 77 (skipped,
 # as ctest and automake read it) when no GPU is visible and nothing FAILED.
 set -u
@@ -25,7 +29,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --data) data=${2:?--data needs a folder}; shift 2 ;;
     --only) only=${2:?--only needs a list}; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) say "unknown option $1"; exit 2 ;;
     *) if [ -z "$bundle" ]; then bundle=$1; elif [ -z "$report" ]; then report=$1
        else say "too many arguments"; exit 2; fi; shift ;;
@@ -228,10 +232,12 @@ write_report() {
       echo "| ${names[$i]} | ${results[$i]} | ${secs[$i]} | ${notes[$i]} |"
     done
     echo
-    if [ -s "$report/bench.md" ]; then
-      cat "$report/bench.md"
-      echo
-    fi
+    for md in bench.md ddp.md; do
+      if [ -s "$report/$md" ]; then
+        cat "$report/$md"
+        echo
+      fi
+    done
     echo "Logs: $report/<test>.log"
   } >"$report/report.md"
 }
@@ -241,7 +247,7 @@ write_report
 # a, b: the CUDA unit tests; nccl_ranks starts worlds of 1 to 4 ranks on GPU 0.
 for t in kernels nccl nccl_ranks; do
   tb="" limit=120
-  [ "$t" = nccl_ranks ] && limit=900
+  [ "$t" = nccl_ranks ] && limit=240
   for cand in "$bin/test_$t" "$bundle/tests/test_$t"; do
     if [ -x "$cand" ]; then tb=$cand; break; fi
   done
@@ -260,7 +266,7 @@ fi
 for c in $cases; do
   if [ -z "$agent_py" ]; then skip_case "$c" "tests/gpu/test_gpu_agent.py missing"
   elif [ -z "$data" ]; then fail_case "$c" "no Fashion-MNIST data (--data DIR or GS_DATA)"
-  else run_case "$c" 180 "$py" "$agent_py" "$c" "$bin" "$data"; fi
+  else run_case "$c" 150 "$py" "$agent_py" "$c" "$bin" "$data"; fi
 done
 
 # c2: the PyTorch front end on the GPU (its test skips, 77, without one).
@@ -269,9 +275,22 @@ pydir=""
 for cand in "$bundle/python" "$bin/../python"; do
   if [ -d "$cand/gradsync" ]; then pydir=$(cd "$cand" && pwd); break; fi
 done
-if [ -n "$no_gpu" ]; then skip_case torch "$no_gpu"
-elif [ -z "$torch_py" ] || [ -z "$pydir" ]; then skip_case torch "test_gpu_torch.py or the Python package missing from the bundle"
-else run_case torch 300 "$py" "$torch_py" "$bin" "$pydir"; fi
+if [ -n "$no_gpu" ]; then skip_case torch "$no_gpu"; skip_case cnn "$no_gpu"
+elif [ -z "$torch_py" ] || [ -z "$pydir" ]; then
+  skip_case torch "test_gpu_torch.py or the Python package missing from the bundle"
+  skip_case cnn "test_gpu_torch.py or the Python package missing from the bundle"
+else
+  run_case torch 300 "$py" "$torch_py" "$bin" "$pydir" equivalence
+  run_case cnn 240 "$py" "$torch_py" "$bin" "$pydir" cnn "${data:-}"
+fi
+
+# c3: our NCCL allreduce against ncclAllReduce, 2 and 4 ranks on GPU 0.
+for n in 2 4; do
+  if [ -x "$bin/nccl_busbw" ]; then
+    # shellcheck disable=SC2086 # GS_BUSBW_ARGS is a word list on purpose
+    run_case "busbw$n" 300 "$bin/nccl_busbw" --ranks "$n" ${GS_BUSBW_ARGS:-}
+  else skip_case "busbw$n" "nccl_busbw not in the bundle"; fi
+done
 
 # d: gradsync vs PyTorch on this GPU.
 bench_py=$(find_script "$bundle/bench/gpu_vs_torch.py" "$here/../../bench/gpu_vs_torch.py" \
@@ -280,10 +299,22 @@ if [ -n "$no_gpu" ]; then skip_case bench "$no_gpu"
 elif [ -z "$bench_py" ]; then fail_case bench "bench/gpu_vs_torch.py missing from the bundle"
 elif [ -z "$data" ]; then fail_case bench "no Fashion-MNIST data (--data DIR or GS_DATA)"
 else
-  rm -f "$report/bench.md" "$report/bench.json"
+  rm -f "$report/bench.md" "$report/bench.json" "$report/ddp.md"
+  baseline=()
+  [ -x "$bundle/bin-before/gradsync-run" ] && baseline=(--baseline-bin "$bundle/bin-before")
   # shellcheck disable=SC2086 # GS_BENCH_ARGS is a word list on purpose
   run_case bench 420 "$py" "$bench_py" --bin "$bin" --data "$data" \
-    --json "$report/bench.json" --markdown "$report/bench.md" ${GS_BENCH_ARGS:-}
+    --json "$report/bench.json" --markdown "$report/bench.md" "${baseline[@]}" ${GS_BENCH_ARGS:-}
+fi
+
+# e: the PyTorch front end against DDP, both on NCCL over the same sockets.
+ddp_py=$(find_script "$bundle/bench/torch_vs_ddp.py" "$here/../../bench/torch_vs_ddp.py")
+if [ -n "$no_gpu" ]; then skip_case ddp "$no_gpu"
+elif [ -z "$ddp_py" ] || [ -z "$pydir" ]; then skip_case ddp "bench/torch_vs_ddp.py or the Python package missing from the bundle"
+else
+  # shellcheck disable=SC2086 # GS_DDP_ARGS is a word list on purpose
+  run_case ddp 300 "$py" "$ddp_py" --device cuda --bin "$bin" --python-dir "$pydir" \
+    --markdown "$report/ddp.md" --json "$report/ddp.json" ${GS_DDP_ARGS:-}
 fi
 
 write_report

@@ -9,7 +9,7 @@ each rank a NCCL_HOSTID of its own so NCCL talks between them over loopback
 sockets as between hosts.
 
 usage: test_gpu_agent.py CASE BIN_DIR [DATA_DIR]
-cases: parity, nccl1, training, duplicate_gpu, ranks_equivalence, ranks_checkpoint, ranks_control, ranks_sigterm, ranks_validate, ranks_kill, ranks_stop
+cases: parity, nccl1, training, duplicate_gpu, ranks_equivalence, ranks_checkpoint, ranks_control, ranks_sigterm, ranks_validate, ranks_kill, ranks_stop, ranks_accuracy, ranks_elastic
 """
 import glob
 import os
@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -239,19 +240,21 @@ def case_ranks_validate(tmp):
     assert acc >= 0.7, acc
 
 
-def start_ranks(job, coord_args, agent_args):
-    """A coordinator and 2 agents through one_gpu_ranks.sh, started by hand
+def start_ranks(job, coord_args, agent_args, world="2", n=2, stderr=subprocess.PIPE,
+                length=("--steps", "10000000")):
+    """A coordinator and n agents through one_gpu_ranks.sh, started by hand
     (so one can be signalled); returns (coordinator, agents)."""
     coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                               "--log-level", "warn"] + coord_args, stdout=subprocess.PIPE,
                              text=True)
     rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
     agents = [subprocess.Popen([ONE_GPU, "--coordinator", rpc, "--job", job, "--world-size",
-                                "2", "--local-rank", str(i), "--reduce", "mean", "--steps",
-                                "10000000", "--log-interval", "200ms", "--data", DATA] +
-                               agent_args, env=dict(os.environ, LOCAL_RANK=str(i)),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for i in range(2)]
+                                world, "--local-rank", str(i), "--reduce", "mean",
+                                "--log-interval", "200ms", "--data", DATA, *length] +
+                               agent_args,
+                               env=dict(os.environ, LOCAL_RANK=str(i)),
+                               stdout=subprocess.PIPE, stderr=stderr, text=True)
+              for i in range(n)]
     return coord, agents
 
 
@@ -283,6 +286,72 @@ def case_ranks_kill(tmp):
     code, err, took = lose_rank_1("kill", signal.SIGKILL, ["--heartbeat-timeout", "5s"], [])
     assert code == 1, code
     assert "error:" in err and "failed" in err, err
+
+
+def case_ranks_accuracy(tmp):
+    """2 and 4 ranks on one GPU, global batch 128 (mean), 2 epochs: the test
+    accuracy of the 1-rank CPU training test (0.83)."""
+    for n in (2, 4):
+        _, out, _, took = run(["--nproc", str(n), "--epochs", "2", "--batch", str(128 // n),
+                               "--log-interval", "5s"] + RANKS)
+        m = re.search(r"final: test accuracy ([\d.]+)", out)
+        assert m, out[-3000:]
+        acc = float(m.group(1))
+        print(f"nccl, {n} ranks on one GPU, {n} x {128 // n} a step, 2 epochs: test accuracy "
+              f"{acc:.4f} in {took:.1f} s")
+        assert acc >= 0.83, (n, acc)
+
+
+def timed_lines(p, into):
+    """Appends (monotonic time, line) for each line of p.stdout, in a thread."""
+    def read():
+        for line in p.stdout:
+            into.append((time.monotonic(), line))
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    return th
+
+
+def case_ranks_elastic(tmp):
+    """An elastic job (--world-size 2:3) of 3 ranks on NCCL: rank 2 killed
+    (-9) while they train; ranks 0 and 1 abort the communicator, make a new
+    one for generation 1 and finish the run. Prints the time from the kill
+    to the regroup line (when the next step starts) and its detect/regroup
+    parts, and the final accuracy."""
+    coord, agents = start_ranks("elastic", ["--heartbeat-timeout", "10s"],
+                                ["--batch", "64", "--lr", "0.05"], world="2:3", n=3,
+                                stderr=subprocess.STDOUT, length=("--epochs", "2"))
+    lines = [[] for _ in agents]
+    readers = [timed_lines(a, into) for a, into in zip(agents, lines)]
+    try:
+        deadline = time.monotonic() + 300
+        while not any(line.startswith("step") for _, line in lines[0]):
+            assert agents[0].poll() is None and time.monotonic() < deadline, \
+                "rank 0 did not train:\n" + "".join(line for _, line in lines[0])[-3000:]
+            time.sleep(0.05)
+        t_kill = time.monotonic()
+        agents[2].kill()
+        codes = [agents[i].wait(timeout=300) for i in (0, 1)]
+        for r in readers:
+            r.join(timeout=10)
+        text = "".join(line for _, line in lines[0])
+        assert codes == [0, 0], f"exits {codes}:\n{text[-4000:]}"
+        regroup = [(t, line) for t, line in lines[0] if "continuing with" in line]
+        assert regroup, "no regroup line:\n" + text[-4000:]
+        t, line = regroup[0]
+        m = re.search(r"continuing with (\d+) ranks from step (\d+) \(detect ([0-9.]+) s, "
+                      r"regroup ([0-9.]+) s\)", line)
+        assert m and m.group(1) == "2", line
+        acc = float(re.search(r"final: test accuracy ([\d.]+)", text).group(1))
+        print(f"nccl, 3 ranks on one GPU, rank 2 killed (-9): kill to the new generation's "
+              f"first step {t - t_kill:.2f} s (detect {m.group(3)} s, regroup {m.group(4)} s); "
+              f"2 ranks finished from step {m.group(2)}, test accuracy {acc:.4f}")
+        print(line.strip())
+        assert acc >= 0.80, acc
+    finally:
+        for a in agents:
+            a.kill()
+        coord.kill()
 
 
 def case_ranks_stop(tmp):

@@ -542,6 +542,38 @@ START_TEST(zero)
 }
 END_TEST
 
+/* Every byte value, in a random order and at an odd length: both devices
+ * give exactly v / 255 (the inputs must not depend on the device). */
+START_TEST(pixels)
+{
+  enum { N = 256 * 37 + 5 };
+  pair_t p;
+  uint8_t *px = malloc(N);
+  float *out[2];
+  twin_t in, x;
+
+  ck_assert_ptr_nonnull(px);
+  pair_open(&p);
+  for (size_t i = 0; i < N; i++)
+    px[i] = (uint8_t)(i * 167 + (gs_splitmix64(&p.rng) & 0xff00 ? 0 : 1));
+  in = twin_in(&p, px, N);
+  x = twin_poisoned(&p, N);
+  for (int i = 0; i < 2; i++)
+    gs_kernels_pixels(p.kn[i], in.at[i], x.at[i], N);
+  twin_out(&p, &x, out);
+  for (size_t e = 0; e < N; e++)
+    ck_assert_msg(out[CPU][e] == (float)px[e] / 255.0f && out[GPU][e] == out[CPU][e],
+                  "pixel %zu (%u): cpu %.9g, cuda %.9g, want %.9g (seed %llu)", e, px[e],
+                  out[CPU][e], out[GPU][e], (float)px[e] / 255.0f, p.seed);
+  free(out[CPU]);
+  free(out[GPU]);
+  twin_free(&p, &in);
+  twin_free(&p, &x);
+  free(px);
+  pair_close(&p);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
   Suite *s = suite_create("kernels");
@@ -553,6 +585,7 @@ static Suite *kernels_suite(void)
   suite_add_tcase(s, gs_gpu_tcase("linear_backward", linear_backward));
   suite_add_tcase(s, gs_gpu_tcase("softmax_xent", softmax_xent));
   suite_add_tcase(s, gs_gpu_tcase("optim_pack", optim_pack));
+  suite_add_tcase(s, gs_gpu_tcase("pixels", pixels));
   return s;
 }
 
