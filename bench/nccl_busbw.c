@@ -36,6 +36,7 @@
 #include "cuda_check.h"
 #include "device.h"
 #include "flags.h"
+#include "hex.h"
 #include "parse.h"
 #include "clock.h"
 
@@ -480,24 +481,6 @@ static void rank_teardown(rank_ctx_t *r, bool failed)
   free(r->check);
 }
 
-/* Decodes hex into id (at most cap bytes); false if malformed. */
-static bool unhex(const char *hex, unsigned char *id, size_t cap, size_t *len)
-{
-  size_t n = strlen(hex) / 2;
-
-  if (strlen(hex) % 2 || n == 0 || n > cap)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    unsigned v;
-
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1)
-      return false;
-    id[i] = (unsigned char)v;
-  }
-  *len = n;
-  return true;
-}
-
 /* The child's main: argv as CHILD_ARGS says, then the parent's options.
  * Takes its own NCCL_HOSTID before any CUDA or NCCL call. Exits 0,
  * EXIT_WRONG when a sum was wrong, 1 on an error (logged with file:line). */
@@ -517,9 +500,9 @@ static int rank_main(int argc, char **argv)
   r.log = (gs_log_t){.level = GS_LOG_WARN, .out = stderr, .component = "nccl_busbw"};
   r.o = default_opts;
   if (gs_parse_long(argv[2], 0, MAX_RANKS - 1, &rank) ||
-      !unhex(argv[3], ours_id, sizeof(ours_id), &ours_len) ||
-      !unhex(argv[4], (unsigned char *)&raw_id, sizeof(raw_id), &raw_len) ||
-      raw_len != sizeof(raw_id) || parse_opts(argc - 6, argv + 6, &r.o) || rank >= r.o.ranks) {
+      !gs_hex_decode(argv[3], ours_id, sizeof(ours_id), &ours_len) ||
+      !gs_hex_decode(argv[4], &raw_id, sizeof(raw_id), &raw_len) || raw_len != sizeof(raw_id) ||
+      parse_opts(argc - 6, argv + 6, &r.o) || rank >= r.o.ranks) {
     fprintf(stderr, "nccl_busbw: a rank's arguments are malformed\n");
     return 1;
   }
@@ -551,23 +534,16 @@ static int rank_main(int argc, char **argv)
 /* ------------------------------------------------------------------ */
 /* The parent: ids, ranks, and the watch over them. */
 
-/* Prints why and returns EXIT_SKIP when no GPU can run the ranks, else 0
- * (tests/gpu/gpu_check.h's rule). The device count initializes CUDA here,
- * which is why the ranks are exec'd, never merely forked. */
+/* Prints why and returns EXIT_SKIP when no GPU can run the ranks, else 0.
+ * The device count initializes CUDA here, which is why the ranks are
+ * exec'd, never merely forked. */
 static int gpu_skip(void)
 {
   char why[256] = "";
-  gs_device_t *d;
 
-  if (!gs_device_cuda_built()) {
-    printf("SKIP: built without CUDA\n");
-    return EXIT_SKIP;
-  }
-  if (gs_device_cuda_count() > 0)
+  if (gs_device_cuda_usable(why, sizeof(why)))
     return 0;
-  d = gs_device_open("cuda", 0, NULL, why, sizeof(why));
-  gs_device_destroy(d); /* NULL: no device to open; `why` says what is missing */
-  printf("SKIP: no CUDA device visible (%s)\n", why);
+  printf("SKIP: %s\n", why);
   return EXIT_SKIP;
 }
 
@@ -577,12 +553,6 @@ typedef struct world {
   uint32_t n;
   int progress; /* read end of rank 0's progress pipe; -1 once closed */
 } world_t;
-
-static void hex(const void *id, size_t len, char *out)
-{
-  for (size_t i = 0; i < len; i++)
-    snprintf(out + 2 * i, 3, "%02x", ((const unsigned char *)id)[i]);
-}
 
 /* Both rendezvous ids, in hex: ours (gs_comm_make_id) and NCCL's own. */
 static int make_ids(char *ours_hex, char *raw_hex)
@@ -599,8 +569,8 @@ static int make_ids(char *ours_hex, char *raw_hex)
     err = GS_NCCL_STATUS(&log, ncclGetUniqueId(&raw));
   if (err)
     return err;
-  hex(id, len, ours_hex);
-  hex(&raw, sizeof(raw), raw_hex);
+  gs_hex_encode(id, len, ours_hex);
+  gs_hex_encode(&raw, sizeof(raw), raw_hex);
   return 0;
 }
 

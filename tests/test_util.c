@@ -1,6 +1,6 @@
 /* The small utilities in common/ that both sides share: byte order, the
- * intrusive list, the `why` formatter, the clock, splitmix64, log escaping
- * and rate limiting. */
+ * intrusive list, the `why` formatter, the clock, splitmix64, log escaping,
+ * rate limiting and hex. */
 #include <check.h>
 #include <stdint.h>
 #include <string.h>
@@ -9,6 +9,7 @@
 #include "clock.h"
 #include "error.h"
 #include "escape.h"
+#include "hex.h"
 #include "list.h"
 #include "ratelimit.h"
 #include "rng.h"
@@ -142,6 +143,31 @@ START_TEST(ratelimit_passes_a_burst_then_counts)
 }
 END_TEST
 
+/* Every byte round-trips; what is not a whole string of hex pairs that
+ * fits is refused. */
+START_TEST(hex_round_trips_and_refuses_the_malformed)
+{
+  unsigned char bytes[256], back[256];
+  char hex[2 * sizeof(bytes) + 1];
+  size_t len = 0;
+
+  for (int i = 0; i < 256; i++)
+    bytes[i] = (unsigned char)(255 - i);
+  gs_hex_encode(bytes, sizeof(bytes), hex);
+  ck_assert_uint_eq(strlen(hex), 512);
+  ck_assert(strncmp(hex, "fffefd", 6) == 0);
+  ck_assert(gs_hex_decode(hex, back, sizeof(back), &len));
+  ck_assert_uint_eq(len, 256);
+  ck_assert_int_eq(memcmp(back, bytes, 256), 0);
+  ck_assert(gs_hex_decode("0A1b", back, 2, &len) && len == 2 && back[0] == 0x0a && back[1] == 0x1b);
+  ck_assert(!gs_hex_decode("", back, 2, &len));
+  ck_assert(!gs_hex_decode("abc", back, 2, &len));    /* odd */
+  ck_assert(!gs_hex_decode("0g", back, 2, &len));     /* not hex */
+  ck_assert(!gs_hex_decode(" 1", back, 2, &len));     /* sscanf would take it */
+  ck_assert(!gs_hex_decode("010203", back, 2, &len)); /* too long */
+}
+END_TEST
+
 int main(void)
 {
   Suite *s = suite_create("util");
@@ -156,6 +182,7 @@ int main(void)
   tcase_add_test(tc, splitmix64_published_stream);
   tcase_add_test(tc, escape_makes_one_printable_line);
   tcase_add_test(tc, ratelimit_passes_a_burst_then_counts);
+  tcase_add_test(tc, hex_round_trips_and_refuses_the_malformed);
   suite_add_tcase(s, tc);
   sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

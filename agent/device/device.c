@@ -35,6 +35,23 @@ int gs_device_cuda_count(void)
   return gs__device_cuda_count();
 }
 
+bool gs_device_cuda_usable(char *why, size_t why_len)
+{
+  char reason[200] = "";
+  gs_device_t *d;
+
+  if (!gs_device_cuda_built()) {
+    snprintf(why, why_len, "built without CUDA");
+    return false;
+  }
+  if (gs_device_cuda_count() > 0)
+    return true;
+  d = gs_device_open("cuda", 0, NULL, reason, sizeof(reason));
+  gs_device_destroy(d); /* NULL: no device to open; `reason` says what is missing */
+  snprintf(why, why_len, "no CUDA device visible (%s)", reason);
+  return false;
+}
+
 gs_device_t *gs_device_open(const char *name, int index, const gs_log_t *log, char *why,
                             size_t why_len)
 {

@@ -15,17 +15,10 @@
 static inline int gs_gpu_skip(void)
 {
   char why[256] = "";
-  gs_device_t *d;
 
-  if (!gs_device_cuda_built()) {
-    printf("SKIP: built without CUDA\n");
-    return GS_GPU_SKIP;
-  }
-  if (gs_device_cuda_count() > 0)
+  if (gs_device_cuda_usable(why, sizeof(why)))
     return 0;
-  d = gs_device_open("cuda", 0, NULL, why, sizeof(why));
-  gs_device_destroy(d); /* NULL: no device to open; `why` says what is missing */
-  printf("SKIP: no CUDA device visible (%s)\n", why);
+  printf("SKIP: %s\n", why);
   return GS_GPU_SKIP;
 }
 

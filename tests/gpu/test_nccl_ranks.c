@@ -29,6 +29,7 @@
 #include "comm.h"
 #include "device.h"
 #include "gpu_check.h"
+#include "hex.h"
 #include "clock.h"
 
 #define ID_CAP 512
@@ -305,24 +306,6 @@ static int case_loss(rank_ctx_t *r, int sig)
   return 0;
 }
 
-/* Decodes the hex id of the command line; false if malformed. */
-static bool parse_id(const char *hex, unsigned char *id, size_t *len)
-{
-  size_t n = strlen(hex) / 2;
-
-  if (strlen(hex) % 2 || n == 0 || n > ID_CAP)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    unsigned v;
-
-    if (sscanf(hex + 2 * i, "%2x", &v) != 1)
-      return false;
-    id[i] = (unsigned char)v;
-  }
-  *len = n;
-  return true;
-}
-
 /* The child's main: argv = CASE RANK WORLD TIMEOUT_MS ID. Sets its own
  * NCCL_HOSTID before any CUDA or NCCL call, opens cuda:0, joins the world
  * and runs the case. */
@@ -338,7 +321,7 @@ static int rank_main(char **argv)
   r.rank = (uint32_t)strtoul(argv[1], NULL, 10);
   r.world = (uint32_t)strtoul(argv[2], NULL, 10);
   r.timeout_ms = strtoull(argv[3], NULL, 10);
-  if (!parse_id(argv[4], id, &id_len) || r.world == 0 || r.rank >= r.world) {
+  if (!gs_hex_decode(argv[4], id, sizeof(id), &id_len) || r.world == 0 || r.rank >= r.world) {
     printf("rank: bad arguments\n");
     return 2;
   }
@@ -402,8 +385,7 @@ static void world_start(world_t *w, const char *name, uint32_t n, uint64_t timeo
   ck_assert_ptr_nonnull(maker);
   ck_assert_int_eq(gs_comm_make_id(maker, id, sizeof(id), &id_len), 0);
   gs_comm_destroy(maker);
-  for (size_t i = 0; i < id_len; i++)
-    snprintf(hex + 2 * i, 3, "%02x", id[i]);
+  gs_hex_encode(id, id_len, hex);
   memset(w, 0, sizeof(*w));
   w->n = n;
   snprintf(world, sizeof(world), "%" PRIu32, n);

@@ -68,6 +68,10 @@ void gs_device_destroy(gs_device_t *d);
 /* Whether this build has CUDA, and how many GPUs are visible (0 without). */
 bool gs_device_cuda_built(void);
 int gs_device_cuda_count(void);
+/* Whether a GPU can be used here (the build has CUDA and one is visible);
+ * false with the reason in `why` ("built without CUDA", "no CUDA device
+ * visible (...)"), as the GPU tests and benchmarks print when they skip. */
+bool gs_device_cuda_usable(char *why, size_t why_len);
 
 /* Thin wrappers over the table (see gs_device_ops_t). */
 void *gs_device_alloc(gs_device_t *d, size_t bytes);
