@@ -25,6 +25,11 @@ Cases (one per run):
   launcher gradsync-run --node-agent: its ranks join through the node agent
            it starts, and train exactly as without it; the socket's folder
            is gone afterwards
+  restart  gradsync-run --node-agent --min-ranks 1: its node agent killed
+           (SIGKILL) mid-training; gradsync-run starts it again on the same
+           socket, the coordinator having lost both ranks they rejoin
+           through the new one and train on from where they were, and the
+           operator's stop ends the run cleanly
 
 usage: test_node_agent.py CASE BIN_DIR COORDINATOR_BIN
 """
@@ -38,9 +43,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The elastic tests' job: a coordinator on free ports and agents logging to files.
 from agentlib import node_address  # noqa: E402
-from testlib import WAIT  # noqa: E402
+from testlib import WAIT, descendants  # noqa: E402
 from test_elastic import (AGENT, BIN_DIR, CASE, FASHION, FOREVER, QUICK_LOSS,  # noqa: E402
-                          TRAIN, Job, accuracy, clean_env, expect_ok, regroup_line, run_case)
+                          TRAIN, Job, accuracy, clean_env, expect_ok, post_stop, read,
+                          regroup_line, run_case, scratch, wait_text)
 
 
 RELAY = os.path.join(BIN_DIR, "gradsync-relay")
@@ -234,8 +240,59 @@ def case_launcher():
           f"as without it")
 
 
+def node_agent_of(launcher):
+    """The pid of the gradsync-relay below the launcher's process."""
+    for pid in descendants(launcher.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if os.path.basename(f.read().split(b"\0")[0]) == b"gradsync-relay":
+                    return pid
+        except OSError:
+            continue
+    raise AssertionError("no gradsync-relay below gradsync-run")
+
+
+def case_restart():
+    log = os.path.join(scratch("gs_node_restart_"), "run.log")
+    p = subprocess.Popen([os.path.join(BIN_DIR, "gradsync-run"), "--nproc", "2", "--min-ranks", "1",
+                          "--node-agent", "--job", "nr", "--", *TRAIN, "--data", FASHION,
+                          "--epochs", str(FOREVER), "--log-interval", "200ms"],
+                         stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env())
+    try:
+        def text():
+            return read(log)
+
+        def alive():
+            return p.poll() is None
+        http = wait_text("gradsync-run", text, r"status at http://(\S+)/status", alive).group(1)
+        wait_text("gradsync-run", text, r"\[rank 0\] step \d+", alive)
+        old = node_agent_of(p)
+        os.kill(old, signal.SIGKILL)
+        wait_text("gradsync-run", text, r"node agent killed by signal SIGKILL while ranks were "
+                  r"running: .*starting it again \(restart 1 of 3\)", alive)
+        for r in (0, 1):  # both lost with it, both back through the new one
+            wait_text("gradsync-run", text, rf"\[rank {r}\] .*continuing with 2 ranks from step",
+                      alive)
+        steps = len(re.findall(r"\[rank 0\] step ", text()))
+        wait_text("gradsync-run", lambda: text().split("[rank 0] step ", steps)[-1],
+                  r"\[rank 0\] step ", alive)  # one more: it trains on
+        assert node_agent_of(p) != old
+        post_stop(http, "nr")
+        assert p.wait(timeout=WAIT) == 0, text()[-4000:]
+        out = text()
+        assert len(re.findall(r"relay: connected to the coordinator", out)) == 2, out[-3000:]
+        m = re.search(r"\[rank 0\] .*(generation \d+: .*continuing with 2 ranks from step \d+)",
+                      out)
+        print(f"node agent killed under gradsync-run: started again, both ranks rejoined "
+              f"through it: {m.group(1)}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 if __name__ == "__main__":
-    if HOST == "127.0.0.1" and CASE != "launcher":
+    if HOST == "127.0.0.1" and CASE not in ("launcher", "restart"):
         print("skip: two nodes on one machine need an address other than loopback")
         sys.exit(77)
     sys.exit(run_case(globals(), "node agent"))

@@ -100,6 +100,7 @@ typedef struct gs_run_config {
   /* --node-agent: the ranks reach the coordinator through a node agent
    * (gradsync-relay, --relay-bin) on a Unix socket, one connection for all. */
   bool node_agent;
+  long node_agent_restarts; /* --node-agent-restarts: how often a dead one is started again */
   const char *relay_flag;
   char relay_bin[PATH_MAX];
   /* A build tree's Python package (BIN/../python, holding gradsync/), put
@@ -197,6 +198,10 @@ void gs__run_say_devices(const gs_run_t *r);
 int gs__run_start_node_agent(gs_run_t *r);
 /* Recognises its "listening" line: then the ranks' address is its socket. */
 bool gs__run_node_agent_ready(gs_run_t *r, const char *line, size_t len);
+/* The node agent died while the ranks run: starts it again on the same
+ * socket (its ranks redial it and rejoin through it) while
+ * --node-agent-restarts allows; true then, false when the run is to stop. */
+bool gs__run_restart_node_agent(gs_run_t *r, const char *how);
 /* Removes its socket's folder (at exit). */
 void gs__run_node_agent_cleanup(gs_run_t *r);
 

@@ -25,11 +25,21 @@ static void coordinator_host(const gs_run_t *r, char *host, size_t len)
     snprintf(host, len, "127.0.0.1");
 }
 
-int gs__run_start_node_agent(gs_run_t *r)
+/* Starts gradsync-relay on the socket in r->relay_dir; 0 or an error it said. */
+static int spawn_node_agent(gs_run_t *r)
 {
-  char ranks[16], path[PATH_MAX + 16], host[256];
+  char ranks[16], path[PATH_MAX + 16];
   char *argv[] = {r->cfg.relay_bin, "--coordinator", r->cfg.rpc, "--socket", path,
                   "--ranks",        ranks,           NULL};
+
+  snprintf(path, sizeof(path), "%s/" SOCKET_NAME, r->relay_dir);
+  snprintf(ranks, sizeof(ranks), "%ld", r->cfg.nproc);
+  return gs__run_spawn(r, &r->relay, argv);
+}
+
+int gs__run_start_node_agent(gs_run_t *r)
+{
+  char path[PATH_MAX + 16], host[256];
   const char *tmp = getenv("TMPDIR");
 
   snprintf(r->relay_dir, sizeof(r->relay_dir), "%s/gradsync-node-XXXXXX",
@@ -47,12 +57,11 @@ int gs__run_start_node_agent(gs_run_t *r)
                 path);
     return 1;
   }
-  snprintf(ranks, sizeof(ranks), "%ld", r->cfg.nproc);
   coordinator_host(r, host, sizeof(host));
   if (gs_route_source(host, r->rank_bind, sizeof(r->rank_bind)))
     r->rank_bind[0] = '\0';
   r->ready_deadline = 0; /* the node agent's own, from now */
-  if (gs__run_spawn(r, &r->relay, argv))
+  if (spawn_node_agent(r))
     return 1;
   r->ready_deadline = gs_now_ms() + GS_RUN_READY_MS;
   return 0;
@@ -72,6 +81,33 @@ bool gs__run_node_agent_ready(gs_run_t *r, const char *line, size_t len)
   r->ready_deadline = 0;
   gs__run_say("node agent: this node's %ld rank%s the coordinator through %s", r->cfg.nproc,
               r->cfg.nproc == 1 ? " reaches" : "s reach", r->rank_rpc);
+  return true;
+}
+
+/* The coordinator declared the node's ranks lost when the node agent's
+ * connection closed (a fixed job fails; an elastic one goes on without
+ * them): started again at once, the node agent lets the live ranks redial
+ * it within their --coordinator-grace and rejoin the job through it, as
+ * ranks a stop (SIGSTOP) evicted rejoin. */
+bool gs__run_restart_node_agent(gs_run_t *r, const char *how)
+{
+  gs_run_child_t *c = &r->relay;
+
+  if (c->restarts >= r->cfg.node_agent_restarts) {
+    gs__run_say("%s %s while ranks were running: the coordinator lost this node's ranks%s", c->name,
+                how, r->cfg.node_agent_restarts ? "; no restarts left" : "");
+    return false;
+  }
+  c->restarts++;
+  gs__run_say("%s %s while ranks were running: the coordinator lost this node's ranks; "
+              "starting it again (restart %ld of %ld), for them to rejoin through it",
+              c->name, how, c->restarts, r->cfg.node_agent_restarts);
+  gs__run_stream_close(&c->out);
+  gs__run_stream_close(&c->err);
+  if (spawn_node_agent(r)) {
+    gs__run_say("cannot start %s again", c->name);
+    return false;
+  }
   return true;
 }
 

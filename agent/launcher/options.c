@@ -87,6 +87,13 @@ static const gs_flag_t flag_rows[] = {
           "coordinator through it on a Unix socket, and it speaks for them all on one "
           "connection, their Joins and heartbeats batched into one frame each (for many nodes: "
           "[node agents](docs/guide/deployment.md#node-agents))"},
+  {.name = "--node-agent-restarts", .kind = GS_FLAG_INT, CFG(node_agent_restarts), .min = 0,
+   .max = GS_RUN_MAX_RESTARTS, .metavar = "K",
+   .help = "start a node agent that died again, up to K times (0: its death stops the ranks)",
+   .doc = "with `--node-agent`: a node agent that dies while the ranks run is started again "
+          "on the same socket, up to K times; the coordinator has lost the node's ranks (a "
+          "fixed job fails, an elastic one goes on without them), and they rejoin through the "
+          "new one within their `--coordinator-grace`. 0: its death stops the ranks"},
   {.name = "--coordinator-bin", .kind = GS_FLAG_STR, CFG(coord_flag), .metavar = "PATH",
    .def = "next to `gradsync-run`", .help = "coordinator program",
    .doc = "the coordinator program to start"},
@@ -147,6 +154,7 @@ static void set_defaults(gs_run_config_t *cfg)
   snprintf(cfg->http_host, sizeof(cfg->http_host), "127.0.0.1");
   cfg->http_port = 0;
   cfg->grace_ms = 10000;
+  cfg->node_agent_restarts = 3;
 }
 
 /* Agent flags the launcher sets itself: passing them again would override it. */

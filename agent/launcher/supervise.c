@@ -100,7 +100,9 @@ static void drain_child(gs_run_child_t *c)
 /* The coordinator or the node agent was reaped: a failure unless we were
  * stopping it. When the node agent goes, this node's ranks have lost their
  * way to the coordinator, which has lost them (an elastic job's other
- * nodes go on without them): they stop, as they do without a coordinator. */
+ * nodes go on without them): it is started again for them to rejoin
+ * through (--node-agent-restarts), else they stop, as they do without a
+ * coordinator. */
 static void on_service_exit(gs_run_t *r, const gs_run_child_t *c, int status)
 {
   bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -110,9 +112,13 @@ static void on_service_exit(gs_run_t *r, const gs_run_child_t *c, int status)
   if (r->phase == GS_RUN_STARTING) {
     gs__run_say("%s %s before it was ready (its output is above)", c->name, how);
     gs__run_fail(r, 1);
+  } else if (c == &r->relay && r->phase == GS_RUN_RUNNING && r->agents_running > 0) {
+    if (gs__run_restart_node_agent(r, how))
+      return;
+    gs__run_say("stopping the ranks");
+    gs__run_fail(r, 1);
   } else if (r->phase == GS_RUN_RUNNING || r->phase == GS_RUN_STOP_AGENTS) {
-    gs__run_say("%s %s while ranks were running%s", c->name, how,
-                c == &r->relay ? ": the coordinator lost this node's ranks" : "");
+    gs__run_say("%s %s while ranks were running", c->name, how);
     if (r->phase == GS_RUN_RUNNING && r->agents_running > 0)
       gs__run_say("stopping the ranks");
     gs__run_fail(r, 1);
