@@ -98,10 +98,15 @@ int gs_node_beats_decode(gs_node_beats_t *b, const uint8_t *data, size_t len, ch
   int err;
 
   b->count = 0;
+  /* The message's fields that are not columns, at their defaults (the
+   * sessions' array is 10 KB: only its count). */
+  b->msg.job[0] = '\0';
+  b->msg.sessions_count = 0;
   columns(b, field);
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++)
     gs_pb_column_bind_decode(field[i], &b->columns[i]);
-  err = gs_wire_decode(data, len, gradsync_NodeHeartbeatRequest_fields, &b->msg, why, why_len);
+  err = gs_wire_decode_into_defaults(data, len, gradsync_NodeHeartbeatRequest_fields, &b->msg, why,
+                                     why_len);
   if (err)
     return err;
   b->count = (uint32_t)b->columns[0].count; /* the slots */

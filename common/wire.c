@@ -182,19 +182,32 @@ int gs_wire_decode_envelope(const uint8_t *payload, size_t len, gradsync_Envelop
   body->len = 0;
   env->body.funcs.decode = decode_body;
   env->body.arg = body;
-  return gs_wire_decode(payload, len, gradsync_Envelope_fields, env, why, why_len);
+  return gs_wire_decode_into_defaults(payload, len, gradsync_Envelope_fields, env, why, why_len);
+}
+
+/* pb_decode_ex with `flags`; nanopb's reason in why. */
+static int decode(const uint8_t *data, size_t len, const pb_msgdesc_t *fields, void *msg,
+                  unsigned flags, char *why, size_t why_len)
+{
+  pb_istream_t stream = pb_istream_from_buffer(data, len);
+
+  if (pb_decode_ex(&stream, fields, msg, flags))
+    return 0;
+  if (why)
+    snprintf(why, why_len, "%s", PB_GET_ERROR(&stream));
+  return GS_EPROTO;
 }
 
 int gs_wire_decode(const uint8_t *data, size_t len, const pb_msgdesc_t *fields, void *msg,
                    char *why, size_t why_len)
 {
-  pb_istream_t stream = pb_istream_from_buffer(data, len);
+  return decode(data, len, fields, msg, 0, why, why_len);
+}
 
-  if (pb_decode(&stream, fields, msg))
-    return 0;
-  if (why)
-    snprintf(why, why_len, "%s", PB_GET_ERROR(&stream));
-  return GS_EPROTO;
+int gs_wire_decode_into_defaults(const uint8_t *data, size_t len, const pb_msgdesc_t *fields,
+                                 void *msg, char *why, size_t why_len)
+{
+  return decode(data, len, fields, msg, PB_DECODE_NOINIT, why, why_len);
 }
 
 int gs_wire_encode(gs_buf_t *out, const pb_msgdesc_t *fields, const void *msg)

@@ -279,6 +279,19 @@ START_TEST(node_beats_round_trip)
   }
   ck_assert_str_eq(gs_node_beats_session(&back, 5), "4.abc");
   ck_assert_str_eq(gs_node_beats_session(&back, 6), "");
+  /* Decoded into the same struct, a beat without job or sessions leaves
+   * none of the last one's (the decode skips nanopb's defaults pass). */
+  gs_buf_free(&f);
+  f = (gs_buf_t){0};
+  gs_node_beats_reset(&q, "");
+  ck_assert_int_eq(gs_node_beats_add(&q, 9, &req, 0, ""), 0);
+  ck_assert_int_eq(gs_node_beats_encode_frame(&q, &f, &env, SIZE_MAX), 0);
+  ck_assert_int_eq(node_beats_from_frame(&f, &back, NULL, 0), 0);
+  ck_assert_str_eq(back.msg.job, "");
+  ck_assert_uint_eq(back.msg.sessions_count, 0);
+  ck_assert_uint_eq(back.count, 1);
+  ck_assert_uint_eq(back.slot[0], 9);
+  ck_assert_str_eq(gs_node_beats_session(&back, 5), "");
   gs_buf_free(&f);
 }
 END_TEST
