@@ -132,6 +132,9 @@ static cJSON *chrome_json(const gs_job_t *job, gradsync_Trace *t)
   cJSON *other = cJSON_AddObjectToObject(doc, "otherData");
   cJSON *truncated =
       cJSON_AddArrayToObject(other, "truncated"); /* ranks whose last spans are left out */
+  /* Per rank, the round trip of the heartbeat its clock was aligned by:
+   * its track is placed within half of it of the coordinator's clock. */
+  cJSON *rtts = cJSON_AddArrayToObject(other, "clock_rtt_us");
   cJSON *e, *ts;
   double origin = -1;
 
@@ -144,6 +147,7 @@ static cJSON *chrome_json(const gs_job_t *job, gradsync_Trace *t)
     double base = (double)t->origin_us + (double)job->ranks[r]->clock_offset_us;
 
     name_tracks(events, job->ranks[r], r);
+    cJSON_AddItemToArray(rtts, cJSON_CreateNumber((double)job->ranks[r]->clock_rtt_us));
     for (pb_size_t i = 0; i < t->events_count; i++) {
       double at = base + (double)t->events[i].start_us;
 
