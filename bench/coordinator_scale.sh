@@ -91,18 +91,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# Waits (up to TRIES x 50 ms) until FILE holds a line matching PATTERN;
+# dies, quoting LOG, if process PID (NAME) exits first.
+# usage: wait_for_line PATTERN FILE PID NAME LOG TRIES
+wait_for_line() {
+  local i
+  for i in $(seq "$6"); do
+    grep -q "$1" "$2" && return 0
+    kill -0 "$3" 2>/dev/null || die "$4 exited: $(tail -3 "$5")"
+    sleep 0.05
+  done
+}
+
 # Starts a coordinator on free ports (with the flags given); sets
 # coord_pid, rpc_addr, http_addr.
 start_coordinator() {
-  local out="$work/coord.out" i
+  local out="$work/coord.out"
   : >"$out"
   "$coord_bin" --listen 127.0.0.1:0 --http 127.0.0.1:0 "$@" >"$out" 2>"$work/coord.log" &
   coord_pid=$!
-  for i in $(seq 100); do
-    grep -q "listening" "$out" && break
-    kill -0 "$coord_pid" 2>/dev/null || die "coordinator exited: $(tail -3 "$work/coord.log")"
-    sleep 0.05
-  done
+  wait_for_line "listening" "$out" "$coord_pid" coordinator "$work/coord.log" 100
   rpc_addr=$(sed -n 's/.* rpc=\([^ ]*\).*/\1/p' "$out")
   http_addr=$(sed -n 's/.* http=\([^ ]*\).*/\1/p' "$out")
   [ -n "$rpc_addr" ] && [ -n "$http_addr" ] || die "coordinator printed no address"
@@ -150,17 +158,13 @@ done
 # load_line (coord_load's result), and with sizes=1 summary_bytes and
 # full_bytes (/status and /status?ranks=1).
 status_under_load() {
-  local n=$1 i
+  local n=$1
   shift
   start_coordinator "${big[@]}"
   "$load_bin" --coordinator "$rpc_addr" --ranks "$n" "$@" --join-timeout 120s --warmup 0s \
     --duration "$((wrk_seconds + 6))s" >"$work/load.out" 2>"$work/load.log" &
   load_pid=$!
-  for i in $(seq 2400); do
-    grep -q "joined" "$work/load.out" && break
-    kill -0 "$load_pid" 2>/dev/null || die "coord_load exited: $(tail -3 "$work/load.log")"
-    sleep 0.05
-  done
+  wait_for_line "joined" "$work/load.out" "$load_pid" coord_load "$work/load.log" 2400
   sleep 1
   if [ "${sizes:-0}" = 1 ]; then
     summary_bytes=$(python3 -c "import urllib.request,sys; print(len(urllib.request.urlopen(sys.argv[1]).read()))" "http://$http_addr/status")
@@ -250,11 +254,7 @@ for run in $(seq "$runs"); do
     --hang-after 5s --warmup 9s --duration 8s --coord-pid "$coord_pid" \
     >"$work/hang.out" 2>"$work/hang.log" &
   load_pid=$!
-  for i in $(seq 2400); do
-    grep -q "hang rank" "$work/hang.out" && break
-    kill -0 "$load_pid" 2>/dev/null || die "coord_load exited: $(tail -3 "$work/hang.log")"
-    sleep 0.05
-  done
+  wait_for_line "hang rank" "$work/hang.out" "$load_pid" coord_load "$work/hang.log" 2400
   hang_line=$(grep "hang rank" "$work/hang.out") || die "coord_load never hung a rank"
   named=$(python3 - "http://$http_addr/jobs/load?ranks_limit=0" "$(field rank "$hang_line")" \
     "$(field at_unix_ms "$hang_line")" <<'PY'
