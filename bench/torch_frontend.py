@@ -39,8 +39,11 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples", "torch"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from fashion_cnn import Net  # noqa: E402
 from char_transformer import CharGPT, param_groups  # noqa: E402  (imports gradsync.torch)
+# Each rank on the one GPU a host of its own for NCCL, on both sides.
+from torch_worker import one_gpu_ranks  # noqa: E402
 
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)
 VOCAB, CONTEXT = 113, 64  # the fortunes' characters, the example's default context
@@ -100,14 +103,6 @@ def timed(a, step, world, rank):
     if rank == 0:
         print(json.dumps({"samples_per_sec": a.steps * a.batch * world / dt,
                           "step_ms": dt / a.steps * 1000.0}), flush=True)
-
-
-def one_gpu_ranks(rank):
-    """This rank a host of its own for NCCL on the one GPU, NCCL's socket
-    transport over loopback (tests/gpu/one_gpu_ranks.sh): set before the
-    first NCCL call, on both sides."""
-    os.environ.update(NCCL_HOSTID=f"gradsync-rank-{rank}", NCCL_NET="Socket",
-                      NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
 
 
 def plain(a, rank=0, world=1, ddp=False):

@@ -27,12 +27,18 @@ def mlp(seed=0, hidden=16, bn=False):
     return nn.Sequential(*layers).to(DEVICE)
 
 
-def one_gpu_ranks():
-    """Every rank on GPU 0, each posing as a host of its own for NCCL (a
-    NCCL_HOSTID each, sockets over loopback), as tests/gpu/one_gpu_ranks.sh
-    does for the agent."""
-    os.environ.update(NCCL_HOSTID=f"gradsync-rank-{os.environ.get('LOCAL_RANK', '0')}",
-                      NCCL_NET="Socket", NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
+# NCCL's socket transport over loopback, for ranks that share GPU 0 (each
+# also needs a NCCL_HOSTID of its own), as tests/gpu/one_gpu_ranks.sh sets
+# for the agent.
+ONE_GPU_ENV = dict(NCCL_NET="Socket", NCCL_IB_DISABLE="1", NCCL_SOCKET_IFNAME="lo")
+
+
+def one_gpu_ranks(rank=None):
+    """This process, rank `rank` (default: gradsync-run's LOCAL_RANK), on
+    GPU 0 posing as a host of its own for NCCL; before its first NCCL call."""
+    if rank is None:
+        rank = os.environ.get("LOCAL_RANK", "0")
+    os.environ.update(ONE_GPU_ENV, NCCL_HOSTID=f"gradsync-rank-{rank}")
 
 
 def data(steps, batch, world):

@@ -81,8 +81,7 @@ def cnn():
         print(f"cnn skipped: no Fashion-MNIST data (train-images-idx3-ubyte[.gz]) in "
               f"{DATA_ARG or '$GS_DATA, data/fashion-mnist or /usr/share/datasets/fashion-mnist'}")
         return 77
-    env = dict(os.environ, PYTHONPATH=test_torch.PY_DIR, NCCL_NET="Socket", NCCL_IB_DISABLE="1",
-               NCCL_SOCKET_IFNAME="lo")
+    env = dict(os.environ, PYTHONPATH=test_torch.PY_DIR, **torch_worker.ONE_GPU_ENV)
     t_all = time.monotonic()
     for world in (2, 4):
         t0 = time.monotonic()
