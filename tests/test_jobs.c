@@ -233,27 +233,18 @@ static gradsync_HeartbeatResponse heartbeat_step(uint32_t peer, const char *job,
   return heartbeat_progress(peer, job, generation, rank, step, now, NULL, err);
 }
 
-/* The same with where the rank is (NULL: no Progress, as older agents). */
-static gradsync_HeartbeatResponse heartbeat_progress(uint32_t peer, const char *job,
-                                                     uint64_t generation, uint32_t rank,
-                                                     uint64_t step, uint64_t now,
-                                                     const gradsync_Progress *progress, int *err)
+/* Sends `req` from `peer` (with its rank's session); *err gets the
+ * reply's error. */
+static gradsync_HeartbeatResponse
+heartbeat_request(uint32_t peer, const gradsync_HeartbeatRequest *req, uint64_t now, int *err)
 {
-  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
   gradsync_HeartbeatResponse resp = gradsync_HeartbeatResponse_init_zero;
   gs_call_t call = call_from(peer, GS_METHOD_HEARTBEAT, now);
   const recorded_t *rec;
   char why[128];
 
-  snprintf(req.job, sizeof(req.job), "%s", job);
-  req.generation = generation;
-  req.rank = rank;
-  req.step = step;
-  req.has_progress = progress != NULL;
-  if (progress)
-    req.progress = *progress;
-  call.session = rank_session(job, rank);
-  gs__jobs_heartbeat(&jobs, &call, &req);
+  call.session = rank_session(req->job, req->rank);
+  gs__jobs_heartbeat(&jobs, &call, req);
   rec = last_reply(peer);
   ck_assert_ptr_nonnull(rec);
   ck_assert_uint_eq(rec->request_id, call.request_id);
@@ -263,6 +254,24 @@ static gradsync_HeartbeatResponse heartbeat_progress(uint32_t peer, const char *
                                     gradsync_HeartbeatResponse_fields, &resp, why, sizeof(why)),
                      0);
   return resp;
+}
+
+/* The same with where the rank is (NULL: no Progress, as older agents). */
+static gradsync_HeartbeatResponse heartbeat_progress(uint32_t peer, const char *job,
+                                                     uint64_t generation, uint32_t rank,
+                                                     uint64_t step, uint64_t now,
+                                                     const gradsync_Progress *progress, int *err)
+{
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+
+  snprintf(req.job, sizeof(req.job), "%s", job);
+  req.generation = generation;
+  req.rank = rank;
+  req.step = step;
+  req.has_progress = progress != NULL;
+  if (progress)
+    req.progress = *progress;
+  return heartbeat_request(peer, &req, now, err);
 }
 
 static void leave(uint32_t peer, const char *job, uint64_t generation, uint32_t rank, bool finished,
@@ -1364,7 +1373,10 @@ END_TEST
 
 /* Every rank inside one collective and none behind: the transport is named
  * only after ten times the threshold; a rank whose sends wait there (most
- * of the time, twice any other's) owns the slow link. */
+ * of the time, twice any other's) owns the slow link, named from one
+ * heartbeat when its share jumps high, not when it jumps halfway; two such
+ * ranks are both named; without a clear gap, or with every rank's sends
+ * waiting, none is. */
 START_TEST(collective_without_a_culprit_names_the_transport_or_a_link)
 {
   start_world("h", 3, 0);
@@ -1376,10 +1388,58 @@ START_TEST(collective_without_a_culprit_names_the_transport_or_a_link)
     in_phase(r, gradsync_Phase_PHASE_SYNC, 5000, 0, 0.1f, 11000);
   gs__jobs_sweep(&jobs, 11000);
   check_waiting("transport", "[]", "stalled");
-  in_phase(1, gradsync_Phase_PHASE_SYNC, 5300, 0, 0.9f, 11300);
-  in_phase(1, gradsync_Phase_PHASE_SYNC, 5300, 0, 0.9f, 11300); /* smoothed: 0.5, then 0.7 */
+  in_phase(1, gradsync_Phase_PHASE_SYNC, 5300, 0, 0.6f, 11300); /* 0.3 x 0.1 + 0.7 x 0.6 */
   gs__jobs_sweep(&jobs, 11300);
+  check_waiting("transport", "[]", "stalled");
+  in_phase(1, gradsync_Phase_PHASE_SYNC, 5600, 0, 0.9f, 11600); /* 0.3 x 0.45 + 0.7 x 0.9 */
+  gs__jobs_sweep(&jobs, 11600);
   check_waiting("slow_link", "[1]", "stalled");
+  in_phase(2, gradsync_Phase_PHASE_SYNC, 5900, 0, 0.7f, 11900); /* 0.52 */
+  gs__jobs_sweep(&jobs, 11900);
+  check_waiting("slow_link", "[1,2]", "stalled");
+  in_phase(0, gradsync_Phase_PHASE_SYNC, 6200, 0, 0.4f, 12200); /* 0.52 < 2 x 0.31 */
+  gs__jobs_sweep(&jobs, 12200);
+  check_waiting("transport", "[]", "stalled");
+  in_phase(0, gradsync_Phase_PHASE_SYNC, 6500, 0, 0.9f, 12500); /* all three */
+  gs__jobs_sweep(&jobs, 12500);
+  check_waiting("transport", "[]", "stalled");
+}
+END_TEST
+
+/* Rank r of "h" (3 ranks) reports a step of compute_ms and comm_ms, its
+ * sends waiting `send_wait` of the time, in an allreduce for 10 ms. */
+static void timed_step(uint32_t r, float compute_ms, float comm_ms, float send_wait, uint64_t now)
+{
+  gradsync_HeartbeatRequest req = {.generation = 1,
+                                   .rank = r,
+                                   .step = 50,
+                                   .compute_ms = compute_ms,
+                                   .comm_wait_ms = comm_ms,
+                                   .has_progress = true,
+                                   .progress = {.phase = gradsync_Phase_PHASE_ALLREDUCE,
+                                                .phase_ms = 10,
+                                                .send_wait = send_wait}};
+  int err;
+
+  snprintf(req.job, sizeof(req.job), "h");
+  jobs_now = now;
+  heartbeat_request(r, &req, now, &err);
+  ck_assert_int_eq(err, 0);
+}
+
+/* Nothing held, what slows every step: a rank computing twice the median
+ * is a straggler; the same extra millisecond in a step that waits a
+ * second on a slow link is jitter, and the link is named. */
+START_TEST(straggler_named_only_when_it_costs_the_step)
+{
+  start_world("h", 3, 0);
+  for (uint32_t r = 0; r < 3; r++)
+    timed_step(r, r == 2 ? 2.0f : 1.0f, r == 2 ? 0.2f : 1.2f, 0.01f, 1000);
+  check_waiting("straggler", "[2]", "running");
+  for (uint32_t t = 1; t <= 20; t++) /* the step times are smoothed: many steps */
+    for (uint32_t r = 0; r < 3; r++)
+      timed_step(r, r == 2 ? 2.0f : 1.0f, 1000, r == 0 ? 0.9f : 0.01f, 1000 + t * 1000);
+  check_waiting("slow_link", "[0]", "running");
 }
 END_TEST
 
@@ -1862,6 +1922,7 @@ static Suite *jobs_suite(void)
       {"stalled", job_whose_step_stops_is_stalled},
       {"held_up", held_up_ranks_are_named},
       {"held_transport", collective_without_a_culprit_names_the_transport_or_a_link},
+      {"straggler_cost", straggler_named_only_when_it_costs_the_step},
       {"heartbeat_long_poll", heartbeats_wait_for_news},
       {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},
       {"elastic_stateless_member", elastic_member_without_state_comes_back},

@@ -172,18 +172,19 @@ def case_straggler():
 
 
 class NodesJob:
-    """A coordinator on node c and one rank on each of nodes a and b of the
-    cluster `cl` (tests/cluster.py), read through curl on node c. Their
-    output goes nowhere: not into a pipe that fills and stops them."""
+    """A coordinator on node c and `per_node` ranks on each of nodes a and
+    b of the cluster `cl` (tests/cluster.py), read through curl on node c.
+    Their output goes nowhere: not into a pipe that fills and stops them."""
 
-    def __init__(self, cl):
+    def __init__(self, cl, per_node=1):
         from cluster import ADDR
-        self.cl, self.http = cl, f"{ADDR['c']}:8080"
+        self.cl, self.http, self.world = cl, f"{ADDR['c']}:8080", 2 * per_node
         cl.run("c", [COORD, "--listen", f"{ADDR['c']}:7070", "--http", self.http],
                stdout=subprocess.DEVNULL)
         self.agents = [cl.run(n, [AGENT, "--coordinator", f"{ADDR['c']}:7070", "--job", "j",
-                                  "--world-size", "2", *AGENT_ARGS, "--comm-timeout", "10m"],
-                              stdout=subprocess.DEVNULL) for n in "ab"]
+                                  "--world-size", str(self.world), "--local-rank", str(i),
+                                  *AGENT_ARGS, "--comm-timeout", "10m"], stdout=subprocess.DEVNULL)
+                       for n in "ab" for i in range(per_node)]
 
     def job(self):
         from cluster import sh
@@ -192,11 +193,15 @@ class NodesJob:
         return j if "ranks" in j else {"ranks": []}  # none yet, or a 404 before the first Join
 
     def wait_training(self):
-        wait_until("both ranks training", lambda: (lambda j: len(j["ranks"]) == 2 and all(
+        wait_until("every rank training", lambda: (lambda j: len(j["ranks"]) == self.world and all(
             r.get("step", 0) > 0 for r in j["ranks"]))(self.job()))
 
-    def rank_on(self, node):
-        return next(r["rank"] for r in self.job()["ranks"] if r["node"] == f"node-{node}")
+    def ranks_sending_off(self, node):
+        """The ranks on `node` whose ring successor (rank + 1) is on another
+        node: what they send leaves through the node's link."""
+        on = {r["rank"]: r["node"] for r in self.job()["ranks"]}
+        return [r for r in sorted(on) if on[r] == f"node-{node}"
+                and on[(r + 1) % self.world] != f"node-{node}"]
 
     def throttle(self, node):
         """The node's link limited to 4 Mbit/s (tc tbf)."""
@@ -219,26 +224,26 @@ def netns_cluster(prefix):
 
 
 def case_slow_link():
-    """Two nodes (network namespaces on a bridge, tests/cluster.py), one
-    rank each; node a's link limited to 4 Mbit/s with tc tbf: its rank's
-    bytes wait in its socket to leave while the other's do not, and
-    waiting_on names the rank on node a for its slow link. Needs root
-    (skipped otherwise)."""
+    """Two nodes (network namespaces on a bridge, tests/cluster.py), two
+    ranks each; node a's link limited to 4 Mbit/s with tc tbf: the bytes
+    of its ranks that send to node b wait in their sockets to leave while
+    the others' do not, and waiting_on names those ranks for their slow
+    link. Needs root (skipped otherwise)."""
     cl = netns_cluster("gsst")
     if not cl:
         sys.exit(77)
     try:
-        nodes = NodesJob(cl)
+        nodes = NodesJob(cl, per_node=2)
         nodes.wait_training()
-        slow = nodes.rank_on("a")
+        slow = nodes.ranks_sending_off("a")
         nodes.throttle("a")
         got = {}
 
         def named():
             got.update(nodes.job())
             w = got.get("waiting_on")
-            return w and w["kind"] == "slow_link" and w["ranks"] == [slow]
-        wait_until(f"waiting_on naming rank {slow}'s slow link (last: {got})", named, every=0.2)
+            return w and w["kind"] == "slow_link" and w["ranks"] == slow
+        wait_until(f"waiting_on naming ranks {slow}'s slow link (last: {got})", named, every=0.2)
         w = got["waiting_on"]
         # Named whether the job counts as held (an allreduce waited more than
         # three of its steps) or only as slowed (every step waits as long).
@@ -248,7 +253,7 @@ def case_slow_link():
             assert a.poll() is None, f"an agent exited {a.returncode}"
     finally:
         cl.__exit__()
-    print(f"4 Mbit/s link on node a: rank {slow} named ({w['reason']})")
+    print(f"4 Mbit/s link on node a: ranks {slow} named ({w['reason']})")
 
 
 def check_trace_format(doc, world, steps):

@@ -303,10 +303,11 @@ static int xfer_sleep(host_comm_t *c, xfer_t *x, int timeout_ms)
 {
   bool sending = x->sent < gs__host_send_limit(x);
   bool waits_out = c->base.gauge && (sending || unsent_bytes(c));
-  uint64_t since = waits_out ? gs_now_ns() : 0;
   struct pollfd pfd[3];
   int err = 0, nfd = 0;
 
+  if (waits_out)
+    gs_comm_gauge_wait_begin(c->base.gauge, gs_now_ns());
   if (c->out_pipe || c->in_pipe) {
     err = gs__host_sleep_on_pipes(c, x, timeout_ms);
   } else {
@@ -321,8 +322,7 @@ static int xfer_sleep(host_comm_t *c, xfer_t *x, int timeout_ms)
     }
   }
   if (waits_out)
-    atomic_fetch_add_explicit(&c->base.gauge->send_wait_ns, gs_now_ns() - since,
-                              memory_order_relaxed);
+    gs_comm_gauge_wait_end(c->base.gauge, gs_now_ns());
   return err;
 }
 

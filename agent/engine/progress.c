@@ -53,14 +53,15 @@ void gs__engine_where(void *arg, gradsync_Progress *out)
 {
   gs_engine_t *e = arg;
   phase_board_t *b = &e->board;
-  uint64_t now = gs_now_ms(), since = atomic_load_explicit(&b->since_ms, memory_order_relaxed);
-  uint64_t wait_ns = atomic_load_explicit(&b->comm.send_wait_ns, memory_order_relaxed);
+  uint64_t now_ns = gs_now_ns(), now = now_ns / 1000000;
+  uint64_t since = atomic_load_explicit(&b->since_ms, memory_order_relaxed);
+  uint64_t wait_ns = gs_comm_gauge_send_wait_ns(&b->comm, now_ns, b->read_send_wait_ns);
 
   out->phase = (gradsync_Phase)atomic_load_explicit(&b->phase, memory_order_relaxed);
   out->pack = atomic_load_explicit(&b->pack, memory_order_relaxed);
   out->phase_ms = now > since ? (uint32_t)(now - since < UINT32_MAX ? now - since : UINT32_MAX) : 0;
   out->collectives_done = atomic_load_explicit(&b->comm.done, memory_order_relaxed);
-  if (b->read_ms && now > b->read_ms && wait_ns >= b->read_send_wait_ns)
+  if (b->read_ms && now > b->read_ms)
     out->send_wait = (float)((wait_ns - b->read_send_wait_ns) / 1e6 / (double)(now - b->read_ms));
   if (out->send_wait > 1.0f)
     out->send_wait = 1.0f;

@@ -239,9 +239,14 @@ static void note_progress(gs_member_t *m, uint64_t now, const gs_beat_t *b)
   m->has_progress = b->has_progress;
   if (!b->has_progress)
     return;
-  /* Each heartbeat's share is one interval's, and a front end may report
-   * each step's own times: smoothed over a few. */
-  m->send_wait = had ? 0.5f * m->send_wait + 0.5f * p->send_wait : p->send_wait;
+  /* The send wait is a share of the interval since the rank's last
+   * heartbeat, weighted 0.7 against the past: a link that turns slow
+   * (0.9 and more) is named from one heartbeat, not two (1.4 s after
+   * it, not 3), while the jump of a rank whose sends only wait for
+   * acknowledgements that cross the slow link (0.5-0.67 for a heartbeat,
+   * measured with tc tbf) stays under the line. A front end may report
+   * each step's own times: those are smoothed over a few. */
+  m->send_wait = had ? 0.3f * m->send_wait + 0.7f * p->send_wait : p->send_wait;
   m->step_ms = had ? 0.75f * m->step_ms + 0.25f * (b->compute_ms + b->comm_wait_ms)
                    : b->compute_ms + b->comm_wait_ms;
   if (!same || start < m->phase_start_ms)

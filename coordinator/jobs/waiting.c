@@ -23,9 +23,11 @@
 #define CHECK_EVERY_MS 250
 #define HELD_AFTER_MAX_MS 86400000 /* a day */
 #define WARN_AFTER_MS 10000        /* a hold this long is logged as a warning */
-/* A rank whose sends waited this share of the time, more than twice any
- * other's, owns the slow link. */
+/* A rank whose sends waited this share of the time or more, twice any
+ * other's, owns a slow link. */
 #define SLOW_LINK_SHARE 0.5f
+/* A straggler's extra compute is this share of its step or more. */
+#define STRAGGLER_MIN_SHARE 0.1f
 
 static const char *const kind_names[] = {"none",      "no_heartbeat", "phase",
                                          "slow_link", "transport",    "straggler"};
@@ -125,28 +127,33 @@ static void find_culprit(scan_t *s, const gs_member_t *m, const gs_member_t *w, 
     add_rank(&s->found[GS_WAIT_PHASE], m);
 }
 
-/* The ranks whose sends wait (SLOW_LINK_SHARE of the time, twice any
- * other's): the slow links' owners, into w. With `in_collective_only`,
- * among the ranks in a collective (a held job's). */
+/* The ranks whose sends wait: SLOW_LINK_SHARE of the time or more, and
+ * at least twice as long as any other rank's, into w. Several may own
+ * slow links (a node's ranks that send off it, behind one slow port);
+ * without a clear gap between them and the rest, or with no rest (every
+ * rank's sends wait: the network, not a link), nobody is named. With
+ * `in_collective_only`, among the ranks in a collective (a held job's). */
 static void find_slow_links(const gs_job_t *job, bool in_collective_only, gs_waiting_on_t *w)
 {
-  float max = 0, second = 0;
+  float least_slow = 2.0f, most_other = -1.0f;
 
   for (int pass = 0; pass < 2; pass++) {
     for (uint32_t r = 0; r < job->world_size; r++) {
       const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
+      bool slow;
 
       if (!m || m->state != GS_MEMBER_RUNNING || !m->has_progress ||
           (in_collective_only && !in_collective(m)))
         continue;
-      if (pass == 0 && m->send_wait > max)
-        second = max, max = m->send_wait;
-      else if (pass == 0 && m->send_wait > second)
-        second = m->send_wait;
-      else if (pass == 1 && m->send_wait == max)
+      slow = m->send_wait >= SLOW_LINK_SHARE;
+      if (pass == 1 && slow)
         add_rank(w, m);
+      else if (pass == 0 && slow && m->send_wait < least_slow)
+        least_slow = m->send_wait;
+      else if (pass == 0 && !slow && m->send_wait >= most_other)
+        most_other = m->send_wait;
     }
-    if (max < SLOW_LINK_SHARE || max < 2 * second)
+    if (least_slow > 1.0f || most_other < 0 || least_slow < 2 * most_other)
       return;
   }
 }
@@ -177,6 +184,7 @@ static void explain(gs_waiting_on_t *w, const gs_member_t *first, uint64_t now)
 {
   char who[96], coll[64];
   double waited = (now - w->since_ms) / 1000.0;
+  const char *its = w->rank_count > 1 ? "their" : "its";
 
   name_ranks(w, who, sizeof(who));
   collective_words(w->coll_phase, w->coll_pack, coll, sizeof(coll));
@@ -196,9 +204,9 @@ static void explain(gs_waiting_on_t *w, const gs_member_t *first, uint64_t now)
     break;
   case GS_WAIT_SLOW_LINK:
     gs_set_why(w->reason, sizeof(w->reason),
-               "%s: its sends wait %.0f%% of the time in %s (its outbound link is slow or down); "
+               "%s: %s sends wait %.0f%% of the time in %s (%s outbound link is slow or down); "
                "%u rank(s) wait for %.1f s",
-               who, 100.0 * first->send_wait, coll, w->waiters, waited);
+               who, its, 100.0 * first->send_wait, coll, its, w->waiters, waited);
     break;
   default:
     gs_set_why(w->reason, sizeof(w->reason),
@@ -258,7 +266,10 @@ static void judge(gs_job_t *job, uint64_t now, gs_waiting_on_t *out)
   explain(out, first ? first : s.longest, now);
 }
 
-/* The stragglers: compute over `ratio` times the median. */
+/* The stragglers: compute over `ratio` times the median, by a tenth of
+ * the rank's step or more. Where the allreduces take most of a step (a
+ * slow link), a millisecond's jitter in compute is no straggler, and
+ * naming one would hide what does slow the job. */
 static bool find_stragglers(const gs_job_t *job, float median, float ratio, gs_waiting_on_t *w)
 {
   const gs_member_t *first = NULL;
@@ -267,7 +278,8 @@ static bool find_stragglers(const gs_job_t *job, float median, float ratio, gs_w
   for (uint32_t r = 0; median > 0 && r < job->world_size; r++) {
     const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
 
-    if (!m || m->state != GS_MEMBER_RUNNING || m->compute_ms <= ratio * median)
+    if (!m || m->state != GS_MEMBER_RUNNING || m->compute_ms <= ratio * median ||
+        m->compute_ms - median < STRAGGLER_MIN_SHARE * m->step_ms)
       continue;
     add_rank(w, m);
     if (!first)
@@ -291,6 +303,8 @@ bool gs__waiting_slow(const gs_job_t *job, float median_compute, float straggler
                       gs_waiting_on_t *w)
 {
   const gs_member_t *first;
+  const char *its = "its";
+  char who[96];
 
   if (find_stragglers(job, median_compute, straggler_ratio, w))
     return true;
@@ -299,10 +313,13 @@ bool gs__waiting_slow(const gs_job_t *job, float median_compute, float straggler
   if (!w->rank_count)
     return false;
   first = job->ranks[w->ranks[0]];
+  if (w->rank_count > 1)
+    its = "their";
+  name_ranks(w, who, sizeof(who));
   gs_set_why(w->reason, sizeof(w->reason),
-             "rank %u's sends wait %.0f%% of the time (its outbound link is the slow one): "
-             "the others wait for its data in every step",
-             first->rank, 100.0 * first->send_wait);
+             "%s: %s sends wait %.0f%% of the time (%s outbound link is the slow one): the others "
+             "wait for %s data in every step",
+             who, its, 100.0 * first->send_wait, its, its);
   return true;
 }
 

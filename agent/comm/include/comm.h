@@ -26,11 +26,24 @@
 /* What a rank's collectives are doing, published for another thread (the
  * heartbeat's) to read at any moment: the collectives completed since init,
  * and the time they waited for room to send (a slow outbound link shows
- * here, on the rank that owns it, while its neighbours wait to receive). */
+ * here, on the rank that owns it, while its neighbours wait to receive).
+ * A wait in progress counts too: behind a slow link one wait can last
+ * seconds, and a reader that saw only finished waits would learn of it
+ * that late. */
 typedef struct gs_comm_gauge {
   _Atomic uint64_t done;
-  _Atomic uint64_t send_wait_ns;
+  _Atomic uint64_t send_wait_ns;       /* the finished waits */
+  _Atomic uint64_t send_wait_since_ns; /* when the wait in progress began; 0: none */
 } gs_comm_gauge_t;
+
+/* The comm thread's side: a send wait begins at `now_ns`, and ends. */
+void gs_comm_gauge_wait_begin(gs_comm_gauge_t *g, uint64_t now_ns);
+void gs_comm_gauge_wait_end(gs_comm_gauge_t *g, uint64_t now_ns);
+
+/* The reader's side: the time waited to send by `now_ns`, the wait in
+ * progress included. Never less than a previous answer's `floor`, which a
+ * wait that ends while it is read could otherwise make it. */
+uint64_t gs_comm_gauge_send_wait_ns(gs_comm_gauge_t *g, uint64_t now_ns, uint64_t floor);
 
 /* What a backend needs to connect the ranks of one generation. */
 typedef struct gs_comm_setup {
