@@ -25,18 +25,29 @@ time is at most that late.
 
 The overhead rows: the same training run (--ranks, --steps) with each
 rank's progress on and off (--no-progress), alternating, --pairs times;
-samples/s of each (rank 0's timing line), and their ratio.
+samples/s of each (rank 0's timing line), and their ratio. Runs differ by
+more than the instrumentation costs, so the operations are also counted:
+what each costs (bench/progress_cost), how many a real step makes (its
+phase changes from a step timeline, its poll() calls under strace: each
+sleep of the ring adds at most a send-wait mark and, on a TCP link, one
+ioctl), and their share of the step.
 
 usage: bench/hang_inject.py --bin BUILD/bin [--runs 10] [--faults sigstop,...]
                             [--pairs 5] [--steps 5000] [--ranks 2] [--markdown F] [--json F]
 """
 import argparse
+import json
 import os
+import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -135,7 +146,7 @@ def pct(vals, q):
 
 def overhead(a):
     """Alternating runs with progress on and off: samples/s of each."""
-    got = {"on": [], "off": []}
+    got = {"on": [], "off": [], "step_ms": []}
     for i in range(a.pairs):
         for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
             cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", str(a.ranks), "--reduce", "mean",
@@ -145,9 +156,100 @@ def overhead(a):
             r = res if out is None else parse_ours(res, out, a.ranks * 64)
             if r.get("ok"):
                 got[mode].append(r["samples_per_sec"])
+                if mode == "on" and r.get("step_ms"):
+                    got["step_ms"].append(r["step_ms"])
             print(f"overhead pair {i + 1} {mode}: {fmt(r.get('samples_per_sec'), ',.0f')} "
                   f"samples/s{'' if r.get('ok') else ' ' + str(r.get('error'))}", flush=True)
     return got
+
+
+def op_costs(a):
+    """ns per operation of the instrumentation (bench/progress_cost.c)."""
+    out = subprocess.run([os.path.join(a.bin, "progress_cost")], capture_output=True, text=True,
+                         check=True).stdout
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+) ([\d.]+) ns$", out, re.M)}
+
+
+def counted_step(a, tcp, steps=3000, traced=20):
+    """The same training run as the overhead rows, under strace: its poll()
+    and ioctl() calls per rank and step (every thread and process of the
+    run: an upper bound on the ring's sleeps), and the phase changes of a
+    step, counted from a `traced`-step timeline (POST /jobs/NAME/trace)."""
+    if not shutil.which("strace"):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = os.path.join(tmp, "strace")
+        cmd = ["strace", "-f", "--seccomp-bpf", "-qq", "-c", "-e", "trace=poll,ioctl", "-o", counts,
+               os.path.join(a.bin, "gradsync-run"), "--nproc", str(a.ranks), "--reduce", "mean",
+               "--steps", str(steps), "--no-validate", "--threads", "1", "--job", "cost"]
+        env = dict(os.environ, GRADSYNC_HOST_SHM="0" if tcp else "1")
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env)
+        try:
+            http = None
+            for line in p.stdout:
+                m = re.search(r"status at http://([\d.:]+)/status", line)
+                if m:
+                    http = m.group(1)
+                    break
+            threading.Thread(target=p.stdout.read, daemon=True).start()
+            doc = http and trace_of(http, traced)
+            rc = p.wait(timeout=1800)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        if rc or not doc:
+            return None
+        calls = {m.group(2): int(m.group(1)) for m in
+                 re.finditer(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$",
+                             open(counts).read(), re.M)}
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == 0]
+    rank_steps = {(e["pid"], e["args"]["step"]) for e in spans}
+    per = a.ranks * steps
+    return {"traced": traced, "phases": len(spans) / len(rank_steps),
+            "polls": calls.get("poll", 0) / per,
+            "ioctls": calls.get("ioctl", 0) / per}
+
+
+def trace_of(http, steps):
+    """Job "cost"'s merged timeline of `steps` steps, or None."""
+    req = urllib.request.Request(f"http://{http}/jobs/cost/trace?steps={steps}", method="POST")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if req:
+                urllib.request.urlopen(req, timeout=10)
+                req = None
+            with urllib.request.urlopen(f"http://{http}/jobs/cost/trace", timeout=10) as r:
+                if r.status == 200:
+                    return json.loads(r.read())
+        except (OSError, ValueError):
+            pass  # the job not there yet, or gone
+        time.sleep(0.2)
+    return None
+
+
+def cost_rows(a, step_ms):
+    """What the instrumentation's operations cost a step, counted on the
+    ring's shared-memory links (one machine) and on TCP (GRADSYNC_HOST_SHM=0,
+    as between nodes), against the step of the overhead rows (on one
+    machine: a TCP step is longer, so its share is an upper bound)."""
+    ns, shm, tcp = op_costs(a), counted_step(a, False), counted_step(a, True)
+    if not shm or not tcp:
+        return "\n(the per-step count needs strace and a timeline: skipped)\n", None
+
+    def cost(n):
+        return n["phases"] * ns["phase"] + n["polls"] * ns["gauge"] + n["ioctls"] * ns["ioctl"]
+
+    def row(name, n):
+        share = fmt(100 * cost(n) / 1e6 / step_ms, ".3f") + " %" if step_ms else "n/a"
+        return (f"| {name} | {n['phases']:.1f} | {n['polls']:.1f} | {n['ioctls']:.1f} | "
+                f"{cost(n):.0f} | {share} |\n")
+    return (f"\n| counted per rank and step | phase changes ({ns['phase']:.1f} ns) | "
+            f"poll(): send-wait marks at most ({ns['gauge']:.1f} ns) | ioctl() "
+            f"({ns['ioctl']:.1f} ns) | ns a step | share of the {fmt(step_ms, '.3f')} ms step |\n"
+            f"|---|---|---|---|---|---|\n" + row("shared-memory ring (one machine)", shm)
+            + row("TCP ring", tcp)), {"ns": ns, "shm": shm, "tcp": tcp}
 
 
 def main():
@@ -198,6 +300,9 @@ def main():
                   f"|---|---|\n| progress off (--no-progress) | {fmt(off, ',.0f')} |\n"
                   f"| progress on (default) | {fmt(on, ',.0f')} |\n"
                   f"| on / off | {fmt(on / off if on and off else None, '.3f')} |\n")
+        rows, data["counted"] = cost_rows(a, statistics.median(got["step_ms"]) if got["step_ms"]
+                                          else None)
+        table += rows
     publish(table, a.markdown, a.json, data)
     return 0
 

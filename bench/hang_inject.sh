@@ -11,5 +11,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 build=build
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then build=$1; shift; fi
-bin=$(bench_build "$build" gradsync-agent gradsync-coordinator gradsync-run)
+bench_need_debs strace iproute2 # the per-step count; the slow link's netns nodes
+bin=$(bench_build "$build" gradsync-agent gradsync-coordinator gradsync-run progress_cost)
 exec /usr/bin/python3 "$here/hang_inject.py" --bin "$bin" "$@"

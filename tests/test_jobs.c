@@ -1371,6 +1371,41 @@ START_TEST(held_up_ranks_are_named)
 }
 END_TEST
 
+/* A rank whose heartbeats cross a slow link (800 ms round trips) is silent
+ * only an interval and a half plus that round trip after its last one:
+ * its next heartbeat is on its way. */
+START_TEST(silence_allows_for_a_slow_round_trip)
+{
+  gradsync_HeartbeatRequest req = {
+      .generation = 1,
+      .rank = 2,
+      .step = 50,
+      .has_progress = true,
+      .progress = {.phase = gradsync_Phase_PHASE_ALLREDUCE, .pack = 1, .collectives_done = 5}};
+  int err;
+
+  start_world("h", 3, 0);
+  snprintf(req.job, sizeof(req.job), "h");
+  jobs_now = 19000;
+  heartbeat_request(2, &req, 19000, &err);
+  req.clock_sent_us = 18600000;    /* that beat left 400 ms before it arrived, */
+  req.clock_replied_us = 19400000; /* and its reply took 400 ms to come back */
+  jobs_now = 20000;
+  heartbeat_request(2, &req, 20000, &err);
+  ck_assert_int_eq(err, 0);
+  for (uint32_t r = 0; r < 2; r++) {
+    in_phase(r, gradsync_Phase_PHASE_ALLREDUCE, 0, 5, 0, 20100);
+    in_phase(r, gradsync_Phase_PHASE_ALLREDUCE, 1150, 5, 0, 21250);
+  }
+  gs__jobs_sweep(&jobs, 21501); /* 1.5 s: silent on a fast network, not behind 800 ms trips */
+  check_waiting(NULL, NULL, "running");
+  for (uint32_t r = 0; r < 2; r++)
+    in_phase(r, gradsync_Phase_PHASE_ALLREDUCE, 2200, 5, 0, 22300);
+  gs__jobs_sweep(&jobs, 22301);
+  check_waiting("no_heartbeat", "[2]", "stalled");
+}
+END_TEST
+
 /* Every rank inside one collective and none behind: the transport is named
  * only after ten times the threshold; a rank whose sends wait there (most
  * of the time, twice any other's) owns the slow link, named from one
@@ -1922,6 +1957,7 @@ static Suite *jobs_suite(void)
       {"stalled", job_whose_step_stops_is_stalled},
       {"held_up", held_up_ranks_are_named},
       {"held_transport", collective_without_a_culprit_names_the_transport_or_a_link},
+      {"held_slow_beats", silence_allows_for_a_slow_round_trip},
       {"straggler_cost", straggler_named_only_when_it_costs_the_step},
       {"heartbeat_long_poll", heartbeats_wait_for_news},
       {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},

@@ -158,6 +158,7 @@ struct gs_member {
    * arrival and reply, on the coordinator's clock (µs). */
   int64_t clock_offset_us;
   uint64_t clock_rtt_us;
+  uint32_t beat_rtt_ms; /* the network round trip of its latest heartbeat */
   bool clock_synced;
   uint64_t hb_arrived_us, hb_replied_us;
   /* Elastic: it came back for the next generation (regroup.c), so its old

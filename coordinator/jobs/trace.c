@@ -30,6 +30,7 @@ void gs__trace_clock_sample(gs_member_t *m, uint64_t agent_sent_us, uint64_t age
 
   if (!t1 || !t4 || !t2 || !t3 || t4 < t1 || rtt < 0)
     return; /* no sample yet, or the two sides speak of different heartbeats */
+  m->beat_rtt_ms = rtt / 1000 < UINT32_MAX ? (uint32_t)(rtt / 1000) : UINT32_MAX;
   /* The best sample ages, so that a clock that drifts is followed. */
   if (m->clock_rtt_us && (uint64_t)rtt > m->clock_rtt_us + m->clock_rtt_us / 16 + 1000) {
     m->clock_rtt_us += m->clock_rtt_us / 64 + 1;

@@ -51,10 +51,16 @@ static uint64_t silence_ms(const gs_job_t *job)
   return interval + (interval / 2 > 500 ? interval / 2 : 500);
 }
 
-/* Silent: its heartbeat thread does not run either. */
+/* Silent: its heartbeat thread does not run either. A rank whose
+ * heartbeats take long to arrive (they cross a slow link, queued behind
+ * its gradients) has its latest round trip more, up to an interval: the
+ * wait is for a heartbeat, not for the network. */
 static bool silent(const gs_member_t *m, uint64_t now)
 {
-  return now - m->last_heartbeat_ms > silence_ms(m->job);
+  uint64_t interval = m->job->jobs->cfg.heartbeat_interval_ms;
+  uint64_t late = m->beat_rtt_ms < interval ? m->beat_rtt_ms : interval;
+
+  return now - m->last_heartbeat_ms > silence_ms(m->job) + late;
 }
 
 /* How long m may wait in a collective before it counts as held up: its
