@@ -16,6 +16,7 @@
 #include "coordinator.h"
 #include "fd_budget.h"
 #include "frame.h"
+#include "http_events.h"
 #include "http_routes.h"
 #include "jobs.h"
 #include "list.h"
@@ -230,7 +231,7 @@ static void on_housekeeping(uv_timer_t *t)
   gs__jobs_sweep(&c->jobs, now);
   gs__conns_sweep_idle(c->conns, now);
   gs__log_limit_sweep(&c->lines, now);   /* summaries, even of clients gone quiet */
-  gs__http_routes_tick(&c->routes, now); /* the dashboard's event streams */
+  gs__http_events_tick(&c->routes, now); /* the dashboard's event streams */
   c->jobs_forgotten |= c->jobs.job_count < jobs;
   release_memory(c, now);
 }

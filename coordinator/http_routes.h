@@ -13,13 +13,6 @@
 #include "list.h"
 #include "status.h"
 
-/* How often the event streams get a new snapshot. Not sooner on a change:
- * the jobs' version moves at every call and sweep, so it tells of none. */
-#define GS_EVENTS_PERIOD_MS 1000
-/* A job's stream lists its first ranks only (the rest are in
- * rank_summary and /jobs/NAME): a snapshot stays under ~300 KB. */
-#define GS_EVENTS_MAX_RANKS 1024
-
 #define GS_STATUS_LARGE_RANKS 10000
 #define GS_STATUS_LAG_MS 250
 
@@ -48,7 +41,7 @@ typedef struct gs_http_routes {
   uint64_t status_version, status_progress, status_ms, status_ranks;
   uint32_t status_connections;
   bool status_valid;
-  /* The open event streams (gs_http_sub_t in http_routes.c), and when
+  /* The open event streams (gs_http_sub_t in http_events.c), and when
    * they were last sent a snapshot. */
   gs_list_t subs;
   uint64_t events_ms;
@@ -62,10 +55,6 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
  * parsed request in, its response out. Public so the fuzz harness
  * (tests/fuzz/fuzz_http.c) can call it without a socket. */
 void gs__http_routes_handle(void *ctx, const gs_http_request_t *req, gs_http_response_t *res);
-
-/* Sends each event stream its snapshot when it is due (see
- * GS_EVENTS_PERIOD_MS); the owner's housekeeping timer calls it. */
-void gs__http_routes_tick(gs_http_routes_t *r, uint64_t now);
 
 /* Closes the server (its memory goes in its last close callback) and frees
  * the cache. */
