@@ -1371,6 +1371,35 @@ START_TEST(held_up_ranks_are_named)
 }
 END_TEST
 
+/* The coordinator's own --stall-timeout line names what holds the job up,
+ * as the views and the agents' timeout errors do. */
+START_TEST(stall_timeout_line_names_the_held_rank)
+{
+  gs_log_t log = {.level = GS_LOG_INFO, .component = "test_jobs", .out = tmpfile()};
+  static char text[16384];
+
+  ck_assert_ptr_nonnull(log.out);
+  jobs.cfg.log = &log;
+  jobs.cfg.stall_timeout_ms = 2000;
+  start_world("h", 3, 0);
+  for (uint32_t r = 0; r < 3; r++)
+    in_phase(r, r == 2 ? gradsync_Phase_PHASE_DATA : gradsync_Phase_PHASE_ALLREDUCE, 0, 4, 0,
+             10000);
+  for (uint64_t t = 10500; t <= 13000; t += 500) {
+    for (uint32_t r = 0; r < 3; r++)
+      in_phase(r, r == 2 ? gradsync_Phase_PHASE_DATA : gradsync_Phase_PHASE_ALLREDUCE,
+               (uint32_t)(t - 10000), 4, 0, t);
+    gs__jobs_sweep(&jobs, t);
+  }
+  log_text(&log, text, sizeof(text));
+  ck_assert_msg(strstr(text, "while heartbeats are fresh; held up: rank 2 in data for "), "%s",
+                text);
+  jobs.cfg.log = &quiet;
+  jobs.cfg.stall_timeout_ms = 0;
+  fclose(log.out);
+}
+END_TEST
+
 /* A rank whose heartbeats cross a slow link (800 ms round trips) is silent
  * only an interval and a half plus that round trip after its last one:
  * its next heartbeat is on its way. */
@@ -1958,6 +1987,7 @@ static Suite *jobs_suite(void)
       {"held_up", held_up_ranks_are_named},
       {"held_transport", collective_without_a_culprit_names_the_transport_or_a_link},
       {"held_slow_beats", silence_allows_for_a_slow_round_trip},
+      {"stall_line_held", stall_timeout_line_names_the_held_rank},
       {"straggler_cost", straggler_named_only_when_it_costs_the_step},
       {"heartbeat_long_poll", heartbeats_wait_for_news},
       {"elastic_shrink", elastic_survivors_regroup_without_the_lost_rank},

@@ -326,8 +326,9 @@ static void stall_sweep(gs_job_t *job, uint64_t now)
     return;
   job->stalled = true;
   gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
-         "stalled: step %llu has not advanced for %.0f s while heartbeats are fresh",
-         (unsigned long long)job->step_max, (now - job->step_advanced_ms) / 1000.0);
+         "stalled: step %llu has not advanced for %.0f s while heartbeats are fresh%s%s",
+         (unsigned long long)job->step_max, (now - job->step_advanced_ms) / 1000.0,
+         job->held_up.kind != GS_WAIT_NONE ? "; held up: " : "", job->held_up.reason);
 }
 
 /* The rank silent for longest is the head of the heartbeat list; losing it
