@@ -751,6 +751,73 @@ START_TEST(heartbeat_restart_not_abort)
 }
 END_TEST
 
+/* A heartbeat with its rank's Join re-registers the rank at a restarted
+ * coordinator; one whose owner left the generation
+ * (gs_heartbeat_forgo_rejoin: it joins the next one, with a new comm
+ * address) does not. Both beat at the same restarted coordinator. */
+START_TEST(heartbeat_forgone_rejoin)
+{
+  uint16_t port = reserve_port();
+  gradsync_JoinRequest req = th_join_request("x", 1, "n0", 0);
+  const char *jobs[2] = {"hbkeep", "hbleft"};
+  char listen[32], path[32], *body = NULL;
+  gs_client_t *cl[2];
+  gs_heartbeat_t *hb[2];
+  abort_rec_t rec;
+  th_coord_t co;
+
+  abort_rec_init(&rec);
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+  th_coord_start(&co, "--listen", listen, NULL);
+  for (int i = 0; i < 2; i++) {
+    gs_heartbeat_config_t cfg = {
+        .client = client_config(port, jobs[i], NULL),
+        .generation = 0,
+        .rank = 0,
+        .world_size = 1,
+        .interval_ms = 100,
+        .timeout_ms = TH_WAIT_MS,
+        .on_abort = on_abort,
+        .arg = &rec,
+        .rejoin = &req,
+    };
+
+    cl[i] = new_client(port, jobs[i], NULL);
+    cfg.generation = join_alone(cl[i], "n0");
+    cfg.session = gs_client_session(cl[i]);
+    hb[i] = gs_heartbeat_start(&cfg);
+    ck_assert_ptr_nonnull(hb[i]);
+    wait_valid(hb[i], TH_WAIT_MS);
+  }
+  gs_heartbeat_forgo_rejoin(hb[1]);
+  th_coord_kill(&co);
+  th_coord_start(&co, "--listen", listen, NULL);
+  for (uint64_t end = gs_now_ms() + TH_WAIT_MS; gs_now_ms() < end; sleep_ms(20)) {
+    int status = th_http(co.http_port, "GET", "/jobs/hbkeep", NULL, NULL, &body);
+
+    free(body);
+    body = NULL;
+    if (status == 200)
+      break;
+  }
+  /* hbkeep is back; hbleft has beaten since (NOT_FOUND, each answer a
+   * moment after which it would have re-registered) and stays gone. */
+  wait_metric(co.http_port, "gradsync_rpc_requests_total{method=\"Heartbeat\"}", 8);
+  snprintf(path, sizeof(path), "/jobs/%s", jobs[0]);
+  ck_assert_int_eq(th_http(co.http_port, "GET", path, NULL, NULL, &body), 200);
+  free(body);
+  snprintf(path, sizeof(path), "/jobs/%s", jobs[1]);
+  ck_assert_int_eq(th_http(co.http_port, "GET", path, NULL, NULL, &body), 404);
+  free(body);
+  for (int i = 0; i < 2; i++) {
+    gs_heartbeat_stop(hb[i]);
+    gs_client_free(cl[i]);
+  }
+  ck_assert_int_eq(rec.count, 0);
+  ck_assert_int_eq(th_coord_stop(&co), 0);
+}
+END_TEST
+
 START_TEST(heartbeat_stop_latency)
 {
   th_coord_t co;
@@ -972,6 +1039,7 @@ static Suite *client_suite(void)
   suite_add_tcase(s, tcase("heartbeat_abort", heartbeat_abort));
   suite_add_tcase(s, tcase("heartbeat_unreachable", heartbeat_unreachable));
   suite_add_tcase(s, tcase("heartbeat_restart_not_abort", heartbeat_restart_not_abort));
+  suite_add_tcase(s, tcase("heartbeat_forgone_rejoin", heartbeat_forgone_rejoin));
   suite_add_tcase(s, tcase("heartbeat_stop_latency", heartbeat_stop_latency));
   suite_add_tcase(s, tcase("join_progress_interrupted", join_progress_interrupted));
   suite_add_tcase(s, tcase("unreachable_progress_interrupted", unreachable_progress_interrupted));

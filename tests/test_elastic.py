@@ -593,6 +593,12 @@ def case_coord_restart():
         job.kill(3)
         job.finish([3])
         job.wait_coord(AFTER(re.escape(four.group(0)), r"generation \d+ started with 3 ranks"))
+        # Restarted once the three train on: a restart between a rank's Join
+        # and its pack list is another case (agent_outage, test_client
+        # heartbeat_forgone_rejoin), and made this one wait out timeouts.
+        for i in range(3):  # (a rank that had not trained yet joins it as a fresh one)
+            job.wait_line(i, r"continuing with 3 ranks from step \d+|joined generation \d+: rank "
+                             r"\d+ of 3")
         job.restart_coordinator()
         m = job.wait_coord(AFTER("re-registered", AFTER("re-registered", "re-registered")))
         status = json.loads(job.get(f"/jobs/{job.name}"))

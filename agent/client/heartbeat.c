@@ -20,6 +20,9 @@ struct gs_heartbeat {
   char *job;
   char *token;
   gs_client_t *cl;
+  /* Held across a re-registration; guards can_rejoin, which
+   * gs_heartbeat_forgo_rejoin clears. */
+  pthread_mutex_t rejoin_lock;
   bool can_rejoin;
   gradsync_JoinRequest rejoin;
   pthread_t thread;
@@ -207,6 +210,30 @@ static int reregister(gs_heartbeat_t *hb, uint32_t deadline_ms)
   return err;
 }
 
+/* reregister(), unless the owner left this generation: a rank that
+ * joins the next one with a new comm address must not bring the old
+ * generation back, with the old address, at a restarted coordinator.
+ * GS_ENOTFOUND (the beat's own error) when it may not. */
+static int reregister_if_member(gs_heartbeat_t *hb, uint32_t deadline_ms)
+{
+  int err = GS_ENOTFOUND;
+
+  pthread_mutex_lock(&hb->rejoin_lock);
+  if (hb->can_rejoin)
+    err = reregister(hb, deadline_ms);
+  pthread_mutex_unlock(&hb->rejoin_lock);
+  return err;
+}
+
+void gs_heartbeat_forgo_rejoin(gs_heartbeat_t *hb)
+{
+  if (!hb)
+    return;
+  pthread_mutex_lock(&hb->rejoin_lock);
+  hb->can_rejoin = false;
+  pthread_mutex_unlock(&hb->rejoin_lock);
+}
+
 /* Says once that heartbeats work again after one or more failed, and
  * for how long the coordinator did not hear from this rank. */
 static void log_recovery(const gs_heartbeat_t *hb, uint64_t last_ok)
@@ -258,8 +285,8 @@ static void *run(void *arg)
     next = gs_now_ms() + hb->cfg.interval_ms;
     abort = false;
     err = beat(hb, &coord_id, &abort, why, sizeof(why));
-    if (err == GS_ENOTFOUND && hb->can_rejoin) {
-      err = reregister(hb, call_ms(hb));
+    if (err == GS_ENOTFOUND) {
+      err = reregister_if_member(hb, call_ms(hb));
       if (err == GS_EABORTED) {
         done = true;
         pthread_mutex_lock(&hb->lock);
@@ -315,7 +342,7 @@ static int copy_config(gs_heartbeat_t *hb, const gs_heartbeat_config_t *cfg)
   return !hb->job || (cfg->client.token && !hb->token) ? GS_ENOMEM : 0;
 }
 
-/* Makes the lock and a condition variable on the monotonic clock. */
+/* Makes the locks and a condition variable on the monotonic clock. */
 static int init_sync(gs_heartbeat_t *hb)
 {
   pthread_condattr_t attr;
@@ -323,15 +350,28 @@ static int init_sync(gs_heartbeat_t *hb)
 
   if (pthread_mutex_init(&hb->lock, NULL))
     return GS_ENOMEM;
+  if (pthread_mutex_init(&hb->rejoin_lock, NULL))
+    goto out_destroy_lock;
   pthread_condattr_init(&attr);
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   rc = pthread_cond_init(&hb->wake, &attr);
   pthread_condattr_destroy(&attr);
-  if (rc) {
-    pthread_mutex_destroy(&hb->lock);
-    return GS_ENOMEM;
-  }
+  if (rc)
+    goto out_destroy_rejoin_lock;
   return 0;
+
+out_destroy_rejoin_lock:
+  pthread_mutex_destroy(&hb->rejoin_lock);
+out_destroy_lock:
+  pthread_mutex_destroy(&hb->lock);
+  return GS_ENOMEM;
+}
+
+static void destroy_sync(gs_heartbeat_t *hb)
+{
+  pthread_cond_destroy(&hb->wake);
+  pthread_mutex_destroy(&hb->rejoin_lock);
+  pthread_mutex_destroy(&hb->lock);
 }
 
 static void free_config(gs_heartbeat_t *hb)
@@ -371,8 +411,7 @@ gs_heartbeat_t *gs_heartbeat_start(const gs_heartbeat_config_t *cfg)
   return hb;
 
 out_destroy_sync:
-  pthread_cond_destroy(&hb->wake);
-  pthread_mutex_destroy(&hb->lock);
+  destroy_sync(hb);
 out_free_client:
   gs_client_free(hb->cl);
   free_config(hb);
@@ -466,8 +505,7 @@ void gs_heartbeat_stop(gs_heartbeat_t *hb)
   pthread_cond_signal(&hb->wake);
   pthread_mutex_unlock(&hb->lock);
   pthread_join(hb->thread, NULL);
-  pthread_cond_destroy(&hb->wake);
-  pthread_mutex_destroy(&hb->lock);
+  destroy_sync(hb);
   gs_client_free(hb->cl);
   free_config(hb);
 }

@@ -96,6 +96,11 @@ static int regroup_once(gs_engine_t *e, const char *why, bool sync, gs_position_
   bool same_step;
   int err;
 
+  /* The old heartbeat beats on until the Join, but must not bring this
+   * generation back at a restarted coordinator: it would do so with the
+   * comm address closed here (the ranks of that generation would dial
+   * nothing for their whole connect timeout). */
+  gs_heartbeat_forgo_rejoin(e->hb);
   close_generation(e);
   err = gs__engine_open_comm(e, addr, sizeof(addr));
   err = err ? err : join_next(e, why, addr);

@@ -101,4 +101,11 @@ bool gs_heartbeat_gave_up(gs_heartbeat_t *hb);
  * frees it. NULL is a no-op. */
 void gs_heartbeat_stop(gs_heartbeat_t *hb);
 
+/* The owner leaves this heartbeat's generation (it joins the next one):
+ * the heartbeat goes on beating, so that the coordinator does not count
+ * the rank lost before its next Join counts it back, but never again
+ * re-registers the generation after a coordinator restart. Waits out a
+ * re-registration in flight. */
+void gs_heartbeat_forgo_rejoin(gs_heartbeat_t *hb);
+
 #endif
