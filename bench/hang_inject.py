@@ -144,14 +144,20 @@ def pct(vals, q):
     return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
 
 
+def training(a, steps, *extra):
+    """The training run the overhead is measured on: --ranks ranks of the
+    MLP under gradsync-run, `steps` steps."""
+    return [os.path.join(a.bin, "gradsync-run"), "--nproc", str(a.ranks), "--reduce", "mean",
+            "--steps", str(steps), "--no-validate", "--threads", "1", *extra]
+
+
 def overhead(a):
     """Alternating runs with progress on and off: samples/s of each."""
     got = {"on": [], "off": [], "step_ms": []}
     for i in range(a.pairs):
         for mode in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", str(a.ranks), "--reduce", "mean",
-                   "--steps", str(a.steps), "--no-validate", "--threads", "1",
-                   "--log-level", "warn"] + (["--no-progress"] if mode == "off" else [])
+            cmd = training(a, a.steps, "--log-level", "warn",
+                           *(["--no-progress"] if mode == "off" else []))
             res, out = run_timed(cmd, 1800)
             r = res if out is None else parse_ours(res, out, a.ranks * 64)
             if r.get("ok"):
@@ -180,8 +186,7 @@ def counted_step(a, tcp, steps=3000, traced=20):
     with tempfile.TemporaryDirectory() as tmp:
         counts = os.path.join(tmp, "strace")
         cmd = ["strace", "-f", "--seccomp-bpf", "-qq", "-c", "-e", "trace=poll,ioctl", "-o", counts,
-               os.path.join(a.bin, "gradsync-run"), "--nproc", str(a.ranks), "--reduce", "mean",
-               "--steps", str(steps), "--no-validate", "--threads", "1", "--job", "cost"]
+               *training(a, steps, "--job", "cost")]
         env = dict(os.environ, GRADSYNC_HOST_SHM="0" if tcp else "1")
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=env)

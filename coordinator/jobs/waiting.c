@@ -164,6 +164,12 @@ static void find_slow_links(const gs_job_t *job, bool in_collective_only, gs_wai
   }
 }
 
+/* The possessive for the ranks of w: "its" or "their". */
+static const char *its(const gs_waiting_on_t *w)
+{
+  return w->rank_count > 1 ? "their" : "its";
+}
+
 /* "rank 2" or "ranks 2, 5, 7 (and 3 more)". */
 static void name_ranks(const gs_waiting_on_t *w, char *out, size_t len)
 {
@@ -190,7 +196,6 @@ static void explain(gs_waiting_on_t *w, const gs_member_t *first, uint64_t now)
 {
   char who[96], coll[64];
   double waited = (now - w->since_ms) / 1000.0;
-  const char *its = w->rank_count > 1 ? "their" : "its";
 
   name_ranks(w, who, sizeof(who));
   collective_words(w->coll_phase, w->coll_pack, coll, sizeof(coll));
@@ -212,7 +217,7 @@ static void explain(gs_waiting_on_t *w, const gs_member_t *first, uint64_t now)
     gs_set_why(w->reason, sizeof(w->reason),
                "%s: %s sends wait %.0f%% of the time in %s (%s outbound link is slow or down); "
                "%u rank(s) wait for %.1f s",
-               who, its, 100.0 * first->send_wait, coll, its, w->waiters, waited);
+               who, its(w), 100.0 * first->send_wait, coll, its(w), w->waiters, waited);
     break;
   default:
     gs_set_why(w->reason, sizeof(w->reason),
@@ -309,7 +314,6 @@ bool gs__waiting_slow(const gs_job_t *job, float median_compute, float straggler
                       gs_waiting_on_t *w)
 {
   const gs_member_t *first;
-  const char *its = "its";
   char who[96];
 
   if (find_stragglers(job, median_compute, straggler_ratio, w))
@@ -319,13 +323,11 @@ bool gs__waiting_slow(const gs_job_t *job, float median_compute, float straggler
   if (!w->rank_count)
     return false;
   first = job->ranks[w->ranks[0]];
-  if (w->rank_count > 1)
-    its = "their";
   name_ranks(w, who, sizeof(who));
   gs_set_why(w->reason, sizeof(w->reason),
              "%s: %s sends wait %.0f%% of the time (%s outbound link is the slow one): the others "
              "wait for %s data in every step",
-             who, its, 100.0 * first->send_wait, its, its);
+             who, its(w), 100.0 * first->send_wait, its(w), its(w));
   return true;
 }
 
