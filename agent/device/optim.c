@@ -10,11 +10,6 @@
 #include "parse.h"
 #include "vectorize.h"
 
-/* Elements per block: a whole number of vectors (SSE, AVX or AVX-512), so
- * that gcc's -O2 "very cheap" vectorizer, which refuses a loop that would
- * need a scalar epilogue, vectorizes the fixed-size inner loops. */
-#define BLOCK 16
-
 static const char *const kind_names[] = {
     [GS_OPTIM_SGD] = "sgd",
     [GS_OPTIM_ADAM] = "adam",
@@ -132,12 +127,7 @@ void gs_optim_coef(const gs_optim_step_t *s, const gs_optim_group_t *g, gs_optim
 GS_WIDE static void sgd_plain(float *restrict p, const float *restrict g, size_t n,
                               gs_optim_coef_t c)
 {
-  size_t i = 0, j;
-
-  for (; i + BLOCK <= n; i += BLOCK)
-    for (j = i; j < i + BLOCK; j++)
-      p[j] -= c.lr * (g[j] * c.scale + c.wd * p[j]);
-  for (; i < n; i++)
+  for (size_t i = 0; i < n; i++)
     p[i] -= c.lr * (g[i] * c.scale + c.wd * p[i]);
 }
 
@@ -145,17 +135,7 @@ GS_WIDE static void sgd_plain(float *restrict p, const float *restrict g, size_t
 GS_WIDE static void sgd_momentum(float *restrict p, const float *restrict g, float *restrict buf,
                                  size_t n, gs_optim_coef_t c)
 {
-  size_t i = 0, j;
-
-  for (; i + BLOCK <= n; i += BLOCK) {
-    for (j = i; j < i + BLOCK; j++) {
-      float b = c.m * buf[j] + c.keep * (g[j] * c.scale + c.wd * p[j]);
-
-      buf[j] = b;
-      p[j] -= c.lr * b;
-    }
-  }
-  for (; i < n; i++) {
+  for (size_t i = 0; i < n; i++) {
     float b = c.m * buf[i] + c.keep * (g[i] * c.scale + c.wd * p[i]);
 
     buf[i] = b;
@@ -167,18 +147,7 @@ GS_WIDE static void sgd_momentum(float *restrict p, const float *restrict g, flo
 GS_WIDE static void sgd_nesterov(float *restrict p, const float *restrict g, float *restrict buf,
                                  size_t n, gs_optim_coef_t c)
 {
-  size_t i = 0, j;
-
-  for (; i + BLOCK <= n; i += BLOCK) {
-    for (j = i; j < i + BLOCK; j++) {
-      float d = g[j] * c.scale + c.wd * p[j];
-      float b = c.m * buf[j] + d;
-
-      buf[j] = b;
-      p[j] -= c.lr * (d + c.mom * b);
-    }
-  }
-  for (; i < n; i++) {
+  for (size_t i = 0; i < n; i++) {
     float d = g[i] * c.scale + c.wd * p[i];
     float b = c.m * buf[i] + d;
 
@@ -206,33 +175,25 @@ GS_WIDE static void sgd_nesterov(float *restrict p, const float *restrict g, flo
     p[i] += c.neg_step * (m[i] / (sqrtf(vi) / c.bc2_sqrt + c.eps));                                \
   } while (0)
 
-/* sqrtf of a value >= 0 never sets errno: without math-errno the vectorizer
- * takes the loop. */
-__attribute__((optimize("no-math-errno"))) GS_WIDE static void
-adam_plain(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-           size_t n, gs_optim_coef_t c)
+/* optim.c builds with -fno-math-errno (device/CMakeLists.txt): sqrtf of a
+ * value >= 0 never sets errno, and a call that might would keep the
+ * vectorizer off the loop (an optimize attribute does not reach the
+ * target clones). */
+GS_WIDE static void adam_plain(float *restrict p, const float *restrict g, float *restrict m,
+                               float *restrict v, size_t n, gs_optim_coef_t c)
 {
   float *vmax = NULL; /* unused: AMS is 0 */
-  size_t i = 0, j;
 
   (void)vmax;
-  for (; i + BLOCK <= n; i += BLOCK)
-    for (j = i; j < i + BLOCK; j++)
-      ADAM_ELEMENT(j, 0);
-  for (; i < n; i++)
+  for (size_t i = 0; i < n; i++)
     ADAM_ELEMENT(i, 0);
 }
 
-__attribute__((optimize("no-math-errno"))) GS_WIDE static void
-adam_amsgrad(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-             float *restrict vmax, size_t n, gs_optim_coef_t c)
+GS_WIDE static void adam_amsgrad(float *restrict p, const float *restrict g, float *restrict m,
+                                 float *restrict v, float *restrict vmax, size_t n,
+                                 gs_optim_coef_t c)
 {
-  size_t i = 0, j;
-
-  for (; i + BLOCK <= n; i += BLOCK)
-    for (j = i; j < i + BLOCK; j++)
-      ADAM_ELEMENT(j, 1);
-  for (; i < n; i++)
+  for (size_t i = 0; i < n; i++)
     ADAM_ELEMENT(i, 1);
 }
 
