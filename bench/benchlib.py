@@ -14,18 +14,20 @@ NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|-?nan|-?inf)"
 FINAL_RE = re.compile(rf"final: test accuracy {NUM}, test loss {NUM}, {NUM} samples/s "
                       rf"over (\d+) ranks?, {NUM} s")
 # "timing: step 0.512 ms = compute 0.300 + data 0.010 + comm-wait 0.050 + optimizer
-# 0.152 ms (mean of 1990 steps on cuda:0)": the parts are read by name, so
-# parts added or dropped later still parse.
-TIMING_RE = re.compile(rf"timing: step {NUM} ms = (.*?) ms \(mean of (\d+) steps(?: on (.*))?\)[ \t]*$",
-                       re.M)
+# 0.152 ms (mean of 1990 steps on cuda:0; blocking waits per step: device 1.00,
+# comm 0.00)": the parts are read by name, so parts added or dropped later
+# still parse (the waits are absent from older builds).
+TIMING_RE = re.compile(rf"timing: step {NUM} ms = (.*?) ms \(mean of (\d+) steps(?: on ([^;)]*))?"
+                       rf"(?:; blocking waits per step: device {NUM}, comm {NUM})?\)[ \t]*$", re.M)
 PART_RE = re.compile(rf"([a-z][a-z-]*) {NUM}")
 
 
-def run_cmd(cmd, timeout):
+def run_cmd(cmd, timeout, env=None):
     """Runs cmd in its own process group (so a timeout also stops the agents
-    gradsync-run started); returns (exit code or None on timeout, output)."""
+    gradsync-run started), in `env` (default this process's environment);
+    returns (exit code or None on timeout, output)."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+                         start_new_session=True, env=env)
     try:
         out, _ = p.communicate(timeout=timeout)
         return p.returncode, out
@@ -57,11 +59,11 @@ def tail(text, n=15):
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def run_timed(cmd, timeout):
-    """Runs cmd; returns (result dict with cmd and wall_s, output), or
-    (result with the error, None) when it failed or timed out."""
+def run_timed(cmd, timeout, env=None):
+    """Runs cmd (in `env`); returns (result dict with cmd and wall_s,
+    output), or (result with the error, None) when it failed or timed out."""
     t0 = time.perf_counter()
-    rc, out = run_cmd(cmd, timeout)
+    rc, out = run_cmd(cmd, timeout, env)
     res = {"cmd": " ".join(cmd), "wall_s": time.perf_counter() - t0, "ok": False}
     if rc != 0:
         res["error"] = f"{'timed out' if rc is None else f'exit {rc}'}:\n{tail(out)}"
@@ -84,6 +86,8 @@ def parse_ours(res, out, samples_per_step):
         res.update(step_ms=float(t.group(1)), timed_steps=int(t.group(3)),
                    timed_on=t.group(4),
                    parts_ms={k: float(v) for k, v in PART_RE.findall(t.group(2))})
+        if t.group(5) is not None:
+            res.update(device_waits=float(t.group(5)), comm_waits=float(t.group(6)))
         res["samples_per_sec"] = samples_per_step * 1e3 / res["step_ms"] if res["step_ms"] > 0 \
             else res["final_samples_per_sec"]
         res["samples_source"] = "timing"

@@ -80,7 +80,7 @@ static int run_row(gs_device_t *dev, const row_t *r, size_t n, unsigned rounds)
 
     for (unsigned j = 0; j < reps; j++) {
       st.t = 2 + j; /* past the first step: the buffers are read */
-      gs_device_optim_pack(dev, &st, &seg, 1, buf[0], buf[1], state, NULL);
+      gs_device_optim_pack(dev, &st, &seg, 1, buf[0], buf[1], state);
     }
     upd = fastest_ns(upd, t0, reps);
     t0 = gs_now_ns();

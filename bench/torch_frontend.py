@@ -14,7 +14,11 @@ on that one GPU posing as a host of its own for NCCL (NCCL_HOSTID
 gradsync-rank-R, NCCL_NET=Socket over lo, no InfiniBand, as
 tests/gpu/one_gpu_ranks.sh does), so DDP's nccl process group and
 gradsync's engine move the gradients over the same transport; the clock
-is read after torch.cuda.synchronize(). Without a GPU it exits 77.
+is read after torch.cuda.synchronize(). Without a GPU it exits 77. On
+cuda the line also gives the host's waits per step, counted over 20 more
+steps: PyTorch's synchronizing calls (torch_syncs_per_step, from
+torch.cuda.set_sync_debug_mode("warn")) on every side, and gradsync's
+engine's own (engine_waits_per_step, its step results' counts).
 
 Models: --model cnn (examples/torch/fashion_cnn.py's Net) or mlp
 (784-256-128-10): synthetic Fashion-MNIST-shaped data (the throughput does
@@ -90,6 +94,30 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+WAIT_STEPS = 20  # counted after the timed ones (a warning per wait would cost time)
+
+
+def host_waits(a, step, data):
+    """On cuda, the host's waits per step, counted over WAIT_STEPS more
+    steps: PyTorch's (each synchronizing call warns under
+    torch.cuda.set_sync_debug_mode("warn")), and the engine's own blocking
+    waits (what gradsync's step results count; None for the other
+    sides)."""
+    import warnings
+    engine = 0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        for i in range(WAIT_STEPS):
+            r = step(*data[i % len(data)])
+            if r is not None:
+                engine += r.device_syncs + r.device_reads
+        torch.cuda.set_sync_debug_mode("default")
+    torch_syncs = sum("synchroniz" in str(w.message) for w in seen)
+    return {"torch_syncs_per_step": torch_syncs / WAIT_STEPS,
+            "engine_waits_per_step": engine / WAIT_STEPS if step.gradsync else None}
+
+
 def timed(a, step, world, rank):
     data = batches(a.model, a.batch, rank, a.device)
     for i in range(a.warmup):
@@ -100,9 +128,10 @@ def timed(a, step, world, rank):
         step(*data[i % len(data)])
     sync(a.device)
     dt = time.perf_counter() - t0
+    waits = host_waits(a, step, data) if a.device == "cuda" else {}
     if rank == 0:
         print(json.dumps({"samples_per_sec": a.steps * a.batch * world / dt,
-                          "step_ms": dt / a.steps * 1000.0}), flush=True)
+                          "step_ms": dt / a.steps * 1000.0, **waits}), flush=True)
 
 
 def plain(a, rank=0, world=1, ddp=False):
@@ -121,6 +150,7 @@ def plain(a, rank=0, world=1, ddp=False):
         opt.zero_grad()
         loss.backward()
         opt.step()
+    step.gradsync = False
     timed(a, step, world, rank)
 
 
@@ -146,14 +176,18 @@ def gradsync_side(a):
         torch.cuda.set_device(0)
     model = model_of(a.model, a.device)  # on cuda: the engine on cuda:0 with NCCL
     # SGD as the engine's own (lr=...), AdamW as a torch optimizer it wraps.
-    hyper = dict(optimizer=optimizer_of(a.model, model)) if a.model == "transformer" else OPT
-    opt = gs.DistributedOptimizer(model, reduce="mean", nonfinite=a.nonfinite, **hyper)
+    hyper = dict(optimizer=optimizer_of(a.model, model)) if a.model == "transformer" else dict(OPT)
+    if a.nonfinite != "stop":  # the default: a baseline build before the setting runs too
+        hyper["nonfinite"] = a.nonfinite
+    opt = gs.DistributedOptimizer(model, reduce="mean", **hyper)
 
     def step(x, y):
         loss = loss_of(a.model, model, x, y)
         opt.zero_grad()
         loss.backward()
-        opt.step(loss)
+        r = opt.step(loss)
+        return r if hasattr(r, "device_syncs") else None  # a baseline build has no counts
+    step.gradsync = True
     timed(a, step, gs.world_size(), gs.rank())
 
 

@@ -14,8 +14,13 @@ is global (every rank's) and steady-state: ours from the agent's timing
 line (mean step after 10 untimed steps), PyTorch's over the steps after 50
 untimed ones.
 
-usage: train_vs_ddp.py --bin DIR [--data DIR] [--pairs 3] [--rows LIST]
-                       [--python PYTHON] [--json PATH] [--markdown PATH]
+--baseline-bin DIR: an older build of gradsync (for example the previous
+main) runs as a third side in each round (ours, the baseline, the anchor),
+and the table adds its median and ours against it: a change that makes
+the step slower shows here.
+
+usage: train_vs_ddp.py --bin DIR [--baseline-bin DIR] [--data DIR] [--pairs 3]
+                       [--rows LIST] [--python PYTHON] [--json PATH] [--markdown PATH]
 """
 import argparse
 import os
@@ -42,10 +47,11 @@ def epochs_steps(world, epochs=3):
     return epochs * (TRAIN_EXAMPLES // (BATCH * world))
 
 
-def run_ours(a, layers, world, steps, seed, extra=()):
-    """gradsync-run with the agent's flags (and `extra` ones); 3 epochs
-    without `steps`."""
-    cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", str(world), "--seed", str(seed),
+def run_ours(a, layers, world, steps, seed, extra=(), bin_dir=None):
+    """gradsync-run (of `bin_dir`, default --bin) with the agent's flags
+    (and `extra` ones); 3 epochs without `steps`."""
+    cmd = [os.path.join(bin_dir or a.bin, "gradsync-run"), "--nproc", str(world),
+           "--seed", str(seed),
            "--layers", ",".join(map(str, layers)), "--batch", str(BATCH), "--threads", "1",
            "--data", a.data, "--log-level", "warn"]
     cmd += [x for k, v in OPT.items() for x in (f"--{k}", v)]
@@ -72,10 +78,14 @@ def run_torch(a, layers, world, steps, seed):
     return res if out is None else parse_json_line(res, out)
 
 
-def summarize(name, ours, anchor):
+def run_baseline(a, layers, world, steps, seed):
+    return run_ours(a, layers, world, steps, seed, bin_dir=a.baseline_bin)
+
+
+def summarize(name, ours, anchor, baseline):
     layers, world, steps, what, target = ROWS[name]
     key = "test_accuracy" if what == "test accuracy" else "samples_per_sec"
-    o, t = median_of(ours, key), median_of(anchor, key)
+    o, t, b = median_of(ours, key), median_of(anchor, key), median_of(baseline, key)
     row = {"row": name, "layers": layers, "world": world, "measure": what,
            "ours": o, "anchor": t, "ours_ok": sum(r["ok"] for r in ours),
            "anchor_ok": sum(r["ok"] for r in anchor),
@@ -91,18 +101,24 @@ def summarize(name, ours, anchor):
     else:
         row.update(ratio=o / t, met=o / t >= target)
     row["target"] = target
+    row["baseline"] = b
+    if b is not None and o is not None:
+        row["vs_baseline"] = o - b if key == "test_accuracy" else o / b
     return row
 
 
-def markdown(rows, pairs):
+def markdown(rows, pairs, baseline):
+    cols = " baseline | ours vs baseline |" if baseline else ""
     lines = [f"## gradsync vs PyTorch {torch_version()} on CPU ({platform.node()}, "
              f"{os.cpu_count()} cores)", "",
              f"Medians of {pairs} alternating pairs (seeds 1..{pairs}). Batch 64 per rank, SGD lr 0.1 momentum 0.9 "
              "wd 5e-4, mean of gradients, 1 BLAS thread per rank. Anchor: plain PyTorch at 1 "
-             "rank, DDP (gloo) at 2.", "",
+             "rank, DDP (gloo) at 2."
+             + (f" Baseline: the build in {baseline}." if baseline else ""),
+             "",
              "| row | model | ranks | measure | ours | anchor | ours vs anchor | target | met "
-             "| ours step parts (ms) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| ours step parts (ms) |{cols}",
+             "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if baseline else "")]
     for r in rows:
         acc = r["measure"] == "test accuracy"
         val = ".4f" if acc else ",.0f"
@@ -112,8 +128,15 @@ def markdown(rows, pairs):
         parts = " + ".join(f"{k} {v:.3f}" for k, v in r["ours_parts_ms"].items())
         lines.append(f"| {r['row']} | {'-'.join(map(str, r['layers']))} | {r['world']} "
                      f"| {r['measure']} | {fmt(r['ours'], val)} | {fmt(r['anchor'], val)} "
-                     f"| {ratio} | {target} | {'yes' if r['met'] else 'NO'} | {parts} |")
+                     f"| {ratio} | {target} | {'yes' if r['met'] else 'NO'} | {parts} |"
+                     + (baseline_cells(r, val, acc) if baseline else ""))
     return "\n".join(lines) + "\n"
+
+
+def baseline_cells(r, val, acc):
+    v = r.get("vs_baseline")
+    vs = "–" if v is None else f"{v * 100:+.2f} points" if acc else f"{v:.2f}x"
+    return f" {fmt(r['baseline'], val)} | {vs} |"
 
 
 def torch_version():
@@ -127,6 +150,7 @@ def torch_version():
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bin", required=True, help="folder with gradsync-run and gradsync-agent")
+    p.add_argument("--baseline-bin", help="an older build's bin folder, run as a third side")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
@@ -139,8 +163,11 @@ def parse_args():
     if a.pairs < 1:
         p.error("--pairs >= 1")
     a.bin = os.path.abspath(a.bin)
-    if not os.access(os.path.join(a.bin, "gradsync-run"), os.X_OK):
-        p.error(f"no gradsync-run in {a.bin}")
+    for d in filter(None, (a.bin, a.baseline_bin)):
+        if not os.access(os.path.join(d, "gradsync-run"), os.X_OK):
+            p.error(f"no gradsync-run in {d}")
+    if a.baseline_bin:
+        a.baseline_bin = os.path.abspath(a.baseline_bin)
     return a
 
 
@@ -152,9 +179,12 @@ def main():
     rows, runs, failed = [], {}, False
     for name in a.rows:
         layers, world, steps, _, _ = ROWS[name]
-        ours, anchor = [], []
+        ours, anchor, baseline = [], [], []
+        sides = [("ours", run_ours, ours), ("anchor", run_torch, anchor)]
+        if a.baseline_bin:
+            sides.insert(1, ("baseline", run_baseline, baseline))
         for i in range(a.pairs):
-            for side, fn, dst in (("ours", run_ours, ours), ("anchor", run_torch, anchor)):
+            for side, fn, dst in sides:
                 r = fn(a, layers, world, steps, i + 1)
                 dst.append(r)
                 if r["ok"]:
@@ -164,9 +194,9 @@ def main():
                 else:
                     failed = True
                     print(f"{name} pair {i + 1} {side}: FAILED: {r['error']}", flush=True)
-        runs[name] = {"ours": ours, "anchor": anchor}
-        rows.append(summarize(name, ours, anchor))
-    publish(markdown(rows, a.pairs), a.markdown, a.json,
+        runs[name] = {"ours": ours, "anchor": anchor, "baseline": baseline}
+        rows.append(summarize(name, ours, anchor, baseline))
+    publish(markdown(rows, a.pairs, a.baseline_bin), a.markdown, a.json,
             {"pairs": a.pairs, "rows": rows, "runs": runs})
     sys.exit(1 if failed else 0)
 

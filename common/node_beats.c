@@ -31,6 +31,8 @@ static void columns(gs_node_beats_t *b, pb_callback_t *field[GS_NODE_BEATS_COLUM
       {&m->collectives_done, b->collectives_done, 8},
       {&m->send_wait, b->send_wait, 4},
       {&m->news_seen, b->news_seen, 8},
+      {&m->device_waits, b->device_waits, 4},
+      {&m->comm_waits, b->comm_waits, 4},
   };
 
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++) {
@@ -76,6 +78,8 @@ int gs_node_beats_add(gs_node_beats_t *b, uint32_t slot, const gradsync_Heartbea
   b->collectives_done[i] = req->progress.collectives_done;
   b->send_wait[i] = req->progress.send_wait;
   b->news_seen[i] = news_seen;
+  b->device_waits[i] = req->progress.device_waits;
+  b->comm_waits[i] = req->progress.comm_waits;
   b->count = i + 1;
   return 0;
 }
@@ -111,6 +115,12 @@ int gs_node_beats_decode(gs_node_beats_t *b, const uint8_t *data, size_t len, ch
     return err;
   b->count = (uint32_t)b->columns[0].count; /* the slots */
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++) {
+    bool newer = i >= GS_NODE_BEATS_COLUMNS - GS_NODE_BEATS_NEWER_COLUMNS;
+
+    if (newer && b->columns[i].count == 0) { /* an older node agent: zeros */
+      memset(b->columns[i].items, 0, b->count * b->columns[i].width);
+      continue;
+    }
     if (b->columns[i].count != b->count) {
       if (why)
         snprintf(why, why_len, "the columns of a NodeHeartbeat differ in length");

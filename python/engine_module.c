@@ -24,6 +24,8 @@
 
 #include <gradsync/engine.h>
 
+#include "step_result.h"
+
 /* The exceptions (module state would be cleaner; one interpreter only). */
 static PyObject *error_base, *error_peer_lost, *error_model_mismatch, *error_timeout,
     *error_interrupted, *error_world_changed;
@@ -55,15 +57,15 @@ static const char *utf8(PyObject *v)
   return PyUnicode_AsUTF8AndSize(v, NULL);
 }
 
-/* Frees an object of one of our heap types (which hold a reference to
- * their type). */
-static void free_object(PyObject *o)
+/* An address from Python (a tensor's data_ptr()); 0 is none. */
+static bool parse_address(PyObject *v, void **out)
 {
-  PyTypeObject *type = Py_TYPE(o);
-  freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
+  unsigned long long a = PyLong_AsUnsignedLongLong(v);
 
-  tp_free(o);
-  Py_DECREF(type);
+  if (a == (unsigned long long)-1 && PyErr_Occurred())
+    return false;
+  *out = (void *)(uintptr_t)a;
+  return true;
 }
 
 /* ---- errors --------------------------------------------------------- */
@@ -160,7 +162,7 @@ static PyGetSetDef buffer_getset[] = {
 static void buffer_dealloc(BufferObject *b)
 {
   Py_XDECREF(b->owner);
-  free_object((PyObject *)b);
+  gs_py_free_object((PyObject *)b);
 }
 
 static PyObject *buffer_address(BufferObject *b, PyObject *unused)
@@ -190,7 +192,8 @@ static PyType_Spec buffer_spec = {
     .slots = buffer_slots,
 };
 
-static PyTypeObject *BufferType; /* made from buffer_spec at import */
+static PyTypeObject *BufferType;     /* made from buffer_spec at import */
+static PyTypeObject *StepResultType; /* step_result.c's, made at import */
 
 static PyObject *buffer_new(EngineObject *owner, void *ptr, Py_ssize_t len)
 {
@@ -344,6 +347,8 @@ static const struct {
     {"warmup_factor", OPT_FLOAT, AT(sgd.warmup_factor)},
     {"gamma", OPT_FLOAT, AT(sgd.gamma)},
     {"nesterov", OPT_BOOL, AT(sgd.nesterov)},
+    {"driven", OPT_BOOL, AT(driven)},
+    {"zero_missing_grads", OPT_BOOL, AT(zero_missing_grads)},
     {"join_timeout", OPT_SECONDS, AT(join_timeout_ms)},
     {"rpc_timeout", OPT_SECONDS, AT(rpc_timeout_ms)},
     {"comm_timeout", OPT_SECONDS, AT(comm_timeout_ms)},
@@ -548,7 +553,7 @@ static void engine_dealloc(EngineObject *self)
   }
   PyMem_Free(self->numel);
   Py_XDECREF(self->checkpoint_extra);
-  free_object((PyObject *)self);
+  gs_py_free_object((PyObject *)self);
 }
 
 /* The engine's checkpoint_extra: calls the Python callable (on the
@@ -926,6 +931,21 @@ static PyObject *param_or_grad(EngineObject *self, PyObject *args, bool grad)
   return buffer_new(self, p, (Py_ssize_t)(self->numel[i] * sizeof(float)));
 }
 
+/* verdict() -> Buffer of one float32: not 0 once this step's sums were
+ * found not all finite (gs_engine_verdict_at). */
+static PyObject *engine_verdict(EngineObject *self, PyObject *unused)
+{
+  float *v;
+
+  (void)unused;
+  if (!check_open(self, true))
+    return NULL;
+  v = gs_engine_verdict_at(self->engine);
+  if (!v)
+    return raise_engine(self, -1);
+  return buffer_new(self, v, (Py_ssize_t)sizeof(float));
+}
+
 static PyObject *engine_param(EngineObject *self, PyObject *args)
 {
   return param_or_grad(self, args, false);
@@ -1042,44 +1062,114 @@ static PyObject *engine_grad_ready(EngineObject *self, PyObject *arg)
   Py_RETURN_NONE;
 }
 
-/* end_step's decisions as a dict; `resume` (the position every rank
- * holds after an elastic regroup) is None unless `regrouped`, `rank`
- * and `world_size` are this rank's place from now on, and `lr_factor`
- * what a front end's own optimizer scales its lr by from now on. */
-static PyObject *step_result(EngineObject *self, const gs_step_result_t *r)
+/* end_step(loss_at=0): with loss_at, the address of the step's loss (one
+ * float32 in device memory, a tensor's data_ptr(); see
+ * gs_engine_set_loss_at) first. The step's decisions as a StepResult. */
+static PyObject *engine_end_step(EngineObject *self, PyObject *args)
 {
-  PyObject *resume = r->regrouped ? position_value(&r->resume) : Py_NewRef(Py_None);
-
-  if (!resume)
-    return NULL;
-  return Py_BuildValue(
-      "{s:O,s:s,s:i,s:O,s:d,s:O,s:d,s:O,s:O,s:O,s:O,s:d,s:d,s:O,s:N,s:d,s:d,s:I,s:I}", "stop",
-      r->stop ? Py_True : Py_False, "stop_reason", r->stop_reason, "bcast_period", r->bcast_period,
-      "period_changed", r->period_changed ? Py_True : Py_False, "lr_scale", (double)r->lr_scale,
-      "lr_scale_changed", r->lr_scale_changed ? Py_True : Py_False, "lr_factor",
-      (double)gs_engine_lr_factor(self->engine), "broadcast", r->broadcast ? Py_True : Py_False,
-      "checkpoint", r->checkpoint ? Py_True : Py_False, "nonfinite",
-      r->nonfinite ? Py_True : Py_False, "skipped", r->skipped ? Py_True : Py_False, "comm_wait_ms",
-      r->comm_wait_ms, "optimizer_ms", r->optimizer_ms, "regrouped",
-      r->regrouped ? Py_True : Py_False, "resume", resume, "detect_ms", r->detect_ms, "regroup_ms",
-      r->regroup_ms, "rank", gs_engine_rank(self->engine), "world_size",
-      gs_engine_world_size(self->engine));
-}
-
-static PyObject *engine_end_step(EngineObject *self, PyObject *unused)
-{
+  PyObject *at = NULL;
+  void *loss = NULL;
   gs_step_result_t r;
   int err;
 
-  (void)unused;
-  if (!check_open(self, true))
+  if (!PyArg_ParseTuple(args, "|O", &at) || (at && !parse_address(at, &loss)) ||
+      !check_open(self, true))
     return NULL;
+  if (loss)
+    gs_engine_set_loss_at(self->engine, loss);
   memset(&r, 0, sizeof(r));
-  Py_BEGIN_ALLOW_THREADS err = gs_engine_end_step(self->engine, &r);
-  Py_END_ALLOW_THREADS if (err && !r.nonfinite) /* a non-finite step is a stop every rank
-                                                   takes, not an error */
-      return raise_engine(self, err);
-  return step_result(self, &r);
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_end_step(self->engine, &r);
+  Py_END_ALLOW_THREADS
+  if (err && !r.nonfinite) /* a non-finite step is a stop every rank takes, not an error */
+    return raise_engine(self, err);
+  return gs_py_step_result_new(StepResultType, self->engine, &r);
+}
+
+/* forward(batch): the model's forward starts (the compute phase) with a
+ * batch of `batch` examples per rank (driven steps: the position and
+ * samples/s). Cheap: called before every forward. */
+static PyObject *engine_forward(EngineObject *self, PyObject *arg)
+{
+  unsigned long long batch = PyLong_AsUnsignedLongLong(arg);
+
+  if ((batch == (unsigned long long)-1 && PyErr_Occurred()) || !check_open(self, true))
+    return NULL;
+  gs_engine_set_batch(self->engine, batch);
+  gs_engine_phase(self->engine, GS_PHASE_COMPUTE);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_set_epoch(EngineObject *self, PyObject *arg)
+{
+  unsigned long long epoch = PyLong_AsUnsignedLongLong(arg);
+
+  if ((epoch == (unsigned long long)-1 && PyErr_Occurred()) || !check_open(self, true))
+    return NULL;
+  gs_engine_set_epoch(self->engine, epoch);
+  Py_RETURN_NONE;
+}
+
+/* skip_step_at(addr), scale_step_at(addr): one float32 in device memory
+ * (a tensor's data_ptr(), kept alive by the caller until end_step),
+ * handed to `set`. */
+static PyObject *step_input_at(EngineObject *self, PyObject *arg,
+                               void (*set)(gs_engine_t *, const float *))
+{
+  void *at;
+
+  if (!parse_address(arg, &at) || !check_open(self, true))
+    return NULL;
+  set(self->engine, at);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_skip_step_at(EngineObject *self, PyObject *arg)
+{
+  return step_input_at(self, arg, gs_engine_skip_step_at);
+}
+
+static PyObject *engine_scale_step_at(EngineObject *self, PyObject *arg)
+{
+  return step_input_at(self, arg, gs_engine_scale_step_at);
+}
+
+/* sum_at(addr, n) and broadcast_at(addr, nbytes, root): device memory (a
+ * contiguous tensor's data_ptr()) summed or broadcast in place. */
+static PyObject *engine_sum_at(EngineObject *self, PyObject *args)
+{
+  PyObject *at;
+  unsigned long long n;
+  void *buf;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "OK", &at, &n) || !parse_address(at, &buf) || !check_open(self, true))
+    return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_allreduce_sum_on_device(self->engine, buf, (size_t)n);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_broadcast_at(EngineObject *self, PyObject *args)
+{
+  PyObject *at;
+  unsigned long long bytes;
+  unsigned int root;
+  void *buf;
+  int err;
+
+  if (!PyArg_ParseTuple(args, "OKI", &at, &bytes, &root) || !parse_address(at, &buf) ||
+      !check_open(self, true))
+    return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_broadcast_on_device(self->engine, buf, (size_t)bytes, root);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
 }
 
 /* The front end's bytes of the checkpoint resumed (rank 0), or None. */
@@ -1097,17 +1187,34 @@ static PyObject *engine_resumed_extra(EngineObject *self, PyObject *unused)
   return PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
 }
 
-/* synchronize(scale=True) -> (nonfinite, regrouped) */
+/* synchronize(scale=True, verdict=True, loss_at=0) -> (nonfinite, regrouped):
+ * with loss_at the step's loss first (as end_step's); `nonfinite` is the
+ * sums' verdict when asked for (the host then waits for the device), else
+ * None. */
 static PyObject *engine_synchronize(EngineObject *self, PyObject *args)
 {
-  int scale = 1, err;
+  int scale = 1, verdict = 1, err;
+  PyObject *at = NULL;
+  void *loss = NULL;
   gs_sync_result_t r;
 
-  if (!PyArg_ParseTuple(args, "|p", &scale) || !check_open(self, true))
+  if (!PyArg_ParseTuple(args, "|ppO", &scale, &verdict, &at) || (at && !parse_address(at, &loss)) ||
+      !check_open(self, true))
     return NULL;
-  Py_BEGIN_ALLOW_THREADS err = gs_engine_synchronize(self->engine, scale, &r);
-  Py_END_ALLOW_THREADS if (err) return raise_engine(self, err);
-  return Py_BuildValue("(OO)", r.nonfinite ? Py_True : Py_False, r.regrouped ? Py_True : Py_False);
+  if (loss)
+    gs_engine_set_loss_at(self->engine, loss);
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_synchronize(self->engine, scale, verdict ? &r : NULL);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
+  if (!verdict)
+    r = (gs_sync_result_t){.regrouped = gs_engine_step_regrouped(self->engine)};
+  return Py_BuildValue("(OO)",
+                       !verdict      ? Py_None
+                       : r.nonfinite ? Py_True
+                                     : Py_False,
+                       r.regrouped ? Py_True : Py_False);
 }
 
 static PyObject *engine_scale_step(EngineObject *self, PyObject *args)
@@ -1142,9 +1249,10 @@ static PyObject *engine_allreduce_sum(EngineObject *self, PyObject *arg)
     PyErr_SetString(PyExc_ValueError, "allreduce_sum needs float32 memory");
     return NULL;
   }
-  Py_BEGIN_ALLOW_THREADS err =
-      gs_engine_allreduce_sum(self->engine, view.buf, (size_t)view.len / sizeof(float));
-  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_allreduce_sum(self->engine, view.buf, (size_t)view.len / sizeof(float));
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&view);
   if (err)
     return raise_engine(self, err);
   Py_RETURN_NONE;
@@ -1163,8 +1271,10 @@ static PyObject *engine_broadcast(EngineObject *self, PyObject *args)
     PyBuffer_Release(&view);
     return NULL;
   }
-  Py_BEGIN_ALLOW_THREADS err = gs_engine_broadcast(self->engine, view.buf, (size_t)view.len, root);
-  Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_broadcast(self->engine, view.buf, (size_t)view.len, root);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&view);
   if (err)
     return raise_engine(self, err);
   Py_RETURN_NONE;
@@ -1177,8 +1287,11 @@ static PyObject *engine_checkpoint(EngineObject *self, PyObject *args)
 
   if (!parse_position(args, "KK|K", NULL, &pos) || !check_open(self, true))
     return NULL;
-  Py_BEGIN_ALLOW_THREADS err = gs_engine_checkpoint(self->engine, &pos);
-  Py_END_ALLOW_THREADS if (err) return raise_engine(self, err);
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_checkpoint(self->engine, &pos);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
   Py_RETURN_NONE;
 }
 
@@ -1208,7 +1321,8 @@ static PyObject *engine_finish(EngineObject *self, PyObject *args)
   if (!PyArg_ParseTuple(args, "|ps", &finished, &reason) || !check_open(self, false))
     return NULL;
   if (self->started && !self->finished) {
-    Py_BEGIN_ALLOW_THREADS gs_engine_finish(self->engine, finished, reason);
+    Py_BEGIN_ALLOW_THREADS
+    gs_engine_finish(self->engine, finished, reason);
     Py_END_ALLOW_THREADS
   }
   self->finished = true;
@@ -1246,6 +1360,9 @@ static PyMethodDef engine_methods[] = {
      "'epoch', 'sample'} once started"},
     {"param", (PyCFunction)engine_param, METH_VARARGS, "param(i) -> Buffer of its pack memory"},
     {"grad", (PyCFunction)engine_grad, METH_VARARGS, "grad(i) -> Buffer of its gradient memory"},
+    {"verdict", (PyCFunction)engine_verdict, METH_NOARGS,
+     "verdict() -> Buffer of one float32 in device memory: not 0 once this step's summed "
+     "gradients were found not all finite"},
     {"param_pack", (PyCFunction)engine_param_pack, METH_VARARGS,
      "param_pack(i) -> the pack parameter i lives in"},
     {"sync_initial", (PyCFunction)engine_sync_initial, METH_NOARGS,
@@ -1257,9 +1374,23 @@ static PyMethodDef engine_methods[] = {
      "set_loss(loss): the step's loss, before the last pack's last gradient"},
     {"grad_ready", (PyCFunction)engine_grad_ready, METH_O, "grad_ready(i): gradient i is final"},
     {"phase", (PyCFunction)engine_phase, METH_O, "phase(n): the rank enters phase n (gs_phase_t)"},
-    {"end_step", (PyCFunction)engine_end_step, METH_NOARGS,
-     "waits for the allreduces, applies SGD: the step's decisions as a dict (with 'regrouped', "
-     "'resume' (step, epoch, sample) or None, 'rank', 'world_size')"},
+    {"forward", (PyCFunction)engine_forward, METH_O,
+     "forward(batch): a forward of `batch` examples per rank starts (driven steps)"},
+    {"set_epoch", (PyCFunction)engine_set_epoch, METH_O,
+     "set_epoch(epoch): a new epoch starts at sample 0 (driven steps)"},
+    {"end_step", (PyCFunction)engine_end_step, METH_VARARGS,
+     "end_step(loss_at=0) -> StepResult: with the loss's address first (one float32 in device "
+     "memory), waits for the allreduces and applies the update"},
+    {"skip_step_at", (PyCFunction)engine_skip_step_at, METH_O,
+     "skip_step_at(addr): the update is skipped when the float32 there is not 0 (a loss "
+     "scaler's found_inf), read by the device"},
+    {"scale_step_at", (PyCFunction)engine_scale_step_at, METH_O,
+     "scale_step_at(addr): the update's gradients times the float32 there (clipping), read by "
+     "the device"},
+    {"sum_at", (PyCFunction)engine_sum_at, METH_VARARGS,
+     "sum_at(addr, n): n float32 of device memory summed over the ranks, in place"},
+    {"broadcast_at", (PyCFunction)engine_broadcast_at, METH_VARARGS,
+     "broadcast_at(addr, nbytes, root): device memory becomes rank root's, in place"},
     {"resumed_extra", (PyCFunction)engine_resumed_extra, METH_NOARGS,
      "the checkpoint_extra bytes of the checkpoint resumed (rank 0), or None"},
     {"synchronize", (PyCFunction)engine_synchronize, METH_VARARGS,
@@ -1358,14 +1489,17 @@ PyMODINIT_FUNC PyInit__engine(void)
   PyObject *m, *engine_type = PyType_FromSpec(&engine_spec);
 
   BufferType = (PyTypeObject *)PyType_FromSpec(&buffer_spec);
-  if (!engine_type || !BufferType)
+  StepResultType = gs_py_step_result_type();
+  if (!engine_type || !BufferType || !StepResultType)
     return NULL;
   m = PyModule_Create(&module_def);
   if (!m)
     return NULL;
   Py_INCREF((PyObject *)BufferType);
+  Py_INCREF((PyObject *)StepResultType);
   if (PyModule_AddObject(m, "Engine", engine_type) ||
       PyModule_AddObject(m, "Buffer", (PyObject *)BufferType) ||
+      PyModule_AddObject(m, "StepResult", (PyObject *)StepResultType) ||
       add_error(m, &error_base, "Error", PyExc_RuntimeError, "a gradsync engine error") ||
       add_error(m, &error_peer_lost, "PeerLost", error_base,
                 "another rank was lost, or the coordinator aborted the job") ||

@@ -580,7 +580,6 @@ def case_outage(tmp):
     re-register, and finish with the accuracy of an uninterrupted run; the
     restarted coordinator keeps the broadcast period an operator set before
     the outage and shows rank 0's pack list again."""
-    # Long enough to train on through the outage (about 4 s) on an idle machine.
     steps = ["--reduce", "mean", "--steps", "6000", "--no-validate", "--seed", "3"]
     _, out, _ = run(["--nproc", "2"] + steps)
     want = re.search(r"final: test accuracy ([\d.]+)", out).group(1)
@@ -589,10 +588,15 @@ def case_outage(tmp):
             "--heartbeat-interval", "250ms", "--heartbeat-timeout", "3s", "--log-level", "warn"]
     coord = start_listening(argv)
     agents, outs = [], []
+    # Rank 0 holds its last step until the restarted coordinator has the
+    # job back (an event, not a time: a fast machine trains 6000 steps
+    # before the ranks notice the outage).
+    back = os.path.join(tmp, "coordinator-back")
     try:
         agents = [subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--job", "out",
                                     "--world-size", "2", "--local-rank", str(i),
-                                    "--coordinator-grace", "600s", "--log-interval", "200ms"]
+                                    "--coordinator-grace", "600s", "--log-interval", "200ms",
+                                    "--inject-fault", f"data-hang:0:5999:{back}"]
                                    + steps, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
                   for i in range(2)]
@@ -612,6 +616,9 @@ def case_outage(tmp):
         for _, err in outs:
             err.wait(r"unreachable for [\d.]+ s; training goes on")
         coord = start_listening(argv)
+        for _, err in outs:
+            err.wait(r"re-registered with the coordinator")
+        open(back, "w").close()
         for a in agents:
             a.wait(timeout=WAIT)
         outs = [(o.close(), e.close()) for o, e in outs]
@@ -690,9 +697,13 @@ def case_coordinator_stall(tmp):
                               "--heartbeat-interval", "250ms", "--heartbeat-timeout", "4s"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
+    # Rank 0 holds its last step until the coordinator has run again (an
+    # event: a fast machine trains 6000 steps within the stop).
+    back = os.path.join(tmp, "coordinator-ran")
     agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "stall", "--world-size", "2",
                                 "--local-rank", str(i), "--reduce", "mean", "--steps", "6000",
-                                "--no-validate", "--log-interval", "200ms"],
+                                "--no-validate", "--log-interval", "200ms",
+                                "--inject-fault", f"data-hang:0:5999:{back}"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for i in range(2)]
     log = Lines(coord.stderr, "coordinator")
@@ -703,6 +714,8 @@ def case_coordinator_stall(tmp):
         coord.send_signal(signal.SIGSTOP)
         time.sleep(8)  # the stop itself, not a wait for something
         coord.send_signal(signal.SIGCONT)
+        log.wait(r"the coordinator did not run for")
+        open(back, "w").close()
         for a in agents:
             a.wait(timeout=WAIT)
         outs = [(o.close(), e.close()) for o, e in outs]

@@ -260,6 +260,8 @@ START_TEST(node_beats_round_trip)
     req.has_progress = i % 2;
     req.progress.phase = gradsync_Phase_PHASE_ALLREDUCE;
     req.progress.collectives_done = 7 * i;
+    req.progress.device_waits = i % 3;
+    req.progress.comm_waits = i % 5;
     ck_assert_int_eq(gs_node_beats_add(&q, i + 1, &req, 2 + i, i == 4 ? "4.abc" : ""), 0);
   }
   ck_assert_int_eq(gs_node_beats_add(&q, 256, &req, 0, ""), GS_ERANGE);
@@ -276,6 +278,8 @@ START_TEST(node_beats_round_trip)
     ck_assert_uint_eq(back.phase[i], gradsync_Phase_PHASE_ALLREDUCE);
     ck_assert_uint_eq(back.collectives_done[i], 7 * i);
     ck_assert_uint_eq(back.news_seen[i], 2 + i);
+    ck_assert_uint_eq(back.device_waits[i], i % 3);
+    ck_assert_uint_eq(back.comm_waits[i], i % 5);
   }
   ck_assert_str_eq(gs_node_beats_session(&back, 5), "4.abc");
   ck_assert_str_eq(gs_node_beats_session(&back, 6), "");
@@ -292,6 +296,38 @@ START_TEST(node_beats_round_trip)
   ck_assert_uint_eq(back.count, 1);
   ck_assert_uint_eq(back.slot[0], 9);
   ck_assert_str_eq(gs_node_beats_session(&back, 5), "");
+  gs_buf_free(&f);
+}
+END_TEST
+
+/* A node agent older than the wait columns sends none (they are the
+ * last fields, so its message is ours without their 2 x 7 bytes): its
+ * beats decode, the waits zeros whatever the struct held before. */
+START_TEST(node_beats_older_agent)
+{
+  static gs_node_beats_t q, back;
+  gradsync_Envelope env = gradsync_Envelope_init_zero;
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+  const uint8_t *payload;
+  gs_buf_t f = {0}, body = {0};
+  size_t plen;
+
+  gs_node_beats_reset(&q, "j");
+  req.rank = 3;
+  req.progress.device_waits = req.progress.comm_waits = 5;
+  ck_assert_int_eq(gs_node_beats_add(&q, 7, &req, 0, ""), 0);
+  ck_assert_int_eq(gs_node_beats_encode_frame(&q, &f, &env, SIZE_MAX), 0);
+  ck_assert_int_gt(gs_frame_parse(f.data, f.len, SIZE_MAX, &payload, &plen), 0);
+  ck_assert_int_eq(gs_wire_decode_envelope(payload, plen, &env, &body, NULL, 0), 0);
+  back.device_waits[0] = back.comm_waits[0] = 9;
+  ck_assert_int_eq(gs_node_beats_decode(&back, body.data, body.len - 14, NULL, 0), 0);
+  ck_assert_uint_eq(back.count, 1);
+  ck_assert_uint_eq(back.rank[0], 3);
+  ck_assert_uint_eq(back.device_waits[0], 0);
+  ck_assert_uint_eq(back.comm_waits[0], 0);
+  ck_assert_int_eq(gs_node_beats_decode(&back, body.data, body.len, NULL, 0), 0);
+  ck_assert_uint_eq(back.device_waits[0], 5);
+  gs_buf_free(&body);
   gs_buf_free(&f);
 }
 END_TEST
@@ -337,6 +373,7 @@ static Suite *frame_suite(void)
   tc = tcase_create("node_beats");
   tcase_add_test(tc, node_beats_round_trip);
   tcase_add_test(tc, node_beats_decode_refuses_bad_columns);
+  tcase_add_test(tc, node_beats_older_agent);
   suite_add_tcase(s, tc);
   tc = tcase_create("buf");
   tcase_add_test(tc, buf_grows_and_consumes);

@@ -1371,6 +1371,28 @@ START_TEST(held_up_ranks_are_named)
 }
 END_TEST
 
+/* A rank's blocking waits in its last step (its Progress) reach
+ * /jobs/NAME's ranks as it reported them. */
+START_TEST(step_waits_per_rank)
+{
+  gradsync_Progress p = {.phase = gradsync_Phase_PHASE_DATA, .device_waits = 1, .comm_waits = 2};
+  cJSON *o, *r1;
+  int err;
+
+  start_world("h", 3, 0);
+  jobs_now = 10000;
+  heartbeat_progress(1, "h", 1, 1, 50, jobs_now, &p, &err);
+  ck_assert_int_eq(err, 0);
+  o = gs__job_json(gs__jobs_find(&jobs, "h"), jobs_now,
+                   &(gs_rank_page_t){.limit = GS_RANKS_PAGE_DEFAULT});
+  r1 = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "ranks"), 1);
+  ck_assert_int_eq(cJSON_GetObjectItem(r1, "rank")->valueint, 1);
+  ck_assert_int_eq(cJSON_GetObjectItem(r1, "device_waits")->valueint, 1);
+  ck_assert_int_eq(cJSON_GetObjectItem(r1, "comm_waits")->valueint, 2);
+  cJSON_Delete(o);
+}
+END_TEST
+
 /* The coordinator's own --stall-timeout line names what holds the job up,
  * as the views and the agents' timeout errors do. */
 START_TEST(stall_timeout_line_names_the_held_rank)
@@ -1985,6 +2007,7 @@ static Suite *jobs_suite(void)
       {"rendezvous_progress", waiting_rendezvous_logs_its_progress},
       {"stalled", job_whose_step_stops_is_stalled},
       {"held_up", held_up_ranks_are_named},
+      {"step_waits", step_waits_per_rank},
       {"held_transport", collective_without_a_culprit_names_the_transport_or_a_link},
       {"held_slow_beats", silence_allows_for_a_slow_round_trip},
       {"stall_line_held", stall_timeout_line_names_the_held_rank},

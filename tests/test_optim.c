@@ -2,12 +2,15 @@
  * every element of a pack, over several steps, against the formulas of
  * torch.optim computed in double here (amsgrad, maximize, weight decay of
  * both kinds, a gradient scale, groups of their own lr); the scan for
- * non-finite gradients; names, defaults and the checks of a group. */
+ * non-finite gradients; names, defaults and the checks of a group; the
+ * gate the update reads on the device, and the device's count of the
+ * waits its callers make. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "optim.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
@@ -69,7 +72,8 @@ static void run(gs_optim_kind_t kind, bool amsgrad, bool maximize, float wd, flo
   for (int i = 0; i < LEN; i++)
     rp[i] = p[i] = noise(&x);
   for (uint64_t t = 1; t <= STEPS; t++) {
-    gs_optim_step_t st = {kind, groups, 2, t, scale};
+    gs_optim_step_t st = {
+        .kind = kind, .groups = groups, .ngroups = 2, .t = t, .grad_scale = scale};
 
     for (int i = 0; i < LEN; i++)
       g[i] = noise(&x) * (t == 3 ? 1e-6f : 1.0f); /* tiny gradients: eps matters */
@@ -119,7 +123,8 @@ START_TEST(sgd_dampening)
   gs_optim_group_t grp = {.lr = 0.5f, .momentum = 0.9f, .dampening = 0.5f};
   float p = 1.0f, g = 1.0f, buf = 0.0f;
   float *const state[GS_OPTIM_MAX_STATE] = {&buf, NULL, NULL};
-  gs_optim_step_t st = {GS_OPTIM_SGD, &grp, 1, 1, 1.0f};
+  gs_optim_step_t st = {
+      .kind = GS_OPTIM_SGD, .groups = &grp, .ngroups = 1, .t = 1, .grad_scale = 1.0f};
 
   gs_optim_step_pack(&st, seg, 1, &p, &g, state);
   ck_assert_float_eq(buf, 1.0f); /* d itself */
@@ -195,6 +200,65 @@ START_TEST(names_and_checks)
 }
 END_TEST
 
+/* The gate, read when the update runs: a set skip or veto flag leaves
+ * the pack as it was; a factor multiplies the gradients as grad_scale
+ * does. Through the cpu device, as the engine queues it. */
+START_TEST(gate)
+{
+  static const gs_optim_segment_t seg[] = {{0, 4, 0}};
+  gs_optim_group_t grp = {.lr = 0.5f};
+  float p[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, zero = 0.0f, one = 1.0f, half = 0.5f;
+  float *const state[GS_OPTIM_MAX_STATE] = {NULL, NULL, NULL};
+  gs_optim_step_t st = {
+      .kind = GS_OPTIM_SGD, .groups = &grp, .ngroups = 1, .t = 1, .grad_scale = 1.0f};
+  char why[100];
+  gs_device_t *d = gs_device_open("cpu", 0, NULL, why, sizeof(why));
+
+  ck_assert_ptr_nonnull(d);
+  st.gate = (gs_optim_gate_t){.skip = &one};
+  gs_device_optim_pack(d, &st, seg, 1, p, g, state);
+  ck_assert_float_eq(p[0], 1.0f);
+  st.gate = (gs_optim_gate_t){.skip = &zero, .veto = &one};
+  gs_device_optim_pack(d, &st, seg, 1, p, g, state);
+  ck_assert_float_eq(p[3], 4.0f);
+  st.gate = (gs_optim_gate_t){.skip = &zero, .veto = &zero, .factor = &half};
+  gs_device_optim_pack(d, &st, seg, 1, p, g, state);
+  ck_assert_float_eq(p[0], 1.0f - 0.5f * 0.5f);
+  ck_assert_float_eq(p[3], 4.0f - 0.5f * 0.5f);
+  gs_device_destroy(d);
+}
+END_TEST
+
+/* The device counts the waits its callers make: a sync and a download
+ * each (the cpu's cost nothing but count alike), never a fetch the
+ * device has done (the cpu's always has); a loss's verdict lands in the
+ * vector only when it is not finite. */
+START_TEST(device_waits)
+{
+  float v[4] = {0}, x = 2.0f, host = 0.0f, inf = INFINITY;
+  char why[100];
+  gs_device_t *d = gs_device_open("cpu", 0, NULL, why, sizeof(why));
+
+  ck_assert_ptr_nonnull(d);
+  ck_assert_int_eq(gs_device_sync(d), 0);
+  ck_assert_int_eq(gs_device_download(d, &host, &x, sizeof(x)), 0);
+  ck_assert_uint_eq(d->waits.syncs, 1);
+  ck_assert_uint_eq(d->waits.reads, 1);
+  x = 3.0f;
+  ck_assert_int_eq(gs_device_fetch(d, &host, &x, sizeof(x)), 0);
+  ck_assert_int_eq(gs_device_fetched(d), 0);
+  ck_assert_float_eq(host, 3.0f);
+  ck_assert_uint_eq(d->waits.syncs, 1);
+  ck_assert_uint_eq(d->waits.reads, 1);
+  gs_device_mark_nonfinite(d, &x, v, 1, 3, 4.0f);
+  ck_assert_float_eq(v[1] + v[3], 0.0f);
+  gs_device_mark_nonfinite(d, &inf, v, 1, 3, 4.0f);
+  ck_assert_float_eq(v[1], 1.0f);
+  ck_assert_float_eq(v[3], 4.0f);
+  gs_device_destroy(d);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *test)
 {
   TCase *tc = tcase_create(name);
@@ -212,6 +276,8 @@ static Suite *optim_suite(void)
   suite_add_tcase(s, tcase("sgd_dampening", sgd_dampening));
   suite_add_tcase(s, tcase("first_nonfinite", first_nonfinite));
   suite_add_tcase(s, tcase("names_and_checks", names_and_checks));
+  suite_add_tcase(s, tcase("gate", gate));
+  suite_add_tcase(s, tcase("device_waits", device_waits));
   return s;
 }
 

@@ -35,7 +35,8 @@ static void sgd_step(float momentum, bool nesterov, float grad_scale, uint64_t t
       {.lr = 0.5f, .weight_decay = 0.1f, .momentum = momentum, .nesterov = nesterov},
       {.lr = 1.0f, .weight_decay = 0.0f, .momentum = momentum, .nesterov = nesterov},
   };
-  const gs_optim_step_t st = {GS_OPTIM_SGD, groups, 2, t, grad_scale};
+  const gs_optim_step_t st = {
+      .kind = GS_OPTIM_SGD, .groups = groups, .ngroups = 2, .t = t, .grad_scale = grad_scale};
   float *const state[GS_OPTIM_MAX_STATE] = {buf, NULL, NULL};
 
   gs_optim_step_pack(&st, s, nseg, p, g, state);

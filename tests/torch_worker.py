@@ -127,12 +127,13 @@ class CpuGradScaler(torch.cuda.amp.GradScaler):
         return outputs * self._scale
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        # On the device, as torch's own: found_inf is never read here.
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        if not torch.isfinite(p.grad).all():
-                            found_inf.fill_(1.0)
+                        bad = (~torch.isfinite(p.grad).all()).to(found_inf.dtype)
+                        found_inf.copy_(torch.maximum(found_inf, bad))
                         p.grad.mul_(inv_scale)
         return {found_inf.device: found_inf}
 
@@ -413,6 +414,117 @@ def buffers():
     save(start=start, joined=joined, seen=seen, after=after, nograd=nograd, momentum=model[1].momentum,
          buffers={n: b.clone() for n, b in model.named_buffers()},
          params=[p.detach().clone() for p in model.parameters()])
+
+
+class HostReads:
+    """Counts, while `on`, the calls that read a tensor's value on the host
+    (a device-to-host copy and a wait on a GPU): .item(), float(t),
+    int(t), bool(t) (a branch on a device value), .tolist(), .cpu() and
+    .numpy(), instrumented on torch.Tensor itself; `where` names the first
+    few callers."""
+    NAMES = ("item", "__float__", "__int__", "__bool__", "tolist", "cpu", "numpy")
+
+    def __init__(self):
+        self.on, self.count, self.where = False, 0, []
+        for name in self.NAMES:
+            setattr(torch.Tensor, name, self._counted(name, getattr(torch.Tensor, name)))
+
+    def _counted(self, name, method):
+        def counted(t, *args, **kwargs):
+            if self.on:
+                self.count += 1
+                if len(self.where) < 5:
+                    import traceback
+                    frame = traceback.extract_stack(limit=3)[0]
+                    self.where.append(f"{name} at {frame.filename}:{frame.lineno}")
+            return method(t, *args, **kwargs)
+        return counted
+
+
+def waits_setup(kind):
+    """host_waits' model, its optimizer's arguments, batches and loss for
+    `kind`: "mlp" (BatchNorm, AdamW in two groups, clipping, bf16 packs),
+    "cnn" (the example CNN: BatchNorm, fused SGD) or "transformer" (the
+    example's model: AdamW groups, clipping, bf16 packs, fp16 autocast on
+    a GPU). The examples come from examples/torch beside tests/."""
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "examples", "torch")
+    sys.path.insert(0, examples)
+    g = torch.Generator().manual_seed(gs.local_rank())
+    if kind == "cnn":
+        from fashion_cnn import Net
+        torch.manual_seed(0)
+        model = Net().to(DEVICE)
+        xs = [torch.randn(16, 1, 28, 28, generator=g) for _ in range(4)]
+        ys = [torch.randint(0, 10, (16,), generator=g) for _ in range(4)]
+        return (model, dict(lr=0.05, momentum=0.9), [(x.to(DEVICE), y.to(DEVICE)) for x, y in
+                                                     zip(xs, ys)], F.cross_entropy)
+    if kind == "transformer":
+        from char_transformer import CharGPT, param_groups
+        torch.manual_seed(0)
+        model = CharGPT(113, 32, width=32, layers=1, heads=2).to(DEVICE)
+        adamw = torch.optim.AdamW(param_groups(model), lr=3e-3, betas=(0.9, 0.95))
+        chunks = [torch.randint(0, 113, (4, 33), generator=g).to(DEVICE) for _ in range(4)]
+
+        def loss_of(out, y):
+            return F.cross_entropy(out.float().flatten(0, 1), y.flatten())
+        return (model, dict(optimizer=adamw, max_grad_norm=1.0, grad_dtype="bf16"),
+                [(c[:, :-1], c[:, 1:]) for c in chunks], loss_of)
+    model = mlp(bn=True)
+    x, y = data(4, 8, 1)
+    return (model, dict(optimizer=make_optimizer(model, "adamw"), max_grad_norm=0.5,
+                        grad_dtype="bf16"), [(x[i], y[i]) for i in range(4)], F.cross_entropy)
+
+
+def host_waits():
+    """Steady steps of the fused path with what makes them hard (model=mlp
+    (default), cnn or transformer: see waits_setup; broadcast_buffers on),
+    with scaler=1 under a GradScaler (torch's on a GPU, fp16 autocast for
+    the transformer; CpuGradScaler on the CPU). Saves, per step, the host
+    reads of tensor values made inside forward, backward and opt.step
+    (HostReads) and the engine's blocking waits (the step result's
+    device_syncs, device_reads, comm_waits). On a GPU, sync_debug=1 also
+    runs the steady steps under torch.cuda.set_sync_debug_mode("error").
+    With inject=item, the step's loss is read with .item() inside the
+    step, as a change to the front end would: the count must show it."""
+    gs.init()
+    reads = HostReads()
+    model, kw, batches, loss_of = waits_setup(OPTS.get("model", "mlp"))
+    opt = gs.DistributedOptimizer(model, broadcast_buffers=True, **kw)
+    if OPTS.get("inject") == "item":
+        loss_at = opt._loss_at
+        opt._loss_at = lambda loss: (loss.item(), loss_at(loss))[1]
+    scaler, autocast = None, contextlib.nullcontext()
+    if OPTS.get("scaler") == "1" and DEVICE == "cuda":
+        scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=1000)
+        autocast = torch.autocast("cuda", dtype=torch.float16)
+    elif OPTS.get("scaler") == "1":
+        scaler = CpuGradScaler(init_scale=2.0 ** 10, growth_interval=1000)
+    steps, warm = int(OPTS.get("steps", 30)), int(OPTS.get("warm", 3))
+    counts = []
+    for s in range(steps):
+        xb, yb = batches[s % len(batches)]
+        opt.zero_grad()
+        strict = DEVICE == "cuda" and OPTS.get("sync_debug") == "1" and s >= warm
+        if strict:
+            torch.cuda.set_sync_debug_mode("error")
+        reads.on, before = True, reads.count
+        with autocast:
+            loss = loss_of(model(xb), yb)
+        if scaler is None:
+            loss.backward()
+            res = opt.step(loss)
+        else:
+            scaler.scale(loss).backward()
+            res = scaler.step(opt, loss=loss)
+        reads.on = False
+        if strict:
+            torch.cuda.set_sync_debug_mode("default")
+        if scaler is not None:
+            scaler.update()  # the test's CPU scaler reads its verdict here, outside the step
+        counts.append(dict(host_reads=reads.count - before, device_syncs=res.device_syncs,
+                           device_reads=res.device_reads, comm_waits=res.comm_waits))
+    save(counts=counts, where=reads.where, loss=float(loss))
 
 
 def unlike_models():

@@ -108,6 +108,7 @@ int gs_device_upload(gs_device_t *d, void *dst, const void *src, size_t bytes)
 
 int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes)
 {
+  d->waits.reads++;
   return bytes ? d->ops->download(d, dst, src, bytes) : d->ops->sync(d);
 }
 
@@ -117,16 +118,21 @@ int gs_device_zero(gs_device_t *d, void *p, size_t bytes)
 }
 
 void gs_device_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
-                          uint32_t nseg, float *param, const float *grad, float *const *state,
-                          const float *skip)
+                          uint32_t nseg, float *param, const float *grad, float *const *state)
 {
-  d->ops->optim_pack(d, s, segs, nseg, param, grad, state, skip);
+  d->ops->optim_pack(d, s, segs, nseg, param, grad, state);
 }
 
 void gs_device_check_finite(gs_device_t *d, const float *g, size_t n, float *flag)
 {
   if (n)
     d->ops->check_finite(d, g, n, flag);
+}
+
+void gs_device_mark_nonfinite(gs_device_t *d, const float *x, float *v, uint32_t i, uint32_t j,
+                              float w)
+{
+  d->ops->mark_nonfinite(d, x, v, i, j, w);
 }
 
 void gs_device_scale(gs_device_t *d, float *x, size_t n, float factor)
@@ -155,7 +161,23 @@ void gs_device_fail(gs_device_t *d, int err)
 
 int gs_device_sync(gs_device_t *d)
 {
+  d->waits.syncs++;
   return d->ops->sync(d);
+}
+
+int gs_device_fetch(gs_device_t *d, void *dst, const void *src, size_t bytes)
+{
+  return bytes ? d->ops->fetch(d, dst, src, bytes) : 0;
+}
+
+int gs_device_fetched(gs_device_t *d)
+{
+  int done = d->ops->fetched(d);
+
+  if (done != 0)
+    return done < 0 ? done : 0;
+  d->waits.syncs++;
+  return d->ops->wait_fetched(d);
 }
 
 int gs_device_use_stream(gs_device_t *d, void *stream)

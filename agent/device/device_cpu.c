@@ -1,6 +1,7 @@
 /* The CPU device: host memory and the fused optimizer loops (optim.c). Work runs at
  * once on the calling thread, so sync has nothing to wait for and device
  * memory is host memory. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +46,13 @@ static int cpu_zero(gs_device_t *d, void *p, size_t bytes)
 }
 
 static void cpu_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
-                           uint32_t nseg, float *param, const float *grad, float *const *state,
-                           const float *skip)
+                           uint32_t nseg, float *param, const float *grad, float *const *state)
 {
+  gs_optim_step_t open;
+
   (void)d;
-  if (!skip || *skip == 0.0f)
-    gs_optim_step_pack(s, segs, nseg, param, grad, state);
+  if (gs_optim_gate_open(s, &open))
+    gs_optim_step_pack(&open, segs, nseg, param, grad, state);
 }
 
 static void cpu_scale(gs_device_t *d, float *x, size_t n, float factor)
@@ -90,6 +92,16 @@ static void cpu_check_finite(gs_device_t *d, const float *g, size_t n, float *fl
     *flag = 1.0f;
 }
 
+static void cpu_mark_nonfinite(gs_device_t *d, const float *x, float *v, uint32_t i, uint32_t j,
+                               float w)
+{
+  (void)d;
+  if (!isfinite(*x)) {
+    v[i] += 1.0f;
+    v[j] += w;
+  }
+}
+
 /* Work on the cpu runs at once, so a caller's failure was already seen by
  * that caller: nothing sticks. */
 static void cpu_fail(gs_device_t *d, int err)
@@ -102,6 +114,13 @@ static int cpu_sync(gs_device_t *d)
 {
   (void)d;
   return 0;
+}
+
+/* Copies at once: a fetch is always done. */
+static int cpu_fetched(gs_device_t *d)
+{
+  (void)d;
+  return 1;
 }
 
 static void cpu_destroy(gs_device_t *d)
@@ -120,11 +139,15 @@ static const gs_device_ops_t cpu_ops = {
     .zero = cpu_zero,
     .optim_pack = cpu_optim_pack,
     .check_finite = cpu_check_finite,
+    .mark_nonfinite = cpu_mark_nonfinite,
     .scale = cpu_scale,
     .narrow = cpu_narrow,
     .widen = cpu_widen,
     .fail = cpu_fail,
     .sync = cpu_sync,
+    .fetch = cpu_copy,
+    .fetched = cpu_fetched,
+    .wait_fetched = cpu_sync,
     .destroy = cpu_destroy,
 };
 

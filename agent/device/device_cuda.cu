@@ -56,6 +56,9 @@ typedef struct cuda_device {
    * (stream order keeps a kernel's from being overwritten early). */
   gs_optim_coef_t *coef_host, *coef_dev;
   uint32_t cap_coef;
+  /* Recorded behind the last gs_device_fetch copy (created on first use). */
+  cudaEvent_t fetch_done;
+  bool fetch_pending;
 } cuda_device_t;
 
 static cuda_device_t *cd(gs_device_t *d)
@@ -109,14 +112,18 @@ static __device__ uint32_t segment_of(const dev_seg_t *segs, uint32_t nseg, size
 }
 
 /* One optimizer step over every segment of a pack (optim.h's arithmetic,
- * element for element as optim.c), unless *skip is set: the step's
- * gradients held a NaN or an infinity. */
+ * element for element as optim.c), unless the gate says skip (the step's
+ * gradients held a NaN or an infinity; a loss scaler's found_inf); the
+ * gate's factor (clipping's) multiplies the gradients as gs_optim_gate_open
+ * folds it into the scale. */
 static __global__ void optim_kernel(const dev_seg_t *segs, uint32_t nseg, size_t total,
                                     const gs_optim_coef_t *coefs, bool adam, float *param,
                                     const float *grad, float *s0, float *s1, float *s2,
-                                    const float *skip)
+                                    gs_optim_gate_t gate)
 {
-  if (skip && *skip != 0.0f)
+  float factor = gate.factor ? *gate.factor : 1.0f;
+
+  if ((gate.skip && *gate.skip != 0.0f) || (gate.veto && *gate.veto != 0.0f))
     return;
   for (size_t v = blockIdx.x * (size_t)blockDim.x + threadIdx.x; v < total;
        v += (size_t)gridDim.x * blockDim.x) {
@@ -124,7 +131,7 @@ static __global__ void optim_kernel(const dev_seg_t *segs, uint32_t nseg, size_t
     const gs_optim_coef_t c = coefs[sg->group];
     size_t i = sg->offset + (v - sg->start);
     float p = param[i];
-    float g = grad[i] * c.scale + c.wd * p;
+    float g = grad[i] * (c.scale * factor) + c.wd * p;
 
     if (adam) {
       float vi;
@@ -180,6 +187,16 @@ static __global__ void check_finite_kernel(const float *g, size_t n, float *flag
        i += (size_t)gridDim.x * blockDim.x)
     if (!isfinite(g[i]))
       *flag = 1.0f;
+}
+
+/* A loss's verdict into the control vector (one thread). */
+static __global__ void mark_nonfinite_kernel(const float *x, float *v, uint32_t i, uint32_t j,
+                                             float w)
+{
+  if (!isfinite(*x)) {
+    v[i] += 1.0f;
+    v[j] += w;
+  }
 }
 
 /* ---- memory ----------------------------------------------------------- */
@@ -391,7 +408,7 @@ static int coefs_upload(cuda_device_t *d, const gs_optim_step_t *s)
 
 static void cuda_optim_pack(gs_device_t *base, const gs_optim_step_t *s,
                             const gs_optim_segment_t *segs, uint32_t nseg, float *param,
-                            const float *grad, float *const *state, const float *skip)
+                            const float *grad, float *const *state)
 {
   cuda_device_t *d = cd(base);
   const seg_cache_t *t;
@@ -410,7 +427,7 @@ static void cuda_optim_pack(gs_device_t *base, const gs_optim_step_t *s,
     return;
   optim_kernel<<<blocks_for(t->total), THREADS, 0, d->stream>>>(
       t->dev, nseg, t->total, d->coef_dev, adam, param, grad, state[0], adam ? state[1] : NULL,
-      adam ? state[2] : NULL, skip);
+      adam ? state[2] : NULL, s->gate);
   LAUNCHED(d);
 }
 
@@ -455,6 +472,17 @@ static void cuda_check_finite(gs_device_t *base, const float *g, size_t n, float
   LAUNCHED(d);
 }
 
+static void cuda_mark_nonfinite(gs_device_t *base, const float *x, float *v, uint32_t i, uint32_t j,
+                                float w)
+{
+  cuda_device_t *d = cd(base);
+
+  if (note(d, enter(d)))
+    return;
+  mark_nonfinite_kernel<<<1, 1, 0, d->stream>>>(x, v, i, j, w);
+  LAUNCHED(d);
+}
+
 /* ---- the device ------------------------------------------------------- */
 
 static void cuda_fail(gs_device_t *base, int err)
@@ -475,12 +503,62 @@ static int cuda_sync(gs_device_t *base)
   return err;
 }
 
+/* An asynchronous copy into pinned host memory, and an event behind it
+ * that says when it is done. */
+static int cuda_fetch(gs_device_t *base, void *dst, const void *src, size_t bytes)
+{
+  cuda_device_t *d = cd(base);
+  int err = enter(d);
+
+  if (!err && !d->fetch_done)
+    err =
+        GS_CUDA_STATUS(base->log, cudaEventCreateWithFlags(&d->fetch_done, cudaEventDisableTiming));
+  if (!err)
+    err = GS_CUDA_STATUS(base->log,
+                         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->stream));
+  if (!err)
+    err = GS_CUDA_STATUS(base->log, cudaEventRecord(d->fetch_done, d->stream));
+  d->fetch_pending = !err;
+  return note(d, err);
+}
+
+static int cuda_fetched(gs_device_t *base)
+{
+  cuda_device_t *d = cd(base);
+  cudaError_t status;
+
+  if (!d->fetch_pending)
+    return d->sticky ? d->sticky : 1;
+  status = cudaEventQuery(d->fetch_done);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError(); /* not an error: clear it */
+    return 0;
+  }
+  d->fetch_pending = false;
+  note(d, GS_CUDA_STATUS(base->log, status));
+  return d->sticky ? d->sticky : 1;
+}
+
+static int cuda_wait_fetched(gs_device_t *base)
+{
+  cuda_device_t *d = cd(base);
+  int err = 0;
+
+  if (d->fetch_pending)
+    err = GS_CUDA_STATUS(base->log, cudaEventSynchronize(d->fetch_done));
+  d->fetch_pending = false;
+  note(d, err);
+  return d->sticky;
+}
+
 static void cuda_destroy(gs_device_t *base)
 {
   cuda_device_t *d = cd(base);
 
   if (!enter(d))
     GS_CUDA_STATUS(base->log, cudaStreamSynchronize(d->stream));
+  if (d->fetch_done)
+    GS_CUDA_STATUS(base->log, cudaEventDestroy(d->fetch_done));
   for (uint32_t i = 0; i < d->ntables; i++)
     table_drop(d, &d->tables[i]);
   free(d->tables);
@@ -522,11 +600,15 @@ static const gs_device_ops_t cuda_ops = {
     .zero = cuda_zero,
     .optim_pack = cuda_optim_pack,
     .check_finite = cuda_check_finite,
+    .mark_nonfinite = cuda_mark_nonfinite,
     .scale = cuda_scale,
     .narrow = cuda_narrow,
     .widen = cuda_widen,
     .fail = cuda_fail,
     .sync = cuda_sync,
+    .fetch = cuda_fetch,
+    .fetched = cuda_fetched,
+    .wait_fetched = cuda_wait_fetched,
     .use_stream = cuda_use_stream,
     .destroy = cuda_destroy,
 };

@@ -221,6 +221,18 @@ void gs_optim_step_pack(const gs_optim_step_t *s, const gs_optim_segment_t *segs
   }
 }
 
+bool gs_optim_gate_open(const gs_optim_step_t *s, gs_optim_step_t *out)
+{
+  const gs_optim_gate_t *g = &s->gate;
+
+  if ((g->skip && *g->skip != 0.0f) || (g->veto && *g->veto != 0.0f))
+    return false;
+  *out = *s;
+  if (g->factor)
+    out->grad_scale *= *g->factor;
+  return true;
+}
+
 GS_WIDE void gs_optim_scale(float *restrict x, size_t n, float factor)
 {
   for (size_t i = 0; i < n; i++)

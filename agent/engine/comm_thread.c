@@ -115,6 +115,8 @@ int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job)
   int err;
 
   pthread_mutex_lock(&e->mu);
+  if (job->state == JOB_QUEUED)
+    e->waits.comm++; /* not done yet: the training thread waits for the comm thread */
   while (job->state == JOB_QUEUED)
     pthread_cond_wait(&e->cv, &e->mu);
   err = job->err;
@@ -210,8 +212,10 @@ static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count
 
   if (!err)
     err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
-  if (!err)
+  if (!err) {
     err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+    e->cfg.dev->waits.syncs++;
+  }
   return err;
 }
 

@@ -13,9 +13,19 @@ size_t gs_control_len(uint32_t world_size)
   return GS_CTL_FIXED + ((size_t)world_size + GS_CTL_RANKS_PER_SLOT - 1) / GS_CTL_RANKS_PER_SLOT;
 }
 
+void gs_control_nonfinite_at(uint32_t rank, size_t n, uint32_t *i, uint32_t *j, float *w)
+{
+  size_t slot = GS_CTL_FIXED + rank / GS_CTL_RANKS_PER_SLOT;
+
+  *i = GS_CTL_NONFINITE;
+  *j = slot < n ? (uint32_t)slot : (uint32_t)n;
+  *w = (float)(1u << (rank % GS_CTL_RANKS_PER_SLOT));
+}
+
 void gs_control_encode(const gs_control_local_t *in, float *v, size_t n)
 {
-  size_t slot = GS_CTL_FIXED + in->rank / GS_CTL_RANKS_PER_SLOT;
+  uint32_t i, j;
+  float w;
 
   memset(v, 0, n * sizeof(float));
   if (n < GS_CTL_FIXED)
@@ -32,10 +42,11 @@ void gs_control_encode(const gs_control_local_t *in, float *v, size_t n)
   v[GS_CTL_TERM] = in->term;
   v[GS_CTL_STEP] = (float)(in->step % GS_CTL_SEQ_MOD);
   v[GS_CTL_SEQ] = (float)(in->collectives % GS_CTL_SEQ_MOD);
+  gs_control_nonfinite_at(in->rank, n, &i, &j, &w);
   if (in->nonfinite) {
-    v[GS_CTL_NONFINITE] = 1;
-    if (slot < n)
-      v[slot] = (float)(1u << (in->rank % GS_CTL_RANKS_PER_SLOT));
+    v[i] = 1;
+    if (j < n)
+      v[j] = w;
   }
 }
 

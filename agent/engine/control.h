@@ -86,6 +86,12 @@ size_t gs_control_len(uint32_t world_size);
  * other slots zero. */
 void gs_control_encode(const gs_control_local_t *in, float *v, size_t n);
 
+/* Where rank `rank`'s non-finite loss goes in a vector of n floats: it
+ * adds 1 to v[*i] and *w to v[*j] (*j is n when the vector has no room
+ * for its bit), as gs_control_encode does; what a device writes when it
+ * learns the loss after the rest was encoded. */
+void gs_control_nonfinite_at(uint32_t rank, size_t n, uint32_t *i, uint32_t *j, float *w);
+
 /* Reads the vector summed over the ranks. */
 void gs_control_decode(const float *v, size_t n, gs_control_t *out);
 

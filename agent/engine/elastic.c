@@ -237,14 +237,14 @@ int gs_engine_sync_initial(gs_engine_t *e, gs_position_t *pos)
 
 /* A collective between steps on host memory; in an elastic job a lost
  * rank regroups and fails it with GS_EREGROUPED. */
-static int between_steps(gs_engine_t *e, job_op_t op, void *buf, size_t count, uint32_t root,
-                         const char *what)
+static int between_steps(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
+                         uint32_t root, const char *what)
 {
   int err;
 
   if (e->join.world_size == 1)
     return 0;
-  err = gs__engine_run_now(e, op, buf, count, false, root, what);
+  err = gs__engine_run_now(e, op, buf, count, on_device, root, what);
   if (err && err != GS_EINTR && gs__engine_elastic(e)) {
     gs_step_result_t out;
 
@@ -263,15 +263,30 @@ static int between_steps(gs_engine_t *e, job_op_t op, void *buf, size_t count, u
 
 int gs_engine_allreduce_sum(gs_engine_t *e, float *buf, size_t n)
 {
-  return between_steps(e, OP_ALLREDUCE, buf, n, 0, "allreduce of metrics");
+  return between_steps(e, OP_ALLREDUCE, buf, n, false, 0, "allreduce of metrics");
 }
 
-int gs_engine_broadcast(gs_engine_t *e, void *buf, size_t bytes, uint32_t root)
+int gs_engine_allreduce_sum_on_device(gs_engine_t *e, float *buf, size_t n)
+{
+  return between_steps(e, OP_ALLREDUCE, buf, n, true, 0, "allreduce on the device");
+}
+
+static int broadcast(gs_engine_t *e, void *buf, size_t bytes, bool on_device, uint32_t root)
 {
   if (root >= e->join.world_size) {
     gs_set_why(e->error, sizeof(e->error), "broadcast from rank %u in a world of %u", root,
                e->join.world_size);
     return GS_EINVAL;
   }
-  return between_steps(e, OP_BROADCAST, buf, bytes, root, "broadcast");
+  return between_steps(e, OP_BROADCAST, buf, bytes, on_device, root, "broadcast");
+}
+
+int gs_engine_broadcast(gs_engine_t *e, void *buf, size_t bytes, uint32_t root)
+{
+  return broadcast(e, buf, bytes, false, root);
+}
+
+int gs_engine_broadcast_on_device(gs_engine_t *e, void *buf, size_t bytes, uint32_t root)
+{
+  return broadcast(e, buf, bytes, true, root);
 }

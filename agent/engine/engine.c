@@ -371,6 +371,7 @@ void gs_engine_free(gs_engine_t *e)
     gs_device_host_free(e->cfg.dev, e->ctl);
     gs_device_free(e->cfg.dev, e->aux_dev);
     gs_device_free(e->cfg.dev, e->skip_dev);
+    gs_device_host_free(e->cfg.dev, e->drive.fetched);
   }
   if (e->owns_dev)
     gs_device_destroy(e->cfg.dev);

@@ -48,12 +48,13 @@ typedef struct reduced {
 } reduced_t;
 
 /* Where the rank is (progress.c): written by the training thread (the
- * phase) and the comm (its gauge), read by the heartbeat thread, which
- * alone keeps the last two fields. */
+ * phase, the last step's blocking waits) and the comm (its gauge), read
+ * by the heartbeat thread, which alone keeps the last two fields. */
 typedef struct phase_board {
   _Atomic uint32_t phase; /* gs_phase_t */
   _Atomic uint32_t pack;  /* GS_PHASE_ALLREDUCE: the pack waited for */
   _Atomic uint64_t since_ms;
+  _Atomic uint32_t device_waits, comm_waits; /* the last step's (gs_step_result_t) */
   gs_comm_gauge_t comm;
   uint64_t read_ms, read_send_wait_ns;
 } phase_board_t;
@@ -70,6 +71,31 @@ typedef struct trace_rec {
   gradsync_TraceEvent *main, *comm; /* halves of one allocation */
   _Atomic uint32_t nmain, ncomm;
 } trace_rec_t;
+
+/* What the host reads back from the device at each end_step, in one
+ * batch of copies behind the step's work (gs_device_fetch): the control
+ * vector into e->ctl, and these floats into e->drive.fetched. */
+enum { FETCHED_SKIP, FETCHED_VETO, FETCHED_LOSS, FETCHED_COUNT };
+
+/* A step's inputs that only the device knows (device memory, read when
+ * the update runs: gs_engine_set_loss_at, _skip_step_at, _scale_step_at;
+ * NULL: none), and a driven step's own state (drive.c, cfg.driven). */
+typedef struct step_drive {
+  const float *loss_at, *veto_at, *factor_at;
+  float *fetched;     /* host memory (pinned): FETCHED_COUNT floats */
+  bool loss_given;    /* driven: this step's loss is in, the last pack may go */
+  uint64_t batch;     /* driven: examples per rank (gs_engine_set_batch) */
+  double last_end_ms; /* driven: the previous end_step's end, for samples/s */
+} step_drive_t;
+
+/* Blocking waits of the training thread (the step result's counts): for
+ * the comm thread (the device counts its own, gs_device_waits_t), and
+ * both as they were at the last end_step. */
+typedef struct step_waits {
+  uint64_t comm;
+  uint64_t comm_mark;
+  gs_device_waits_t device_mark;
+} step_waits_t;
 
 /* One collective for the comm thread. */
 typedef struct comm_job {
@@ -179,11 +205,24 @@ struct gs_engine {
   double step_start_ms; /* when begin_step was called */
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
+  step_drive_t drive;
+  step_waits_t waits;
   phase_board_t board;
   trace_rec_t trace;
 };
 
 #define AUX_BYTES (1u << 20) /* host buffers reach a device backend in pieces of this */
+
+/* step.c: a driven step (cfg.driven) begun by its first gradient (or by
+ * the loss, or end_step, when none came), and its last pack released
+ * (with the missing gradients counted as zeros when
+ * cfg.zero_missing_grads); the packs whose gradients are all in launched
+ * (drive.c calls them once the loss releases the last one). */
+void gs__engine_drive_begin(gs_engine_t *e);
+void gs__engine_drive_release(gs_engine_t *e);
+void gs__engine_issue_ready(gs_engine_t *e);
+/* progress.c: a driven step's progress, reported at its end. */
+void gs__engine_drive_report(gs_engine_t *e, const gs_step_result_t *r);
 
 /* progress.c: the training thread enters a phase (pack: the allreduce's);
  * the heartbeat thread reads where the rank is. */

@@ -253,7 +253,9 @@ static int alloc_step_state(gs_engine_t *e)
   e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
   e->skip_dev = gs_device_alloc(e->cfg.dev, sizeof(float));
-  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev || !e->skip_dev) {
+  e->drive.fetched = gs_device_host_alloc(e->cfg.dev, FETCHED_COUNT * sizeof(float));
+  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev || !e->skip_dev ||
+      !e->drive.fetched) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }

@@ -2,7 +2,8 @@
  * heartbeat thread, which sends it with every heartbeat so that the
  * coordinator can name the rank a stalled job waits on (docs/design.md,
  * "Seeing what holds a job up"). Setting a phase is two relaxed atomic
- * stores and a clock read, a few times per step. */
+ * stores and a clock read, a few times per step. A driven step's figures
+ * (its time, loss, samples/s) are reported here too, at its end. */
 #include "engine_internal.h"
 
 #include "clock.h"
@@ -61,10 +62,33 @@ void gs__engine_where(void *arg, gradsync_Progress *out)
   out->pack = atomic_load_explicit(&b->pack, memory_order_relaxed);
   out->phase_ms = now > since ? (uint32_t)(now - since < UINT32_MAX ? now - since : UINT32_MAX) : 0;
   out->collectives_done = atomic_load_explicit(&b->comm.done, memory_order_relaxed);
+  out->device_waits = atomic_load_explicit(&b->device_waits, memory_order_relaxed);
+  out->comm_waits = atomic_load_explicit(&b->comm_waits, memory_order_relaxed);
   if (b->read_ms && now > b->read_ms)
     out->send_wait = (float)((wait_ns - b->read_send_wait_ns) / 1e6 / (double)(now - b->read_ms));
   if (out->send_wait > 1.0f)
     out->send_wait = 1.0f;
   b->read_ms = now;
   b->read_send_wait_ns = wait_ns;
+}
+
+/* The heartbeat's figures from the step just ended: its time since the
+ * previous one, the loss the readback brought (a loss never given counts
+ * as 0), the global samples per second. */
+void gs__engine_drive_report(gs_engine_t *e, const gs_step_result_t *r)
+{
+  double now = gs_now_ms_f(), dt = now - e->drive.last_end_ms;
+  gs_progress_t p = {.step = e->committed.step};
+
+  if (!e->cfg.driven)
+    return;
+  e->drive.last_end_ms = now;
+  if (dt <= 0.0 || dt == now) /* the first step has no previous end */
+    return;
+  p.loss = e->drive.loss_at ? e->drive.fetched[FETCHED_LOSS] : e->loss;
+  p.samples_per_sec = (float)((double)(e->drive.batch * e->join.world_size) * 1000.0 / dt);
+  p.comm_wait_ms = (float)r->comm_wait_ms;
+  p.compute_ms = (float)(dt > r->comm_wait_ms ? dt - r->comm_wait_ms : 0.0);
+  if (e->hb) /* what gs_engine_report does, from below engine.c */
+    gs_heartbeat_report(e->hb, &p);
 }

@@ -76,6 +76,7 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   e->repeated_param = -1;
   e->loss = loss;
   e->launch_err = 0;
+  e->drive.loss_at = e->drive.veto_at = e->drive.factor_at = NULL;
   write_control(e, loss);
   e->steps_begun++;
   e->step_start_ms = gs_now_ms_f();
@@ -96,6 +97,19 @@ void gs_engine_set_loss(gs_engine_t *e, float loss)
   gs_control_encode(&e->ctl_mine, e->ctl, e->nctl);
   if (!e->launch_err)
     e->launch_err = gs_device_upload(e->cfg.dev, e->ctl_dev, e->ctl, e->nctl * sizeof(float));
+}
+
+/* A driven step (cfg.driven, drive.c) is begun by its first gradient,
+ * with the position after it made here. */
+void gs__engine_drive_begin(gs_engine_t *e)
+{
+  gs_position_t after = e->committed;
+  uint64_t sample = after.sample == GS_POSITION_SAMPLE_UNKNOWN ? 0 : after.sample;
+
+  after.step++;
+  after.sample = sample + e->drive.batch * e->join.world_size;
+  e->drive.loss_given = false;
+  gs_engine_begin_step(e, 0.0f, &after);
 }
 
 /* Starts pack k's allreduce: queued on the comm thread for a blocking
@@ -161,13 +175,18 @@ static int complete(gs_engine_t *e, uint32_t k)
  * Backward usually finishes pack 0 first (it holds the last parameters),
  * so in the usual order each pack still starts as soon as it is complete.
  * Each pack is launched once per step: O(1) per grad_ready amortised. */
-static void issue_ready(gs_engine_t *e)
+void gs__engine_issue_ready(gs_engine_t *e)
 {
   uint32_t packs = e->packs.list.pack_count;
 
   while (e->nissued < packs && e->packs.packs[e->nissued].pending == 0) {
     uint32_t k = e->nissued++;
 
+    /* A driven step's last pack carries the loss's verdict: it waits for it. */
+    if (k == packs - 1 && e->cfg.driven && !e->drive.loss_given) {
+      e->nissued--;
+      return;
+    }
     launch(e, k);
   }
 }
@@ -176,13 +195,38 @@ void gs_engine_grad_ready(void *engine, uint32_t i)
 {
   gs_engine_t *e = engine;
 
+  if (!e->in_step && e->cfg.driven && !e->failed)
+    gs__engine_drive_begin(e);
   if (!e->in_step || i >= e->packs.nparams || e->ready[i]) {
     e->repeated_param = i;
     return;
   }
   e->ready[i] = true;
   if (--e->packs.packs[e->packs.pack_of[i]].pending == 0)
-    issue_ready(e);
+    gs__engine_issue_ready(e);
+}
+
+/* Every gradient of a driven step reported: the missing ones as zeros
+ * (cfg.zero_missing_grads), and the held last pack let go if the loss
+ * never came. */
+void gs__engine_drive_release(gs_engine_t *e)
+{
+  if (!e->cfg.driven || e->failed)
+    return;
+  if (!e->in_step)
+    gs__engine_drive_begin(e); /* a step with no gradient at all */
+  for (uint32_t i = 0; e->cfg.zero_missing_grads && i < e->packs.nparams; i++) {
+    if (e->ready[i])
+      continue;
+    if (!e->launch_err)
+      e->launch_err = gs_device_zero(e->cfg.dev, gs_engine_grad(e, i),
+                                     e->packs.params[i].elements * sizeof(float));
+    gs_engine_grad_ready(e, i);
+  }
+  if (!e->drive.loss_given) {
+    e->drive.loss_given = true;
+    gs__engine_issue_ready(e);
+  }
 }
 
 /* Names the ranks whose bit is set in the non-finite slots. */
@@ -287,26 +331,43 @@ static int act_on_control(gs_engine_t *e, uint64_t step, double start_ms, gs_ste
 /* The first parameter of a pack that never got its gradient. */
 static int missing_gradient(gs_engine_t *e, uint64_t step)
 {
-  for (uint32_t i = 0; i < e->packs.nparams; i++)
-    if (!e->ready[i]) {
-      gs_set_why(e->error, sizeof(e->error),
-                 "step %" PRIu64 ": parameter '%s' received no gradient (every registered "
-                 "parameter must get one each step; unused parameters are not supported)",
-                 step, e->packs.params[i].name);
-      return gs__engine_fail(e, GS_EPRECOND);
-    }
-  return 0;
+  char names[300];
+  size_t used = 0;
+  uint32_t missing = 0;
+
+  names[0] = '\0';
+  for (uint32_t i = 0; i < e->packs.nparams; i++) {
+    if (e->ready[i])
+      continue;
+    if (++missing <= 5 && used < sizeof(names))
+      used += (size_t)snprintf(names + used, sizeof(names) - used, "%s'%s'", used ? ", " : "",
+                               e->packs.params[i].name);
+  }
+  if (!missing)
+    return 0;
+  gs_set_why(e->error, sizeof(e->error),
+             "step %" PRIu64 ": %u parameter(s) received no gradient (%s%s): every registered "
+             "parameter must get one each step, or count as a zero gradient (the engine's "
+             "zero_missing_grads; gradsync.torch: find_unused_parameters=True)",
+             step, missing, names, missing > 5 ? ", ..." : "");
+  return gs__engine_fail(e, GS_EPRECOND);
 }
 
 /* Queues pack k's fused optimizer step (skipped on the device when the
- * step's gradients were found not finite); the milliseconds it took. */
+ * step's gradients were found not finite, or the front end's flag says
+ * so; see gs_optim_gate_t); the milliseconds it took. */
 static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
 {
   gs_pack_t *pk = &e->packs.packs[k];
   double t0 = gs_now_ms_f();
+  gs_optim_step_t gated = *st;
 
-  gs_device_optim_pack(e->cfg.dev, st, pk->segs, pk->nparams, pk->params, pk->grads, pk->state,
-                       e->cfg.nonfinite == GS_NONFINITE_OFF ? NULL : e->skip_dev);
+  gated.gate = (gs_optim_gate_t){
+      .skip = e->cfg.nonfinite == GS_NONFINITE_OFF ? NULL : e->skip_dev,
+      .veto = e->drive.veto_at,
+      .factor = e->drive.factor_at,
+  };
+  gs_device_optim_pack(e->cfg.dev, &gated, pk->segs, pk->nparams, pk->params, pk->grads, pk->state);
   return gs_now_ms_f() - t0;
 }
 
@@ -399,6 +460,7 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   char what[64];
   int err;
 
+  gs__engine_drive_release(e);
   e->in_step = false;
   e->reduced = (reduced_t){.done = true};
   if (e->failed) {
@@ -434,8 +496,11 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
     }
   }
   t0 = gs_now_ms_f();
-  err =
-      gs_comm_sync(e->comm); /* deferred: updates are queued only after every allreduce succeeded */
+  /* Deferred: updates are queued only after every allreduce succeeded. A
+   * stream-ordered backend's sync waits for the device. */
+  err = gs_comm_sync(e->comm);
+  if (gs_comm_stream_ordered(e->comm))
+    e->cfg.dev->waits.syncs++;
   e->reduced.waited_ms += gs_now_ms_f() - t0;
   if (err)
     return step_failed(e, err, what, start_ms, out);
@@ -454,7 +519,6 @@ static void scale_grads(gs_engine_t *e, float factor)
 int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
 {
   gs_optim_step_t st;
-  float skip = 0.0f;
 
   if (out)
     *out = (gs_sync_result_t){0};
@@ -470,11 +534,18 @@ int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
   if (!e->reduced.done)
     return 0;
   if (out && !e->reduced.err && e->cfg.nonfinite != GS_NONFINITE_OFF && !e->reduced_out.regrouped &&
-      gs_device_download(e->cfg.dev, &skip, e->skip_dev, sizeof(float)) == 0)
-    out->nonfinite = skip != 0.0f;
+      gs_device_fetch(e->cfg.dev, &e->drive.fetched[FETCHED_SKIP], e->skip_dev, sizeof(float)) ==
+          0 &&
+      gs_device_fetched(e->cfg.dev) == 0)
+    out->nonfinite = e->drive.fetched[FETCHED_SKIP] != 0.0f;
   if (out)
     out->regrouped = e->reduced_out.regrouped;
   return e->reduced.err;
+}
+
+bool gs_engine_step_regrouped(const gs_engine_t *e)
+{
+  return e->reduced.done && e->reduced_out.regrouped;
 }
 
 void gs_engine_scale_step(gs_engine_t *e, float factor)
@@ -485,6 +556,24 @@ void gs_engine_scale_step(gs_engine_t *e, float factor)
 void gs_engine_skip_step(gs_engine_t *e)
 {
   e->skip_requested = true;
+}
+
+/* What the host learns of the step, in one batch of copies behind its
+ * work: the summed control vector, the sums' verdict (`check`), the front
+ * end's skip flag and the loss it handed in, when there are. Waits only
+ * when the device has not done them yet (counted: on the cpu it has). */
+static int read_back(gs_engine_t *e, bool check)
+{
+  float *f = e->drive.fetched;
+  int err = gs_device_fetch(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
+
+  if (!err && check)
+    err = gs_device_fetch(e->cfg.dev, &f[FETCHED_SKIP], e->skip_dev, sizeof(float));
+  if (!err && e->drive.veto_at)
+    err = gs_device_fetch(e->cfg.dev, &f[FETCHED_VETO], e->drive.veto_at, sizeof(float));
+  if (!err && e->drive.loss_at)
+    err = gs_device_fetch(e->cfg.dev, &f[FETCHED_LOSS], e->drive.loss_at, sizeof(float));
+  return err ? err : gs_device_fetched(e->cfg.dev);
 }
 
 /* Waits for the allreduces (unless gs_engine_synchronize did), queues
@@ -500,10 +589,10 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   uint64_t step = e->after.step;
   bool check = e->cfg.nonfinite != GS_NONFINITE_OFF;
   bool skip_asked = e->skip_requested;
-  bool synced = e->reduced.done, defer = synced || gs__engine_elastic(e) || check || skip_asked;
-  float factor = e->step_factor;
+  bool synced = e->reduced.done, defer = synced || gs__engine_elastic(e) || check || skip_asked ||
+                                         e->drive.veto_at || e->drive.factor_at;
+  float factor = e->step_factor, skip, veto;
   gs_optim_step_t st;
-  float skip = 0.0f;
   double t0, optimizer;
   int err;
 
@@ -524,9 +613,7 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   for (uint32_t k = 0; defer && !skip_asked && k < e->nissued; k++)
     optimizer += apply_optim(e, k, &st);
   t0 = gs_now_ms_f();
-  err = gs_device_download(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
-  if (!err && check)
-    err = gs_device_download(e->cfg.dev, &skip, e->skip_dev, sizeof(float));
+  err = read_back(e, check);
   optimizer += gs_now_ms_f() - t0;
   if (err) {
     gs_set_why(e->error, sizeof(e->error),
@@ -534,9 +621,11 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
                e->cfg.dev->label, gs_strerror(err));
     return gs__engine_fail(e, err);
   }
+  skip = check ? e->drive.fetched[FETCHED_SKIP] : 0.0f;
+  veto = e->drive.veto_at ? e->drive.fetched[FETCHED_VETO] : 0.0f;
   out->comm_wait_ms = e->reduced.waited_ms;
   out->optimizer_ms = optimizer;
-  if (skip_asked) {
+  if (skip_asked || veto != 0.0f) {
     out->skipped = true; /* also what makes a NaN loss no stop (act_on_control) */
     out->nonfinite = skip != 0.0f;
     gs_log(e->cfg.log, GS_LOG_DEBUG, e->cfg.coord.job, e->join.rank,
@@ -552,12 +641,32 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   return act_on_control(e, step, e->step_start_ms, out);
 }
 
+/* The step's blocking waits since the last end_step (gs_step_result_t),
+ * also where the heartbeat reads them. */
+static void count_waits(gs_engine_t *e, gs_step_result_t *out)
+{
+  const gs_device_waits_t *now = &e->cfg.dev->waits, *mark = &e->waits.device_mark;
+
+  out->device_syncs = (uint32_t)(now->syncs - mark->syncs);
+  out->device_reads = (uint32_t)(now->reads - mark->reads);
+  out->comm_waits = (uint32_t)(e->waits.comm - e->waits.comm_mark);
+  e->waits.device_mark = *now;
+  e->waits.comm_mark = e->waits.comm;
+  atomic_store_explicit(&e->board.device_waits, out->device_syncs + out->device_reads,
+                        memory_order_relaxed);
+  atomic_store_explicit(&e->board.comm_waits, out->comm_waits, memory_order_relaxed);
+}
+
 /* Between steps the rank is in its data phase until the front end says
  * otherwise (begin_step, or gs_engine_phase before its forward). */
 int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out)
 {
   int err = end_step(e, out);
 
+  if (e->cfg.dev) /* NULL before start: end_step refused the step */
+    count_waits(e, out);
+  if (!err)
+    gs__engine_drive_report(e, out);
   gs__engine_enter(e, GS_PHASE_DATA, 0);
   if (!err)
     gs__trace_step_end(e);

@@ -5,11 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "parse.h"
 
-#define EXPECT "data-hang:RANK:STEP[:DURATION] or straggler:RANK[:FACTOR]"
+#define EXPECT "data-hang:RANK:STEP[:DURATION or /FILE] or straggler:RANK[:FACTOR]"
 
 /* The next ':'-separated field of *s into buf; false when none is left. */
 static bool next_field(const char **s, char *buf, size_t len)
@@ -31,7 +32,7 @@ static bool next_field(const char **s, char *buf, size_t len)
 
 static int parse_fields(const char *s, gs_fault_t *f)
 {
-  char kind[16], rank[16], third[32], fourth[32];
+  char kind[16], rank[16], third[32], fourth[sizeof(f->until)];
   long v;
 
   *f = (gs_fault_t){.duration_ms = 3600 * 1000, .factor = 2.0};
@@ -44,8 +45,12 @@ static int parse_fields(const char *s, gs_fault_t *f)
     if (!next_field(&s, third, sizeof(third)) || gs_parse_long(third, 0, 1L << 40, &v))
       return GS_EINVAL;
     f->step = (uint64_t)v;
-    if (next_field(&s, fourth, sizeof(fourth)) && gs_parse_duration_ms(fourth, &f->duration_ms))
-      return GS_EINVAL;
+    if (next_field(&s, fourth, sizeof(fourth))) {
+      if (fourth[0] == '/')
+        snprintf(f->until, sizeof(f->until), "%s", fourth);
+      else if (gs_parse_duration_ms(fourth, &f->duration_ms))
+        return GS_EINVAL;
+    }
   } else if (!strcmp(kind, "straggler")) {
     f->kind = GS_FAULT_STRAGGLER;
     if (next_field(&s, third, sizeof(third))) {
@@ -72,7 +77,9 @@ int gs_fault_parse(const char *s, gs_fault_t *out, char *expect, size_t expect_l
 
 void gs_fault_show(const gs_fault_t *f, char *buf, size_t len)
 {
-  if (f->kind == GS_FAULT_DATA_HANG)
+  if (f->kind == GS_FAULT_DATA_HANG && f->until[0])
+    snprintf(buf, len, "data-hang:%u:%llu:%s", f->rank, (unsigned long long)f->step, f->until);
+  else if (f->kind == GS_FAULT_DATA_HANG)
     snprintf(buf, len, "data-hang:%u:%llu:%llums", f->rank, (unsigned long long)f->step,
              (unsigned long long)f->duration_ms);
   else if (f->kind == GS_FAULT_STRAGGLER)
@@ -93,6 +100,15 @@ void gs_fault_data(const gs_fault_t *f, uint32_t rank, uint64_t step, volatile s
 {
   if (f->kind != GS_FAULT_DATA_HANG || f->rank != rank || f->step != step)
     return;
+  if (f->until[0]) {
+    fprintf(stderr,
+            "gradsync-agent: --inject-fault: rank %u's data loader hangs at step %llu "
+            "until %s exists\n",
+            rank, (unsigned long long)step, f->until);
+    while (access(f->until, F_OK) != 0 && !(stop && *stop))
+      sleep_ms(20);
+    return;
+  }
   fprintf(stderr,
           "gradsync-agent: --inject-fault: rank %u's data loader hangs at step %llu for %.0f s\n",
           rank, (unsigned long long)step, f->duration_ms / 1000.0);

@@ -20,12 +20,15 @@ typedef struct gs_fault {
   uint32_t rank;
   uint64_t step;        /* data-hang: the step whose batch hangs */
   uint64_t duration_ms; /* data-hang: how long */
+  char until[256];      /* data-hang: "": for duration_ms; else until this file exists */
   double factor;        /* straggler: its compute takes this many times as long */
 } gs_fault_t;
 
-/* "data-hang:RANK:STEP[:DURATION]" (DURATION defaults to 1 h) or
- * "straggler:RANK[:FACTOR]" (FACTOR defaults to 2, from 1 to 100). On an
- * error, what was expected is in `expect`. */
+/* "data-hang:RANK:STEP[:DURATION]" (DURATION defaults to 1 h; an
+ * absolute path instead: until that file exists, so that a test holds a
+ * rank on an event rather than for a time) or "straggler:RANK[:FACTOR]"
+ * (FACTOR defaults to 2, from 1 to 100). On an error, what was expected
+ * is in `expect`. */
 int gs_fault_parse(const char *s, gs_fault_t *out, char *expect, size_t expect_len);
 /* Writes the spec back (for --print-config). */
 void gs_fault_show(const gs_fault_t *f, char *buf, size_t len);

@@ -352,7 +352,8 @@ static const gs_flag_t flag_rows[] = {
    .show = show_fault, .metavar = "SPEC", .def = "none",
    .help = "make one rank hang or straggle (tests)",
    .doc = "make one rank of the job misbehave, to see how the coordinator names it: "
-          "`data-hang:RANK:STEP[:DURATION]` (rank RANK's data loading sleeps DURATION, default "
+          "`data-hang:RANK:STEP[:DURATION]` (rank RANK's data loading sleeps DURATION, or until "
+          "the file DURATION names exists when it is an absolute path, default "
           "1h, before step STEP) or `straggler:RANK[:FACTOR]` (rank RANK computes FACTOR times "
           "as long, default 2)"},
   {.name = "--no-progress", .kind = GS_FLAG_BOOL, E(no_progress),

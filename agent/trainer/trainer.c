@@ -49,7 +49,7 @@ typedef struct trainer {
   float last_loss;
   /* Where the time of a step goes, summed over the timed steps. */
   double sum_step_ms, sum_data_ms, sum_comm_ms, sum_opt_ms;
-  uint64_t timed_steps;
+  uint64_t timed_steps, sum_device_waits, sum_comm_waits;
   bool reported;          /* an error was printed: the engine's "no error" need not follow */
   char reported_why[512]; /* what it said, for the coordinator (the Leave's reason) */
 } trainer_t;
@@ -587,6 +587,8 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
       t->sum_data_ms += data_ms;
       t->sum_comm_ms += res.comm_wait_ms;
       t->sum_opt_ms += res.optimizer_ms;
+      t->sum_device_waits += res.device_syncs + res.device_reads;
+      t->sum_comm_waits += res.comm_waits;
       t->timed_steps++;
     }
     progress(t, after.step, pos.epoch, false);
@@ -625,8 +627,9 @@ static void summary(trainer_t *t, gs_position_t *pos, uint64_t first_step, uint6
     double comm = t->sum_comm_ms / n, opt = t->sum_opt_ms / n;
 
     printf("timing: step %.3f ms = compute %.3f + data %.3f + comm-wait %.3f + optimizer %.3f ms "
-           "(mean of %" PRIu64 " steps on %s)\n",
-           step, step - data - comm - opt, data, comm, opt, t->timed_steps, t->dev->label);
+           "(mean of %" PRIu64 " steps on %s; blocking waits per step: device %.2f, comm %.2f)\n",
+           step, step - data - comm - opt, data, comm, opt, t->timed_steps, t->dev->label,
+           (double)t->sum_device_waits / n, (double)t->sum_comm_waits / n);
   }
 }
 

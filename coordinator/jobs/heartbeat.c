@@ -253,6 +253,8 @@ static void note_progress(gs_member_t *m, uint64_t now, const gs_beat_t *b)
     m->phase_start_ms = start;
   m->phase = (uint32_t)p->phase;
   m->pack = p->pack;
+  m->device_waits = p->device_waits;
+  m->comm_waits = p->comm_waits;
   m->collectives_done = p->collectives_done;
 }
 

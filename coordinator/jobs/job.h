@@ -152,7 +152,8 @@ struct gs_member {
   uint64_t phase_start_ms;
   uint64_t collectives_done;
   float send_wait; /* share of the time its sends waited, over the last few heartbeats */
-  float step_ms;   /* compute + comm wait per step, over the last few heartbeats */
+  uint32_t device_waits, comm_waits; /* its training thread's blocking waits in its last step */
+  float step_ms; /* compute + comm wait per step, over the last few heartbeats */
   /* Its agent's clock (trace.c): coordinator µs = agent µs + offset, from
    * the heartbeat round trip with the shortest time; this heartbeat's
    * arrival and reply, on the coordinator's clock (µs). */

@@ -11,7 +11,7 @@
 #               /usr/share/datasets/fashion-mnist)
 #   --only LIST comma-separated subset of: kernels, nccl, nccl_ranks, the cases
 #               tests/gpu/test_gpu_agent.py lists (parity, nccl1, training, ...),
-#               torch, cnn, bench, busbw2, busbw4, ddp
+#               torch, waits, cnn, bench, busbw2, busbw4, ddp
 # Environment: PYTHON (default: a python3 that imports torch), GS_BENCH_ARGS
 # (extra arguments for bench/gpu_vs_torch.py, e.g. "--pairs 1"; with
 # BUNDLE/bin-before, an earlier build the bundle carries, the bench also
@@ -275,12 +275,14 @@ pydir=""
 for cand in "$bundle/python" "$bin/../python"; do
   if [ -d "$cand/gradsync" ]; then pydir=$(cd "$cand" && pwd); break; fi
 done
-if [ -n "$no_gpu" ]; then skip_case torch "$no_gpu"; skip_case cnn "$no_gpu"
+if [ -n "$no_gpu" ]; then skip_case torch "$no_gpu"; skip_case waits "$no_gpu"; skip_case cnn "$no_gpu"
 elif [ -z "$torch_py" ] || [ -z "$pydir" ]; then
   skip_case torch "test_gpu_torch.py or the Python package missing from the bundle"
+  skip_case waits "test_gpu_torch.py or the Python package missing from the bundle"
   skip_case cnn "test_gpu_torch.py or the Python package missing from the bundle"
 else
   run_case torch 300 "$py" "$torch_py" "$bin" "$pydir" equivalence
+  run_case waits 240 "$py" "$torch_py" "$bin" "$pydir" waits
   run_case cnn 240 "$py" "$torch_py" "$bin" "$pydir" cnn "${data:-}"
 fi
 

@@ -6,8 +6,14 @@ on GPU 0 (each a host of its own for NCCL), against torch.optim.SGD on
 the GPU. Skips (77) without a GPU or a CUDA build of PyTorch.
 
 usage: test_gpu_torch.py BIN_DIR PYTHON_DIR [CASE] [DATA_DIR]
-  CASE      all (default): equivalence, then cnn
+  CASE      all (default): equivalence, waits, then cnn
             equivalence: the front end against torch on the GPU (above)
+            waits: 100 steady steps of the example CNN (BatchNorm, fused
+                 SGD) and of the transformer example's model (fused AdamW,
+                 fp16 autocast and GradScaler, bf16 packs, clipping) at 2
+                 ranks under torch.cuda.set_sync_debug_mode("error"): no
+                 host read of a tensor, and the engine's counts of its
+                 blocking waits at 0
             cnn: examples/torch/fashion_cnn.py --device cuda at 2 and 4
                  ranks on GPU 0, each rank a host of its own for NCCL
                  (NCCL_HOSTID, sockets over loopback), one epoch of the
@@ -25,7 +31,7 @@ import sys
 import tempfile
 import time
 
-CASES = ("all", "equivalence", "cnn")
+CASES = ("all", "equivalence", "waits", "cnn")
 if len(sys.argv) < 3 or len(sys.argv) > 5 or (len(sys.argv) > 3 and sys.argv[3] not in CASES):
     sys.exit(__doc__.split("\n\n", 1)[1])
 CASE = sys.argv[3] if len(sys.argv) > 3 else "all"
@@ -104,6 +110,25 @@ def cnn():
     return 0
 
 
+def waits():
+    """The zero-host-wait step on the GPU (tests/test_torch.py's host_waits
+    case on the CPU): what a step may not do, counted per step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, extra in (("cnn", ()), ("transformer", ("scaler=1",))):
+            out = tempfile.mkdtemp(dir=tmp)
+            test_torch.run(2, "host_waits", out, "device=cuda", f"model={model}", "steps=110",
+                           "warm=10", "sync_debug=1", *extra)
+            for rank in (0, 1):
+                got = test_torch.result(out, rank)
+                steady = got["counts"][10:]
+                bad = [(i + 10, c) for i, c in enumerate(steady)
+                       if c["host_reads"] or c["device_syncs"] or c["device_reads"]]
+                assert not bad, (model, rank, bad[:3], got["where"])
+            print(f"{model} on the GPU: {len(steady)} steady steps under sync debug mode 'error', "
+                  "0 host reads, 0 device syncs and reads", flush=True)
+    return 0
+
+
 def equivalence():
     torch_worker.DEVICE = "cuda"  # the reference on the GPU too
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,7 +175,10 @@ def main():
         return equivalence()
     if CASE == "cnn":
         return cnn()
+    if CASE == "waits":
+        return waits()
     equivalence()
+    waits()
     cnn()  # prints why when it skips; the front end's checks passed
     return 0
 

@@ -375,12 +375,16 @@ static void run_optim(pair_t *p, gs_optim_kind_t kind, float momentum, bool nest
     for (int k = 0; k < 3; k++)
       groups[k].lr = lrs[step] * (k == 1 ? 2.0f : 1.0f);
     for (int i = 0; i < 2; i++) {
-      gs_optim_step_t st = {kind, groups, 3, (uint64_t)step + 1, grad_scale};
+      gs_optim_step_t st = {.kind = kind,
+                            .groups = groups,
+                            .ngroups = 3,
+                            .t = (uint64_t)step + 1,
+                            .grad_scale = grad_scale};
       float *state[GS_OPTIM_MAX_STATE] = {NULL, NULL, NULL};
 
       for (uint32_t k = 0; k < nstate; k++)
         state[k] = tb[k].at[i];
-      gs_device_optim_pack(p->dev[i], &st, segs, COUNT(segs), tp.at[i], tg.at[i], state, NULL);
+      gs_device_optim_pack(p->dev[i], &st, segs, COUNT(segs), tp.at[i], tg.at[i], state);
     }
     snprintf(what, sizeof(what),
              "%s momentum=%g nesterov=%d amsgrad=%d maximize=%d grad_scale=%g step %d",

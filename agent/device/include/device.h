@@ -34,22 +34,41 @@ typedef struct gs_device_ops {
   int (*download)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*zero)(gs_device_t *d, void *p, size_t bytes);
   void (*optim_pack)(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
-                     uint32_t nseg, float *param, const float *grad, float *const *state,
-                     const float *skip);
+                     uint32_t nseg, float *param, const float *grad, float *const *state);
   void (*check_finite)(gs_device_t *d, const float *g, size_t n, float *flag);
+  void (*mark_nonfinite)(gs_device_t *d, const float *x, float *v, uint32_t i, uint32_t j, float w);
   void (*scale)(gs_device_t *d, float *x, size_t n, float factor);
   void (*narrow)(gs_device_t *d, uint16_t *dst, const float *src, size_t n, gs_dtype_t to);
   void (*widen)(gs_device_t *d, float *dst, const uint16_t *src, size_t n, gs_dtype_t from);
   void (*fail)(gs_device_t *d, int err);
   int (*sync)(gs_device_t *d);
+  /* Queues an asynchronous copy into host memory behind the queued work
+   * (cpu: at once); `fetched` returns 1 when every copy so queued is
+   * done, 0 when not yet, or a negative code, never waiting; `wait_fetched`
+   * waits for them. */
+  int (*fetch)(gs_device_t *d, void *dst, const void *src, size_t bytes);
+  int (*fetched)(gs_device_t *d);
+  int (*wait_fetched)(gs_device_t *d);
   /* Orders the device's work on `stream` (borrowed) instead of its own;
    * NULL: the device cannot (cpu). */
   int (*use_stream)(gs_device_t *d, void *stream);
   void (*destroy)(gs_device_t *d);
 } gs_device_ops_t;
 
+/* How often the calling thread blocked on the device since it was opened
+ * (the engine reports them per step: a steady step makes none): syncs are
+ * stream synchronizations (gs_device_sync, and gs_device_fetched that had
+ * to wait), reads device-to-host copies waited for (gs_device_download).
+ * Counted by the wrappers below for every device, the cpu too, whose calls
+ * cost nothing but are counted alike, so that tests on the cpu see them.
+ * The owning thread's only. */
+typedef struct gs_device_waits {
+  uint64_t syncs, reads;
+} gs_device_waits_t;
+
 /* Every device's state starts with this. */
 struct gs_device {
+  gs_device_waits_t waits;
   const gs_device_ops_t *ops;
   const gs_log_t *log;
   char label[32];   /* "cpu", "cuda:0" (shown in status) */
@@ -86,17 +105,22 @@ int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes)
 int gs_device_zero(gs_device_t *d, void *p, size_t bytes) GS_WARN_UNUSED;
 
 /* Queues one fused optimizer step over a pack (optim.h; `state` holds
- * gs_optim_state_count buffers), which does nothing if, when it runs, the
- * float at `skip` (device memory; NULL: none) is not 0: a step found to
- * hold non-finite gradients is never applied, with no wait on the host. */
+ * gs_optim_state_count buffers), which reads s->gate when it runs: a step
+ * found to hold non-finite gradients is never applied, with no wait on
+ * the host. */
 void gs_device_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
-                          uint32_t nseg, float *param, const float *grad, float *const *state,
-                          const float *skip);
+                          uint32_t nseg, float *param, const float *grad, float *const *state);
 
 /* Queues a check of g[0..n) (device memory) that sets the float at `flag`
  * (device memory) to 1 when it holds a NaN or an infinity, and leaves it
  * otherwise. */
 void gs_device_check_finite(gs_device_t *d, const float *g, size_t n, float *flag);
+
+/* Queues a look at *x (device memory) that, when it is NaN or infinite,
+ * adds 1 to v[i] and w to v[j] (device memory): a loss's verdict written
+ * into the control vector without the host reading the loss. */
+void gs_device_mark_nonfinite(gs_device_t *d, const float *x, float *v, uint32_t i, uint32_t j,
+                              float w);
 
 /* Queues x[0..n) *= factor (device memory). */
 void gs_device_scale(gs_device_t *d, float *x, size_t n, float factor);
@@ -115,6 +139,16 @@ void gs_device_fail(gs_device_t *d, int err);
 
 /* Waits for the queued work; the first error since the last sync. */
 int gs_device_sync(gs_device_t *d) GS_WARN_UNUSED;
+
+/* Queues a copy of device `src` into host `dst` (gs_device_host_alloc
+ * memory) behind the work queued so far, without waiting: what the host
+ * must learn from the device (the control vector's sums, a verdict, the
+ * loss for the status page) comes back this way. */
+int gs_device_fetch(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
+/* Makes the copies gs_device_fetch queued complete: returns at once when
+ * the device has done them (the cpu always has), else waits, counted as a
+ * sync; the first error of the queued work. */
+int gs_device_fetched(gs_device_t *d) GS_WARN_UNUSED;
 
 /* CUDA: from now on the device queues its work (copies, SGD) on `stream`,
  * a cudaStream_t the caller owns and keeps alive (a framework's current

@@ -34,13 +34,22 @@ typedef struct gs_optim_segment {
 /* One step's settings besides the buffers: the groups as they are at this
  * step (lr resolved: schedule and elastic scaling applied), the step
  * number, and the factor that makes the summed gradients the ones to use
- * (1 / world for a mean). */
+ * (1 / world for a mean). The gate holds what only the device knows when
+ * the update is queued, read when it runs (device memory; NULL: none), so
+ * that no host waits for it: the update does nothing when *skip or *veto
+ * is not 0 (the sums are not finite; a loss scaler's found_inf), and the
+ * gradients are multiplied by *factor (clipping's coefficient). */
+typedef struct gs_optim_gate {
+  const float *skip, *veto, *factor;
+} gs_optim_gate_t;
+
 typedef struct gs_optim_step {
   gs_optim_kind_t kind;
   const gs_optim_group_t *groups;
   uint32_t ngroups;
   uint64_t t;
   float grad_scale;
+  gs_optim_gate_t gate;
 } gs_optim_step_t;
 
 /* A group's constants at one step, as both the CPU loops and the CUDA
@@ -68,9 +77,15 @@ uint32_t gs_optim_state_count(gs_optim_kind_t kind, const gs_optim_group_t *grou
                               uint32_t ngroups);
 
 /* Updates a pack: `state` holds gs_optim_state_count buffers of the
- * pack's length. */
+ * pack's length. The gate is the caller's to apply (host memory here: see
+ * gs_optim_gate_open). */
 void gs_optim_step_pack(const gs_optim_step_t *s, const gs_optim_segment_t *segs, uint32_t nseg,
                         float *param, const float *grad, float *const *state);
+
+/* The gate read on the host (the cpu device, whose device memory is host
+ * memory): false when the update is skipped; else `out` is `s` with the
+ * gate's factor folded into grad_scale. */
+bool gs_optim_gate_open(const gs_optim_step_t *s, gs_optim_step_t *out);
 
 /* x[0..n) *= factor. */
 void gs_optim_scale(float *x, size_t n, float factor);

@@ -247,6 +247,20 @@ typedef struct gs_engine_config {
    * within 100 ms with an error naming the signal. Borrowed; may be NULL. */
   volatile sig_atomic_t *term_flag;
   const struct gs_log *log; /* borrowed; NULL: info and above to stderr */
+  /* A front end that learns the loss only after backward (a framework's
+   * loss.backward(), then optimizer.step(loss)) lets the engine drive the
+   * step: the first gradient reported outside a step begins one (the
+   * position after it: one step more, `sample` advanced by
+   * gs_engine_set_batch's batch times the world), the last pack's
+   * allreduce, which carries the loss's verdict, waits for
+   * gs_engine_set_loss_at (or end_step), and end_step reports the rank's
+   * progress itself (gs_engine_report). Default false: the caller begins
+   * each step with gs_engine_begin_step and reports. */
+  bool driven;
+  /* driven: a parameter that got no gradient in a step counts as a zero
+   * gradient (DDP's find_unused_parameters); default false: the step
+   * fails naming it. */
+  bool zero_missing_grads;
 } gs_engine_config_t;
 
 /* Fills `cfg` with the defaults above (port and world size still to set). */
@@ -330,6 +344,13 @@ typedef struct gs_step_result {
   double regroup_ms;   /* regrouped: from noticing to the state shared in the new world */
   double comm_wait_ms; /* time end_step waited for allreduces */
   double optimizer_ms; /* time end_step spent in (or waiting for) SGD */
+  /* How often the training thread blocked since the previous step's
+   * end_step (the front end's calls between steps included): on the
+   * device, a stream or event synchronization and a device-to-host copy
+   * waited for; for the comm thread, a pack's allreduce not yet done. A
+   * steady step on the cpu makes no device wait; on a GPU each one costs
+   * the overlap of the host with the device. */
+  uint32_t device_syncs, device_reads, comm_waits;
 } gs_step_result_t;
 
 /* What the rank reports to the coordinator (sent with the next heartbeat). */
@@ -504,6 +525,20 @@ GS_ENGINE_API void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_pos
  * pack, which carries the verdict on the loss to every rank. */
 GS_ENGINE_API void gs_engine_set_loss(gs_engine_t *e, float loss);
 
+/* Driven steps (cfg.driven): the examples per rank of the steps from now
+ * on (the position's `sample` advances by batch x world; samples/s), and
+ * a new epoch, which starts at sample 0 (the same epoch keeps its sample). */
+GS_ENGINE_API void gs_engine_set_batch(gs_engine_t *e, uint64_t batch);
+GS_ENGINE_API void gs_engine_set_epoch(gs_engine_t *e, uint64_t epoch);
+
+/* The loss of this step as one float in device memory (host memory on the
+ * cpu device), never waited for: its verdict (NaN or an infinity on any
+ * rank stops every rank at this step, or skips it, as gs_engine_set_loss's)
+ * is written into the control vector on the device, and its value reaches
+ * the status page through the step's readback. `loss` must stay valid
+ * until end_step. Driven steps: releases the last pack. */
+GS_ENGINE_API void gs_engine_set_loss_at(gs_engine_t *e, const float *loss);
+
 /* Backward reports parameter i's gradient as final (a gs_grad_ready_fn:
  * `engine` is the gs_engine_t), in any order. The pack's allreduce starts
  * when its last gradient is in and every pack before it in the pack list
@@ -540,11 +575,28 @@ typedef struct gs_sync_result {
  * or when already done. */
 GS_ENGINE_API int gs_engine_synchronize(gs_engine_t *e, bool scale,
                                         gs_sync_result_t *out) GS_ENGINE_WARN_UNUSED;
+/* Whether gs_engine_synchronize's elastic regroup dropped this step (what
+ * its result's `regrouped` says, without asking for the verdict). */
+GS_ENGINE_API bool gs_engine_step_regrouped(const gs_engine_t *e);
 
 /* Multiplies this step's gradients by `factor` in its update (gradient
  * clipping's coefficient; after gs_engine_synchronize and before
  * end_step). */
 GS_ENGINE_API void gs_engine_scale_step(gs_engine_t *e, float factor);
+
+/* The same decided on the device: this step's update is skipped when
+ * *flag (device memory: a loss scaler's found_inf after unscaling the
+ * sums, alike on every rank) is not 0 when it runs, and the gradients are
+ * multiplied by *factor (clipping's clamped coefficient; NULL: 1). The
+ * host never waits for either; end_step reports the step `skipped` when
+ * the flag was set. Both must stay valid until end_step. */
+GS_ENGINE_API void gs_engine_skip_step_at(gs_engine_t *e, const float *flag);
+/* Device memory holding the engine's own verdict of this step: not 0 once
+ * gs_engine_synchronize found the sums not all finite (cfg.nonfinite stop
+ * or skip; 0 with off), alike on every rank: what a loss scaler's
+ * found_inf becomes, on the device. NULL before start. */
+GS_ENGINE_API float *gs_engine_verdict_at(const gs_engine_t *e);
+GS_ENGINE_API void gs_engine_scale_step_at(gs_engine_t *e, const float *factor);
 
 /* This step's update is not applied (a loss scaler found its gradients
  * non-finite): end_step reports it `skipped` (with `nonfinite` when the
@@ -569,6 +621,15 @@ GS_ENGINE_API int gs_engine_allreduce_sum(gs_engine_t *e, float *buf,
  * gone: pick it again in the new world). */
 GS_ENGINE_API int gs_engine_broadcast(gs_engine_t *e, void *buf, size_t bytes,
                                       uint32_t root) GS_ENGINE_WARN_UNUSED;
+
+/* gs_engine_allreduce_sum and gs_engine_broadcast on device memory (host
+ * memory on the cpu device): a framework's tensors summed or broadcast
+ * where they are, never copied through the host (BatchNorm buffers
+ * before a forward). */
+GS_ENGINE_API int gs_engine_allreduce_sum_on_device(gs_engine_t *e, float *buf,
+                                                    size_t n) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API int gs_engine_broadcast_on_device(gs_engine_t *e, void *buf, size_t bytes,
+                                                uint32_t root) GS_ENGINE_WARN_UNUSED;
 
 /* Rank 0 takes a checkpoint of the current params and momentum at `pos`
  * (no-op elsewhere, and without a checkpoint dir): it copies them and
