@@ -118,7 +118,7 @@ def host_waits(a, step, data):
             "engine_waits_per_step": engine / WAIT_STEPS if step.gradsync else None}
 
 
-def timed(a, step, world, rank):
+def timed(a, step, world, rank, parts=None):
     data = batches(a.model, a.batch, rank, a.device)
     for i in range(a.warmup):
         step(*data[i % len(data)])
@@ -129,9 +129,36 @@ def timed(a, step, world, rank):
     sync(a.device)
     dt = time.perf_counter() - t0
     waits = host_waits(a, step, data) if a.device == "cuda" else {}
+    if a.phases and parts is not None:
+        waits.update(phases(a, parts, data))
     if rank == 0:
         print(json.dumps({"samples_per_sec": a.steps * a.batch * world / dt,
                           "step_ms": dt / a.steps * 1000.0, **waits}), flush=True)
+
+
+def phases(a, step_parts, data):
+    """--phases: the mean ms per step of forward (with the loss), backward
+    (gradsync: the hooks, and the allreduces they start) and the step
+    (zero_grad with it), over --steps more steps, each timed apart."""
+    sums = [0.0, 0.0, 0.0]
+    for i in range(a.steps):
+        for k, t in enumerate(step_parts(*data[i % len(data)])):
+            sums[k] += t
+    return {"phases_ms": {name: v / a.steps * 1000.0
+                          for name, v in zip(("forward", "backward", "step"), sums)}}
+
+
+def split(forward, backward, update):
+    """A step as three timed parts (perf_counter seconds each)."""
+    def parts(x, y):
+        t0 = time.perf_counter()
+        loss = forward(x, y)
+        t1 = time.perf_counter()
+        backward(loss)
+        t2 = time.perf_counter()
+        update(loss)
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
+    return parts
 
 
 def plain(a, rank=0, world=1, ddp=False):
@@ -151,7 +178,9 @@ def plain(a, rank=0, world=1, ddp=False):
         loss.backward()
         opt.step()
     step.gradsync = False
-    timed(a, step, world, rank)
+    parts = split(lambda x, y: loss_of(a.model, net, x, y), lambda loss: loss.backward(),
+                  lambda loss: (opt.step(), opt.zero_grad()))
+    timed(a, step, world, rank, parts)
 
 
 def ddp_rank(rank, a, port):
@@ -188,7 +217,9 @@ def gradsync_side(a):
         r = opt.step(loss)
         return r if hasattr(r, "device_syncs") else None  # a baseline build has no counts
     step.gradsync = True
-    timed(a, step, gs.world_size(), gs.rank())
+    parts = split(lambda x, y: loss_of(a.model, model, x, y), lambda loss: loss.backward(),
+                  lambda loss: (opt.step(loss), opt.zero_grad()))
+    timed(a, step, gs.world_size(), gs.rank(), parts)
 
 
 def main():
@@ -203,6 +234,8 @@ def main():
                    help="gradsync: what a non-finite step does (off: no check, overlap)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: every rank on cuda:0, DDP over nccl (default cpu)")
+    p.add_argument("--phases", action="store_true",
+                   help="also time forward, backward and step apart over --steps more steps")
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print(f"torch_frontend: --device cuda: no GPU visible to PyTorch {torch.__version__} "
