@@ -204,7 +204,8 @@ int gs__engine_refuse(gs_engine_t *e, const char *what)
 }
 
 /* One collective on device memory, queued and waited for. */
-static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count, uint32_t root)
+static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count, uint32_t root,
+                             bool queued)
 {
   int err = op == OP_ALLREDUCE
                 ? gs_comm_allreduce(e->comm, at, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM)
@@ -212,9 +213,12 @@ static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count
 
   if (!err)
     err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
+  if (!err && queued && ++e->queued_between_steps < QUEUED_BETWEEN_STEPS)
+    return 0; /* ordered before the device's next work; the next sync watches it */
   if (!err) {
     err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
     e->cfg.dev->waits.syncs++;
+    e->queued_between_steps = 0;
   }
   return err;
 }
@@ -222,7 +226,11 @@ static int device_collective(gs_engine_t *e, job_op_t op, void *at, size_t count
 /* Runs one collective now and waits for it (outside a step). `buf` is in
  * device memory when `on_device`, else in host memory, which a backend
  * working on device memory gets through the aux_dev staging buffer, in
- * pieces of AUX_BYTES (every rank cuts the same pieces). */
+ * pieces of AUX_BYTES (every rank cuts the same pieces). On device memory
+ * a stream-ordered backend only queues it, ordered before the device's
+ * next work, unless the job is elastic (a failure must regroup here): the
+ * next step's sync waits for it, watching the abort flag and the timeout
+ * as this one would. */
 static int run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
                    uint32_t root, const char *what)
 {
@@ -239,14 +247,14 @@ static int run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on
     return err ? gs__engine_comm_failed(e, err, what) : 0;
   }
   if (on_device)
-    err = device_collective(e, op, buf, count, root);
+    err = device_collective(e, op, buf, count, root, !gs__engine_elastic(e));
   for (size_t off = 0; !on_device && !err && off < bytes; off += AUX_BYTES) {
     size_t len = bytes - off < AUX_BYTES ? bytes - off : AUX_BYTES;
 
     err = gs_device_upload(e->cfg.dev, e->aux_dev, (uint8_t *)buf + off, len);
     if (!err)
       err = device_collective(e, op, e->aux_dev, op == OP_ALLREDUCE ? len / sizeof(float) : len,
-                              root);
+                              root, false);
     if (!err)
       err = gs_device_download(e->cfg.dev, (uint8_t *)buf + off, e->aux_dev, len);
   }

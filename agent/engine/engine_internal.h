@@ -205,6 +205,7 @@ struct gs_engine {
   double step_start_ms; /* when begin_step was called */
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
+  uint32_t queued_between_steps; /* stream-ordered collectives queued since a sync (QUEUED_...) */
   step_drive_t drive;
   step_waits_t waits;
   phase_board_t board;
@@ -212,6 +213,10 @@ struct gs_engine {
 };
 
 #define AUX_BYTES (1u << 20) /* host buffers reach a device backend in pieces of this */
+/* A stream-ordered backend's collectives on device memory between steps
+ * (a front end's buffers before its forward) queued without a sync: the
+ * next step's sync covers them; past this many, one waits. */
+#define QUEUED_BETWEEN_STEPS 8
 
 /* step.c: a driven step (cfg.driven) begun by its first gradient (or by
  * the loss, or end_step, when none came), and its last pack released

@@ -203,8 +203,10 @@ static int connect_ranks(gs_engine_t *e)
       .interrupt = e->cfg.term_flag,
       .device = e->cfg.dev,
       .id = id,
-      /* a step queues one allreduce per pack; a broadcast of the packs two per pack */
-      .max_queued = 2 * e->packs.list.pack_count + 2,
+      /* a step queues one allreduce per pack; a broadcast of the packs two per
+       * pack; a front end's device collectives between steps up to
+       * QUEUED_BETWEEN_STEPS before a sync (comm_thread.c) */
+      .max_queued = 2 * e->packs.list.pack_count + 2 + QUEUED_BETWEEN_STEPS,
       .gauge = e->cfg.no_progress ? NULL : &e->board.comm,
   };
   int err;

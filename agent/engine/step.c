@@ -499,6 +499,7 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   /* Deferred: updates are queued only after every allreduce succeeded. A
    * stream-ordered backend's sync waits for the device. */
   err = gs_comm_sync(e->comm);
+  e->queued_between_steps = 0;
   if (gs_comm_stream_ordered(e->comm))
     e->cfg.dev->waits.syncs++;
   e->reduced.waited_ms += gs_now_ms_f() - t0;

@@ -330,19 +330,15 @@ static bool all_bound(const gs_mlp_t *m)
   return true;
 }
 
-float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
-                     uint32_t *correct)
+const float *gs_mlp_forward_queued(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch)
 {
   mlp_layer_t *top = &m->layer[m->nlayers - 1];
   const float *in = x;
-  float stats[2];
   uint32_t l;
 
   m->batch = 0;
-  if (correct)
-    *correct = 0;
   if (batch == 0 || batch > m->max_batch || !all_bound(m))
-    return NAN;
+    return NULL;
   for (l = 0; l < m->nlayers; l++) {
     mlp_layer_t *ly = &m->layer[l];
 
@@ -351,12 +347,24 @@ float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t bat
     in = ly->h;
   }
   if (gs_device_zero(m->dev, m->stats, 2 * sizeof(float)))
-    return NAN;
+    return NULL;
   gs_kernels_softmax_xent(m->kn, top->h, y, top->dh, batch, top->out, m->stats);
-  /* The loss decides this step's control flags, so it is read back now. */
-  if (gs_device_download(m->dev, stats, m->stats, sizeof(stats)))
-    return NAN;
   m->batch = batch;
+  return m->stats;
+}
+
+float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
+                     uint32_t *correct)
+{
+  const float *queued = gs_mlp_forward_queued(m, x, y, batch);
+  float stats[2];
+
+  if (correct)
+    *correct = 0;
+  if (!queued || gs_device_download(m->dev, stats, queued, sizeof(stats))) {
+    m->batch = 0;
+    return NAN;
+  }
   if (correct)
     *correct = (uint32_t)stats[1];
   return stats[0] / (float)batch;

@@ -66,6 +66,13 @@ void gs_mlp_inputs_from_pixels(gs_mlp_t *m, const uint8_t *pixels, float *x, siz
 float gs_mlp_forward(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch,
                      uint32_t *correct);
 
+/* The same, queued without a wait: device memory that holds, once the
+ * queued work has run, the loss summed over the batch and the number of
+ * argmax hits (two floats, valid until the next forward), or NULL on a bad
+ * batch size or a device error. A training step hands the sum's verdict
+ * to the engine on the device and reads it back with the step's copies. */
+const float *gs_mlp_forward_queued(gs_mlp_t *m, const float *x, const uint8_t *y, uint32_t batch);
+
 /* Backward pass for the last forward: writes (overwrites) every bound
  * gradient with d(mean loss)/d(param), last layer first, and calls
  * `ready(arg, i)` for each parameter right after its gradient is written

@@ -47,6 +47,7 @@ typedef struct trainer {
   double start_ms, window_ms, window_comm_ms, last_line_ms;
   uint64_t window_steps;
   float last_loss;
+  float *loss_host; /* pinned: the step's loss sum and hits, fetched without a wait */
   /* Where the time of a step goes, summed over the timed steps. */
   double sum_step_ms, sum_data_ms, sum_comm_ms, sum_opt_ms;
   uint64_t timed_steps, sum_device_waits, sum_comm_waits;
@@ -144,7 +145,7 @@ static int train_step(trainer_t *t, const gs_position_t *at, const gs_position_t
   uint64_t s = at->step;
   batch_slot_t *b = &t->slot[s % 2];
   double t0 = gs_now_ms_f(), t1;
-  float loss;
+  const float *stats;
   int err;
 
   gs_engine_phase(t->engine, GS_PHASE_DATA);
@@ -157,11 +158,16 @@ static int train_step(trainer_t *t, const gs_position_t *at, const gs_position_t
   }
   gs_engine_phase(t->engine, GS_PHASE_COMPUTE);
   t1 = gs_now_ms_f();
-  loss = gs_mlp_forward(t->mlp, b->x, b->y, t->cfg->batch, NULL);
-  gs_engine_begin_step(t->engine, loss, after);
+  /* The loss is never waited for: its verdict is taken on the device,
+   * and its value comes back with the step's copies (end_step). */
+  stats = gs_mlp_forward_queued(t->mlp, b->x, b->y, t->cfg->batch);
+  if (stats && gs_device_fetch(t->dev, t->loss_host, stats, 2 * sizeof(float)))
+    stats = NULL;
+  gs_engine_begin_step(t->engine, stats ? 0.0f : NAN, after);
+  if (stats)
+    gs_engine_set_loss_at(t->engine, stats);
   gs_mlp_backward(t->mlp, b->x, gs_engine_grad_ready, t->engine);
   gs_fault_compute(&t->cfg->fault, t->rank, gs_now_ms_f() - t1);
-  t->last_loss = loss;
   if (!finished(t, after)) {
     t0 = gs_now_ms_f();
     err = load_train_batch(t, s + 1, after);
@@ -169,7 +175,9 @@ static int train_step(trainer_t *t, const gs_position_t *at, const gs_position_t
     if (err)
       t->slot[(s + 1) % 2].step = -1; /* retried (and reported) at the next step */
   }
-  return gs_engine_end_step(t->engine, res);
+  err = gs_engine_end_step(t->engine, res);
+  t->last_loss = stats ? t->loss_host[0] / (float)t->cfg->batch : NAN;
+  return err;
 }
 
 /* Steps in an epoch at the current world, and the estimate of the run's
@@ -385,11 +393,18 @@ static int alloc_slots(trainer_t *t, uint32_t rows)
       return GS_ENOMEM;
     }
   }
+  t->loss_host = gs_device_host_alloc(t->dev, 2 * sizeof(float));
+  if (!t->loss_host) {
+    report(t, "cannot allocate the loss's host buffer for %s\n", t->dev->label);
+    return GS_ENOMEM;
+  }
   return 0;
 }
 
 static void free_slots(trainer_t *t)
 {
+  if (t->dev)
+    gs_device_host_free(t->dev, t->loss_host);
   for (int k = 0; t->dev && k < 2; k++) {
     batch_slot_t *b = &t->slot[k];
 
