@@ -208,6 +208,8 @@ def gradsync_side(a):
     hyper = dict(optimizer=optimizer_of(a.model, model)) if a.model == "transformer" else dict(OPT)
     if a.nonfinite != "stop":  # the default: a baseline build before the setting runs too
         hyper["nonfinite"] = a.nonfinite
+    if a.decide != "now":
+        hyper["decide"] = a.decide
     opt = gs.DistributedOptimizer(model, reduce="mean", **hyper)
 
     def step(x, y):
@@ -234,6 +236,9 @@ def main():
                    help="gradsync: what a non-finite step does (off: no check, overlap)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: every rank on cuda:0, DDP over nccl (default cpu)")
+    p.add_argument("--decide", choices=["now", "late"], default="now",
+                   help="gradsync: when a step's decisions are taken (late: the host never waits "
+                        "for the device in a steady step)")
     p.add_argument("--phases", action="store_true",
                    help="also time forward, backward and step apart over --steps more steps")
     a = p.parse_args()

@@ -98,6 +98,8 @@ def one(a, side, model, world, waits=None):
                    if side == "baseline" else os.environ["PYTHONPATH"])
         cmd = [os.path.join(bin_dir, "gradsync-run"), "--nproc", str(world), "--", py, WORKER,
                "--side", "gradsync", "--nonfinite", a.nonfinite] + common
+        if a.decide != "now":
+            cmd += ["--decide", a.decide]
     else:
         cmd = [py, WORKER, "--side", "plain" if world == 1 else "ddp", "--world",
                str(world)] + common
@@ -139,6 +141,8 @@ def main():
                    help="the python with torch that runs both sides (default: this one)")
     p.add_argument("--nonfinite", choices=["stop", "skip", "off"], default="stop",
                    help="gradsync's check of the summed gradients (default stop: checked)")
+    p.add_argument("--decide", choices=["now", "late"], default="now",
+                   help="gradsync's decisions: at each step's end, or at the next one's")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--timeout", type=float,
                    help="seconds for one side's run (default 600 on cpu, 120 on cuda)")

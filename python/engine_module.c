@@ -427,6 +427,11 @@ static int parse_nonfinite(const char *s, void *out)
   return gs_nonfinite_parse(s, out);
 }
 
+static int parse_decide(const char *s, void *out)
+{
+  return gs_decide_parse(s, out);
+}
+
 static int parse_grad_dtype(const char *s, void *out)
 {
   return gs_grad_dtype_parse(s, out);
@@ -517,6 +522,8 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_named(v, key, parse_nonfinite, &c->nonfinite, "'stop', 'skip' or 'off'");
   if (!strcmp(key, "grad_dtype"))
     return set_named(v, key, parse_grad_dtype, &c->grad_dtype, "'fp32', 'bf16' or 'fp16'");
+  if (!strcmp(key, "decide"))
+    return set_named(v, key, parse_decide, &c->decide, "'now' or 'late'");
   if (!strcmp(key, "resume"))
     return set_resume(c, v);
   if (!strcmp(key, "world_size"))
@@ -1086,6 +1093,27 @@ static PyObject *engine_end_step(EngineObject *self, PyObject *args)
   return gs_py_step_result_new(StepResultType, self->engine, &r);
 }
 
+/* drain() -> StepResult of the step still in flight (decide='late': the
+ * last step's), or None when nothing was: what became of it. A stop at a
+ * non-finite step is a result, as end_step's. */
+static PyObject *engine_drain(EngineObject *self, PyObject *unused)
+{
+  gs_step_result_t r;
+  int err;
+
+  (void)unused;
+  if (!check_open(self, true))
+    return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_drain(self->engine, &r);
+  Py_END_ALLOW_THREADS
+  if (err && !r.nonfinite)
+    return raise_engine(self, err);
+  if (!err && !r.stop && !r.skipped && !r.nonfinite)
+    Py_RETURN_NONE;
+  return gs_py_step_result_new(StepResultType, self->engine, &r);
+}
+
 /* forward(batch): the model's forward starts (the compute phase) with a
  * batch of `batch` examples per rank (driven steps: the position and
  * samples/s). Cheap: called before every forward. */
@@ -1381,6 +1409,8 @@ static PyMethodDef engine_methods[] = {
     {"end_step", (PyCFunction)engine_end_step, METH_VARARGS,
      "end_step(loss_at=0) -> StepResult: with the loss's address first (one float32 in device "
      "memory), waits for the allreduces and applies the update"},
+    {"drain", (PyCFunction)engine_drain, METH_NOARGS,
+     "drain() -> StepResult or None: decides the step still in flight (decide='late')"},
     {"skip_step_at", (PyCFunction)engine_skip_step_at, METH_O,
      "skip_step_at(addr): the update is skipped when the float32 there is not 0 (a loss "
      "scaler's found_inf), read by the device"},

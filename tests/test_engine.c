@@ -51,6 +51,7 @@ typedef struct scenario {
   uint32_t skip_param_on_rank; /* UINT32_MAX: none */
   uint32_t nan_rank;           /* UINT32_MAX: none */
   uint32_t nan_step;
+  bool nan_grad;    /* the NaN in a gradient of nan_rank's (the loss finite), not in its loss */
   uint64_t skip_at; /* 0: none; else every rank synchronizes step skip_at - 1 and skips it */
   gs_grad_dtype_t grad_dtype;
   bool bcast_bytes; /* after the start: bytes broadcast from the last rank, checked */
@@ -67,6 +68,9 @@ typedef struct scenario {
   bool start_only;        /* each rank starts and finishes, nothing more */
   bool probe_after_error; /* after a failed step, try a step, a checkpoint and a sum */
   uint32_t engine_ranks;  /* ranks run as engines (the rest by hand); 0: all */
+  gs_decide_t decide;
+  gs_nonfinite_t nonfinite;
+  bool adam; /* Adam in one group (its bias correction counts the updates) instead of SGD */
   struct rank_run {
     pthread_t thread;
     uint32_t local_rank, rank;
@@ -78,7 +82,7 @@ typedef struct scenario {
     int32_t period;
     float lr_scale, lr_factor;
     float params[NPARAMS][16];
-    gs_position_t start;
+    gs_position_t start, end;
     uint32_t packs;
     double start_ms;                 /* how long gs_engine_start took */
     int step_err, ckpt_err, sum_err; /* probe_after_error */
@@ -122,6 +126,9 @@ static void engine_config(scenario_t *sc, gs_engine_config_t *c)
   c->pack_threshold = sc->pack_threshold ? sc->pack_threshold : 48; /* 48: w1, then b0 + w0 */
   c->reduce = GS_REDUCE_MEAN;
   c->grad_dtype = sc->grad_dtype;
+  c->decide = sc->decide;
+  c->nonfinite = sc->nonfinite;
+  c->optim = sc->adam ? GS_OPTIM_ADAM : GS_OPTIM_SGD;
   gs_sgd_config_default(&c->sgd);
   c->sgd.lr = 0.1f;
   c->sgd.bias_wd = c->sgd.weight_decay;
@@ -173,7 +180,7 @@ static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_resu
   bool nan = rr->rank == sc->nan_rank && step == sc->nan_step;
   uint32_t order[NPARAMS];
 
-  gs_engine_begin_step(e, nan ? NAN : 1.0f, &after);
+  gs_engine_begin_step(e, nan && !sc->nan_grad ? NAN : 1.0f, &after);
   report_order(sc, rr->rank, step, order);
   for (uint32_t k = 0; k < NPARAMS; k++) {
     uint32_t p = order[k];
@@ -181,6 +188,8 @@ static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_resu
 
     for (uint32_t i = 0; i < sizes[p]; i++)
       g[i] = grad_value(step, p, i);
+    if (nan && sc->nan_grad && p == 0)
+      g[3] = NAN;
     if (!(rr->rank == sc->skip_param_on_rank && p == 1))
       gs_engine_grad_ready(e, p);
   }
@@ -233,6 +242,13 @@ static void *rank_main(void *arg)
     snprintf(name, sizeof(name), "p%u", p);
     (void)gs_engine_register(e, name, sizes[p], p == 1);
   }
+  if (sc->adam) {
+    gs_optim_group_t g;
+
+    gs_optim_group_default(GS_OPTIM_ADAM, &g);
+    g.lr = 0.01;
+    ck_assert_int_eq(gs_engine_add_group(e, &g), 0);
+  }
   t0 = gs_now_ms_f();
   err = gs_engine_start(e);
   rr->start_ms = gs_now_ms_f() - t0;
@@ -278,6 +294,8 @@ static void *rank_main(void *arg)
       rr->err = err;
       goto out_failed;
     }
+    if (err == GS_ERANGE) /* a stop at a non-finite step: what it left */
+      goto out_params;
     if (err)
       goto out;
     rr->steps = s + 1;
@@ -299,9 +317,13 @@ static void *rank_main(void *arg)
       break;
     }
   }
+  if (!err) /* decide late: the last step's verdict */
+    err = gs_engine_drain(e, &res);
+out_params:
   for (uint32_t p = 0; p < NPARAMS; p++)
     memcpy(rr->params[p], gs_engine_param(e, p), sizes[p] * sizeof(float));
   rr->optim_steps = gs_engine_optim_steps(e);
+  gs_engine_position(e, &rr->end);
 out:
   rr->err = err;
   if (err)
@@ -1021,6 +1043,122 @@ START_TEST(checkpoint_io_does_not_hold_the_other_ranks)
 }
 END_TEST
 
+/* Runs `sc` twice, deciding now and late, into `now` and `late`. */
+static void run_both(scenario_t *now, scenario_t *late, const char *job, uint32_t world,
+                     void (*setup)(scenario_t *))
+{
+  char name[64];
+
+  scenario_init(now, job, world);
+  setup(now);
+  run_ranks(now);
+  join_ranks(now);
+  snprintf(name, sizeof(name), "%s-late", job);
+  scenario_init(late, name, world);
+  setup(late);
+  late->decide = GS_DECIDE_LATE;
+  run_ranks(late);
+  join_ranks(late);
+}
+
+static void with_broadcasts(scenario_t *sc)
+{
+  sc->bcast_period = 4; /* a step that must act decides on itself too */
+}
+
+/* Late decisions change when the host learns of a step, not what the
+ * device computes: a steady run ends with the same bytes. */
+START_TEST(late_decisions_match_now)
+{
+  static scenario_t now, late;
+
+  run_both(&now, &late, "late", 2, with_broadcasts);
+  expect_ok(&now);
+  expect_ok(&late);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_msg(params_equal(&now.ranks[r], &late.ranks[r]), "rank %u", r);
+    ck_assert_uint_eq(late.ranks[r].optim_steps, now.ranks[r].optim_steps);
+    ck_assert_uint_eq(late.ranks[r].end.step, now.ranks[r].end.step);
+  }
+}
+END_TEST
+
+static void nan_loss(scenario_t *sc)
+{
+  sc->nan_rank = 1;
+  sc->nan_step = 5;
+}
+
+static void nan_grad(scenario_t *sc)
+{
+  nan_loss(sc);
+  sc->nan_grad = true;
+}
+
+/* Stops at step 6, decided late: every rank stops a step later, at the
+ * state and position decided now gives, with the same words. A NaN loss
+ * (its gradients finite): step 6 is applied, step 7's update never
+ * queued. A NaN gradient: step 6 is skipped on the device, step 7's never
+ * queued; both stop at step 5's state. */
+START_TEST(late_nonfinite_stop_comes_a_step_later)
+{
+  static const struct {
+    void (*setup)(scenario_t *);
+    const char *words;
+    uint64_t end;
+  } cases[] = {
+      {nan_loss, "step 6: the loss is NaN or infinite on rank(s) 1", 6},
+      {nan_grad, "step 6: the summed gradients hold NaN or infinity", 5},
+  };
+  static scenario_t now, late;
+
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    run_both(&now, &late, c ? "latenangrad" : "latenan", 2, cases[c].setup);
+    for (uint32_t r = 0; r < 2; r++) {
+      ck_assert_int_eq(now.ranks[r].err, GS_ERANGE);
+      ck_assert_int_eq(late.ranks[r].err, GS_ERANGE);
+      ck_assert_msg(strstr(now.ranks[r].error, cases[c].words), "rank %u: %s", r,
+                    now.ranks[r].error);
+      ck_assert_msg(strstr(late.ranks[r].error, cases[c].words), "rank %u: %s", r,
+                    late.ranks[r].error);
+      ck_assert_uint_eq(now.ranks[r].steps, 5);  /* step 6 failed */
+      ck_assert_uint_eq(late.ranks[r].steps, 6); /* step 7 failed: it said what became of 6 */
+      ck_assert_msg(params_equal(&now.ranks[r], &late.ranks[r]), "case %zu rank %u", c, r);
+      ck_assert_uint_eq(now.ranks[r].end.step, cases[c].end);
+      ck_assert_uint_eq(late.ranks[r].end.step, cases[c].end);
+      ck_assert_uint_eq(late.ranks[r].optim_steps, now.ranks[r].optim_steps);
+    }
+  }
+}
+END_TEST
+
+static void adam_skip(scenario_t *sc)
+{
+  nan_grad(sc);
+  sc->adam = true;
+  sc->nonfinite = GS_NONFINITE_SKIP;
+}
+
+/* nonfinite skip under Adam, decided late: the skipped step is learnt a
+ * step later, but before that step's update is queued, so its bias
+ * correction counts the updates applied, as decided now: the same bytes. */
+START_TEST(late_skip_keeps_the_update_count)
+{
+  static scenario_t now, late;
+
+  run_both(&now, &late, "lateskip", 2, adam_skip);
+  expect_ok(&now);
+  expect_ok(&late);
+  for (uint32_t r = 0; r < 2; r++) {
+    ck_assert_uint_eq(now.ranks[r].skipped_at, 6);
+    ck_assert_uint_eq(late.ranks[r].skipped_at, 7);
+    ck_assert_uint_eq(now.ranks[r].optim_steps, now.max_steps - 1);
+    ck_assert_uint_eq(late.ranks[r].optim_steps, now.ranks[r].optim_steps);
+    ck_assert_msg(params_equal(&now.ranks[r], &late.ranks[r]), "rank %u", r);
+  }
+}
+END_TEST
+
 static Suite *engine_suite(void)
 {
   Suite *s = suite_create("engine");
@@ -1039,6 +1177,9 @@ static Suite *engine_suite(void)
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
   ADD(skipped_step_is_not_applied);
+  ADD(late_decisions_match_now);
+  ADD(late_nonfinite_stop_comes_a_step_later);
+  ADD(late_skip_keeps_the_update_count);
   ADD(bytes_broadcast_from_a_root);
   tc = tcase_create("half_grads_travel_rounded");
   tcase_set_timeout(tc, 60);

@@ -350,7 +350,7 @@ def case_host_waits(tmp):
     and with a GradScaler. The count is real: a .item() added to the step
     shows in it."""
     warm = 3  # the first steps allocate, and a first forward may differ
-    for extra in ((), ("scaler=1",)):
+    for extra in ((), ("scaler=1",), ("scaler=1", "decide=late")):
         out = tempfile.mkdtemp(dir=tmp)
         run(2, "host_waits", out, *extra)
         for rank in (0, 1):
@@ -612,29 +612,36 @@ def case_errors(tmp):
     # A NaN loss (its gradients NaN): the step is not applied (the params
     # after it are those of step 4), both stop at it, and both exit 1; a
     # NaN in one gradient alone (the loss finite) names the parameter.
+    # Decided late (decide="late"), the stop and the skip come a step later,
+    # with the same state: a stop at a step never applied leaves the next
+    # one's update unqueued.
     out4 = tempfile.mkdtemp(dir=tmp)
     run(2, "nan_loss", out4, "steps=4")
-    for kind, opts in (("loss", ()), ("grad", ("grad=1",))):
+    for kind, opts in (("loss", ()), ("grad", ("grad=1",)), ("loss", ("decide=late",))):
+        late = "decide=late" in opts
         out3 = tempfile.mkdtemp(dir=tmp)
         p = run(2, "nan_loss", out3, *opts, check=False)
         assert p.returncode != 0, p.stdout[-3000:]
         stops = re.findall(r"stopped at step (\d+): (.*)", p.stdout)
-        assert len(stops) == 2 and stops[0][0] == stops[1][0] == "5", p.stdout[-3000:]
-        want = "the loss is NaN or infinite on rank(s) 1;" if kind == "loss" else \
+        at = "6" if late else "5"
+        assert len(stops) == 2 and stops[0][0] == stops[1][0] == at, p.stdout[-3000:]
+        want = "step 5: the loss is NaN or infinite on rank(s) 1;" if kind == "loss" else \
             "the summed gradients hold NaN or infinity (first: parameter '2.bias')"
         assert want in stops[0][1], stops
         for r in (0, 1):
             got, before = result(out3, r), result(out4, r)
             assert got["step"] == 4, got["step"]
             assert all(torch.equal(a, b) for a, b in zip(got["params"], before["params"]))
-        print(f"NaN {kind} on rank 1: both stopped at step 5 with the params of step 4, "
-              f"exit {p.returncode}: {stops[0][1]}")
+        print(f"NaN {kind} on rank 1{' (decided late)' if late else ''}: both stopped at step "
+              f"{at} with the params of step 4, exit {p.returncode}: {stops[0][1]}")
     # nonfinite="skip": the step is skipped on every rank and training goes on.
-    out5 = tempfile.mkdtemp(dir=tmp)
-    p = run(2, "nan_loss", out5, "skip=1")
-    got = result(out5, 0)
-    assert got["step"] == 10 and got["skipped"] == [5], got
-    print("nonfinite='skip': step 5 skipped on both ranks, 10 steps done")
+    for opts, skipped in (((), 5), (("decide=late",), 6)):
+        out5 = tempfile.mkdtemp(dir=tmp)
+        p = run(2, "nan_loss", out5, "skip=1", *opts)
+        got = result(out5, 0)
+        assert got["step"] == 10 and got["skipped"] == [skipped], got
+        print(f"nonfinite='skip'{' decided late' if opts else ''}: step 5 skipped on both ranks "
+              f"(said at step {skipped}), 10 steps done")
 
     # How soon is bench/'s (bench/reaction.py); here that it comes at all.
     t0 = time.monotonic()

@@ -486,11 +486,14 @@ def host_waits():
     device_syncs, device_reads, comm_waits). On a GPU, sync_debug=1 also
     runs the steady steps under torch.cuda.set_sync_debug_mode("error").
     With inject=item, the step's loss is read with .item() inside the
-    step, as a change to the front end would: the count must show it."""
+    step, as a change to the front end would: the count must show it;
+    decide=late decides each step at the next one's end (on a GPU, what
+    leaves the host no wait at all)."""
     gs.init()
     reads = HostReads()
     model, kw, batches, loss_of = waits_setup(OPTS.get("model", "mlp"))
-    opt = gs.DistributedOptimizer(model, broadcast_buffers=True, **kw)
+    opt = gs.DistributedOptimizer(model, broadcast_buffers=True, decide=OPTS.get("decide", "now"),
+                                  **kw)
     if OPTS.get("inject") == "item":
         loss_at = opt._loss_at
         opt._loss_at = lambda loss: (loss.item(), loss_at(loss))[1]
@@ -560,11 +563,13 @@ def unused():
 
 def nan_loss():
     """Rank 1's loss (or with grad=1 one gradient) is NaN at step 5; with
-    steps=N it stops after N steps instead (the reference)."""
+    steps=N it stops after N steps instead (the reference); decide=late
+    decides each step at the next one's end."""
     gs.init()
     model = mlp()
     opt = gs.DistributedOptimizer(model, lr=0.1,
-                                  nonfinite="skip" if OPTS.get("skip") == "1" else "stop")
+                                  nonfinite="skip" if OPTS.get("skip") == "1" else "stop",
+                                  decide=OPTS.get("decide", "now"))
     x, y = data(10, 8, gs.world_size())
     skipped = []
     for s in range(int(OPTS.get("steps", 10))):

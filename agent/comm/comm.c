@@ -134,6 +134,19 @@ int gs_comm_sync(gs_comm_t *comm)
   return err;
 }
 
+int gs_comm_sync_until(gs_comm_t *comm, uint64_t until)
+{
+  int err;
+
+  if (!comm)
+    return GS_EINVAL;
+  err = comm->ops->sync_until ? comm->ops->sync_until(comm, until) : 0;
+  if (!err && comm->gauge && comm->ops->stream_ordered)
+    atomic_store_explicit(&comm->gauge->done, until < comm->ticket ? until : comm->ticket,
+                          memory_order_relaxed);
+  return err;
+}
+
 /* Gives the next collective its ticket; a blocking backend's collective is
  * complete when it returns, so it counts as done (a stream-ordered one's
  * at gs_comm_sync). Returns err. */

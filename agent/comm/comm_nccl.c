@@ -588,13 +588,13 @@ static int nccl_order_after(gs_comm_t *base, uint64_t ticket)
   return err ? comm_fail(c, err) : 0;
 }
 
-/* One poll of the last collective's event: 1 done, 0 not yet, or an error.
- * cudaEventQuery's "not ready" can stay behind as this thread's last CUDA
- * error, which the device module reads after each kernel launch; it is
+/* One poll of collective `ticket`'s event: 1 done, 0 not yet, or an
+ * error. cudaEventQuery's "not ready" can stay behind as this thread's last
+ * CUDA error, which the device module reads after each kernel launch; it is
  * cleared here, and anything else found there is reported. */
-static int poll_done(nccl_comm_t *c)
+static int poll_done(nccl_comm_t *c, uint64_t ticket)
 {
-  cudaError_t status = cudaEventQuery(c->done[c->last % c->nevents]);
+  cudaError_t status = cudaEventQuery(c->done[ticket % c->nevents]);
   cudaError_t last_error;
 
   if (status == cudaSuccess)
@@ -605,22 +605,29 @@ static int poll_done(nccl_comm_t *c)
   return last_error == cudaErrorNotReady ? 0 : GS_CUDA_STATUS(c->base.log, last_error);
 }
 
-/* Waits for every queued collective: spins for SYNC_SPIN_NS, then polls
- * every ~100 us, watching NCCL's asynchronous errors, the abort flag and the
- * timeout (any of them aborts the communicator). */
-static int nccl_sync(gs_comm_t *base)
+/* Waits for the collectives numbered below `until` (the queued ones, for
+ * a sync): spins for SYNC_SPIN_NS, then polls every ~100 us, watching
+ * NCCL's asynchronous errors, the abort flag and the timeout (any of them
+ * aborts the communicator). Those done no longer count against
+ * max_queued. */
+static int sync_until(nccl_comm_t *c, uint64_t until)
 {
-  nccl_comm_t *c = (nccl_comm_t *)base;
-  uint64_t start, spin_until;
+  gs_comm_t *base = &c->base;
+  uint64_t start, spin_until, last;
   ncclResult_t async_error;
   int err = op_begin(c, "sync"), done;
 
   if (err)
     return err;
+  if (until > base->ticket)
+    until = base->ticket;
+  if (until <= c->window || !c->pending)
+    return 0;
+  last = until - 1;
   start = gs_now_ms();
   spin_until = gs_now_ns() + SYNC_SPIN_NS;
-  while (c->pending) {
-    done = poll_done(c);
+  for (;;) {
+    done = poll_done(c, last);
     if (done < 0)
       return comm_fail(c, done);
     if (done)
@@ -638,7 +645,7 @@ static int nccl_sync(gs_comm_t *base)
       GS_LOG_ERR(base->log,
                  "nccl comm: rank %" PRIu32 ": collective did not complete within %" PRIu64
                  " ms (ticket %" PRIu64 "; a peer is stalled or gone)",
-                 c->rank, c->timeout_ms, c->last);
+                 c->rank, c->timeout_ms, last);
       return comm_fail(c, GS_ETIMEDOUT);
     }
     if (gs_now_ns() >= spin_until)
@@ -651,9 +658,20 @@ static int nccl_sync(gs_comm_t *base)
     return comm_fail(c, err);
   if (async_error != ncclSuccess && async_error != ncclInProgress)
     return async_failed(c, "collective", async_error);
-  c->pending = false;
-  c->window = base->ticket;
+  c->window = until;
+  if (until == base->ticket)
+    c->pending = false;
   return 0;
+}
+
+static int nccl_sync(gs_comm_t *base)
+{
+  return sync_until((nccl_comm_t *)base, base->ticket);
+}
+
+static int nccl_sync_until(gs_comm_t *base, uint64_t until)
+{
+  return sync_until((nccl_comm_t *)base, until);
 }
 
 /* Only sets the flag (safe from any thread, never blocks): the comm
@@ -703,6 +721,7 @@ static const gs_comm_ops_t nccl_ops = {
     .listen = nccl_listen,
     .order_after = nccl_order_after,
     .sync = nccl_sync,
+    .sync_until = nccl_sync_until,
     .init = nccl_init,
     .allreduce = nccl_allreduce,
     .broadcast = nccl_broadcast,

@@ -170,14 +170,32 @@ int gs_device_fetch(gs_device_t *d, void *dst, const void *src, size_t bytes)
   return bytes ? d->ops->fetch(d, dst, src, bytes) : 0;
 }
 
-int gs_device_fetched(gs_device_t *d)
+int gs_device_fence(gs_device_t *d, unsigned k)
 {
-  int done = d->ops->fetched(d);
+  return k < GS_DEVICE_FENCES ? d->ops->fence(d, k) : GS_EINVAL;
+}
+
+int gs_device_fence_done(gs_device_t *d, unsigned k)
+{
+  return k < GS_DEVICE_FENCES ? d->ops->fence_done(d, k) : GS_EINVAL;
+}
+
+int gs_device_fence_wait(gs_device_t *d, unsigned k, bool drains)
+{
+  int done = gs_device_fence_done(d, k);
 
   if (done != 0)
     return done < 0 ? done : 0;
-  d->waits.syncs++;
-  return d->ops->wait_fetched(d);
+  if (drains)
+    d->waits.syncs++;
+  return d->ops->fence_wait(d, k);
+}
+
+int gs_device_fetched(gs_device_t *d)
+{
+  int err = gs_device_fence(d, GS_DEVICE_FENCES - 1);
+
+  return err ? err : gs_device_fence_wait(d, GS_DEVICE_FENCES - 1, true);
 }
 
 int gs_device_use_stream(gs_device_t *d, void *stream)

@@ -116,10 +116,18 @@ static int cpu_sync(gs_device_t *d)
   return 0;
 }
 
-/* Copies at once: a fetch is always done. */
-static int cpu_fetched(gs_device_t *d)
+/* Work runs at once: a fence is always passed. */
+static int cpu_fence(gs_device_t *d, unsigned k)
 {
   (void)d;
+  (void)k;
+  return 0;
+}
+
+static int cpu_fence_done(gs_device_t *d, unsigned k)
+{
+  (void)d;
+  (void)k;
   return 1;
 }
 
@@ -146,8 +154,9 @@ static const gs_device_ops_t cpu_ops = {
     .fail = cpu_fail,
     .sync = cpu_sync,
     .fetch = cpu_copy,
-    .fetched = cpu_fetched,
-    .wait_fetched = cpu_sync,
+    .fence = cpu_fence,
+    .fence_done = cpu_fence_done,
+    .fence_wait = cpu_fence,
     .destroy = cpu_destroy,
 };
 

@@ -56,9 +56,10 @@ typedef struct cuda_device {
    * (stream order keeps a kernel's from being overwritten early). */
   gs_optim_coef_t *coef_host, *coef_dev;
   uint32_t cap_coef;
-  /* Recorded behind the last gs_device_fetch copy (created on first use). */
-  cudaEvent_t fetch_done;
-  bool fetch_pending;
+  /* gs_device_fence's events (created on first use), and which are
+   * recorded and not yet seen done. */
+  cudaEvent_t fence[GS_DEVICE_FENCES];
+  bool fence_pending[GS_DEVICE_FENCES];
 } cuda_device_t;
 
 static cuda_device_t *cd(gs_device_t *d)
@@ -503,50 +504,57 @@ static int cuda_sync(gs_device_t *base)
   return err;
 }
 
-/* An asynchronous copy into pinned host memory, and an event behind it
- * that says when it is done. */
+/* An asynchronous copy into pinned host memory; a fence says when it is
+ * done. */
 static int cuda_fetch(gs_device_t *base, void *dst, const void *src, size_t bytes)
 {
   cuda_device_t *d = cd(base);
   int err = enter(d);
 
-  if (!err && !d->fetch_done)
-    err =
-        GS_CUDA_STATUS(base->log, cudaEventCreateWithFlags(&d->fetch_done, cudaEventDisableTiming));
   if (!err)
     err = GS_CUDA_STATUS(base->log,
                          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->stream));
-  if (!err)
-    err = GS_CUDA_STATUS(base->log, cudaEventRecord(d->fetch_done, d->stream));
-  d->fetch_pending = !err;
   return note(d, err);
 }
 
-static int cuda_fetched(gs_device_t *base)
+static int cuda_fence(gs_device_t *base, unsigned k)
+{
+  cuda_device_t *d = cd(base);
+  int err = enter(d);
+
+  if (!err && !d->fence[k])
+    err = GS_CUDA_STATUS(base->log, cudaEventCreateWithFlags(&d->fence[k], cudaEventDisableTiming));
+  if (!err)
+    err = GS_CUDA_STATUS(base->log, cudaEventRecord(d->fence[k], d->stream));
+  d->fence_pending[k] = !err;
+  return note(d, err);
+}
+
+static int cuda_fence_done(gs_device_t *base, unsigned k)
 {
   cuda_device_t *d = cd(base);
   cudaError_t status;
 
-  if (!d->fetch_pending)
+  if (!d->fence_pending[k])
     return d->sticky ? d->sticky : 1;
-  status = cudaEventQuery(d->fetch_done);
+  status = cudaEventQuery(d->fence[k]);
   if (status == cudaErrorNotReady) {
     cudaGetLastError(); /* not an error: clear it */
     return 0;
   }
-  d->fetch_pending = false;
+  d->fence_pending[k] = false;
   note(d, GS_CUDA_STATUS(base->log, status));
   return d->sticky ? d->sticky : 1;
 }
 
-static int cuda_wait_fetched(gs_device_t *base)
+static int cuda_fence_wait(gs_device_t *base, unsigned k)
 {
   cuda_device_t *d = cd(base);
   int err = 0;
 
-  if (d->fetch_pending)
-    err = GS_CUDA_STATUS(base->log, cudaEventSynchronize(d->fetch_done));
-  d->fetch_pending = false;
+  if (d->fence_pending[k])
+    err = GS_CUDA_STATUS(base->log, cudaEventSynchronize(d->fence[k]));
+  d->fence_pending[k] = false;
   note(d, err);
   return d->sticky;
 }
@@ -557,8 +565,9 @@ static void cuda_destroy(gs_device_t *base)
 
   if (!enter(d))
     GS_CUDA_STATUS(base->log, cudaStreamSynchronize(d->stream));
-  if (d->fetch_done)
-    GS_CUDA_STATUS(base->log, cudaEventDestroy(d->fetch_done));
+  for (unsigned k = 0; k < GS_DEVICE_FENCES; k++)
+    if (d->fence[k])
+      GS_CUDA_STATUS(base->log, cudaEventDestroy(d->fence[k]));
   for (uint32_t i = 0; i < d->ntables; i++)
     table_drop(d, &d->tables[i]);
   free(d->tables);
@@ -607,8 +616,9 @@ static const gs_device_ops_t cuda_ops = {
     .fail = cuda_fail,
     .sync = cuda_sync,
     .fetch = cuda_fetch,
-    .fetched = cuda_fetched,
-    .wait_fetched = cuda_wait_fetched,
+    .fence = cuda_fence,
+    .fence_done = cuda_fence_done,
+    .fence_wait = cuda_fence_wait,
     .use_stream = cuda_use_stream,
     .destroy = cuda_destroy,
 };

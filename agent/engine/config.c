@@ -14,6 +14,13 @@
 #include "parse.h"
 #include "why.h"
 
+static const char *const decide_names[] = {
+    [GS_DECIDE_NOW] = "now",
+    [GS_DECIDE_LATE] = "late",
+};
+
+GS_DEFINE_ENUM_NAMES(gs_decide_parse, gs_decide_name, gs_decide_t, decide_names)
+
 void gs_engine_config_defaults(gs_engine_config_t *cfg)
 {
   memset(cfg, 0, sizeof(*cfg));
@@ -133,6 +140,7 @@ int gs__engine_add_own_settings(gs_engine_t *e)
     err = err ? err : own(e, "elastic-lr", "%s", gs_elastic_lr_name(e->cfg.elastic_lr));
   err = err ? err : own(e, "optimizer", "%s", gs_optim_kind_name(e->cfg.optim));
   err = err ? err : own(e, "nonfinite", "%s", gs_nonfinite_name(e->cfg.nonfinite));
+  err = err ? err : own(e, "decide", "%s", gs_decide_name(e->cfg.decide));
   err = err ? err : own(e, "grad-dtype", "%s", gs_grad_dtype_name(e->cfg.grad_dtype));
   if (gs__engine_groups_setting(e, groups, sizeof(groups)))
     err = err ? err : own(e, "optim-groups", "%s", groups);

@@ -317,8 +317,14 @@ void gs_engine_report(gs_engine_t *e, const gs_progress_t *p)
  * running rank's connection closing as that rank lost. */
 void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
 {
+  gs_step_result_t last;
   char why[640];
 
+  /* Late decisions: the last step's, before anything is kept of it. */
+  if (gs_engine_drain(e, &last) && finished) {
+    finished = false;
+    reason = last.stop ? last.stop_reason : "the last step failed";
+  }
   /* A run that ends well keeps its model: the last step is checkpointed
    * unless a checkpoint of it was taken already (--checkpoint-every, a stop). */
   if (finished && e->cfg.checkpoint_dir && e->join.rank == 0 && e->steps_begun && !e->failed &&
@@ -368,7 +374,11 @@ void gs_engine_free(gs_engine_t *e)
   free(e->ready);
   free(e->ticket);
   if (e->cfg.dev) {
-    gs_device_host_free(e->cfg.dev, e->ctl);
+    for (int k = 0; k < 2; k++) {
+      gs_device_host_free(e->cfg.dev, e->ctl_up[k]);
+      gs_device_host_free(e->cfg.dev, e->flight[k].ctl);
+      gs_device_host_free(e->cfg.dev, e->flight[k].fetched);
+    }
     gs_device_free(e->cfg.dev, e->aux_dev);
     gs_device_free(e->cfg.dev, e->skip_dev);
     gs_device_host_free(e->cfg.dev, e->drive.fetched);

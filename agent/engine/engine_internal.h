@@ -72,17 +72,32 @@ typedef struct trace_rec {
   _Atomic uint32_t nmain, ncomm;
 } trace_rec_t;
 
-/* What the host reads back from the device at each end_step, in one
- * batch of copies behind the step's work (gs_device_fetch): the control
- * vector into e->ctl, and these floats into e->drive.fetched. */
+/* What the host reads back from the device of a step, in one batch of
+ * copies behind the step's work (gs_device_fetch): the control vector's
+ * sums, and these floats. */
 enum { FETCHED_SKIP, FETCHED_VETO, FETCHED_LOSS, FETCHED_COUNT };
+
+/* A step's readback in flight (decide.c): queued at its end, taken then
+ * (decisions now) or at the next step's end (late). */
+typedef struct step_flight {
+  bool valid;
+  uint32_t fence;               /* its device fence */
+  uint64_t until;               /* comm tickets below this: its collectives and those before */
+  gs_position_t before, after;  /* the position without it, and with it */
+  gs_control_local_t mine;      /* what this rank wrote into its control vector */
+  bool check, veto, skip_asked; /* what was fetched: the sums' verdict, the front end's flag */
+  bool loss;                    /* and a loss handed in as device memory */
+  float *ctl;                   /* host (pinned): the control vector's sums (nctl_cap) */
+  float *fetched;               /* host (pinned): FETCHED_COUNT floats */
+} step_flight_t;
 
 /* A step's inputs that only the device knows (device memory, read when
  * the update runs: gs_engine_set_loss_at, _skip_step_at, _scale_step_at;
  * NULL: none), and a driven step's own state (drive.c, cfg.driven). */
 typedef struct step_drive {
   const float *loss_at, *veto_at, *factor_at;
-  float *fetched;     /* host memory (pinned): FETCHED_COUNT floats */
+  float *fetched;     /* host memory (pinned): FETCHED_COUNT floats (gs_engine_synchronize's) */
+  float loss_seen;    /* the loss of the last step decided (a loss handed in as device memory) */
   bool loss_given;    /* driven: this step's loss is in, the last pack may go */
   uint64_t batch;     /* driven: examples per rank (gs_engine_set_batch) */
   double last_end_ms; /* driven: the previous end_step's end, for samples/s */
@@ -195,7 +210,8 @@ struct gs_engine {
   int64_t repeated_param; /* reported twice in this step, or -1 */
   uint64_t *ticket;       /* per pack: its allreduce's number (stream-ordered backends) */
   int launch_err;         /* the first failure to queue an allreduce this step */
-  float *ctl;             /* host copy of the control vector */
+  float *ctl;             /* this rank's control vector, as uploaded: ctl_up[steps begun % 2] */
+  float *ctl_up[2];       /* host (pinned): a step's upload may still be queued at the next */
   float *ctl_dev;         /* where it rides: after the grads of the last pack */
   size_t nctl;
   void *aux_dev;               /* device staging for host buffers (stream-ordered), AUX_BYTES */
@@ -208,6 +224,10 @@ struct gs_engine {
   uint32_t queued_between_steps; /* stream-ordered collectives queued since a sync (QUEUED_...) */
   step_drive_t drive;
   step_waits_t waits;
+  /* Steps' readbacks in flight (decide.c): flight[after.step % 2]; late:
+   * cfg.decide late in a fixed world, decided at the next step's end. */
+  step_flight_t flight[2];
+  bool late;
   phase_board_t board;
   trace_rec_t trace;
 };
@@ -226,6 +246,20 @@ struct gs_engine {
 void gs__engine_drive_begin(gs_engine_t *e);
 void gs__engine_drive_release(gs_engine_t *e);
 void gs__engine_issue_ready(gs_engine_t *e);
+/* decide.c: a step's readback queued into flight f (fence k); taken
+ * (waiting for its fence: counted as a sync when `drains`), its
+ * verdicts decided (0; GS_ERANGE for a stop at a non-finite step, the
+ * position rolled back when it was not applied; a failure) and its
+ * control vector decoded into c; two controls merged, and whether they ask
+ * for anything; acting on them after `step`. */
+int gs__engine_flight_queue(gs_engine_t *e, step_flight_t *f, uint32_t k) GS_WARN_UNUSED;
+int gs__engine_flight_take(gs_engine_t *e, step_flight_t *f, bool drains, gs_control_t *c,
+                           gs_step_result_t *out) GS_WARN_UNUSED;
+void gs__engine_controls_merge(gs_control_t *into, const gs_control_t *c);
+bool gs__engine_controls_act(const gs_control_t *c);
+int gs__engine_act(gs_engine_t *e, const gs_control_t *c, uint64_t step, double start_ms,
+                   gs_step_result_t *out) GS_WARN_UNUSED;
+
 /* progress.c: a driven step's progress, reported at its end. */
 void gs__engine_drive_report(gs_engine_t *e, const gs_step_result_t *r);
 

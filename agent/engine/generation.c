@@ -252,12 +252,19 @@ static int alloc_step_state(gs_engine_t *e)
   e->queue = calloc(e->qcap, sizeof(*e->queue));
   e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
   e->ticket = calloc(packs + 1, sizeof(*e->ticket));
-  e->ctl = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
+  for (int k = 0; k < 2; k++) {
+    e->ctl_up[k] = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
+    e->flight[k].ctl = gs_device_host_alloc(e->cfg.dev, e->nctl_cap * sizeof(float));
+    e->flight[k].fetched = gs_device_host_alloc(e->cfg.dev, FETCHED_COUNT * sizeof(float));
+  }
+  e->ctl = e->ctl_up[0];
+  e->late = e->cfg.decide == GS_DECIDE_LATE && !gs__engine_elastic(e);
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
   e->skip_dev = gs_device_alloc(e->cfg.dev, sizeof(float));
   e->drive.fetched = gs_device_host_alloc(e->cfg.dev, FETCHED_COUNT * sizeof(float));
-  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl || !e->aux_dev || !e->skip_dev ||
-      !e->drive.fetched) {
+  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl_up[0] || !e->ctl_up[1] ||
+      !e->flight[0].ctl || !e->flight[1].ctl || !e->flight[0].fetched || !e->flight[1].fetched ||
+      !e->aux_dev || !e->skip_dev || !e->drive.fetched) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }

@@ -77,6 +77,7 @@ void gs_engine_begin_step(gs_engine_t *e, float loss, const gs_position_t *after
   e->loss = loss;
   e->launch_err = 0;
   e->drive.loss_at = e->drive.veto_at = e->drive.factor_at = NULL;
+  e->ctl = e->ctl_up[e->steps_begun % 2];
   write_control(e, loss);
   e->steps_begun++;
   e->step_start_ms = gs_now_ms_f();
@@ -229,105 +230,6 @@ void gs__engine_drive_release(gs_engine_t *e)
   }
 }
 
-/* Names the ranks whose bit is set in the non-finite slots. */
-static void nonfinite_ranks(const gs_engine_t *e, char *out, size_t len)
-{
-  size_t used = 0;
-
-  out[0] = '\0';
-  for (uint32_t r = 0; r < e->join.world_size && used < len; r++)
-    if (gs_control_rank_nonfinite(e->ctl, e->nctl, r))
-      used += snprintf(out + used, len - used, "%s%u", used ? ", " : "", r);
-}
-
-/* Every rank reads the same sums here, so every rank decides the same. */
-static int act_on_control(gs_engine_t *e, uint64_t step, double start_ms, gs_step_result_t *out)
-{
-  gs_control_t c;
-  char why[512];
-  bool bcast;
-  int err;
-
-  err = gs_control_check(e->ctl, e->nctl, &e->ctl_mine, e->join.world_size, why, sizeof(why));
-  if (err) {
-    gs_set_why(e->error, sizeof(e->error), "step %" PRIu64 ": %s", step, why);
-    return gs__engine_fail(e, err);
-  }
-  gs_control_decode(e->ctl, e->nctl, &c);
-  bcast = c.broadcast;
-  if (c.nonfinite && out->skipped) {
-    /* Said already (nonfinite_gradients): the loss spoilt the gradients. */
-  } else if (c.nonfinite && e->cfg.nonfinite == GS_NONFINITE_SKIP) {
-    char ranks[256];
-
-    nonfinite_ranks(e, ranks, sizeof(ranks));
-    out->nonfinite = out->skipped = true;
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
-           "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; its gradients were "
-           "finite and applied, and training goes on (nonfinite skip)",
-           step, ranks);
-  } else if (c.nonfinite) {
-    char ranks[256];
-
-    nonfinite_ranks(e, ranks, sizeof(ranks));
-    gs_set_why(e->error, sizeof(e->error),
-               "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; every rank stops",
-               step, ranks);
-    out->stop = out->nonfinite = true;
-    gs_set_why(out->stop_reason, sizeof(out->stop_reason), "%s", e->error); /* cut to fit */
-    return GS_ERANGE;
-  }
-  if (c.period_changed) {
-    e->period = c.period;
-    out->period_changed = true;
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
-           "step %" PRIu64 ": broadcast period set to %d by the coordinator", step, e->period);
-  }
-  if (c.lr_scale_changed) {
-    /* This step's update is applied already: the next one takes it. */
-    e->operator_lr_scale = e->join_req.lr_scale = c.lr_scale;
-    out->lr_scale_changed = true;
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
-           "step %" PRIu64 ": lr scale set to %g by the coordinator (from step %" PRIu64 ")", step,
-           (double)c.lr_scale, step + 1);
-  }
-  if (c.period_changed || c.lr_scale_changed) /* what a re-registration reports */
-    gs_heartbeat_set_in_effect(e->hb, e->period, e->operator_lr_scale);
-  out->lr_scale = e->operator_lr_scale;
-  out->bcast_period = e->period;
-  if (e->period > 0 && step % (uint64_t)e->period == 0)
-    bcast = true;
-  if (bcast && e->join.world_size > 1) {
-    err = gs__engine_broadcast_packs(e, false, 0);
-    /* Every rank holds this step's state in full: an elastic job goes on from it. */
-    if (err && gs__engine_elastic(e) && err != GS_EINTR)
-      return gs__engine_regroup(e, e->error, false, start_ms, out);
-    if (err)
-      return err;
-    out->broadcast = true;
-  }
-  if (c.stop || c.term) {
-    out->stop = true;
-    snprintf(out->stop_reason, sizeof(out->stop_reason), "%s",
-             c.stop ? "the coordinator asked every rank to stop"
-             : e->cfg.term_flag && *e->cfg.term_flag == SIGINT ? "SIGINT received; every rank stops"
-             : e->cfg.term_flag && *e->cfg.term_flag == SIGTERM
-                 ? "SIGTERM received; every rank stops"
-                 : "a rank received SIGTERM or SIGINT; every rank stops");
-  }
-  if (c.checkpoint || (e->cfg.checkpoint_every && step % e->cfg.checkpoint_every == 0) ||
-      (out->stop && e->cfg.checkpoint_dir)) {
-    err = gs_engine_checkpoint(e, &e->after);
-    if (err)
-      return err;
-    out->checkpoint = true;
-  }
-  /* New agents wait to join: every rank regroups after this same step. */
-  if (c.regroup && !out->stop && gs__engine_elastic(e))
-    return gs__engine_regroup(e, "regroup", true, start_ms, out);
-  return 0;
-}
-
 /* The first parameter of a pack that never got its gradient. */
 static int missing_gradient(gs_engine_t *e, uint64_t step)
 {
@@ -369,69 +271,6 @@ static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
   };
   gs_device_optim_pack(e->cfg.dev, &gated, pk->segs, pk->nparams, pk->params, pk->grads, pk->state);
   return gs_now_ms_f() - t0;
-}
-
-/* The first parameter whose summed gradient is not finite (host copies of
- * the packs' gradients on a device without host memory); its name, or
- * "?" when the copy fails. Only on the rare step that has one. */
-static const char *first_nonfinite_param(gs_engine_t *e)
-{
-  for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
-    gs_pack_t *pk = &e->packs.packs[k];
-    const float *g = pk->grads;
-    float *host = NULL;
-    size_t at;
-
-    if (!e->cfg.dev->host_memory) {
-      host = malloc(pk->elements * sizeof(float) + 1);
-      if (!host || gs_device_download(e->cfg.dev, host, pk->grads, pk->elements * sizeof(float))) {
-        free(host);
-        return "?";
-      }
-      g = host;
-    }
-    at = gs_optim_first_nonfinite(g, pk->elements);
-    free(host);
-    for (uint32_t j = 0; at < pk->elements && j < pk->nparams; j++)
-      if (at < pk->segs[j].offset + pk->segs[j].count)
-        return e->packs.params[e->packs.list.order[pk->first + j]].name;
-  }
-  return "?";
-}
-
-/* The step's summed gradients held a NaN or an infinity, so its update
- * was not applied (every rank saw the same sums): stop every rank, or
- * with GS_NONFINITE_SKIP go on without it. The words name the ranks whose
- * loss was not finite, when the control vector says so (the usual cause),
- * else the first parameter whose gradient is not. */
-static int nonfinite_gradients(gs_engine_t *e, uint64_t step, gs_step_result_t *out)
-{
-  gs_control_t c;
-  char what[300];
-
-  gs_control_decode(e->ctl, e->nctl, &c);
-  if (c.nonfinite) {
-    char ranks[256];
-
-    nonfinite_ranks(e, ranks, sizeof(ranks));
-    snprintf(what, sizeof(what), "the loss is NaN or infinite on rank(s) %s", ranks);
-  } else {
-    snprintf(what, sizeof(what),
-             "the summed gradients hold NaN or infinity (first: parameter '%s')",
-             first_nonfinite_param(e));
-  }
-  out->nonfinite = true;
-  if (e->cfg.nonfinite == GS_NONFINITE_SKIP) {
-    out->skipped = true;
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
-           "step %" PRIu64 ": %s; the step is skipped on every rank", step, what);
-    return 0;
-  }
-  gs_set_why(e->error, sizeof(e->error),
-             "step %" PRIu64 ": %s; the step was not applied and every rank stops", step, what);
-  out->stop = true;
-  gs_set_why(out->stop_reason, sizeof(out->stop_reason), "%s", e->error); /* cut to fit */
-  return GS_ERANGE;
 }
 
 /* A collective of the step failed: an elastic job regroups without this
@@ -498,10 +337,12 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   t0 = gs_now_ms_f();
   /* Deferred: updates are queued only after every allreduce succeeded. A
    * stream-ordered backend's sync waits for the device. */
-  err = gs_comm_sync(e->comm);
-  e->queued_between_steps = 0;
-  if (gs_comm_stream_ordered(e->comm))
-    e->cfg.dev->waits.syncs++;
+  if (!e->late) { /* late: the next step's end waits, normally for nothing */
+    err = gs_comm_sync(e->comm);
+    e->queued_between_steps = 0;
+    if (gs_comm_stream_ordered(e->comm))
+      e->cfg.dev->waits.syncs++;
+  }
   e->reduced.waited_ms += gs_now_ms_f() - t0;
   if (err)
     return step_failed(e, err, what, start_ms, out);
@@ -559,32 +400,41 @@ void gs_engine_skip_step(gs_engine_t *e)
   e->skip_requested = true;
 }
 
-/* What the host learns of the step, in one batch of copies behind its
- * work: the summed control vector, the sums' verdict (`check`), the front
- * end's skip flag and the loss it handed in, when there are. Waits only
- * when the device has not done them yet (counted: on the cpu it has). */
-static int read_back(gs_engine_t *e, bool check)
+/* Whether step `step` acts whatever its control vector says: a periodic
+ * broadcast or checkpoint. */
+static bool due(const gs_engine_t *e, uint64_t step)
 {
-  float *f = e->drive.fetched;
-  int err = gs_device_fetch(e->cfg.dev, e->ctl, e->ctl_dev, e->nctl * sizeof(float));
+  return (e->period > 0 && step % (uint64_t)e->period == 0) ||
+         (e->cfg.checkpoint_every && step % e->cfg.checkpoint_every == 0);
+}
 
-  if (!err && check)
-    err = gs_device_fetch(e->cfg.dev, &f[FETCHED_SKIP], e->skip_dev, sizeof(float));
-  if (!err && e->drive.veto_at)
-    err = gs_device_fetch(e->cfg.dev, &f[FETCHED_VETO], e->drive.veto_at, sizeof(float));
-  if (!err && e->drive.loss_at)
-    err = gs_device_fetch(e->cfg.dev, &f[FETCHED_LOSS], e->drive.loss_at, sizeof(float));
-  return err ? err : gs_device_fetched(e->cfg.dev);
+/* The step's readback queued into its flight, behind its update. */
+static int queue_flight(gs_engine_t *e, bool check, bool skip_asked)
+{
+  uint32_t k = (uint32_t)(e->after.step % 2);
+  step_flight_t *f = &e->flight[k];
+
+  f->before = e->committed;
+  f->after = e->after;
+  f->until = gs_comm_ticket(e->comm);
+  f->mine = e->ctl_mine;
+  f->check = check;
+  f->veto = e->drive.veto_at != NULL;
+  f->loss = e->drive.loss_at != NULL;
+  f->skip_asked = skip_asked;
+  return gs__engine_flight_queue(e, f, k);
 }
 
 /* Waits for the allreduces (unless gs_engine_synchronize did), queues
- * the updates, then reads back the summed control vector. An elastic job,
- * and one that checks its gradients (cfg.nonfinite), applies the optimizer
- * only once every allreduce of the step is complete and checked here, so
- * a rank holds either the last step's state or this one's in full, never
- * a mix, whatever a lost rank interrupted or a NaN spoilt: a regroup can
- * go on from it, and a non-finite step is never applied (it costs the
- * overlap of the optimizer with the last allreduces). */
+ * the updates and the readback, then decides: on this step now, or (late)
+ * on the step before, whose readback is normally done by then, and on this
+ * one too when either must act. An elastic job, and one that checks its
+ * gradients (cfg.nonfinite), applies the optimizer only once every
+ * allreduce of the step is complete and checked on the device, so a rank
+ * holds either the last step's state or this one's in full, never a mix,
+ * whatever a lost rank interrupted or a NaN spoilt: a regroup can go on
+ * from it, and a non-finite step is never applied (it costs the overlap
+ * of the optimizer with the last allreduces). */
 static int end_step(gs_engine_t *e, gs_step_result_t *out)
 {
   uint64_t step = e->after.step;
@@ -592,7 +442,9 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   bool skip_asked = e->skip_requested;
   bool synced = e->reduced.done, defer = synced || gs__engine_elastic(e) || check || skip_asked ||
                                          e->drive.veto_at || e->drive.factor_at;
-  float factor = e->step_factor, skip, veto;
+  float factor = e->step_factor;
+  step_flight_t *prev = &e->flight[(step + 1) % 2], *cur = &e->flight[step % 2];
+  gs_control_t c = {0}, mine;
   gs_optim_step_t st;
   double t0, optimizer;
   int err;
@@ -608,38 +460,40 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   e->reduced.done = false;
   if (err || out->regrouped) /* a regroup dropped the step (elastic) */
     return err;
+  t0 = gs_now_ms_f();
+  /* Late: the step before, before this step's update is queued (a stop at
+   * a non-finite step queues none). */
+  if (prev->valid) {
+    err = gs__engine_flight_take(e, prev, false, &c, out);
+    if (err)
+      return err;
+    gs__engine_resolve_groups(e, step, &st); /* the update count it corrected */
+  }
   /* Grads already scaled in place, and a clipping factor, in the update. */
   st.grad_scale = (e->reduced.scaled ? 1.0f : st.grad_scale) * factor;
-  optimizer = e->reduced.optimizer_ms;
   for (uint32_t k = 0; defer && !skip_asked && k < e->nissued; k++)
-    optimizer += apply_optim(e, k, &st);
-  t0 = gs_now_ms_f();
-  err = read_back(e, check);
-  optimizer += gs_now_ms_f() - t0;
+    apply_optim(e, k, &st);
+  if (!skip_asked)
+    e->optim_steps++; /* taken back when the step turns out skipped */
+  err = queue_flight(e, check, skip_asked);
+  if (!err)
+    e->committed = e->after; /* this step is done (applied, or skipped on the device) */
+  if (!err && (!e->late || due(e, step) || gs__engine_controls_act(&c))) {
+    err = gs__engine_flight_take(e, cur, true, &mine, out);
+    gs__engine_controls_merge(&c, &mine);
+  }
+  optimizer = e->reduced.optimizer_ms + (gs_now_ms_f() - t0);
+  out->comm_wait_ms = e->reduced.waited_ms;
+  out->optimizer_ms = optimizer;
+  if (err == GS_ERANGE || e->failed)
+    return err ? err : e->failed; /* a stop at a non-finite step, or a failure said already */
   if (err) {
     gs_set_why(e->error, sizeof(e->error),
                "step %" PRIu64 ": the %s device failed: %s (see the log above)", step,
                e->cfg.dev->label, gs_strerror(err));
     return gs__engine_fail(e, err);
   }
-  skip = check ? e->drive.fetched[FETCHED_SKIP] : 0.0f;
-  veto = e->drive.veto_at ? e->drive.fetched[FETCHED_VETO] : 0.0f;
-  out->comm_wait_ms = e->reduced.waited_ms;
-  out->optimizer_ms = optimizer;
-  if (skip_asked || veto != 0.0f) {
-    out->skipped = true; /* also what makes a NaN loss no stop (act_on_control) */
-    out->nonfinite = skip != 0.0f;
-    gs_log(e->cfg.log, GS_LOG_DEBUG, e->cfg.coord.job, e->join.rank,
-           "step %" PRIu64 ": skipped by the front end (a loss scaler)", step);
-  } else if (skip != 0.0f) {
-    err = nonfinite_gradients(e, step, out);
-    if (err)
-      return err; /* the state is still the last step's */
-  } else {
-    e->optim_steps++;
-  }
-  e->committed = e->after; /* this step is done: applied in full, or skipped */
-  return act_on_control(e, step, e->step_start_ms, out);
+  return gs__engine_act(e, &c, step, e->step_start_ms, out);
 }
 
 /* The step's blocking waits since the last end_step (gs_step_result_t),

@@ -116,6 +116,7 @@ static const char *const resume_modes[] = {"off", "on", "auto", NULL};
 static const char *const optimizers[] = {"sgd", "adam", "adamw",
                                          NULL}; /* not "none": nothing applies its own */
 static const char *const nonfinites[] = {"stop", "skip", "off", NULL};
+static const char *const decides[] = {"now", "late", NULL};
 static const char *const grad_dtypes[] = {"fp32", "bf16", "fp16", NULL};
 _Static_assert(GS_GRAD_FP32 == 0 && GS_GRAD_BF16 == 1 && GS_GRAD_FP16 == 2,
                "grad_dtypes follows gs_grad_dtype_t");
@@ -123,6 +124,7 @@ _Static_assert(GS_OPTIM_SGD == 0 && GS_OPTIM_ADAM == 1 && GS_OPTIM_ADAMW == 2,
                "optimizers follows gs_optim_kind_t");
 _Static_assert(GS_NONFINITE_STOP == 0 && GS_NONFINITE_SKIP == 1 && GS_NONFINITE_OFF == 2,
                "nonfinites follows gs_nonfinite_t");
+_Static_assert(GS_DECIDE_NOW == 0 && GS_DECIDE_LATE == 1, "decides follows gs_decide_t");
 _Static_assert(GS_REDUCE_SUM == 0 && GS_REDUCE_MEAN == 1, "reduce_ops follows gs_reduce_op_t");
 _Static_assert(GS_ELASTIC_LR_KEEP == 0 && GS_ELASTIC_LR_LINEAR == 1,
                "elastic_lrs follows gs_elastic_lr_t");
@@ -260,6 +262,13 @@ static const gs_flag_t flag_rows[] = {
    .doc = "a step whose summed gradients hold NaN or infinity is never applied: `stop` ends "
           "training there, `skip` skips it on every rank and goes on, `off` checks nothing (the "
           "updates then overlap the last allreduces)"},
+  {.name = "--decide", .kind = GS_FLAG_ENUM, E(decide), .names = decides, .metavar = "WHEN",
+   .help = "when a step's decisions are taken: now or late",
+   .doc = "when the host takes a step's decisions (its non-finite verdict, a stop, a "
+          "checkpoint): `now`, at its end, waiting for the device once a step; `late`, at the "
+          "next step's end, so that the host never waits for the device in a steady step (a "
+          "stop then comes a step later, at the same state; every rank passes the same; a "
+          "fixed world only)"},
   {.name = "--lr", .kind = GS_FLAG_DOUBLE, SGD(lr), .metavar = "LR",
    .help = "base learning rate"},
   {.name = "--momentum", .kind = GS_FLAG_DOUBLE, SGD(momentum), .metavar = "M",

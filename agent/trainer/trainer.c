@@ -610,7 +610,7 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
     if (res.stop) {
       if (t->rank == 0)
         printf("stopped after step %" PRIu64 ": %s\n", after.step, res.stop_reason);
-      return 0;
+      return gs_engine_drain(t->engine, &res);
     }
     if (t->cfg->validate && after.epoch != pos.epoch) {
       err = validate(t, &after, pos.epoch + 1);
@@ -620,7 +620,8 @@ static int train(trainer_t *t, gs_position_t pos, uint64_t *done)
     pos = after;
   }
   progress(t, pos.step, pos.epoch ? pos.epoch - 1 : 0, true);
-  return 0;
+  /* --decide late: the last step's verdict, before it is evaluated or saved. */
+  return gs_engine_drain(t->engine, &res);
 }
 
 static void summary(trainer_t *t, gs_position_t *pos, uint64_t first_step, uint64_t last_step)

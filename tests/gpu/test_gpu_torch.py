@@ -11,9 +11,9 @@ usage: test_gpu_torch.py BIN_DIR PYTHON_DIR [CASE] [DATA_DIR]
             waits: 100 steady steps of the example CNN (BatchNorm, fused
                  SGD) and of the transformer example's model (fused AdamW,
                  fp16 autocast and GradScaler, bf16 packs, clipping) at 2
-                 ranks under torch.cuda.set_sync_debug_mode("error"): no
-                 host read of a tensor, and the engine's counts of its
-                 blocking waits at 0
+                 ranks under torch.cuda.set_sync_debug_mode("error"),
+                 decide="late": no host read of a tensor, and the engine's
+                 counts of its blocking waits at 0
             cnn: examples/torch/fashion_cnn.py --device cuda at 2 and 4
                  ranks on GPU 0, each rank a host of its own for NCCL
                  (NCCL_HOSTID, sockets over loopback), one epoch of the
@@ -117,15 +117,15 @@ def waits():
         for model, extra in (("cnn", ()), ("transformer", ("scaler=1",))):
             out = tempfile.mkdtemp(dir=tmp)
             test_torch.run(2, "host_waits", out, "device=cuda", f"model={model}", "steps=110",
-                           "warm=10", "sync_debug=1", *extra)
+                           "warm=10", "sync_debug=1", "decide=late", *extra)
             for rank in (0, 1):
                 got = test_torch.result(out, rank)
                 steady = got["counts"][10:]
                 bad = [(i + 10, c) for i, c in enumerate(steady)
                        if c["host_reads"] or c["device_syncs"] or c["device_reads"]]
                 assert not bad, (model, rank, bad[:3], got["where"])
-            print(f"{model} on the GPU: {len(steady)} steady steps under sync debug mode 'error', "
-                  "0 host reads, 0 device syncs and reads", flush=True)
+            print(f"{model} on the GPU, decided late: {len(steady)} steady steps under sync debug "
+                  "mode 'error', 0 host reads, 0 device syncs and reads", flush=True)
     return 0
 
 

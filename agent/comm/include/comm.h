@@ -137,6 +137,12 @@ int gs_comm_order_after(gs_comm_t *comm, uint64_t ticket) GS_WARN_UNUSED;
  * Blocking backends: 0. */
 int gs_comm_sync(gs_comm_t *comm) GS_WARN_UNUSED;
 
+/* Stream-ordered: gs_comm_sync for the collectives numbered below `until`
+ * only (those of an earlier step, while this step's are queued): at once
+ * when they are done, which the caller may know from a device fence behind
+ * them. Blocking backends: 0. */
+int gs_comm_sync_until(gs_comm_t *comm, uint64_t until) GS_WARN_UNUSED;
+
 /* In place: every rank's `buf` of `count` elements becomes the elementwise
  * sum (or mean) over all ranks. Every rank passes the same count, dtype and
  * op. Any gs_dtype_t (else GS_EINVAL); 16-bit floats (bfloat16, float16)
@@ -178,6 +184,7 @@ typedef struct gs_comm_ops {
   int (*make_id)(gs_comm_t *comm, void *buf, size_t cap, size_t *len); /* NULL: no id */
   int (*order_after)(gs_comm_t *comm, uint64_t ticket);                /* stream-ordered */
   int (*sync)(gs_comm_t *comm);                                        /* stream-ordered */
+  int (*sync_until)(gs_comm_t *comm, uint64_t until);                  /* stream-ordered */
   int (*listen)(gs_comm_t *comm, const gs_comm_endpoint_t *ep, char *addr, size_t addr_len);
   int (*init)(gs_comm_t *comm, const gs_comm_setup_t *setup);
   int (*allreduce)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op);

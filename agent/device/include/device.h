@@ -43,12 +43,14 @@ typedef struct gs_device_ops {
   void (*fail)(gs_device_t *d, int err);
   int (*sync)(gs_device_t *d);
   /* Queues an asynchronous copy into host memory behind the queued work
-   * (cpu: at once); `fetched` returns 1 when every copy so queued is
-   * done, 0 when not yet, or a negative code, never waiting; `wait_fetched`
-   * waits for them. */
+   * (cpu: at once). */
   int (*fetch)(gs_device_t *d, void *dst, const void *src, size_t bytes);
-  int (*fetched)(gs_device_t *d);
-  int (*wait_fetched)(gs_device_t *d);
+  /* Fence k (< GS_DEVICE_FENCES) recorded behind the queued work;
+   * `fence_done` 1 when what was queued before it is done, 0 when not
+   * yet, or a negative code, never waiting; `fence_wait` waits for it. */
+  int (*fence)(gs_device_t *d, unsigned k);
+  int (*fence_done)(gs_device_t *d, unsigned k);
+  int (*fence_wait)(gs_device_t *d, unsigned k);
   /* Orders the device's work on `stream` (borrowed) instead of its own;
    * NULL: the device cannot (cpu). */
   int (*use_stream)(gs_device_t *d, void *stream);
@@ -57,8 +59,11 @@ typedef struct gs_device_ops {
 
 /* How often the calling thread blocked on the device since it was opened
  * (the engine reports them per step: a steady step makes none): syncs are
- * stream synchronizations (gs_device_sync, and gs_device_fetched that had
- * to wait), reads device-to-host copies waited for (gs_device_download).
+ * stream synchronizations that left the device with nothing queued
+ * (gs_device_sync, gs_device_fetched and gs_device_fence_wait that had to
+ * wait; a wait for older work while newer is queued behind it keeps the
+ * device busy, and is not one), reads device-to-host copies waited for
+ * (gs_device_download).
  * Counted by the wrappers below for every device, the cpu too, whose calls
  * cost nothing but are counted alike, so that tests on the cpu see them.
  * The owning thread's only. */
@@ -149,6 +154,18 @@ int gs_device_fetch(gs_device_t *d, void *dst, const void *src, size_t bytes) GS
  * the device has done them (the cpu always has), else waits, counted as a
  * sync; the first error of the queued work. */
 int gs_device_fetched(gs_device_t *d) GS_WARN_UNUSED;
+
+/* Fences for a readback the host takes later (the engine's late
+ * decisions: one per step in flight): fence k marks the work queued so
+ * far, the fetches among it; gs_device_fence_done says, without waiting,
+ * whether it is done (1), not yet (0) or failed (< 0); gs_device_fence_wait
+ * waits for it, counted as a sync only when `drains` (nothing newer is
+ * queued behind it, so the device is left idle). The last fence is
+ * gs_device_fetched's. */
+#define GS_DEVICE_FENCES 3
+int gs_device_fence(gs_device_t *d, unsigned k) GS_WARN_UNUSED;
+int gs_device_fence_done(gs_device_t *d, unsigned k) GS_WARN_UNUSED;
+int gs_device_fence_wait(gs_device_t *d, unsigned k, bool drains) GS_WARN_UNUSED;
 
 /* CUDA: from now on the device queues its work (copies, SGD) on `stream`,
  * a cudaStream_t the caller owns and keeps alive (a framework's current

@@ -121,6 +121,23 @@ typedef enum gs_nonfinite {
   GS_NONFINITE_OFF,      /* not checked: each pack's update is applied as its sum arrives */
 } gs_nonfinite_t;
 
+/* When the host takes a step's decisions (its non-finite verdict, a stop,
+ * a checkpoint, a broadcast the coordinator asked for; docs/design.md,
+ * "Decisions, now or a step later"). The update of a non-finite step is
+ * skipped on the device either way. */
+typedef enum gs_decide {
+  /* At the step's own end_step: the host waits for the device once a step
+   * (the default). */
+  GS_DECIDE_NOW = 0,
+  /* At the next step's end_step, before its update is queued: the host
+   * never waits for the device in a steady step, and a step's result says
+   * what became of the step before it (a step that acts, a periodic
+   * checkpoint or broadcast or a request, decides on itself too). A stop
+   * at a non-finite step comes one step later, with neither update
+   * applied. A fixed world only: an elastic job decides now. */
+  GS_DECIDE_LATE,
+} gs_decide_t;
+
 /* What a pack's gradients travel in (the allreduce): float32, or half the
  * bytes as bfloat16 or float16, added in float32 at every step of the
  * reduction; the packs, the update and the parameters stay float32. */
@@ -207,6 +224,7 @@ typedef struct gs_engine_config {
    * does. */
   gs_optim_kind_t optim;
   gs_nonfinite_t nonfinite;
+  gs_decide_t decide;         /* default GS_DECIDE_NOW; every rank the same (a Join setting) */
   gs_grad_dtype_t grad_dtype; /* default GS_GRAD_FP32 */
   int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
@@ -287,6 +305,8 @@ GS_ENGINE_API const char *gs_optim_kind_name(gs_optim_kind_t k);
 /* "stop", "skip" or "off". */
 GS_ENGINE_API int gs_nonfinite_parse(const char *s, gs_nonfinite_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_nonfinite_name(gs_nonfinite_t v);
+GS_ENGINE_API int gs_decide_parse(const char *s, gs_decide_t *out) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API const char *gs_decide_name(gs_decide_t v);
 /* "fp32", "bf16" or "fp16". */
 GS_ENGINE_API int gs_grad_dtype_parse(const char *s, gs_grad_dtype_t *out) GS_ENGINE_WARN_UNUSED;
 GS_ENGINE_API const char *gs_grad_dtype_name(gs_grad_dtype_t v);
@@ -554,6 +574,16 @@ GS_ENGINE_API void gs_engine_grad_ready(void *engine, uint32_t i);
  * but the non-finite loss the engine refuses every later step, collective
  * and checkpoint with the same error: finish it. */
 GS_ENGINE_API int gs_engine_end_step(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
+
+/* Decides the step whose readback is still in flight (GS_DECIDE_LATE:
+ * the last step's), waiting for the device: `out` says what became of it,
+ * as end_step's result (a stop at a non-finite step fails with
+ * GS_ERANGE, the position then the one before it). 0 with `out` zeroed
+ * when nothing is in flight (GS_DECIDE_NOW, or decided already). A front
+ * end calls it after its last step, and before a checkpoint of its own
+ * between steps; gs_engine_finish does so itself (a non-finite last step
+ * then fails the rank). */
+GS_ENGINE_API int gs_engine_drain(gs_engine_t *e, gs_step_result_t *out) GS_ENGINE_WARN_UNUSED;
 
 /* What gs_engine_synchronize found: the sums hold NaN or an infinity (the
  * update will not be applied; end_step says what happens), or an elastic

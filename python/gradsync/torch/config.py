@@ -6,7 +6,7 @@ import torch
 
 from gradsync import _engine
 from gradsync._engine import Error
-from gradsync.torch import env, groups, layout, state
+from gradsync.torch import env, grads, groups, layout, state
 
 
 def _model_parts(model, broadcast_buffers):
@@ -71,8 +71,9 @@ def engine_config(opt, model, a):
         checkpoint_failures=a["checkpoint_failures"], resume=a["resume"],
         join_timeout=a["join_timeout"], comm_timeout=a["comm_timeout"],
         connect_timeout=a["connect_timeout"], coordinator_grace=a["coordinator_grace"],
-        rejoin_timeout=a["rejoin_timeout"], elastic_lr=a["elastic_lr"], driven=True,
-        zero_missing_grads=bool(a["find_unused_parameters"]), **opt._device_config())
+        rejoin_timeout=a["rejoin_timeout"], elastic_lr=a["elastic_lr"], decide=a["decide"],
+        driven=True,
+        zero_missing_grads=bool(a["find_unused_parameters"]), **grads.device_config(opt.device))
     if a["bias_weight_decay"] is not None:
         cfg["bias_wd"] = a["bias_weight_decay"]
     if a["checkpoint_dir"]:

@@ -14,13 +14,12 @@ def world_changed(opt):
 
 
 def after_step(opt, r):
-    """Moves the position (a non-finite step stopped at was not applied),
-    re-syncs buffers, sets the result's world_changed and dropped, and
-    leaves the job at a stop."""
+    """Moves the position (the engine's: a non-finite step stopped at was
+    not applied), re-syncs buffers, sets the result's world_changed and
+    dropped, and leaves the job at a stop."""
     after = opt.step_count + 1
     opt._lr_factor = r.lr_factor
-    if not (r.nonfinite and r.stop):
-        opt.step_count, opt.epoch, opt.sample = r.step, r.epoch, r.sample
+    opt.step_count, opt.epoch, opt.sample = r.step, r.epoch, r.sample
     opt._has_state = True
     opt.rank, opt.world_size = r.rank, r.world_size
     changed = r.regrouped
@@ -33,8 +32,8 @@ def after_step(opt, r):
     if changed:
         world_changed(opt)
     if r.stop:
-        opt.finish(finished=not r.nonfinite, reason=r.stop_reason)
         env.state["nonfinite_stop"] |= r.nonfinite
+        opt.finish(finished=not r.nonfinite, reason=r.stop_reason)
 
 
 def allreduce_sum(opt, tensor):

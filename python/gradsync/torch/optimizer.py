@@ -13,7 +13,7 @@ import contextlib
 import torch
 
 from gradsync._engine import Error
-from gradsync.torch import amp, buffers, elastic, env, state
+from gradsync.torch import amp, buffers, elastic, env, grads, state
 from gradsync.torch.config import engine_config
 
 
@@ -33,6 +33,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     computes them. `param_groups`,
     `state_dict()` and `load_state_dict()` are torch's (a checkpoint saved
     with torch.save resumes in plain torch, and the other way round).
+
+    `decide`: when the host takes a step's decisions (its non-finite
+    verdict, a stop, a checkpoint): "now" (default) at the step's end,
+    which waits for the device once a step; "late" at the next step's
+    end, so that on a GPU the host never waits for the device in a steady
+    step: a result then says what became of the step before it (the same
+    state; `drain()` decides the last step). Every rank passes the same.
 
     `nonfinite`: what a step whose summed gradients hold NaN or an
     infinity does (it is never applied): "stop" (default) stops every
@@ -91,7 +98,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
                  coordinator_grace=600.0, rejoin_timeout=300.0, elastic_lr="keep",
                  on_world_change=None, optimizer=None, nonfinite="stop", max_grad_norm=None,
-                 grad_dtype="fp32"):
+                 grad_dtype="fp32", decide="now"):
         args = dict(locals())
         del args["self"], args["model"]
         self._engine = None
@@ -104,7 +111,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._elastic = cfg["world_min"] > 0
         self._has_state = False  # trained in this job: its buffers are the job's
         self._buffers = buffers.Buffers(model_buffers, mode, e, self.device)
-        self._bind()
+        grads.bind(self)
         # A rank that joins a running elastic job starts where the others are.
         self.step_count, self.epoch, sample = e.sync_initial()
         self.sample = sample or 0  # None: a checkpoint from before it was stored
@@ -123,7 +130,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # syncs them at the end of each step instead: see elastic.after_step).
         self._buffers_each_forward = (mode != "own" and bool(self._buffers) and
                                       self.world_size > 1 and not self._elastic)
-        self._hooks = [self._hook(i, p) for i, p in enumerate(self.params)]
+        self._hooks = [grads.hook(self, i, p) for i, p in enumerate(self.params)]
         if isinstance(model, torch.nn.Module):
             self._hooks.append(model.register_forward_pre_hook(self._saw_input))
         env.state["optimizers"].append(self)
@@ -148,41 +155,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         raise Error("the engine's packs are fixed once it has joined: give every parameter group "
                     "to the optimizer before wrapping it")
 
-    def _device_config(self):
-        """cpu with the host backend; a GPU with NCCL, the engine's device
-        work queued on PyTorch's current stream (so they need no events)."""
-        if self.device.type == "cpu":
-            return {"device": "cpu", "backend": "host"}
-        index = self.device.index if self.device.index is not None else \
-            torch.cuda.current_device()
-        stream = torch.cuda.current_stream(index).cuda_stream
-        return {"device": f"cuda:{index}", "backend": "nccl",
-                "cuda_stream": stream or 1}  # 1: cudaStreamLegacy, the default stream
-
-    def _view(self, buf, shape):
-        if self.device.type == "cpu":
-            return torch.frombuffer(buf, dtype=torch.float32).view(shape)
-        return torch.as_tensor(buf, device=self.device).view(shape)
-
-    # -- binding ----------------------------------------------------------
-
-    def _bind(self):
-        """Every parameter's data and grad become views of pack memory."""
-        e = self._engine
-        self._follow_world()
-        self._param_views, self._grad_views = [], []
-        with torch.no_grad():
-            for i, p in enumerate(self.params):
-                pv = self._view(e.param(i), p.shape)
-                gv = self._view(e.grad(i), p.shape)
-                pv.copy_(p.data)
-                gv.zero_()
-                p.data = pv
-                p.grad = gv
-                self._param_views.append(pv)
-                self._grad_views.append(gv)
-        self._verdict = self._view(e.verdict(), (1,))
-
     def _follow_world(self):
         """This rank's place (after an elastic regroup: the engine's)."""
         info = self._engine.info()
@@ -200,38 +172,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if self._buffers_each_forward and not self._accumulating and not self._in_step:
             self._buffers.combine(self.rank, self.world_size, 0,
                                   mean=self._buffers.mode == "mean")
-
-    def _hook(self, i, p):
-        """Reports parameter i's gradient final once autograd has
-        accumulated it (PyTorch 2.1's post-accumulate hook, else the hook
-        of its AccumulateGrad node)."""
-        gv, grad_ready = self._grad_views[i], self._engine.grad_ready
-
-        def ready(*_):
-            if p.grad is not gv:
-                self._into_pack(i)
-            if self._accumulating:
-                self._accumulated = True
-            else:
-                self._in_step = True
-                grad_ready(i)
-        if hasattr(p, "register_post_accumulate_grad_hook"):
-            return p.register_post_accumulate_grad_hook(ready)
-        acc = p.expand_as(p).grad_fn.next_functions[0][0]
-        self._keep_nodes = getattr(self, "_keep_nodes", []) + [acc]  # the node outlives the hook
-        return acc.register_hook(ready)
-
-    def _into_pack(self, i):
-        """set_to_none zeroing, or a .grad of the user's: one copy into the
-        pack, and the pack's view is the gradient again."""
-        p, gv = self.params[i], self._grad_views[i]
-        with torch.no_grad():
-            if p.grad is None:
-                gv.zero_()
-            else:
-                gv.copy_(p.grad)
-        p.grad = gv
-        self.copies += 1
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -397,7 +337,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def checkpoint(self):
         """Rank 0 writes a checkpoint of this step (with checkpoint_dir)."""
+        self.drain()
         self._engine.checkpoint(self.step_count, self.epoch, self.sample)
+
+    def drain(self):
+        """With decide="late": what became of the last step, whose verdict is
+        still in flight (a StepResult, as step() returns; None when there was
+        nothing to say). Call it after the last step to learn of a stop there;
+        finish() does."""
+        r = self._engine.drain()
+        if r is not None:
+            elastic.after_step(self, r)
+        return r
 
     def allreduce_sum(self, tensor):
         """Sums a float32 tensor over the ranks, in place (metrics; through
@@ -419,9 +370,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def finish(self, finished=True, reason=""):
         """Leaves the job; at the end of the process otherwise (finished
-        unless the script died of an exception)."""
-        if getattr(self, "_engine", None) is not None:
-            self._engine.finish(finished, reason)
+        unless the script died of an exception, or the last step, decided
+        late, was not finite)."""
+        e = getattr(self, "_engine", None)
+        if e is None:
+            return
+        try:
+            last = e.drain()
+        except Error:
+            last = None  # failed before: the engine's finish says so
+        if last is not None and last.stop:
+            env.state["nonfinite_stop"] |= last.nonfinite
+            finished, reason = finished and not last.nonfinite, reason or last.stop_reason
+        e.finish(finished, reason)
 
     def __del__(self):
         for h in getattr(self, "_hooks", []):

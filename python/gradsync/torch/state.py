@@ -14,6 +14,7 @@ import io
 import torch
 
 from gradsync._engine import Error
+from gradsync.torch import grads
 
 # torch.optim's optimizers the engine runs fused over the packs (their own
 # class, not a subclass: a subclass may change step()).
@@ -37,7 +38,7 @@ def _state_views(opt, i):
             continue
         if name == "max_exp_avg_sq" and not _group_of(opt, i).get("amsgrad"):
             continue
-        views[name] = opt._view(opt._engine.state(i, slot), opt.params[i].shape)
+        views[name] = grads.view(opt.device, opt._engine.state(i, slot), opt.params[i].shape)
     return views
 
 
