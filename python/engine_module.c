@@ -6,8 +6,9 @@
  * each holding a reference to its Engine, so a tensor viewing pack memory
  * keeps the engine, and so that memory, alive. Every engine error becomes
  * a gradsync.Error (or subclass) carrying the engine's words; nothing here
- * can abort the interpreter. The pure-Python layer (gradsync/torch.py)
- * builds the optimizer on top. */
+ * can abort the interpreter. A step's result is a StepResult
+ * (step_result.c). The pure-Python layer (gradsync/torch/) builds the
+ * optimizer on top. */
 #define PY_SSIZE_T_CLEAN
 /* The stable ABI of Python 3.11 (the buffer protocol joined it then): one
  * build imports on every later Python, a GPU machine's too. */
@@ -989,11 +990,10 @@ static PyObject *position_value(const gs_position_t *pos)
 }
 
 /* (step, epoch[, sample]) arguments into a position. */
-static bool parse_position(PyObject *args, const char *format, double *loss, gs_position_t *pos)
+static bool parse_position(PyObject *args, gs_position_t *pos)
 {
   unsigned long long step = 0, epoch = 0, sample = 0;
-  bool ok = loss ? PyArg_ParseTuple(args, format, loss, &step, &epoch, &sample)
-                 : PyArg_ParseTuple(args, format, &step, &epoch, &sample);
+  bool ok = PyArg_ParseTuple(args, "KK|K", &step, &epoch, &sample);
 
   *pos = (gs_position_t){step, epoch, 0, sample};
   return ok;
@@ -1017,17 +1017,6 @@ static PyObject *engine_sync_initial(EngineObject *self, PyObject *unused)
   return position_value(&pos);
 }
 
-static PyObject *engine_begin_step(EngineObject *self, PyObject *args)
-{
-  double loss;
-  gs_position_t after;
-
-  if (!parse_position(args, "dKK|K", &loss, &after) || !check_open(self, true))
-    return NULL;
-  gs_engine_begin_step(self->engine, (float)loss, &after);
-  Py_RETURN_NONE;
-}
-
 static PyObject *engine_set_loss(EngineObject *self, PyObject *args)
 {
   double loss;
@@ -1035,21 +1024,6 @@ static PyObject *engine_set_loss(EngineObject *self, PyObject *args)
   if (!PyArg_ParseTuple(args, "d", &loss) || !check_open(self, true))
     return NULL;
   gs_engine_set_loss(self->engine, (float)loss);
-  Py_RETURN_NONE;
-}
-
-/* phase(n): the rank enters phase n (gs_phase_t: 1 data, 2 compute); cheap. */
-static PyObject *engine_phase(EngineObject *self, PyObject *arg)
-{
-  long phase = PyLong_AsLong(arg);
-
-  if (PyErr_Occurred() || !check_open(self, true))
-    return NULL;
-  if (phase < GS_PHASE_IDLE || phase > GS_PHASE_SYNC) {
-    PyErr_Format(PyExc_ValueError, "phase %ld is none of gs_phase_t's", phase);
-    return NULL;
-  }
-  gs_engine_phase(self->engine, (gs_phase_t)phase);
   Py_RETURN_NONE;
 }
 
@@ -1245,16 +1219,6 @@ static PyObject *engine_synchronize(EngineObject *self, PyObject *args)
                        r.regrouped ? Py_True : Py_False);
 }
 
-static PyObject *engine_scale_step(EngineObject *self, PyObject *args)
-{
-  float factor;
-
-  if (!PyArg_ParseTuple(args, "f", &factor) || !check_open(self, true))
-    return NULL;
-  gs_engine_scale_step(self->engine, factor);
-  Py_RETURN_NONE;
-}
-
 static PyObject *engine_skip_step(EngineObject *self, PyObject *Py_UNUSED(ignored))
 {
   if (!check_open(self, true))
@@ -1313,31 +1277,13 @@ static PyObject *engine_checkpoint(EngineObject *self, PyObject *args)
   gs_position_t pos;
   int err;
 
-  if (!parse_position(args, "KK|K", NULL, &pos) || !check_open(self, true))
+  if (!parse_position(args, &pos) || !check_open(self, true))
     return NULL;
   Py_BEGIN_ALLOW_THREADS
   err = gs_engine_checkpoint(self->engine, &pos);
   Py_END_ALLOW_THREADS
   if (err)
     return raise_engine(self, err);
-  Py_RETURN_NONE;
-}
-
-static PyObject *engine_report(EngineObject *self, PyObject *args)
-{
-  gs_progress_t p = {0};
-  unsigned long long step;
-  double loss, sps, compute, comm;
-
-  if (!PyArg_ParseTuple(args, "Kdddd", &step, &loss, &sps, &compute, &comm) ||
-      !check_open(self, true))
-    return NULL;
-  p.step = step;
-  p.loss = (float)loss;
-  p.samples_per_sec = (float)sps;
-  p.compute_ms = (float)compute;
-  p.comm_wait_ms = (float)comm;
-  gs_engine_report(self->engine, &p);
   Py_RETURN_NONE;
 }
 
@@ -1396,12 +1342,9 @@ static PyMethodDef engine_methods[] = {
     {"sync_initial", (PyCFunction)engine_sync_initial, METH_NOARGS,
      "every rank takes rank 0's params (or its checkpoint with resume, or a running elastic "
      "job's state): (step, epoch, sample), sample None when unknown"},
-    {"begin_step", (PyCFunction)engine_begin_step, METH_VARARGS,
-     "begin_step(loss, step_after, epoch_after, sample_after=0)"},
     {"set_loss", (PyCFunction)engine_set_loss, METH_VARARGS,
      "set_loss(loss): the step's loss, before the last pack's last gradient"},
     {"grad_ready", (PyCFunction)engine_grad_ready, METH_O, "grad_ready(i): gradient i is final"},
-    {"phase", (PyCFunction)engine_phase, METH_O, "phase(n): the rank enters phase n (gs_phase_t)"},
     {"forward", (PyCFunction)engine_forward, METH_O,
      "forward(batch): a forward of `batch` examples per rank starts (driven steps)"},
     {"set_epoch", (PyCFunction)engine_set_epoch, METH_O,
@@ -1424,11 +1367,10 @@ static PyMethodDef engine_methods[] = {
     {"resumed_extra", (PyCFunction)engine_resumed_extra, METH_NOARGS,
      "the checkpoint_extra bytes of the checkpoint resumed (rank 0), or None"},
     {"synchronize", (PyCFunction)engine_synchronize, METH_VARARGS,
-     "synchronize(scale=True) -> (nonfinite, regrouped): the step's allreduces done and "
-     "checked, the update not applied; with scale the sums become the gradients the update uses "
-     "(the mean's 1/world applied)"},
-    {"scale_step", (PyCFunction)engine_scale_step, METH_VARARGS,
-     "scale_step(factor): this step's gradients times factor in the update (clipping)"},
+     "synchronize(scale=True, verdict=True, loss_at=0) -> (nonfinite or None, regrouped): the "
+     "step's allreduces done and checked, the update not applied; with scale the sums become the "
+     "gradients the update uses (the mean's 1/world applied); the verdict (a wait for the "
+     "device) only when asked"},
     {"skip_step", (PyCFunction)engine_skip_step, METH_NOARGS,
      "skip_step(): this step's update is not applied (a loss scaler's verdict, the same on "
      "every rank)"},
@@ -1440,8 +1382,6 @@ static PyMethodDef engine_methods[] = {
      "elastic job regrouped meanwhile (sum again)"},
     {"checkpoint", (PyCFunction)engine_checkpoint, METH_VARARGS,
      "checkpoint(step, epoch, sample=0): rank 0 writes one (in the background)"},
-    {"report", (PyCFunction)engine_report, METH_VARARGS,
-     "report(step, loss, samples_per_sec, compute_ms, comm_wait_ms) for the status page"},
     {"finish", (PyCFunction)engine_finish, METH_VARARGS,
      "finish(finished=True, reason=''): leaves the job"},
     {"error", (PyCFunction)engine_error, METH_NOARGS, "the engine's last error in words"},

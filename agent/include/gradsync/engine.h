@@ -366,10 +366,12 @@ typedef struct gs_step_result {
   double optimizer_ms; /* time end_step spent in (or waiting for) SGD */
   /* How often the training thread blocked since the previous step's
    * end_step (the front end's calls between steps included): on the
-   * device, a stream or event synchronization and a device-to-host copy
-   * waited for; for the comm thread, a pack's allreduce not yet done. A
-   * steady step on the cpu makes no device wait; on a GPU each one costs
-   * the overlap of the host with the device. */
+   * device, a stream or event synchronization that left it with nothing
+   * queued (a wait for an older step while this one's work is queued
+   * behind it keeps the device busy, and is not counted) and a
+   * device-to-host copy waited for; for the comm thread, a pack's
+   * allreduce not yet done. A steady step on the cpu makes no device
+   * wait; on a GPU one a step deciding now (cfg.decide), none late. */
   uint32_t device_syncs, device_reads, comm_waits;
 } gs_step_result_t;
 
