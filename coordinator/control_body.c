@@ -111,10 +111,20 @@ static bool read_fields(const cJSON *fields[F_COUNT], gs_job_control_t *out, cha
   return true;
 }
 
+/* Whether text[0..len) holds only JSON whitespace. */
+static bool only_whitespace(const char *text, size_t len)
+{
+  for (size_t i = 0; i < len; i++)
+    if (!strchr(" \t\r\n", text[i]))
+      return false;
+  return true;
+}
+
 bool gs__control_body_parse(const char *body, size_t len, gs_job_control_t *out, char *why,
                             size_t why_len)
 {
   const cJSON *fields[F_COUNT] = {0};
+  const char *end = NULL;
   cJSON *doc;
   bool ok;
 
@@ -123,10 +133,17 @@ bool gs__control_body_parse(const char *body, size_t len, gs_job_control_t *out,
     snprintf(why, why_len, "a string in the body holds a NUL (\\u0000)");
     return false;
   }
-  doc = cJSON_ParseWithLength(body, len);
+  doc = cJSON_ParseWithLengthOpts(body, len, &end, false);
   if (!cJSON_IsObject(doc)) {
     cJSON_Delete(doc);
     snprintf(why, why_len, "the body must be a JSON object");
+    return false;
+  }
+  /* {"action":"broadcast"}{"action":"stop"} is not one request: nothing
+   * of it is applied, rather than the first alone. */
+  if (end && !only_whitespace(end, len - (size_t)(end - body))) {
+    cJSON_Delete(doc);
+    snprintf(why, why_len, "the body must be one JSON object, with nothing after it");
     return false;
   }
   ok = take_fields(doc, fields, why, why_len) && read_fields(fields, out, why, why_len);

@@ -527,7 +527,8 @@ void gs__rpc_on_oversized(void *ctx, gs_conn_t *conn, size_t limit)
 }
 
 /* An unknown method is answered with the method as the request spelled it
- * (the contract: replies carry the request's method). */
+ * (the contract: replies carry the request's method), on the slot it came
+ * on (a node agent hands it to that rank). */
 static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *req)
 {
   gradsync_Envelope env;
@@ -537,6 +538,7 @@ static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_
   gs__conn_log(conn, GS_LOG_KIND_RPC_CALL, "called unknown method '%s'", req->method);
   snprintf(text, sizeof(text), "unknown method '%s'", req->method);
   envelope_for(&env, req->method, req->request_id, GS_EUNIMPL, text);
+  env.slot = req->slot <= GS_LINK_MAX_SLOT ? req->slot : 0;
   send_envelope(rpc, conn, &env, NULL, false);
 }
 
@@ -642,7 +644,11 @@ static void on_batch(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelope *en
   while (gs_wire_batch_next(body->data, body->len, &off, &item, &len, &bad))
     calls++;
   if (bad || calls == 0 || calls > GS_BATCH_MAX_CALLS || env->slot) {
+    gs_peer_t on_slot = {.id = rq.call.peer->id | (uint64_t)env->slot << GS_CONN_SLOT_BITS};
+
     rpc->stats.bad_frames++;
+    if (env->slot && env->slot <= GS_LINK_MAX_SLOT)
+      rq.call.peer = &on_slot; /* answered on the slot it came on */
     if (env->slot)
       reply_error(rpc, &rq.call, GS_EINVAL, "a Batch is the connection's own call (slot 0)");
     else if (bad)

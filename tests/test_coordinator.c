@@ -813,6 +813,9 @@ START_TEST(control_body_is_read_strictly)
       {"{\"lr_scale\": 0.5, \"lr_scale\": 2}", "field 'lr_scale' is given twice"},
       {"{\"lr\": 0.5}", "unknown field 'lr'"},
       {"{}", "nothing to do"},
+      /* Two requests in one body: neither applied, not the first alone. */
+      {"{\"action\":\"broadcast\"}{\"action\":\"stop\"}", "with nothing after it"},
+      {"{\"action\":\"broadcast\"} x", "with nothing after it"},
   };
   char *body;
 
@@ -837,7 +840,8 @@ START_TEST(control_body_is_read_strictly)
   ck_assert_float_eq(hb.directives.lr_scale, 1.0f);
   /* A good one is applied, shown in the job's JSON and in /metrics. */
   ck_assert_int_eq(
-      th_http(coord.http_port, "POST", "/jobs/c/control", NULL, "{\"lr_scale\": 0.5}", &body), 200);
+      th_http(coord.http_port, "POST", "/jobs/c/control", NULL, "{\"lr_scale\": 0.5} \r\n", &body),
+      200);
   ck_assert_msg(strstr(body, "\"lr_scale\":0.5"), "%s", body);
   free(body);
   ck_assert_int_eq(heartbeat(&cl, "c", 1, 0, 1, &hb), OK);
@@ -1438,6 +1442,23 @@ START_TEST(unknown_method_is_echoed)
   ck_assert_uint_eq(env.request_id, id);
   ck_assert_str_eq(env.method, GS_METHOD_PREFIX "Dance");
   ck_assert_ptr_nonnull(strstr(env.message, "unknown method"));
+  /* On a node agent's slot, the answer goes back on that slot (the node
+   * agent hands it to its rank), also for a Batch, which is slot 0's. */
+  for (int i = 0; i < 2; i++) {
+    gradsync_Envelope call = gradsync_Envelope_init_zero;
+    gs_buf_t frame = {0};
+
+    snprintf(call.method, sizeof(call.method), GS_METHOD_PREFIX "%s", i ? "Batch" : "Dance");
+    call.request_id = 77 + i;
+    call.slot = 5;
+    ck_assert_int_eq(gs_wire_encode_frame(&frame, &call, NULL, NULL, SIZE_MAX), 0);
+    th_send_raw(&a, frame.data, frame.len);
+    gs_buf_free(&frame);
+    ck_assert_int_eq(th_recv(&a, &env, NULL, NULL, TH_WAIT_MS), 0);
+    ck_assert_uint_eq(env.request_id, 77 + i);
+    ck_assert_uint_eq(env.slot, 5);
+    ck_assert_ptr_nonnull(strstr(env.message, i ? "the connection's own call" : "unknown method"));
+  }
   th_close(&a);
   stop_and_check();
 }
@@ -1475,6 +1496,12 @@ START_TEST(job_ranks_are_paged)
   free(body);
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg", NULL, NULL, &body), 200);
   ck_assert_msg(strstr(body, "\"ranks_page\":{\"from\":0,\"limit\":1000,\"listed\":5,"), "%s",
+                body);
+  free(body);
+  /* The job without its ranks: no next page, which would be this one. */
+  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_limit=0", NULL, NULL, &body),
+                   200);
+  ck_assert_msg(strstr(body, "\"ranks\":[],") && strstr(body, "\"listed\":0,\"next\":null"), "%s",
                 body);
   free(body);
   ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_limit=10001", NULL, NULL, &body),

@@ -337,8 +337,10 @@ static void ranks_json(cJSON *o, const gs_job_t *job, const gs_rank_page_t *page
   cJSON_AddNumberToObject(p, "listed", end > page->from ? end - page->from : 0);
   snprintf(next, sizeof(next), "/jobs/%s?ranks_from=%u&ranks_limit=%u", job->name, end,
            page->limit);
+  /* A limit of 0 lists nothing: a next page like it would be this one. */
   cJSON_AddItemToObject(p, "next",
-                        end < job->world_size ? cJSON_CreateString(next) : cJSON_CreateNull());
+                        end < job->world_size && page->limit ? cJSON_CreateString(next)
+                                                             : cJSON_CreateNull());
 }
 
 cJSON *gs__job_json(const gs_job_t *job, uint64_t now, const gs_rank_page_t *ranks)
