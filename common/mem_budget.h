@@ -1,8 +1,9 @@
 /* One memory budget (--max-memory) for everything the coordinator holds
  * for its clients, counted by each layer as it takes and gives back
- * bytes: the connections' buffers (conn.c) and what the jobs store, their
- * blobs and pack lists (job_store.c). Its owner (coordinator.c) holds it
- * and hands it to both layers, which borrow it; neither sees the other
+ * bytes: the RPC connections' buffers (conn.c), the HTTP port's replies
+ * waiting to be written and requests held (http_server.c), and what the
+ * jobs store, their blobs and pack lists (job_store.c). Its owner (coordinator.c) holds it
+ * and hands it to each layer, which borrow it; none sees another
  * through it. Counting only, on the loop's thread. */
 #ifndef GS_MEM_BUDGET_H
 #define GS_MEM_BUDGET_H
@@ -19,6 +20,7 @@ typedef struct gs_mem_budget {
   size_t max;        /* everything together (--max-memory) */
   size_t used;       /* held now: connections and store */
   size_t stored;     /* of it, the jobs' blobs and pack lists */
+  size_t http;       /* and the HTTP port's (each connection held at its share) */
   size_t stored_max; /* what they may hold: max / GS_MEM_STORED_SHARE */
 } gs_mem_budget_t;
 

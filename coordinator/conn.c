@@ -47,17 +47,23 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->cb = *cb;
   gs_list_init(&t->idle);
   gs_list_init(&t->linger);
+  gs_list_init(&t->deferred);
+  uv_idle_init(loop, &t->next_turn);
+  t->next_turn.data = t;
   return t;
 }
 
 /* New work stops at three quarters of the members' part of the budget,
  * so that replies to calls already accepted (parked ones, answered later)
- * still fit under it. What the jobs store counts in that part. */
+ * still fit under it. What the jobs store counts in that part; what the
+ * HTTP port holds does not (its readers, with or without a token, must
+ * not make training's calls refused; each of its connections is held at
+ * its share). */
 bool gs__conns_over_budget(const gs_conns_t *t)
 {
   size_t members = t->mem->max - t->unauth_max_memory;
 
-  return t->mem->used - t->unauth_used > members - members / 4;
+  return t->mem->used - t->unauth_used - t->mem->http > members - members / 4;
 }
 
 /* What `conn` holds grows by `add` and shrinks by `sub`: counted in the
@@ -204,8 +210,13 @@ static void on_close(uv_handle_t *h)
   if (!conn->authenticated)
     t->unauth_open--;
   free(conn);
-  if (t->closing && t->open == 0 && t->cb.on_drained)
+  if (gs__conns_drained(t) && t->cb.on_drained)
     t->cb.on_drained(t->cb.ctx);
+}
+
+bool gs__conns_drained(const gs_conns_t *t)
+{
+  return t->closing && t->open == 0 && t->next_turn_closed;
 }
 
 /* The owner hears once that a connection it kept has ended: when it
@@ -226,6 +237,8 @@ void gs__conn_close(gs_conn_t *conn, const char *why)
     return;
   conn->closing = true;
   idle_unlink(conn);
+  if (conn->deferred)
+    gs_list_remove(&conn->turn_node);
   gs_log(t->log, GS_LOG_DEBUG, NULL, -1, "rpc: closing %s: %s", conn->peer, why);
   tell_owner(conn);
   uv_close((uv_handle_t *)&conn->tcp, on_close);
@@ -291,15 +304,37 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   *buf = uv_buf_init((char *)conn->conns->rbuf, sizeof(conn->conns->rbuf));
 }
 
-/* Cuts and reports every complete frame in data[0..len); returns the
- * bytes used. Stops early when the connection is ending. */
+static void on_next_turn(uv_idle_t *idle);
+
+/* Stops reading `conn` until the loop's next turn (GS_CONN_TURN_FRAMES):
+ * what it sent meanwhile waits in its rbuf. */
+static void defer(gs_conn_t *conn)
+{
+  gs_conns_t *t = conn->conns;
+
+  if (!conn->read_paused)
+    uv_read_stop((uv_stream_t *)&conn->tcp);
+  conn->read_paused = true;
+  conn->deferred = true;
+  gs_list_insert_tail(&t->deferred, &conn->turn_node);
+  uv_idle_start(&t->next_turn, on_next_turn);
+}
+
+/* Cuts and reports the complete frames in data[0..len), GS_CONN_TURN_FRAMES
+ * in a turn at most; returns the bytes used. Stops early when the
+ * connection is ending or held. */
 static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
 {
   gs_conns_t *t = conn->conns;
   size_t off = 0;
 
-  while (!conn->closing && !conn->close_when_written) {
+  while (!conn->closing && !conn->close_when_written && !conn->deferred) {
     const uint8_t *payload;
+    if (conn->turn_frames >= GS_CONN_TURN_FRAMES) {
+      if (off < len)
+        defer(conn); /* the next turn takes what waits */
+      break;
+    }
     if (conn->queued > GS_CONN_WRITE_HIGH) {
       /* Backpressure: the rest waits in rbuf until replies drain. */
       if (!conn->read_paused)
@@ -327,6 +362,7 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
         gs__conn_close(conn, "oversized frame");
       break;
     }
+    conn->turn_frames++;
     t->cb.on_frame(t->cb.ctx, conn, payload, plen);
     off += used;
   }
@@ -444,26 +480,52 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   }
   if (nread == 0 || conn->lingering)
     return; /* a lingering connection reads only to see the peer's EOF */
+  conn->turn_frames = 0;
   if (conn->tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
   else
     take_bytes(conn, (const uint8_t *)buf->base, (size_t)nread);
 }
 
-/* Replies drained below half the high mark: dispatch what waited, then
- * read again. */
+/* Replies drained below half the high mark, and the turn it was deferred
+ * in is over: dispatch what waited, then read again. */
 static void maybe_resume(gs_conn_t *conn)
 {
-  if (!conn->read_paused || conn->closing || conn->close_when_written ||
+  if (!conn->read_paused || conn->deferred || conn->closing || conn->close_when_written ||
       conn->queued > GS_CONN_WRITE_HIGH / 2)
     return;
   conn->read_paused = false;
+  conn->turn_frames = 0;
   idle_touch(conn);
   rbuf_process(conn);
   if (conn->tls && !conn->read_paused && !conn->closing && !conn->close_when_written)
     tls_read(conn, NULL, 0);
   if (!conn->read_paused && !conn->closing && !conn->close_when_written)
     uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+}
+
+/* The loop's next turn: the connections deferred in the last one. */
+static void on_next_turn(uv_idle_t *idle)
+{
+  gs_conns_t *t = idle->data;
+  gs_list_t turn;
+
+  gs_list_init(&turn);
+  while (!gs_list_empty(&t->deferred)) { /* those deferred again wait for the next */
+    gs_list_t *node = t->deferred.next;
+
+    gs_list_remove(node);
+    gs_list_insert_tail(&turn, node);
+  }
+  while (!gs_list_empty(&turn)) {
+    gs_conn_t *conn = GS_CONTAINER_OF(turn.next, gs_conn_t, turn_node);
+
+    gs_list_remove(&conn->turn_node);
+    conn->deferred = false;
+    maybe_resume(conn);
+  }
+  if (gs_list_empty(&t->deferred))
+    uv_idle_stop(idle);
 }
 
 static void free_refused(uv_handle_t *h)
@@ -613,9 +675,19 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
   uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }
 
+static void on_next_turn_closed(uv_handle_t *h)
+{
+  gs_conns_t *t = h->data;
+
+  t->next_turn_closed = true;
+  if (gs__conns_drained(t) && t->cb.on_drained)
+    t->cb.on_drained(t->cb.ctx);
+}
+
 void gs__conns_close_all(gs_conns_t *t)
 {
   t->closing = true;
+  uv_close((uv_handle_t *)&t->next_turn, on_next_turn_closed);
   for (uint32_t i = 0; i < t->cap; i++) {
     if (t->slots[i])
       gs__conn_close(t->slots[i], "coordinator shutting down");

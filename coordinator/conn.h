@@ -83,6 +83,12 @@ typedef struct gs_conn_callbacks {
  * not read) makes the kernel reset it, and the reset throws away replies
  * not yet delivered, the last frame among them. */
 #define GS_CONN_LINGER_MS 2000
+/* Frames dispatched per read of a connection: the rest waits in its rbuf
+ * for the loop's next turn (conns->next_turn), where as many more are
+ * (twice that in one turn at most: what waited, then a new read), so a
+ * client that pipelines many calls, and reads their replies as fast as
+ * they come, cannot hold the loop while others wait. */
+#define GS_CONN_TURN_FRAMES 16
 /* What an open connection costs besides its buffers (struct, the owner's
  * state, the kernel's socket is not counted). */
 #define GS_CONN_BOOKKEEPING 1024
@@ -102,13 +108,16 @@ struct gs_conn {
    * parked), least recently active first; or, while it lingers, the
    * linger list. */
   gs_list_t idle_node;
-  uint32_t waiting;    /* calls parked until an event or deadline */
-  size_t queued;       /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
-  size_t rbuf_counted; /* rbuf.cap as counted in conns->mem */
-  size_t tls_counted;  /* gs__tls_memory as counted in conns->mem */
-  bool authenticated;  /* a call passed its token check (gs__conn_authenticate) */
-  bool read_paused;    /* backpressure: see GS_CONN_WRITE_HIGH */
-  bool opened;         /* on_open kept it: on_close will tell the owner */
+  gs_list_t turn_node;  /* on conns->deferred while `deferred` */
+  uint32_t waiting;     /* calls parked until an event or deadline */
+  uint32_t turn_frames; /* dispatched since this read or resumption (GS_CONN_TURN_FRAMES) */
+  size_t queued;        /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
+  size_t rbuf_counted;  /* rbuf.cap as counted in conns->mem */
+  size_t tls_counted;   /* gs__tls_memory as counted in conns->mem */
+  bool authenticated;   /* a call passed its token check (gs__conn_authenticate) */
+  bool read_paused;     /* backpressure: see GS_CONN_WRITE_HIGH; or deferred */
+  bool deferred;        /* paused until the loop's next turn (GS_CONN_TURN_FRAMES) */
+  bool opened;          /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
   bool notified;           /* our TLS close_notify is out */
@@ -141,9 +150,12 @@ typedef struct gs_conns {
   uint32_t cap;
   uint32_t free_count;
   uint32_t open;
-  gs_list_t idle;   /* see gs_conn */
-  gs_list_t linger; /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
+  gs_list_t idle;      /* see gs_conn */
+  gs_list_t linger;    /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
+  gs_list_t deferred;  /* connections waiting for the loop's next turn */
+  uv_idle_t next_turn; /* runs while some are: resumes them */
   bool closing;
+  bool next_turn_closed;
   uint64_t accepted, idle_closed, refused, evicted;
   uint64_t unauth_closed; /* unauthenticated connections closed or refused for their share */
   uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */
@@ -168,7 +180,8 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
                           const gs_conn_callbacks_t *cb);
 /* Whether the authenticated connections and the jobs' store together hold
  * more than three quarters of their part of the memory budget (all but
- * the unauthenticated share): new work is then refused
+ * the unauthenticated share; the HTTP port's bytes do not count here): new
+ * work is then refused
  * (RESOURCE_EXHAUSTED) until replies drain or stored data is dropped; at
  * the budget itself a connection that would grow is closed. What clients
  * without the token hold never counts here. */
@@ -178,6 +191,9 @@ void gs__conns_free(gs_conns_t *t);
 void gs__conns_accept(gs_conns_t *t, uv_stream_t *server);
 /* Closes every connection; on_drained follows the last close callback. */
 void gs__conns_close_all(gs_conns_t *t);
+/* Whether, after gs__conns_close_all, every handle of the table is closed
+ * (it may be freed). */
+bool gs__conns_drained(const gs_conns_t *t);
 /* Closes the connections idle for the idle timeout at `now`, and those
  * that lingered GS_CONN_LINGER_MS (or the idle timeout, if shorter). */
 void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now);

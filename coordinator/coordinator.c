@@ -82,7 +82,7 @@ static void budget_descriptors(gs_coord_config_t *cfg)
  * the coordinator is freed by whichever close callback runs last. */
 static void maybe_free(gs_coord_t *c)
 {
-  if (!c->closing || c->handles_open > 0 || c->conns->open > 0)
+  if (!c->closing || c->handles_open > 0 || !gs__conns_drained(c->conns))
     return;
   gs__http_routes_close(&c->routes);
   gs__rpc_free(&c->rpc);
@@ -110,6 +110,7 @@ static void service_info(void *ctx, gs_service_info_t *out)
       .stored_bytes = c->mem.stored,
       .unauth_memory_bytes = c->conns->unauth_used,
       .unauth_closed = c->conns->unauth_closed,
+      .http_memory_bytes = c->mem.http,
       .requests = c->rpc.stats.requests,
       .errors = c->rpc.stats.errors,
       .bad_frames = c->rpc.stats.bad_frames,
@@ -175,6 +176,7 @@ static int wire_layers(gs_coord_t *c)
       .ctx = c,
       .tls = c->cfg.tls,
       .max_connections = c->cfg.max_http_connections,
+      .mem = &c->mem,
   };
   return 0;
 }

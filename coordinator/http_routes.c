@@ -234,6 +234,7 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
       .idle_timeout_ms = idle_timeout_ms,
       .max_connections = r->max_connections,
       .lines = r->lines,
+      .mem = r->mem,
   };
 
   gs_list_init(&r->subs);

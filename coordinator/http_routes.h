@@ -27,6 +27,7 @@ typedef struct gs_http_routes {
   void *ctx;
   gs_tls_ctx_t *tls;        /* borrowed; NULL: plain HTTP */
   uint32_t max_connections; /* open HTTP connections at most; 0: no cap */
+  gs_mem_budget_t *mem;     /* borrowed: --max-memory, which replies count in */
   /* Borrowed: limits the lines about each client (log_limit.h). */
   gs_log_limit_t *lines;
   gs_http_server_t *http;

@@ -11,7 +11,13 @@
  * token, cannot take every descriptor. A handler may turn its reply into
  * an event stream (gs_http_response_t.on_stream_close): the connection
  * then stays open, reads nothing more, and is written to by its owner
- * through gs_http_stream_write until one side ends it. */
+ * through gs_http_stream_write until one side ends it.
+ *
+ * A connection answers at most TURN_REQUESTS pipelined requests per read
+ * (then the rest waits for the loop's next turn, so one client cannot hold
+ * the loop), and is held, not read, while its unread replies pass its
+ * share of the memory budget (gs_http_limits_t.mem); the bytes of a
+ * request not parsed yet wait in the connection, counted too. */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,6 +36,10 @@
 
 #define READ_CHUNK (64 * 1024)
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
+#define TURN_REQUESTS 8             /* pipelined requests answered per read, per connection */
+#define HOLD_MIN (64u << 10)        /* a connection's share of the budget, at least */
+#define HOLD_MAX (1u << 20)         /* and at most */
+#define WRITE_OVERHEAD 256          /* what a queued write costs besides its bytes */
 #define LINGER_MS 2000              /* wait for the peer's EOF after our last reply */
 #define DEFAULT_TYPE "application/json"
 
@@ -57,8 +67,11 @@ struct gs_http_server {
   gs_tls_ctx_t *tls;     /* borrowed; NULL: plaintext */
   gs_log_limit_t *lines; /* limits.lines, or own_lines */
   gs_log_limit_t own_lines;
+  size_t hold;         /* replies waiting past this hold a connection (gs_http_limits_t.mem) */
+  gs_list_t deferred;  /* connections held for the loop's next turn */
+  uv_idle_t next_turn; /* runs while some are: resumes them */
   bool closing;
-  bool listener_closed;
+  bool listener_closed, next_turn_closed;
   /* Shared by all connections: the loop is single-threaded and every read
    * is parsed (and what we keep copied out) before on_read returns. */
   char rbuf[READ_CHUNK];
@@ -93,6 +106,14 @@ struct gs_http_stream {
   /* An event stream (gs_http_response_t): open while `streaming`. */
   bool streaming;
   gs_list_t stream_node; /* on srv->streams while streaming */
+  /* Held: not read until its replies drain (`queued` under half the
+   * server's hold) and, when deferred, until the loop's next turn; the
+   * input not parsed yet waits in `pending`. */
+  bool held;
+  unsigned turn_requests; /* answered since this read began */
+  gs_list_t deferred_node;
+  gs_buf_t pending;
+  size_t queued; /* bytes of replies waiting to be written, and `pending`, as counted */
   gs_http_stream_fn on_stream_close;
   void *stream_data;
   char peer[64];
@@ -101,7 +122,8 @@ struct gs_http_stream {
 /* One queued response: the buffers must live until the write callback. */
 typedef struct http_write {
   uv_write_t req;
-  char *body; /* the handler's malloc'd body; freed with the request */
+  char *body;  /* the handler's malloc'd body; freed with the request */
+  size_t cost; /* counted in the connection's `queued` and the budget */
   char head[];
 } http_write_t;
 
@@ -142,8 +164,38 @@ static void request_reset(http_conn_t *conn)
 
 static void server_maybe_free(gs_http_server_t *srv)
 {
-  if (srv->closing && srv->listener_closed && !srv->conns)
+  if (srv->closing && srv->listener_closed && srv->next_turn_closed && !srv->conns)
     free(srv);
+}
+
+/* What the connection holds changes by `add` and `sub` bytes: counted in
+ * its `queued` and in the memory budget, as the HTTP port's. */
+static void mem_count(http_conn_t *conn, size_t add, size_t sub)
+{
+  gs_mem_budget_t *mem = conn->srv->limits.mem;
+
+  conn->queued = conn->queued + add - sub;
+  if (mem) {
+    mem->used = mem->used + add - sub;
+    mem->http = mem->http + add - sub;
+  }
+}
+
+static void conn_close(http_conn_t *conn);
+
+/* Whether `more` bytes may be held: within the budget. If not, the
+ * connection is closed, with a line saying so. */
+static bool mem_allows(http_conn_t *conn, size_t more, const char *what)
+{
+  gs_mem_budget_t *mem = conn->srv->limits.mem;
+
+  if (!mem || mem->used + more <= mem->max)
+    return true;
+  conn_log(conn, GS_LOG_KIND_HTTP_LIMIT,
+           "%s of %zu bytes would pass the memory budget (--max-memory %zu bytes); closing", what,
+           more, mem->max);
+  conn_close(conn);
+  return false;
 }
 
 static void conn_free(http_conn_t *conn)
@@ -160,6 +212,8 @@ static void conn_free(http_conn_t *conn)
   gs_buf_free(&conn->field);
   gs_buf_free(&conn->auth);
   gs_buf_free(&conn->body);
+  mem_count(conn, 0, conn->pending.cap);
+  gs_buf_free(&conn->pending);
   gs__tls_free(conn->tls);
   free(conn);
   server_maybe_free(srv);
@@ -209,6 +263,7 @@ static void conn_close(http_conn_t *conn)
   conn->srv->open--;
   stream_end(conn);
   gs_list_remove(&conn->quiet_node);
+  gs_list_remove(&conn->deferred_node);
   uv_close((uv_handle_t *)&conn->timer, on_conn_handle_close);
   uv_close((uv_handle_t *)&conn->tcp, on_conn_handle_close);
 }
@@ -270,12 +325,15 @@ static void conn_drain(http_conn_t *conn)
     conn_linger(conn);
 }
 
+static void resume(http_conn_t *conn);
+
 static void on_write(uv_write_t *req, int status)
 {
   http_write_t *w = (http_write_t *)req;
   http_conn_t *conn = req->handle->data;
 
   conn->writes--;
+  mem_count(conn, 0, w->cost);
   free(w->body);
   free(w);
   if (conn->writes == 0)
@@ -287,6 +345,8 @@ static void on_write(uv_write_t *req, int status)
     conn_close(conn);
   } else if (conn->draining && conn->writes == 0 && !conn->closing) {
     conn_linger(conn);
+  } else {
+    resume(conn); /* its replies drained: what it asked for since is read */
   }
 }
 
@@ -310,16 +370,20 @@ static bool write_raw(http_conn_t *conn, const uint8_t *data, size_t len)
     goto out_close;
   if ((size_t)sent == len)
     return true;
+  if (!mem_allows(conn, len - (size_t)sent + WRITE_OVERHEAD, "a reply's bytes"))
+    return false;
   w = malloc(sizeof(*w) + len - (size_t)sent);
   if (!w)
     goto out_close;
   w->body = NULL;
+  w->cost = len - (size_t)sent + WRITE_OVERHEAD;
   memcpy(w->head, data + sent, len - (size_t)sent);
   b = uv_buf_init(w->head, (unsigned)(len - (size_t)sent));
   if (uv_write(&w->req, stream, &b, 1, on_write)) {
     free(w);
     goto out_close;
   }
+  mem_count(conn, w->cost, 0);
   conn->writes++;
   gs_list_remove(&conn->quiet_node); /* owes a reply: not to be closed for room */
   return true;
@@ -405,6 +469,7 @@ static http_write_t *response_head(const gs_http_response_t *res, bool close)
   w = malloc(sizeof(*w) + (size_t)n + 1);
   if (!w)
     return NULL;
+  w->cost = 0;
   snprintf(w->head, (size_t)n + 1, fmt, res->status, reason, type, sized ? "Content-Length: " : "",
            sized ? length : "", sized ? "\r\n" : "", conn_hdr, allow_name, allow, allow_end, extra);
   return w;
@@ -463,10 +528,18 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
     free(w);
     return;
   }
+  /* What waits: the head and the body, held whole until written. */
+  w->cost = strlen(w->head) + res->body_len + WRITE_OVERHEAD;
+  if (!mem_allows(conn, w->cost, "a reply")) {
+    free(w->body);
+    free(w);
+    return;
+  }
   if (uv_write(&w->req, stream, bufs[0].len ? bufs : bufs + 1, bufs[0].len ? nbufs : 1, on_write)) {
     free(w);
     goto out_close;
   }
+  mem_count(conn, w->cost, 0);
   conn->writes++;
   gs_list_remove(&conn->quiet_node); /* owes a reply: not to be closed for room */
   return;
@@ -671,10 +744,17 @@ static int on_message_complete(http_parser *p)
   /* Stop at this request if the connection is ending (the handler may
    * even have closed the server) or streams; otherwise the idle clock
    * starts again. */
-  if (conn->draining || conn->closing || conn->streaming)
+  if (conn->draining || conn->closing || conn->streaming) {
     http_parser_pause(p, 1);
-  else
-    timer_restart(conn, srv->limits.idle_timeout_ms);
+    return 0;
+  }
+  timer_restart(conn, srv->limits.idle_timeout_ms);
+  /* Held: its replies wait unread past its share, or it asked for as many
+   * as a turn answers; the rest of its input waits (take_bytes). */
+  if (conn->queued > srv->hold || ++conn->turn_requests >= TURN_REQUESTS) {
+    conn->held = true;
+    http_parser_pause(p, 1);
+  }
   return 0;
 }
 
@@ -719,15 +799,57 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   *buf = uv_buf_init(conn->srv->rbuf, sizeof(conn->srv->rbuf));
 }
 
-/* Parses request bytes; false once the connection stops taking requests. */
+/* Keeps input not parsed yet while the connection is held, within the
+ * budget; false if that closed it. */
+static bool keep_pending(http_conn_t *conn, const uint8_t *data, size_t len)
+{
+  size_t cap = conn->pending.cap;
+
+  if (!len)
+    return true;
+  if (conn->pending.len + len > cap && !mem_allows(conn, len, "a held request"))
+    return false;
+  if (gs_buf_append(&conn->pending, data, len)) {
+    conn_close(conn);
+    return false;
+  }
+  mem_count(conn, conn->pending.cap, cap);
+  return true;
+}
+
+static void on_next_turn(uv_idle_t *idle);
+
+/* Held for the loop's next turn (it asked for more than a turn answers,
+ * and its replies are not what holds it): the server's idle handle
+ * resumes it then. */
+static void defer(http_conn_t *conn)
+{
+  gs_http_server_t *srv = conn->srv;
+
+  if (conn->queued > srv->hold || gs_list_linked(&conn->deferred_node))
+    return;
+  gs_list_insert_tail(&srv->deferred, &conn->deferred_node);
+  uv_idle_start(&srv->next_turn, on_next_turn);
+}
+
+/* Parses request bytes; false once the connection stops taking requests
+ * (it ends, streams, or is held: then the rest waits in `pending`). */
 static bool take_bytes(http_conn_t *conn, const uint8_t *data, size_t len)
 {
   enum http_errno err;
+  size_t used;
 
-  http_parser_execute(&conn->parser, &parser_settings, (const char *)data, len);
+  used = http_parser_execute(&conn->parser, &parser_settings, (const char *)data, len);
   if (conn->draining || conn->closing || conn->streaming)
     return false;
   err = HTTP_PARSER_ERRNO(&conn->parser);
+  if (err == HPE_PAUSED && conn->held) {
+    if (keep_pending(conn, data + used, len - used)) {
+      uv_read_stop((uv_stream_t *)&conn->tcp);
+      defer(conn);
+    }
+    return false;
+  }
   if (err != HPE_OK) {
     reject_request(conn, err);
     return false;
@@ -798,6 +920,58 @@ static void tls_read(http_conn_t *conn, const uint8_t *data, size_t len)
     conn_close(conn);
 }
 
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* A held connection whose replies drained to half its share, in a later
+ * turn: the input that waited is parsed (TURN_REQUESTS more at most),
+ * then the socket is read again. */
+static void resume(http_conn_t *conn)
+{
+  gs_http_server_t *srv = conn->srv;
+  gs_buf_t waited = conn->pending;
+  bool more = true;
+
+  if (!conn->held || conn->closing || conn->draining || conn->streaming ||
+      conn->queued > srv->hold / 2)
+    return;
+  gs_list_remove(&conn->deferred_node);
+  conn->held = false;
+  conn->turn_requests = 0;
+  http_parser_pause(&conn->parser, 0);
+  conn->pending = (gs_buf_t){0};
+  mem_count(conn, 0, waited.cap);
+  if (waited.len)
+    more = take_bytes(conn, waited.data, waited.len);
+  gs_buf_free(&waited);
+  if (more && conn->tls)
+    tls_read(conn, NULL, 0); /* what the session decrypted no further meanwhile */
+  if (!conn->held && !conn->closing && !conn->draining && !conn->streaming)
+    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+}
+
+/* The loop's next turn: the connections deferred in the last one. */
+static void on_next_turn(uv_idle_t *idle)
+{
+  gs_http_server_t *srv = idle->data;
+  gs_list_t turn;
+
+  gs_list_init(&turn);
+  while (!gs_list_empty(&srv->deferred)) { /* those deferred again wait for the next */
+    gs_list_t *node = srv->deferred.next;
+
+    gs_list_remove(node);
+    gs_list_insert_tail(&turn, node);
+  }
+  while (!gs_list_empty(&turn)) {
+    http_conn_t *conn = GS_CONTAINER_OF(turn.next, http_conn_t, deferred_node);
+
+    gs_list_remove(&conn->deferred_node);
+    resume(conn);
+  }
+  if (gs_list_empty(&srv->deferred))
+    uv_idle_stop(idle);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
   http_conn_t *conn = s->data;
@@ -815,6 +989,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
    * stream) are read only to be dropped. */
   if (nread == 0 || conn->draining || conn->closing || conn->streaming)
     return;
+  conn->turn_requests = 0;
   if (conn->tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
   else
@@ -837,6 +1012,7 @@ static http_conn_t *conn_new(gs_http_server_t *srv)
   conn->handles = 2;
   gs_list_init(&conn->quiet_node);
   gs_list_init(&conn->stream_node);
+  gs_list_init(&conn->deferred_node);
   conn->srv = srv;
   http_parser_init(&conn->parser, HTTP_REQUEST);
   conn->parser.data = conn;
@@ -1010,6 +1186,15 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   srv->listener.data = srv;
   gs_list_init(&srv->quiet);
   gs_list_init(&srv->streams);
+  gs_list_init(&srv->deferred);
+  uv_idle_init(loop, &srv->next_turn);
+  srv->next_turn.data = srv;
+  srv->hold = HOLD_MAX;
+  if (limits->mem) { /* a quarter of the budget over the connections */
+    size_t share = limits->mem->max / 4 / (limits->max_connections ? limits->max_connections : 1);
+
+    srv->hold = share < HOLD_MIN ? HOLD_MIN : share > HOLD_MAX ? HOLD_MAX : share;
+  }
   return srv;
 }
 
@@ -1075,13 +1260,25 @@ static void on_listener_close(uv_handle_t *h)
   server_maybe_free(srv);
 }
 
+static void on_next_turn_close(uv_handle_t *h)
+{
+  gs_http_server_t *srv = h->data;
+
+  srv->next_turn_closed = true;
+  server_maybe_free(srv);
+}
+
 void gs_http_server_close(gs_http_server_t *srv)
 {
   if (!srv || srv->closing)
     return;
   srv->closing = true;
   gs__log_limit_close(&srv->own_lines, uv_now(srv->loop)); /* a shared table is its owner's */
+  /* The budget's owner may be gone before the connections' close
+   * callbacks run: what they held is no longer counted. */
+  srv->limits.mem = NULL;
   uv_close((uv_handle_t *)&srv->listener, on_listener_close);
+  uv_close((uv_handle_t *)&srv->next_turn, on_next_turn_close);
   for (http_conn_t *conn = srv->conns; conn; conn = conn->next)
     conn_close(conn);
 }

@@ -14,6 +14,7 @@
 #include "error.h"
 #include "log.h"
 #include "log_limit.h"
+#include "mem_budget.h"
 #include "tls.h"
 
 typedef struct gs_http_request {
@@ -72,6 +73,13 @@ typedef struct gs_http_limits {
   /* Limits the lines about each client (log_limit.h); borrowed, outlives
    * the server. NULL: the server limits them with a table of its own. */
   gs_log_limit_t *lines;
+  /* The memory budget (--max-memory; borrowed until gs_http_server_close;
+   * NULL: none) that the replies waiting to be written and the requests
+   * held unparsed count in: a reply that would pass it closes its connection. A connection
+   * whose waiting replies pass its share (a quarter of the budget over
+   * max_connections, from 64 KiB to 1 MiB) is not read until they drain
+   * to half of it, and is closed at the idle timeout if they do not. */
+  gs_mem_budget_t *mem;
 } gs_http_limits_t;
 
 typedef struct gs_http_server gs_http_server_t;

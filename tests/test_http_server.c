@@ -34,7 +34,18 @@ struct fixture {
   uint16_t port;
   unsigned requests;      /* written on the loop thread, read after join */
   char log_text[LOG_MAX]; /* the server's log, read after join */
+  /* The loop's turns (a check handle counts them) and the most requests
+   * answered in one: read after join. */
+  uv_check_t turns;
+  unsigned turn, turn_seen, in_turn, most_in_turn;
 };
+
+static void on_turn(uv_check_t *h)
+{
+  struct fixture *f = h->data;
+
+  f->turn++;
+}
 
 /* Echoes the request as JSON. /allow answers 405 with an Allow header and
  * /count the number of open connections. */
@@ -45,6 +56,10 @@ static void echo_handler(void *ctx, const gs_http_request_t *req, gs_http_respon
   int n;
 
   f->requests++;
+  if (f->turn != f->turn_seen)
+    f->turn_seen = f->turn, f->in_turn = 0;
+  if (++f->in_turn > f->most_in_turn)
+    f->most_in_turn = f->in_turn;
   res->status = 200;
   res->content_type = "application/json";
   if (!strcmp(req->path, "/allow")) {
@@ -82,6 +97,8 @@ static void on_stop(uv_async_t *a)
 
   gs_http_server_close(f->srv);
   uv_close((uv_handle_t *)a, NULL);
+  if (f->turns.data) /* counted by fixture_start's loops */
+    uv_close((uv_handle_t *)&f->turns, NULL);
 }
 
 static gs_http_limits_t default_limits(void)
@@ -104,6 +121,9 @@ static void fixture_start(struct fixture *f, const gs_http_limits_t *limits)
   ck_assert_uint_ne(f->port, 0);
   ck_assert_int_eq(uv_async_init(&f->loop, &f->stop, on_stop), 0);
   f->stop.data = f;
+  ck_assert_int_eq(uv_check_init(&f->loop, &f->turns), 0);
+  f->turns.data = f;
+  ck_assert_int_eq(uv_check_start(&f->turns, on_turn), 0);
   ck_assert_int_eq(pthread_create(&f->thread, NULL, loop_thread, f), 0);
 }
 
@@ -361,6 +381,35 @@ START_TEST(test_pipelined)
   ck_assert_ptr_nonnull(strstr(r.body, "\"path\":\"/c\",\"query\":\"q\""));
   client_close(&c);
   fixture_stop(&f);
+}
+END_TEST
+
+/* A hundred pipelined requests in one write are all answered, in order,
+ * but a turn of the loop answers a few of them only: one client cannot
+ * hold the loop (issue 39: a client reading fast kept it 5.5 s). */
+START_TEST(test_pipelined_turns)
+{
+  gs_http_limits_t limits = default_limits();
+  struct fixture f;
+  struct client c;
+  struct reply r;
+  char all[100 * 32], want[32];
+  size_t len = 0;
+
+  for (int i = 0; i < 100; i++)
+    len += (size_t)snprintf(all + len, sizeof(all) - len, "GET /r%d HTTP/1.1\r\n\r\n", i);
+  fixture_start(&f, &limits);
+  client_open(&c, f.port);
+  send_str(&c, all);
+  for (int i = 0; i < 100; i++) {
+    ck_assert(read_reply(&c, &r));
+    snprintf(want, sizeof(want), "\"path\":\"/r%d\"", i);
+    ck_assert_msg(strstr(r.body, want), "reply %d: %s", i, r.body);
+  }
+  client_close(&c);
+  fixture_stop(&f);
+  ck_assert_uint_eq(f.requests, 100);
+  ck_assert_msg(f.most_in_turn <= 8, "%u requests answered in one turn", f.most_in_turn);
 }
 END_TEST
 
@@ -939,6 +988,7 @@ static Suite *http_server_suite(void)
 
   add_case(s, "keepalive", test_keepalive);
   add_case(s, "pipelined", test_pipelined);
+  add_case(s, "pipelined_turns", test_pipelined_turns);
   add_case(s, "post_body", test_post_body);
   add_case(s, "query", test_query);
   add_case(s, "authorization", test_authorization);

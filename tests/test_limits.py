@@ -4,7 +4,8 @@ each case starts gradsync-coordinator, attacks it over real sockets as a
 hostile or careless client would, and reads its memory from /proc.
 
 usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
-cases: noread, noread_token, budget, budget_unauth, packlist, connections, http_connections,
+cases: noread, noread_token, http_noread, budget, budget_unauth, packlist, connections,
+       http_connections,
        log_escape, log_flood, log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire,
        jobs_memory, blobs
 """
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import resource
+import select
 import socket
 import struct
 import subprocess
@@ -137,15 +139,16 @@ def small_socket(port):
     return s
 
 
-def pipeline_without_reading(c, payload, conns=2, seconds=3.0, stop=None):
+def pipeline_without_reading(c, payload, conns=2, seconds=3.0, stop=None, port=None):
     """Sends `payload` over and over on `conns` connections and never reads
     a reply, for `seconds` and at least until every connection pushed back
     (a send that would block: the coordinator stopped reading it) or was
     closed; returns the coordinator's RSS growth in MiB and the sockets.
     A loaded machine sends less in those seconds: the push-back, not the
-    time, is what makes the attack whole. `stop` (an Event) ends it early."""
+    time, is what makes the attack whole. `stop` (an Event) ends it early;
+    `port` (default the RPC port) is where."""
     base = c.rss_mib()
-    socks = [small_socket(c.rpc_port) for _ in range(conns)]
+    socks = [small_socket(port or c.rpc_port) for _ in range(conns)]
     for s in socks:
         s.setblocking(False)
     blob = payload * max(1, (256 * 1024) // len(payload))
@@ -210,6 +213,43 @@ def case_noread_token(binary, pb):
         assert warnings < 200, f"{warnings} warning lines about missing tokens"
         for x in socks + [s]:
             x.close()
+    finally:
+        c.close()
+
+
+def hung_up(sock):
+    """Whether the coordinator ended the connection, seen without reading
+    what it sent (a reset, or its FIN)."""
+    p = select.poll()
+    p.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return any(ev & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, ev in p.poll(0))
+
+
+def case_http_noread(binary, pb):
+    """HTTP clients that pipeline requests and never read the replies
+    (issue 39: 250 of them took a coordinator started with --max-memory
+    256MiB to 3.2 GB). What waits for them counts in --max-memory; each is
+    held, not read, once its replies pass its share (here 256 KiB), so it
+    pushes back; /healthz is answered meanwhile; and each is closed at the
+    idle timeout, its replies never drained."""
+    c = Coordinator(binary, "--max-memory", "32MiB", "--max-http-connections", "32",
+                    "--idle-timeout", "3s")
+    try:
+        get = b"GET /ui/app.js HTTP/1.1\r\nHost: gradsync\r\n\r\n"
+        grown, socks = pipeline_without_reading(c, get, conns=20, port=c.http_port)
+        print(f"http_noread: coordinator grew {grown:.1f} MiB with 20 non-reading clients "
+              f"pipelining GET /ui/app.js (--max-memory 32MiB)")
+        assert grown < 32, f"coordinator grew {grown:.1f} MiB"
+        print(f"http_noread: /healthz answered in {c.healthz_s() * 1000:.0f} ms")
+        held = metrics(c).get("gradsync_http_memory_bytes")
+        print(f"http_noread: the HTTP port holds {held / 2**20:.1f} MiB of it")
+        assert 0 < held < 32 * 2**20, f"gradsync_http_memory_bytes {held}"
+        wait_until("every non-reading connection closed at the idle timeout",
+                   lambda: all(hung_up(s) for s in socks), every=0.2)
+        for s in socks:
+            s.close()
+        wait_until("what they held given back to the budget",
+                   lambda: metrics(c).get("gradsync_http_memory_bytes") == 0, every=0.2)
     finally:
         c.close()
 
@@ -822,6 +862,7 @@ def case_blobs(binary, pb):
 CASES = {
     "noread": case_noread,
     "noread_token": case_noread_token,
+    "http_noread": case_http_noread,
     "budget": case_budget,
     "budget_unauth": case_budget_unauth,
     "packlist": case_packlist,

@@ -531,6 +531,10 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
                 "What the jobs' blobs and pack lists hold (--max-memory, a quarter of it at "
                 "most).");
   err |= emit(out, "gradsync_job_store_bytes %" PRIu64 "\n", svc->stored_bytes);
+  err |= family(out, "gradsync_http_memory_bytes", "gauge",
+                "What the HTTP port holds (--max-memory): replies waiting to be written, "
+                "requests held unparsed.");
+  err |= emit(out, "gradsync_http_memory_bytes %" PRIu64 "\n", svc->http_memory_bytes);
   err |= family(out, "gradsync_rpc_unauthenticated_closed_total", "counter",
                 "Unauthenticated RPC connections closed or refused for their share of the "
                 "memory budget.");

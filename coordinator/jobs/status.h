@@ -17,6 +17,7 @@ typedef struct gs_service_info {
   uint64_t stored_bytes;        /* what the jobs' blobs and pack lists hold (the same) */
   uint64_t unauth_memory_bytes; /* the part the unauthenticated ones hold */
   uint64_t unauth_closed;       /* unauthenticated ones closed or refused for their share */
+  uint64_t http_memory_bytes;   /* what the HTTP port's replies and held requests hold */
   const uint64_t *requests;     /* [GS_METHOD_COUNT] */
   const uint64_t *errors;       /* [GS_METHOD_COUNT] */
   uint64_t bad_frames;
