@@ -133,6 +133,38 @@ static void service_route(gs_http_routes_t *r, const gs_http_request_t *req,
   }
 }
 
+/* GET /jobs/NAME/trace: the merged document (rendered once, copied into
+ * each reply), or what it waits for. */
+static void trace_reply(gs_job_t *job, gs_http_response_t *res)
+{
+  const gs_buf_t *doc;
+  cJSON *pending;
+  char *body;
+  int err;
+
+  if (!job->trace_seq) {
+    gs__http_respond_error(res, 404, "no trace asked of job %s yet: POST /jobs/%s/trace?steps=N",
+                           job->name, job->name);
+    return;
+  }
+  err = gs__trace_document(job, &doc, &pending);
+  if (err == GS_ELIMIT) {
+    gs__http_respond_error(res, 503,
+                           "the trace of job %s would pass what jobs may store (a quarter of "
+                           "--max-memory): ask for fewer steps",
+                           job->name);
+  } else if (err) {
+    gs__http_respond_error(res, 500, "out of memory rendering the trace of job %s", job->name);
+  } else if (pending) {
+    gs__http_respond_json(res, 202, pending);
+  } else if (!(body = malloc(doc->len + 1))) {
+    gs__http_respond_error(res, 500, "out of memory for the trace of job %s", job->name);
+  } else {
+    memcpy(body, doc->data, doc->len + 1);
+    gs__http_respond(res, 200, GS_HTTP_JSON, body);
+  }
+}
+
 /* POST /jobs/NAME/trace?steps=N (default 10) asks the ranks to record
  * their next N steps: 202, and where the result will be. GET gives it:
  * 200 with the Chrome trace-event document once every rank published its
@@ -141,17 +173,10 @@ static void trace(gs_job_t *job, const gs_http_request_t *req, gs_http_response_
 {
   char steps_text[16];
   long steps = 10;
-  bool complete;
   cJSON *doc;
 
   if (!strcmp(req->method, "GET")) {
-    if (!job->trace_seq) {
-      gs__http_respond_error(res, 404, "no trace asked of job %s yet: POST /jobs/%s/trace?steps=N",
-                             job->name, job->name);
-      return;
-    }
-    doc = gs__trace_json(job, &complete);
-    gs__http_respond_json(res, complete ? 200 : 202, doc);
+    trace_reply(job, res);
     return;
   }
   if (gs__http_query_param(req->query, "steps", steps_text, sizeof(steps_text)) != GS_ENOTFOUND &&

@@ -14,6 +14,7 @@
 #include "rng.h"
 #include "list.h"
 #include "status.h"
+#include "trace.h"
 #include "wire.h"
 #include "harness.h"
 
@@ -589,25 +590,34 @@ START_TEST(fetch_waits_for_publish_or_deadline)
 }
 END_TEST
 
-/* Publishes a blob of `size` bytes under `key` from rank 0 (peer `peer`)
- * of `job`'s generation 1; the reply's error. */
-static int publish_blob(uint32_t peer, const char *job, const char *key, size_t size)
+/* Publishes `size` bytes (`value`, or zeros when NULL) under `key` from
+ * rank `rank` (peer `peer`) of `job`'s generation 1; the reply's error. */
+static int publish_value(uint32_t peer, const char *job, uint32_t rank, const char *key,
+                         const void *value, size_t size)
 {
   gradsync_PublishRequest *pub = calloc(1, sizeof(*pub));
   gs_call_t call = call_from(peer, GS_METHOD_PUBLISH, 10);
   int err;
 
   ck_assert_ptr_nonnull(pub);
+  ck_assert_uint_le(size, sizeof(pub->value.bytes));
   snprintf(pub->job, sizeof(pub->job), "%s", job);
   pub->generation = 1;
   snprintf(pub->key, sizeof(pub->key), "%s", key);
   pub->value.size = (pb_size_t)size;
-  call.session = rank_session(job, 0);
+  if (value)
+    memcpy(pub->value.bytes, value, size);
+  call.session = rank_session(job, rank);
   gs__jobs_publish(&jobs, &call, pub);
   ck_assert_uint_eq(last_reply(peer)->request_id, call.request_id);
   err = last_reply(peer)->err;
   free(pub);
   return err;
+}
+
+static int publish_blob(uint32_t peer, const char *job, const char *key, size_t size)
+{
+  return publish_value(peer, job, 0, key, NULL, size);
 }
 
 /* Fills `job`'s store with 16 KiB blobs until a Publish is refused: that
@@ -657,6 +667,96 @@ START_TEST(blobs_count_in_the_memory_budget)
   gs__jobs_free(&jobs); /* at shutdown too */
   ck_assert_uint_eq(mem.stored, 0);
   ck_assert_uint_eq(mem.used, 0);
+  cfg = jobs.cfg;
+  cfg.mem = NULL; /* for the teardown: `mem` is gone by then */
+  gs__jobs_init(&jobs, &cfg, &fake.responder);
+}
+END_TEST
+
+/* Rank `rank` of job "tr" publishes its part of trace `seq`: `spans`
+ * spans, one per step, of 100 µs each, from its clock's `origin_us`. */
+static void publish_trace(uint32_t rank, uint64_t seq, uint64_t origin_us, uint32_t spans)
+{
+  gradsync_Trace *t = calloc(1, sizeof(*t));
+  gs_buf_t enc = {0};
+  char key[64];
+
+  ck_assert_ptr_nonnull(t);
+  t->seq = seq;
+  t->rank = rank;
+  t->origin_us = origin_us;
+  t->events_count = (pb_size_t)spans;
+  for (uint32_t i = 0; i < spans; i++)
+    t->events[i] = (gradsync_TraceEvent){
+        .phase = gradsync_Phase_PHASE_COMPUTE, .step = i + 1, .start_us = i * 200, .dur_us = 100};
+  ck_assert_int_eq(gs_wire_encode(&enc, gradsync_Trace_fields, t), 0);
+  snprintf(key, sizeof(key), "trace.%llu.%u", (unsigned long long)seq, rank);
+  ck_assert_int_eq(publish_value(rank, "tr", rank, key, enc.data, enc.len), 0);
+  gs_buf_free(&enc);
+  free(t);
+}
+
+/* The merged trace is rendered once, when the last rank's part is in, and
+ * kept (counted in what jobs store) for every later GET until the next
+ * request: rendered per request, a 1,024-rank job's took 1.9 s of the loop
+ * each time (issue 39). One that would pass the share is refused. */
+START_TEST(trace_is_rendered_once_and_counted)
+{
+  gs_mem_budget_t mem;
+  gs_jobs_config_t cfg;
+  const gs_buf_t *doc, *again;
+  cJSON *pending, *parsed, *events;
+  gs_job_t *job;
+  size_t before;
+  int spans = 0, first = -1;
+
+  gs_mem_budget_init(&mem, 64u << 20);
+  jobs.cfg.mem = &mem;
+  start_world("tr", 4, 0);
+  job = gs__jobs_find(&jobs, "tr");
+  ck_assert_uint_eq(gs__jobs_trace(job, 10), 1);
+  for (uint32_t r = 0; r < 3; r++)
+    publish_trace(r, 1, 5000 + r, 10);
+  ck_assert_int_eq(gs__trace_document(job, &doc, &pending), 0);
+  ck_assert_ptr_null(doc);
+  ck_assert_ptr_nonnull(pending); /* rank 3 is missing */
+  ck_assert_int_eq(cJSON_GetObjectItem(pending, "published")->valueint, 3);
+  cJSON_Delete(pending);
+  publish_trace(3, 1, 5003, 10);
+  before = mem.stored;
+  ck_assert_int_eq(gs__trace_document(job, &doc, &pending), 0);
+  ck_assert_ptr_null(pending);
+  ck_assert_ptr_nonnull(doc);
+  ck_assert_uint_eq(mem.stored, before + doc->cap); /* counted */
+  ck_assert_int_eq(gs__trace_document(job, &again, &pending), 0);
+  ck_assert_ptr_eq(again, doc); /* not rendered again */
+  ck_assert_uint_eq(mem.stored, before + doc->cap);
+  parsed = cJSON_ParseWithLength((const char *)doc->data, doc->len);
+  ck_assert_msg(parsed, "not JSON: %.200s", (const char *)doc->data);
+  events = cJSON_GetObjectItem(parsed, "traceEvents");
+  for (cJSON *e = events ? events->child : NULL; e; e = e->next) {
+    if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+      continue;
+    spans++;
+    if (first < 0 || cJSON_GetObjectItem(e, "ts")->valueint < first)
+      first = cJSON_GetObjectItem(e, "ts")->valueint;
+  }
+  ck_assert_int_eq(spans, 40);
+  ck_assert_int_eq(first, 0); /* the earliest span (rank 0's first) is time 0 */
+  ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(parsed, "otherData"),
+                                                          "clock_rtt_us")),
+                   4);
+  cJSON_Delete(parsed);
+  /* A new request forgets it; a document past the share is refused. */
+  ck_assert_uint_eq(gs__jobs_trace(job, 10), 2);
+  ck_assert_uint_eq(mem.stored, before);
+  for (uint32_t r = 0; r < 4; r++)
+    publish_trace(r, 2, 5000, 800);
+  mem.stored_max = mem.stored + 1000;
+  ck_assert_int_eq(gs__trace_document(job, &doc, &pending), GS_ELIMIT);
+  ck_assert_ptr_null(doc);
+  gs__jobs_free(&jobs); /* what it kept is given back */
+  ck_assert_uint_eq(mem.stored, 0);
   cfg = jobs.cfg;
   cfg.mem = NULL; /* for the teardown: `mem` is gone by then */
   gs__jobs_init(&jobs, &cfg, &fake.responder);
@@ -1988,6 +2088,7 @@ static Suite *jobs_suite(void)
       {"heartbeat_while_waiting", waiting_connection_cannot_take_a_rank},
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"blobs_budget", blobs_count_in_the_memory_budget},
+      {"trace_once", trace_is_rendered_once_and_counted},
       {"retention", finished_job_is_forgotten_after_retention},
       {"failed_retention", failed_job_is_forgotten_after_retention},
       {"never_started", never_started_job_is_forgotten_at_once},

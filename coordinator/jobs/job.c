@@ -4,6 +4,7 @@
 
 #include "history.h"
 #include "session.h"
+#include "trace.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,6 +48,7 @@ void gs__job_free(gs_job_t *job)
   gs__claims_free(&job->claims);
   gs__job_free_ranks(job);
   gs__store_reset(&job->store);
+  gs__trace_forget(job);
   gs_buf_free(&job->hb_reply);
   free(job->history);
   free(job);

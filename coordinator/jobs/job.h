@@ -271,6 +271,8 @@ struct gs_job {
   uint64_t trace_seq;
   uint32_t trace_steps;
   uint64_t trace_generation;
+  gs_buf_t trace_doc;     /* the merged document of request trace_doc_seq (trace.c) */
+  uint64_t trace_doc_seq; /* 0: none */
   /* Elastic membership (regroup.c): world_min > 0 makes the job elastic,
    * of world_min..world_max ranks. */
   uint32_t world_min, world_max;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "heartbeat.h"
+#include "trace.h"
 #include "regroup.h"
 #include "rendezvous.h"
 #include "session.h"
@@ -423,6 +424,7 @@ void gs__jobs_control(gs_job_t *job, const gs_job_control_t *c)
 
 uint64_t gs__jobs_trace(gs_job_t *job, uint32_t steps)
 {
+  gs__trace_forget(job); /* the last request's document */
   job->trace_seq++;
   job->trace_steps = steps;
   job->trace_generation = job->generation;

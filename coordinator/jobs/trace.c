@@ -8,6 +8,7 @@
 #include "trace.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,53 +42,6 @@ void gs__trace_clock_sample(gs_member_t *m, uint64_t agent_sent_us, uint64_t age
   m->clock_synced = true;
 }
 
-/* A metadata event naming rank's process (tid < 0) or one of its threads. */
-static void name_track(cJSON *events, uint32_t rank, int tid, const char *name)
-{
-  cJSON *e = cJSON_CreateObject(), *args;
-
-  cJSON_AddStringToObject(e, "name", tid < 0 ? "process_name" : "thread_name");
-  cJSON_AddStringToObject(e, "ph", "M");
-  cJSON_AddNumberToObject(e, "pid", rank);
-  if (tid >= 0)
-    cJSON_AddNumberToObject(e, "tid", tid);
-  args = cJSON_AddObjectToObject(e, "args");
-  cJSON_AddStringToObject(args, "name", name);
-  cJSON_AddItemToArray(events, e);
-}
-
-static void name_tracks(cJSON *events, const gs_member_t *m, uint32_t rank)
-{
-  char name[320];
-
-  snprintf(name, sizeof(name), "rank %u (%s)", rank, m->req.node);
-  name_track(events, rank, -1, name);
-  name_track(events, rank, 0, "training thread");
-  name_track(events, rank, 1, "comm thread");
-}
-
-/* One span as an "X" event at `ts` µs on the shared clock. */
-static void add_span(cJSON *events, uint32_t rank, const gradsync_TraceEvent *ev, double ts)
-{
-  cJSON *e = cJSON_CreateObject(), *args;
-  char name[48];
-
-  if (ev->phase == gradsync_Phase_PHASE_ALLREDUCE)
-    snprintf(name, sizeof(name), "allreduce pack %u", ev->pack);
-  else
-    snprintf(name, sizeof(name), "%s", gs_phase_name(ev->phase));
-  cJSON_AddStringToObject(e, "name", name);
-  cJSON_AddStringToObject(e, "cat", ev->comm ? "collective" : "phase");
-  cJSON_AddStringToObject(e, "ph", "X");
-  cJSON_AddNumberToObject(e, "pid", rank);
-  cJSON_AddNumberToObject(e, "tid", ev->comm ? 1 : 0);
-  cJSON_AddNumberToObject(e, "ts", ts);
-  cJSON_AddNumberToObject(e, "dur", ev->dur_us);
-  args = cJSON_AddObjectToObject(e, "args");
-  cJSON_AddNumberToObject(args, "step", (double)ev->step);
-  cJSON_AddItemToArray(events, e);
-}
-
 /* The key of rank's part of the latest trace. */
 static void trace_key(const gs_job_t *job, uint32_t rank, char *key, size_t len)
 {
@@ -103,6 +57,14 @@ static bool rank_trace(const gs_job_t *job, uint32_t rank, gradsync_Trace *t)
   trace_key(job, rank, key, sizeof(key));
   b = gs__store_find(&job->store, key);
   return b && gs_wire_decode(b->value, b->len, gradsync_Trace_fields, t, why, sizeof(why)) == 0;
+}
+
+/* The rank's part as the document shows it: one that does not decode (an
+ * agent of another version) shows as a rank with no spans. */
+static void rank_part(const gs_job_t *job, uint32_t rank, gradsync_Trace *t)
+{
+  if (!rank_trace(job, rank, t))
+    *t = (gradsync_Trace)gradsync_Trace_init_zero;
 }
 
 /* What is still missing: the ranks that have not published. */
@@ -124,58 +86,192 @@ static cJSON *pending_json(const gs_job_t *job, const bool *have, uint32_t count
   return o;
 }
 
-/* The merged document from the ranks' traces, each decoded once into `t`
- * (a Trace is 44 KB); the spans are written on the shared clock, then
- * moved so that the earliest is at time 0. */
-static cJSON *chrome_json(const gs_job_t *job, gradsync_Trace *t)
+/* What one span's event takes at most as text (20-digit numbers). */
+#define SPAN_TEXT_MAX 224
+/* A rank's tracks' names, its node's name aside, and its clock_rtt_us
+ * and truncated entries. */
+#define RANK_TEXT_MAX 448
+/* The document's head and tail, the job's name aside. */
+#define DOC_TEXT_MAX 512
+
+/* Appends printf output to the document, whose room was reserved. */
+static void put(gs_buf_t *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(gs_buf_t *out, const char *fmt, ...)
 {
-  cJSON *doc = cJSON_CreateObject(), *events = cJSON_AddArrayToObject(doc, "traceEvents");
-  cJSON *other = cJSON_AddObjectToObject(doc, "otherData");
-  cJSON *truncated =
-      cJSON_AddArrayToObject(other, "truncated"); /* ranks whose last spans are left out */
-  /* Per rank, the round trip of the heartbeat its clock was aligned by:
-   * its track is placed within half of it of the coordinator's clock. */
-  cJSON *rtts = cJSON_AddArrayToObject(other, "clock_rtt_us");
-  cJSON *e, *ts;
-  double origin = -1;
+  size_t room = out->cap - out->len;
+  va_list ap;
+  int n;
 
-  cJSON_AddStringToObject(doc, "displayTimeUnit", "ms");
-  cJSON_AddStringToObject(other, "job", job->name);
-  cJSON_AddNumberToObject(other, "trace_seq", (double)job->trace_seq);
-  cJSON_AddNumberToObject(other, "generation", (double)job->generation);
-  cJSON_AddNumberToObject(other, "steps", job->trace_steps);
-  for (uint32_t r = 0; events && r < job->world_size && rank_trace(job, r, t); r++) {
-    double base = (double)t->origin_us + (double)job->ranks[r]->clock_offset_us;
-
-    name_tracks(events, job->ranks[r], r);
-    cJSON_AddItemToArray(rtts, cJSON_CreateNumber((double)job->ranks[r]->clock_rtt_us));
-    for (pb_size_t i = 0; i < t->events_count; i++) {
-      double at = base + (double)t->events[i].start_us;
-
-      add_span(events, r, &t->events[i], at);
-      if (origin < 0 || at < origin)
-        origin = at;
-    }
-    if (t->truncated)
-      cJSON_AddItemToArray(truncated, cJSON_CreateNumber(r));
-  }
-  cJSON_ArrayForEach(e, events)
-  {
-    if ((ts = cJSON_GetObjectItemCaseSensitive(e, "ts")))
-      cJSON_SetNumberValue(ts, ts->valuedouble - origin);
-  }
-  return doc;
+  if (room <= 1)
+    return; /* full: render() finds it measured short */
+  va_start(ap, fmt);
+  n = vsnprintf((char *)out->data + out->len, room, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    out->len += (size_t)n < room ? (size_t)n : room - 1;
 }
 
-cJSON *gs__trace_json(const gs_job_t *job, bool *complete)
+/* Rank r's process and its two threads, named; `node` is the node's name
+ * as a JSON string (quotes included). */
+static void put_tracks(gs_buf_t *out, uint32_t r, const char *node)
+{
+  put(out,
+      "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%u,\"args\":{\"name\":\"rank %u (%.*s)\"}},"
+      "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":0,"
+      "\"args\":{\"name\":\"training thread\"}},"
+      "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%u,\"tid\":1,"
+      "\"args\":{\"name\":\"comm thread\"}}",
+      r, r, (int)strlen(node) - 2, node + 1, r, r);
+}
+
+/* One span as an "X" event at `ts` µs after the trace's first span. */
+static void put_span(gs_buf_t *out, uint32_t r, const gradsync_TraceEvent *ev, int64_t ts)
+{
+  char name[48];
+
+  if (ev->phase == gradsync_Phase_PHASE_ALLREDUCE)
+    snprintf(name, sizeof(name), "allreduce pack %u", ev->pack);
+  else
+    snprintf(name, sizeof(name), "%s", gs_phase_name(ev->phase));
+  put(out,
+      ",{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%d,\"ts\":%" PRId64
+      ",\"dur\":%" PRIu64 ",\"args\":{\"step\":%" PRIu64 "}}",
+      name, ev->comm ? "collective" : "phase", r, ev->comm ? 1 : 0, ts, (uint64_t)ev->dur_us,
+      (uint64_t)ev->step);
+}
+
+/* The first pass: where each rank's spans start on the coordinator's
+ * clock, the earliest span of all (the document's time 0), and how much
+ * text the document can take, so that it is written in one allocation. */
+static void measure(const gs_job_t *job, gradsync_Trace *t, int64_t *origin, size_t *text_max)
+{
+  bool any = false;
+
+  *text_max = DOC_TEXT_MAX + strlen(job->name);
+  for (uint32_t r = 0; r < job->world_size; r++) {
+    int64_t base;
+
+    rank_part(job, r, t);
+    base = (int64_t)t->origin_us + job->ranks[r]->clock_offset_us;
+    for (pb_size_t i = 0; i < t->events_count; i++) {
+      int64_t at = base + (int64_t)t->events[i].start_us;
+
+      if (!any || at < *origin)
+        *origin = at;
+      any = true;
+    }
+    *text_max += RANK_TEXT_MAX + 6 * strlen(job->ranks[r]->req.node) +
+                 (size_t)t->events_count * SPAN_TEXT_MAX;
+  }
+  if (!any)
+    *origin = 0;
+}
+
+/* The merged document, written in `out` (room for text_max bytes): the
+ * spans on the shared clock, moved so that the earliest is at time 0. */
+static int render(const gs_job_t *job, gradsync_Trace *t, int64_t origin, gs_buf_t *out)
+{
+  uint32_t w = job->world_size;
+
+  put(out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+  for (uint32_t r = 0; r < w; r++) {
+    const gs_member_t *m = job->ranks[r];
+    cJSON *name = cJSON_CreateStringReference(m->req.node);
+    char *node = name ? cJSON_PrintUnformatted(name) : NULL; /* escaped */
+    int64_t base;
+
+    cJSON_Delete(name);
+    if (!node)
+      return GS_ENOMEM;
+    rank_part(job, r, t);
+    if (r)
+      put(out, ",");
+    put_tracks(out, r, node);
+    free(node);
+    base = (int64_t)t->origin_us + m->clock_offset_us - origin;
+    for (pb_size_t i = 0; i < t->events_count; i++)
+      put_span(out, r, &t->events[i], base + (int64_t)t->events[i].start_us);
+  }
+  put(out,
+      "],\"otherData\":{\"job\":\"%s\",\"trace_seq\":%" PRIu64 ",\"generation\":%" PRIu64
+      ",\"steps\":%u,\"truncated\":[",
+      job->name, job->trace_seq, job->generation, job->trace_steps);
+  /* The ranks whose last spans are left out. */
+  for (uint32_t r = 0, n = 0; r < w; r++) {
+    rank_part(job, r, t);
+    if (t->truncated)
+      put(out, "%s%u", n++ ? "," : "", r);
+  }
+  /* Per rank, the round trip of the heartbeat its clock was aligned by:
+   * its track is placed within half of it of the coordinator's clock. */
+  put(out, "],\"clock_rtt_us\":[");
+  for (uint32_t r = 0; r < w; r++)
+    put(out, "%s%" PRIu64, r ? "," : "", job->ranks[r]->clock_rtt_us);
+  put(out, "]}}");
+  return out->len + 1 < out->cap ? 0 : GS_EINTERNAL; /* the room was measured short */
+}
+
+void gs__trace_forget(gs_job_t *job)
+{
+  if (job->store.mem)
+    gs_mem_budget_store(job->store.mem, 0, job->trace_doc.cap);
+  gs_buf_free(&job->trace_doc);
+  job->trace_doc_seq = 0;
+}
+
+/* Renders the latest request's document once every rank published, and
+ * keeps it, counted in what jobs store. */
+static int keep_document(gs_job_t *job, gradsync_Trace *t)
+{
+  gs_mem_budget_t *mem = job->store.mem;
+  gs_buf_t doc = {0};
+  int64_t origin = 0;
+  size_t text_max;
+  uint8_t *fit;
+  int err;
+
+  measure(job, t, &origin, &text_max);
+  if (mem && !gs_mem_budget_store_fits(mem, text_max))
+    return GS_ELIMIT;
+  doc.data = malloc(text_max);
+  doc.cap = text_max;
+  if (!doc.data)
+    return GS_ENOMEM;
+  err = render(job, t, origin, &doc);
+  if (err) {
+    free(doc.data);
+    return err;
+  }
+  fit = realloc(doc.data, doc.len + 1); /* what was measured is an upper bound */
+  if (fit) {
+    doc.data = fit;
+    doc.cap = doc.len + 1;
+  }
+  doc.data[doc.len] = '\0';
+  gs__trace_forget(job);
+  job->trace_doc = doc;
+  job->trace_doc_seq = job->trace_seq;
+  if (mem)
+    gs_mem_budget_store(mem, doc.cap, 0);
+  return 0;
+}
+
+int gs__trace_document(gs_job_t *job, const gs_buf_t **doc, cJSON **pending)
 {
   uint32_t w = job->world_size, count = 0;
-  gradsync_Trace *t = malloc(sizeof(*t));
-  bool *have = calloc(w ? w : 1, sizeof(*have));
-  cJSON *doc = NULL;
+  gradsync_Trace *t;
+  bool *have;
   char key[64];
+  int err = GS_ENOMEM;
 
-  *complete = false;
+  *doc = NULL;
+  *pending = NULL;
+  if (job->trace_doc_seq && job->trace_doc_seq == job->trace_seq) {
+    *doc = &job->trace_doc;
+    return 0;
+  }
+  t = malloc(sizeof(*t));
+  have = calloc(w ? w : 1, sizeof(*have));
   if (!t || !have)
     goto out;
   for (uint32_t r = 0; job->trace_seq && job->trace_generation == job->generation && r < w; r++) {
@@ -183,10 +279,16 @@ cJSON *gs__trace_json(const gs_job_t *job, bool *complete)
     have[r] = job->ranks[r] && gs__store_find(&job->store, key);
     count += have[r];
   }
-  *complete = w && count == w;
-  doc = *complete ? chrome_json(job, t) : pending_json(job, have, count);
+  if (!w || count < w) {
+    *pending = pending_json(job, have, count);
+    err = *pending ? 0 : GS_ENOMEM;
+    goto out;
+  }
+  err = keep_document(job, t);
+  if (!err)
+    *doc = &job->trace_doc;
 out:
   free(t);
   free(have);
-  return doc;
+  return err;
 }

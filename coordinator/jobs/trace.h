@@ -22,10 +22,15 @@ void gs__trace_stamp(const gs_member_t *m, uint64_t *at_us, uint64_t now_ms);
  * member's heartbeat times are moved on to this heartbeat. */
 void gs__trace_clock_sample(gs_member_t *m, uint64_t agent_sent_us, uint64_t agent_replied_us);
 
-/* The latest request's trace (caller frees with cJSON_Delete): the Chrome
- * trace-event document once every rank of the generation published its
- * part (*complete true), else what is still missing. NULL when out of
- * memory. */
-cJSON *gs__trace_json(const gs_job_t *job, bool *complete);
+/* The latest request's trace: once every rank of the generation published
+ * its part, the Chrome trace-event document in *doc (JSON text), rendered
+ * at the first call and kept in the job until the next request or the job
+ * is freed, counted in what jobs store (a 1,024-rank job's makes tens of
+ * MB: rendered per request it held the loop for seconds); else what is
+ * still missing in *pending (caller frees with cJSON_Delete). GS_ELIMIT
+ * when the document would pass what jobs may store, GS_ENOMEM. */
+int gs__trace_document(gs_job_t *job, const gs_buf_t **doc, cJSON **pending);
+/* Frees the kept document (and gives it back to the budget). */
+void gs__trace_forget(gs_job_t *job);
 
 #endif
