@@ -1,8 +1,9 @@
 /* One memory budget (--max-memory) for everything the coordinator holds
  * for its clients, counted by each layer as it takes and gives back
  * bytes: the RPC connections' buffers (conn.c), the HTTP port's replies
- * waiting to be written and requests held (http_server.c), and what the
- * jobs store, their blobs and pack lists (job_store.c). Its owner (coordinator.c) holds it
+ * waiting to be written and requests held (http_server.c), what the jobs
+ * store, their blobs and pack lists (job_store.c), and their members,
+ * ranks and parked Joins (job.c). Its owner (coordinator.c) holds it
  * and hands it to each layer, which borrow it; none sees another
  * through it. Counting only, on the loop's thread. */
 #ifndef GS_MEM_BUDGET_H
@@ -15,13 +16,19 @@
  * quarter): whatever one job or tenant publishes, the connections keep
  * room for heartbeats and replies. */
 #define GS_MEM_STORED_SHARE 4
+/* And their members (ranks, and Joins parked until their rendezvous):
+ * another quarter, so that Joins parked on a node agent's 255 slots per
+ * connection cannot fill the rest either. */
+#define GS_MEM_MEMBERS_SHARE 4
 
 typedef struct gs_mem_budget {
-  size_t max;        /* everything together (--max-memory) */
-  size_t used;       /* held now: connections and store */
-  size_t stored;     /* of it, the jobs' blobs and pack lists */
-  size_t http;       /* and the HTTP port's (each connection held at its share) */
-  size_t stored_max; /* what they may hold: max / GS_MEM_STORED_SHARE */
+  size_t max;         /* everything together (--max-memory) */
+  size_t used;        /* held now: connections and store */
+  size_t stored;      /* of it, the jobs' blobs and pack lists */
+  size_t http;        /* and the HTTP port's (each connection held at its share) */
+  size_t stored_max;  /* what they may hold: max / GS_MEM_STORED_SHARE */
+  size_t members;     /* of it, the jobs' members */
+  size_t members_max; /* what they may hold: max / GS_MEM_MEMBERS_SHARE */
 } gs_mem_budget_t;
 
 /* An empty budget of `max` bytes. */
@@ -31,5 +38,8 @@ bool gs_mem_budget_store_fits(const gs_mem_budget_t *b, size_t n);
 /* The store holds `add` bytes more and `sub` fewer (counted in `used`
  * too); `sub` never passes what it counted before. */
 void gs_mem_budget_store(gs_mem_budget_t *b, size_t add, size_t sub);
+/* The same for the members' part. */
+bool gs_mem_budget_members_fit(const gs_mem_budget_t *b, size_t n);
+void gs_mem_budget_members(gs_mem_budget_t *b, size_t add, size_t sub);
 
 #endif

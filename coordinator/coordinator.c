@@ -111,6 +111,7 @@ static void service_info(void *ctx, gs_service_info_t *out)
       .unauth_memory_bytes = c->conns->unauth_used,
       .unauth_closed = c->conns->unauth_closed,
       .http_memory_bytes = c->mem.http,
+      .member_bytes = c->mem.members,
       .requests = c->rpc.stats.requests,
       .errors = c->rpc.stats.errors,
       .bad_frames = c->rpc.stats.bad_frames,

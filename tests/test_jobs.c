@@ -638,7 +638,7 @@ static void publish_until_refused(uint32_t peer, const char *job, const gs_mem_b
   ck_assert_uint_le(mem->stored, mem->stored_max);
   ck_assert_uint_gt(mem->stored + 16384 + sizeof(gs_blob_t) + GS_STORE_ALLOC_OVERHEAD,
                     mem->stored_max);
-  ck_assert_uint_eq(mem->used, mem->stored);
+  ck_assert_uint_eq(mem->used, mem->stored + mem->members);
 }
 
 /* Blobs count in the memory budget (--max-memory): past the share for
@@ -666,6 +666,42 @@ START_TEST(blobs_count_in_the_memory_budget)
   ck_assert_uint_gt(mem.stored, 100);
   gs__jobs_free(&jobs); /* at shutdown too */
   ck_assert_uint_eq(mem.stored, 0);
+  ck_assert_uint_eq(mem.used, 0);
+  cfg = jobs.cfg;
+  cfg.mem = NULL; /* for the teardown: `mem` is gone by then */
+  gs__jobs_init(&jobs, &cfg, &fake.responder);
+}
+END_TEST
+
+/* Every member counts in the budget's members part, a parked Join too
+ * (with its settings): past a quarter of --max-memory a Join is refused,
+ * naming the flag, and what the members held is given back as they go
+ * (issue 39: Joins parked on node-agent slots took 846 MB under 64 MiB). */
+START_TEST(parked_joins_count_in_the_memory_budget)
+{
+  gs_mem_budget_t mem;
+  gs_jobs_config_t cfg;
+  gradsync_JoinRequest req;
+  uint32_t parked = 0;
+
+  gs_mem_budget_init(&mem, 16 * GS_MEMBER_COST + 100);
+  jobs.cfg.mem = &mem;
+  start_world("pj", 2, 0); /* 2 ranks */
+  ck_assert_uint_ge(mem.members, 2 * GS_MEMBER_COST);
+  for (uint32_t i = 2; i < MAX_PEERS; i++) {
+    req = th_join_request("pw", 100, "n", i); /* parks: 100 never come */
+    join(i, &req, 0);
+    if (last_reply(i))
+      break;
+    parked++;
+  }
+  ck_assert_uint_eq(parked, 2); /* a quarter: 4 members */
+  ck_assert_int_eq(last_reply(2 + parked)->err, GS_ELIMIT);
+  ck_assert_ptr_nonnull(strstr(last_reply(2 + parked)->message, "--max-memory"));
+  ck_assert_uint_le(mem.members, mem.members_max);
+  ck_assert_uint_eq(mem.used, mem.members);
+  gs__jobs_free(&jobs); /* members and parked Joins given back */
+  ck_assert_uint_eq(mem.members, 0);
   ck_assert_uint_eq(mem.used, 0);
   cfg = jobs.cfg;
   cfg.mem = NULL; /* for the teardown: `mem` is gone by then */
@@ -2089,6 +2125,7 @@ static Suite *jobs_suite(void)
       {"blobs", fetch_waits_for_publish_or_deadline},
       {"blobs_budget", blobs_count_in_the_memory_budget},
       {"trace_once", trace_is_rendered_once_and_counted},
+      {"parked_joins_budget", parked_joins_count_in_the_memory_budget},
       {"retention", finished_job_is_forgotten_after_retention},
       {"failed_retention", failed_job_is_forgotten_after_retention},
       {"never_started", never_started_job_is_forgotten_at_once},

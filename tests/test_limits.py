@@ -7,7 +7,7 @@ usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
 cases: noread, noread_token, http_noread, budget, budget_unauth, packlist, connections,
        http_connections,
        log_escape, log_flood, log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire,
-       jobs_memory, blobs
+       jobs_memory, blobs, slot_joins
 """
 import http.client
 import json
@@ -96,8 +96,8 @@ class Coordinator:
                 raise AssertionError(text[text.index(mark) - 200:][:3000])
 
 
-def frame(pb, method, msg=None, token="", request_id=1, body=None):
-    env = pb.Envelope(method=method, request_id=request_id, token=token,
+def frame(pb, method, msg=None, token="", request_id=1, body=None, slot=0):
+    env = pb.Envelope(method=method, request_id=request_id, token=token, slot=slot,
                       body=body if body is not None else msg.SerializeToString())
     data = env.SerializeToString()
     return struct.pack(">I", len(data)) + data
@@ -730,6 +730,59 @@ def sanitized(binary):
         return b"__asan_init" in f.read()
 
 
+def metric(c, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.http_port}/metrics", timeout=WAIT) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def case_slot_joins(binary, pb):
+    """Joins parked on a node agent's slots (255 a connection) count in
+    --max-memory (issue 39: 2,000 connections parked 510,000 and took a
+    coordinator to 846 MB under 64 MiB): 80 connections each park a Join
+    on every slot, against --max-memory 16MiB; the members' part (a
+    quarter) fills, the rest are refused RESOURCE_EXHAUSTED naming the
+    flag, the coordinator stays under the budget, and a member's
+    heartbeats are answered throughout."""
+    c = Coordinator(binary, "--max-memory", "16MiB")
+    socks = []
+    try:
+        member = Member(c, pb, "m")
+        assert member.call("Heartbeat", pb.HeartbeatRequest(
+            job="m", generation=member.generation, rank=0, step=1)).status == 0
+        base = c.rss_mib()
+        conns, slots = 80, 255
+        for i in range(conns):
+            s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+            socks.append(s)
+            s.sendall(b"".join(
+                frame(pb, PREFIX + "Join", pb.JoinRequest(
+                    job=f"parked-{i}", world_size=400, node=f"n{slot}", local_rank=0,
+                    device="cpu"), request_id=slot, slot=slot)
+                for slot in range(1, slots + 1)))
+        wait_until("every Join taken", lambda: joins_taken(c) >= conns * slots + 1, every=0.2)
+        grown = c.rss_mib() - base
+        held = metric(c, "gradsync_job_member_bytes")
+        print(f"slot_joins: {conns * slots} Joins on slots: the members hold {held / MiB:.1f} "
+              f"MiB, the coordinator grew {grown:.1f} MiB (--max-memory 16MiB)")
+        assert held <= 4 * MiB, held
+        refused = metric(c, 'gradsync_rpc_errors_total{method="Join"}')
+        assert refused >= conns * slots // 2, f"only {refused:.0f} Joins refused"
+        reply = recv_envelope(pb, socks[-1])  # the last connection's were all refused
+        assert reply.slot and reply.status != 0 and "--max-memory" in reply.message, reply
+        if not sanitized(binary):
+            assert grown < 16, f"coordinator grew {grown:.1f} MiB"
+        assert member.call("Heartbeat", pb.HeartbeatRequest(
+            job="m", generation=member.generation, rank=0, step=2)).status == 0
+        print(f"slot_joins: {refused:.0f} refused, naming --max-memory; heartbeats answered")
+    finally:
+        for s in socks:
+            s.close()
+        c.close()
+
+
 def case_jobs_expire(binary, pb):
     # One-shot Joins: each connects, joins a job of two, and goes away, so
     # no rendezvous ever completes. They were kept forever, then for
@@ -876,6 +929,7 @@ CASES = {
     "jobs_expire": case_jobs_expire,
     "jobs_memory": case_jobs_memory,
     "blobs": case_blobs,
+    "slot_joins": case_slot_joins,
 }
 
 

@@ -88,13 +88,17 @@ static const gs_flag_t flag_rows[] = {
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
   {.name = "--max-memory", .kind = GS_FLAG_SIZE, CFG(max_memory), .umin = 1u << 20,
    .metavar = "SIZE",
-   .help = "memory the coordinator may hold for clients: connection buffers, blobs, pack lists",
+   .help = "memory the coordinator may hold for clients: connection buffers, HTTP replies, "
+           "blobs, pack lists, ranks",
    .doc = "budget for everything the coordinator holds for clients: what every RPC connection "
-          "holds (partial frames, queued replies, bookkeeping) and the jobs' blobs and pack "
+          "holds (partial frames, queued replies, bookkeeping), the HTTP replies waiting to be "
+          "written (each HTTP connection is held at its share), the jobs' blobs and pack "
           "lists, which may take a quarter of it (a `Publish` or `PublishPackList` past that "
-          "gets RESOURCE_EXHAUSTED until generations end); connections not yet authenticated "
-          "share another quarter; past three quarters of the rest new calls get "
-          "RESOURCE_EXHAUSTED, and a connection that would pass it is closed"},
+          "gets RESOURCE_EXHAUSTED until generations end), and their ranks and parked Joins, "
+          "another quarter (about 1.5 KB each; a Join past it gets RESOURCE_EXHAUSTED); "
+          "connections not yet authenticated share another quarter; past three quarters of "
+          "the rest new calls get RESOURCE_EXHAUSTED, and a connection that would pass it is "
+          "closed"},
   {.name = "--max-connections", .kind = GS_FLAG_INT, CFG(max_connections), .min = 0,
    .max = 1 << 20, .metavar = "N",
    .help = "open RPC connections at most (0: the open-file limit less the HTTP cap and 32)",

@@ -261,5 +261,6 @@ bool gs__settings_take(gs_member_t *m, const gradsync_JoinRequest *req)
   }
   m->settings_len = len;
   m->settings_count = (uint32_t)a->count;
+  gs__member_count(m, len + GS_STORE_ALLOC_OVERHEAD);
   return true;
 }

@@ -95,6 +95,7 @@ gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync
   if (!m)
     return NULL;
   m->job = job;
+  gs__member_count(m, GS_MEMBER_COST);
   m->req = *req;
   m->req.settings = (pb_callback_t){0}; /* the caller's; rendezvous.c keeps a copy */
   m->join_request_id = call->request_id;
@@ -104,10 +105,24 @@ gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync
   return m;
 }
 
+void gs__member_count(gs_member_t *m, size_t add)
+{
+  gs_mem_budget_t *mem = m->job->jobs->cfg.mem;
+
+  m->counted += add;
+  if (mem)
+    gs_mem_budget_members(mem, add, 0);
+}
+
 void gs__member_free(gs_member_t *m)
 {
+  gs_mem_budget_t *mem;
+
   if (!m)
     return;
+  mem = m->job->jobs->cfg.mem;
+  if (mem)
+    gs_mem_budget_members(mem, 0, m->counted);
   if (gs_list_linked(&m->wait_node)) { /* never answered: its connection waits no more */
     m->job->jobs->responder->unpark(m->job->jobs->responder, m->wait_peer);
     gs_list_remove(&m->wait_node);

@@ -138,6 +138,7 @@ struct gs_member {
   char *settings;
   size_t settings_len;
   uint32_t settings_count;
+  size_t counted; /* what it holds, as counted in the budget's members part */
   /* Latest heartbeat. Running members are also on the job's heartbeat
    * list, oldest heartbeat first, so the silence check looks at one. */
   uint64_t last_heartbeat_ms;
@@ -302,10 +303,15 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name);
 /* Frees the ranks, the store and the job; the rendezvous must be empty. */
 void gs__job_free(gs_job_t *job);
 
-/* A member for `req`, bound to the caller's connection; NULL when out of
- * memory. Free with gs__member_free. */
+/* A member for `req`, bound to the caller's connection, counted in the
+ * budget's members part; NULL when out of memory. Free with
+ * gs__member_free. */
 gs_member_t *gs__member_new(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req);
 void gs__member_free(gs_member_t *m);
+/* What a member costs in the budget, its settings aside. */
+#define GS_MEMBER_COST (sizeof(gs_member_t) + GS_STORE_ALLOC_OVERHEAD)
+/* The member holds `add` more bytes (its settings). */
+void gs__member_count(gs_member_t *m, size_t add);
 /* Makes `peer` the connection whose loss loses `m`. */
 void gs__member_bind(gs_member_t *m, gs_peer_t *peer);
 void gs__member_unbind(gs_member_t *m);

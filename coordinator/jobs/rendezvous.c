@@ -476,6 +476,22 @@ static bool refuse_running(gs_job_t *job, const gs_call_t *call)
   return true;
 }
 
+/* A Join whose member would pass the budget's members part: Joins parked
+ * on a node agent's slots (255 a connection, 2,000 connections) took a
+ * coordinator to 846 MB under --max-memory 64MiB. */
+static bool refuse_over_budget(gs_job_t *job, const gs_call_t *call)
+{
+  const gs_mem_budget_t *mem = job->jobs->cfg.mem;
+
+  if (!mem || gs_mem_budget_members_fit(mem, GS_MEMBER_COST))
+    return false;
+  REPLY_ERR(job, call, GS_ELIMIT,
+            "a Join of job %s would pass what ranks and parked Joins may hold (%zu of %zu bytes, "
+            "a quarter of --max-memory, about %zu bytes each)",
+            job->name, mem->members, mem->members_max, GS_MEMBER_COST);
+  return true;
+}
+
 /* A member of the elastic generation that runs or regroups, which a new
  * agent must agree with: the one of lowest rank left (after a coordinator
  * restart, until the ranks re-registered, there may be none). */
@@ -523,7 +539,8 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   back = job->generation && (req->has_state || elastic_member(job, call));
   if (back && !gs__regroup_survivor(job, call, req))
     return;
-  if (refuse_running(job, call) || refuse_duplicate(job, call, req))
+  if (refuse_running(job, call) || refuse_duplicate(job, call, req) ||
+      refuse_over_budget(job, call))
     return;
   if (!reserve_waiting(job) || !(m = gs__member_new(job, call, req))) {
     REPLY_ERR(job, call, GS_ENOMEM, "coordinator out of memory");

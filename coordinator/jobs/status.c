@@ -531,6 +531,10 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
                 "What the jobs' blobs and pack lists hold (--max-memory, a quarter of it at "
                 "most).");
   err |= emit(out, "gradsync_job_store_bytes %" PRIu64 "\n", svc->stored_bytes);
+  err |= family(out, "gradsync_job_member_bytes", "gauge",
+                "What the jobs' ranks and parked Joins hold (--max-memory, a quarter of it at "
+                "most).");
+  err |= emit(out, "gradsync_job_member_bytes %" PRIu64 "\n", svc->member_bytes);
   err |= family(out, "gradsync_http_memory_bytes", "gauge",
                 "What the HTTP port holds (--max-memory): replies waiting to be written, "
                 "requests held unparsed.");

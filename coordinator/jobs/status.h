@@ -18,6 +18,7 @@ typedef struct gs_service_info {
   uint64_t unauth_memory_bytes; /* the part the unauthenticated ones hold */
   uint64_t unauth_closed;       /* unauthenticated ones closed or refused for their share */
   uint64_t http_memory_bytes;   /* what the HTTP port's replies and held requests hold */
+  uint64_t member_bytes;        /* what the jobs' ranks and parked Joins hold */
   const uint64_t *requests;     /* [GS_METHOD_COUNT] */
   const uint64_t *errors;       /* [GS_METHOD_COUNT] */
   uint64_t bad_frames;
