@@ -673,6 +673,37 @@ START_TEST(blobs_count_in_the_memory_budget)
 }
 END_TEST
 
+/* At --max-jobs the job at rest longest makes room for a new one (issue
+ * 39: 10,000 short jobs kept for --job-retention shut new ones out for an
+ * hour); a job at work again since the sweep saw it at rest is kept, and
+ * with every job at work a new one is refused. */
+START_TEST(job_cap_forgets_the_oldest_at_rest)
+{
+  gradsync_JoinRequest req;
+
+  jobs.cfg.max_jobs = 3;
+  start_world_on("f1", 1, 0, 0);
+  leave(0, "f1", 1, 0, true, 10); /* finished */
+  gs__jobs_sweep(&jobs, 20);      /* seen at rest first */
+  start_world_on("f2", 1, 1, 30);
+  leave(1, "f2", 1, 0, true, 40);
+  gs__jobs_sweep(&jobs, 50);
+  start_world_on("run", 1, 2, 60); /* at work */
+  ck_assert_uint_eq(jobs.job_count, 3);
+  start_world_on("new", 1, 3, 70); /* f1 makes room */
+  ck_assert_ptr_null(gs__jobs_find(&jobs, "f1"));
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "f2"));
+  req = th_join_request("f2", 2, "n0", 0); /* f2 at work again: a rendezvous */
+  join(4, &req, 80);
+  req = th_join_request("other", 1, "n0", 0);
+  join(5, &req, 90);
+  ck_assert_int_eq(last_reply(5)->err, GS_ELIMIT);
+  ck_assert_ptr_nonnull(strstr(last_reply(5)->message, "--max-jobs"));
+  ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "f2"));
+  ck_assert_uint_eq(jobs.job_count, 3);
+}
+END_TEST
+
 /* Every member counts in the budget's members part, a parked Join too
  * (with its settings): past a quarter of --max-memory a Join is refused,
  * naming the flag, and what the members held is given back as they go
@@ -2130,6 +2161,7 @@ static Suite *jobs_suite(void)
       {"failed_retention", failed_job_is_forgotten_after_retention},
       {"never_started", never_started_job_is_forgotten_at_once},
       {"job_cap", job_cap_refuses_only_new_jobs},
+      {"job_cap_room", job_cap_forgets_the_oldest_at_rest},
       {"history", history_keeps_the_latest_generations},
       {"job_index", job_index_finds_many_jobs},
       {"settings_unlike", settings_unlike_rank_0s_are_refused},

@@ -118,10 +118,13 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--max-world-size", .kind = GS_FLAG_INT, CFG(max_world_size), .min = 1,
    .max = 1 << 24, .metavar = "N", .help = "largest world size accepted"},
   {.name = "--max-jobs", .kind = GS_FLAG_INT, CFG(max_jobs), .min = 1, .max = 1 << 24,
-   .metavar = "N", .help = "jobs held at once; a Join that would create one more is refused",
-   .doc = "jobs held at once (waiting, running, or at rest until `--job-retention`); a Join "
-          "that would create one more is refused with `RESOURCE_EXHAUSTED`, and the jobs held "
-          "go on"},
+   .metavar = "N",
+   .help = "jobs held at once; at the cap the job at rest longest makes room, else a Join that "
+           "would create one more is refused",
+   .doc = "jobs held at once (waiting, running, or at rest until `--job-retention`); at the cap "
+          "the job at rest longest is forgotten to make room for a new one, and only with "
+          "every job at work is a Join that would create one more refused with "
+          "`RESOURCE_EXHAUSTED` (the jobs held go on)"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, CFG(log.level),
    .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",

@@ -36,6 +36,7 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
   snprintf(job->name, sizeof(job->name), "%s", name);
   job->lr_scale = 1.0f;
   gs_list_init(&job->hb_list);
+  gs_list_init(&job->rest_node);
   gs_list_init(&job->wait_list);
   gs_list_init(&job->node_waits);
   gs__store_init(&job->store, jobs->responder, jobs->cfg.log, job->name, jobs->cfg.mem);

@@ -74,6 +74,10 @@ typedef struct gs_jobs {
   uint32_t job_count;
   uint64_t jobs_created;      /* ever: the latest job's serial */
   gs_ratelimit_t job_cap_log; /* Joins refused at --max-jobs are logged, not each one */
+  /* Jobs the sweep saw at rest (nothing in progress), in the order it saw
+   * them: at --max-jobs the first makes room for a new one. */
+  gs_list_t resting;
+  uint64_t forgotten_for_room; /* jobs forgotten so (logged at a bounded rate) */
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key); a
    * heartbeat's progress bumps `progress` instead (http_routes.c lets a
@@ -188,8 +192,8 @@ typedef struct gs_generation_record {
 } gs_generation_record_t;
 
 struct gs_job {
-  gs_job_t *next;
-  gs_job_t *hnext; /* its bucket in gs_jobs.index */
+  gs_job_t *next, *prev; /* gs_jobs.jobs */
+  gs_job_t *hnext;       /* its bucket in gs_jobs.index */
   gs_jobs_t *jobs;
   char name[128];
   /* Its place in creation order, from 1, never reused: /status pages
@@ -224,6 +228,7 @@ struct gs_job {
    * cfg.job_retention_ms from then, like a finished job. */
   uint64_t resting_since_ms;
   bool resting;
+  gs_list_t rest_node; /* on gs_jobs.resting while `resting` */
   uint32_t ranks_left; /* members in state LEFT */
   /* Running members by last heartbeat, oldest first (see gs_member). */
   gs_list_t hb_list;

@@ -23,6 +23,7 @@ void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t 
   memset(jobs, 0, sizeof(*jobs));
   jobs->cfg = *cfg;
   jobs->responder = r;
+  gs_list_init(&jobs->resting);
 }
 
 gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name)
@@ -30,14 +31,48 @@ gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name)
   return gs__job_index_find(&jobs->index, name);
 }
 
+static bool job_resting(const gs_job_t *job);
+static void forget(gs_jobs_t *jobs, gs_job_t *job);
+
+/* At --max-jobs, the job at rest longest (finished, failed, or its
+ * rendezvous gone, kept only for its status) is forgotten to make room:
+ * short jobs must not shut new ones out for --job-retention. False when
+ * every job held is at work. */
+static bool make_room(gs_jobs_t *jobs, const gs_call_t *call, const char *name)
+{
+  gs_list_t *first;
+  uint32_t held_back;
+
+  while ((first = gs_list_first(&jobs->resting))) {
+    gs_job_t *job = GS_CONTAINER_OF(first, gs_job_t, rest_node);
+
+    if (!job_resting(job)) { /* at work again since the sweep saw it */
+      gs_list_remove(&job->rest_node);
+      job->resting = false;
+      continue;
+    }
+    jobs->forgotten_for_room++;
+    if (gs_ratelimit_allow(&jobs->job_cap_log, call->now_ms, &held_back))
+      gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, -1,
+             "%s, at rest; forgotten to make room for job %s (--max-jobs %u; %llu jobs "
+             "forgotten so; %u such lines held back)",
+             gs__job_state_name(job->state), name, jobs->cfg.max_jobs,
+             (unsigned long long)jobs->forgotten_for_room, held_back);
+    forget(jobs, job);
+    return true;
+  }
+  return false;
+}
+
 /* Whether a Join for a job not held yet is refused: the coordinator holds
- * --max-jobs already. The jobs held go on; each refusal is answered, and
- * logged at a bounded rate (a flood of them is what the cap is for). */
+ * --max-jobs already, every one of them at work. The jobs held go on;
+ * each refusal is answered, and logged at a bounded rate (a flood of them
+ * is what the cap is for). */
 static bool refuse_new_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name)
 {
   uint32_t held_back;
 
-  if (jobs->job_count < jobs->cfg.max_jobs)
+  if (jobs->job_count < jobs->cfg.max_jobs || make_room(jobs, call, name))
     return false;
   if (gs_ratelimit_allow(&jobs->job_cap_log, call->now_ms, &held_back))
     gs_log(jobs->cfg.log, GS_LOG_WARN, name, -1,
@@ -45,8 +80,8 @@ static bool refuse_new_job(gs_jobs_t *jobs, const gs_call_t *call, const char *n
            "(%u such lines held back)",
            jobs->job_count, held_back);
   gs__respond_error(jobs->responder, call->peer->id, call->method, call->request_id, GS_ELIMIT,
-                    "job %s not created: the coordinator holds %u jobs, its limit (--max-jobs); "
-                    "a job is forgotten once nothing waits in it (--job-retention after it ran)",
+                    "job %s not created: the coordinator holds %u jobs, its limit (--max-jobs), "
+                    "and each is at work (one at rest would make room)",
                     name, jobs->job_count);
   return true;
 }
@@ -71,6 +106,8 @@ static gs_job_t *get_or_create(gs_jobs_t *jobs, const gs_call_t *call, const cha
   }
   job->serial = ++jobs->jobs_created;
   job->next = jobs->jobs;
+  if (jobs->jobs)
+    jobs->jobs->prev = job;
   jobs->jobs = job;
   jobs->job_count++;
   return job;
@@ -321,6 +358,23 @@ static void job_free(gs_job_t *job)
   gs__job_free(job);
 }
 
+/* Drops a job at rest from the registry and frees it. */
+static void forget(gs_jobs_t *jobs, gs_job_t *job)
+{
+  if (job->prev)
+    job->prev->next = job->next;
+  else
+    jobs->jobs = job->next;
+  if (job->next)
+    job->next->prev = job->prev;
+  if (gs_list_linked(&job->rest_node))
+    gs_list_remove(&job->rest_node);
+  jobs->job_count--;
+  jobs->version++;
+  gs__job_index_remove(&jobs->index, job);
+  job_free(job);
+}
+
 /* Whether a job has nothing in progress: no rendezvous gathering, no
  * parked call, no generation running. */
 static bool job_resting(const gs_job_t *job)
@@ -342,11 +396,14 @@ static bool job_expired(gs_job_t *job, uint64_t now)
 
   if (!job_resting(job)) {
     job->resting = false;
+    if (gs_list_linked(&job->rest_node))
+      gs_list_remove(&job->rest_node);
     return false;
   }
   if (!job->resting) {
     job->resting = true;
     job->resting_since_ms = now;
+    gs_list_insert_tail(&job->jobs->resting, &job->rest_node);
   }
   if (job->generation == 0)
     return true;
@@ -375,20 +432,16 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
 {
   jobs->version++;
   jobs->now_ms = now;
-  for (gs_job_t **at = &jobs->jobs, *job; (job = *at);) {
+  for (gs_job_t *job = jobs->jobs, *next; job; job = next) {
+    next = job->next;
     gs__rendezvous_sweep(job, now);
     gs__heartbeat_sweep(job, now);
     tell_news(job);
     gs__store_sweep(&job->store, now);
-    if (!job_expired(job, now)) {
-      at = &job->next;
-      continue;
+    if (job_expired(job, now)) {
+      log_forgotten(job, now);
+      forget(jobs, job);
     }
-    log_forgotten(job, now);
-    *at = job->next;
-    jobs->job_count--;
-    gs__job_index_remove(&jobs->index, job);
-    job_free(job);
   }
 }
 
@@ -446,5 +499,6 @@ void gs__jobs_free(gs_jobs_t *jobs)
   }
   jobs->jobs = NULL;
   jobs->job_count = 0;
+  gs_list_init(&jobs->resting);
   gs__job_index_free(&jobs->index);
 }
