@@ -211,19 +211,30 @@ typedef struct request {
   gs_conn_t *conn;
 } request_t;
 
-/* The job a request names: a valid name, and one its token opens. */
 static void fail_call(gs_rpc_t *rpc, gs_conn_t *conn, const gs_call_t *call, int err,
                       const char *text);
 
 /* A call whose token opens nothing it asks for: one UNAUTHENTICATED reply,
  * then the connection closes, so a client without the token gets nothing
- * more from us however much it pipelines. */
+ * more from us however much it pipelines. A node agent's rank (a call on
+ * a slot of a connection another call authenticated) is refused alone, on
+ * its slot: one rank's stale or wrong token must not lose every rank of
+ * the node. Whether a call closes is what the log line says. */
+static bool token_closes(const request_t *rq)
+{
+  return !gs__link_slot_of(rq->call.peer->id) || !rq->conn->authenticated;
+}
+
 static void refuse_token(gs_rpc_t *rpc, const request_t *rq, const char *text)
 {
   rpc->stats.errors[rq->call.method]++;
-  fail_call(rpc, rq->conn, &rq->call, GS_EUNAUTH, text);
+  if (token_closes(rq))
+    fail_call(rpc, rq->conn, &rq->call, GS_EUNAUTH, text);
+  else
+    reply_error(rpc, &rq->call, GS_EUNAUTH, "%s", text);
 }
 
+/* The job a request names: a valid name, and one its token opens. */
 static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
 {
   char text[192];
@@ -234,9 +245,9 @@ static bool check_job(gs_rpc_t *rpc, const request_t *rq, const char *name)
     return false;
   }
   if (rq->job_token && !gs__job_token_ok(rpc->token, name, rq->job_token)) {
-    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN,
-                 "%s for job %s with a token of no use there; closing",
-                 gs_method_name(rq->call.method), name);
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s for job %s with a token of no use there%s",
+                 gs_method_name(rq->call.method), name,
+                 token_closes(rq) ? "; closing" : " (a node agent's slot: refused alone)");
     snprintf(text, sizeof(text), "wrong token (not the coordinator's, not job %s's)", name);
     refuse_token(rpc, rq, text);
     return false;
@@ -279,8 +290,9 @@ static bool check_job_token(gs_rpc_t *rpc, const request_t *rq)
   char job[sizeof(((gradsync_JoinRequest *)0)->job)];
 
   if (!body_job(rq->body, rq->body_len, job, sizeof(job))) {
-    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s with a job's token and no job named; closing",
-                 gs_method_name(rq->call.method));
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s with a job's token and no job named%s",
+                 gs_method_name(rq->call.method),
+                 token_closes(rq) ? "; closing" : " (a node agent's slot: refused alone)");
     refuse_token(rpc, rq, "wrong token (a job's token needs the job named in the request)");
     return false;
   }
@@ -544,7 +556,7 @@ static void reply_unknown_method(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_
 
 /* A call's token: the coordinator's (the connection is authenticated), or
  * perhaps a job's (rq->job_token: checked against the job the body names).
- * Anything else is refused, and the connection closes. */
+ * Anything else is refused (refuse_token). */
 static bool take_token(gs_rpc_t *rpc, request_t *rq, const char *token)
 {
   if (gs__token_ok(rpc->token, token)) {
@@ -552,8 +564,9 @@ static bool take_token(gs_rpc_t *rpc, request_t *rq, const char *token)
     return true;
   }
   if (strlen(token) != GS_JOB_TOKEN_LEN) {
-    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token; closing",
-                 gs_method_name(rq->call.method), token[0] ? "wrong" : "missing");
+    gs__conn_log(rq->conn, GS_LOG_KIND_RPC_TOKEN, "%s with a %s token%s",
+                 gs_method_name(rq->call.method), token[0] ? "wrong" : "missing",
+                 token_closes(rq) ? "; closing" : " (a node agent's slot: refused alone)");
     refuse_token(rpc, rq, token[0] ? "wrong token" : "missing token");
     return false;
   }

@@ -7,7 +7,7 @@ usage: test_limits.py CASE COORDINATOR_BINARY PROTO_DIR
 cases: noread, noread_token, http_noread, budget, budget_unauth, packlist, connections,
        http_connections,
        log_escape, log_flood, log_flood_http, log_flood_peer, log_flood_addresses, jobs_expire,
-       jobs_memory, blobs, slot_joins
+       jobs_memory, blobs, slot_joins, relay_token
 """
 import http.client
 import json
@@ -783,6 +783,101 @@ def case_slot_joins(binary, pb):
         c.close()
 
 
+UNAUTHENTICATED = 16
+
+
+def rpc(pb, sock, method, msg, token, request_id, slot=0, session=""):
+    """One call on `sock` (a connection or a node agent's socket): its reply."""
+    env = pb.Envelope(method=PREFIX + method, request_id=request_id, token=token, slot=slot,
+                      session=session, body=msg.SerializeToString())
+    data = env.SerializeToString()
+    sock.sendall(struct.pack(">I", len(data)) + data)
+    return recv_envelope(pb, sock)
+
+
+def case_relay_token(binary, pb):
+    """One rank's wrong token never loses the other ranks of its node
+    (issue 39: the node agent sent the node's NodeHeartbeat under the last
+    heartbeat's token and a Batch under the last Join's, and one wrong
+    call made the coordinator close the node's connection). On a
+    connection that authenticated, a call on a slot with a wrong token is
+    refused on its slot alone (the connection's own call still closes it);
+    the node agent sends calls only under their own rank's token, a
+    heartbeat in the node's NodeHeartbeat only under a token the
+    coordinator took from its slot."""
+    env = dict(os.environ, GRADSYNC_TOKEN="sesame")
+    c = Coordinator(binary, env=env)
+    relay = None
+    sig = pb.ModelSignature(param_count=1, total_elements=1, shapes_hash=1, dtypes_hash=1)
+
+    def join(sock, job, token, slot=0, rid=1):
+        return rpc(pb, sock, "Join", pb.JoinRequest(job=job, world_size=1, node="n", local_rank=0,
+                                                    device="cpu", model_signature=sig),
+                   token, rid, slot=slot)
+
+    def beat(sock, job, session, token, rid, slot=0):
+        return rpc(pb, sock, "Heartbeat", pb.HeartbeatRequest(job=job, generation=1, rank=0,
+                                                              step=rid),
+                   token, rid, slot=slot, session=session)
+    try:
+        s = socket.create_connection(("127.0.0.1", c.rpc_port), timeout=WAIT)
+        r = join(s, "direct", "sesame", slot=1)
+        assert r.status == 0 and r.slot == 1, r
+        session = pb.JoinResponse.FromString(r.body).session
+        r = join(s, "other", "wrong", slot=2)
+        assert r.status == UNAUTHENTICATED and r.slot == 2, r
+        r = beat(s, "direct", session, "sesame", 2, slot=1)
+        assert r.status == 0 and r.slot == 1, r  # the connection and slot 1's rank go on
+        r = beat(s, "direct", session, "wrong", 3)  # the connection's own call
+        assert r.status == UNAUTHENTICATED and closed_by_peer(s), r
+        print("relay_token: a wrong token on a slot is refused on the slot alone")
+
+        path = os.path.join(tempfile.mkdtemp(prefix="gs-relay-"), "node.sock")
+        relay = subprocess.Popen(
+            [os.path.join(os.path.dirname(binary), "gradsync-relay"), "--coordinator",
+             f"127.0.0.1:{c.rpc_port}", "--socket", path, "--ranks", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert relay.stdout.readline().startswith("gradsync-relay listening")
+
+        def rank():
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(WAIT)
+            s.connect(path)
+            return s
+
+        def joined():  # the node agent takes ranks once it reached the coordinator
+            try:
+                a = rank()
+                return a, join(a, "a", "sesame")
+            except (ConnectionError, OSError):
+                return None
+        a, r = wait_until("the node agent taking ranks", joined, every=0.1)
+        assert r.status == 0, r
+        session = pb.JoinResponse.FromString(r.body).session
+        assert beat(a, "a", session, "sesame", 2).status == 0
+        b = rank()
+        r = join(b, "b", "wrong")
+        assert r.status == UNAUTHENTICATED, r
+        r = beat(b, "a", "", "wrong", 2)
+        assert r.status == UNAUTHENTICATED, r
+        r = beat(a, "a", session, "stale", 3)  # up alone, refused on its slot
+        assert r.status == UNAUTHENTICATED, r
+        for rid in (4, 5):
+            r = beat(a, "a", session, "sesame", rid)
+            assert r.status == 0, r  # rank a's connection, and its node's, go on
+        job = json.loads(urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{c.http_port}/jobs/a",
+                                   headers={"Authorization": "Bearer sesame"}),
+            timeout=WAIT).read())
+        assert job["state"] == "running", job
+        print("relay_token: through a node agent, a rank's wrong tokens lose no other rank")
+    finally:
+        if relay:
+            relay.terminate()
+            relay.wait(WAIT)
+        c.close()
+
+
 def case_jobs_expire(binary, pb):
     # One-shot Joins: each connects, joins a job of two, and goes away, so
     # no rendezvous ever completes. They were kept forever, then for
@@ -930,6 +1025,7 @@ CASES = {
     "jobs_memory": case_jobs_memory,
     "blobs": case_blobs,
     "slot_joins": case_slot_joins,
+    "relay_token": case_relay_token,
 }
 
 

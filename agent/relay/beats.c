@@ -6,25 +6,28 @@
 
 #include "relay_internal.h"
 
-/* The node's beats due: one NodeHeartbeat per job they belong to (one, as
- * a rule), each beat with the news its slot holds, and the rank's session
- * until the slot holds a reply without an abort. */
+/* The node's beats due: one NodeHeartbeat per job and token they belong
+ * to (one, as a rule), under that token, each beat with the news its slot
+ * holds, and the rank's session until the slot holds a reply without an
+ * abort. */
 void gs__relay_beats_flush(gs_relay_t *r)
 {
   gs_node_beats_t *q = &r->node_beats;
   gradsync_Envelope env = gradsync_Envelope_init_zero;
 
   snprintf(env.method, sizeof(env.method), "%s", gs_method_path(GS_METHOD_NODE_HEARTBEAT));
-  snprintf(env.token, sizeof(env.token), "%s", r->beat_token);
   while (r->beats_due) {
     q->msg.job[0] = '\0';
     for (uint32_t s = 1; s <= MAX_SLOT; s++) {
       local_t *l = r->slots[s];
 
-      if (!l || !l->beat_due || (q->msg.job[0] && strcmp(q->msg.job, l->beat.job)))
+      if (!l || !l->beat_due ||
+          (q->msg.job[0] && (strcmp(q->msg.job, l->beat.job) || strcmp(env.token, l->token))))
         continue;
-      if (!q->msg.job[0])
+      if (!q->msg.job[0]) {
         gs_node_beats_reset(q, l->beat.job);
+        snprintf(env.token, sizeof(env.token), "%s", l->token);
+      }
       if (gs_node_beats_add(q, l->slot, &l->beat, l->news, l->bound ? "" : l->session))
         break; /* cannot happen: a beat per slot */
       l->beat_due = false;
@@ -69,18 +72,23 @@ static void on_tick(uv_timer_t *t)
 
 /* A rank's heartbeat: kept for the next NodeHeartbeat, and answered from
  * the slot's last reply when the rank has not had it (or asked not to
- * wait), else parked until the tick or news. False when it does not
- * decode (it goes up alone, and the coordinator says why). */
+ * wait), else parked until the tick or news. False when it goes up alone
+ * (the coordinator answers it on its slot): it does not decode, or its
+ * token is not one the coordinator took (then its reply tells). */
 bool gs__relay_beat(gs_relay_t *r, local_t *l, const gradsync_Envelope *env, const gs_buf_t *body)
 {
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
 
+  if (!gs__relay_token_good(r, env->token)) {
+    gs__relay_token_check(l, env);
+    return false;
+  }
   if (gs_wire_decode(body->data, body->len, gradsync_HeartbeatRequest_fields, &req, NULL, 0))
     return false;
+  snprintf(l->token, sizeof(l->token), "%s", env->token);
   if (l->held_seq && req.generation != l->beat.generation)
     l->held_seq = l->given_seq = l->news = 0, l->bound = false; /* the slot starts afresh */
   snprintf(l->session, sizeof(l->session), "%s", env->session);
-  snprintf(r->beat_token, sizeof(r->beat_token), "%s", env->token);
   l->beat = req;
   l->parked = true;
   l->parked_id = env->request_id;

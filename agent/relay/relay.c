@@ -58,6 +58,36 @@ bool gs__relay_send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope
          gs__relay_write(s, r->out.data, r->out.len);
 }
 
+bool gs__relay_token_good(const gs_relay_t *r, const char *token)
+{
+  for (uint32_t i = 0; i < r->good_count; i++)
+    if (!strcmp(r->good_tokens[i], token))
+      return true;
+  return false;
+}
+
+void gs__relay_token_check(local_t *l, const gradsync_Envelope *env)
+{
+  snprintf(l->check_token, sizeof(l->check_token), "%s", env->token);
+  l->check_id = env->request_id;
+  l->checking = true;
+}
+
+/* The reply to a slot's call that checks a token: one the coordinator
+ * took joins the good ones (the oldest makes room). */
+static void token_checked(gs_relay_t *r, local_t *l, const gradsync_Envelope *reply)
+{
+  if (!l->checking || reply->request_id != l->check_id)
+    return;
+  l->checking = false;
+  if (reply->status == gs_err_grpc_code(GS_EUNAUTH) || gs__relay_token_good(r, l->check_token))
+    return;
+  memmove(r->good_tokens[1], r->good_tokens[0], sizeof(r->good_tokens[0]) * (GOOD_TOKENS - 1));
+  snprintf(r->good_tokens[0], sizeof(r->good_tokens[0]), "%s", l->check_token);
+  if (r->good_count < GOOD_TOKENS)
+    r->good_count++;
+}
+
 /* --- batches --- */
 
 static void flush_pending(gs_relay_t *r, pending_t *p)
@@ -96,9 +126,12 @@ void gs__relay_flush_soon(gs_relay_t *r)
     uv_timer_start(&r->flush, on_flush, r->cfg.window_ms, 0);
 }
 
-/* Holds a Join to go up in the next batch. */
+/* Holds a Join to go up in the next batch: one under the token of its
+ * calls, so a call with another token sends those held first. */
 static void hold(gs_relay_t *r, pending_t *p, const gradsync_Envelope *env, const gs_buf_t *body)
 {
+  if (p->count && strcmp(p->token, env->token))
+    flush_pending(r, p);
   if (gs_wire_encode_batch_entry(&p->entries, env, body->data, body->len, UP_FRAME_MAX)) {
     gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1, "relay: cannot hold a call of slot %u", env->slot);
     return;
@@ -129,6 +162,8 @@ static void route_reply(gs_relay_t *r, gradsync_Envelope *env, const gs_buf_t *b
     gs__relay_beat_news(l, env, body); /* for a beat of the node's */
     return;
   }
+  if (l)
+    token_checked(r, l, env);
   env->slot = 0;
   if (!strcmp(env->method, PACK_LIST_PATH) && r->pl.asked && slot == r->pl.asker_slot &&
       env->request_id == r->pl.asker_id)
@@ -224,6 +259,7 @@ static void up_lost(gs_relay_t *r, const char *why)
            "relay: lost the coordinator %s:%u (%s); closing the ranks' connections and redialing",
            r->cfg.coord_host, r->cfg.coord_port, why);
   r->up_ready = false;
+  r->good_count = 0; /* a coordinator restarted may take other tokens */
   r->joins.count = 0;
   r->joins.entries.len = 0;
   r->pl = (pack_list_t){.body = r->pl.body};
@@ -364,9 +400,10 @@ static void local_frame(void *arg, const uint8_t *payload, size_t len)
   env.slot = l->slot;
   if (!gs_method_from_path(env.method, &m))
     m = GS_METHOD_COUNT; /* the coordinator answers it: unknown */
-  if (m == GS_METHOD_JOIN)
+  if (m == GS_METHOD_JOIN) {
+    gs__relay_token_check(l, &env);
     hold(r, &r->joins, &env, &r->body);
-  else if (m == GS_METHOD_HEARTBEAT && gs__relay_beat(r, l, &env, &r->body))
+  } else if (m == GS_METHOD_HEARTBEAT && gs__relay_beat(r, l, &env, &r->body))
     return;
   else if (m != GS_METHOD_FETCH_PACK_LIST || !gs__relay_pack_list_fetch(r, l, &env, &r->body))
     gs__relay_send_frame(r, (uv_stream_t *)&r->up, &env, r->body.data, r->body.len);

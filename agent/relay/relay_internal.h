@@ -14,6 +14,7 @@
 #include "wire.h"
 
 #define MAX_SLOT 255                      /* the coordinator's slots: 1..255 */
+#define GOOD_TOKENS 8                     /* tokens the coordinator took, kept */
 #define UP_FRAME_MAX (64u << 20)          /* a Batch reply holds a node's replies */
 #define BATCH_ID_BASE (UINT64_C(1) << 62) /* the relay's own request ids upstream */
 #define PACK_LIST_PATH GS_METHOD_PREFIX "FetchPackList"
@@ -31,6 +32,13 @@ typedef struct local {
    * poll, parked here until the node's next tick or news. */
   gradsync_HeartbeatRequest beat;
   char session[48];
+  /* The token its beat goes up under (grouped with other slots' of the
+   * same token), and the call whose reply will say whether the
+   * coordinator takes a token (its latest Join, or heartbeat sent alone). */
+  char token[256];
+  char check_token[256];
+  uint64_t check_id;
+  bool checking;
   bool beat_due, bound; /* bound: a reply without an abort came: no session needed */
   gradsync_Envelope held;
   gs_buf_t held_body;
@@ -39,11 +47,11 @@ typedef struct local {
   uint64_t parked_id;
 } local_t;
 
-/* Calls held to go up together: encoded Batch entries. */
+/* Calls held to go up together: encoded Batch entries, all of one token. */
 typedef struct pending {
   gs_buf_t entries;
   uint32_t count;
-  char token[256]; /* the callers' (every rank of a job has the same) */
+  char token[256]; /* the callers' (a call with another goes in the next batch) */
 } pending_t;
 
 /* The pack list of one generation, fetched once for the node. */
@@ -74,8 +82,14 @@ struct gs_relay {
   uv_timer_t flush, redial;
   local_t *slots[MAX_SLOT + 1];
   pending_t joins;
-  uint32_t beats_due;         /* slots whose beat waits for the next NodeHeartbeat */
-  char beat_token[256];       /* the ranks' token, for the NodeHeartbeat */
+  uint32_t beats_due; /* slots whose beat waits for the next NodeHeartbeat */
+  /* Tokens the coordinator took from a rank's call (its reply was not
+   * UNAUTHENTICATED), latest first: a heartbeat goes in the node's
+   * NodeHeartbeat (the connection's own call, where a wrong token would
+   * end the node's connection) only under one of them; with another it
+   * goes up alone, on its slot, where a wrong token is refused alone. */
+  char good_tokens[GOOD_TOKENS][256];
+  uint32_t good_count;
   uv_timer_t tick;            /* ends the parked heartbeats' waits, all together */
   gs_node_beats_t node_beats; /* the NodeHeartbeat being built */
   pack_list_t pl;
@@ -91,6 +105,11 @@ bool gs__relay_write(uv_stream_t *s, const uint8_t *data, size_t len);
 bool gs__relay_send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,
                           const uint8_t *body, size_t len);
 void gs__relay_flush_soon(gs_relay_t *r);
+/* Whether the coordinator took `token` from some rank (good_tokens); the
+ * reply to `l`'s call `env`, going up alone, will tell whether it takes
+ * `env`'s. */
+bool gs__relay_token_good(const gs_relay_t *r, const char *token);
+void gs__relay_token_check(local_t *l, const gradsync_Envelope *env);
 
 /* beats.c: a rank's Heartbeat (false when it does not decode: it goes up
  * alone), the coordinator's reply for a slot's beat, and the node's beats
