@@ -491,7 +491,9 @@ bool gs__rpc_is_vacant(void *ctx, const gs_conn_t *conn)
 
 static void peer_closed(void *arg, gs_peer_t *peer)
 {
-  gs__jobs_peer_closed(arg, peer);
+  gs_rpc_t *rpc = arg;
+
+  gs__jobs_peer_closed(rpc->jobs, peer, uv_now(rpc->loop));
 }
 
 /* Every rank the connection carried ends with it: a node agent's too. */
@@ -499,7 +501,7 @@ void gs__rpc_on_close(void *ctx, gs_conn_t *conn)
 {
   gs_rpc_t *rpc = ctx;
 
-  gs__link_each_peer(conn->data, peer_closed, rpc->jobs);
+  gs__link_each_peer(conn->data, peer_closed, rpc);
   gs__link_free(conn->data);
   conn->data = NULL;
 }

@@ -735,6 +735,68 @@ def case_coordinator_stall(tmp):
     print("coordinator stopped 8 s (heartbeat timeout 4 s): no rank lost, the job finished")
 
 
+def case_stall_at_end(tmp):
+    """An elastic job whose ranks finish while the coordinator is stopped
+    (SIGSTOP) is recorded finished once it runs again: each rank's last
+    word, its Leave, waits for it as long as --coordinator-grace allows
+    (issue 39: it waited 2 s, the ranks exited 0, and the coordinator,
+    running again, found their connections closed and recorded the job
+    failed). Its heartbeat connections, closed and redialled during the
+    stop, no longer lose the ranks: just after its own stall the
+    coordinator lets silence decide. The stop is the test's own: until the
+    ranks say the coordinator is unreachable, then 4 s past the old 2 s
+    Leave."""
+    coord = subprocess.Popen([COORD, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                              "--heartbeat-interval", "250ms", "--heartbeat-timeout", "4s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = coord.stdout.readline()
+    rpc = re.search(r"rpc=(\S+)", line).group(1)
+    http = int(re.search(r"http=\S+:(\d+)", line).group(1))
+    # Rank 0 holds its last step until the coordinator is stopped (an
+    # event: a fast machine trains every step before the test stops it).
+    back = os.path.join(tmp, "coordinator-stopped")
+    agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "end", "--world-size", "1:2",
+                                "--local-rank", str(i), "--reduce", "mean", "--steps", "300",
+                                "--no-validate", "--log-interval", "200ms",
+                                "--inject-fault", f"data-hang:0:299:{back}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in range(2)]
+    log = Lines(coord.stderr, "coordinator")
+    try:
+        outs = [(Lines(a.stdout, f"rank {i} stdout"), Lines(a.stderr, f"rank {i} stderr"))
+                for i, a in enumerate(agents)]
+        outs[0][0].wait(r"^step")
+        coord.send_signal(signal.SIGSTOP)
+        # Stopped long enough that the ranks' heartbeats time out and their
+        # heartbeat threads redial: their first connections are closed
+        # when the coordinator runs again.
+        for _, err in outs:
+            err.wait(r"unreachable for [\d.]+ s; training goes on")
+        open(back, "w").close()
+        outs[0][0].wait(r"^final:")  # every rank trained its last step and leaves now
+        time.sleep(4)  # the stop itself, not a wait for something: past the old 2 s Leave
+        coord.send_signal(signal.SIGCONT)
+        for a in agents:
+            a.wait(timeout=WAIT)
+        outs = [(o.close(), e.close()) for o, e in outs]
+        job = job_json(http, "end")
+        coord.terminate()
+        coord.wait(timeout=WAIT)
+        log = log.close()
+    finally:
+        for a in agents:
+            a.kill()
+            a.wait()
+        coord.send_signal(signal.SIGCONT)
+        coord.kill()
+        coord.wait()
+    for a, (_, e) in zip(agents, outs):
+        assert a.returncode == 0, (a.returncode, e[-3000:])
+    assert job["state"] == "finished", (job["state"], log[-3000:])
+    assert "lost" not in log, log[-3000:]
+    print("coordinator stopped 4 s as the job ended: every rank's Leave waited; job finished")
+
+
 def case_settings(tmp):
     """Ranks that disagree on a setting that decides the collectives or the
     arithmetic are refused at Join, promptly (not at a timeout: theirs is an

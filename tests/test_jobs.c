@@ -431,7 +431,7 @@ START_TEST(reregistration_rebuilds_the_job)
   ck_assert_int_eq(last_reply(3)->err, GS_EPRECOND);
   ck_assert_uint_eq(gs__jobs_find(&jobs, "re")->generation, 3);
   req.rejoin_generation = 3;
-  gs__jobs_peer_closed(&jobs, &peers[0]);
+  gs__jobs_peer_closed(&jobs, &peers[0], jobs.now_ms);
   req.rejoin_rank = 1;
   rejoin(2, &req, 30, s1);
   ck_assert_int_eq(last_reply(2)->err, GS_EABORTED);
@@ -502,11 +502,11 @@ START_TEST(heartbeats_tie_a_rank_to_their_connection)
   ck_assert_ptr_eq(job->ranks[1]->peer, &peers[9]);
   heartbeat(2, "c", 1, 2, 15, &err);
   ck_assert_int_eq(err, 0);
-  gs__jobs_peer_closed(&jobs, &peers[0]);
-  gs__jobs_peer_closed(&jobs, &peers[10]);
+  gs__jobs_peer_closed(&jobs, &peers[0], jobs.now_ms);
+  gs__jobs_peer_closed(&jobs, &peers[10], jobs.now_ms);
   ck_assert_int_eq(job->state, GS_JOB_RUNNING);
   ck_assert(!heartbeat(9, "c", 1, 1, 20, &err).abort);
-  gs__jobs_peer_closed(&jobs, &peers[8]);
+  gs__jobs_peer_closed(&jobs, &peers[8], jobs.now_ms);
   ck_assert_int_eq(job->state, GS_JOB_FAILED);
   ck_assert_ptr_nonnull(strstr(job->abort_reason, "rank 0"));
   ck_assert_ptr_nonnull(strstr(job->abort_reason, "connection closed"));
@@ -529,7 +529,7 @@ START_TEST(waiting_connection_cannot_take_a_rank)
   ck_assert_int_eq(err, GS_EPRECOND);
   ck_assert_ptr_nonnull(strstr(last_reply(5)->message, "waits in the rendezvous of job w"));
   ck_assert_ptr_eq(gs__jobs_find(&jobs, "c")->ranks[1]->peer, &peers[1]);
-  gs__jobs_peer_closed(&jobs, &peers[5]);
+  gs__jobs_peer_closed(&jobs, &peers[5], jobs.now_ms);
   ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
 }
 END_TEST
@@ -541,7 +541,7 @@ START_TEST(closed_waiting_agent_leaves_the_rendezvous)
   gradsync_JoinRequest req = th_join_request("w", 2, "n0", 0);
 
   join(0, &req, 0);
-  gs__jobs_peer_closed(&jobs, &peers[0]);
+  gs__jobs_peer_closed(&jobs, &peers[0], jobs.now_ms);
   ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
   ck_assert_uint_eq(replies_to(0), 0);
   req = th_join_request("w", 2, "n0", 1);
@@ -670,6 +670,37 @@ START_TEST(blobs_count_in_the_memory_budget)
   cfg = jobs.cfg;
   cfg.mem = NULL; /* for the teardown: `mem` is gone by then */
   gs__jobs_init(&jobs, &cfg, &fake.responder);
+}
+END_TEST
+
+/* A connection that closes just after the coordinator's own stall (the
+ * sweep has not run for half the heartbeat timeout) does not lose its
+ * running rank at once: its agent redialled while the coordinator did
+ * not run, and its heartbeats or Leave decide (issue 39: a job that
+ * finished while the coordinator was stopped was recorded failed).
+ * Silence still loses it, and a close outside the window at once. */
+START_TEST(close_after_own_stall_waits_for_silence)
+{
+  gs_job_t *job;
+  uint64_t t;
+  int err;
+
+  start_world("st", 2, 0);
+  job = gs__jobs_find(&jobs, "st");
+  gs__jobs_sweep(&jobs, 100);
+  gs__jobs_peer_closed(&jobs, &peers[1], 100 + TIMEOUT_MS); /* the loop stopped 10 s */
+  gs__jobs_sweep(&jobs, 100 + TIMEOUT_MS);
+  ck_assert_int_eq(job->state, GS_JOB_RUNNING);
+  ck_assert_int_eq(job->ranks[1]->state, GS_MEMBER_RUNNING);
+  leave(1, "st", 1, 1, true, 100 + TIMEOUT_MS); /* its Leave, on another connection */
+  ck_assert_int_eq(job->ranks[1]->state, GS_MEMBER_LEFT);
+  for (t = 1100 + TIMEOUT_MS; t <= 1100 + 2 * TIMEOUT_MS; t += 1000) { /* the loop runs */
+    heartbeat(0, "st", 1, 0, t, &err);
+    gs__jobs_sweep(&jobs, t);
+  }
+  ck_assert_int_eq(job->state, GS_JOB_RUNNING);
+  gs__jobs_peer_closed(&jobs, &peers[0], t);    /* the window is over */
+  ck_assert_int_ne(job->state, GS_JOB_RUNNING); /* lost at once */
 }
 END_TEST
 
@@ -884,7 +915,7 @@ START_TEST(never_started_job_is_forgotten_at_once)
   join(3, &req, 10);
   gs__jobs_sweep(&jobs, 20);
   ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "gone"));
-  gs__jobs_peer_closed(&jobs, &peers[2]);
+  gs__jobs_peer_closed(&jobs, &peers[2], jobs.now_ms);
   gs__jobs_sweep(&jobs, 30);
   ck_assert_ptr_null(gs__jobs_find(&jobs, "gone"));
   ck_assert_ptr_nonnull(gs__jobs_find(&jobs, "timed"));
@@ -945,7 +976,7 @@ START_TEST(job_cap_refuses_only_new_jobs)
   join(3, &req, 0);
   ck_assert_uint_eq(join_reply(0).world_size, 2);
   ck_assert_uint_eq(join_reply(3).world_size, 2);
-  gs__jobs_peer_closed(&jobs, &peers[1]);
+  gs__jobs_peer_closed(&jobs, &peers[1], jobs.now_ms);
   gs__jobs_sweep(&jobs, 10);
   req = th_join_request("c", 1, "n0", 0);
   join(2, &req, 20);
@@ -1203,7 +1234,7 @@ START_TEST(duplicate_claims_are_refused_at_join)
   /* Once the first claimant's connection closed, the pair is free again. */
   req = th_join_request("dup2", 2, "h", 0);
   join(7, &req, 200);
-  gs__jobs_peer_closed(&jobs, &peers[7]);
+  gs__jobs_peer_closed(&jobs, &peers[7], jobs.now_ms);
   join(8, &req, 201);
   ck_assert_uint_eq(replies_to(8), 0);
   ck_assert_int_eq(fake.parked[peers[8].id], 1);
@@ -1261,8 +1292,8 @@ START_TEST(finished_rank_is_never_lost)
   leave(0, "fin", 1, 0, true, 20);
   leave(0, "fin", 1, 0, true, 21); /* retried */
   ck_assert_uint_eq(job->ranks_left, 1);
-  gs__jobs_peer_closed(&jobs, &peers[8]);
-  gs__jobs_peer_closed(&jobs, &peers[0]);
+  gs__jobs_peer_closed(&jobs, &peers[8], jobs.now_ms);
+  gs__jobs_peer_closed(&jobs, &peers[0], jobs.now_ms);
   ck_assert(!heartbeat(1, "fin", 1, 1, 30, &err).abort);
   gs__jobs_sweep(&jobs, 30 + TIMEOUT_MS);
   ck_assert(!heartbeat(1, "fin", 1, 1, 30 + TIMEOUT_MS, &err).abort);
@@ -1272,7 +1303,7 @@ START_TEST(finished_rank_is_never_lost)
   ck_assert_int_eq(job->ranks[0]->state, GS_MEMBER_LEFT);
   ck_assert_int_eq(job->state, GS_JOB_RUNNING);
   leave(1, "fin", 1, 1, true, 40);
-  gs__jobs_peer_closed(&jobs, &peers[1]);
+  gs__jobs_peer_closed(&jobs, &peers[1], jobs.now_ms);
   leave(1, "fin", 1, 1, true, 41); /* retried on a new connection */
   ck_assert_int_eq(job->state, GS_JOB_FINISHED);
   ck_assert_uint_eq(job->ranks_left, 2);
@@ -1328,8 +1359,10 @@ START_TEST(aborted_job_is_failed_until_it_rejoins)
   ck_assert_int_eq(job->state, GS_JOB_RUNNING);
   ck_assert_uint_eq(job->generation, 2);
   check_views("x", "running", "", "gradsync_job_state{job=\"x\",state=\"failed\"} 0");
-  /* Lost, not left: failed too. */
-  gs__jobs_peer_closed(&jobs, &peers[3]);
+  /* Lost, not left: failed too (the loop has run: sweeps every second). */
+  gs__jobs_sweep(&jobs, 400000);
+  gs__jobs_sweep(&jobs, 401000);
+  gs__jobs_peer_closed(&jobs, &peers[3], 401000);
   check_views("x", "failed", "rank 0 (node 'n0', local_rank 0) lost: connection closed",
               "gradsync_job_failed{job=\"x\",reason=\"rank 0 (node 'n0', local_rank 0) lost");
   req = th_join_request("new", 2, "n0", 0);
@@ -1849,7 +1882,7 @@ START_TEST(elastic_survivors_regroup_without_the_lost_rank)
   call.session = rank_session("e", 0);
   gs__jobs_heartbeat(&jobs, &call, &hb); /* rank 0 waits for news */
   ck_assert_int_eq(fake.parked[peers[0].id], 1);
-  gs__jobs_peer_closed(&jobs, &peers[2]);
+  gs__jobs_peer_closed(&jobs, &peers[2], jobs.now_ms);
   ck_assert_int_eq(fake.parked[peers[0].id], 0); /* a lost rank is told at once */
   ck_assert_int_eq(last_reply(0)->method, GS_METHOD_HEARTBEAT);
   ck_assert_str_eq(gs__job_state_name(job->state), "waiting");
@@ -1916,7 +1949,7 @@ START_TEST(elastic_member_without_state_comes_back)
   ck_assert_msg(strstr(job->abort_reason, "connecting to the other ranks failed"), "%s",
                 job->abort_reason);
   ck_assert_uint_eq(job->regroup_pending, 2);
-  gs__jobs_peer_closed(&jobs, &peers[2]);
+  gs__jobs_peer_closed(&jobs, &peers[2], jobs.now_ms);
   ck_assert_uint_eq(job->regroup_pending, 1);
   join_elastic(0, "n", 2, 3, "e0", 0, "collective failed", 9, 120);
   r = join_reply(1);
@@ -1937,8 +1970,8 @@ START_TEST(elastic_job_below_its_minimum_waits_then_fails)
 
   start_elastic("e", 3, 2, 3, 0);
   job = gs__jobs_find(&jobs, "e");
-  gs__jobs_peer_closed(&jobs, &peers[1]);
-  gs__jobs_peer_closed(&jobs, &peers[2]);
+  gs__jobs_peer_closed(&jobs, &peers[1], jobs.now_ms);
+  gs__jobs_peer_closed(&jobs, &peers[2], jobs.now_ms);
   ck_assert_uint_eq(job->regroup_pending, 1);
   join_elastic(0, "e", 2, 3, "e0", 0, "collective failed", 7, 100);
   gs__jobs_sweep(&jobs, 30000);
@@ -1948,7 +1981,7 @@ START_TEST(elastic_job_below_its_minimum_waits_then_fails)
   ck_assert_int_eq(last_reply(0)->err, GS_ETIMEDOUT);
   ck_assert_str_eq(gs__job_state_name(job->state), "failed");
   start_world("f", 2, 0);
-  gs__jobs_peer_closed(&jobs, &peers[1]);
+  gs__jobs_peer_closed(&jobs, &peers[1], jobs.now_ms);
   ck_assert_str_eq(gs__job_state_name(gs__jobs_find(&jobs, "f")->state), "failed");
 }
 END_TEST
@@ -2057,7 +2090,7 @@ START_TEST(evicted_rank_must_join_afresh)
                 last_reply(2)->message);
   join_elastic(2, "s", 2, 3, "e2", 0, NULL, 0, TIMEOUT_MS + 30);
   ck_assert_int_eq(fake.parked[peers[2].id], 1);
-  gs__jobs_peer_closed(&jobs, &peers[2]);
+  gs__jobs_peer_closed(&jobs, &peers[2], jobs.now_ms);
   leave(0, "s", 2, 0, true, TIMEOUT_MS + 40);
   leave(1, "s", 2, 1, true, TIMEOUT_MS + 40);
   /* Back once the job finished without it: nothing to join. */
@@ -2162,6 +2195,7 @@ static Suite *jobs_suite(void)
       {"never_started", never_started_job_is_forgotten_at_once},
       {"job_cap", job_cap_refuses_only_new_jobs},
       {"job_cap_room", job_cap_forgets_the_oldest_at_rest},
+      {"close_after_stall", close_after_own_stall_waits_for_silence},
       {"history", history_keeps_the_latest_generations},
       {"job_index", job_index_finds_many_jobs},
       {"settings_unlike", settings_unlike_rank_0s_are_refused},

@@ -10,6 +10,9 @@
 #include "engine_internal.h"
 #include "why.h"
 
+/* The final Leave waits at least this long (--coordinator-grace may be 0). */
+#define LEAVE_MIN_MS 2000
+
 /* A copy of `s` in *copy (NULL stays NULL); false when out of memory. */
 static bool copy_string(const char *s, char **copy)
 {
@@ -342,8 +345,15 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
   gs__engine_enter(e, GS_PHASE_IDLE, 0);
   gs__engine_comm_stop(e, !finished);
   if (e->joined && e->client) {
+    /* The rank's last word waits for a coordinator that is slow, stopped
+     * or restarting as long as training would have (--coordinator-grace):
+     * a rank gone before its Leave is read is a lost rank, and a job that
+     * finished while the coordinator was stopped 30 s was recorded failed
+     * (it waited 2 s). */
+    uint64_t wait_ms = e->cfg.coordinator_grace_ms > LEAVE_MIN_MS ? e->cfg.coordinator_grace_ms
+                                                                   : LEAVE_MIN_MS;
     int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,
-                              reason ? reason : "", 2000);
+                              reason ? reason : "", wait_ms);
 
     if (err)
       gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank, "leave failed: %s",

@@ -354,7 +354,8 @@ static const gs_flag_t flag_rows[] = {
    .help = "train on through a coordinator outage this long, then stop",
    .doc = "how long the ranks train on while the coordinator is unreachable (they re-register "
           "when it is back); past it, training ends. Below the coordinator's --heartbeat-timeout it "
-          "is raised to it, with a warning"},
+          "is raised to it, with a warning. A rank's last call, its Leave, waits as long for a "
+          "coordinator that does not answer (2 s at least)"},
   {.name = "--comm-timeout", .kind = GS_FLAG_DURATION, E(comm_timeout_ms), .metavar = "DUR",
    .help = "no progress in a collective", .doc = "no progress inside a collective is an error"},
   {.name = "--inject-fault", .kind = GS_FLAG_CUSTOM, F(t.fault), .parse = parse_fault,

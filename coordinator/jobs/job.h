@@ -85,9 +85,13 @@ typedef struct gs_jobs {
   uint64_t version, progress;
   /* Heartbeat reply bodies built so far: each one's `news` number. */
   uint64_t hb_replies_built;
-  /* The latest time an entry point was given (a closing connection brings
-   * none of its own). */
+  /* The latest time an entry point was given. */
   uint64_t now_ms;
+  /* The sweep's latest run; after a gap in it (the coordinator's own loop
+   * stopped or starved), until stall_until_ms, a running rank whose
+   * connection closes is not lost at once (gs__jobs_peer_closed, jobs.c
+   * after_own_stall). */
+  uint64_t swept_ms, stall_until_ms;
 } gs_jobs_t;
 
 /* One rank's heartbeat as the jobs layer reads it: what a Heartbeat's

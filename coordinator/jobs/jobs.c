@@ -124,6 +124,8 @@ static gs_job_t *job_of_call(gs_jobs_t *jobs, const gs_call_t *call, const char 
   return gs__jobs_find(jobs, name);
 }
 
+#define CATCH_UP_MS 1000
+
 #define RESTARTED_HINT " (if the coordinator restarted, re-register with rejoin_generation)"
 
 static void reply_no_job(gs_jobs_t *jobs, const gs_call_t *call, const char *name, const char *hint)
@@ -335,7 +337,19 @@ void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Leave
   tell_news(job);
 }
 
-void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
+/* Whether the coordinator is catching up after its own loop stopped or
+ * starved: the sweep, which runs every second, has not run for half the
+ * heartbeat timeout (the events that waited meanwhile come first), or
+ * found such a gap within the last CATCH_UP_MS (the events that waited
+ * are all read within a few turns of the loop). */
+static bool after_own_stall(gs_jobs_t *jobs, uint64_t now)
+{
+  if (jobs->swept_ms && now > jobs->swept_ms + jobs->cfg.heartbeat_timeout_ms / 2)
+    jobs->stall_until_ms = now + CATCH_UP_MS;
+  return now >= jobs->swept_ms && now < jobs->stall_until_ms;
+}
+
+void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer, uint64_t now)
 {
   gs_member_t *m = peer->member;
   gs_job_t *job = m ? m->job : NULL;
@@ -344,6 +358,18 @@ void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer)
   if (!m)
     return;
   gs__member_unbind(m);
+  if (m->state == GS_MEMBER_RUNNING && gs__member_active(m) && after_own_stall(jobs, now)) {
+    /* Its agent redialled while we did not run (a heartbeat that timed
+     * out closes its connection): its next heartbeat ties it to the new
+     * one, its Leave may be on the way, and silence decides. A rank
+     * finished while the coordinator was stopped was lost here, and its
+     * job recorded failed. */
+    gs__hb_touch(m, now);
+    gs_log(jobs->cfg.log, GS_LOG_INFO, job->name, (long)m->rank,
+           "connection closed while the coordinator caught up after its own stall: the rank "
+           "has the heartbeat timeout to come back or leave");
+    return;
+  }
   if (m->state == GS_MEMBER_WAITING)
     gs__rendezvous_drop(m->job, m);
   else if (gs__member_active(m) || gs__member_pending(m))
@@ -432,6 +458,9 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
 {
   jobs->version++;
   jobs->now_ms = now;
+  after_own_stall(jobs, now); /* a gap since the last sweep opens the window */
+  if (now > jobs->swept_ms)
+    jobs->swept_ms = now;
   for (gs_job_t *job = jobs->jobs, *next; job; job = next) {
     next = job->next;
     gs__rendezvous_sweep(job, now);

@@ -41,9 +41,11 @@ void gs__jobs_node_heartbeat(gs_jobs_t *jobs, const char *job, const gs_node_bea
                              uint32_t n);
 void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_LeaveRequest *req);
 
-/* `peer`'s connection closed: a member bound to it leaves its rendezvous
- * or is lost. The peer may be freed once this returns. */
-void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer);
+/* `peer`'s connection closed at `now`: a member bound to it leaves its
+ * rendezvous or is lost; just after the coordinator's own stall, a
+ * running one is only untied and has the heartbeat timeout to come back
+ * or leave. The peer may be freed once this returns. */
+void gs__jobs_peer_closed(gs_jobs_t *jobs, gs_peer_t *peer, uint64_t now);
 
 /* Deadlines, heartbeat silences, rendezvous timeouts and retention, at `now`. */
 void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now);

@@ -237,7 +237,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (op == 0) {
       on_frame(&w, peer, data, len);
     } else if (op == 1) {
-      gs__jobs_peer_closed(&w.jobs, peer);
+      gs__jobs_peer_closed(&w.jobs, peer, w.jobs.now_ms);
       /* Its calls went with the connection (conn.c drops its park count). */
       w.closed[peer->id] = true;
       if (!new_peer(&w, (uint32_t)(peer - w.peers)))
@@ -257,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   for (uint64_t id = 1; id < w.next_id; id++)
     GS_FUZZ_CHECK(w.closed[id] || w.parked[id] == 0);
   for (uint32_t i = 0; i < PEERS; i++)
-    gs__jobs_peer_closed(&w.jobs, &w.peers[i]);
+    gs__jobs_peer_closed(&w.jobs, &w.peers[i], w.jobs.now_ms);
   gs__jobs_free(&w.jobs);
   gs_buf_free(&w.scratch);
   return 0;

@@ -140,7 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   check_response(&res);
   end_response(&res);
   gs_buf_free(&f.routes.status_body);
-  gs__jobs_peer_closed(&f.jobs, &f.peer);
+  gs__jobs_peer_closed(&f.jobs, &f.peer, f.jobs.now_ms);
   gs__jobs_free(&f.jobs);
   free(body);
   return 0;
