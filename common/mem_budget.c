@@ -14,6 +14,14 @@ static bool part_fits(const gs_mem_budget_t *b, size_t held, size_t held_max, si
   return held + n <= held_max && b->used + n <= b->max;
 }
 
+void gs_mem_budget_hold(gs_mem_budget_t *b, size_t add, size_t sub)
+{
+  b->used += add;
+  b->used -= sub;
+  if (b->used > b->peak)
+    b->peak = b->used;
+}
+
 bool gs_mem_budget_store_fits(const gs_mem_budget_t *b, size_t n)
 {
   return part_fits(b, b->stored, b->stored_max, n);
@@ -28,14 +36,12 @@ void gs_mem_budget_members(gs_mem_budget_t *b, size_t add, size_t sub)
 {
   b->members += add;
   b->members -= sub;
-  b->used += add;
-  b->used -= sub;
+  gs_mem_budget_hold(b, add, sub);
 }
 
 void gs_mem_budget_store(gs_mem_budget_t *b, size_t add, size_t sub)
 {
   b->stored += add;
   b->stored -= sub;
-  b->used += add;
-  b->used -= sub;
+  gs_mem_budget_hold(b, add, sub);
 }

@@ -29,10 +29,16 @@ typedef struct gs_mem_budget {
   size_t stored_max;  /* what they may hold: max / GS_MEM_STORED_SHARE */
   size_t members;     /* of it, the jobs' members */
   size_t members_max; /* what they may hold: max / GS_MEM_MEMBERS_SHARE */
+  /* The most `used` has been since its owner last handed freed memory
+   * back to the system (coordinator.c release_memory), which resets it. */
+  size_t peak;
 } gs_mem_budget_t;
 
 /* An empty budget of `max` bytes. */
 void gs_mem_budget_init(gs_mem_budget_t *b, size_t max);
+/* Everything together holds `add` bytes more and `sub` fewer (`sub` never
+ * passes what was counted before); the peak follows. */
+void gs_mem_budget_hold(gs_mem_budget_t *b, size_t add, size_t sub);
 /* Whether `n` more stored bytes fit, in the stored share and the whole. */
 bool gs_mem_budget_store_fits(const gs_mem_budget_t *b, size_t n);
 /* The store holds `add` bytes more and `sub` fewer (counted in `used`

@@ -72,8 +72,7 @@ static void mem_count(gs_conn_t *conn, size_t add, size_t sub)
 {
   gs_conns_t *t = conn->conns;
 
-  t->mem->used += add;
-  t->mem->used -= sub;
+  gs_mem_budget_hold(t->mem, add, sub);
   t->conn_used += add;
   t->conn_used -= sub;
   if (!conn->authenticated) {

@@ -27,8 +27,10 @@
 /* Connections from which on the loop is paced (see on_pace). */
 #define PACE_MIN_CONNECTIONS 1000
 /* How often at most freed memory is handed back to the system (see
- * release_memory). */
+ * release_memory), and how far below its peak since then what the budget
+ * counts must fall for it to be worth a walk of the heap. */
 #define RELEASE_MEMORY_MS 1000
+#define RELEASE_MEMORY_BYTES (16u << 20)
 
 struct gs_coord {
   uv_loop_t *loop;
@@ -209,17 +211,23 @@ gs_coord_t *gs_coord_new(uv_loop_t *loop, const gs_coord_config_t *cfg)
   return c;
 }
 
-/* Forgotten jobs leave their memory in malloc's free lists, and glibc
- * hands memory back to the system only from the top of its heap: any
- * block still used above them kept every page (50,000 jobs forgotten
- * left 315 MiB resident). malloc_trim gives back the free pages wherever
- * they lie; it walks the whole heap, so at most once a RELEASE_MEMORY_MS. */
+/* Forgotten jobs, and a burst of replies, blobs or parked Joins given
+ * back, leave their memory in malloc's free lists, and glibc hands memory
+ * back to the system only from the top of its heap: any block still used
+ * above them kept every page (50,000 jobs forgotten left 315 MiB
+ * resident; replies to clients that did not read, 3.2 GB). malloc_trim
+ * gives back the free pages wherever they lie; it walks the whole heap,
+ * so at most once a RELEASE_MEMORY_MS, and only once jobs were forgotten
+ * or what the budget counts fell RELEASE_MEMORY_BYTES below its peak. */
 static void release_memory(gs_coord_t *c, uint64_t now)
 {
-  if (!c->jobs_forgotten || now - c->released_ms < RELEASE_MEMORY_MS)
+  bool burst_over = c->mem.peak > c->mem.used + RELEASE_MEMORY_BYTES;
+
+  if ((!c->jobs_forgotten && !burst_over) || now - c->released_ms < RELEASE_MEMORY_MS)
     return;
   c->jobs_forgotten = false;
   c->released_ms = now;
+  c->mem.peak = c->mem.used;
 #ifdef __GLIBC__
   malloc_trim(0);
 #endif

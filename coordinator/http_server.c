@@ -176,7 +176,7 @@ static void mem_count(http_conn_t *conn, size_t add, size_t sub)
 
   conn->queued = conn->queued + add - sub;
   if (mem) {
-    mem->used = mem->used + add - sub;
+    gs_mem_budget_hold(mem, add, sub);
     mem->http = mem->http + add - sub;
   }
 }
