@@ -11,7 +11,9 @@ and saw refused. It exits 1 when a promise failed: the job did not finish,
 or its accuracy differs from the baseline's by more than --tolerance, peak
 RSS passed --max-memory, a /healthz went unanswered, or with the abusers
 its p99 was 50 ms or more (the baseline's p99 only says how busy the
-machine is). The coordinator and the /healthz sampler run at nice -10 when
+machine is), its RSS was not back within 64 MiB of where it started 10 s
+after the abuse, or a node agent's connection was closed for one slot's
+wrong token. The coordinator and the /healthz sampler run at nice -10 when
 run as root (--coordinator-nice), as on a host of their own: on a small
 machine shared with two training ranks and seven abusers, the scheduler
 would otherwise be what /healthz measures.
@@ -32,11 +34,23 @@ Python lock, nor the /healthz sampler on theirs):
   logs     wrong-token requests on both ports from one address
   preauth  frames with a wrong job-looking token (64 hex digits) carrying a
            pack list of 131,072 entries
+  stream   clients without the token streaming frames of nearly 4 MiB as
+           fast as the coordinator reads them (its pre-authentication rate)
+  httpnoread  HTTP clients pipelining GET /ui/app.js and never reading
+  trace    a job token's holder playing every rank of a 128-rank job (a
+           node agent's slots), each publishing an 800-span trace, then
+           asking for the merged trace over and over, pipelined, unread
+  slotjoins  connections parking a Join on each of a node agent's 255 slots
+  jobcap   one-rank jobs that join and leave finished at once, a new name
+           each, filling --max-jobs with jobs at rest
+  slottoken  a node agent's connection with 4 ranks of its job, heartbeating,
+           and a fifth slot calling with a wrong token now and then: the
+           connection must never be closed
 
 The attacks reuse tests/test_limits.py's helpers (the coordinator under
 test, frames, /metrics).
 
-usage: bench/abuse_soak.py --bin BUILD/bin [--max-memory 256MiB] [--nofile 1024]
+usage: bench/abuse_soak.py --bin BUILD/bin [--max-memory 256MiB] [--nofile 1024] [--max-jobs 2000]
                            [--epochs 2] [--max-abuse 240] [--abusers partial,http,...]
 """
 import argparse
@@ -67,9 +81,12 @@ MiB = limits.MiB
 JOB = "soak"
 DATA = "/usr/share/datasets/fashion-mnist"
 TRAIN = ["--reduce", "mean", "--layers", "784,64,10", "--batch", "64", "--seed", "7"]
-ABUSERS = ["partial", "http", "parked", "blobs", "jobs", "logs", "preauth"]
+ABUSERS = ["partial", "http", "parked", "blobs", "jobs", "logs", "preauth", "stream",
+           "httpnoread", "trace", "slotjoins", "jobcap", "slottoken"]
 HEALTHZ_EVERY = 0.05
 HEALTHZ_P99_MS = 50
+RSS_BACK = 64 * 1024 * 1024  # the RSS a burst may leave behind once freed
+RSS_SETTLE_S = 10
 SIZE_RE = re.compile(r"^(\d+)(B|KiB|MiB|GiB)$")
 
 
@@ -384,6 +401,298 @@ def abuse_preauth(ctx, stop, n):
     n["MiB sent"] = round(n.get("pack lists sent", 0) * len(body) / MiB)
 
 
+def abuse_stream(ctx, stop, n, conns=8):
+    """Clients without the token, each streaming a frame of nearly 4 MiB as
+    fast as the coordinator reads it, and another after it (a new
+    connection when one is closed): what the pre-authentication rate lets
+    them make the coordinator read."""
+    size = 4 * MiB - 64
+    chunk = b"\x0a" * (256 * 1024)
+    socks, left = [], {}
+
+    def open_one():
+        s = ctx.connect()
+        s.setblocking(False)
+        socks.append(s)
+        left[s] = 0
+        n.add("connections opened")
+
+    while not stop.is_set():
+        while len(socks) < conns:
+            try:
+                open_one()
+            except OSError:
+                n.add("connections refused")
+                break
+        _, writable, _ = select.select([], socks, [], 0.1)
+        for s in writable:
+            try:
+                if left[s] == 0:
+                    s.send(struct.pack(">I", size))
+                    left[s] = size
+                sent = s.send(chunk[:min(len(chunk), left[s])])
+                left[s] -= sent
+                n.add("MiB sent", sent / MiB)
+            except OSError:
+                n.add("connections closed by the coordinator")
+                socks.remove(s)
+                del left[s]
+                s.close()
+    for s in socks:
+        s.close()
+
+
+def abuse_httpnoread(ctx, stop, n, conns=100):
+    """HTTP clients without the token pipelining GET /ui/app.js and never
+    reading a reply, reopened when the coordinator closes them (at its
+    idle timeout or the memory budget)."""
+    get = b"GET /ui/app.js HTTP/1.1\r\nHost: gradsync\r\n\r\n" * 64
+    socks = []
+    while not stop.is_set():
+        while len(socks) < conns:
+            try:
+                s = limits.small_socket(ctx.http)
+                s.setblocking(False)
+                socks.append(s)
+                n.add("connections opened")
+            except OSError:
+                n.add("connections refused")
+                break
+        for s in list(socks):
+            try:
+                s.send(get)
+                n.add("requests sent", 64)
+            except BlockingIOError:
+                n.add("sends pushed back")
+            except OSError:
+                n.add("connections closed by the coordinator")
+                socks.remove(s)
+                s.close()
+        stop.wait(0.05)
+    for s in socks:
+        s.close()
+
+
+class SlotAgent:
+    """A connection speaking as a node agent: calls on slots 1..255, each
+    slot a rank of its own, with the job's token."""
+
+    def __init__(self, ctx, job, token):
+        self.ctx, self.pb, self.job, self.token = ctx, ctx.pb, job, token
+        self.sock = ctx.connect(timeout=30)
+        self.ids = 0
+        self.sessions = {}
+
+    def send(self, slot, method, msg, token=None, session=""):
+        self.ids += 1
+        env = self.pb.Envelope(method=PREFIX + method, request_id=self.ids, slot=slot,
+                               token=self.token if token is None else token, session=session,
+                               body=msg.SerializeToString())
+        data = env.SerializeToString()
+        self.sock.sendall(struct.pack(">I", len(data)) + data)
+
+    def recv(self):
+        return limits.recv_envelope(self.pb, self.sock)
+
+    def join_all(self, world, first_slot=1):
+        """Joins `world` ranks on slots first_slot.. and waits for their
+        replies: {slot: JoinResponse}."""
+        for i in range(world):
+            self.send(first_slot + i, "Join", self.pb.JoinRequest(
+                job=self.job, world_size=world, node=f"s{i // 8}", local_rank=i % 8,
+                device="cpu"))
+        joined = {}
+        while len(joined) < world:
+            r = self.recv()
+            if r.status:
+                raise RuntimeError(f"Join on slot {r.slot}: {status_name(r.status)} {r.message}")
+            joined[r.slot] = self.pb.JoinResponse.FromString(r.body)
+        self.sessions = {s: j.session for s, j in joined.items()}
+        return joined
+
+    def beat_all(self, joined):
+        for slot, j in joined.items():
+            self.send(slot, "Heartbeat", self.pb.HeartbeatRequest(
+                job=self.job, generation=j.generation, rank=j.rank, step=1),
+                session=self.sessions[slot])
+
+
+def abuse_trace(ctx, stop, n, world=128, getters=20):
+    """A job token's holder playing all 128 ranks of a job on one
+    connection's slots, each publishing a trace of 800 spans, then GET
+    /jobs/NAME/trace pipelined on 20 connections that never read, and on
+    one that does: the merged trace (about 10 MB) is rendered once and
+    each reply counted in --max-memory."""
+    pb = ctx.pb
+    job = f"trace-{os.getpid()}"
+    token = ctx.job_token(job)
+    agent = SlotAgent(ctx, job, token)
+    joined = agent.join_all(world)
+    hdrs = {"Authorization": f"Bearer {token}"}
+    conn = http.client.HTTPConnection("127.0.0.1", ctx.http, timeout=30)
+    conn.request("POST", f"/jobs/{job}/trace?steps=100", headers=hdrs)
+    r = conn.getresponse()
+    seq = int(re.search(rb'"trace_seq":(\d+)', r.read()).group(1))
+    for slot, j in joined.items():
+        t = pb.Trace(seq=seq, rank=j.rank, origin_us=1000)
+        for i in range(800):
+            t.events.add(phase=2, step=i // 8 + 1, start_us=i * 100, dur_us=90)
+        agent.send(slot, "Publish", pb.PublishRequest(
+            job=job, generation=j.generation, key=f"trace.{seq}.{j.rank}",
+            value=t.SerializeToString()), session=agent.sessions[slot])
+    for _ in joined:
+        r = agent.recv()
+        n.add(f"traces published {status_name(r.status)}")
+    get = (f"GET /jobs/{job}/trace HTTP/1.1\r\nHost: gradsync\r\n"
+           f"Authorization: Bearer {token}\r\n\r\n").encode() * 8
+    socks, beat = [], 0.0
+    agent.sock.setblocking(False)
+    while not stop.is_set():
+        if time.monotonic() - beat > 1:
+            beat = time.monotonic()
+            try:
+                agent.beat_all(joined)
+                while agent.sock.recv(1 << 16):  # the beats' replies, dropped
+                    pass
+            except BlockingIOError:
+                pass
+        while len(socks) < getters:
+            try:
+                s = limits.small_socket(ctx.http)
+                s.setblocking(False)
+                socks.append(s)
+            except OSError:
+                n.add("connections refused")
+                break
+        for s in list(socks):
+            try:
+                s.send(get)
+                n.add("GETs sent unread", 8)
+            except BlockingIOError:
+                pass
+            except OSError:
+                n.add("connections closed by the coordinator")
+                socks.remove(s)
+                s.close()
+        try:
+            t0 = time.monotonic()
+            conn.request("GET", f"/jobs/{job}/trace", headers=hdrs)
+            r = conn.getresponse()
+            body = r.read()
+            n.add(f"GETs read {r.status}")
+            n["MB a trace"] = round(len(body) / 1e6, 1)
+            n["last GET read s"] = round(time.monotonic() - t0, 2)
+        except (OSError, http.client.HTTPException) as e:
+            n.add(f"GETs failed ({type(e).__name__})")
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", ctx.http, timeout=30)
+        stop.wait(0.05)
+    for s in socks:
+        s.close()
+
+
+def abuse_slotjoins(ctx, stop, n, conns=40):
+    """Connections parking a Join on each of a node agent's 255 slots (a
+    job of world 400 per connection, which never fills), reopened as they
+    are closed; the refusals past the members' part of --max-memory are
+    counted."""
+    pb, seq = ctx.pb, [0]
+
+    def park():
+        seq[0] += 1
+        job = f"slotpark-{os.getpid()}-{seq[0]}"
+        s = ctx.connect()
+        s.sendall(b"".join(limits.frame(pb, PREFIX + "Join", pb.JoinRequest(
+            job=job, world_size=400, node=f"n{slot}", local_rank=0, device="cpu"),
+            token=ctx.job_token(job), request_id=slot, slot=slot) for slot in range(1, 256)))
+        n.add("Joins sent", 255)
+        return s
+
+    def answered(s, data):
+        for e in envelopes(pb, data):
+            n.add(f"Joins answered {status_name(e.status)}")
+        return True
+
+    pool = Pool(conns, 5, park, n, "slot-Join connections")
+    while not stop.is_set():
+        pool.reap(answered)
+        pool.top_up()
+        stop.wait(0.1)
+    pool.close()
+
+
+def abuse_jobcap(ctx, stop, n):
+    """Short jobs as fast as one client runs them: a one-rank job of a new
+    name joins and leaves finished, over and over; they fill --max-jobs
+    with jobs at rest, each kept for its status."""
+    pb, i = ctx.pb, 0
+    s = None
+    while not stop.is_set():
+        i += 1
+        job = f"short-{os.getpid()}-{i}"
+        try:
+            s = s or ctx.connect()
+            r = limits.rpc(pb, s, "Join", pb.JoinRequest(job=job, world_size=1, node="j",
+                                                          local_rank=0, device="cpu"),
+                           ctx.token, 1)
+            n.add(f"Joins answered {status_name(r.status)}")
+            if r.status:
+                stop.wait(0.05)
+                continue
+            j = pb.JoinResponse.FromString(r.body)
+            r = limits.rpc(pb, s, "Leave", pb.LeaveRequest(job=job, generation=j.generation,
+                                                            rank=0, finished=True),
+                           ctx.token, 2, session=j.session)
+            n.add(f"Leaves answered {status_name(r.status)}")
+        except OSError as e:
+            n.add(f"failed ({type(e).__name__})")
+            if s:
+                s.close()
+            s = None
+            stop.wait(0.01)
+
+
+def abuse_slottoken(ctx, stop, n, world=4):
+    """A node agent's connection carrying 4 ranks of its job (heartbeating
+    every 0.5 s) and, on a fifth slot, a call with a wrong token every
+    0.1 s: the wrong ones are refused on their slot, and the connection,
+    with its 4 ranks, must never be closed."""
+    pb = ctx.pb
+    job = f"node-{os.getpid()}"
+    agent = SlotAgent(ctx, job, ctx.job_token(job))
+    joined = agent.join_all(world)
+    beat = 0.0
+    agent.sock.setblocking(False)
+    buf = b""
+    while not stop.is_set():
+        try:
+            if time.monotonic() - beat > 0.5:
+                beat = time.monotonic()
+                agent.beat_all(joined)
+            agent.send(world + 1, "Heartbeat", pb.HeartbeatRequest(job=job, generation=1, rank=0),
+                       token="wrong")
+            n.add("wrong-token calls sent")
+            while True:
+                data = agent.sock.recv(1 << 16)
+                if not data:
+                    n.add("NODE DROPPED: the connection was closed")
+                    return
+                buf += data
+        except BlockingIOError:
+            pass
+        except OSError as e:
+            n.add(f"NODE DROPPED ({type(e).__name__})")
+            return
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            size = struct.unpack(">I", buf[:4])[0]
+            e = pb.Envelope.FromString(buf[4:4 + size])
+            buf = buf[4 + size:]
+            who = "wrong-token slot" if e.slot == world + 1 else "ranks' slots"
+            n.add(f"{who} answered {status_name(e.status)}")
+        stop.wait(0.1)
+    agent.sock.close()
+
+
 def run_abuser(name, ctx, stop, out, nice):
     """An abuser's process: runs until `stop`, then hands its counts back."""
     os.nice(nice)
@@ -452,8 +761,8 @@ class Run:
         self.token = token
         env = dict(clean_env(), GRADSYNC_TOKEN=token)
         self.c = limits.Coordinator(os.path.join(args.bin, "gradsync-coordinator"),
-                                    "--max-memory", args.max_memory_text, nofile=args.nofile,
-                                    env=env)
+                                    "--max-memory", args.max_memory_text, "--max-jobs",
+                                    str(args.max_jobs), nofile=args.nofile, env=env)
         self.ctx = Ctx(pb, self.c, token, make_job_token)
         self.dir = tempfile.TemporaryDirectory(prefix="gs-soak-")
         self.rss_max = 0
@@ -493,6 +802,7 @@ class Run:
         res = {"run": "with abusers" if self.abusers else "baseline"}
         agents = []
         try:
+            res["rss_start_kib"] = limits.proc_kib(self.c.proc.pid, "VmRSS")
             rss.start()
             for p in procs:
                 p.start()
@@ -521,6 +831,7 @@ class Run:
             res["accuracy"] = self.accuracy(agents)
             res["hwm_kib"] = limits.proc_kib(self.c.proc.pid, "VmHWM")
             res["rss_max_kib"] = self.rss_max
+            res["rss_after_kib"] = self.rss_after(res["rss_start_kib"])
             res["agent_tail"] = "".join(self.tail(log) for _, log in agents)
         finally:
             stop.set()
@@ -545,6 +856,16 @@ class Run:
             self.c.close()
             self.dir.cleanup()
         return res
+
+    def rss_after(self, start_kib):
+        """The coordinator's RSS once what the abusers held is freed: back
+        within RSS_BACK of its start, or where it stood after RSS_SETTLE_S."""
+        deadline = time.monotonic() + RSS_SETTLE_S
+        while True:
+            rss = limits.proc_kib(self.c.proc.pid, "VmRSS")
+            if rss - start_kib <= RSS_BACK / 1024 or time.monotonic() > deadline:
+                return rss
+            time.sleep(0.2)
 
     def metrics(self):
         try:
@@ -587,13 +908,15 @@ def report(args, runs):
     """Prints the tables; returns the promises that failed."""
     failed, notes = [], []
     print("| run | exit codes | test accuracy | job s | peak RSS (VmHWM) | max RSS sampled "
-          "| /healthz p50 / p99 / max ms (n) | unanswered | log lines (WARN) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| RSS at start, after | /healthz p50 / p99 / max ms (n) | unanswered "
+          "| log lines (WARN) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         lat, errors = r["healthz"]
         ms = [x * 1000 for x in lat]
         print(f"| {r['run']} | {r['codes']} | {r['accuracy']} | {r['job_s']:.1f} "
               f"| {r['hwm_kib'] / 1024:.1f} MiB | {r['rss_max_kib'] / 1024:.1f} MiB "
+              f"| {r['rss_start_kib'] / 1024:.1f}, {r['rss_after_kib'] / 1024:.1f} MiB "
               f"| {percentile(ms, 50):.1f} / {percentile(ms, 99):.1f} / "
               f"{max(ms, default=float('nan')):.1f} ({len(ms)}) | {len(errors)} "
               f"| {r['log_lines']} ({r['log_warn']}) |")
@@ -604,6 +927,14 @@ def report(args, runs):
                           f"--max-memory {args.max_memory_text}")
         if errors:
             failed.append(f"{r['run']}: {len(errors)} /healthz unanswered, e.g. {errors[:3]}")
+        if (r["rss_after_kib"] - r["rss_start_kib"]) * 1024 > RSS_BACK:
+            failed.append(f"{r['run']}: RSS {r['rss_after_kib'] / 1024:.1f} MiB {RSS_SETTLE_S} s "
+                          f"after the abuse, more than {RSS_BACK / MiB:.0f} MiB above its "
+                          f"{r['rss_start_kib'] / 1024:.1f} MiB at the start")
+        dropped = [k for c in r["abusers"].values() for k in c if k.startswith("NODE DROPPED")]
+        if dropped:
+            failed.append(f"{r['run']}: a node agent's connection was closed for one slot's "
+                          f"wrong token ({dropped})")
         slow = not ms or percentile(ms, 99) >= HEALTHZ_P99_MS
         if slow and r["abusers"]:
             failed.append(f"{r['run']}: /healthz p99 {percentile(ms, 99):.1f} ms, "
@@ -645,6 +976,8 @@ def main():
     ap.add_argument("--bin", required=True, help="the build's bin folder")
     ap.add_argument("--max-memory", default="256MiB", help="the coordinator's --max-memory")
     ap.add_argument("--nofile", type=int, default=1024, help="the coordinator's open-file limit")
+    ap.add_argument("--max-jobs", type=int, default=2000,
+                    help="the coordinator's --max-jobs (the jobcap abuser fills it)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--abusers", default=",".join(ABUSERS))

@@ -48,6 +48,9 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   gs_list_init(&t->idle);
   gs_list_init(&t->linger);
   gs_list_init(&t->deferred);
+  gs_list_init(&t->throttled);
+  t->unauth_read_tokens = GS_CONN_UNAUTH_ALL_BURST;
+  t->unauth_read_ms = uv_now(loop);
   uv_idle_init(loop, &t->next_turn);
   t->next_turn.data = t;
   return t;
@@ -113,6 +116,8 @@ static bool budget_allows(gs_conn_t *conn, size_t more, const char *what)
   return true;
 }
 
+static void unthrottle(gs_conn_t *conn);
+
 void gs__conn_authenticate(gs_conn_t *conn)
 {
   gs_conns_t *t = conn->conns;
@@ -122,6 +127,7 @@ void gs__conn_authenticate(gs_conn_t *conn)
   t->unauth_used -= mem_of(conn);
   t->unauth_open--;
   conn->authenticated = true;
+  unthrottle(conn);
 }
 
 /* Counts a change of the read buffer's capacity. */
@@ -238,6 +244,8 @@ void gs__conn_close(gs_conn_t *conn, const char *why)
   idle_unlink(conn);
   if (conn->deferred)
     gs_list_remove(&conn->turn_node);
+  if (conn->throttled)
+    gs_list_remove(&conn->throttle_node);
   gs_log(t->log, GS_LOG_DEBUG, NULL, -1, "rpc: closing %s: %s", conn->peer, why);
   tell_owner(conn);
   uv_close((uv_handle_t *)&conn->tcp, on_close);
@@ -469,6 +477,73 @@ static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
     gs__conn_close(conn, err == GS_ECLOSED ? "peer ended the TLS session" : gs_strerror(err));
 }
 
+/* Tokens `*tokens` grows to at `rate` bytes a second since `*at_ms`, up
+ * to `burst`. */
+static void refill(int64_t *tokens, uint64_t *at_ms, uint64_t now, uint64_t rate, int64_t burst)
+{
+  int64_t grown = (int64_t)((now - *at_ms) * rate / 1000);
+
+  if (now <= *at_ms)
+    return;
+  *tokens = *tokens + grown > burst ? burst : *tokens + grown;
+  *at_ms = now;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* What an unauthenticated connection read is taken from its tokens and
+ * everyone's (GS_CONN_UNAUTH_RATE); past either it is not read again
+ * until the sweep finds both refilled (what it read is taken all the
+ * same). */
+static void debit_unauth(gs_conn_t *conn, size_t n)
+{
+  gs_conns_t *t = conn->conns;
+  uint64_t now = uv_now(t->loop);
+
+  refill(&conn->read_tokens, &conn->read_tokens_ms, now, GS_CONN_UNAUTH_RATE, GS_CONN_UNAUTH_BURST);
+  refill(&t->unauth_read_tokens, &t->unauth_read_ms, now, GS_CONN_UNAUTH_ALL_RATE,
+         GS_CONN_UNAUTH_ALL_BURST);
+  conn->read_tokens -= (int64_t)n;
+  t->unauth_read_tokens -= (int64_t)n;
+  if (conn->throttled || (conn->read_tokens >= 0 && t->unauth_read_tokens >= 0))
+    return;
+  conn->throttled = true;
+  t->throttles++;
+  gs_list_insert_tail(&t->throttled, &conn->throttle_node);
+  if (!conn->read_paused)
+    uv_read_stop((uv_stream_t *)&conn->tcp);
+}
+
+/* Reads `conn` again, unless something else holds it. */
+static void unthrottle(gs_conn_t *conn)
+{
+  if (!conn->throttled)
+    return;
+  conn->throttled = false;
+  gs_list_remove(&conn->throttle_node);
+  if (!conn->read_paused && !conn->closing && !conn->close_when_written && !conn->lingering)
+    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+}
+
+/* The throttled connections whose tokens and everyone's have refilled are
+ * read again, the oldest first. */
+static void resume_throttled(gs_conns_t *t, uint64_t now)
+{
+  gs_list_t *first;
+
+  refill(&t->unauth_read_tokens, &t->unauth_read_ms, now, GS_CONN_UNAUTH_ALL_RATE,
+         GS_CONN_UNAUTH_ALL_BURST);
+  while (t->unauth_read_tokens >= 0 && (first = gs_list_first(&t->throttled))) {
+    gs_conn_t *conn = GS_CONTAINER_OF(first, gs_conn_t, throttle_node);
+
+    refill(&conn->read_tokens, &conn->read_tokens_ms, now, GS_CONN_UNAUTH_RATE,
+           GS_CONN_UNAUTH_BURST);
+    if (conn->read_tokens < 0)
+      break; /* oldest first: the next ones wait for it */
+    unthrottle(conn);
+  }
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
   gs_conn_t *conn = s->data;
@@ -480,6 +555,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   if (nread == 0 || conn->lingering)
     return; /* a lingering connection reads only to see the peer's EOF */
   conn->turn_frames = 0;
+  if (!conn->authenticated)
+    debit_unauth(conn, (size_t)nread);
   if (conn->tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
   else
@@ -499,7 +576,7 @@ static void maybe_resume(gs_conn_t *conn)
   rbuf_process(conn);
   if (conn->tls && !conn->read_paused && !conn->closing && !conn->close_when_written)
     tls_read(conn, NULL, 0);
-  if (!conn->read_paused && !conn->closing && !conn->close_when_written)
+  if (!conn->read_paused && !conn->throttled && !conn->closing && !conn->close_when_written)
     uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
 }
 
@@ -645,6 +722,8 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
   }
   conn->conns = t;
   conn->tcp.data = conn;
+  conn->read_tokens = GS_CONN_UNAUTH_BURST;
+  conn->read_tokens_ms = uv_now(t->loop);
   t->unauth_open++;
   mem_count(conn, GS_CONN_BOOKKEEPING, 0);
   idle_touch(conn);
@@ -699,6 +778,7 @@ void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now)
 {
   gs_list_t *oldest;
 
+  resume_throttled(t, now);
   while ((oldest = gs_list_first(&t->idle))) {
     gs_conn_t *conn = GS_CONTAINER_OF(oldest, gs_conn_t, idle_node);
 

@@ -65,6 +65,19 @@ typedef struct gs_conn_callbacks {
 #define GS_CONN_UNAUTH_SHARE 4
 #define GS_CONN_UNAUTH_EACH (64 * 1024)
 #define GS_CONN_UNAUTH_MIN 64
+/* What connections that have not authenticated may make the loop read:
+ * each, GS_CONN_UNAUTH_BURST bytes at once (any honest first call, a node
+ * agent's Batch of Joins included) and GS_CONN_UNAUTH_RATE a second after
+ * that; all of them together, GS_CONN_UNAUTH_ALL_BURST at once (the first
+ * calls of 100,000 ranks re-registering after a restart are about 30 MB)
+ * and GS_CONN_UNAUTH_ALL_RATE a second. One past either is throttled: not
+ * read until the housekeeping sweep (gs__conns_sweep_idle) finds both
+ * refilled, the oldest first. A client streaming large frames without the
+ * token kept the loop 94 % busy reading them. */
+#define GS_CONN_UNAUTH_BURST (256 * 1024)
+#define GS_CONN_UNAUTH_RATE (64 * 1024)
+#define GS_CONN_UNAUTH_ALL_BURST (64u << 20)
+#define GS_CONN_UNAUTH_ALL_RATE (16u << 20)
 /* At their cap, the oldest idle unauthenticated connection makes room if
  * it has been idle this long (a new agent's first call is on its way);
  * else the new connection is refused (agents redial with backoff). */
@@ -108,16 +121,20 @@ struct gs_conn {
    * parked), least recently active first; or, while it lingers, the
    * linger list. */
   gs_list_t idle_node;
-  gs_list_t turn_node;  /* on conns->deferred while `deferred` */
-  uint32_t waiting;     /* calls parked until an event or deadline */
-  uint32_t turn_frames; /* dispatched since this read or resumption (GS_CONN_TURN_FRAMES) */
-  size_t queued;        /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
-  size_t rbuf_counted;  /* rbuf.cap as counted in conns->mem */
-  size_t tls_counted;   /* gs__tls_memory as counted in conns->mem */
-  bool authenticated;   /* a call passed its token check (gs__conn_authenticate) */
-  bool read_paused;     /* backpressure: see GS_CONN_WRITE_HIGH; or deferred */
-  bool deferred;        /* paused until the loop's next turn (GS_CONN_TURN_FRAMES) */
-  bool opened;          /* on_open kept it: on_close will tell the owner */
+  gs_list_t turn_node;     /* on conns->deferred while `deferred` */
+  gs_list_t throttle_node; /* on conns->throttled while `throttled` */
+  int64_t read_tokens;     /* bytes it may still read before it authenticates */
+  uint64_t read_tokens_ms; /* when they were last refilled */
+  uint32_t waiting;        /* calls parked until an event or deadline */
+  uint32_t turn_frames;    /* dispatched since this read or resumption (GS_CONN_TURN_FRAMES) */
+  size_t queued;           /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
+  size_t rbuf_counted;     /* rbuf.cap as counted in conns->mem */
+  size_t tls_counted;      /* gs__tls_memory as counted in conns->mem */
+  bool authenticated;      /* a call passed its token check (gs__conn_authenticate) */
+  bool read_paused;        /* backpressure: see GS_CONN_WRITE_HIGH; or deferred */
+  bool deferred;           /* paused until the loop's next turn (GS_CONN_TURN_FRAMES) */
+  bool throttled;          /* not read: it read its share before authenticating */
+  bool opened;             /* on_open kept it: on_close will tell the owner */
   bool closing;
   bool close_when_written; /* a stream we can no longer trust */
   bool notified;           /* our TLS close_notify is out */
@@ -150,10 +167,14 @@ typedef struct gs_conns {
   uint32_t cap;
   uint32_t free_count;
   uint32_t open;
-  gs_list_t idle;      /* see gs_conn */
-  gs_list_t linger;    /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
-  gs_list_t deferred;  /* connections waiting for the loop's next turn */
-  uv_idle_t next_turn; /* runs while some are: resumes them */
+  gs_list_t idle;             /* see gs_conn */
+  gs_list_t linger;           /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
+  gs_list_t deferred;         /* connections waiting for the loop's next turn */
+  gs_list_t throttled;        /* unauthenticated ones not read for their rate, oldest first */
+  int64_t unauth_read_tokens; /* bytes all unauthenticated ones may still read */
+  uint64_t unauth_read_ms;    /* when they were last refilled */
+  uint64_t throttles;         /* times an unauthenticated connection was throttled */
+  uv_idle_t next_turn;        /* runs while some are: resumes them */
   bool closing;
   bool next_turn_closed;
   uint64_t accepted, idle_closed, refused, evicted;
@@ -195,7 +216,8 @@ void gs__conns_close_all(gs_conns_t *t);
  * (it may be freed). */
 bool gs__conns_drained(const gs_conns_t *t);
 /* Closes the connections idle for the idle timeout at `now`, and those
- * that lingered GS_CONN_LINGER_MS (or the idle timeout, if shorter). */
+ * that lingered GS_CONN_LINGER_MS (or the idle timeout, if shorter); reads
+ * again the throttled ones whose rate allows (GS_CONN_UNAUTH_RATE). */
 void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now);
 
 /* The open connection `id` names, or NULL (closed, closing or ending

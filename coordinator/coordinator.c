@@ -112,6 +112,7 @@ static void service_info(void *ctx, gs_service_info_t *out)
       .stored_bytes = c->mem.stored,
       .unauth_memory_bytes = c->conns->unauth_used,
       .unauth_closed = c->conns->unauth_closed,
+      .unauth_throttled = c->conns->throttles,
       .http_memory_bytes = c->mem.http,
       .member_bytes = c->mem.members,
       .requests = c->rpc.stats.requests,

@@ -133,13 +133,12 @@ static void service_route(gs_http_routes_t *r, const gs_http_request_t *req,
   }
 }
 
-/* GET /jobs/NAME/trace: the merged document (rendered once, copied into
- * each reply), or what it waits for. */
+/* GET /jobs/NAME/trace: the merged document (rendered once, shared by the
+ * replies), or what it waits for. */
 static void trace_reply(gs_job_t *job, gs_http_response_t *res)
 {
-  const gs_buf_t *doc;
+  gs_trace_doc_t *doc;
   cJSON *pending;
-  char *body;
   int err;
 
   if (!job->trace_seq) {
@@ -157,11 +156,13 @@ static void trace_reply(gs_job_t *job, gs_http_response_t *res)
     gs__http_respond_error(res, 500, "out of memory rendering the trace of job %s", job->name);
   } else if (pending) {
     gs__http_respond_json(res, 202, pending);
-  } else if (!(body = malloc(doc->len + 1))) {
-    gs__http_respond_error(res, 500, "out of memory for the trace of job %s", job->name);
   } else {
-    memcpy(body, doc->data, doc->len + 1);
-    gs__http_respond(res, 200, GS_HTTP_JSON, body);
+    *res = (gs_http_response_t){.status = 200,
+                                .content_type = GS_HTTP_JSON,
+                                .body = doc->text,
+                                .body_len = doc->len,
+                                .body_release = gs__trace_doc_release,
+                                .body_arg = gs__trace_doc_hold(doc)};
   }
 }
 

@@ -37,6 +37,7 @@
 #define READ_CHUNK (64 * 1024)
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
 #define TURN_REQUESTS 8             /* pipelined requests answered per read, per connection */
+#define HTTP_SHARE 4                /* the HTTP port holds at most this part of the budget */
 #define HOLD_MIN (64u << 10)        /* a connection's share of the budget, at least */
 #define HOLD_MAX (1u << 20)         /* and at most */
 #define WRITE_OVERHEAD 256          /* what a queued write costs besides its bytes */
@@ -122,10 +123,22 @@ struct gs_http_stream {
 /* One queued response: the buffers must live until the write callback. */
 typedef struct http_write {
   uv_write_t req;
-  char *body;  /* the handler's malloc'd body; freed with the request */
+  char *body; /* the handler's body; let go of with the request (body_free) */
+  void (*body_release)(void *body_arg);
+  void *body_arg;
   size_t cost; /* counted in the connection's `queued` and the budget */
   char head[];
 } http_write_t;
+
+/* Lets go of a response's body: the handler's malloc'd one, or its share
+ * of one several replies share. */
+static void body_free(char *body, void (*release)(void *arg), void *arg)
+{
+  if (release)
+    release(arg);
+  else
+    free(body);
+}
 
 /* Logs a line of `kind` about the connection's client ("http: PEER: ..."),
  * limited per address and kind. */
@@ -183,17 +196,20 @@ static void mem_count(http_conn_t *conn, size_t add, size_t sub)
 
 static void conn_close(http_conn_t *conn);
 
-/* Whether `more` bytes may be held: within the budget. If not, the
+/* Whether `more` bytes may be held: within the budget, and within the
+ * HTTP port's part of it (HTTP_SHARE): one reply may pass a connection's
+ * share, and 20 unread 10 MB traces took the budget whole. If not, the
  * connection is closed, with a line saying so. */
 static bool mem_allows(http_conn_t *conn, size_t more, const char *what)
 {
   gs_mem_budget_t *mem = conn->srv->limits.mem;
 
-  if (!mem || mem->used + more <= mem->max)
+  if (!mem || (mem->used + more <= mem->max && mem->http + more <= mem->max / HTTP_SHARE))
     return true;
   conn_log(conn, GS_LOG_KIND_HTTP_LIMIT,
-           "%s of %zu bytes would pass the memory budget (--max-memory %zu bytes); closing", what,
-           more, mem->max);
+           "%s of %zu bytes would pass the HTTP port's part of the memory budget (a quarter of "
+           "--max-memory %zu bytes, %zu held); closing",
+           what, more, mem->max, mem->http);
   conn_close(conn);
   return false;
 }
@@ -334,7 +350,7 @@ static void on_write(uv_write_t *req, int status)
 
   conn->writes--;
   mem_count(conn, 0, w->cost);
-  free(w->body);
+  body_free(w->body, w->body_release, w->body_arg);
   free(w);
   if (conn->writes == 0)
     quiet_touch(conn);
@@ -409,7 +425,7 @@ static void send_response_tls(http_conn_t *conn, http_write_t *w, const gs_http_
   if (!err && with_body && res->body_len)
     err = gs__tls_output(conn->tls, (const uint8_t *)res->body, res->body_len);
   free(w);
-  free(res->body);
+  body_free(res->body, res->body_release, res->body_arg);
   if (err)
     conn_close(conn);
 }
@@ -503,6 +519,8 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
     return;
   }
   w->body = res->body;
+  w->body_release = res->body_release;
+  w->body_arg = res->body_arg;
   bufs[0] = uv_buf_init(w->head, (unsigned)strlen(w->head));
   bufs[1].base = res->body;
   bufs[1].len = res->body_len;
@@ -524,14 +542,15 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
     sent -= (int)skip;
   }
   if (bufs[nbufs - 1].len == 0) {
-    free(w->body);
+    body_free(w->body, w->body_release, w->body_arg);
     free(w);
     return;
   }
-  /* What waits: the head and the body, held whole until written. */
-  w->cost = strlen(w->head) + res->body_len + WRITE_OVERHEAD;
+  /* What waits: the head and the body, held whole until written (a shared
+   * body is counted once, by its owner). */
+  w->cost = strlen(w->head) + (res->body_release ? 0 : res->body_len) + WRITE_OVERHEAD;
   if (!mem_allows(conn, w->cost, "a reply")) {
-    free(w->body);
+    body_free(w->body, w->body_release, w->body_arg);
     free(w);
     return;
   }
@@ -547,7 +566,7 @@ static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool
 out_close:
   conn_close(conn);
 out_free_body:
-  free(res->body);
+  body_free(res->body, res->body_release, res->body_arg);
 }
 
 /* Replies with a small JSON error and ends the connection. */
@@ -726,7 +745,7 @@ static int on_message_complete(http_parser *p)
   if (!response_is_valid(&res)) {
     gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: handler gave an invalid %d response to %s %s",
            res.status, req.method, req.path);
-    free(res.body);
+    body_free(res.body, res.body_release, res.body_arg);
     if (res.on_stream_close)
       res.on_stream_close(res.stream_data, NULL);
     res = (gs_http_response_t){.status = 500, .body = strdup("{\"error\":\"internal error\"}")};
@@ -1191,7 +1210,8 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   srv->next_turn.data = srv;
   srv->hold = HOLD_MAX;
   if (limits->mem) { /* a quarter of the budget over the connections */
-    size_t share = limits->mem->max / 4 / (limits->max_connections ? limits->max_connections : 1);
+    size_t share =
+        limits->mem->max / HTTP_SHARE / (limits->max_connections ? limits->max_connections : 1);
 
     srv->hold = share < HOLD_MIN ? HOLD_MIN : share > HOLD_MAX ? HOLD_MAX : share;
   }

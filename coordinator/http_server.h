@@ -39,6 +39,13 @@ typedef struct gs_http_response {
   const char *content_type; /* static string, e.g. "application/json" */
   char *body;               /* malloc'd by the handler; the server frees it */
   size_t body_len;
+  /* When set, how the server lets go of `body` once written, instead of
+   * free(): a body several replies share (the step trace's, kept by its
+   * job), which `body_release(body_arg)` releases once per reply. Its
+   * owner counts it in the memory budget, once; a reply waiting with it
+   * counts its head and bookkeeping. */
+  void (*body_release)(void *body_arg);
+  void *body_arg;
   const char *allow; /* for 405: the Allow header value, or NULL */
   /* More header lines, each "Name: value\r\n" (a static string), or NULL. */
   const char *headers;

@@ -38,6 +38,7 @@ struct fixture {
    * answered in one: read after join. */
   uv_check_t turns;
   unsigned turn, turn_seen, in_turn, most_in_turn;
+  unsigned shared_held; /* references to `shared` the server holds (/shared) */
 };
 
 static void on_turn(uv_check_t *h)
@@ -47,8 +48,18 @@ static void on_turn(uv_check_t *h)
   f->turn++;
 }
 
-/* Echoes the request as JSON. /allow answers 405 with an Allow header and
- * /count the number of open connections. */
+/* A body several replies share (gs_http_response_t.body_release). */
+static char shared[4096];
+
+static void shared_release(void *arg)
+{
+  struct fixture *f = arg;
+
+  f->shared_held--;
+}
+
+/* Echoes the request as JSON. /allow answers 405 with an Allow header,
+ * /count the number of open connections and /shared the shared body. */
 static void echo_handler(void *ctx, const gs_http_request_t *req, gs_http_response_t *res)
 {
   struct fixture *f = ctx;
@@ -68,6 +79,14 @@ static void echo_handler(void *ctx, const gs_http_request_t *req, gs_http_respon
     n = asprintf(&res->body, "{}");
   } else if (!strcmp(req->path, "/count")) {
     n = asprintf(&res->body, "%zu", gs_http_server_connections(f->srv));
+  } else if (!strcmp(req->path, "/shared")) {
+    memset(shared, 'x', sizeof(shared));
+    f->shared_held++;
+    res->body = shared;
+    res->body_len = sizeof(shared);
+    res->body_release = shared_release;
+    res->body_arg = f;
+    return;
   } else {
     if (req->authorization && asprintf(&auth, "\"%s\"", req->authorization) < 0)
       auth = NULL;
@@ -410,6 +429,40 @@ START_TEST(test_pipelined_turns)
   fixture_stop(&f);
   ck_assert_uint_eq(f.requests, 100);
   ck_assert_msg(f.most_in_turn <= 8, "%u requests answered in one turn", f.most_in_turn);
+}
+END_TEST
+
+/* A body several replies share is released once per reply, never freed:
+ * written at once, queued behind a client that reads late, or dropped with
+ * a connection that goes away (ASan: no free of `shared`). */
+START_TEST(test_shared_body)
+{
+  gs_http_limits_t limits = default_limits();
+  struct fixture f;
+  struct client c;
+  struct reply r;
+  char all[8 * 64];
+  size_t len = 0;
+
+  for (int i = 0; i < 8; i++)
+    len += (size_t)snprintf(all + len, sizeof(all) - len, "GET /shared HTTP/1.1\r\n\r\n");
+  fixture_start(&f, &limits);
+  client_open(&c, f.port);
+  send_str(&c, all);
+  for (int i = 0; i < 8; i++) {
+    ck_assert(read_reply(&c, &r));
+    ck_assert_int_eq(r.status, 200);
+  }
+  client_close(&c);
+  /* A client that asks for 2 MiB of them and never reads: the replies
+   * queue (then the connection is held), and go with the connection. */
+  client_open(&c, f.port);
+  for (int i = 0; i < 64; i++)
+    send_str(&c, all);
+  client_close(&c);
+  fixture_stop(&f);
+  ck_assert_uint_ge(f.requests, 16);
+  ck_assert_uint_eq(f.shared_held, 0);
 }
 END_TEST
 
@@ -989,6 +1042,7 @@ static Suite *http_server_suite(void)
   add_case(s, "keepalive", test_keepalive);
   add_case(s, "pipelined", test_pipelined);
   add_case(s, "pipelined_turns", test_pipelined_turns);
+  add_case(s, "shared_body", test_shared_body);
   add_case(s, "post_body", test_post_body);
   add_case(s, "query", test_query);
   add_case(s, "authorization", test_authorization);

@@ -28,6 +28,7 @@
 #include "waiting.h"
 
 typedef struct gs_job gs_job_t;
+typedef struct gs_trace_doc gs_trace_doc_t; /* trace.h */
 
 /* How many settings one Join may carry (JoinRequest.settings): the RPC
  * layer's decode refuses more. */
@@ -77,7 +78,10 @@ typedef struct gs_jobs {
   /* Jobs the sweep saw at rest (nothing in progress), in the order it saw
    * them: at --max-jobs the first makes room for a new one. */
   gs_list_t resting;
-  uint64_t forgotten_for_room; /* jobs forgotten so (logged at a bounded rate) */
+  uint64_t forgotten_for_room;
+  gs_list_t trace_orphans;
+      /* merged traces replies hold after their job let go (trace.c) */ /* jobs forgotten so (logged
+                                                                           at a bounded rate) */
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key); a
    * heartbeat's progress bumps `progress` instead (http_routes.c lets a
@@ -281,8 +285,8 @@ struct gs_job {
   uint64_t trace_seq;
   uint32_t trace_steps;
   uint64_t trace_generation;
-  gs_buf_t trace_doc;     /* the merged document of request trace_doc_seq (trace.c) */
-  uint64_t trace_doc_seq; /* 0: none */
+  gs_trace_doc_t *trace_doc;            /* the latest merged document (trace.h); NULL: none */
+  struct gs_trace_render *trace_render; /* the one being rendered (trace.c); NULL: none */
   /* Elastic membership (regroup.c): world_min > 0 makes the job elastic,
    * of world_min..world_max ranks. */
   uint32_t world_min, world_max;

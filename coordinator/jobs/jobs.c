@@ -24,6 +24,7 @@ void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t 
   jobs->cfg = *cfg;
   jobs->responder = r;
   gs_list_init(&jobs->resting);
+  gs_list_init(&jobs->trace_orphans);
 }
 
 gs_job_t *gs__jobs_find(gs_jobs_t *jobs, const char *name)
@@ -467,6 +468,7 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
     gs__heartbeat_sweep(job, now);
     tell_news(job);
     gs__store_sweep(&job->store, now);
+    gs__trace_sweep(job);
     if (job_expired(job, now)) {
       log_forgotten(job, now);
       forget(jobs, job);
@@ -529,5 +531,6 @@ void gs__jobs_free(gs_jobs_t *jobs)
   jobs->jobs = NULL;
   jobs->job_count = 0;
   gs_list_init(&jobs->resting);
+  gs__trace_detach_all(jobs);
   gs__job_index_free(&jobs->index);
 }

@@ -543,6 +543,11 @@ static int service_metrics(const gs_jobs_t *jobs, const gs_service_info_t *svc, 
                 "Unauthenticated RPC connections closed or refused for their share of the "
                 "memory budget.");
   err |= emit(out, "gradsync_rpc_unauthenticated_closed_total %" PRIu64 "\n", svc->unauth_closed);
+  err |= family(out, "gradsync_rpc_unauthenticated_throttled_total", "counter",
+                "Times an RPC connection that had not authenticated was not read for a while: it "
+                "read 256 KiB, or all such connections 64 MiB, faster than their rate.");
+  err |= emit(out, "gradsync_rpc_unauthenticated_throttled_total %" PRIu64 "\n",
+              svc->unauth_throttled);
   err |= family(out, "gradsync_rpc_requests_total", "counter", "RPC requests by method.");
   for (int m = 0; m < GS_METHOD_COUNT; m++)
     err |= emit(out, "gradsync_rpc_requests_total{method=\"%s\"} %" PRIu64 "\n", gs_method_name(m),

@@ -17,6 +17,7 @@ typedef struct gs_service_info {
   uint64_t stored_bytes;        /* what the jobs' blobs and pack lists hold (the same) */
   uint64_t unauth_memory_bytes; /* the part the unauthenticated ones hold */
   uint64_t unauth_closed;       /* unauthenticated ones closed or refused for their share */
+  uint64_t unauth_throttled;    /* times one was not read for its rate (GS_CONN_UNAUTH_RATE) */
   uint64_t http_memory_bytes;   /* what the HTTP port's replies and held requests hold */
   uint64_t member_bytes;        /* what the jobs' ranks and parked Joins hold */
   const uint64_t *requests;     /* [GS_METHOD_COUNT] */

@@ -12,9 +12,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "phase.h"
 #include "wire.h"
+
+/* How long one slice of a trace's rendering may hold the loop. */
+#define TRACE_SLICE_NS (5 * 1000 * 1000)
+
+/* A merged trace being written, a slice at a time (TRACE_SLICE_NS): the
+ * first pass decodes every rank's part for the earliest span (the
+ * document's time 0) and the room the text needs, the second writes it
+ * into one buffer of that room. A 1,024-rank trace of 800 spans a rank
+ * (83 MB) takes 0.4 s in all: in one piece it held the loop that long. */
+struct gs_trace_render {
+  uint64_t seq;  /* the request it answers */
+  bool writing;  /* the second pass */
+  uint32_t next; /* the rank the pass is at */
+  int64_t origin;
+  bool any;
+  bool *truncated; /* per rank: its last spans left out */
+  gs_buf_t text;   /* room for text.cap bytes, counted in the budget while written */
+  int err;         /* GS_ELIMIT, GS_ENOMEM: the request's answer until the next */
+};
 
 void gs__trace_stamp(const gs_member_t *m, uint64_t *at_us, uint64_t now_ms)
 {
@@ -83,6 +103,12 @@ static cJSON *pending_json(const gs_job_t *job, const bool *have, uint32_t count
   }
   if (job->trace_generation != job->generation)
     cJSON_AddStringToObject(o, "error", "the generation it was asked of has ended; ask again");
+  if (job->trace_render) { /* every part is in: the document is being written */
+    cJSON *r = cJSON_AddObjectToObject(o, "rendering");
+
+    cJSON_AddStringToObject(r, "pass", job->trace_render->writing ? "writing" : "reading");
+    cJSON_AddNumberToObject(r, "ranks_done", job->trace_render->next);
+  }
   return o;
 }
 
@@ -124,171 +150,346 @@ static void put_tracks(gs_buf_t *out, uint32_t r, const char *node)
       r, r, (int)strlen(node) - 2, node + 1, r, r);
 }
 
-/* One span as an "X" event at `ts` µs after the trace's first span. */
+/* Appends a string, or a number in decimal, to the document (its room
+ * was reserved: SPAN_TEXT_MAX bounds a span). The spans are nearly all of
+ * a large trace, and vsnprintf took most of its rendering time. */
+static void put_text(gs_buf_t *out, const char *s)
+{
+  size_t n = strlen(s);
+
+  if (n >= out->cap - out->len) {
+    out->len = out->cap - 1; /* render() finds it measured short */
+    return;
+  }
+  memcpy(out->data + out->len, s, n);
+  out->len += n;
+}
+
+static void put_u64(gs_buf_t *out, uint64_t v)
+{
+  char digits[24], *p = digits + sizeof(digits);
+
+  *--p = '\0';
+  do
+    *--p = (char)('0' + v % 10);
+  while (v /= 10);
+  put_text(out, p);
+}
+
+/* One span as an "X" event at `ts` µs after the trace's first span
+ * (never before it). */
 static void put_span(gs_buf_t *out, uint32_t r, const gradsync_TraceEvent *ev, int64_t ts)
 {
-  char name[48];
+  bool comm = ev->comm;
 
-  if (ev->phase == gradsync_Phase_PHASE_ALLREDUCE)
-    snprintf(name, sizeof(name), "allreduce pack %u", ev->pack);
-  else
-    snprintf(name, sizeof(name), "%s", gs_phase_name(ev->phase));
-  put(out,
-      ",{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%u,\"tid\":%d,\"ts\":%" PRId64
-      ",\"dur\":%" PRIu64 ",\"args\":{\"step\":%" PRIu64 "}}",
-      name, ev->comm ? "collective" : "phase", r, ev->comm ? 1 : 0, ts, (uint64_t)ev->dur_us,
-      (uint64_t)ev->step);
+  put_text(out, ",{\"name\":\"");
+  if (ev->phase == gradsync_Phase_PHASE_ALLREDUCE) {
+    put_text(out, "allreduce pack ");
+    put_u64(out, ev->pack);
+  } else {
+    put_text(out, gs_phase_name(ev->phase));
+  }
+  put_text(out, comm ? "\",\"cat\":\"collective\",\"ph\":\"X\",\"pid\":"
+                     : "\",\"cat\":\"phase\",\"ph\":\"X\",\"pid\":");
+  put_u64(out, r);
+  put_text(out, comm ? ",\"tid\":1,\"ts\":" : ",\"tid\":0,\"ts\":");
+  put_u64(out, ts > 0 ? (uint64_t)ts : 0);
+  put_text(out, ",\"dur\":");
+  put_u64(out, ev->dur_us);
+  put_text(out, ",\"args\":{\"step\":");
+  put_u64(out, ev->step);
+  put_text(out, "}}");
 }
 
-/* The first pass: where each rank's spans start on the coordinator's
- * clock, the earliest span of all (the document's time 0), and how much
- * text the document can take, so that it is written in one allocation. */
-static void measure(const gs_job_t *job, gradsync_Trace *t, int64_t *origin, size_t *text_max)
+static uint64_t mono_ns(void)
 {
-  bool any = false;
+  struct timespec ts;
 
-  *text_max = DOC_TEXT_MAX + strlen(job->name);
-  for (uint32_t r = 0; r < job->world_size; r++) {
-    int64_t base;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
-    rank_part(job, r, t);
-    base = (int64_t)t->origin_us + job->ranks[r]->clock_offset_us;
-    for (pb_size_t i = 0; i < t->events_count; i++) {
-      int64_t at = base + (int64_t)t->events[i].start_us;
+static void render_free(gs_job_t *job)
+{
+  gs_trace_render_t *r = job->trace_render;
 
-      if (!any || at < *origin)
-        *origin = at;
-      any = true;
-    }
-    *text_max += RANK_TEXT_MAX + 6 * strlen(job->ranks[r]->req.node) +
+  if (!r)
+    return;
+  if (job->store.mem && r->text.cap)
+    gs_mem_budget_store(job->store.mem, 0, r->text.cap);
+  free(r->text.data);
+  free(r->truncated);
+  free(r);
+  job->trace_render = NULL;
+}
+
+gs_trace_doc_t *gs__trace_doc_hold(gs_trace_doc_t *doc)
+{
+  doc->refs++;
+  return doc;
+}
+
+void gs__trace_doc_release(void *arg)
+{
+  gs_trace_doc_t *doc = arg;
+
+  if (--doc->refs)
+    return;
+  if (doc->mem)
+    gs_mem_budget_store(doc->mem, 0, doc->size);
+  if (gs_list_linked(&doc->orphan_node))
+    gs_list_remove(&doc->orphan_node);
+  free(doc->text);
+  free(doc);
+}
+
+/* A document its job let go of while replies still hold it stays counted
+ * until the last goes (each trace request may leave one: uncounted, they
+ * would be a way to grow without bound); the jobs layer keeps them on a
+ * list, to detach them from the budget when it is freed. */
+void gs__trace_forget(gs_job_t *job)
+{
+  gs_trace_doc_t *doc = job->trace_doc;
+
+  render_free(job);
+  if (!doc)
+    return;
+  job->trace_doc = NULL;
+  if (doc->refs > 1)
+    gs_list_insert_tail(&job->jobs->trace_orphans, &doc->orphan_node);
+  gs__trace_doc_release(doc); /* replies being written keep theirs */
+}
+
+void gs__trace_detach_all(gs_jobs_t *jobs)
+{
+  gs_list_t *first;
+
+  while ((first = gs_list_first(&jobs->trace_orphans))) {
+    gs_trace_doc_t *doc = GS_CONTAINER_OF(first, gs_trace_doc_t, orphan_node);
+
+    if (doc->mem)
+      gs_mem_budget_store(doc->mem, 0, doc->size);
+    doc->mem = NULL;
+    gs_list_remove(&doc->orphan_node);
+  }
+}
+
+/* The first pass, for rank `rank`: its earliest span and its room. */
+static void measure_rank(const gs_job_t *job, gs_trace_render_t *r, gradsync_Trace *t,
+                         uint32_t rank)
+{
+  int64_t base;
+
+  rank_part(job, rank, t);
+  r->truncated[rank] = t->truncated;
+  base = (int64_t)t->origin_us + job->ranks[rank]->clock_offset_us;
+  for (pb_size_t i = 0; i < t->events_count; i++) {
+    int64_t at = base + (int64_t)t->events[i].start_us;
+
+    if (!r->any || at < r->origin)
+      r->origin = at;
+    r->any = true;
+  }
+  r->text.cap += RANK_TEXT_MAX + 6 * strlen(job->ranks[rank]->req.node) +
                  (size_t)t->events_count * SPAN_TEXT_MAX;
-  }
-  if (!any)
-    *origin = 0;
 }
 
-/* The merged document, written in `out` (room for text_max bytes): the
- * spans on the shared clock, moved so that the earliest is at time 0. */
-static int render(const gs_job_t *job, gradsync_Trace *t, int64_t origin, gs_buf_t *out)
+/* Between the passes: the room, within what jobs may store. */
+static int make_room(gs_job_t *job, gs_trace_render_t *r)
 {
+  gs_mem_budget_t *mem = job->store.mem;
+  size_t room = r->text.cap;
+
+  r->text.cap = 0;
+  if (mem && !gs_mem_budget_store_fits(mem, room))
+    return GS_ELIMIT;
+  r->text.data = malloc(room);
+  if (!r->text.data)
+    return GS_ENOMEM;
+  r->text.cap = room;
+  if (mem)
+    gs_mem_budget_store(mem, room, 0);
+  r->writing = true;
+  r->next = 0;
+  put(&r->text, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+  return 0;
+}
+
+/* The second pass, for rank `rank`: its tracks and its spans, on the
+ * shared clock, moved so that the earliest span of all is at time 0. */
+static int write_rank(const gs_job_t *job, gs_trace_render_t *r, gradsync_Trace *t, uint32_t rank)
+{
+  const gs_member_t *m = job->ranks[rank];
+  cJSON *name = cJSON_CreateStringReference(m->req.node);
+  char *node = name ? cJSON_PrintUnformatted(name) : NULL; /* escaped */
+  int64_t base;
+
+  cJSON_Delete(name);
+  if (!node)
+    return GS_ENOMEM;
+  rank_part(job, rank, t);
+  if (rank)
+    put(&r->text, ",");
+  put_tracks(&r->text, rank, node);
+  free(node);
+  base = (int64_t)t->origin_us + m->clock_offset_us - r->origin;
+  for (pb_size_t i = 0; i < t->events_count; i++)
+    put_span(&r->text, rank, &t->events[i], base + (int64_t)t->events[i].start_us);
+  return 0;
+}
+
+/* The document's end, and the document kept in the job (its room given
+ * back but for what it holds). */
+static int finish(gs_job_t *job, gs_trace_render_t *r)
+{
+  gs_mem_budget_t *mem = job->store.mem;
   uint32_t w = job->world_size;
+  gs_buf_t *out = &r->text;
+  gs_trace_doc_t *doc;
+  uint8_t *fit;
 
-  put(out, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
-  for (uint32_t r = 0; r < w; r++) {
-    const gs_member_t *m = job->ranks[r];
-    cJSON *name = cJSON_CreateStringReference(m->req.node);
-    char *node = name ? cJSON_PrintUnformatted(name) : NULL; /* escaped */
-    int64_t base;
-
-    cJSON_Delete(name);
-    if (!node)
-      return GS_ENOMEM;
-    rank_part(job, r, t);
-    if (r)
-      put(out, ",");
-    put_tracks(out, r, node);
-    free(node);
-    base = (int64_t)t->origin_us + m->clock_offset_us - origin;
-    for (pb_size_t i = 0; i < t->events_count; i++)
-      put_span(out, r, &t->events[i], base + (int64_t)t->events[i].start_us);
-  }
   put(out,
       "],\"otherData\":{\"job\":\"%s\",\"trace_seq\":%" PRIu64 ",\"generation\":%" PRIu64
       ",\"steps\":%u,\"truncated\":[",
       job->name, job->trace_seq, job->generation, job->trace_steps);
-  /* The ranks whose last spans are left out. */
-  for (uint32_t r = 0, n = 0; r < w; r++) {
-    rank_part(job, r, t);
-    if (t->truncated)
-      put(out, "%s%u", n++ ? "," : "", r);
+  for (uint32_t rank = 0, n = 0; rank < w; rank++) {
+    if (r->truncated[rank])
+      put(out, "%s%u", n++ ? "," : "", rank);
   }
   /* Per rank, the round trip of the heartbeat its clock was aligned by:
    * its track is placed within half of it of the coordinator's clock. */
   put(out, "],\"clock_rtt_us\":[");
-  for (uint32_t r = 0; r < w; r++)
-    put(out, "%s%" PRIu64, r ? "," : "", job->ranks[r]->clock_rtt_us);
+  for (uint32_t rank = 0; rank < w; rank++)
+    put(out, "%s%" PRIu64, rank ? "," : "", job->ranks[rank]->clock_rtt_us);
   put(out, "]}}");
-  return out->len + 1 < out->cap ? 0 : GS_EINTERNAL; /* the room was measured short */
-}
-
-void gs__trace_forget(gs_job_t *job)
-{
-  if (job->store.mem)
-    gs_mem_budget_store(job->store.mem, 0, job->trace_doc.cap);
-  gs_buf_free(&job->trace_doc);
-  job->trace_doc_seq = 0;
-}
-
-/* Renders the latest request's document once every rank published, and
- * keeps it, counted in what jobs store. */
-static int keep_document(gs_job_t *job, gradsync_Trace *t)
-{
-  gs_mem_budget_t *mem = job->store.mem;
-  gs_buf_t doc = {0};
-  int64_t origin = 0;
-  size_t text_max;
-  uint8_t *fit;
-  int err;
-
-  measure(job, t, &origin, &text_max);
-  if (mem && !gs_mem_budget_store_fits(mem, text_max))
-    return GS_ELIMIT;
-  doc.data = malloc(text_max);
-  doc.cap = text_max;
-  if (!doc.data)
+  if (out->len + 1 >= out->cap)
+    return GS_EINTERNAL; /* the room was measured short */
+  doc = calloc(1, sizeof(*doc));
+  if (!doc)
     return GS_ENOMEM;
-  err = render(job, t, origin, &doc);
-  if (err) {
-    free(doc.data);
-    return err;
-  }
-  fit = realloc(doc.data, doc.len + 1); /* what was measured is an upper bound */
-  if (fit) {
-    doc.data = fit;
-    doc.cap = doc.len + 1;
-  }
-  doc.data[doc.len] = '\0';
+  fit = realloc(out->data, out->len + 1); /* what was measured is an upper bound */
+  if (fit)
+    out->data = fit;
+  out->data[out->len] = '\0';
+  *doc = (gs_trace_doc_t){.refs = 1,
+                          .mem = mem,
+                          .seq = r->seq,
+                          .text = (char *)out->data,
+                          .len = out->len,
+                          .size = (fit ? out->len + 1 : out->cap) + sizeof(*doc)};
+  if (mem)
+    gs_mem_budget_store(mem, doc->size, out->cap);
+  *out = (gs_buf_t){0};
+  gs_list_init(&doc->orphan_node);
   gs__trace_forget(job);
   job->trace_doc = doc;
-  job->trace_doc_seq = job->trace_seq;
-  if (mem)
-    gs_mem_budget_store(mem, doc.cap, 0);
+  render_free(job);
   return 0;
 }
 
-int gs__trace_document(gs_job_t *job, const gs_buf_t **doc, cJSON **pending)
+/* Renders the latest request's document for up to TRACE_SLICE_NS, from
+ * where it stopped (started if none is under way). */
+static int render_slice(gs_job_t *job)
 {
-  uint32_t w = job->world_size, count = 0;
+  gs_trace_render_t *r = job->trace_render;
+  uint64_t until = mono_ns() + TRACE_SLICE_NS;
+  uint32_t w = job->world_size;
   gradsync_Trace *t;
-  bool *have;
-  char key[64];
-  int err = GS_ENOMEM;
+  int err = 0;
 
-  *doc = NULL;
-  *pending = NULL;
-  if (job->trace_doc_seq && job->trace_doc_seq == job->trace_seq) {
-    *doc = &job->trace_doc;
-    return 0;
+  if (r && r->err)
+    return r->err;
+  if (!r) {
+    r = job->trace_render = calloc(1, sizeof(*r));
+    if (r && !(r->truncated = calloc(w ? w : 1, sizeof(*r->truncated)))) {
+      free(r);
+      r = job->trace_render = NULL;
+    }
+    if (!r)
+      return GS_ENOMEM;
+    r->seq = job->trace_seq;
+    r->text.cap = DOC_TEXT_MAX + strlen(job->name);
   }
   t = malloc(sizeof(*t));
-  have = calloc(w ? w : 1, sizeof(*have));
-  if (!t || !have)
-    goto out;
+  if (!t)
+    return GS_ENOMEM;
+  while (!err && mono_ns() < until) {
+    if (!r->writing && r->next < w)
+      measure_rank(job, r, t, r->next++);
+    else if (!r->writing)
+      err = make_room(job, r);
+    else if (r->next < w)
+      err = write_rank(job, r, t, r->next++);
+    else {
+      err = finish(job, r); /* frees r */
+      break;
+    }
+  }
+  free(t);
+  if (err && job->trace_render) {
+    job->trace_render->err = err; /* kept: the answer until the next request */
+    free(job->trace_render->text.data);
+    if (job->store.mem && job->trace_render->text.cap)
+      gs_mem_budget_store(job->store.mem, 0, job->trace_render->text.cap);
+    job->trace_render->text = (gs_buf_t){0};
+  }
+  return err;
+}
+
+/* Whether every rank of the generation the latest request asked has
+ * published its part (have[r] says whose is in; count how many). */
+static bool all_published(const gs_job_t *job, bool *have, uint32_t *count)
+{
+  uint32_t w = job->world_size;
+  char key[64];
+
+  *count = 0;
   for (uint32_t r = 0; job->trace_seq && job->trace_generation == job->generation && r < w; r++) {
     trace_key(job, r, key, sizeof(key));
     have[r] = job->ranks[r] && gs__store_find(&job->store, key);
-    count += have[r];
+    *count += have[r];
   }
-  if (!w || count < w) {
-    *pending = pending_json(job, have, count);
-    err = *pending ? 0 : GS_ENOMEM;
-    goto out;
+  return w && *count == w;
+}
+
+void gs__trace_sweep(gs_job_t *job)
+{
+  uint32_t count;
+  bool *have;
+
+  if (!job->trace_render || job->trace_render->err)
+    return;
+  have = calloc(job->world_size ? job->world_size : 1, sizeof(*have));
+  if (have && all_published(job, have, &count)) /* the parts are still there */
+    render_slice(job);
+  else
+    render_free(job);
+  free(have);
+}
+
+int gs__trace_document(gs_job_t *job, gs_trace_doc_t **doc, cJSON **pending)
+{
+  uint32_t w = job->world_size, count = 0;
+  bool *have;
+  int err = 0;
+
+  *doc = NULL;
+  *pending = NULL;
+  if (job->trace_doc && job->trace_doc->seq == job->trace_seq) {
+    *doc = job->trace_doc;
+    return 0;
   }
-  err = keep_document(job, t);
-  if (!err)
-    *doc = &job->trace_doc;
-out:
-  free(t);
+  have = calloc(w ? w : 1, sizeof(*have));
+  if (!have)
+    return GS_ENOMEM;
+  if (all_published(job, have, &count))
+    err = render_slice(job);
+  else
+    render_free(job);
+  if (!err && job->trace_doc && job->trace_doc->seq == job->trace_seq)
+    *doc = job->trace_doc;
+  else if (!err && !(*pending = pending_json(job, have, count)))
+    err = GS_ENOMEM;
   free(have);
   return err;
 }
