@@ -51,7 +51,7 @@ The attacks reuse tests/test_limits.py's helpers (the coordinator under
 test, frames, /metrics).
 
 usage: bench/abuse_soak.py --bin BUILD/bin [--max-memory 256MiB] [--nofile 1024] [--max-jobs 2000]
-                           [--epochs 2] [--max-abuse 240] [--abusers partial,http,...]
+                           [--epochs 10] [--max-abuse 240] [--abusers partial,http,...]
 """
 import argparse
 import hashlib
@@ -850,6 +850,7 @@ class Run:
             res["log_warn"] = sum(1 for line in log if " WARN " in line)
             res["log_kinds"] = log_kinds(log)
             if self.args.keep_logs:
+                os.makedirs(self.args.keep_logs, exist_ok=True)
                 with open(os.path.join(self.args.keep_logs, f"coordinator-{res['run'][:4]}.log"),
                           "w") as f:
                     f.write("\n".join(log) + "\n")
@@ -978,7 +979,9 @@ def main():
     ap.add_argument("--nofile", type=int, default=1024, help="the coordinator's open-file limit")
     ap.add_argument("--max-jobs", type=int, default=2000,
                     help="the coordinator's --max-jobs (the jobcap abuser fills it)")
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=10,
+                    help="the job's epochs (10: about 1 s alone on 2 cores, 5 s beside the "
+                         "abusers; at 2 the abuse lasted under 2 s)")
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--abusers", default=",".join(ABUSERS))
     ap.add_argument("--max-abuse", type=float, default=240,

@@ -7,8 +7,9 @@
  * replies, shuts down its write side and lingers briefly for the peer's EOF,
  * so that a reply is not lost to a reset caused by unread request bytes.
  * Open connections are capped (limits.max_connections): at the cap a new
- * one closes the one idle longest, so that idle clients, which need no
- * token, cannot take every descriptor. A handler may turn its reply into
+ * one closes the one idle longest (else the one furthest behind on its
+ * replies), so that idle or non-reading clients, which need no token,
+ * cannot take every descriptor. A handler may turn its reply into
  * an event stream (gs_http_response_t.on_stream_close): the connection
  * then stays open, reads nothing more, and is written to by its owner
  * through gs_http_stream_write until one side ends it.
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include <http_parser.h>
 
@@ -941,17 +943,22 @@ static void tls_read(http_conn_t *conn, const uint8_t *data, size_t len)
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
+/* Whether the connection is held by its unread replies: they have not
+ * drained to half its share since they passed it (resume's rule). */
+static bool behind_on_replies(const http_conn_t *conn)
+{
+  return conn->held && !conn->closing && conn->queued > conn->srv->hold / 2;
+}
+
 /* A held connection whose replies drained to half its share, in a later
  * turn: the input that waited is parsed (TURN_REQUESTS more at most),
  * then the socket is read again. */
 static void resume(http_conn_t *conn)
 {
-  gs_http_server_t *srv = conn->srv;
   gs_buf_t waited = conn->pending;
   bool more = true;
 
-  if (!conn->held || conn->closing || conn->draining || conn->streaming ||
-      conn->queued > srv->hold / 2)
+  if (!conn->held || conn->closing || conn->draining || conn->streaming || behind_on_replies(conn))
     return;
   gs_list_remove(&conn->deferred_node);
   conn->held = false;
@@ -1060,13 +1067,28 @@ static void accept_failed(gs_http_server_t *srv, int err)
            held_back);
 }
 
-/* The connection to close at the cap: the one idle longest, else the one
- * whose request began first, else the oldest event stream (a dashboard
- * left open must not hold the port); NULL when every one owes a reply.
- * The walk passes only connections with a request in progress. */
+/* The connection furthest behind on its replies: a client that asks and
+ * does not read (NULL when none is). Walked only at the cap. */
+static http_conn_t *furthest_behind(gs_http_server_t *srv)
+{
+  http_conn_t *worst = NULL;
+
+  for (http_conn_t *conn = srv->conns; conn; conn = conn->next)
+    if (behind_on_replies(conn) && (!worst || conn->queued > worst->queued))
+      worst = conn;
+  return worst;
+}
+
+/* The connection to close at the cap: the one idle longest, else the held
+ * one furthest behind on its replies (clients that never read what they
+ * asked for cannot hold the port), else the one whose request began
+ * first, else the oldest event stream (a dashboard left open must not
+ * hold the port); NULL when every one owes a reply it is reading. The
+ * walk passes only connections with a request in progress. */
 static http_conn_t *eviction_victim(gs_http_server_t *srv)
 {
   gs_list_t *first = gs_list_first(&srv->quiet);
+  http_conn_t *behind;
 
   for (gs_list_t *node = first; node && node != &srv->quiet; node = node->next) {
     http_conn_t *conn = GS_CONTAINER_OF(node, http_conn_t, quiet_node);
@@ -1074,6 +1096,9 @@ static http_conn_t *eviction_victim(gs_http_server_t *srv)
     if (!conn->in_request)
       return conn;
   }
+  behind = furthest_behind(srv);
+  if (behind)
+    return behind;
   if (first)
     return GS_CONTAINER_OF(first, http_conn_t, quiet_node);
   first = gs_list_first(&srv->streams);
@@ -1103,9 +1128,10 @@ static bool make_room(gs_http_server_t *srv)
            "http: %zu connections (--max-http-connections): closing %s, the %s, to admit a new "
            "one (%llu closed so far; %u such lines held back)",
            srv->open, old->peer,
-           old->streaming    ? "oldest event stream"
-           : old->in_request ? "one whose request began first"
-                             : "one idle longest",
+           old->streaming           ? "oldest event stream"
+           : behind_on_replies(old) ? "one furthest behind on its replies"
+           : old->in_request        ? "one whose request began first"
+                                    : "one idle longest",
            (unsigned long long)srv->evicted, held_back);
   conn_close(old);
   return true;
@@ -1129,6 +1155,27 @@ static void refuse_connection(gs_http_server_t *srv, uv_stream_t *server)
   } else {
     free(refused);
   }
+}
+
+/* Reads once, without waiting, what arrived with a connection just
+ * accepted: a request sent with it is answered before the listener
+ * accepts more in this loop turn, any of which could close it as the
+ * connection idle longest at the cap (a client reconnecting in a loop
+ * made /healthz go unanswered so). */
+static void read_arrived(http_conn_t *conn)
+{
+  uv_os_fd_t fd;
+  uv_buf_t buf;
+  ssize_t n;
+
+  if (uv_fileno((const uv_handle_t *)&conn->tcp, &fd))
+    return;
+  on_alloc((uv_handle_t *)&conn->tcp, READ_CHUNK, &buf);
+  n = recv(fd, buf.base, buf.len, MSG_DONTWAIT);
+  if (n > 0)
+    on_read((uv_stream_t *)&conn->tcp, n, &buf);
+  else if (n == 0)
+    on_read((uv_stream_t *)&conn->tcp, UV_EOF, &buf);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -1171,6 +1218,7 @@ static void on_connection(uv_stream_t *server, int status)
     }
   }
   timer_restart(conn, srv->limits.idle_timeout_ms);
+  read_arrived(conn);
 }
 
 gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,

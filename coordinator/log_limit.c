@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hash.h"
+
 #define SETS (GS_LOG_LIMIT_SLOTS / GS_LOG_LIMIT_WAYS)
 _Static_assert((SETS & (SETS - 1)) == 0, "GS_LOG_LIMIT_SLOTS / GS_LOG_LIMIT_WAYS: a power of 2");
 
@@ -102,11 +104,7 @@ static void address_of(const char *peer, char *out, size_t len)
 /* FNV-1a of the address and the kind. */
 static uint32_t slot_hash(const char *address, gs_log_kind_t kind)
 {
-  uint32_t h = 2166136261u ^ (uint32_t)kind;
-
-  for (; *address; address++)
-    h = (h ^ (uint8_t)*address) * 16777619u;
-  return h;
+  return gs_fnv1a_str(GS_FNV1A_SEED ^ (uint32_t)kind, address);
 }
 
 /* The slot of (address, kind) with a window open at `now_ms`: the one it

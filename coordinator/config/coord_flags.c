@@ -109,7 +109,8 @@ static const gs_flag_t flag_rows[] = {
    .max = 1 << 20, .metavar = "N",
    .help = "open HTTP connections at most (0: an eighth of the open-file limit, at most 256)",
    .doc = "open HTTP connections at most; at the limit the one idle longest is closed to admit "
-          "a new one (else the one whose request began first; logged), so `/healthz` always "
+          "a new one (else the one furthest behind on its replies, else the one whose request "
+          "began first; logged), so `/healthz` always "
           "answers. `0`: an eighth of the open-file limit, at most 256"},
   {.name = "--max-params", .kind = GS_FLAG_INT, CFG(max_params), .min = 1, .max = 1 << 24,
    .metavar = "N", .help = "largest pack list (model tensors) accepted",

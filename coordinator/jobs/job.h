@@ -78,10 +78,12 @@ typedef struct gs_jobs {
   /* Jobs the sweep saw at rest (nothing in progress), in the order it saw
    * them: at --max-jobs the first makes room for a new one. */
   gs_list_t resting;
-  uint64_t forgotten_for_room;
+  uint64_t forgotten_for_room; /* jobs forgotten so (logged at a bounded rate) */
+  /* Merged traces replies hold after their job let go (trace.c). */
   gs_list_t trace_orphans;
-      /* merged traces replies hold after their job let go (trace.c) */ /* jobs forgotten so (logged
-                                                                           at a bounded rate) */
+  /* When the next slice of any trace's rendering may start: a slice is
+   * followed by as long without one, however many requests ask. */
+  uint64_t trace_next_slice_ns;
   gs_jobs_stats_t stats;
   /* Bumped by every change /status could show (its cache key); a
    * heartbeat's progress bumps `progress` instead (http_routes.c lets a

@@ -4,16 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "job.h"
 
-/* FNV-1a: job names are short and come from a safe alphabet. */
+/* Job names are short and come from a safe alphabet. */
 static uint32_t hash_name(const char *name)
 {
-  uint32_t h = 2166136261u;
-
-  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-    h = (h ^ *p) * 16777619u;
-  return h;
+  return gs_fnv1a_str(GS_FNV1A_SEED, name);
 }
 
 gs_job_t *gs__job_index_find(const gs_job_index_t *ix, const char *name)

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
+
 #define MAX_BLOBS_PER_JOB 1024
 
 void gs__store_init(gs_job_store_t *s, gs_responder_t *r, const gs_log_t *log, const char *job,
@@ -43,11 +45,41 @@ static void count(gs_job_store_t *s, size_t add, size_t sub)
 
 const gs_blob_t *gs__store_find(const gs_job_store_t *s, const char *key)
 {
-  for (const gs_blob_t *b = s->blobs; b; b = b->next) {
+  if (!s->nbuckets)
+    return NULL;
+  for (const gs_blob_t *b = s->buckets[gs_fnv1a_str(GS_FNV1A_SEED, key) & (s->nbuckets - 1)]; b;
+       b = b->hnext) {
     if (strcmp(b->key, key) == 0)
       return b;
   }
   return NULL;
+}
+
+/* The index's room for `n` blobs (one a bucket on average), counted with
+ * the blobs; 0, or GS_ENOMEM. */
+static int index_room(gs_job_store_t *s, uint32_t n)
+{
+  uint32_t size = s->nbuckets ? s->nbuckets : 16;
+  gs_blob_t **b;
+
+  while (size < n)
+    size *= 2;
+  if (size == s->nbuckets)
+    return 0;
+  b = calloc(size, sizeof(*b));
+  if (!b)
+    return GS_ENOMEM;
+  for (gs_blob_t *blob = s->blobs; blob; blob = blob->next) {
+    uint32_t at = gs_fnv1a_str(GS_FNV1A_SEED, blob->key) & (size - 1);
+
+    blob->hnext = b[at];
+    b[at] = blob;
+  }
+  free(s->buckets);
+  count(s, size * sizeof(*b), s->nbuckets * sizeof(*b));
+  s->buckets = b;
+  s->nbuckets = size;
+  return 0;
 }
 
 static gs_blob_t *find_blob(gs_job_store_t *s, const char *key)
@@ -117,6 +149,7 @@ static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_Pub
 {
   size_t cost = sizeof(gs_blob_t) + req->value.size + GS_STORE_ALLOC_OVERHEAD;
   gs_blob_t *b;
+  uint32_t at;
 
   if (s->blob_count >= MAX_BLOBS_PER_JOB) {
     gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ELIMIT,
@@ -126,7 +159,8 @@ static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_Pub
   if (!may_store(s, call, cost, "the blob"))
     return GS_ELIMIT;
   b = malloc(sizeof(*b) + req->value.size);
-  if (!b) {
+  if (!b || index_room(s, s->blob_count + 1)) {
+    free(b);
     gs__respond_error(s->responder, call->peer->id, call->method, call->request_id, GS_ENOMEM,
                       "out of memory");
     return GS_ENOMEM;
@@ -136,6 +170,9 @@ static int add_blob(gs_job_store_t *s, const gs_call_t *call, const gradsync_Pub
   memcpy(b->value, req->value.bytes, b->len);
   b->next = s->blobs;
   s->blobs = b;
+  at = gs_fnv1a_str(GS_FNV1A_SEED, b->key) & (s->nbuckets - 1);
+  b->hnext = s->buckets[at];
+  s->buckets[at] = b;
   s->blob_count++;
   count(s, cost, 0);
   return 0;
@@ -264,6 +301,9 @@ void gs__store_drop(gs_job_store_t *s)
     free(b);
   }
   s->blob_count = 0;
+  free(s->buckets);
+  s->buckets = NULL;
+  s->nbuckets = 0;
   gs_buf_free(&s->pack_list_body);
   count(s, 0, s->counted);
 }

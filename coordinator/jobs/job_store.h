@@ -23,7 +23,8 @@ typedef struct gs_pack_summary {
 } gs_pack_summary_t;
 
 typedef struct gs_blob {
-  struct gs_blob *next;
+  struct gs_blob *next;  /* every blob, newest first */
+  struct gs_blob *hnext; /* its bucket of the store's index */
   char key[128];
   size_t len;
   uint8_t value[];
@@ -52,6 +53,10 @@ typedef struct gs_job_store {
   size_t counted;       /* what the blobs and pack list hold, as counted in mem */
   gs_blob_t *blobs;
   uint32_t blob_count;
+  /* The blobs by key (a trace asks for each rank's part: a 1,024-rank
+   * job's walked the list a million times); nbuckets a power of two. */
+  gs_blob_t **buckets;
+  uint32_t nbuckets;
   gs_buf_t pack_list_body; /* encoded FetchPackListResponse */
   gs_pack_summary_t pack_summary;
   gs_waiter_t *waiters;

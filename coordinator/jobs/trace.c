@@ -388,17 +388,21 @@ static int finish(gs_job_t *job, gs_trace_render_t *r)
 }
 
 /* Renders the latest request's document for up to TRACE_SLICE_NS, from
- * where it stopped (started if none is under way). */
+ * where it stopped (started if none is under way); nothing while the last
+ * slice's pause lasts. */
 static int render_slice(gs_job_t *job)
 {
   gs_trace_render_t *r = job->trace_render;
-  uint64_t until = mono_ns() + TRACE_SLICE_NS;
+  uint64_t start = mono_ns(), until = start + TRACE_SLICE_NS;
   uint32_t w = job->world_size;
   gradsync_Trace *t;
   int err = 0;
 
   if (r && r->err)
     return r->err;
+  /* At most half of the loop, however many GETs a turn answers. */
+  if (start < job->jobs->trace_next_slice_ns)
+    return 0;
   if (!r) {
     r = job->trace_render = calloc(1, sizeof(*r));
     if (r && !(r->truncated = calloc(w ? w : 1, sizeof(*r->truncated)))) {
@@ -426,6 +430,7 @@ static int render_slice(gs_job_t *job)
     }
   }
   free(t);
+  job->jobs->trace_next_slice_ns = 2 * mono_ns() - start;
   if (err && job->trace_render) {
     job->trace_render->err = err; /* kept: the answer until the next request */
     free(job->trace_render->text.data);
