@@ -267,10 +267,16 @@ def case_http_accept_burst(binary, pb):
     every pending one in one go, and at the cap each closes the one idle
     longest, which was the one whose request had not been read yet
     (issue 39: /healthz reset while a client reconnected in a loop). The
-    coordinator is stopped while the connections queue, so that they
-    arrive together."""
+    port is half full (where that read begins); the coordinator is
+    stopped while the connections queue, so that they arrive together."""
     c = Coordinator(binary, "--max-http-connections", "8")
     try:
+        held = []
+        for _ in range(4):  # answered, so accepted; kept alive, idle
+            h = http.client.HTTPConnection("127.0.0.1", c.http_port, timeout=WAIT)
+            h.request("GET", "/healthz")
+            h.getresponse().read()
+            held.append(h)
         c.proc.send_signal(signal.SIGSTOP)
         try:
             asking = socket.create_connection(("127.0.0.1", c.http_port), timeout=WAIT)
@@ -292,7 +298,7 @@ def case_http_accept_burst(binary, pb):
                             every=0.1)
         print(f"http_accept_burst: /healthz answered ahead of 24 idle connections at a cap of 8; "
               f"{closed} of them closed for room")
-        for s in idle + [asking]:
+        for s in held + idle + [asking]:
             s.close()
     finally:
         c.close()
