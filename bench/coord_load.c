@@ -65,7 +65,8 @@ typedef struct cfg {
    * loader hangs and every other rank waits in the allreduce. 0: none. */
   uint64_t hang_after_ms;
   uint32_t hang_rank;
-  long coord_pid; /* 0: no CPU measurement */
+  long coord_pid;  /* 0: no CPU measurement */
+  bool reregister; /* survive a coordinator restart */
   gradsync_PeerSet peers;
 } cfg_t;
 
@@ -89,6 +90,7 @@ typedef struct sim_rank {
   uint64_t step;
   uint64_t news; /* node mode: the news of the last reply for its slot */
   bool joined, left;
+  bool rejoining; /* its connection was lost: no heartbeats until re-registered */
 } sim_rank_t;
 
 /* One TCP connection: a rank's own (direct mode) or a node agent's for the
@@ -103,6 +105,9 @@ typedef struct conn {
   uint64_t batch_seq;    /* request id of its last Batch */
   gs_buf_t rbuf;         /* bytes of a frame not yet complete */
   bool connected, closed;
+  bool lost;           /* --reregister: redialled once its handle closed */
+  uint32_t backoff_ms; /* before its next redial */
+  uint64_t redial_at_ns;
 } conn_t;
 
 struct load {
@@ -130,7 +135,16 @@ struct load {
   uint64_t hang_ns;   /* --hang-after: when the hang begins (uv_hrtime; 0: none) */
   uint64_t hang_step; /* the step every rank hangs at (0: not yet) */
   bool hang_told;
-  uint32_t *lat_us; /* one per reply, for percentiles */
+  /* --reregister: connections waiting to be redialled (a ring of indices,
+   * in the order they closed), ranks not re-registered yet, and when the
+   * first connection of the current loss went. */
+  uint32_t *redial_q;
+  uint32_t redial_head, redial_len;
+  uint32_t rejoin_needed;
+  uint64_t t_lost_ns, restarts;
+  double last_rejoin_s;
+  struct sockaddr_storage addr; /* the coordinator's */
+  uint32_t *lat_us;             /* one per reply, for percentiles */
   size_t lat_count, lat_cap;
   /* The CPU window. */
   bool window_open, window_closed;
@@ -177,11 +191,20 @@ static void usage(FILE *out)
           "  --hang-rank R            the rank that hangs (default: the middle one)\n"
           "  --coord-pid PID          measure this process's CPU time (/proc/PID/stat) and\n"
           "                           resident memory (VmRSS of /proc/PID/status)\n"
+          "  --reregister             survive a coordinator restart as agents do: a\n"
+          "                           connection lost while heartbeating is redialled\n"
+          "                           (backoff 50 ms doubling to 1 s) and its ranks\n"
+          "                           re-register (Join with rejoin_generation, their\n"
+          "                           sessions) before they heartbeat again; prints the\n"
+          "                           reregistered line below\n"
           "  -h, --help               print this help and exit\n"
           "\n"
           "Output (stdout), one line each:\n"
           "  coord_load: joined ranks=N rendezvous_s=S generation=G\n"
           "  coord_load: hang rank=R at_unix_ms=T      (with --hang-after)\n"
+          "  coord_load: lost the coordinator at_unix_ms=T   (with --reregister)\n"
+          "  coord_load: reregistered ranks=N after_s=S at_unix_ms=T  (S: from the first\n"
+          "              connection lost to the last rank's re-registration answered)\n"
           "  coord_load: result ranks=N mode=direct|node connections=C rendezvous_s=S\n"
           "              hb_per_s=R coord_cpu_pct=P ... coord_rss_mb=M coord_rss_per_rank_kb=K\n"
           "              ... errors=E\n"
@@ -386,25 +409,49 @@ static int flush(conn_t *c, gs_method_t m)
   return err ? err : conn_write(c, ld->out.data, ld->out.len);
 }
 
+/* The Join an agent of simulated rank r sends. */
+static void fill_join(const load_t *ld, const sim_rank_t *r, gradsync_JoinRequest *req)
+{
+  *req = (gradsync_JoinRequest)gradsync_JoinRequest_init_zero;
+  snprintf(req->job, sizeof(req->job), "%s", ld->cfg.job);
+  req->world_size = ld->cfg.ranks;
+  snprintf(req->node, sizeof(req->node), "node%05u", r->index / ld->cfg.per_node);
+  req->local_rank = r->index % ld->cfg.per_node;
+  snprintf(req->device, sizeof(req->device), "cpu");
+  req->has_model_signature = true;
+  req->model_signature = (gradsync_ModelSignature){6, 235146, 0x5eed5eedULL, 0xf10a7ULL};
+  snprintf(req->comm_addr, sizeof(req->comm_addr), "10.%u.%u.%u:%u", (r->index >> 16) & 255,
+           (r->index >> 8) & 255, r->index & 255, 29500 + req->local_rank);
+  req->peers = ld->cfg.peers;
+}
+
 static void send_join(conn_t *c, sim_rank_t *r, uint64_t now)
 {
   load_t *ld = c->ld;
-  gradsync_JoinRequest req = gradsync_JoinRequest_init_zero;
+  gradsync_JoinRequest req;
 
   (void)now;
-  snprintf(req.job, sizeof(req.job), "%s", ld->cfg.job);
-  req.world_size = ld->cfg.ranks;
-  snprintf(req.node, sizeof(req.node), "node%05u", r->index / ld->cfg.per_node);
-  req.local_rank = r->index % ld->cfg.per_node;
-  snprintf(req.device, sizeof(req.device), "cpu");
-  req.has_model_signature = true;
-  req.model_signature = (gradsync_ModelSignature){6, 235146, 0x5eed5eedULL, 0xf10a7ULL};
-  snprintf(req.comm_addr, sizeof(req.comm_addr), "10.%u.%u.%u:%u", (r->index >> 16) & 255,
-           (r->index >> 8) & 255, r->index & 255, 29500 + req.local_rank);
-  req.peers = ld->cfg.peers;
+  fill_join(ld, r, &req);
   if (send_call(c, r, GS_METHOD_JOIN, gradsync_JoinRequest_fields, &req, 1,
                 (uint32_t)ld->cfg.join_timeout_ms))
     fail(ld, "cannot send Join for agent %u", r->index);
+}
+
+/* A rank's re-registration with a coordinator that restarted: its Join
+ * naming the generation, rank and world it has, under its session. */
+static void send_rejoin(conn_t *c, sim_rank_t *r, uint64_t now)
+{
+  load_t *ld = c->ld;
+  gradsync_JoinRequest req;
+
+  (void)now;
+  fill_join(ld, r, &req);
+  req.rejoin_generation = ld->generation;
+  req.rejoin_rank = r->rank;
+  req.rejoin_world_size = ld->cfg.ranks;
+  if (send_call(c, r, GS_METHOD_JOIN, gradsync_JoinRequest_fields, &req, 1,
+                (uint32_t)ld->cfg.join_timeout_ms))
+    fail(ld, "cannot send the re-registration of rank %u", r->rank);
 }
 
 /* During the hang: the hung rank's step stops in its data loader, every
@@ -429,6 +476,8 @@ static void send_heartbeat(conn_t *c, sim_rank_t *r, uint64_t now)
   load_t *ld = c->ld;
   gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
 
+  if (r->rejoining)
+    return;
   snprintf(req.job, sizeof(req.job), "%s", ld->cfg.job);
   req.generation = ld->generation;
   req.rank = r->rank;
@@ -491,6 +540,7 @@ static void send_all(conn_t *c, send_fn send, uint64_t now)
 /* --- replies --- */
 
 static void all_joined(load_t *ld);
+static void rejoined(load_t *ld, sim_rank_t *r);
 
 static void on_join_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *env,
                           const gs_buf_t *body)
@@ -502,7 +552,8 @@ static void on_join_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *en
   char why[128];
 
   if (env->status) {
-    fail(ld, "Join of agent %u failed: status %d: %s", r->index, env->status, env->message);
+    fail(ld, "%s of agent %u failed: status %d: %s", r->rejoining ? "Re-registration" : "Join",
+         r->index, env->status, env->message);
     return;
   }
   gs_pb_array_init(&peers, gradsync_Peer_fields, sizeof(gradsync_Peer), MAX_PEERS_ALL);
@@ -514,8 +565,14 @@ static void on_join_reply(load_t *ld, sim_rank_t *r, const gradsync_Envelope *en
     return;
   }
   p = peers.items;
-  if (resp.world_size != n || resp.rank >= n || ld->rank_seen[resp.rank] ||
-      (ld->generation && resp.generation != ld->generation)) {
+  if (r->rejoining) {
+    if (resp.rank != r->rank || resp.world_size != n || resp.generation != ld->generation)
+      fail(ld, "bad re-registration answer for rank %u: rank %u, world %u, generation %llu",
+           r->rank, resp.rank, resp.world_size, (unsigned long long)resp.generation);
+    else
+      rejoined(ld, r);
+  } else if (resp.world_size != n || resp.rank >= n || ld->rank_seen[resp.rank] ||
+             (ld->generation && resp.generation != ld->generation)) {
     fail(ld, "bad Join answer for agent %u: rank %u, world %u, generation %llu", r->index,
          resp.rank, resp.world_size, (unsigned long long)resp.generation);
   } else if (ld->cfg.peers == gradsync_PeerSet_PEERS_RING &&
@@ -702,6 +759,8 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   *buf = uv_buf_init(c->ld->rbuf, sizeof(c->ld->rbuf));
 }
 
+static void conn_lost(conn_t *c);
+
 /* Reads land in one shared buffer; only an incomplete frame's bytes are
  * kept per connection. */
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -711,6 +770,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   long used;
 
   if (nread < 0) {
+    if (ld->cfg.reregister && ld->phase == PH_HEARTBEAT) {
+      conn_lost(c);
+      return;
+    }
     if (c->left < c->count && ld->phase != PH_DONE)
       fail(ld, "coordinator closed connection %u (agents %u..%u): %s", c->index, c->first,
            c->first + c->count - 1, uv_strerror((int)nread));
@@ -741,9 +804,14 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 static void on_closed(uv_handle_t *h)
 {
   conn_t *c = h->data;
+  load_t *ld = c->ld;
 
   gs_buf_free(&c->rbuf);
-  c->ld->closed++;
+  ld->closed++;
+  if (c->lost && ld->phase == PH_HEARTBEAT) { /* redialled after its backoff */
+    c->redial_at_ns = uv_hrtime() + c->backoff_ms * 1000000ULL;
+    ld->redial_q[(ld->redial_head + ld->redial_len++) % ld->nconns] = c->index;
+  }
 }
 
 static void conn_close(conn_t *c)
@@ -763,6 +831,8 @@ static void on_connect(uv_connect_t *req, int status)
 
   ld->connects_in_flight--;
   if (status < 0) {
+    if (c->lost) /* not back yet: again after a longer wait */
+      c->backoff_ms = c->backoff_ms >= 500 ? 1000 : c->backoff_ms * 2;
     conn_close(c);
     if (ld->phase == PH_JOIN)
       fail(ld, "connect to %s:%u failed for connection %u: %s%s", ld->cfg.host, ld->cfg.port,
@@ -770,14 +840,20 @@ static void on_connect(uv_connect_t *req, int status)
            status == UV_EMFILE ? " (raise RLIMIT_NOFILE: ulimit -n)" : "");
     return;
   }
-  c->connected = true;
-  if (++ld->connected == ld->nconns)
-    ld->t_connected_ns = uv_hrtime();
   uv_tcp_nodelay(&c->tcp, 1);
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read)) {
     fail(ld, "cannot read from connection %u", c->index);
     return;
   }
+  if (c->lost) { /* redialled: its ranks re-register */
+    c->lost = false;
+    c->backoff_ms = 0;
+    send_all(c, send_rejoin, 0);
+    return;
+  }
+  c->connected = true;
+  if (++ld->connected == ld->nconns)
+    ld->t_connected_ns = uv_hrtime();
   send_all(c, send_join, 0);
   start_connects(ld);
 }
@@ -785,12 +861,6 @@ static void on_connect(uv_connect_t *req, int status)
 /* Keeps up to `window` connects in flight until every connection has one. */
 static void start_connects(load_t *ld)
 {
-  struct sockaddr_storage addr;
-
-  if (strchr(ld->cfg.host, ':'))
-    uv_ip6_addr(ld->cfg.host, ld->cfg.port, (struct sockaddr_in6 *)&addr);
-  else
-    uv_ip4_addr(ld->cfg.host, ld->cfg.port, (struct sockaddr_in *)&addr);
   while (ld->phase == PH_JOIN && ld->next_connect < ld->nconns &&
          ld->connects_in_flight < ld->cfg.window) {
     conn_t *c = &ld->conns[ld->next_connect];
@@ -802,7 +872,7 @@ static void start_connects(load_t *ld)
     c->count = ld->cfg.ranks - c->first < ld->per_conn ? ld->cfg.ranks - c->first : ld->per_conn;
     uv_tcp_init(ld->loop, &c->tcp);
     c->tcp.data = c;
-    err = uv_tcp_connect(&c->connect, &c->tcp, (struct sockaddr *)&addr, on_connect);
+    err = uv_tcp_connect(&c->connect, &c->tcp, (struct sockaddr *)&ld->addr, on_connect);
     if (err) {
       conn_close(c);
       fail(ld, "cannot connect connection %u: %s%s", c->index, uv_strerror(err),
@@ -811,6 +881,81 @@ static void start_connects(load_t *ld)
     }
     ld->connects_in_flight++;
   }
+}
+
+/* --- surviving a coordinator restart (--reregister) --- */
+
+static void print_wall(const char *what)
+{
+  struct timespec wall;
+
+  clock_gettime(CLOCK_REALTIME, &wall);
+  printf("coord_load: %s at_unix_ms=%lld\n", what,
+         (long long)wall.tv_sec * 1000 + wall.tv_nsec / 1000000);
+  fflush(stdout);
+}
+
+/* The coordinator went away under c: its ranks stop heartbeating until
+ * they have re-registered on a new connection, dialled once c's handle has
+ * closed (on_closed) and its backoff passed (redial_due). */
+static void conn_lost(conn_t *c)
+{
+  load_t *ld = c->ld;
+
+  if (!ld->t_lost_ns) {
+    ld->t_lost_ns = uv_hrtime();
+    ld->restarts++;
+    print_wall("lost the coordinator");
+  }
+  for (uint32_t i = 0; i < c->count; i++) {
+    sim_rank_t *r = &ld->ranks[c->first + i];
+
+    ld->rejoin_needed += !r->rejoining;
+    r->rejoining = true;
+    r->hb_outstanding = 0; /* their replies died with the connection */
+    r->news = 0;           /* a new coordinator numbers its news afresh */
+  }
+  c->lost = true;
+  c->backoff_ms = 50;
+  conn_close(c);
+}
+
+/* Dials the lost connections whose backoff has passed, within the connect
+ * window. */
+static void redial_due(load_t *ld, uint64_t now)
+{
+  while (ld->redial_len && ld->connects_in_flight < ld->cfg.window) {
+    conn_t *c = &ld->conns[ld->redial_q[ld->redial_head]];
+    int err;
+
+    if (c->redial_at_ns > now)
+      break; /* the ring is in the order they closed: the rest wait too */
+    ld->redial_head = (ld->redial_head + 1) % ld->nconns;
+    ld->redial_len--;
+    uv_tcp_init(ld->loop, &c->tcp);
+    c->tcp.data = c;
+    c->closed = false;
+    err = uv_tcp_connect(&c->connect, &c->tcp, (struct sockaddr *)&ld->addr, on_connect);
+    if (err) {
+      conn_close(c); /* requeued by on_closed */
+      continue;
+    }
+    ld->connects_in_flight++;
+  }
+}
+
+static void rejoined(load_t *ld, sim_rank_t *r)
+{
+  char line[96];
+
+  r->rejoining = false;
+  if (--ld->rejoin_needed)
+    return;
+  ld->last_rejoin_s = now_s(uv_hrtime() - ld->t_lost_ns);
+  ld->t_lost_ns = 0;
+  snprintf(line, sizeof(line), "reregistered ranks=%u after_s=%.3f", ld->cfg.ranks,
+           ld->last_rejoin_s);
+  print_wall(line);
 }
 
 /* --- phases --- */
@@ -852,6 +997,11 @@ static void finish(load_t *ld)
     return;
   close_window(ld);
   uv_timer_stop(&ld->tick);
+  if (ld->rejoin_needed) {
+    fprintf(stderr, "coord_load: %u ranks had not re-registered when the run ended\n",
+            ld->rejoin_needed);
+    ld->errors++;
+  }
   if (ld->errors || ld->phase == PH_JOIN) {
     ld->phase = PH_DONE;
     for (uint32_t i = 0; i < ld->next_connect; i++)
@@ -903,6 +1053,7 @@ static void on_tick(uv_timer_t *t)
     fflush(stdout);
     ld->hang_told = true;
   }
+  redial_due(ld, now);
   while (ld->hb_rounds < due && ld->phase == PH_HEARTBEAT)
     send_all(&ld->conns[ld->hb_rounds++ % ld->nconns], send_heartbeat, now);
   if (!ld->window_open && elapsed >= warm_ns) {
@@ -995,7 +1146,7 @@ static void report(load_t *ld)
          "hb_errors=%llu hb_aborts=%llu hb_overlaps=%llu hb_p50_ms=%.3f hb_p99_ms=%.3f "
          "hb_max_ms=%.3f coord_cpu_pct=%.2f coord_user_pct=%.2f coord_sys_pct=%.2f "
          "coord_wakeups_per_s=%.0f coord_rss_mb=%.1f coord_rss_per_rank_kb=%.2f "
-         "load_cpu_pct=%.2f left=%u errors=%d\n",
+         "load_cpu_pct=%.2f left=%u restarts=%llu reregister_s=%.3f errors=%d\n",
          ld->cfg.ranks, ld->cfg.node_agents ? "node" : "direct", ld->nconns,
          ld->t_connected_ns ? now_s(ld->t_connected_ns - ld->t_start_ns) : -1,
          ld->t_joined_ns ? now_s(ld->t_joined_ns - ld->t_start_ns) : -1,
@@ -1003,7 +1154,8 @@ static void report(load_t *ld)
          (unsigned long long)ld->hb_replies, rate, (unsigned long long)ld->hb_errors,
          (unsigned long long)ld->hb_aborts, (unsigned long long)ld->hb_overlaps, p50 / 1000.0,
          p99 / 1000.0, pmax / 1000.0, coord_pct, user_pct, sys_pct, wakeups, rss_mb,
-         rss_per_rank_kb, self_pct, ld->left, ld->errors);
+         rss_per_rank_kb, self_pct, ld->left, (unsigned long long)ld->restarts,
+         ld->restarts ? ld->last_rejoin_s : -1.0, ld->errors);
   fflush(stdout);
 }
 
@@ -1059,6 +1211,7 @@ enum {
   OPT_NODE_AGENTS,
   OPT_HANG_AFTER,
   OPT_HANG_RANK,
+  OPT_REREGISTER,
 };
 
 static const struct option options[] = {
@@ -1077,6 +1230,7 @@ static const struct option options[] = {
     {"node-agents", no_argument, NULL, OPT_NODE_AGENTS},
     {"hang-after", required_argument, NULL, OPT_HANG_AFTER},
     {"hang-rank", required_argument, NULL, OPT_HANG_RANK},
+    {"reregister", no_argument, NULL, OPT_REREGISTER},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -1176,6 +1330,9 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
     case OPT_NODE_AGENTS:
       cfg->node_agents = true;
       break;
+    case OPT_REREGISTER:
+      cfg->reregister = true;
+      break;
     case 'h':
       usage(stdout);
       return -1;
@@ -1220,16 +1377,22 @@ static int load_init(load_t *ld, uv_loop_t *loop)
   ld->ranks = calloc(ld->cfg.ranks, sizeof(*ld->ranks));
   ld->rank_seen = calloc(ld->cfg.ranks, 1);
   ld->node_beats = calloc(1, sizeof(*ld->node_beats));
+  ld->redial_q = calloc(ld->nconns, sizeof(*ld->redial_q));
   /* Room for every reply of a timed run (10% slack); later ones go uncounted. */
   ld->lat_cap = (size_t)(ld->cfg.ranks * (windows / (double)ld->cfg.interval_ms) * 1.1) + 1024;
   ld->lat_us = malloc(ld->lat_cap * sizeof(*ld->lat_us));
-  if (!ld->conns || !ld->ranks || !ld->rank_seen || !ld->node_beats || !ld->lat_us) {
+  if (!ld->conns || !ld->ranks || !ld->rank_seen || !ld->node_beats || !ld->lat_us ||
+      !ld->redial_q) {
     fprintf(stderr, "coord_load: out of memory for %u ranks\n", ld->cfg.ranks);
     return 1;
   }
   for (uint32_t i = 0; i < ld->cfg.ranks; i++)
     ld->ranks[i].index = i;
   ld->coord_rss0_kb = ld->coord_rss1_kb = -1;
+  if (strchr(ld->cfg.host, ':'))
+    uv_ip6_addr(ld->cfg.host, ld->cfg.port, (struct sockaddr_in6 *)&ld->addr);
+  else
+    uv_ip4_addr(ld->cfg.host, ld->cfg.port, (struct sockaddr_in *)&ld->addr);
   uv_timer_init(loop, &ld->tick);
   uv_timer_init(loop, &ld->deadline);
   uv_signal_init(loop, &ld->sigint);
@@ -1283,6 +1446,7 @@ int main(int argc, char **argv)
   free(ld->ranks);
   free(ld->rank_seen);
   free(ld->node_beats);
+  free(ld->redial_q);
   gs_buf_free(&ld->body);
   gs_buf_free(&ld->batch);
   gs_buf_free(&ld->out);

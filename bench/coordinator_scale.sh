@@ -18,6 +18,13 @@
 #      data loader hangs, every other rank waits in the allreduce): the time
 #      from the hang until GET /jobs/NAME names that rank, and the
 #      coordinator's CPU while the job is held up;
+#   5. a restart at the largest node world: kill -9 of the coordinator
+#      while every rank heartbeats, a new one started on the same ports,
+#      and coord_load --reregister's ranks redial and re-register as agents
+#      do: the time from the first lost connection until every rank's
+#      re-registration was answered, whether /jobs/load is running that
+#      generation, and the new coordinator's peak CPU (0.5 s windows,
+#      sampled every 100 ms) meanwhile;
 #
 # each --runs times, and prints a table of medians against the targets.
 # The simulated ranks come from bench/coord_load.c (one libuv loop, one TCP
@@ -26,7 +33,9 @@
 # usage: bench/coordinator_scale.sh [BUILD_DIR] [--runs N] [--ranks N]
 #            [--status-ranks N] [--hb-seconds S] [--wrk-seconds S]
 #            [--node-worlds "10000 20000 50000 100000"] [--direct-worlds "10000 20000"]
-#            (scenarios 3 and 4 need --node-worlds; "" skips them)
+#            [--only-restart]
+#            (scenarios 3 to 5 need --node-worlds; "" skips them;
+#            --only-restart runs scenario 5 alone)
 #
 # BUILD_DIR (default: build) is configured and built if needed; missing
 # Debian packages (the build's, and wrk) are installed. Run as root or with
@@ -43,6 +52,7 @@ wrk_seconds=10
 
 node_worlds="10000 20000 50000 100000"
 direct_worlds="10000 20000"
+only_restart=""
 
 usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "coordinator_scale: $*" >&2; exit 1; }
@@ -56,6 +66,7 @@ while [ $# -gt 0 ]; do
     --wrk-seconds) wrk_seconds=${2:?}; shift 2 ;;
     --node-worlds) node_worlds=${2?}; shift 2 ;;
     --direct-worlds) direct_worlds=${2?}; shift 2 ;;
+    --only-restart) only_restart=1; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (try --help)" ;;
     *) build=$1; shift ;;
@@ -134,6 +145,12 @@ fd_limit=$(ulimit -Hn)
 [ "$fd_limit" = unlimited ] && fd_limit=1048576
 ulimit -n "$fd_limit"
 big=(--max-world-size 200000 --max-connections 400000 --heartbeat-timeout 60s --log-level warn)
+
+largest=""
+for w in $node_worlds; do largest=$w; done
+
+# Scenarios 1 to 4 and their table (--only-restart skips them).
+if [ -z "$only_restart" ]; then
 
 # --- scenario 1: rendezvous, then heartbeats -------------------------------
 rdv=() cpu=()
@@ -279,6 +296,75 @@ PY
     "${named% *} s; coordinator CPU $(field coord_cpu_pct "$line")% while held up"
 done
 
+fi
+
+# --- scenario 5: the coordinator restarts under the largest node world --------
+# Samples the CPU time of process $1 every 100 ms ("seconds ticks" lines)
+# until killed.
+sample_cpu() {
+  local hz
+  hz=$(getconf CLK_TCK)
+  while [ -r "/proc/$1/stat" ]; do
+    awk -v t="$(date +%s.%N)" -v hz="$hz" '{ sub(/^.*\) /, ""); print t, ($12 + $13) / hz }' \
+      "/proc/$1/stat" 2>/dev/null || break
+    sleep 0.1
+  done
+}
+# The peak CPU % over 0.5 s windows of a sample_cpu file (the mean when it
+# spans less), and the mean.
+cpu_peak() {
+  awk '{ t[NR] = $1; c[NR] = $2 } END {
+    mean = NR > 1 && t[NR] > t[1] ? 100 * (c[NR] - c[1]) / (t[NR] - t[1]) : 0
+    j = 1; peak = -1
+    for (i = 1; i <= NR; i++) {
+      while (j < NR && t[j] - t[i] < 0.5) j++
+      if (t[j] - t[i] >= 0.5 && 100 * (c[j] - c[i]) / (t[j] - t[i]) > peak)
+        peak = 100 * (c[j] - c[i]) / (t[j] - t[i])
+    }
+    printf "%.0f %.0f\n", peak < 0 ? mean : peak, mean }' "$1"
+}
+restart_s=() restart_peak=() restart_mean=()
+for run in $(seq "$runs"); do
+  [ -n "$largest" ] || break
+  start_coordinator "${big[@]}"
+  rpc_port=${rpc_addr##*:} http_port=${http_addr##*:}
+  "$load_bin" --coordinator "$rpc_addr" --ranks "$largest" --node-agents --reregister \
+    --join-timeout 120s --warmup 2s --duration 0s >"$work/restart.out" 2>"$work/restart.log" &
+  load_pid=$!
+  wait_for_line "joined" "$work/restart.out" "$load_pid" coord_load "$work/restart.log" 2400
+  sleep 3 # every rank heartbeating
+  kill -9 "$coord_pid"
+  wait "$coord_pid" 2>/dev/null || true
+  start_coordinator "${big[@]}" --listen "127.0.0.1:$rpc_port" --http "127.0.0.1:$http_port"
+  sample_cpu "$coord_pid" >"$work/restart.cpu" &
+  sampler=$!
+  wait_for_line "reregistered" "$work/restart.out" "$load_pid" coord_load "$work/restart.log" 1200
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
+  line=$(grep "reregistered" "$work/restart.out") ||
+    die "the ranks did not re-register within 60 s: $(tail -3 "$work/restart.log")"
+  state=$(python3 -c 'import json, sys, urllib.request
+j = json.load(urllib.request.urlopen(sys.argv[1], timeout=30))
+print(j["state"], j["generation"], j["world_size"])' "http://$http_addr/jobs/load?ranks_limit=0") ||
+    die "GET /jobs/load failed after the restart"
+  [ "${state%% *}" = running ] || die "the job is '$state' after the restart, not running"
+  kill -INT "$load_pid"
+  wait "$load_pid" || die "coord_load failed after the restart: $(tail -3 "$work/restart.log")"
+  load_pid=""
+  stop_coordinator
+  result=$(grep result "$work/restart.out")
+  [ "$(field errors "$result")" = 0 ] && [ "$(field hb_errors "$result")" = 0 ] ||
+    die "coord_load reported errors after the restart: $result"
+  read -r peak mean < <(cpu_peak "$work/restart.cpu")
+  restart_s+=("$(field after_s "$line")")
+  restart_peak+=("$peak")
+  restart_mean+=("$mean")
+  echo "run $run: $largest ranks, coordinator killed (-9) and restarted: every rank" \
+    "re-registered $(field after_s "$line") s after the first lost connection; /jobs/load" \
+    "'$state' (state, generation, world); the new coordinator's CPU peak $peak %, mean $mean %" \
+    "meanwhile; every rank left after (left=$(field left "$result"))"
+done
+
 # --- the table --------------------------------------------------------------
 # verdict VALUE TARGET lt|ge: "3.9x under" / "MISSED (1.2x over)" ...
 verdict() {
@@ -286,6 +372,7 @@ verdict() {
     if (op == "lt") { if (v < t) printf "met, %.2fx under", t / v; else printf "MISSED, %.2fx over", v / t }
     else { if (v >= t) printf "met, %.2fx over", v / t; else printf "MISSED, %.2fx under", t / v } }'
 }
+if [ -z "$only_restart" ]; then
 m_rdv=$(median "${rdv[@]}")
 m_cpu=$(median "${cpu[@]}")
 m_rps=$(median "${rps[@]}")
@@ -324,4 +411,12 @@ if [ -n "$largest" ] && [ -n "${s_rdv[node $largest]:-}" ]; then
     "$(median "${hang_s[@]}") s" "< 2 s" "$(verdict "$(median "${hang_s[@]}")" 2 lt)"
   printf '%-62s %-10s %s\n' "coordinator CPU while they are held up" \
     "$(median "${hang_cpu[@]}") %" "(the stall look is O(world) then)"
+fi
+fi
+if [ ${#restart_s[@]} -gt 0 ]; then
+  printf '%-62s %-10s %-10s %s\n' \
+    "restart: $largest ranks re-registered (kill -9 to the last answer)" \
+    "$(median "${restart_s[@]}") s" "< 10 s" "$(verdict "$(median "${restart_s[@]}")" 10 lt)"
+  printf '%-62s %-10s %s\n' "the new coordinator's CPU meanwhile: peak (0.5 s windows), mean" \
+    "$(median "${restart_peak[@]}") %" "$(median "${restart_mean[@]}") % (runs: ${restart_s[*]} s)"
 fi
