@@ -47,6 +47,19 @@ static inline void gs_list_remove(gs_list_t *node)
   gs_list_init(node);
 }
 
+/* Moves every node of `from`, in order, to the end of `to` in O(1);
+ * `from` is left empty. */
+static inline void gs_list_move_all(gs_list_t *to, gs_list_t *from)
+{
+  if (gs_list_empty(from))
+    return;
+  from->next->prev = to->prev;
+  to->prev->next = from->next;
+  from->prev->next = to;
+  to->prev = from->prev;
+  gs_list_init(from);
+}
+
 /* The first node, or NULL when empty. */
 static inline gs_list_t *gs_list_first(const gs_list_t *head)
 {

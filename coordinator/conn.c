@@ -587,12 +587,7 @@ static void on_next_turn(uv_idle_t *idle)
   gs_list_t turn;
 
   gs_list_init(&turn);
-  while (!gs_list_empty(&t->deferred)) { /* those deferred again wait for the next */
-    gs_list_t *node = t->deferred.next;
-
-    gs_list_remove(node);
-    gs_list_insert_tail(&turn, node);
-  }
+  gs_list_move_all(&turn, &t->deferred); /* those deferred again wait for the next */
   while (!gs_list_empty(&turn)) {
     gs_conn_t *conn = GS_CONTAINER_OF(turn.next, gs_conn_t, turn_node);
 

@@ -982,12 +982,7 @@ static void on_next_turn(uv_idle_t *idle)
   gs_list_t turn;
 
   gs_list_init(&turn);
-  while (!gs_list_empty(&srv->deferred)) { /* those deferred again wait for the next */
-    gs_list_t *node = srv->deferred.next;
-
-    gs_list_remove(node);
-    gs_list_insert_tail(&turn, node);
-  }
+  gs_list_move_all(&turn, &srv->deferred); /* those deferred again wait for the next */
   while (!gs_list_empty(&turn)) {
     http_conn_t *conn = GS_CONTAINER_OF(turn.next, http_conn_t, deferred_node);
 

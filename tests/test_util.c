@@ -73,6 +73,31 @@ START_TEST(list_insert_remove_in_order)
 }
 END_TEST
 
+/* Moving a whole list keeps its order behind what `to` held. */
+START_TEST(list_move_all_keeps_order)
+{
+  gs_list_t from, to;
+  item_t it[4] = {{1, {NULL, NULL}}, {2, {NULL, NULL}}, {3, {NULL, NULL}}, {4, {NULL, NULL}}};
+  int n = 0;
+
+  gs_list_init(&from);
+  gs_list_init(&to);
+  gs_list_move_all(&to, &from); /* empty into empty */
+  ck_assert(gs_list_empty(&to));
+  gs_list_insert_tail(&to, &it[0].node);
+  for (int i = 1; i < 4; i++)
+    gs_list_insert_tail(&from, &it[i].node);
+  gs_list_move_all(&to, &from);
+  ck_assert(gs_list_empty(&from));
+  for (gs_list_t *p = to.next; p != &to; p = p->next) {
+    ck_assert_int_eq(GS_CONTAINER_OF(p, item_t, node)->value, ++n);
+    ck_assert_ptr_eq(p->next->prev, p);
+  }
+  ck_assert_int_eq(n, 4);
+  ck_assert_ptr_eq(to.prev, &it[3].node);
+}
+END_TEST
+
 START_TEST(why_formats_when_asked_and_returns_the_error)
 {
   char why[16];
@@ -177,6 +202,7 @@ int main(void)
 
   tcase_add_test(tc, byte_order_is_stated_not_the_hosts);
   tcase_add_test(tc, list_insert_remove_in_order);
+  tcase_add_test(tc, list_move_all_keeps_order);
   tcase_add_test(tc, why_formats_when_asked_and_returns_the_error);
   tcase_add_test(tc, clock_is_monotonic_and_agrees_with_itself);
   tcase_add_test(tc, splitmix64_published_stream);
