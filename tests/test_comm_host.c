@@ -375,6 +375,92 @@ END_TEST
 /* float32 lengths on both sides of the small-message thresholds (32 KiB
  * at two ranks, 64 KiB above), and ring lengths that leave the segments
  * uneven. */
+/* The shards of `count` over the world's ranks cover it exactly once. */
+static void check_shards_cover(rank_ctx_t *rc, size_t count)
+{
+  size_t covered = 0;
+  uint32_t w = rc->w->size;
+
+  for (uint32_t r = 0; r < w; r++) {
+    gs_comm_shard_t s = gs_comm_shard(rc->comm, count, r);
+
+    if (s.off > count || s.len > count - s.off)
+      mismatch(rc, "shard of rank %u of %zu: [%zu, +%zu) outside it", r, count, s.off, s.len);
+    covered += s.len;
+    for (uint32_t q = 0; q < r; q++) {
+      gs_comm_shard_t t = gs_comm_shard(rc->comm, count, q);
+
+      if (s.len && t.len && s.off < t.off + t.len && t.off < s.off + s.len)
+        mismatch(rc, "shards of ranks %u and %u of %zu overlap", q, r, count);
+    }
+  }
+  if (covered != count)
+    mismatch(rc, "the shards of %zu cover %zu", count, covered);
+}
+
+/* Reduce-scatter then allgather of n floats: this rank's shard holds the
+ * sum (or mean) after the first, every element after the second. */
+static void sharded_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, unsigned iter)
+{
+  uint32_t w = rc->w->size;
+  size_t room = gs_comm_shard_room(rc->comm, n);
+  gs_comm_shard_t mine = gs_comm_shard(rc->comm, n, rc->rank);
+  float *buf = malloc(room ? room * sizeof(float) : 1);
+  int err;
+
+  if (!buf) {
+    mismatch(rc, "out of memory");
+    return;
+  }
+  check_shards_cover(rc, n);
+  for (size_t i = 0; i < n; i++)
+    buf[i] = int_value(rc->rank, i, iter);
+  err = gs_comm_reduce_scatter(rc->comm, buf, n, GS_DTYPE_FLOAT32, op);
+  for (int half = 0; half < 2 && !err; half++) {
+    size_t from = half ? 0 : mine.off, to = half ? n : mine.off + mine.len;
+
+    for (size_t i = from; i < to; i++) {
+      double want = 0;
+
+      for (uint32_t r = 0; r < w; r++)
+        want += int_value(r, i, iter);
+      if (op == GS_REDUCE_MEAN)
+        want /= w;
+      if (op == GS_REDUCE_SUM ? buf[i] != want : !close_enough(buf[i], want, 1e-6)) {
+        mismatch(rc, "%s of %zu (%s, iter %u): [%zu] = %.9g, want %.9g",
+                 half ? "allgather" : "reduce-scatter", n, gs_reduce_op_name(op), iter, i, buf[i],
+                 want);
+        break;
+      }
+    }
+    if (!half)
+      err = gs_comm_allgather(rc->comm, buf, n, GS_DTYPE_FLOAT32);
+  }
+  if (err)
+    mismatch(rc, "sharded reduction of %zu (%s, iter %u): %s", n, gs_reduce_op_name(op), iter,
+             gs_strerror(err));
+  free(buf);
+}
+
+static const size_t slens[] = {0, 1, 2, 3, 7, 1009, BIG};
+
+static void body_sharded(rank_ctx_t *rc)
+{
+  unsigned iter = 0;
+
+  for (size_t k = 0; k < sizeof(slens) / sizeof(slens[0]); k++) {
+    sharded_f32_checked(rc, slens[k], GS_REDUCE_SUM, iter++);
+    sharded_f32_checked(rc, slens[k], GS_REDUCE_MEAN, iter++);
+  }
+}
+
+/* World sizes 1..5 × lengths that leave shards uneven or empty. */
+START_TEST(reduce_scatter_allgather)
+{
+  run_world((uint32_t)_i, body_sharded);
+}
+END_TEST
+
 static const size_t plens[] = {4095, 4096, 4097, 8191, 8192, 8193, 16383, 16384, 16385, 65537};
 
 static void body_paths(rank_ctx_t *rc)
@@ -1211,6 +1297,10 @@ static Suite *comm_host_suite(void)
   tc = tcase_create("allreduce_float32");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, allreduce_float32, 1, MAX_W + 1);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("reduce_scatter_allgather");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, reduce_scatter_allgather, 1, MAX_W + 1);
   suite_add_tcase(s, tc);
   tc = tcase_create("allreduce_paths");
   tcase_set_timeout(tc, 30);

@@ -180,6 +180,37 @@ int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root)
   return counted(comm, err);
 }
 
+gs_comm_shard_t gs_comm_shard(const gs_comm_t *comm, size_t count, uint32_t rank)
+{
+  return comm ? comm->ops->shard(comm, count, rank) : (gs_comm_shard_t){0, count};
+}
+
+size_t gs_comm_shard_room(const gs_comm_t *comm, size_t count)
+{
+  return comm ? comm->ops->shard_room(comm, count) : count;
+}
+
+int gs_comm_reduce_scatter(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
+                           gs_reduce_op_t op)
+{
+  int err;
+
+  if (!comm)
+    return GS_EINVAL;
+  err = comm->ops->reduce_scatter(comm, buf, count, dtype, op);
+  return counted(comm, err);
+}
+
+int gs_comm_allgather(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype)
+{
+  int err;
+
+  if (!comm)
+    return GS_EINVAL;
+  err = comm->ops->allgather(comm, buf, count, dtype);
+  return counted(comm, err);
+}
+
 /* One ticket for the whole group. A backend without a group call
  * broadcasts the spans in turn, stopping at the first failure. */
 int gs_comm_broadcast_group(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n, uint32_t root)

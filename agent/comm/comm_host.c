@@ -60,6 +60,10 @@ static const gs_comm_ops_t host_ops = {
     .init = gs__host_init,
     .allreduce = gs__host_allreduce,
     .broadcast = gs__host_broadcast,
+    .shard = gs__host_shard,
+    .shard_room = gs__host_shard_room,
+    .reduce_scatter = gs__host_reduce_scatter,
+    .allgather = gs__host_allgather,
     .abort = host_abort,
     .destroy = host_destroy,
 };

@@ -466,35 +466,119 @@ static int queue_end(nccl_comm_t *c, const char *what, int err, bool in_progress
   return 0;
 }
 
-static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
-                          gs_reduce_op_t op)
+/* NCCL adds 16-bit floats in float32 at each step too. */
+static ncclDataType_t nccl_type(gs_dtype_t dtype)
 {
-  nccl_comm_t *c = (nccl_comm_t *)base;
-  /* NCCL adds 16-bit floats in float32 at each step too. */
   static const ncclDataType_t types[] = {[GS_DTYPE_FLOAT32] = ncclFloat,
                                          [GS_DTYPE_FLOAT16] = ncclFloat16,
                                          [GS_DTYPE_BFLOAT16] = ncclBfloat16,
                                          [GS_DTYPE_FLOAT64] = ncclDouble};
-  ncclDataType_t type = gs_dtype_size(dtype) ? types[dtype] : ncclFloat;
-  ncclRedOp_t red = op == GS_REDUCE_SUM ? ncclSum : ncclAvg;
-  bool in_progress = false;
-  int err = op_begin(c, "allreduce");
 
-  if (err)
-    return err;
+  return gs_dtype_size(dtype) ? types[dtype] : ncclFloat;
+}
+
+/* Whether a collective's arguments are ones NCCL takes here. */
+static int check_args(nccl_comm_t *c, const char *what, const void *buf, size_t count,
+                      gs_dtype_t dtype, gs_reduce_op_t op)
+{
   if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
       (count && !buf)) {
-    GS_LOG_ERR(base->log, "nccl comm: allreduce of %zu %s (op %d): unsupported arguments", count,
+    GS_LOG_ERR(c->base.log, "nccl comm: %s of %zu %s (op %d): unsupported arguments", what, count,
                gs_dtype_name(dtype), (int)op);
     return GS_EINVAL;
   }
-  err = queue_begin(c, "allreduce");
+  return 0;
+}
+
+static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
+                          gs_reduce_op_t op)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  bool in_progress = false;
+  int err = op_begin(c, "allreduce");
+
+  if (!err)
+    err = check_args(c, "allreduce", buf, count, dtype, op);
+  if (!err)
+    err = queue_begin(c, "allreduce");
   if (err)
     return err;
   if (count)
-    err = NCCL_STARTED(base->log, ncclAllReduce(buf, buf, count, type, red, c->nccl, c->stream),
+    err = NCCL_STARTED(base->log,
+                       ncclAllReduce(buf, buf, count, nccl_type(dtype),
+                                     op == GS_REDUCE_SUM ? ncclSum : ncclAvg, c->nccl, c->stream),
                        &in_progress);
   return queue_end(c, "allreduce enqueue", err, in_progress);
+}
+
+/* NCCL's shards are equal pieces in rank order: the buffer is padded to
+ * world x piece, the last shards short (or empty) of the count. */
+static size_t nccl_piece(const gs_comm_t *base, size_t count)
+{
+  const nccl_comm_t *c = (const nccl_comm_t *)base;
+  uint32_t w = c->world ? c->world : 1;
+
+  return count / w + (count % w != 0);
+}
+
+static gs_comm_shard_t nccl_shard(const gs_comm_t *base, size_t count, uint32_t rank)
+{
+  size_t piece = nccl_piece(base, count), off = rank * piece < count ? rank * piece : count;
+
+  return (gs_comm_shard_t){off, count - off < piece ? count - off : piece};
+}
+
+static size_t nccl_shard_room(const gs_comm_t *base, size_t count)
+{
+  const nccl_comm_t *c = (const nccl_comm_t *)base;
+
+  return nccl_piece(base, count) * (c->world ? c->world : 1);
+}
+
+/* In place: this rank's piece of the buffer is the receive buffer. */
+static int nccl_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
+                               gs_reduce_op_t op)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  size_t piece = nccl_piece(base, count);
+  bool in_progress = false;
+  int err = op_begin(c, "reduce-scatter");
+
+  if (!err)
+    err = check_args(c, "reduce-scatter", buf, count, dtype, op);
+  if (!err)
+    err = queue_begin(c, "reduce-scatter");
+  if (err)
+    return err;
+  if (count)
+    err =
+        NCCL_STARTED(base->log,
+                     ncclReduceScatter(buf, (char *)buf + c->rank * piece * gs_dtype_size(dtype),
+                                       piece, nccl_type(dtype),
+                                       op == GS_REDUCE_SUM ? ncclSum : ncclAvg, c->nccl, c->stream),
+                     &in_progress);
+  return queue_end(c, "reduce-scatter enqueue", err, in_progress);
+}
+
+static int nccl_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  size_t piece = nccl_piece(base, count);
+  bool in_progress = false;
+  int err = op_begin(c, "allgather");
+
+  if (!err)
+    err = check_args(c, "allgather", buf, count, dtype, GS_REDUCE_SUM);
+  if (!err)
+    err = queue_begin(c, "allgather");
+  if (err)
+    return err;
+  if (count)
+    err = NCCL_STARTED(base->log,
+                       ncclAllGather((char *)buf + c->rank * piece * gs_dtype_size(dtype), buf,
+                                     piece, nccl_type(dtype), c->nccl, c->stream),
+                       &in_progress);
+  return queue_end(c, "allgather enqueue", err, in_progress);
 }
 
 static int nccl_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root)
@@ -724,6 +808,10 @@ static const gs_comm_ops_t nccl_ops = {
     .sync_until = nccl_sync_until,
     .init = nccl_init,
     .allreduce = nccl_allreduce,
+    .shard = nccl_shard,
+    .shard_room = nccl_shard_room,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allgather = nccl_allgather,
     .broadcast = nccl_broadcast,
     .broadcast_group = nccl_broadcast_group,
     .abort = nccl_abort,

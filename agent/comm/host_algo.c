@@ -416,29 +416,61 @@ static int small_allreduce(host_comm_t *c, uint8_t *buf, size_t bytes, gs_dtype_
   return 0;
 }
 
-/* Reduce-scatter (W-1 steps: rank r ends up owning the full sum of segment
- * r+1), the mean's scaling of that segment, then allgather (W-1 steps), all
- * pipelined in one transfer (ring_t). Small buffers take small_allreduce. */
+/* Whether a collective's arguments are ones the host ring takes. */
+static int check_args(host_comm_t *c, const char *what, const void *buf, size_t count,
+                      gs_dtype_t dtype, gs_reduce_op_t op)
+{
+  if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
+      (count && !buf) || count > SIZE_MAX / gs_dtype_size(dtype)) {
+    GS_LOG_ERR(c->base.log, "host comm: %s of %zu %s (op %d): unsupported arguments", what, count,
+               gs_dtype_name(dtype), (int)op);
+    return GS_EINVAL;
+  }
+  return 0;
+}
+
+/* The pipelined ring's items first .. end-1 in one transfer (ring_t):
+ * items 0 .. W-2 are the reduce-scatter (W-1 steps: rank r ends up owning
+ * the full sum of segment r+1, scaled there for the mean), W-1 .. 2W-3
+ * the allgather (W-1 steps, each forwarding the segment just received). */
+static int ring_run(host_comm_t *c, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op,
+                    uint32_t first, uint32_t end, const char *what)
+{
+  uint64_t last = gs_now_ms();
+  ring_t ring = {0};
+  xfer_t x = {.dtype = dtype, .what = what, .ring = &ring};
+  int err;
+
+  ring.buf = buf;
+  ring.count = count;
+  ring.esz = gs_dtype_size(dtype);
+  ring.w = c->world;
+  ring.r = c->rank;
+  ring.mean = op == GS_REDUCE_MEAN;
+  ring.s_item = ring.r_item = first;
+  ring.lead = ring_item_len(&ring, first, false);
+  for (uint32_t s = first; s < end; s++) {
+    x.send_len += ring_item_len(&ring, s, false);
+    x.recv_len += ring_item_len(&ring, s, true);
+  }
+  err = xfer_run(c, &x, &last);
+  return err ? gs__host_fail(c, err) : 0;
+}
+
+/* The whole ring (reduce-scatter, then allgather) for large buffers;
+ * small ones take small_allreduce. */
 int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                        gs_reduce_op_t op)
 {
   host_comm_t *c = (host_comm_t *)base;
-  uint32_t w = c->world, s;
+  uint32_t w = c->world;
   uint64_t last = gs_now_ms();
-  ring_t ring = {0};
-  xfer_t x = {.dtype = dtype, .what = "allreduce", .ring = &ring};
   int err = op_begin(c, "allreduce");
 
-  if (err)
+  if (!err)
+    err = check_args(c, "allreduce", buf, count, dtype, op);
+  if (err || w == 1 || count == 0)
     return err;
-  if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
-      (count && !buf) || count > SIZE_MAX / gs_dtype_size(dtype)) {
-    GS_LOG_ERR(base->log, "host comm: allreduce of %zu %s (op %d): unsupported arguments", count,
-               gs_dtype_name(dtype), (int)op);
-    return GS_EINVAL;
-  }
-  if (w == 1 || count == 0)
-    return 0;
   if (count * gs_dtype_size(dtype) <= (w == 2 ? SMALL_BYTES_TWO : SMALL_BYTES_MANY)) {
     err = small_allreduce(c, buf, count * gs_dtype_size(dtype), dtype, &last);
     if (err)
@@ -447,19 +479,50 @@ int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
       scale(buf, count, dtype, w);
     return 0;
   }
-  ring.buf = buf;
-  ring.count = count;
-  ring.esz = gs_dtype_size(dtype);
-  ring.w = w;
-  ring.r = c->rank;
-  ring.mean = op == GS_REDUCE_MEAN;
-  ring.lead = ring_item_len(&ring, 0, false);
-  for (s = 0; s < 2 * (w - 1); s++) {
-    x.send_len += ring_item_len(&ring, s, false);
-    x.recv_len += ring_item_len(&ring, s, true);
-  }
-  err = xfer_run(c, &x, &last);
-  return err ? gs__host_fail(c, err) : 0;
+  return ring_run(c, buf, count, dtype, op, 0, 2 * (w - 1), "allreduce");
+}
+
+/* Rank r's shard is the segment its reduce-scatter completes: r+1. */
+gs_comm_shard_t gs__host_shard(const gs_comm_t *base, size_t count, uint32_t rank)
+{
+  const host_comm_t *c = (const host_comm_t *)base;
+  uint32_t w = c->world ? c->world : 1, seg = (rank + 1) % w;
+
+  return (gs_comm_shard_t){seg_off(count, w, seg), seg_len(count, w, seg)};
+}
+
+size_t gs__host_shard_room(const gs_comm_t *base, size_t count)
+{
+  (void)base;
+  return count;
+}
+
+/* The ring's first half, at every size (a small buffer's shards are
+ * small: there is nothing to gather whole). */
+int gs__host_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
+                            gs_reduce_op_t op)
+{
+  host_comm_t *c = (host_comm_t *)base;
+  int err = op_begin(c, "reduce-scatter");
+
+  if (!err)
+    err = check_args(c, "reduce-scatter", buf, count, dtype, op);
+  if (err || c->world == 1 || count == 0)
+    return err;
+  return ring_run(c, buf, count, dtype, op, 0, c->world - 1, "reduce-scatter");
+}
+
+int gs__host_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype)
+{
+  host_comm_t *c = (host_comm_t *)base;
+  int err = op_begin(c, "allgather");
+
+  if (!err)
+    err = check_args(c, "allgather", buf, count, dtype, GS_REDUCE_SUM);
+  if (err || c->world == 1 || count == 0)
+    return err;
+  return ring_run(c, buf, count, dtype, GS_REDUCE_SUM, c->world - 1, 2 * (c->world - 1),
+                  "allgather");
 }
 
 /* Chain from root along the ring, forwarding each piece as it arrives. */

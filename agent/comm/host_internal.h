@@ -95,7 +95,7 @@ typedef struct ring {
   size_t count, esz;
   uint32_t w, r;
   bool mean;               /* scale the own segment as its sum completes */
-  size_t lead;             /* bytes of send item 0 (ours, sent at once) */
+  size_t lead;             /* bytes of the first send item (ours, sent at once) */
   size_t done;             /* receive-stream bytes reduced or stored */
   uint32_t s_item, r_item; /* items the cursors are in */
   size_t s_start, r_start; /* stream offsets where those items begin */
@@ -147,5 +147,10 @@ static inline size_t gs__host_send_limit(const xfer_t *x)
 int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                        gs_reduce_op_t op);
 int gs__host_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root);
+gs_comm_shard_t gs__host_shard(const gs_comm_t *base, size_t count, uint32_t rank);
+size_t gs__host_shard_room(const gs_comm_t *base, size_t count);
+int gs__host_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
+                            gs_reduce_op_t op);
+int gs__host_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype);
 
 #endif

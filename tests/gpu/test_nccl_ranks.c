@@ -8,10 +8,10 @@
  * The check suites run in this process and start the ranks as children:
  * this program again, `test_nccl_ranks --rank CASE RANK WORLD TIMEOUT_MS ID`
  * (ID: rank 0's NCCL id in hex, made here). Cases: exact SUM and MEAN of
- * the in-place allreduce at worlds 2 to 4 and broadcasts (single and
- * grouped) from a non-zero root; the per-call cost of a small allreduce at
- * worlds 1, 2 and 4; one rank killed (-9) or stopped (SIGSTOP) after the
- * first collective: the others must end with an error, never hang.
+ * the in-place allreduce, and of reduce-scatter + allgather, at worlds 2 to 4 and broadcasts
+ * (single and grouped) from a non-zero root; the per-call cost of a small allreduce at worlds 1, 2
+ * and 4; one rank killed (-9) or stopped (SIGSTOP) after the first collective: the others must end
+ * with an error, never hang.
  *
  * Exits 77 (ctest's "skipped") without a visible GPU. */
 #include <check.h>
@@ -90,14 +90,17 @@ static double input_of(uint32_t rank, size_t i)
   return (double)((i % 251) * (rank + 1)) - 100.0;
 }
 
-/* In-place allreduce of n elements of dtype with op; checks every element:
- * SUM exactly, MEAN within float rounding. */
-static bool check_allreduce(rank_ctx_t *r, gs_dtype_t dtype, gs_reduce_op_t op, size_t n)
+/* In-place allreduce of n elements of dtype with op, or (sharded) its two
+ * halves, reduce-scatter then allgather, in a buffer of the shards' room;
+ * checks every element: SUM exactly, MEAN within float rounding. */
+static bool check_allreduce(rank_ctx_t *r, gs_dtype_t dtype, gs_reduce_op_t op, size_t n,
+                            bool sharded)
 {
   size_t size = gs_dtype_size(dtype), bytes = n * size;
+  size_t room = (sharded ? gs_comm_shard_room(r->comm, n) : n) * size;
   double *want = malloc((n + 1) * sizeof(double)), sum_ranks = 0;
   unsigned char *host = malloc(bytes + 8);
-  void *buf = gs_device_alloc(r->dev, bytes + 8);
+  void *buf = gs_device_alloc(r->dev, room + 8);
   bool ok = want && host && buf;
   int err;
 
@@ -117,17 +120,24 @@ static bool check_allreduce(rank_ctx_t *r, gs_dtype_t dtype, gs_reduce_op_t op, 
   }
   err = ok ? gs_device_upload(r->dev, buf, host, bytes) : GS_ENOMEM;
   if (!err)
-    err = gs_comm_allreduce(r->comm, buf, n, dtype, op);
+    err = sharded ? gs_comm_reduce_scatter(r->comm, buf, n, dtype, op)
+                  : gs_comm_allreduce(r->comm, buf, n, dtype, op);
+  if (!err && sharded)
+    err = gs_comm_allgather(r->comm, buf, n, dtype);
   if (!err)
     err = finish_into(r, host, buf, bytes);
-  ok = expect(r, !err, "allreduce returned an error", err);
+  ok = expect(r, !err,
+              sharded ? "reduce-scatter or allgather returned an error"
+                      : "allreduce returned an error",
+              err);
   for (size_t i = 0; ok && i < n; i++) {
     double got = dtype == GS_DTYPE_FLOAT32 ? ((float *)host)[i] : ((double *)host)[i];
     double tol = op == GS_REDUCE_SUM ? 0 : 1e-6 * (1.0 + (want[i] < 0 ? -want[i] : want[i]));
 
     if (got - want[i] > tol || want[i] - got > tol) {
-      printf("rank %" PRIu32 ": allreduce %s of %zu %s: element %zu is %.17g, expected %.17g\n",
-             r->rank, gs_reduce_op_name(op), n, gs_dtype_name(dtype), i, got, want[i]);
+      printf("rank %" PRIu32 ": %s %s of %zu %s: element %zu is %.17g, expected %.17g\n", r->rank,
+             sharded ? "reduce-scatter + allgather" : "allreduce", gs_reduce_op_name(op), n,
+             gs_dtype_name(dtype), i, got, want[i]);
       ok = false;
     }
   }
@@ -196,16 +206,18 @@ static int case_values(rank_ctx_t *r)
   static const size_t sizes[] = {12345, 0, 1, (size_t)3 << 20};
   bool ok = true;
 
-  for (int d = 0; d < 2; d++)
-    for (int o = 0; o < 2; o++)
-      for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
-        ok &= check_allreduce(r, d ? GS_DTYPE_FLOAT64 : GS_DTYPE_FLOAT32,
-                              o ? GS_REDUCE_MEAN : GS_REDUCE_SUM, counts[k]);
+  for (int sharded = 0; sharded < 2; sharded++)
+    for (int d = 0; d < 2; d++)
+      for (int o = 0; o < 2; o++)
+        for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++)
+          ok &= check_allreduce(r, d ? GS_DTYPE_FLOAT64 : GS_DTYPE_FLOAT32,
+                                o ? GS_REDUCE_MEAN : GS_REDUCE_SUM, counts[k], sharded);
   ok &= check_broadcast(r, r->world - 1, sizes, 4, false);
   ok &= check_broadcast(r, r->world - 1, sizes, 4, true);
   ok &= check_broadcast(r, 0, sizes, 4, true);
   if (ok && r->rank == 0)
-    printf("world %" PRIu32 ": allreduce sum/mean exact, broadcasts from rank %" PRIu32 " ok\n",
+    printf("world %" PRIu32 ": allreduce and reduce-scatter + allgather sum/mean exact, "
+           "broadcasts from rank %" PRIu32 " ok\n",
            r->world, r->world - 1);
   return ok ? 0 : 1;
 }

@@ -154,6 +154,25 @@ int gs_comm_allreduce(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype
 /* In place: every rank's `buf` of `bytes` bytes becomes root's. */
 int gs_comm_broadcast(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root) GS_WARN_UNUSED;
 
+/* Sharded reductions (optimizer state sharded over the ranks): a buffer
+ * of `count` elements is cut into one shard per rank, where gs_comm_shard
+ * says (the backend's layout: the host ring's segments, NCCL's equal
+ * pieces; a shard may be empty). gs_comm_reduce_scatter leaves this
+ * rank's shard holding the reduction over every rank (sum or mean; the
+ * rest of the buffer is left undefined); gs_comm_allgather fills every
+ * other shard from its rank. Both work in place on a buffer of
+ * gs_comm_shard_room elements (NCCL's pieces are equal: the buffer is
+ * padded to world × piece). Together they move the bytes of one
+ * allreduce. After a successful init only. */
+typedef struct gs_comm_shard {
+  size_t off, len; /* elements */
+} gs_comm_shard_t;
+gs_comm_shard_t gs_comm_shard(const gs_comm_t *comm, size_t count, uint32_t rank);
+size_t gs_comm_shard_room(const gs_comm_t *comm, size_t count);
+int gs_comm_reduce_scatter(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
+                           gs_reduce_op_t op) GS_WARN_UNUSED;
+int gs_comm_allgather(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype) GS_WARN_UNUSED;
+
 /* One buffer of a grouped broadcast. */
 typedef struct gs_comm_span {
   void *buf;
@@ -189,6 +208,11 @@ typedef struct gs_comm_ops {
   int (*init)(gs_comm_t *comm, const gs_comm_setup_t *setup);
   int (*allreduce)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype, gs_reduce_op_t op);
   int (*broadcast)(gs_comm_t *comm, void *buf, size_t bytes, uint32_t root);
+  gs_comm_shard_t (*shard)(const gs_comm_t *comm, size_t count, uint32_t rank);
+  size_t (*shard_room)(const gs_comm_t *comm, size_t count);
+  int (*reduce_scatter)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
+                        gs_reduce_op_t op);
+  int (*allgather)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype);
   /* NULL: gs_comm_broadcast_group calls broadcast once per span. */
   int (*broadcast_group)(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n, uint32_t root);
   void (*abort)(gs_comm_t *comm);
