@@ -350,8 +350,8 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
      * a rank gone before its Leave is read is a lost rank, and a job that
      * finished while the coordinator was stopped 30 s was recorded failed
      * (it waited 2 s). */
-    uint64_t wait_ms = e->cfg.coordinator_grace_ms > LEAVE_MIN_MS ? e->cfg.coordinator_grace_ms
-                                                                   : LEAVE_MIN_MS;
+    uint64_t wait_ms =
+        e->cfg.coordinator_grace_ms > LEAVE_MIN_MS ? e->cfg.coordinator_grace_ms : LEAVE_MIN_MS;
     int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,
                               reason ? reason : "", wait_ms);
 
