@@ -781,7 +781,9 @@ def case_elastic(tmp):
         assert len(got["results"]) == 1, got["results"]
         res = got["results"][0]
         assert res["world_changed"] and res["world_size"] == 2 and res["rank"] == rank, res
-        assert res["before"][2] == 3 and res["regroup_ms"] > 0, res
+        # The regroup's times are end_step's; a kill that lands while the
+        # buffers are re-synced after the step is met there instead.
+        assert res["before"][2] == 3 and (res["regroup_ms"] > 0 or not res["regrouped"]), res
     ra, rb = a["results"][0], b["results"][0]
     assert (ra["step"], ra["dropped"], ra["sample"]) == (rb["step"], rb["dropped"], rb["sample"])
     # A dropped step's batch is trained again: the position goes back to its start.

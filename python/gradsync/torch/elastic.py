@@ -13,6 +13,12 @@ def world_changed(opt):
         opt.on_world_change(opt.rank, opt.world_size, opt.step_count)
 
 
+def take_position(opt):
+    """The position every rank holds after a regroup (the engine's)."""
+    info = opt._engine.info()
+    opt.step_count, opt.epoch, opt.sample = info["step"], info["epoch"], info["sample"]
+
+
 def after_step(opt, r):
     """Moves the position (the engine's: a non-finite step stopped at was
     not applied), re-syncs buffers, sets the result's world_changed and
@@ -27,8 +33,12 @@ def after_step(opt, r):
         changed = buffers.sync(opt, state=True) or changed
     elif opt._elastic and opt._buffers.mode != "own":
         changed = buffers.sync(opt, each_step=True)
+    if changed:  # a regroup met re-syncing the buffers left r's place behind
+        take_position(opt)
+        r.rank, r.world_size = opt.rank, opt.world_size
+        r.step, r.epoch, r.sample = opt.step_count, opt.epoch, opt.sample
     r.world_changed = changed
-    r.dropped = r.regrouped and opt.step_count < after
+    r.dropped = changed and opt.step_count < after
     if changed:
         world_changed(opt)
     if r.stop:
@@ -44,8 +54,7 @@ def allreduce_sum(opt, tensor):
         return opt._sum(tensor)
     except WorldChanged:
         opt._follow_world()
-        info = opt._engine.info()
-        opt.step_count, opt.epoch, opt.sample = info["step"], info["epoch"], info["sample"]
+        take_position(opt)
         buffers.sync(opt, state=True)
         world_changed(opt)
         raise
