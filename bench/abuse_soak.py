@@ -442,6 +442,31 @@ def abuse_stream(ctx, stop, n, conns=8):
         s.close()
 
 
+def send_unread(ctx, n, socks, conns, requests, count, what):
+    """One round of HTTP clients that never read: `socks` topped up to
+    `conns` connections, then `requests` (`count` of them) sent on each,
+    counted as `what`; those the coordinator closed are dropped."""
+    while len(socks) < conns:
+        try:
+            s = limits.small_socket(ctx.http)
+            s.setblocking(False)
+            socks.append(s)
+            n.add("connections opened")
+        except OSError:
+            n.add("connections refused")
+            break
+    for s in list(socks):
+        try:
+            s.send(requests)
+            n.add(what, count)
+        except BlockingIOError:
+            n.add("sends pushed back")
+        except OSError:
+            n.add("connections closed by the coordinator")
+            socks.remove(s)
+            s.close()
+
+
 def abuse_httpnoread(ctx, stop, n, conns=100):
     """HTTP clients without the token pipelining GET /ui/app.js and never
     reading a reply, reopened when the coordinator closes them (at its
@@ -449,25 +474,7 @@ def abuse_httpnoread(ctx, stop, n, conns=100):
     get = b"GET /ui/app.js HTTP/1.1\r\nHost: gradsync\r\n\r\n" * 64
     socks = []
     while not stop.is_set():
-        while len(socks) < conns:
-            try:
-                s = limits.small_socket(ctx.http)
-                s.setblocking(False)
-                socks.append(s)
-                n.add("connections opened")
-            except OSError:
-                n.add("connections refused")
-                break
-        for s in list(socks):
-            try:
-                s.send(get)
-                n.add("requests sent", 64)
-            except BlockingIOError:
-                n.add("sends pushed back")
-            except OSError:
-                n.add("connections closed by the coordinator")
-                socks.remove(s)
-                s.close()
+        send_unread(ctx, n, socks, conns, get, 64, "requests sent")
         stop.wait(0.05)
     for s in socks:
         s.close()
@@ -556,24 +563,7 @@ def abuse_trace(ctx, stop, n, world=128, getters=20):
                     pass
             except BlockingIOError:
                 pass
-        while len(socks) < getters:
-            try:
-                s = limits.small_socket(ctx.http)
-                s.setblocking(False)
-                socks.append(s)
-            except OSError:
-                n.add("connections refused")
-                break
-        for s in list(socks):
-            try:
-                s.send(get)
-                n.add("GETs sent unread", 8)
-            except BlockingIOError:
-                pass
-            except OSError:
-                n.add("connections closed by the coordinator")
-                socks.remove(s)
-                s.close()
+        send_unread(ctx, n, socks, getters, get, 8, "GETs sent unread")
         try:
             t0 = time.monotonic()
             conn.request("GET", f"/jobs/{job}/trace", headers=hdrs)

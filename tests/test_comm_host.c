@@ -201,6 +201,16 @@ static bool close_enough(double got, double want, double rel)
   return fabs(got - want) <= rel * fmax(1.0, fabs(want));
 }
 
+/* Element i of the reduction of int_value over a world of w ranks. */
+static double int_reduced(uint32_t w, size_t i, unsigned iter, gs_reduce_op_t op)
+{
+  double want = 0;
+
+  for (uint32_t r = 0; r < w; r++)
+    want += int_value(r, i, iter);
+  return op == GS_REDUCE_MEAN ? want / w : want;
+}
+
 /* One float32 allreduce of n elements on this rank, checked element by
  * element against the serially computed sum (or mean). */
 static void allreduce_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, unsigned iter)
@@ -220,12 +230,8 @@ static void allreduce_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, u
     mismatch(rc, "allreduce of %zu (%s, iter %u): %s", n, gs_reduce_op_name(op), iter,
              gs_strerror(err));
   for (size_t i = 0; i < n && !err; i++) {
-    double want = 0;
+    double want = int_reduced(w, i, iter, op);
 
-    for (uint32_t r = 0; r < w; r++)
-      want += int_value(r, i, iter);
-    if (op == GS_REDUCE_MEAN)
-      want /= w;
     if (op == GS_REDUCE_SUM ? buf[i] != want : !close_enough(buf[i], want, 1e-6)) {
       mismatch(rc, "allreduce of %zu (%s, iter %u): [%zu] = %.9g, want %.9g", n,
                gs_reduce_op_name(op), iter, i, buf[i], want);
@@ -420,12 +426,8 @@ static void sharded_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, uns
     size_t from = half ? 0 : mine.off, to = half ? n : mine.off + mine.len;
 
     for (size_t i = from; i < to; i++) {
-      double want = 0;
+      double want = int_reduced(w, i, iter, op);
 
-      for (uint32_t r = 0; r < w; r++)
-        want += int_value(r, i, iter);
-      if (op == GS_REDUCE_MEAN)
-        want /= w;
       if (op == GS_REDUCE_SUM ? buf[i] != want : !close_enough(buf[i], want, 1e-6)) {
         mismatch(rc, "%s of %zu (%s, iter %u): [%zu] = %.9g, want %.9g",
                  half ? "allgather" : "reduce-scatter", n, gs_reduce_op_name(op), iter, i, buf[i],

@@ -477,19 +477,6 @@ static ncclDataType_t nccl_type(gs_dtype_t dtype)
   return gs_dtype_size(dtype) ? types[dtype] : ncclFloat;
 }
 
-/* Whether a collective's arguments are ones NCCL takes here. */
-static int check_args(nccl_comm_t *c, const char *what, const void *buf, size_t count,
-                      gs_dtype_t dtype, gs_reduce_op_t op)
-{
-  if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
-      (count && !buf)) {
-    GS_LOG_ERR(c->base.log, "nccl comm: %s of %zu %s (op %d): unsupported arguments", what, count,
-               gs_dtype_name(dtype), (int)op);
-    return GS_EINVAL;
-  }
-  return 0;
-}
-
 static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                           gs_reduce_op_t op)
 {
@@ -498,7 +485,7 @@ static int nccl_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
   int err = op_begin(c, "allreduce");
 
   if (!err)
-    err = check_args(c, "allreduce", buf, count, dtype, op);
+    err = gs__comm_check_reduction(base, "allreduce", buf, count, dtype, op);
   if (!err)
     err = queue_begin(c, "allreduce");
   if (err)
@@ -545,7 +532,7 @@ static int nccl_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtyp
   int err = op_begin(c, "reduce-scatter");
 
   if (!err)
-    err = check_args(c, "reduce-scatter", buf, count, dtype, op);
+    err = gs__comm_check_reduction(base, "reduce-scatter", buf, count, dtype, op);
   if (!err)
     err = queue_begin(c, "reduce-scatter");
   if (err)
@@ -568,7 +555,7 @@ static int nccl_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t d
   int err = op_begin(c, "allgather");
 
   if (!err)
-    err = check_args(c, "allgather", buf, count, dtype, GS_REDUCE_SUM);
+    err = gs__comm_check_reduction(base, "allgather", buf, count, dtype, GS_REDUCE_SUM);
   if (!err)
     err = queue_begin(c, "allgather");
   if (err)

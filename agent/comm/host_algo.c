@@ -416,19 +416,6 @@ static int small_allreduce(host_comm_t *c, uint8_t *buf, size_t bytes, gs_dtype_
   return 0;
 }
 
-/* Whether a collective's arguments are ones the host ring takes. */
-static int check_args(host_comm_t *c, const char *what, const void *buf, size_t count,
-                      gs_dtype_t dtype, gs_reduce_op_t op)
-{
-  if (gs_dtype_size(dtype) == 0 || (op != GS_REDUCE_SUM && op != GS_REDUCE_MEAN) ||
-      (count && !buf) || count > SIZE_MAX / gs_dtype_size(dtype)) {
-    GS_LOG_ERR(c->base.log, "host comm: %s of %zu %s (op %d): unsupported arguments", what, count,
-               gs_dtype_name(dtype), (int)op);
-    return GS_EINVAL;
-  }
-  return 0;
-}
-
 /* The pipelined ring's items first .. end-1 in one transfer (ring_t):
  * items 0 .. W-2 are the reduce-scatter (W-1 steps: rank r ends up owning
  * the full sum of segment r+1, scaled there for the mean), W-1 .. 2W-3
@@ -468,7 +455,7 @@ int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
   int err = op_begin(c, "allreduce");
 
   if (!err)
-    err = check_args(c, "allreduce", buf, count, dtype, op);
+    err = gs__comm_check_reduction(base, "allreduce", buf, count, dtype, op);
   if (err || w == 1 || count == 0)
     return err;
   if (count * gs_dtype_size(dtype) <= (w == 2 ? SMALL_BYTES_TWO : SMALL_BYTES_MANY)) {
@@ -506,7 +493,7 @@ int gs__host_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t
   int err = op_begin(c, "reduce-scatter");
 
   if (!err)
-    err = check_args(c, "reduce-scatter", buf, count, dtype, op);
+    err = gs__comm_check_reduction(base, "reduce-scatter", buf, count, dtype, op);
   if (err || c->world == 1 || count == 0)
     return err;
   return ring_run(c, buf, count, dtype, op, 0, c->world - 1, "reduce-scatter");
@@ -518,7 +505,7 @@ int gs__host_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
   int err = op_begin(c, "allgather");
 
   if (!err)
-    err = check_args(c, "allgather", buf, count, dtype, GS_REDUCE_SUM);
+    err = gs__comm_check_reduction(base, "allgather", buf, count, dtype, GS_REDUCE_SUM);
   if (err || c->world == 1 || count == 0)
     return err;
   return ring_run(c, buf, count, dtype, GS_REDUCE_SUM, c->world - 1, 2 * (c->world - 1),

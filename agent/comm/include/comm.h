@@ -229,6 +229,11 @@ struct gs_comm {
 };
 
 /* Logs an error, keeps its words as gs_comm_why, and returns err. */
+/* The arguments every reduction checks (a dtype with a size, sum or
+ * mean, a buffer when count > 0, a byte count that fits): 0, or
+ * GS_EINVAL after a line naming the collective `what`. */
+int gs__comm_check_reduction(gs_comm_t *comm, const char *what, const void *buf, size_t count,
+                             gs_dtype_t dtype, gs_reduce_op_t op);
 int gs__comm_fail(gs_comm_t *comm, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
