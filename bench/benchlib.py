@@ -146,3 +146,13 @@ def publish(table, markdown=None, json_path=None, data=None):
     if json_path:
         with open(json_path, "w") as f:
             json.dump(data, f, indent=1)
+
+
+def add_agent_run_args(p, timeout=900):
+    """The flags of a driver that runs the agent's builds: where the
+    binaries and the data are, the limit per run, and where the results go."""
+    p.add_argument("--bin", required=True, help="folder with gradsync-run and gradsync-agent")
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds per run")
+    p.add_argument("--json")
+    p.add_argument("--markdown")

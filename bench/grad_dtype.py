@@ -25,7 +25,7 @@ import platform
 import re
 import sys
 
-from benchlib import fmt, median_of, parse_ours, publish, run_timed
+from benchlib import add_agent_run_args, fmt, median_of, parse_ours, publish, run_timed
 from train_vs_ddp import BATCH, LARGE, OPT, run_ours
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -96,8 +96,7 @@ def run_transformer(a, dtype):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bin", required=True, help="folder with gradsync-run and gradsync-agent")
-    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    add_agent_run_args(p)
     p.add_argument("--pairs", type=int, default=3, help="rounds of the speed and accuracy runs")
     p.add_argument("--steps", type=int, default=300, help="steps of each speed run")
     p.add_argument("--no-accuracy", action="store_true", help="skip the 3-epoch runs")
@@ -105,9 +104,6 @@ def main():
                    help="rounds of the transformer example (0: none)")
     p.add_argument("--link-rate", help="also between two namespaces over links of this rate "
                    "(tc tbf, e.g. 1gbit; root)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run")
-    p.add_argument("--json")
-    p.add_argument("--markdown")
     a = p.parse_args()
     a.bin = os.path.abspath(a.bin)
     speed = {d: [] for d in DTYPES}

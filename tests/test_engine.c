@@ -70,7 +70,9 @@ typedef struct scenario {
   uint32_t engine_ranks;  /* ranks run as engines (the rest by hand); 0: all */
   gs_decide_t decide;
   gs_nonfinite_t nonfinite;
-  bool adam; /* Adam in one group (its bias correction counts the updates) instead of SGD */
+  bool adam;  /* Adam in one group (its bias correction counts the updates) instead of SGD */
+  bool shard; /* sharded optimizer state */
+  bool grads_by_rank; /* each rank's gradients its own (else the same on every rank) */
   struct rank_run {
     pthread_t thread;
     uint32_t local_rank, rank;
@@ -82,6 +84,8 @@ typedef struct scenario {
     int32_t period;
     float lr_scale, lr_factor;
     float params[NPARAMS][16];
+    float state[2][NPARAMS][16]; /* the optimizer's (assembled when sharded); nstate slots */
+    uint32_t nstate;
     gs_position_t start, end;
     uint32_t packs;
     double start_ms;                 /* how long gs_engine_start took */
@@ -129,6 +133,7 @@ static void engine_config(scenario_t *sc, gs_engine_config_t *c)
   c->decide = sc->decide;
   c->nonfinite = sc->nonfinite;
   c->optim = sc->adam ? GS_OPTIM_ADAM : GS_OPTIM_SGD;
+  c->shard_optimizer = sc->shard;
   gs_sgd_config_default(&c->sgd);
   c->sgd.lr = 0.1f;
   c->sgd.bias_wd = c->sgd.weight_decay;
@@ -187,7 +192,8 @@ static int fake_step(gs_engine_t *e, rank_run_t *rr, uint64_t step, gs_step_resu
     float *g = gs_engine_grad(e, p);
 
     for (uint32_t i = 0; i < sizes[p]; i++)
-      g[i] = grad_value(step, p, i);
+      g[i] = grad_value(step, p, i) +
+             (sc->grads_by_rank ? 0.003f * (float)(rr->rank + 1) * (float)((i + p) % 5) : 0.0f);
     if (nan && sc->nan_grad && p == 0)
       g[3] = NAN;
     if (!(rr->rank == sc->skip_param_on_rank && p == 1))
@@ -322,6 +328,14 @@ static void *rank_main(void *arg)
 out_params:
   for (uint32_t p = 0; p < NPARAMS; p++)
     memcpy(rr->params[p], gs_engine_param(e, p), sizes[p] * sizeof(float));
+  rr->nstate = gs_engine_state_count(e);
+  if (sc->shard && err != GS_ERANGE)
+    err = gs_engine_state_assemble(e, false);
+  for (uint32_t k = 0; !err && k < rr->nstate && k < 2; k++)
+    for (uint32_t p = 0; p < NPARAMS; p++)
+      memcpy(rr->state[k][p], gs_engine_state(e, p, k), sizes[p] * sizeof(float));
+  if (sc->shard && !err)
+    err = gs_engine_state_release(e, false);
   rr->optim_steps = gs_engine_optim_steps(e);
   gs_engine_position(e, &rr->end);
 out:
@@ -1043,22 +1057,34 @@ START_TEST(checkpoint_io_does_not_hold_the_other_ranks)
 }
 END_TEST
 
+/* Runs `setup` twice, into `a` and into `b` (its run `vary`d too). */
+static void run_pair(scenario_t *a, scenario_t *b, const char *job, uint32_t world,
+                     void (*setup)(scenario_t *), void (*vary)(scenario_t *))
+{
+  char name[64];
+
+  scenario_init(a, job, world);
+  setup(a);
+  run_ranks(a);
+  join_ranks(a);
+  snprintf(name, sizeof(name), "%s-b", job);
+  scenario_init(b, name, world);
+  setup(b);
+  vary(b);
+  run_ranks(b);
+  join_ranks(b);
+}
+
+static void decide_late(scenario_t *sc)
+{
+  sc->decide = GS_DECIDE_LATE;
+}
+
 /* Runs `sc` twice, deciding now and late, into `now` and `late`. */
 static void run_both(scenario_t *now, scenario_t *late, const char *job, uint32_t world,
                      void (*setup)(scenario_t *))
 {
-  char name[64];
-
-  scenario_init(now, job, world);
-  setup(now);
-  run_ranks(now);
-  join_ranks(now);
-  snprintf(name, sizeof(name), "%s-late", job);
-  scenario_init(late, name, world);
-  setup(late);
-  late->decide = GS_DECIDE_LATE;
-  run_ranks(late);
-  join_ranks(late);
+  run_pair(now, late, job, world, setup, decide_late);
 }
 
 static void with_broadcasts(scenario_t *sc)
@@ -1159,6 +1185,167 @@ START_TEST(late_skip_keeps_the_update_count)
 }
 END_TEST
 
+/* ---- sharded optimizer state ------------------------------------------ */
+
+static void shard_on(scenario_t *sc)
+{
+  sc->shard = true;
+}
+
+static void sgd_broadcasts(scenario_t *sc)
+{
+  sc->bcast_period = 4;
+}
+
+static void sgd_bf16(scenario_t *sc)
+{
+  sc->grad_dtype = GS_GRAD_BF16;
+}
+
+static void sgd_late(scenario_t *sc)
+{
+  sc->decide = GS_DECIDE_LATE;
+}
+
+static void sgd_synchronized_skip(scenario_t *sc)
+{
+  sc->skip_at = 7; /* synchronized (its grads scaled in place), then skipped */
+}
+
+static void adam_plain(scenario_t *sc)
+{
+  sc->adam = true;
+}
+
+/* The whole file's bytes (a checkpoint), malloc'd; its length in *len. */
+static uint8_t *file_bytes(const char *path, size_t *len)
+{
+  FILE *f = fopen(path, "rb");
+  uint8_t *b = malloc(1 << 16);
+
+  ck_assert_msg(f && b, "%s: cannot read", path);
+  *len = fread(b, 1, 1 << 16, f);
+  ck_assert_msg(*len < (1 << 16), "%s: larger than the test's checkpoints", path);
+  fclose(f);
+  return b;
+}
+
+/* Sharded against unsharded, every rank with its own gradients, at
+ * worlds 2, 3 and 4 (shards of 7 and 13 elements: uneven, at 4 one
+ * short): the params and the optimizer state (assembled from the shards)
+ * on every rank, and the last checkpoints (a sharded job's assembled
+ * from the shards), are the same bytes; so are the updates counted. _i:
+ * the world and the case. */
+static void (*const shard_cases[])(scenario_t *) = {
+    sgd_broadcasts, adam_plain, adam_skip, sgd_bf16, sgd_late, sgd_synchronized_skip,
+};
+#define SHARD_CASES (sizeof(shard_cases) / sizeof(shard_cases[0]))
+
+START_TEST(sharded_state_matches_unsharded)
+{
+  uint32_t world = 2 + (uint32_t)_i / SHARD_CASES;
+  size_t c = (size_t)_i % SHARD_CASES;
+  static scenario_t plain, shard;
+  char dirs[2][4096], job[64], path[2][4200], cmd[8400];
+  uint8_t *bytes[2];
+  size_t len[2];
+
+  ts_mkdtemp(dirs[0], sizeof(dirs[0]), "plain");
+  ts_mkdtemp(dirs[1], sizeof(dirs[1]), "shard");
+  snprintf(job, sizeof(job), "shard%u-%zu", world, c);
+  scenario_init(&plain, job, world);
+  shard_cases[c](&plain);
+  plain.grads_by_rank = true;
+  plain.checkpoint_dir = dirs[0];
+  run_ranks(&plain);
+  join_ranks(&plain);
+  scenario_init(&shard, job, world);
+  shard_cases[c](&shard);
+  shard_on(&shard);
+  shard.grads_by_rank = true;
+  shard.checkpoint_dir = dirs[1];
+  run_ranks(&shard);
+  join_ranks(&shard);
+  expect_ok(&plain);
+  expect_ok(&shard);
+  for (uint32_t r = 0; r < world; r++) {
+    const rank_run_t *a = &plain.ranks[r], *b = &shard.ranks[r];
+
+    ck_assert_msg(params_equal(&shard.ranks[0], b), "rank %u differs from rank 0", r);
+    ck_assert_uint_eq(b->nstate, a->nstate);
+    ck_assert_msg(params_equal(a, b), "world %u case %zu rank %u: params differ", world, c, r);
+    for (uint32_t p = 0; p < NPARAMS; p++)
+      for (uint32_t k = 0; k < a->nstate; k++)
+        ck_assert_msg(memcmp(a->state[k][p], b->state[k][p], sizes[p] * sizeof(float)) == 0,
+                      "world %u case %zu rank %u: state %u of param %u differs", world, c, r, k, p);
+    ck_assert_uint_eq(b->optim_steps, a->optim_steps);
+    ck_assert_uint_eq(b->end.step, a->end.step);
+  }
+  for (int k = 0; k < 2; k++) {
+    snprintf(path[k], sizeof(path[k]), "%s/ckpt-%012llu.gsck", dirs[k],
+             (unsigned long long)plain.ranks[0].end.step);
+    bytes[k] = file_bytes(path[k], &len[k]);
+  }
+  ck_assert_msg(len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0,
+                "world %u case %zu: the sharded job's checkpoint differs from the unsharded's",
+                world, c);
+  for (int k = 0; k < 2; k++) {
+    free(bytes[k]);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dirs[k]);
+    ck_assert_int_eq(system(cmd), 0);
+  }
+}
+END_TEST
+
+/* A sharded job's checkpoint (written at world 3) resumed sharded at
+ * world 2 and unsharded at world 2: both go on as the uninterrupted
+ * unsharded run at world 2 does (every rank with the same gradients, so
+ * the mean is the same at any world), within float32 rounding of the
+ * means. */
+START_TEST(sharded_checkpoint_resumes_at_another_world)
+{
+  char dir[4096], cmd[4200];
+  static scenario_t a, b;
+
+  ts_mkdtemp(dir, sizeof(dir), "reshard");
+  scenario_init(&a, "reshard", 3);
+  a.shard = true;
+  a.checkpoint_dir = dir;
+  a.max_steps = 10;
+  run_ranks(&a);
+  join_ranks(&a);
+  expect_ok(&a);
+  scenario_init(&a, "reshard", 2); /* the uninterrupted run */
+  run_ranks(&a);
+  join_ranks(&a);
+  expect_ok(&a);
+  for (int sharded = 0; sharded < 2; sharded++) {
+    scenario_init(&b, "reshard", 2);
+    b.shard = sharded;
+    b.checkpoint_dir = dir;
+    b.resume = true;
+    run_ranks(&b);
+    join_ranks(&b);
+    expect_ok(&b);
+    for (uint32_t r = 0; r < 2; r++) {
+      ck_assert_uint_eq(b.ranks[r].start.step, 10);
+      for (uint32_t p = 0; p < NPARAMS; p++)
+        for (uint32_t i = 0; i < sizes[p]; i++) {
+          double want = a.ranks[r].params[p][i], got = b.ranks[r].params[p][i];
+
+          ck_assert_msg(fabs(got - want) <= 1e-6 * fmax(1.0, fabs(want)),
+                        "sharded %d rank %u p%u[%u] = %.9g, want %.9g", sharded, r, p, i, got,
+                        want);
+        }
+    }
+    snprintf(cmd, sizeof(cmd), "rm -f %s/ckpt-000000000020.gsck", dir); /* resume from 10 again */
+    ck_assert_int_eq(system(cmd), 0);
+  }
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 static Suite *engine_suite(void)
 {
   Suite *s = suite_create("engine");
@@ -1191,6 +1378,11 @@ static Suite *engine_suite(void)
   ADD(heartbeat_runs_during_a_slow_init);
   ADD(abort_reaches_a_rank_in_init);
   ADD(checkpoint_io_does_not_hold_the_other_ranks);
+  tc = tcase_create("sharded_state_matches_unsharded");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, sharded_state_matches_unsharded, 0, 3 * SHARD_CASES);
+  suite_add_tcase(s, tc);
+  ADD(sharded_checkpoint_resumes_at_another_world);
   return s;
 }
 

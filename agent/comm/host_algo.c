@@ -444,6 +444,26 @@ static int ring_run(host_comm_t *c, void *buf, size_t count, gs_dtype_t dtype, g
   return err ? gs__host_fail(c, err) : 0;
 }
 
+/* Whether a buffer takes small_allreduce: a round trip per ring step
+ * costs more than its bytes. */
+static bool is_small(const host_comm_t *c, size_t count, gs_dtype_t dtype)
+{
+  return count * gs_dtype_size(dtype) <= (c->world == 2 ? SMALL_BYTES_TWO : SMALL_BYTES_MANY);
+}
+
+static int small_reduce(host_comm_t *c, void *buf, size_t count, gs_dtype_t dtype,
+                        gs_reduce_op_t op)
+{
+  uint64_t last = gs_now_ms();
+  int err = small_allreduce(c, buf, count * gs_dtype_size(dtype), dtype, &last);
+
+  if (err)
+    return gs__host_fail(c, err);
+  if (op == GS_REDUCE_MEAN)
+    scale(buf, count, dtype, c->world);
+  return 0;
+}
+
 /* The whole ring (reduce-scatter, then allgather) for large buffers;
  * small ones take small_allreduce. */
 int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
@@ -451,21 +471,14 @@ int gs__host_allreduce(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
 {
   host_comm_t *c = (host_comm_t *)base;
   uint32_t w = c->world;
-  uint64_t last = gs_now_ms();
   int err = op_begin(c, "allreduce");
 
   if (!err)
     err = gs__comm_check_reduction(base, "allreduce", buf, count, dtype, op);
   if (err || w == 1 || count == 0)
     return err;
-  if (count * gs_dtype_size(dtype) <= (w == 2 ? SMALL_BYTES_TWO : SMALL_BYTES_MANY)) {
-    err = small_allreduce(c, buf, count * gs_dtype_size(dtype), dtype, &last);
-    if (err)
-      return gs__host_fail(c, err);
-    if (op == GS_REDUCE_MEAN)
-      scale(buf, count, dtype, w);
-    return 0;
-  }
+  if (is_small(c, count, dtype))
+    return small_reduce(c, buf, count, dtype, op);
   return ring_run(c, buf, count, dtype, op, 0, 2 * (w - 1), "allreduce");
 }
 
@@ -484,8 +497,9 @@ size_t gs__host_shard_room(const gs_comm_t *base, size_t count)
   return count;
 }
 
-/* The ring's first half, at every size (a small buffer's shards are
- * small: there is nothing to gather whole). */
+/* The ring's first half; a small buffer is reduced whole as the
+ * allreduce reduces it, so that a sharded step sums in the same order as
+ * an unsharded one, to the bit (its bytes are few). */
 int gs__host_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                             gs_reduce_op_t op)
 {
@@ -496,6 +510,8 @@ int gs__host_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t
     err = gs__comm_check_reduction(base, "reduce-scatter", buf, count, dtype, op);
   if (err || c->world == 1 || count == 0)
     return err;
+  if (is_small(c, count, dtype))
+    return small_reduce(c, buf, count, dtype, op);
   return ring_run(c, buf, count, dtype, op, 0, c->world - 1, "reduce-scatter");
 }
 

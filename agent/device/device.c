@@ -117,6 +117,11 @@ int gs_device_zero(gs_device_t *d, void *p, size_t bytes)
   return bytes ? d->ops->zero(d, p, bytes) : 0;
 }
 
+int gs_device_copy(gs_device_t *d, void *dst, const void *src, size_t bytes)
+{
+  return bytes && dst != src ? d->ops->copy(d, dst, src, bytes) : 0;
+}
+
 void gs_device_optim_pack(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
                           uint32_t nseg, float *param, const float *grad, float *const *state)
 {

@@ -145,6 +145,7 @@ static const gs_device_ops_t cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .zero = cpu_zero,
+    .copy = cpu_copy,
     .optim_pack = cpu_optim_pack,
     .check_finite = cpu_check_finite,
     .mark_nonfinite = cpu_mark_nonfinite,

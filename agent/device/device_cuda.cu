@@ -290,6 +290,17 @@ static int cuda_zero(gs_device_t *base, void *p, size_t bytes)
   return 0;
 }
 
+static int cuda_copy(gs_device_t *base, void *dst, const void *src, size_t bytes)
+{
+  cuda_device_t *d = cd(base);
+  int err = enter(d);
+
+  if (err)
+    return err;
+  GS_CUDA_CHECK(base->log, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->stream));
+  return 0;
+}
+
 /* ---- the optimizer ---------------------------------------------------- */
 
 /* Whether the cached table still holds what `segs` says. */
@@ -607,6 +618,7 @@ static const gs_device_ops_t cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
+    .copy = cuda_copy,
     .optim_pack = cuda_optim_pack,
     .check_finite = cuda_check_finite,
     .mark_nonfinite = cuda_mark_nonfinite,

@@ -25,16 +25,42 @@ int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint1
   return err;
 }
 
+int gs__engine_scatter_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire)
+{
+  if (!wire)
+    return gs_comm_reduce_scatter(e->comm, grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
+  gs_device_narrow(e->cfg.dev, wire, grads, count, e->packs.wire);
+  return gs_comm_reduce_scatter(e->comm, wire, count, e->packs.wire, GS_REDUCE_SUM);
+}
+
 static int run_job(gs_engine_t *e, const comm_job_t *job)
 {
   int err;
 
-  if (job->op == OP_BROADCAST)
+  switch (job->op) {
+  case OP_BROADCAST:
     return gs_comm_broadcast(e->comm, job->buf, job->count, job->root);
-  err = gs__engine_allreduce_grads(e, job->buf, job->count, job->wire, job->elements);
+  case OP_ALLGATHER:
+    return gs_comm_allgather(e->comm, job->buf, job->count, GS_DTYPE_FLOAT32);
+  case OP_REDUCE_SCATTER:
+    err = gs__engine_scatter_grads(e, job->buf, job->count, job->wire);
+    break;
+  default:
+    err = gs__engine_allreduce_grads(e, job->buf, job->count, job->wire, job->elements);
+  }
   /* A blocking backend's device is the cpu: its sums are there already. */
-  if (!err && job->wire)
-    gs_device_widen(e->cfg.dev, job->buf, job->wire, job->elements, e->packs.wire);
+  if (!err && job->wire && !gs_comm_stream_ordered(e->comm))
+    gs_device_widen(e->cfg.dev, (float *)job->buf + job->keep, job->wire + job->keep, job->kept,
+                    e->packs.wire);
+  return err;
+}
+
+int gs__engine_step_collective(gs_engine_t *e, const comm_job_t *job)
+{
+  int err = gs__engine_run_job(e, job);
+
+  if (!err && gs_comm_stream_ordered(e->comm))
+    err = gs_comm_order_after(e->comm, gs_comm_ticket(e->comm) - 1);
   return err;
 }
 

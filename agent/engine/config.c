@@ -142,6 +142,12 @@ int gs__engine_add_own_settings(gs_engine_t *e)
   err = err ? err : own(e, "nonfinite", "%s", gs_nonfinite_name(e->cfg.nonfinite));
   err = err ? err : own(e, "decide", "%s", gs_decide_name(e->cfg.decide));
   err = err ? err : own(e, "grad-dtype", "%s", gs_grad_dtype_name(e->cfg.grad_dtype));
+  /* Only when on: a job of an older build agrees without it. A sharded
+   * checkpoint is taken by every rank together: all have them, or none. */
+  if (e->cfg.shard_optimizer) {
+    err = err ? err : own(e, "shard-optimizer", "true");
+    err = err ? err : own(e, "checkpoints", "%s", e->cfg.checkpoint_dir ? "on" : "off");
+  }
   if (gs__engine_groups_setting(e, groups, sizeof(groups)))
     err = err ? err : own(e, "optim-groups", "%s", groups);
   err = err ? err : own(e, "lr", "%.9g", c->lr);

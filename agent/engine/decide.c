@@ -54,31 +54,33 @@ static void nonfinite_ranks(const gs_engine_t *e, const float *ctl, char *out, s
 }
 
 /* The first parameter whose summed gradient is not finite (host copies of
- * the packs' gradients on a device without host memory); its name, or
- * "?" when the copy fails. Only on the rare step that has one. */
+ * the packs' gradients on a device without host memory), among this
+ * rank's windows (sharded: only its shard holds sums); its name, "?"
+ * when the copy fails, NULL when none of this rank's sums is. Only on the
+ * rare step that has one. */
 static const char *first_nonfinite_param(gs_engine_t *e)
 {
   for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
-    const float *g = pk->grads;
+    const float *g = pk->grads + pk->win_off;
     float *host = NULL;
     size_t at;
 
     if (!e->cfg.dev->host_memory) {
-      host = malloc(pk->elements * sizeof(float) + 1);
-      if (!host || gs_device_download(e->cfg.dev, host, pk->grads, pk->elements * sizeof(float))) {
+      host = malloc(pk->win_len * sizeof(float) + 1);
+      if (!host || gs_device_download(e->cfg.dev, host, g, pk->win_len * sizeof(float))) {
         free(host);
         return "?";
       }
       g = host;
     }
-    at = gs_optim_first_nonfinite(g, pk->elements);
+    at = pk->win_off + gs_optim_first_nonfinite(g, pk->win_len);
     free(host);
-    for (uint32_t j = 0; at < pk->elements && j < pk->nparams; j++)
+    for (uint32_t j = 0; at < pk->win_off + pk->win_len && j < pk->nparams; j++)
       if (at < pk->segs[j].offset + pk->segs[j].count)
         return e->packs.params[e->packs.list.order[pk->first + j]].name;
   }
-  return "?";
+  return NULL;
 }
 
 /* The step's summed gradients held a NaN or an infinity, so its update
@@ -99,9 +101,14 @@ static int nonfinite_gradients(gs_engine_t *e, const step_flight_t *f, const gs_
     nonfinite_ranks(e, f->ctl, ranks, sizeof(ranks));
     snprintf(what, sizeof(what), "the loss is NaN or infinite on rank(s) %s", ranks);
   } else if (f->after.step == e->after.step) {
-    snprintf(what, sizeof(what),
-             "the summed gradients hold NaN or infinity (first: parameter '%s')",
-             first_nonfinite_param(e));
+    const char *name = first_nonfinite_param(e);
+
+    if (name)
+      snprintf(what, sizeof(what),
+               "the summed gradients hold NaN or infinity (first: parameter '%s')", name);
+    else
+      snprintf(what, sizeof(what),
+               "the summed gradients hold NaN or infinity (in another rank's shard)");
   } else {
     snprintf(what, sizeof(what), "the summed gradients hold NaN or infinity");
   }

@@ -256,6 +256,12 @@ int gs_engine_start(gs_engine_t *e)
   }
   if (gs__engine_groups_check(e))
     return GS_EINVAL;
+  if (e->cfg.shard_optimizer && gs__engine_elastic(e)) {
+    gs_set_why(e->error, sizeof(e->error),
+               "sharded optimizer state is not supported in an elastic job yet (a lost rank would "
+               "take its shard with it): use a fixed world size, or no sharding");
+    return GS_EINVAL;
+  }
   if ((unsigned)e->cfg.grad_dtype > GS_GRAD_FP16) {
     gs_set_why(e->error, sizeof(e->error), "grad dtype %d is none of fp32, bf16 and fp16",
                (int)e->cfg.grad_dtype);
@@ -329,9 +335,11 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
     reason = last.stop ? last.stop_reason : "the last step failed";
   }
   /* A run that ends well keeps its model: the last step is checkpointed
-   * unless a checkpoint of it was taken already (--checkpoint-every, a stop). */
-  if (finished && e->cfg.checkpoint_dir && e->join.rank == 0 && e->steps_begun && !e->failed &&
-      !(e->ckpt_taken && e->ckpt_step == e->after.step) && gs_engine_checkpoint(e, &e->after)) {
+   * unless a checkpoint of it was taken already (--checkpoint-every, a stop).
+   * Sharded, every rank takes part (its shard of the optimizer state). */
+  if (finished && e->cfg.checkpoint_dir && (e->join.rank == 0 || gs__engine_sharded(e)) &&
+      e->steps_begun && !e->failed && !(e->ckpt_taken && e->ckpt_step == e->after.step) &&
+      gs_engine_checkpoint(e, &e->after)) {
     finished = false;
     reason = "the last checkpoint could not be written";
   }
@@ -376,6 +384,7 @@ void gs_engine_free(gs_engine_t *e)
   gs_comm_destroy(e->comm);
   gs_client_free(e->client);
   gs_join_result_free(&e->join);
+  gs__engine_full_state_close(e);
   gs_packs_free(&e->packs);
   gs_pb_array_free(&e->settings);
   gs__trace_free(e);
@@ -390,7 +399,8 @@ void gs_engine_free(gs_engine_t *e)
       gs_device_host_free(e->cfg.dev, e->flight[k].fetched);
     }
     gs_device_free(e->cfg.dev, e->aux_dev);
-    gs_device_free(e->cfg.dev, e->skip_dev);
+    /* sharded: the control vector's own buffer, holding skip_dev */
+    gs_device_free(e->cfg.dev, gs__engine_sharded(e) ? e->ctl_dev : e->skip_dev);
     gs_device_host_free(e->cfg.dev, e->drive.fetched);
   }
   if (e->owns_dev)

@@ -7,7 +7,8 @@
  * blocking collectives, and collectives run at once outside a step), sync.c (state across ranks and
  * time: the initial sync, broadcasts, checkpoints), elastic.c (regroups,
  * and the calls that may regroup: the initial sync, metric sums) and
- * control.c (the control vector's encoding). Only these files include it. */
+ * control.c (the control vector's encoding), shard.c (sharded optimizer
+ * state). Only these files include it. */
 #ifndef GS_ENGINE_INTERNAL_H
 #define GS_ENGINE_INTERNAL_H
 
@@ -36,7 +37,9 @@
  * it would otherwise wait for it (see launch()). */
 typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE, JOB_DEFERRED } job_state_t;
 
-typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST } job_op_t;
+/* A sharded step's packs are reduce-scattered (their grads) and
+ * allgathered (their params) instead of allreduced. */
+typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE_SCATTER, OP_ALLGATHER } job_op_t;
 
 /* A step's reductions, done by gs_engine_synchronize or end_step: whether
  * done this step, their failure, whether the grads were scaled in place,
@@ -118,11 +121,13 @@ typedef struct comm_job {
   void *buf;
   size_t count;  /* floats (allreduce) or bytes (broadcast) */
   uint32_t root; /* broadcast */
-  /* A pack's allreduce whose grads travel in 16 bits: its wire buffer, and
+  /* A pack's reduction whose grads travel in 16 bits: its wire buffer, and
    * how many of the `count` floats are grads (the rest, the control
-   * vector, travels in float32). NULL: `buf` travels as it is. */
+   * vector, travels in float32). NULL: `buf` travels as it is. The sums
+   * this rank uses (from `keep`, `kept` of them: all, or its shard) are
+   * widened back into `buf`. */
   uint16_t *wire;
-  size_t elements;
+  size_t elements, keep, kept;
   job_state_t state;
   int err;
 } comm_job_t;
@@ -140,6 +145,7 @@ struct gs_engine {
   bool ckpt_taken;              /* a checkpoint was handed to the writer, of step ckpt_step */
   uint64_t ckpt_step;
   gs_packs_t packs;
+  float **full_state; /* sharded: every pack's whole state, while assembled (shard.c) */
   gs_client_t *client;
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
@@ -292,6 +298,13 @@ int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job);
  * back into the grads is the caller's, once they are complete. */
 int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire,
                                size_t elements);
+/* The same for a sharded step: the grads reduce-scattered (no control
+ * vector rides along). */
+int gs__engine_scatter_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire);
+/* A collective of the step run on the training thread once the comm
+ * thread is idle (a blocking backend), or queued with the device's later
+ * work ordered after it (a stream-ordered one). */
+int gs__engine_step_collective(gs_engine_t *e, const comm_job_t *job) GS_WARN_UNUSED;
 void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job);
 int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job);
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
@@ -329,6 +342,21 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root) GS_WAR
 /* sync.c: every rank takes params, momentum and position from the rank
  * the Join named (join.state_rank) and checks that all now hold the same. */
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
+
+/* shard.c: whether the optimizer state is sharded; the padding each
+ * pack's buffers need for it; each pack's window made this rank's shard
+ * (after the ranks connect). The whole state, while assembled: opened
+ * empty (to load into), or gathered from the shards (collective); the
+ * window's part kept and the whole freed, or only freed; a state
+ * buffer, whole while assembled. */
+bool gs__engine_sharded(const gs_engine_t *e);
+size_t gs__engine_shard_pad(const gs_engine_t *e);
+int gs__engine_shard(gs_engine_t *e) GS_WARN_UNUSED;
+int gs__engine_full_state_open(gs_engine_t *e) GS_WARN_UNUSED;
+int gs__engine_full_state_gather(gs_engine_t *e) GS_WARN_UNUSED;
+int gs__engine_full_state_keep(gs_engine_t *e) GS_WARN_UNUSED;
+void gs__engine_full_state_close(gs_engine_t *e);
+float *gs__engine_state_of(const gs_engine_t *e, uint32_t k, uint32_t s);
 
 /* generation.c: entering a generation, the steps of start a regroup
  * repeats: a new backend listening (its address in `addr`), the first

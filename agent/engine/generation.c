@@ -67,8 +67,15 @@ int gs__engine_agree_packlist(gs_engine_t *e)
     if (fetched)
       gs_packlist_free(&list);
   } else {
-    err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, e->nctl_cap,
-                         gs__engine_state_count(e), gs__engine_wire_dtype(e), why, sizeof(why));
+    gs_packs_layout_t layout = {
+        .extra = gs__engine_sharded(e) ? 0 : e->nctl_cap, /* the control vector rides along */
+        .pad = gs__engine_shard_pad(e),
+        .nstate = gs__engine_state_count(e),
+        .wire = gs__engine_wire_dtype(e),
+        .sharded = gs__engine_sharded(e),
+    };
+
+    err = gs_packs_build(&e->packs, e->cfg.dev, &list, params, n, &layout, why, sizeof(why));
     if (err)
       gs_set_why(e->error, sizeof(e->error), "rank 0's pack list does not fit this model: %s", why);
   }
@@ -203,10 +210,14 @@ static int connect_ranks(gs_engine_t *e)
       .interrupt = e->cfg.term_flag,
       .device = e->cfg.dev,
       .id = id,
-      /* a step queues one allreduce per pack; a broadcast of the packs two per
-       * pack; a front end's device collectives between steps up to
-       * QUEUED_BETWEEN_STEPS before a sync (comm_thread.c) */
-      .max_queued = 2 * e->packs.list.pack_count + 2 + QUEUED_BETWEEN_STEPS,
+      /* a step queues one allreduce per pack (sharded: a reduce-scatter and
+       * an allgather per pack, and the control vector's); deciding late
+       * retires a step's after the next one's reductions are queued; a
+       * broadcast of the packs two per pack; a front end's device
+       * collectives between steps up to QUEUED_BETWEEN_STEPS before a sync
+       * (comm_thread.c) */
+      .max_queued =
+          (gs__engine_sharded(e) ? 4 : 2) * e->packs.list.pack_count + 2 + QUEUED_BETWEEN_STEPS,
       .gauge = e->cfg.no_progress ? NULL : &e->board.comm,
   };
   int err;
@@ -245,8 +256,16 @@ static int alloc_step_state(gs_engine_t *e)
 
   if (e->jobs)
     return 0;
-  e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
-               e->packs.packs[gs_packs_last(&e->packs)].elements;
+  /* Sharded: the control vector travels alone, with the shards' verdict
+   * after it (step.c's reduce_control). */
+  if (gs__engine_sharded(e)) {
+    e->ctl_dev = gs_device_alloc(e->cfg.dev, (e->nctl_cap + 1) * sizeof(float));
+    e->skip_dev = e->ctl_dev ? e->ctl_dev + e->nctl_cap : NULL;
+  } else {
+    e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
+                 e->packs.packs[gs_packs_last(&e->packs)].elements;
+    e->skip_dev = gs_device_alloc(e->cfg.dev, sizeof(float));
+  }
   e->jobs = calloc(packs + 1, sizeof(*e->jobs)); /* +1: never a zero-size calloc */
   e->qcap = packs + 1;
   e->queue = calloc(e->qcap, sizeof(*e->queue));
@@ -260,7 +279,6 @@ static int alloc_step_state(gs_engine_t *e)
   e->ctl = e->ctl_up[0];
   e->late = e->cfg.decide == GS_DECIDE_LATE && !gs__engine_elastic(e);
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
-  e->skip_dev = gs_device_alloc(e->cfg.dev, sizeof(float));
   e->drive.fetched = gs_device_host_alloc(e->cfg.dev, FETCHED_COUNT * sizeof(float));
   if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl_up[0] || !e->ctl_up[1] ||
       !e->flight[0].ctl || !e->flight[1].ctl || !e->flight[0].fetched || !e->flight[1].fetched ||
@@ -359,6 +377,7 @@ int gs__engine_go_live(gs_engine_t *e)
   int err = alloc_step_state(e);
 
   err = err ? err : connect_ranks(e);
+  err = err ? err : gs__engine_shard(e);
   if (err)
     return err;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,

@@ -241,9 +241,18 @@ uint32_t gs_engine_state_count(const gs_engine_t *e)
 
 float *gs_engine_state(const gs_engine_t *e, uint32_t i, uint32_t slot)
 {
+  const gs_pack_t *pk;
+  size_t at;
+
   if (!e->packs.packs || i >= e->packs.nparams || slot >= e->packs.nstate)
     return NULL;
-  return e->packs.packs[e->packs.pack_of[i]].state[slot] + e->packs.offset_of[i];
+  pk = &e->packs.packs[e->packs.pack_of[i]];
+  at = e->packs.offset_of[i];
+  if (e->full_state) /* assembled (shard.c) */
+    return gs__engine_state_of(e, e->packs.pack_of[i], slot) + at;
+  if (at < pk->win_off || at + e->packs.params[i].elements > pk->win_off + pk->win_len)
+    return NULL; /* sharded: not wholly this rank's */
+  return pk->state[slot] + (at - pk->win_off);
 }
 
 uint64_t gs_engine_optim_steps(const gs_engine_t *e)

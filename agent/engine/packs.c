@@ -32,6 +32,7 @@ void gs_packs_free(gs_packs_t *p)
       gs_device_free(p->dev, p->packs[i].state[k]);
     gs_device_free(p->dev, p->packs[i].wire);
     free(p->packs[i].segs);
+    free(p->packs[i].win_segs);
   }
   free(p->packs);
   for (uint32_t i = 0; i < p->nparams; i++)
@@ -140,7 +141,7 @@ static float *alloc_floats(gs_packs_t *p, size_t n)
 }
 
 /* Allocates pack k's buffers and segment table; `at` is its first entry in order[]. */
-static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra)
+static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra, bool sharded)
 {
   gs_pack_t *pk = &p->packs[k];
   size_t off = 0;
@@ -160,26 +161,68 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra)
   }
   pk->elements = off;
   pk->extra = extra;
-  pk->params = alloc_floats(p, off);
-  pk->grads = alloc_floats(p, off + extra);
+  pk->params = alloc_floats(p, off + p->pad);
+  pk->grads = alloc_floats(p, off + p->pad + extra);
   if (!pk->params || !pk->grads)
     return GS_ENOMEM;
-  for (uint32_t s = 0; s < p->nstate; s++) {
-    pk->state[s] = alloc_floats(p, off);
-    if (!pk->state[s])
+  if (p->wire != GS_DTYPE_FLOAT32) {
+    pk->wire = (uint16_t *)alloc_floats(p, (off + p->pad + 1) / 2);
+    if (!pk->wire)
       return GS_ENOMEM;
   }
-  if (p->wire != GS_DTYPE_FLOAT32) {
-    pk->wire = (uint16_t *)alloc_floats(p, (off + 1) / 2);
-    if (!pk->wire)
+  return sharded ? 0 : gs_packs_set_window(p, k, 0, off);
+}
+
+int gs_packs_set_window(gs_packs_t *p, uint32_t k, size_t off, size_t len)
+{
+  gs_pack_t *pk = &p->packs[k];
+  gs_optim_segment_t *segs;
+  uint32_t n = 0;
+
+  if (off > pk->elements || len > pk->elements - off)
+    return GS_EINVAL;
+  if (pk->win_segs && pk->win_off == off && pk->win_len == len)
+    return 0;
+  segs = calloc(pk->nparams ? pk->nparams : 1, sizeof(*segs));
+  if (!segs)
+    return GS_ENOMEM;
+  for (uint32_t j = 0; j < pk->nparams; j++) { /* each segment's part in the window */
+    size_t lo = pk->segs[j].offset > off ? pk->segs[j].offset : off;
+    size_t hi = pk->segs[j].offset + pk->segs[j].count;
+
+    hi = hi < off + len ? hi : off + len;
+    if (lo < hi)
+      segs[n++] = (gs_optim_segment_t){lo - off, hi - lo, pk->segs[j].group};
+  }
+  for (uint32_t s = 0; s < GS_OPTIM_MAX_STATE; s++) {
+    gs_device_free(p->dev, pk->state[s]);
+    pk->state[s] = NULL;
+  }
+  free(pk->win_segs);
+  pk->win_segs = segs;
+  pk->win_nseg = n;
+  pk->win_off = off;
+  pk->win_len = len;
+  for (uint32_t s = 0; s < p->nstate; s++) {
+    pk->state[s] = alloc_floats(p, len);
+    if (!pk->state[s])
       return GS_ENOMEM;
   }
   return 0;
 }
 
+uint64_t gs_packs_state_bytes(const gs_packs_t *p)
+{
+  uint64_t bytes = 0;
+
+  for (uint32_t k = 0; p->packs && k < p->list.pack_count; k++)
+    bytes += (uint64_t)p->packs[k].win_len * p->nstate * sizeof(float);
+  return bytes;
+}
+
 int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
-                   const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
-                   uint32_t nstate, gs_dtype_t wire, char *why, size_t why_len)
+                   const gs_param_desc_t *list_params, uint32_t list_nparams,
+                   const gs_packs_layout_t *layout, char *why, size_t why_len)
 {
   uint32_t at = 0, last;
   int err;
@@ -192,8 +235,9 @@ int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
     return err;
   }
   p->dev = dev;
-  p->nstate = nstate;
-  p->wire = wire;
+  p->nstate = layout->nstate;
+  p->wire = layout->wire;
+  p->pad = layout->pad;
   p->list = *list;
   memset(list, 0, sizeof(*list));
   p->packs = calloc(p->list.pack_count ? p->list.pack_count : 1, sizeof(*p->packs));
@@ -207,7 +251,7 @@ int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
 
     for (uint32_t j = 0; j < p->list.pack_sizes[k]; j++)
       holds_first |= p->list.order[at + j] == last;
-    if (build_pack(p, k, at, holds_first ? extra : 0))
+    if (build_pack(p, k, at, holds_first ? layout->extra : 0, layout->sharded))
       goto out_nomem;
     at += p->list.pack_sizes[k];
   }

@@ -3,7 +3,8 @@
  * Parameters are registered in forward order. Once the pack list is known
  * (computed on rank 0, fetched by the others), every pack gets contiguous
  * float32 buffers on the compute device: params, grads and the
- * optimizer's state (momentum; Adam's two or three moments). A
+ * optimizer's state (momentum; Adam's two or three moments) of its
+ * window (the whole pack, or this rank's shard of it). A
  * parameter's tensors are views at its offset in its pack, so the allreduce runs in
  * place on a pack's grad buffer and nothing is ever concatenated or split.
  * The grad buffer of the pack reduced last may carry extra trailing floats
@@ -22,14 +23,21 @@
 #include "optim.h"
 
 typedef struct gs_pack {
-  float *params, *grads;            /* `elements` each (grads: + extra) */
-  float *state[GS_OPTIM_MAX_STATE]; /* nstate of them (gs_packs_t), `elements` each */
+  float *params, *grads; /* `elements` each, + `pad` (gs_packs_layout_t); grads: + `extra` */
+  /* nstate of them (gs_packs_t), `win_len` each: the state of the window */
+  float *state[GS_OPTIM_MAX_STATE];
   uint16_t *wire; /* the grads as they travel when that is a 16-bit float, else NULL */
   size_t elements;
   size_t extra;             /* trailing floats after the grads (the control vector) */
   uint32_t first, nparams;  /* its entries in the pack list's order[] */
   gs_optim_segment_t *segs; /* one per param, in order[] order */
   uint32_t pending;         /* grads not yet ready this step */
+  /* The elements this rank updates and keeps optimizer state for: the
+   * whole pack, or its shard (sharded optimizer state); win_segs are the
+   * segments cut to it, their offsets from win_off. */
+  size_t win_off, win_len;
+  gs_optim_segment_t *win_segs;
+  uint32_t win_nseg;
 } gs_pack_t;
 
 /* What a parameter is besides its size (the bias rules of the SGD
@@ -46,6 +54,7 @@ typedef struct gs_packs {
   uint32_t nparams, cap;
   uint32_t nstate; /* optimizer state buffers per pack */
   gs_dtype_t wire; /* what the grads travel in (GS_DTYPE_FLOAT32: as they are) */
+  size_t pad;      /* gs_packs_layout_t's */
   gs_packlist_t list;
   gs_pack_t *packs;  /* list.pack_count */
   uint32_t *pack_of; /* param index -> pack index */
@@ -66,15 +75,33 @@ int gs_packs_set_group(gs_packs_t *p, uint32_t i, uint32_t group);
 /* The Join model signature of the registered params. */
 void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig);
 
+/* How the buffers of the packs are made: the pack reduced last gets
+ * `extra` trailing grad floats; every pack's params, grads and wire
+ * buffer `pad` more elements (room for a backend's equal shards); with a
+ * 16-bit `wire` dtype each pack gets a buffer of its grads in it (not the
+ * extra); `nstate` optimizer state buffers per pack, made for the whole
+ * pack unless `sharded` (then gs_packs_set_window makes them). */
+typedef struct gs_packs_layout {
+  size_t extra, pad;
+  uint32_t nstate;
+  gs_dtype_t wire;
+  bool sharded;
+} gs_packs_layout_t;
+
 /* Adopts `list` (ownership moves into `p`), checks it against the
  * registered params (a list built for other params names the first
  * difference in `why`), and allocates the buffers on `dev` (which must
- * outlive `p`), zeroed, `nstate` optimizer state buffers each; the pack
- * reduced last gets `extra` trailing grad floats; with a 16-bit `wire`
- * dtype each pack gets a buffer of its grads in it (not the extra). */
+ * outlive `p`), zeroed, as `layout` says. */
 int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
-                   const gs_param_desc_t *list_params, uint32_t list_nparams, size_t extra,
-                   uint32_t nstate, gs_dtype_t wire, char *why, size_t why_len) GS_WARN_UNUSED;
+                   const gs_param_desc_t *list_params, uint32_t list_nparams,
+                   const gs_packs_layout_t *layout, char *why, size_t why_len) GS_WARN_UNUSED;
+
+/* Makes elements [off, off + len) of pack k its window: the optimizer
+ * state becomes that window's, zeroed (unless the window is unchanged). */
+int gs_packs_set_window(gs_packs_t *p, uint32_t k, size_t off, size_t len) GS_WARN_UNUSED;
+
+/* The bytes of optimizer state this rank holds (every pack's window). */
+uint64_t gs_packs_state_bytes(const gs_packs_t *p);
 
 /* Views of parameter i (after build; device memory). */
 float *gs_packs_param(const gs_packs_t *p, uint32_t i);

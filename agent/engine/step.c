@@ -113,12 +113,13 @@ void gs__engine_drive_begin(gs_engine_t *e)
   gs_engine_begin_step(e, 0.0f, &after);
 }
 
-/* Starts pack k's allreduce: queued on the comm thread for a blocking
- * backend, on the comm stream (after the gradients queued so far) for a
- * stream-ordered one. */
+/* Starts pack k's allreduce (sharded: its reduce-scatter): queued on the
+ * comm thread for a blocking backend, on the comm stream (after the
+ * gradients queued so far) for a stream-ordered one. */
 static void launch(gs_engine_t *e, uint32_t k)
 {
   gs_pack_t *pk = &e->packs.packs[k];
+  bool sharded = gs__engine_sharded(e);
   /* The last pack's room holds the vector of the largest world (elastic). */
   size_t count = pk->elements + (pk->extra ? e->nctl : 0);
   int err;
@@ -126,11 +127,13 @@ static void launch(gs_engine_t *e, uint32_t k)
   if (!gs_comm_stream_ordered(e->comm)) {
     comm_job_t *job = &e->jobs[k];
 
-    *job = (comm_job_t){.op = OP_ALLREDUCE,
+    *job = (comm_job_t){.op = sharded ? OP_REDUCE_SCATTER : OP_ALLREDUCE,
                         .buf = pk->grads,
                         .count = count,
                         .wire = pk->wire,
-                        .elements = pk->elements};
+                        .elements = pk->elements,
+                        .keep = sharded ? pk->win_off : 0,
+                        .kept = sharded ? pk->win_len : pk->elements};
     /* The training thread waits for the last pack right after backward;
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
@@ -142,7 +145,8 @@ static void launch(gs_engine_t *e, uint32_t k)
     return;
   }
   /* Queued on the comm stream; complete() widens a 16-bit wire's sums. */
-  err = gs__engine_allreduce_grads(e, pk->grads, count, pk->wire, pk->elements);
+  err = sharded ? gs__engine_scatter_grads(e, pk->grads, count, pk->wire)
+                : gs__engine_allreduce_grads(e, pk->grads, count, pk->wire, pk->elements);
   e->ticket[k] = gs_comm_ticket(e->comm) - 1; /* the pack's last collective */
   if (err && !e->launch_err)
     e->launch_err = err;
@@ -163,8 +167,9 @@ static int complete(gs_engine_t *e, uint32_t k)
   if (!gs_comm_stream_ordered(e->comm))
     return gs__engine_wait_job(e, job);
   err = gs_comm_order_after(e->comm, e->ticket[k]);
-  if (!err && pk->wire)
-    gs_device_widen(e->cfg.dev, pk->grads, pk->wire, pk->elements, e->packs.wire);
+  if (!err && pk->wire) /* the sums this rank uses: its window's */
+    gs_device_widen(e->cfg.dev, pk->grads + pk->win_off, pk->wire + pk->win_off, pk->win_len,
+                    e->packs.wire);
   return err;
 }
 
@@ -269,7 +274,8 @@ static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
       .veto = e->drive.veto_at,
       .factor = e->drive.factor_at,
   };
-  gs_device_optim_pack(e->cfg.dev, &gated, pk->segs, pk->nparams, pk->params, pk->grads, pk->state);
+  gs_device_optim_pack(e->cfg.dev, &gated, pk->win_segs, pk->win_nseg, pk->params + pk->win_off,
+                       pk->grads + pk->win_off, pk->state);
   return gs_now_ms_f() - t0;
 }
 
@@ -285,6 +291,39 @@ static int step_failed(gs_engine_t *e, int err, const char *what, double start_m
   snprintf(why, sizeof(why), "%s failed: %s", what,
            gs_comm_why(e->comm)[0] ? gs_comm_why(e->comm) : gs_strerror(err));
   return gs__engine_regroup(e, why, false, start_ms, out);
+}
+
+/* A sharded step's control vector, with the shards' verdict on their
+ * sums after it (skip_dev), in an allreduce of its own once every pack's
+ * reduce-scatter is complete: each rank checked only its shard. */
+static int reduce_control(gs_engine_t *e)
+{
+  comm_job_t job = {.op = OP_ALLREDUCE, .buf = e->ctl_dev, .count = e->nctl_cap + 1};
+
+  return gs__engine_step_collective(e, &job);
+}
+
+/* A sharded step's updated params (unless the update was skipped), every
+ * rank's shard, allgathered into every pack; then the step's one sync
+ * (not for late decisions: the next step's end waits, normally for
+ * nothing). */
+static int gather_params(gs_engine_t *e, bool updated)
+{
+  int err = 0;
+
+  for (uint32_t k = 0; updated && !err && k < e->packs.list.pack_count; k++) {
+    comm_job_t job = {
+        .op = OP_ALLGATHER, .buf = e->packs.packs[k].params, .count = e->packs.packs[k].elements};
+
+    err = gs__engine_step_collective(e, &job);
+  }
+  if (!err && !e->late) {
+    err = gs_comm_sync(e->comm);
+    e->queued_between_steps = 0;
+    if (gs_comm_stream_ordered(e->comm))
+      e->cfg.dev->waits.syncs++;
+  }
+  return err;
 }
 
 /* The step's reductions: waits for the allreduces pack by pack, checks
@@ -326,15 +365,23 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
       snprintf(what, sizeof(what), "step %" PRIu64 ": allreduce of pack %u", step, k);
       return step_failed(e, err, what, start_ms, out);
     }
-    if (check)
-      gs_device_check_finite(e->cfg.dev, e->packs.packs[k].grads, e->packs.packs[k].elements,
-                             e->skip_dev);
+    if (check) /* sharded: the shard's verdict, summed with the control vector */
+      gs_device_check_finite(e->cfg.dev, e->packs.packs[k].grads + e->packs.packs[k].win_off,
+                             e->packs.packs[k].win_len, e->skip_dev);
     if (!defer) {
       gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0);
       e->reduced.optimizer_ms += apply_optim(e, k, st);
     }
   }
   t0 = gs_now_ms_f();
+  if (gs__engine_sharded(e)) {
+    err = reduce_control(e);
+    e->reduced.waited_ms += gs_now_ms_f() - t0;
+    if (err)
+      return step_failed(e, err, what, start_ms, out);
+    gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0);
+    return 0; /* the step's sync follows the allgather (gather_params) */
+  }
   /* Deferred: updates are queued only after every allreduce succeeded. A
    * stream-ordered backend's sync waits for the device. */
   if (!e->late) { /* late: the next step's end waits, normally for nothing */
@@ -355,7 +402,8 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
 static void scale_grads(gs_engine_t *e, float factor)
 {
   for (uint32_t k = 0; factor != 1.0f && k < e->packs.list.pack_count; k++)
-    gs_device_scale(e->cfg.dev, e->packs.packs[k].grads, e->packs.packs[k].elements, factor);
+    gs_device_scale(e->cfg.dev, e->packs.packs[k].grads + e->packs.packs[k].win_off,
+                    e->packs.packs[k].win_len, factor);
 }
 
 int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
@@ -368,6 +416,15 @@ int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
     memset(&e->reduced_out, 0, sizeof(e->reduced_out));
     gs__engine_resolve_groups(e, e->after.step, &st);
     e->reduced.err = reduce(e, true, &st, &e->reduced_out);
+    /* Sharded, reduce leaves the step's sync to the allgather: the sums
+     * read below must not wait on a device whose collective may hang. */
+    if (!e->reduced.err && gs__engine_sharded(e) && !e->late) {
+      e->reduced.err = gs_comm_sync(e->comm);
+      if (gs_comm_stream_ordered(e->comm))
+        e->cfg.dev->waits.syncs++;
+      if (e->reduced.err)
+        e->reduced.err = gs__engine_comm_failed(e, e->reduced.err, "the step's reductions");
+    }
     if (!e->reduced.err && !e->reduced_out.regrouped && scale) {
       scale_grads(e, (float)e->grad_scale);
       e->reduced.scaled = true;
@@ -473,6 +530,15 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   st.grad_scale = (e->reduced.scaled ? 1.0f : st.grad_scale) * factor;
   for (uint32_t k = 0; defer && !skip_asked && k < e->nissued; k++)
     apply_optim(e, k, &st);
+  if (gs__engine_sharded(e)) {
+    double g0 = gs_now_ms_f();
+
+    err = gather_params(e, !skip_asked);
+    e->reduced.waited_ms += gs_now_ms_f() - g0;
+    t0 += gs_now_ms_f() - g0; /* not the optimizer's time */
+    if (err)
+      return gs__engine_comm_failed(e, err, "allgather of the updated params");
+  }
   if (!skip_asked)
     e->optim_steps++; /* taken back when the step turns out skipped */
   err = queue_flight(e, check, skip_asked);
@@ -485,6 +551,7 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   optimizer = e->reduced.optimizer_ms + (gs_now_ms_f() - t0);
   out->comm_wait_ms = e->reduced.waited_ms;
   out->optimizer_ms = optimizer;
+  out->state_bytes = gs_packs_state_bytes(&e->packs);
   if (err == GS_ERANGE || e->failed)
     return err ? err : e->failed; /* a stop at a non-finite step, or a failure said already */
   if (err) {

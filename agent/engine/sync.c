@@ -32,8 +32,8 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root)
     gs_pack_t *pk = &e->packs.packs[k];
 
     spans[n++] = (gs_comm_span_t){pk->params, pk->elements * sizeof(float)};
-    for (uint32_t j = 1; j < per; j++)
-      spans[n++] = (gs_comm_span_t){pk->state[j - 1], pk->elements * sizeof(float)};
+    for (uint32_t j = 1; j < per; j++) /* sharded: the whole state, assembled */
+      spans[n++] = (gs_comm_span_t){gs__engine_state_of(e, k, j - 1), pk->elements * sizeof(float)};
   }
   err = gs_comm_broadcast_group(e->comm, spans, n, root);
   free(spans);
@@ -71,8 +71,8 @@ static gs_ckpt_buffer_t *ckpt_buffers(gs_engine_t *e, ckpt_view_t view)
     gs_pack_t *pk = &e->packs.packs[k];
 
     b[per * k] = (gs_ckpt_buffer_t){pk->params, pk->elements};
-    for (uint32_t j = 1; j < per; j++)
-      b[per * k + j] = (gs_ckpt_buffer_t){pk->state[j - 1], pk->elements};
+    for (uint32_t j = 1; j < per; j++) /* sharded: the whole state, assembled */
+      b[per * k + j] = (gs_ckpt_buffer_t){gs__engine_state_of(e, k, j - 1), pk->elements};
   }
   for (uint32_t i = 0; b && !host && i < per * packs; i++) {
     float *src = b[i].data;
@@ -106,8 +106,8 @@ static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
     gs_pack_t *pk = &e->packs.packs[k];
 
     for (uint32_t j = 0; upload && !err && j < per; j++)
-      err = gs_device_upload(e->cfg.dev, j ? pk->state[j - 1] : pk->params, b[per * k + j].data,
-                             pk->elements * sizeof(float));
+      err = gs_device_upload(e->cfg.dev, j ? gs__engine_state_of(e, k, j - 1) : pk->params,
+                             b[per * k + j].data, pk->elements * sizeof(float));
   }
   if (upload && !err)
     err = gs_device_sync(e->cfg.dev); /* the copies are freed next */
@@ -137,9 +137,21 @@ static int checkpoint(gs_engine_t *e, const gs_position_t *pos)
 
   if (e->failed)
     return gs__engine_refuse(e, "checkpoint");
-  if (e->join.rank != 0 || !e->cfg.checkpoint_dir)
+  if (!e->cfg.checkpoint_dir)
     return 0;
+  /* Sharded: every rank's shard of the state, assembled (every rank takes
+   * part: a Join setting makes checkpoints on for all or none). */
+  err = gs__engine_full_state_gather(e);
+  if (err)
+    return err;
+  if (e->join.rank != 0) {
+    gs__engine_full_state_close(e);
+    e->ckpt_taken = true;
+    e->ckpt_step = pos->step;
+    return 0;
+  }
   st.bufs = ckpt_buffers(e, CKPT_SNAPSHOT);
+  gs__engine_full_state_close(e);
   if (!st.bufs) {
     gs_set_why(e->error, sizeof(e->error),
                "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host",
@@ -348,27 +360,41 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
     return gs__engine_share_state(e, pos);
   e->has_state = true;
   if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
-    err = load_checkpoint(e, pos, &found);
-    if (err)
+    /* Sharded: the checkpoint's whole state, each rank keeping its shard. */
+    err = gs__engine_full_state_open(e);
+    err = err ? err : load_checkpoint(e, pos, &found);
+    if (err) {
+      gs__engine_full_state_close(e);
       return err;
+    }
     if (found)
       hdr[0] = 1, hdr[1] = pos->step, hdr[2] = pos->epoch, hdr[3] = pos->rng_state,
       hdr[4] = pos->sample, hdr[5] = e->optim_steps;
+    else
+      gs__engine_full_state_close(e);
   }
   if (e->join.world_size == 1) {
     e->committed = *pos;
-    return 0;
+    return gs__engine_full_state_keep(e);
   }
   err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false, 0,
                            "broadcast of the start position");
-  if (err)
+  if (err) {
+    gs__engine_full_state_close(e);
     return err;
+  }
   /* Rank 0's position, checkpoint or not: ranks that come to a fresh
    * start from a regroup may hold other ones. */
   *pos = (gs_position_t){hdr[1], hdr[2], hdr[3], hdr[4]};
   e->optim_steps = hdr[5];
   e->committed = *pos;
-  if (hdr[0])
-    return gs__engine_broadcast_packs(e, true, 0);
-  return e->period >= 0 ? gs__engine_broadcast_packs(e, false, 0) : 0;
+  if (!hdr[0])
+    return e->period >= 0 ? gs__engine_broadcast_packs(e, false, 0) : 0;
+  err = e->full_state ? 0 : gs__engine_full_state_open(e); /* rank 0's holds the checkpoint */
+  err = err ? err : gs__engine_broadcast_packs(e, true, 0);
+  if (err) {
+    gs__engine_full_state_close(e);
+    return err;
+  }
+  return gs__engine_full_state_keep(e);
 }

@@ -215,6 +215,13 @@ static const gs_flag_t flag_rows[] = {
    .doc = "what the gradients travel in: `fp32` (default), or half the bytes as `bf16` or "
           "`fp16`, added in float32 at every step of the reduction (the parameters, the update "
           "and its state stay float32)"},
+  {.name = "--shard-optimizer", .kind = GS_FLAG_BOOL, E(shard_optimizer),
+   .help = "shard the optimizer state over the ranks (ZeRO-1)",
+   .doc = "shard the optimizer state over the ranks (ZeRO-1 over the packs): each pack's "
+          "gradients are reduce-scattered, each rank updates and keeps the state of its shard "
+          "only (1/N of it), and the updated parameters are allgathered: the same bytes as an "
+          "allreduce of `fp32` gradients; every rank takes part in each checkpoint. Not yet "
+          "with `--world-size MIN:MAX`"},
   {.name = "--pack-threshold", .kind = GS_FLAG_SIZE, E(pack_threshold), .umin = 1,
    .metavar = "SIZE", .help = "largest gradient pack",
    .doc = "largest gradient pack (one allreduce)"},

@@ -647,6 +647,10 @@ static void summary(trainer_t *t, gs_position_t *pos, uint64_t first_step, uint6
            step, step - data - comm - opt, data, comm, opt, t->timed_steps, t->dev->label,
            (double)t->sum_device_waits / n, (double)t->sum_comm_waits / n);
   }
+  if (t->rank == 0)
+    printf("optimizer state: %.3f MiB on rank 0%s\n",
+           (double)gs_engine_state_bytes(t->engine) / (1 << 20),
+           t->cfg->engine.shard_optimizer ? " (sharded)" : "");
 }
 
 /* Rank 0 writes the trained parameters to --save-model as PyTorch's

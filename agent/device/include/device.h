@@ -33,6 +33,7 @@ typedef struct gs_device_ops {
   int (*upload)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*download)(gs_device_t *d, void *dst, const void *src, size_t bytes);
   int (*zero)(gs_device_t *d, void *p, size_t bytes);
+  int (*copy)(gs_device_t *d, void *dst, const void *src, size_t bytes); /* device to device */
   void (*optim_pack)(gs_device_t *d, const gs_optim_step_t *s, const gs_optim_segment_t *segs,
                      uint32_t nseg, float *param, const float *grad, float *const *state);
   void (*check_finite)(gs_device_t *d, const float *g, size_t n, float *flag);
@@ -108,6 +109,8 @@ int gs_device_upload(gs_device_t *d, void *dst, const void *src, size_t bytes) G
 /* Copies device `src` to host `dst` after everything queued; waits. */
 int gs_device_download(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
 int gs_device_zero(gs_device_t *d, void *p, size_t bytes) GS_WARN_UNUSED;
+/* Queues a copy between two device buffers (they may not overlap). */
+int gs_device_copy(gs_device_t *d, void *dst, const void *src, size_t bytes) GS_WARN_UNUSED;
 
 /* Queues one fused optimizer step over a pack (optim.h; `state` holds
  * gs_optim_state_count buffers), which reads s->gate when it runs: a step

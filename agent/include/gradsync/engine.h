@@ -226,6 +226,13 @@ typedef struct gs_engine_config {
   gs_nonfinite_t nonfinite;
   gs_decide_t decide;         /* default GS_DECIDE_NOW; every rank the same (a Join setting) */
   gs_grad_dtype_t grad_dtype; /* default GS_GRAD_FP32 */
+  /* Sharded optimizer state (ZeRO-1 over the packs): each pack's
+   * gradients are reduce-scattered, each rank updates and keeps the
+   * optimizer state of its shard only (1/world of it), and the updated
+   * params are allgathered; the same bytes on the wire as an allreduce
+   * with float32 grads. Default false; every rank the same (a Join
+   * setting). Not yet with an elastic world. */
+  bool shard_optimizer;
   int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
   uint64_t checkpoint_every;  /* steps; 0: only when asked (default) */
@@ -373,6 +380,9 @@ typedef struct gs_step_result {
    * allreduce not yet done. A steady step on the cpu makes no device
    * wait; on a GPU one a step deciding now (cfg.decide), none late. */
   uint32_t device_syncs, device_reads, comm_waits;
+  /* The optimizer state this rank holds, in bytes: every parameter's, or
+   * with shard_optimizer its shard's. */
+  uint64_t state_bytes;
 } gs_step_result_t;
 
 /* What the rank reports to the coordinator (sent with the next heartbeat). */
@@ -446,10 +456,23 @@ GS_ENGINE_API int gs_engine_set_group(gs_engine_t *e, uint32_t group,
 /* The optimizer's state per parameter, in the packs (after start; device
  * memory): slot 0 is SGD's momentum buffer, or Adam's exp_avg, 1 its
  * exp_avg_sq, 2 its max_exp_avg_sq (amsgrad). NULL for a slot the
- * optimizer does not have. */
+ * optimizer does not have, and with shard_optimizer for a parameter not
+ * wholly in this rank's shard. */
 #define GS_OPTIM_MAX_STATE 3
 GS_ENGINE_API uint32_t gs_engine_state_count(const gs_engine_t *e);
 GS_ENGINE_API float *gs_engine_state(const gs_engine_t *e, uint32_t i, uint32_t slot);
+/* The bytes of optimizer state this rank holds (after start): every
+ * parameter's, or with shard_optimizer its shard's. */
+GS_ENGINE_API uint64_t gs_engine_state_bytes(const gs_engine_t *e);
+/* With shard_optimizer, every parameter's optimizer state assembled on
+ * every rank (a collective: every rank calls it, between steps; the whole
+ * state's memory until released), so that gs_engine_state gives every
+ * parameter's: a consolidated state_dict, or one to load (`empty`: zeroed,
+ * not gathered). Released, this rank keeps its shard of what it then
+ * holds when `keep` (a loaded state), else its own shard as it was.
+ * Without sharding both do nothing. */
+GS_ENGINE_API int gs_engine_state_assemble(gs_engine_t *e, bool empty) GS_ENGINE_WARN_UNUSED;
+GS_ENGINE_API int gs_engine_state_release(gs_engine_t *e, bool keep) GS_ENGINE_WARN_UNUSED;
 /* Optimizer steps applied (torch's state "step"; a skipped step does not
  * count), and setting it with loaded state (between steps; every rank). */
 GS_ENGINE_API uint64_t gs_engine_optim_steps(const gs_engine_t *e);
