@@ -33,6 +33,7 @@ static void columns(gs_node_beats_t *b, pb_callback_t *field[GS_NODE_BEATS_COLUM
       {&m->news_seen, b->news_seen, 8},
       {&m->device_waits, b->device_waits, 4},
       {&m->comm_waits, b->comm_waits, 4},
+      {&m->state_bytes, b->state_bytes, 8},
   };
 
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++) {
@@ -80,6 +81,7 @@ int gs_node_beats_add(gs_node_beats_t *b, uint32_t slot, const gradsync_Heartbea
   b->news_seen[i] = news_seen;
   b->device_waits[i] = req->progress.device_waits;
   b->comm_waits[i] = req->progress.comm_waits;
+  b->state_bytes[i] = req->progress.state_bytes;
   b->count = i + 1;
   return 0;
 }

@@ -12,9 +12,9 @@
 #include "pb_column.h"
 
 #define GS_NODE_BEATS_MAX 255 /* a beat per slot */
-#define GS_NODE_BEATS_COLUMNS 17
+#define GS_NODE_BEATS_COLUMNS 18
 /* The last columns, which a node agent older than them leaves empty. */
-#define GS_NODE_BEATS_NEWER_COLUMNS 2
+#define GS_NODE_BEATS_NEWER_COLUMNS 3
 
 typedef struct gs_node_beats {
   /* The message: its job and sessions; its other fields are the columns
@@ -31,6 +31,7 @@ typedef struct gs_node_beats {
   float send_wait[GS_NODE_BEATS_MAX];
   uint64_t news_seen[GS_NODE_BEATS_MAX];
   uint32_t device_waits[GS_NODE_BEATS_MAX], comm_waits[GS_NODE_BEATS_MAX];
+  uint64_t state_bytes[GS_NODE_BEATS_MAX];
   gs_pb_column_t columns[GS_NODE_BEATS_COLUMNS];
 } gs_node_beats_t;
 

@@ -350,6 +350,7 @@ static const struct {
     {"nesterov", OPT_BOOL, AT(sgd.nesterov)},
     {"driven", OPT_BOOL, AT(driven)},
     {"zero_missing_grads", OPT_BOOL, AT(zero_missing_grads)},
+    {"shard_optimizer", OPT_BOOL, AT(shard_optimizer)},
     {"join_timeout", OPT_SECONDS, AT(join_timeout_ms)},
     {"rpc_timeout", OPT_SECONDS, AT(rpc_timeout_ms)},
     {"comm_timeout", OPT_SECONDS, AT(comm_timeout_ms)},
@@ -817,7 +818,58 @@ static PyObject *engine_state(EngineObject *self, PyObject *args)
     return NULL;
   }
   p = gs_engine_state(self->engine, i, slot);
+  if (!p) {
+    PyErr_Format(error_base,
+                 "parameter %u's optimizer state is sharded over the ranks: assemble it first "
+                 "(state_assemble())",
+                 i);
+    return NULL;
+  }
   return buffer_new(self, p, (Py_ssize_t)(self->numel[i] * sizeof(float)));
+}
+
+/* state_assemble(empty=False) and state_release(keep=False): the whole
+ * sharded state on every rank (gs_engine_state_assemble). */
+static PyObject *engine_state_assemble(EngineObject *self, PyObject *args)
+{
+  int empty = 0, err;
+
+  if (!PyArg_ParseTuple(args, "|p", &empty) || !check_open(self, true))
+    return NULL;
+  Py_BEGIN_ALLOW_THREADS
+  err = gs_engine_state_assemble(self->engine, empty);
+  Py_END_ALLOW_THREADS
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *engine_state_release(EngineObject *self, PyObject *args)
+{
+  int keep = 0, err;
+
+  if (!PyArg_ParseTuple(args, "|p", &keep) || !check_open(self, true))
+    return NULL;
+  err = gs_engine_state_release(self->engine, keep);
+  if (err)
+    return raise_engine(self, err);
+  Py_RETURN_NONE;
+}
+
+/* window(i) -> (first, count): parameter i's elements in this rank's shard. */
+static PyObject *engine_window(EngineObject *self, PyObject *args)
+{
+  unsigned int i;
+  uint64_t first, count;
+
+  if (!PyArg_ParseTuple(args, "I", &i) || !check_open(self, true))
+    return NULL;
+  if (i >= self->nparams) {
+    PyErr_Format(PyExc_IndexError, "no parameter %u", i);
+    return NULL;
+  }
+  gs_engine_window(self->engine, i, &first, &count);
+  return Py_BuildValue("KK", (unsigned long long)first, (unsigned long long)count);
 }
 
 static PyObject *engine_optim_steps(EngineObject *self, PyObject *args)
@@ -1323,6 +1375,13 @@ static PyMethodDef engine_methods[] = {
     {"state", (PyCFunction)engine_state, METH_VARARGS,
      "state(i, slot) -> Buffer of parameter i's optimizer state (SGD: 0 momentum; Adam: 0 "
      "exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq)"},
+    {"state_assemble", (PyCFunction)engine_state_assemble, METH_VARARGS,
+     "state_assemble(empty=False): with shard_optimizer, every parameter's optimizer state on "
+     "every rank (every rank calls it) until state_release; empty: zeroed, to load into"},
+    {"state_release", (PyCFunction)engine_state_release, METH_VARARGS,
+     "state_release(keep=False): frees the assembled state; keep: this rank's shard of it kept"},
+    {"window", (PyCFunction)engine_window, METH_VARARGS,
+     "window(i) -> (first, count): parameter i's elements in this rank's shard"},
     {"optim_steps", (PyCFunction)engine_optim_steps, METH_VARARGS,
      "optim_steps([n]) -> the updates applied (set to n first when given)"},
     {"add_setting", (PyCFunction)engine_add_setting, METH_VARARGS,

@@ -51,6 +51,8 @@ static PyMemberDef members[] = {
      "device-to-host copies it waited for since the last step"},
     {"comm_waits", T_UINT, R(comm_waits), READONLY,
      "times it waited for the comm thread since the last step"},
+    {"state_bytes", T_ULONGLONG, R(state_bytes), READONLY,
+     "the optimizer state this rank holds, in bytes (with shard_optimizer: its shard's)"},
     {"regrouped", T_BOOL, R(regrouped), READONLY, "an elastic regroup happened in this step"},
     {"world_changed", T_BOOL, S(world_changed), 0,
      "elastic: the world changed (a rank was lost, or new ones joined)"},

@@ -262,6 +262,7 @@ START_TEST(node_beats_round_trip)
     req.progress.collectives_done = 7 * i;
     req.progress.device_waits = i % 3;
     req.progress.comm_waits = i % 5;
+    req.progress.state_bytes = (uint64_t)1 << 33 | i;
     ck_assert_int_eq(gs_node_beats_add(&q, i + 1, &req, 2 + i, i == 4 ? "4.abc" : ""), 0);
   }
   ck_assert_int_eq(gs_node_beats_add(&q, 256, &req, 0, ""), GS_ERANGE);
@@ -280,6 +281,7 @@ START_TEST(node_beats_round_trip)
     ck_assert_uint_eq(back.news_seen[i], 2 + i);
     ck_assert_uint_eq(back.device_waits[i], i % 3);
     ck_assert_uint_eq(back.comm_waits[i], i % 5);
+    ck_assert_uint_eq(back.state_bytes[i], (uint64_t)1 << 33 | i);
   }
   ck_assert_str_eq(gs_node_beats_session(&back, 5), "4.abc");
   ck_assert_str_eq(gs_node_beats_session(&back, 6), "");
@@ -301,8 +303,9 @@ START_TEST(node_beats_round_trip)
 END_TEST
 
 /* A node agent older than the wait columns sends none (they are the
- * last fields, so its message is ours without their 2 x 7 bytes): its
- * beats decode, the waits zeros whatever the struct held before. */
+ * last fields, so its message is ours without their 2 x 7 bytes and the
+ * state bytes' 11): its beats decode, the waits zeros whatever the
+ * struct held before; one older than the state bytes only lacks those. */
 START_TEST(node_beats_older_agent)
 {
   static gs_node_beats_t q, back;
@@ -315,18 +318,25 @@ START_TEST(node_beats_older_agent)
   gs_node_beats_reset(&q, "j");
   req.rank = 3;
   req.progress.device_waits = req.progress.comm_waits = 5;
+  req.progress.state_bytes = 1234;
   ck_assert_int_eq(gs_node_beats_add(&q, 7, &req, 0, ""), 0);
   ck_assert_int_eq(gs_node_beats_encode_frame(&q, &f, &env, SIZE_MAX), 0);
   ck_assert_int_gt(gs_frame_parse(f.data, f.len, SIZE_MAX, &payload, &plen), 0);
   ck_assert_int_eq(gs_wire_decode_envelope(payload, plen, &env, &body, NULL, 0), 0);
   back.device_waits[0] = back.comm_waits[0] = 9;
-  ck_assert_int_eq(gs_node_beats_decode(&back, body.data, body.len - 14, NULL, 0), 0);
+  back.state_bytes[0] = 9;
+  ck_assert_int_eq(gs_node_beats_decode(&back, body.data, body.len - 25, NULL, 0), 0);
   ck_assert_uint_eq(back.count, 1);
   ck_assert_uint_eq(back.rank[0], 3);
   ck_assert_uint_eq(back.device_waits[0], 0);
   ck_assert_uint_eq(back.comm_waits[0], 0);
+  ck_assert_uint_eq(back.state_bytes[0], 0);
+  ck_assert_int_eq(gs_node_beats_decode(&back, body.data, body.len - 11, NULL, 0), 0);
+  ck_assert_uint_eq(back.comm_waits[0], 5);
+  ck_assert_uint_eq(back.state_bytes[0], 0);
   ck_assert_int_eq(gs_node_beats_decode(&back, body.data, body.len, NULL, 0), 0);
   ck_assert_uint_eq(back.device_waits[0], 5);
+  ck_assert_uint_eq(back.state_bytes[0], 1234);
   gs_buf_free(&body);
   gs_buf_free(&f);
 }

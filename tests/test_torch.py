@@ -196,6 +196,110 @@ def case_grad_scaler(tmp):
               f"error {err:.2e}")
 
 
+def check_state_bytes(got, world, slots):
+    """A rank's optimizer state is its 1/world share (the host ring's
+    shards differ by an element at most, per pack and slot)."""
+    whole = 4 * slots * sum(p.numel() for p in torch_worker.mlp().parameters())
+    assert got["state_bytes"] <= whole / world + 4 * slots, (got["state_bytes"], whole, world)
+    return got["state_bytes"], whole
+
+
+def example_state(tmp):
+    """The transformer example with --shard-optimizer at worlds 2 and 4, 3
+    steps: rank 0 holds at most 1/world of AdamW's two moments (8 bytes a
+    parameter) plus a float per pack and slot."""
+    example = os.path.join(os.path.dirname(HERE), "examples", "torch", "char_transformer.py")
+    if not os.path.isfile("/usr/share/games/fortunes/fortunes"):
+        print("transformer example: skipped (no fortunes; scripts/install-deps.sh installs it)")
+        return
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)  # gradsync-run finds the package of its build tree
+    for world in (2, 4):
+        p = subprocess.run([RUN, "--nproc", str(world), "--", sys.executable, example, "--quick",
+                            "--steps", "3", "--eval-windows", "64", "--shard-optimizer"],
+                           capture_output=True, text=True, env=env, timeout=2 * WAIT)
+        size = re.search(r"([\d,]+) parameters", p.stdout)
+        held = re.search(r"optimizer state ([\d.]+) MiB on rank 0 \(sharded\)", p.stdout)
+        assert p.returncode == 0 and size and held, p.stdout[-3000:] + p.stderr[-3000:]
+        whole = 8 * int(size.group(1).replace(",", ""))
+        mib = float(held.group(1))
+        assert mib * 2**20 <= whole / world + 8 * 64 + 0.0005 * 2**20, (world, mib, whole)
+        print(f"transformer example at world {world}: {mib:.3f} MiB of AdamW's state on rank 0, "
+              f"{whole / 2**20:.3f} MiB unsharded")
+
+
+def case_shard(tmp):
+    """shard_optimizer=True against one torch process on the global batch,
+    to 1e-6 in the params and in every state tensor of state_dict() (the
+    whole state, assembled from the shards): SGD and AdamW in two groups
+    with a StepLR at worlds 2, 3 and 4 (shards that cut through
+    parameters), AdamW under a GradScaler with an overflow on rank 1;
+    clipping by the global norm computed from the shards (1e-5, as
+    unsharded), bf16 gradients and accumulation; torch's whole state
+    loaded (load_state_dict shards it); nonfinite="skip" against the
+    unsharded job. Each rank holds 1/world of the state."""
+    for name, world, extra in (("sgd", 4, ()), ("adamw", 3, ()), ("adamw", 2, ("inf_step=12",))):
+        want, want_sd, _ = reference(100 if not extra else 40, 8, world, optimizer=name,
+                                     inf_step=12 if extra else None)
+        out = tempfile.mkdtemp(dir=tmp)
+        run(world, "optimizers", out, f"opt={name}", "shard=1",
+            *(("steps=40",) + extra if extra else ()))
+        for r in range(world):
+            got = result(out, r)
+            err = rel(got["params"], want)
+            mine, theirs = state_tensors(got["state"]), state_tensors(want_sd)
+            assert [(i, k) for i, k, _ in mine] == [(i, k) for i, k, _ in theirs], (name, world)
+            worst = max(rel([a], [b]) for (_, _, a), (_, _, b) in zip(mine, theirs))
+            assert err < 1e-6 and worst < 1e-6, (name, world, r, err, worst)
+            held, whole = check_state_bytes(got, world, 1 if name == "sgd" else 2)
+            assert got["skipped"] == ([12] if extra else []), got["skipped"]
+        print(f"sharded {name} at world {world}{' under a GradScaler' if extra else ''}: params "
+              f"{err:.2e}, state {worst:.2e} from torch's; {held} of {whole} state bytes a rank")
+    for world, opt in ((3, "sgd"), (2, "adamw")):
+        want, _, want_norms = reference(30, 8, world, lr=0.5, momentum=0.9, clip=0.5) \
+            if opt == "sgd" else reference(30, 8, world, optimizer=opt, clip=0.5)
+        out = tempfile.mkdtemp(dir=tmp)
+        run(world, "clip", out, "mode=method", "shard=1", *(() if opt == "sgd" else ("opt=adamw",)))
+        got = result(out, 0)
+        err = rel(got["params"], want)
+        far = max(abs(a - b) / b for a, b in zip(got["norms"], want_norms))
+        assert err < 1e-5 and far < 1e-5, (world, opt, err, far)
+        print(f"sharded clipping at world {world} ({opt}): params {err:.2e}, norms {far:.2e}")
+    want = reference_wire(20, 8, torch.bfloat16)
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "equivalence", out, "grad_dtype=bf16", "steps=20", "shard=1")
+    err = rel(result(out, 0)["params"], want)
+    assert err < 1e-6, err
+    want = reference(30, 16, 2, 0.1, 0.9, 1e-3, False)[0]
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "accumulate", out, "shard=1")
+    acc = rel(result(out, 0)["params"], want)
+    assert acc < 1e-6, acc
+    print(f"sharded bf16 gradients: {err:.2e} from the rounded reference; accumulation {acc:.2e}")
+    path = os.path.join(tmp, "torch30.pt")  # torch's whole state, sharded by load_state_dict
+    torch.save(torch_adamw(30), path)
+    out = tempfile.mkdtemp(dir=tmp)
+    run(2, "roundtrip", out, "start=30", "steps=60", f"load={path}", "shard=1")
+    got, want = result(out, 1), torch_adamw(60)
+    err = rel(got["params"], want["params"])
+    worst = max(rel([a], [b]) for (_, _, a), (_, _, b) in
+                zip(state_tensors(got["opt"]), state_tensors(want["opt"])))
+    assert err < 1e-6 and worst < 1e-6, (err, worst)
+    print(f"torch's AdamW state loaded into a sharded job, 30 steps more: params {err:.2e}, "
+          f"state {worst:.2e} from 60 steps of torch")
+    example_state(tmp)
+    runs = {}
+    for shard in ("0", "1"):
+        out = tempfile.mkdtemp(dir=tmp)
+        run(2, "optimizers", out, "opt=adamw", "steps=20", "nan_step=7", "nonfinite=skip",
+            f"shard={shard}")
+        runs[shard] = result(out, 1)
+        assert runs[shard]["skipped"] == [7], runs[shard]["skipped"]
+    err = rel(runs["1"]["params"], runs["0"]["params"])
+    assert err < 1e-6, err
+    print(f"sharded nonfinite=skip: step 7 skipped on every rank, {err:.2e} from unsharded")
+
+
 def torch_adamw(steps, start=0, saved=None):
     """Plain torch AdamW on the global batch from step `start`, from a
     saved {params, opt} when given; the same dict at the end."""

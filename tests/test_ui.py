@@ -61,13 +61,15 @@ def start_coordinator(tmp, tls):
 
 def start_job(rpc_port, ca):
     """Two MLP agents of job JOB that train until stopped (the MLP takes
-    about 2 ms a step here: a step count would end before a browser looked)."""
+    about 2 ms a step here: a step count would end before a browser looked),
+    their optimizer state sharded."""
     agents = []
     for rank in range(2):
         agents.append(subprocess.Popen(
             [AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
              "--local-rank", str(rank), "--reduce", "mean", "--job", JOB, "--steps", "100000000",
-             "--no-validate", "--log-interval", "1s"] + (["--tls-ca", ca] if ca else []),
+             "--no-validate", "--log-interval", "1s", "--shard-optimizer"] +
+            (["--tls-ca", ca] if ca else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return agents
 
@@ -210,6 +212,16 @@ def case_page(tmp, tls=False):
             lambda g: g["step"] > first["step"]))
         print(f"page over {'https' if tls else 'http'}: ranks {first['ranks']}, jobs {first['jobs']}, "
               f"step {first['step']} then {second['step']}, connection '{second['conn']}'")
+        # The job's settings, and its optimizer state sharded (rank 0's share).
+        shown = wait_until("the page showing the sharded optimizer state", lambda: (lambda t: t if
+                           "(sharded over the ranks)" in t and "shard-optimizertrue" in t else
+                           None)(browser.eval("document.getElementById('settings').textContent")))
+        print(f"the page's settings: {shown[:200]}")
+        # Each rank holds its half of SGD's momentum, the MLP's 235,146 floats between them.
+        held = [r["state_bytes"] for r in job_json(base, ctx)["ranks"]]
+        whole = 4 * (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10)
+        assert sum(held) == whole and max(held) <= whole // 2 + 64, (held, whole)
+        print(f"/jobs/{JOB}: state_bytes {held} of {whole}")
         # The page's own button reaches the job (no token set: none needed).
         before = job_json(base, ctx)["broadcast_seq"]
         browser.eval("document.querySelector('button[data-action=broadcast]').click()")

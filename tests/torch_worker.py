@@ -52,7 +52,13 @@ def data(steps, batch, world):
 
 def sgd_args():
     return dict(lr=float(OPTS.get("lr", 0.1)), momentum=float(OPTS.get("momentum", 0.9)),
-                weight_decay=float(OPTS.get("wd", 1e-3)), nesterov=OPTS.get("nesterov") == "1")
+                weight_decay=float(OPTS.get("wd", 1e-3)), nesterov=OPTS.get("nesterov") == "1",
+                shard_optimizer=sharded())
+
+
+def sharded():
+    """shard=1: the optimizer's state sharded over the ranks."""
+    return OPTS.get("shard") == "1"
 
 
 def save(**values):
@@ -161,12 +167,13 @@ def optimizers():
     model = mlp()
     opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, OPTS["opt"]),
                                   reduce=OPTS.get("reduce", "mean"),
-                                  nonfinite=OPTS.get("nonfinite", "stop"))
+                                  nonfinite=OPTS.get("nonfinite", "stop"),
+                                  shard_optimizer=sharded())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=30, gamma=0.5)
     steps, batch = int(OPTS.get("steps", 100)), int(OPTS.get("batch", 8))
     x, y = data(steps, batch, gs.world_size())
     r = gs.rank()
-    inf_step = int(OPTS.get("inf_step", -1))
+    inf_step, nan_step = int(OPTS.get("inf_step", -1)), int(OPTS.get("nan_step", -1))
     scaler = None if inf_step < 0 else \
         torch.cuda.amp.GradScaler(init_scale=2.0 ** 10, growth_interval=4) \
         if OPTS.get("real_scaler") == "1" else CpuGradScaler(init_scale=2.0 ** 10, growth_interval=4)
@@ -176,8 +183,12 @@ def optimizers():
                                y[s, r * batch:(r + 1) * batch])
         opt.zero_grad()
         if scaler is None:
+            if s == nan_step and r == 1:
+                loss = loss * float("nan")  # with nonfinite="skip": skipped on every rank
             loss.backward()
-            opt.step(loss)
+            res = opt.step(loss)
+            if res.skipped:
+                skipped.append(s)
         else:
             if s == inf_step and r == 1:
                 loss = loss * float("inf")  # an overflow on one rank
@@ -186,14 +197,15 @@ def optimizers():
                 opt.synchronize()
             if OPTS.get("unscale") in ("before", "after"):
                 scaler.unscale_(opt)
-            if scaler.step(opt).skipped:
+            res = scaler.step(opt)
+            if res.skipped:
                 skipped.append(s)
             scaler.update()
             scales.append(scaler.get_scale())
         sched.step()
     save(params=[p.detach().cpu().clone() for p in model.parameters()],
          state=opt.state_dict(), isinstance_optimizer=isinstance(opt, torch.optim.Optimizer),
-         scales=scales, skipped=skipped)
+         scales=scales, skipped=skipped, state_bytes=res.state_bytes)
 
 
 def lr_schedule(step):
@@ -265,7 +277,8 @@ def roundtrip():
         with torch.no_grad():
             for p, v in zip(model.parameters(), saved["params"]):
                 p.copy_(v)
-    opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, "adamw"))
+    opt = gs.DistributedOptimizer(model, optimizer=make_optimizer(model, "adamw"),
+                                  shard_optimizer=sharded())
     if "load" in OPTS:
         opt.load_state_dict(saved["opt"])
     x, y = data(60, batch, gs.world_size())  # the same examples whatever `steps`
@@ -330,7 +343,8 @@ def clip():
     inner = make_optimizer(model, OPTS["opt"]) if "opt" in OPTS else \
         torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     opt = gs.DistributedOptimizer(model, optimizer=inner,
-                                  max_grad_norm=0.5 if mode == "ctor" else None)
+                                  max_grad_norm=0.5 if mode == "ctor" else None,
+                                  shard_optimizer=sharded())
     steps, batch = 30, 8
     x, y = data(steps, batch, gs.world_size())
     r, norms = gs.rank(), []

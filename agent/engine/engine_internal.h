@@ -58,6 +58,7 @@ typedef struct phase_board {
   _Atomic uint32_t pack;  /* GS_PHASE_ALLREDUCE: the pack waited for */
   _Atomic uint64_t since_ms;
   _Atomic uint32_t device_waits, comm_waits; /* the last step's (gs_step_result_t) */
+  _Atomic uint64_t state_bytes;              /* the optimizer state held (the packs' windows) */
   gs_comm_gauge_t comm;
   uint64_t read_ms, read_send_wait_ns;
 } phase_board_t;

@@ -64,6 +64,7 @@ void gs__engine_where(void *arg, gradsync_Progress *out)
   out->collectives_done = atomic_load_explicit(&b->comm.done, memory_order_relaxed);
   out->device_waits = atomic_load_explicit(&b->device_waits, memory_order_relaxed);
   out->comm_waits = atomic_load_explicit(&b->comm_waits, memory_order_relaxed);
+  out->state_bytes = atomic_load_explicit(&b->state_bytes, memory_order_relaxed);
   if (b->read_ms && now > b->read_ms)
     out->send_wait = (float)((wait_ns - b->read_send_wait_ns) / 1e6 / (double)(now - b->read_ms));
   if (out->send_wait > 1.0f)

@@ -26,6 +26,8 @@ size_t gs__engine_shard_pad(const gs_engine_t *e)
 
 int gs__engine_shard(gs_engine_t *e)
 {
+  atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
+                        memory_order_relaxed);
   for (uint32_t k = 0; gs__engine_sharded(e) && k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
     gs_comm_shard_t s = gs_comm_shard(e->comm, pk->elements, e->join.rank);
@@ -42,6 +44,8 @@ int gs__engine_shard(gs_engine_t *e)
       gs_set_why(e->error, sizeof(e->error), "out of memory for the optimizer state");
       return err;
     }
+    atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
+                          memory_order_relaxed);
   }
   return 0;
 }
@@ -161,6 +165,23 @@ int gs_engine_state_release(gs_engine_t *e, bool keep)
     return gs__engine_full_state_keep(e);
   gs__engine_full_state_close(e);
   return 0;
+}
+
+void gs_engine_window(const gs_engine_t *e, uint32_t i, uint64_t *first, uint64_t *count)
+{
+  const gs_pack_t *pk;
+  size_t at, end, lo, hi;
+
+  *first = *count = 0;
+  if (!e->packs.packs || i >= e->packs.nparams)
+    return;
+  pk = &e->packs.packs[e->packs.pack_of[i]];
+  at = e->packs.offset_of[i];
+  end = at + e->packs.params[i].elements;
+  lo = at > pk->win_off ? at : pk->win_off;
+  hi = end < pk->win_off + pk->win_len ? end : pk->win_off + pk->win_len;
+  if (lo < hi)
+    *first = lo - at, *count = hi - lo;
 }
 
 uint64_t gs_engine_state_bytes(const gs_engine_t *e)

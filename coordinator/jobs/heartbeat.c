@@ -255,6 +255,7 @@ static void note_progress(gs_member_t *m, uint64_t now, const gs_beat_t *b)
   m->pack = p->pack;
   m->device_waits = p->device_waits;
   m->comm_waits = p->comm_waits;
+  m->state_bytes = p->state_bytes;
   m->collectives_done = p->collectives_done;
 }
 

@@ -168,6 +168,7 @@ struct gs_member {
   uint64_t collectives_done;
   float send_wait; /* share of the time its sends waited, over the last few heartbeats */
   uint32_t device_waits, comm_waits; /* its training thread's blocking waits in its last step */
+  uint64_t state_bytes;              /* the optimizer state it holds */
   float step_ms; /* compute + comm wait per step, over the last few heartbeats */
   /* Its agent's clock (trace.c): coordinator µs = agent µs + offset, from
    * the heartbeat round trip with the shortest time; this heartbeat's

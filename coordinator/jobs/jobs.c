@@ -285,7 +285,8 @@ gs_beat_t gs__jobs_beat_of(const gs_node_beats_t *q, uint32_t i)
                    .collectives_done = q->collectives_done[i],
                    .send_wait = q->send_wait[i],
                    .device_waits = q->device_waits[i],
-                   .comm_waits = q->comm_waits[i]},
+                   .comm_waits = q->comm_waits[i],
+                   .state_bytes = q->state_bytes[i]},
   };
 }
 

@@ -266,6 +266,7 @@ static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
   cJSON_AddNumberToObject(o, "send_wait", m->send_wait);
   cJSON_AddNumberToObject(o, "device_waits", m->device_waits);
   cJSON_AddNumberToObject(o, "comm_waits", m->comm_waits);
+  cJSON_AddNumberToObject(o, "state_bytes", (double)m->state_bytes);
   if (m->clock_synced) { /* its clock against the coordinator's (traces) */
     cJSON_AddNumberToObject(o, "clock_offset_ms", (double)m->clock_offset_us / 1000.0);
     cJSON_AddNumberToObject(o, "clock_rtt_ms", (double)m->clock_rtt_us / 1000.0);
@@ -343,6 +344,23 @@ static void ranks_json(cJSON *o, const gs_job_t *job, const gs_rank_page_t *page
                                                              : cJSON_CreateNull());
 }
 
+/* Rank 0's Join settings, name to value (every rank's agree): what the
+ * job trains with (its optimizer, sharding, the gradients' dtype, ...). */
+static cJSON *settings_json(const gs_job_t *job)
+{
+  const gs_member_t *m = job->world_size && job->ranks ? job->ranks[0] : NULL;
+  cJSON *o = cJSON_CreateObject();
+  size_t at = 0;
+
+  while (o && m && m->settings && at < m->settings_len) {
+    const char *name = m->settings + at, *value = name + strlen(name) + 1;
+
+    cJSON_AddStringToObject(o, name, value);
+    at = (size_t)(value + strlen(value) + 1 - m->settings);
+  }
+  return o;
+}
+
 cJSON *gs__job_json(const gs_job_t *job, uint64_t now, const gs_rank_page_t *ranks)
 {
   uint32_t max_listed = ranks ? GS_RANKS_PAGE_MAX : SUMMARY_STRAGGLERS;
@@ -378,8 +396,10 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, const gs_rank_page_t *ran
   stall_json(o, job, &st, now, max_listed);
   cJSON_AddItemToObject(o, "waiting_on", waiting_json(job, &st, now));
   cJSON_AddItemToObject(o, "rank_summary", rank_summary_json(job, &st, now));
-  if (ranks)
+  if (ranks) {
+    cJSON_AddItemToObject(o, "settings", settings_json(job));
     ranks_json(o, job, ranks, now);
+  }
   return o;
 }
 

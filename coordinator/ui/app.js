@@ -189,6 +189,10 @@ function showSettings(j) {
   const p = j.pack_list;
   if (p) add("packs", `${p.packs} packs, ${p.params} params, ${(p.bytes / 1048576).toFixed(2)} MiB ` +
     `(threshold ${(p.threshold_bytes / 1048576).toFixed(1)} MiB)`);
+  const r0 = (j.ranks || [])[0];
+  if (r0 && r0.state_bytes)
+    add("optimizer state", `${(r0.state_bytes / 1048576).toFixed(2)} MiB on rank 0` +
+      ((j.settings || {})["shard-optimizer"] === "true" ? " (sharded over the ranks)" : ""));
   add("broadcasts asked", j.broadcast_seq);
   add("checkpoints asked", j.checkpoint_seq);
   add("stop asked", j.stop ? "yes" : "no");

@@ -142,6 +142,8 @@ def main():
     ap.add_argument("--no-autocast", action="store_true", help="float32 forward (default bf16)")
     ap.add_argument("--grad-dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
                     help="what the gradients travel in between the ranks (gradsync)")
+    ap.add_argument("--shard-optimizer", action="store_true",
+                    help="shard AdamW's state over the ranks (each keeps 1/world of it)")
     ap.add_argument("--eval-every", type=int, default=100, help="steps between validations")
     ap.add_argument("--eval-windows", type=int, default=512,
                     help="validation windows, shared by the ranks")
@@ -167,7 +169,8 @@ def main():
     torch.manual_seed(args.seed)
     model = CharGPT(len(chars), args.context, args.width, args.layers, args.heads)
     opt = gs.DistributedOptimizer(model, optimizer=torch.optim.AdamW(  # gradsync
-        param_groups(model), lr=args.lr, betas=(0.9, 0.95)), grad_dtype=args.grad_dtype)
+        param_groups(model), lr=args.lr, betas=(0.9, 0.95)), grad_dtype=args.grad_dtype,
+        shard_optimizer=args.shard_optimizer)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_factor(s, args.warmup, args.steps))
     rank, world = gs.rank(), gs.world_size()  # gradsync: known once the optimizer joined
@@ -236,7 +239,9 @@ def main():
         verdict = "" if args.target is None else \
             f", target {args.target}: {'reached' if reached else 'NOT reached'}"
         print(f"final val loss {vloss:.4f} after {step + 1} steps, "
-              f"{time.monotonic() - t_start:.0f} s{verdict}", flush=True)
+              f"{time.monotonic() - t_start:.0f} s{verdict}; optimizer state "
+              f"{r.state_bytes / 2**20:.3f} MiB on rank 0"
+              f"{' (sharded)' if args.shard_optimizer else ''}", flush=True)
     return 0 if reached else 1
 
 

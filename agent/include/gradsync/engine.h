@@ -472,6 +472,12 @@ GS_ENGINE_API uint64_t gs_engine_state_bytes(const gs_engine_t *e);
  * holds when `keep` (a loaded state), else its own shard as it was.
  * Without sharding both do nothing. */
 GS_ENGINE_API int gs_engine_state_assemble(gs_engine_t *e, bool empty) GS_ENGINE_WARN_UNUSED;
+/* Parameter i's elements in this rank's shard (after start): the first
+ * one and how many (all of them unsharded; none when its pack's shard
+ * lies elsewhere). Where a sharded step leaves the reduced gradients,
+ * and the update the rank applies. */
+GS_ENGINE_API void gs_engine_window(const gs_engine_t *e, uint32_t i, uint64_t *first,
+                                    uint64_t *count);
 GS_ENGINE_API int gs_engine_state_release(gs_engine_t *e, bool keep) GS_ENGINE_WARN_UNUSED;
 /* Optimizer steps applied (torch's state "step"; a skipped step does not
  * count), and setting it with loaded state (between steps; every rank). */

@@ -18,8 +18,11 @@ def clip_grad_norm_(opt, max_norm, norm_type=2.0, error_if_nonfinite=False):
     opt._clipped = True
     norm_type = float(norm_type)
     with torch.no_grad():
-        norms = [torch.linalg.vector_norm(g, norm_type) for g in opt._grad_views]
-        total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+        if opt._sharded:
+            total = sharded_norm(opt, norm_type)
+        else:
+            norms = [torch.linalg.vector_norm(g, norm_type) for g in opt._grad_views]
+            total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
         if not opt._scaled:  # the sums: the mean's 1/world is the update's
             total = total * opt._grad_scale()
         if error_if_nonfinite and not torch.isfinite(total):  # a read the caller asked for
@@ -33,6 +36,21 @@ def clip_grad_norm_(opt, max_norm, norm_type=2.0, error_if_nonfinite=False):
             opt._keep.append(coef)  # read by the update: alive until end_step
             opt._engine.scale_step_at(coef.data_ptr())
     return total
+
+
+def sharded_norm(opt, norm_type):
+    """The norm of the reduced gradients from every rank's shards: each
+    rank's sum of |g|^p (its maximum for the infinity norm, in its slot of
+    a world-long vector) summed over the ranks, on the device."""
+    dev, inf = opt.device, norm_type == float("inf")
+    parts = [torch.linalg.vector_norm(g, norm_type) for g in opt._shard_grads]
+    mine = torch.stack(parts).max() if inf and parts else \
+        torch.stack([n ** norm_type for n in parts]).sum() if parts else \
+        torch.zeros((), device=dev)
+    flat = torch.zeros(opt.world_size if inf else 1, dtype=torch.float32, device=dev)
+    flat[opt.rank if inf else 0] = mine
+    opt._engine.sum_at(flat.data_ptr(), flat.numel())
+    return flat.max() if inf else flat[0] ** (1.0 / norm_type)
 
 
 def unscale(opt, scaler, loss):
@@ -51,8 +69,11 @@ def unscale(opt, scaler, loss):
     found = state["found_inf_per_device"]
     with torch.no_grad():
         if opt._nonfinite == "off":  # the engine checked nothing: a check here
-            finite = torch.stack([g.isfinite().all() for g in opt._grad_views]).all()
+            finite = torch.stack([g.isfinite().all() for g in opt._shard_grads]).all()
             verdict = (~finite).to(torch.float32)
+            if opt._sharded:  # each rank saw its shards: any rank's
+                opt._engine.sum_at(verdict.data_ptr(), 1)
+                verdict = (verdict > 0).to(torch.float32)
         else:
             verdict = opt._verdict
         for t in found.values():

@@ -60,6 +60,10 @@ def engine_config(opt, model, a):
                          "groups, the bias rules and the schedule out (use a torch "
                          "lr_scheduler on the optimizer)")
     kind = groups.adopt(opt, optimizer, state.FUSED)
+    opt._sharded = bool(a["shard_optimizer"])
+    if opt._sharded and opt._wrapped:
+        raise Error(f"shard_optimizer=True needs an optimizer the engine runs (SGD, Adam or "
+                    f"AdamW): {type(optimizer).__name__} steps itself over whole parameters")
     cfg = dict(env.config())
     cfg.update(optimizer=kind, nonfinite=a["nonfinite"], grad_dtype=layout.grad_dtype(
         a["grad_dtype"]), lr=lr or 0.0, momentum=a["momentum"], weight_decay=a["weight_decay"],
@@ -72,7 +76,7 @@ def engine_config(opt, model, a):
         join_timeout=a["join_timeout"], comm_timeout=a["comm_timeout"],
         connect_timeout=a["connect_timeout"], coordinator_grace=a["coordinator_grace"],
         rejoin_timeout=a["rejoin_timeout"], elastic_lr=a["elastic_lr"], decide=a["decide"],
-        driven=True,
+        shard_optimizer=opt._sharded, driven=True,
         zero_missing_grads=bool(a["find_unused_parameters"]), **grads.device_config(opt.device))
     if a["bias_weight_decay"] is not None:
         cfg["bias_wd"] = a["bias_weight_decay"]

@@ -44,6 +44,20 @@ def bind(opt):
             opt._param_views.append(pv)
             opt._grad_views.append(gv)
     opt._verdict = view(opt.device, e.verdict(), (1,))
+    opt._shard_grads = shard_views(opt)
+
+
+def shard_views(opt):
+    """The parts of the gradients this rank reduces: with shard_optimizer
+    its shard of each (empty ones left out), else every gradient whole."""
+    out = []
+    for i, gv in enumerate(opt._grad_views):
+        first, count = opt._engine.window(i)
+        if count == gv.numel():
+            out.append(gv)
+        elif count:
+            out.append(gv.view(-1)[first:first + count])
+    return out
 
 
 def hook(opt, i, p):

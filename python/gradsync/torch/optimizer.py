@@ -55,6 +55,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
     dtypes), added in float32 at every step of the reduction; `.grad`,
     the parameters and the optimizer stay float32.
 
+    `shard_optimizer`: True shards the optimizer's state over the ranks
+    (ZeRO-1): each rank keeps and updates 1/world of it (SGD, Adam and
+    AdamW, fused), the gradients are reduce-scattered and the updated
+    parameters allgathered, the same bytes as an allreduce. `.grad` after
+    `synchronize()` then holds the reduced gradients only in this rank's
+    shard (`opt.clip_grad_norm_` and a GradScaler work on the shards);
+    `state_dict()` is the whole state in torch's format (every rank
+    calls it), and `load_state_dict()` of a whole one shards it. Every
+    rank passes the same; not in an elastic job yet.
+
     Accumulation: backward passes inside `with opt.no_sync():` only add
     into the packs; the next one outside it reduces the sum. Clipping:
     `opt.clip_grad_norm_(max_norm)` (or `max_grad_norm=` at every step)
@@ -98,7 +108,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  join_timeout=300.0, comm_timeout=120.0, connect_timeout=15.0,
                  coordinator_grace=600.0, rejoin_timeout=300.0, elastic_lr="keep",
                  on_world_change=None, optimizer=None, nonfinite="stop", max_grad_norm=None,
-                 grad_dtype="fp32", decide="now"):
+                 grad_dtype="fp32", decide="now", shard_optimizer=False):
         args = dict(locals())
         del args["self"], args["model"]
         self._engine = None
@@ -237,8 +247,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         Horovod's): afterwards every `p.grad` holds the reduced gradient
         (the mean with reduce="mean", what DDP leaves there), for torch's
         own `clip_grad_norm_`, a GradScaler's unscale_, or a look; step()
-        then applies it. `loss` (else given to step()) is checked here: a
-        non-finite loss on any rank stops the step."""
+        then applies it (with shard_optimizer, only this rank's shard of
+        each gradient is reduced: `opt.clip_grad_norm_` clips by the whole
+        norm). `loss` (else given to step()) is checked here: a non-finite
+        loss on any rank stops the step."""
         if self._synced:
             return
         at = self._loss_at(loss)

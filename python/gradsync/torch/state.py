@@ -45,34 +45,43 @@ def _state_views(opt, i):
 def state_dict(opt):
     """torch's format for the wrapped optimizer's class: "state" per
     parameter index (copies of the engine's buffers; "step" the updates
-    applied) and "param_groups"."""
+    applied) and "param_groups". With shard_optimizer the whole state,
+    assembled from every rank's shard: every rank calls it."""
     if opt._wrapped:
         return opt._inner.state_dict()
     steps = opt._engine.optim_steps()
     kind = FUSED[type(opt._inner)]
     opt.state.clear()
-    if steps:
-        for i, p in enumerate(opt.params):
-            st = {k: v.clone() for k, v in _state_views(opt, i).items()}
-            if kind == "sgd":
-                st.setdefault("momentum_buffer", None)
-            else:
-                st["step"] = torch.tensor(float(steps))
-            opt.state[p] = st
+    if opt._sharded:  # every rank's shard, assembled on every rank
+        opt._engine.state_assemble()
     try:
+        if steps:
+            for i, p in enumerate(opt.params):
+                st = {k: v.clone() for k, v in _state_views(opt, i).items()}
+                if kind == "sgd":
+                    st.setdefault("momentum_buffer", None)
+                else:
+                    st["step"] = torch.tensor(float(steps))
+                opt.state[p] = st
         return opt._inner.state_dict()
     finally:
         opt.state.clear()
+        if opt._sharded:
+            opt._engine.state_release()
 
 
 def load_state_dict(opt, sd):
     """Loads torch's format (from plain torch or from state_dict()): the
-    groups' hyperparameters, and the state into the engine's buffers.
-    Every rank loads the same (a checkpoint of rank 0's)."""
+    groups' hyperparameters, and the state into the engine's buffers (with
+    shard_optimizer each rank keeps its shard of it). Every rank loads the
+    same (a checkpoint of rank 0's)."""
     opt._inner.load_state_dict(sd)
     if opt._wrapped:
         return
     steps = set()
+    if opt._sharded:  # the whole state, of which each rank keeps its shard
+        opt._engine.state_assemble(True)
+    loaded = False
     try:
         with torch.no_grad():
             for i, p in enumerate(opt.params):
@@ -90,8 +99,11 @@ def load_state_dict(opt, sd):
             raise Error(f"the state_dict's parameters have different step counts "
                         f"({sorted(steps)[:4]}): gradsync steps every parameter together")
         opt._engine.optim_steps(steps.pop() if steps else 0)
+        loaded = True
     finally:
         opt.state.clear()
+        if opt._sharded:
+            opt._engine.state_release(loaded)
 
 
 def extra_saver(named_buffers, wrapped):
