@@ -156,3 +156,26 @@ def add_agent_run_args(p, timeout=900):
     p.add_argument("--timeout", type=float, default=timeout, help="seconds per run")
     p.add_argument("--json")
     p.add_argument("--markdown")
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                       "torch", "char_transformer.py")
+
+
+def run_transformer_example(bin_dir, timeout, *flags):
+    """The transformer example at 2 ranks with `flags`: samples/s (the mean
+    of its progress lines), its final validation loss and the optimizer
+    state rank 0 holds (MiB)."""
+    cmd = [os.path.join(bin_dir, "gradsync-run"), "--nproc", "2", "--", "/usr/bin/python3",
+           EXAMPLE, *flags]
+    res, out = run_timed(cmd, timeout)
+    if out is None:
+        return res
+    rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) samples/s", out)]
+    final = re.search(r"final val loss ([\d.]+).*optimizer state ([\d.]+) MiB", out)
+    if rates and final:
+        res.update(ok=True, samples_per_sec=sum(rates) / len(rates),
+                   val_loss=float(final.group(1)), state_mib=float(final.group(2)))
+    else:
+        res["error"] = "no progress or final line"
+    return res

@@ -22,14 +22,13 @@ usage: grad_dtype.py --bin DIR [--data DIR] [--pairs 3] [--no-accuracy]
 import argparse
 import os
 import platform
-import re
 import sys
 
-from benchlib import add_agent_run_args, fmt, median_of, parse_ours, publish, run_timed
+from benchlib import (add_agent_run_args, fmt, median_of, parse_ours, publish,
+                      run_transformer_example)
 from train_vs_ddp import BATCH, LARGE, OPT, run_ours
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "torch", "char_transformer.py")
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -76,24 +75,6 @@ def linked_rows(a):
     return runs
 
 
-def run_transformer(a, dtype):
-    """The example's --quick run with `dtype` gradients: samples/s (the mean
-    of its progress lines) and the final validation loss."""
-    cmd = [os.path.join(a.bin, "gradsync-run"), "--nproc", "2", "--", "/usr/bin/python3",
-           EXAMPLE, "--quick", "--grad-dtype", dtype]
-    res, out = run_timed(cmd, a.timeout)
-    if out is None:
-        return res
-    rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) samples/s", out)]
-    final = re.search(r"final val loss ([\d.]+)", out)
-    if rates and final:
-        res.update(ok=True, samples_per_sec=sum(rates) / len(rates),
-                   val_loss=float(final.group(1)))
-    else:
-        res["error"] = "no progress or final line"
-    return res
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_agent_run_args(p)
@@ -124,7 +105,7 @@ def main():
     tfm = {d: [] for d in DTYPES[:2]}
     for i in range(1, a.transformer_rounds + 1):
         for d in tfm:
-            r = run_transformer(a, d)
+            r = run_transformer_example(a.bin, a.timeout, "--quick", "--grad-dtype", d)
             tfm[d].append(r)
             print(f"transformer round {i} {d}: {fmt(r.get('samples_per_sec'), ',.1f')} samples/s, "
                   f"val loss {fmt(r.get('val_loss'), '.4f')}" if r.get("ok") else

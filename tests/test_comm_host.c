@@ -404,13 +404,31 @@ static void check_shards_cover(rank_ctx_t *rc, size_t count)
     mismatch(rc, "the shards of %zu cover %zu", count, covered);
 }
 
-/* Reduce-scatter then allgather of n floats: this rank's shard holds the
- * sum (or mean) after the first, every element after the second. */
+/* Whether buf[from, to) holds the reduction; names the first that does not. */
+static bool reduced_range(rank_ctx_t *rc, const float *buf, size_t from, size_t to, size_t n,
+                          gs_reduce_op_t op, unsigned iter, const char *what)
+{
+  for (size_t i = from; i < to; i++) {
+    double want = int_reduced(rc->w->size, i, iter, op);
+
+    if (op == GS_REDUCE_SUM ? buf[i] != want : !close_enough(buf[i], want, 1e-6)) {
+      mismatch(rc, "%s of %zu (%s, iter %u): [%zu] = %.9g, want %.9g", what, n,
+               gs_reduce_op_name(op), iter, i, buf[i], want);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Reduce-scatter, shard pass, allgather of n floats: this rank's shard
+ * holds the sum (or mean) after the first, the previous rank's too after
+ * the second, every element after the third. */
 static void sharded_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, unsigned iter)
 {
   uint32_t w = rc->w->size;
   size_t room = gs_comm_shard_room(rc->comm, n);
   gs_comm_shard_t mine = gs_comm_shard(rc->comm, n, rc->rank);
+  gs_comm_shard_t prev = gs_comm_shard(rc->comm, n, (rc->rank + w - 1) % w);
   float *buf = malloc(room ? room * sizeof(float) : 1);
   int err;
 
@@ -422,22 +440,13 @@ static void sharded_f32_checked(rank_ctx_t *rc, size_t n, gs_reduce_op_t op, uns
   for (size_t i = 0; i < n; i++)
     buf[i] = int_value(rc->rank, i, iter);
   err = gs_comm_reduce_scatter(rc->comm, buf, n, GS_DTYPE_FLOAT32, op);
-  for (int half = 0; half < 2 && !err; half++) {
-    size_t from = half ? 0 : mine.off, to = half ? n : mine.off + mine.len;
-
-    for (size_t i = from; i < to; i++) {
-      double want = int_reduced(w, i, iter, op);
-
-      if (op == GS_REDUCE_SUM ? buf[i] != want : !close_enough(buf[i], want, 1e-6)) {
-        mismatch(rc, "%s of %zu (%s, iter %u): [%zu] = %.9g, want %.9g",
-                 half ? "allgather" : "reduce-scatter", n, gs_reduce_op_name(op), iter, i, buf[i],
-                 want);
-        break;
-      }
-    }
-    if (!half)
-      err = gs_comm_allgather(rc->comm, buf, n, GS_DTYPE_FLOAT32);
-  }
+  if (!err && reduced_range(rc, buf, mine.off, mine.off + mine.len, n, op, iter, "reduce-scatter"))
+    err = gs_comm_shard_pass(rc->comm, buf, n, GS_DTYPE_FLOAT32);
+  if (!err && reduced_range(rc, buf, mine.off, mine.off + mine.len, n, op, iter, "shard pass") &&
+      reduced_range(rc, buf, prev.off, prev.off + prev.len, n, op, iter, "shard pass"))
+    err = gs_comm_allgather(rc->comm, buf, n, GS_DTYPE_FLOAT32);
+  if (!err)
+    reduced_range(rc, buf, 0, n, n, op, iter, "allgather");
   if (err)
     mismatch(rc, "sharded reduction of %zu (%s, iter %u): %s", n, gs_reduce_op_name(op), iter,
              gs_strerror(err));

@@ -40,6 +40,10 @@ Cases (one per run):
   fixed       a fixed-size job still fails fast when a rank is lost
   same        an elastic job where nothing fails trains exactly (bit for
               bit) as a fixed job of the same size
+  shard       --shard-optimizer in a 2:4 job, rank 3 killed mid-training:
+              its shard of the optimizer state lives on in rank 0's copy,
+              and the survivors go on from the state of the last step
+              applied, the checkpoint of that step's to the bit
 
 Nothing here asserts how long anything takes (that is bench/chaos.sh's
 work): waits end on a line in a log, and their timeouts only decide
@@ -53,6 +57,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -60,6 +65,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from testlib import WAIT, descendants, wait_until  # noqa: E402
+from checkpoints import read_checkpoint  # noqa: E402
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 CASE, BIN_DIR, COORD = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
@@ -144,7 +150,7 @@ class Job:
             [AGENT, "--coordinator", self.rpc, "--job", self.name, "--world-size", self.world,
              "--local-rank", str(local), "--node", "n", "--epochs", str(epochs), *TRAIN,
              "--data", FASHION, *extra],
-            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=clean_env())
+            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=dict(clean_env(), GS_DEBUG_RESHARD="1"))
         self.agents[local] = (p, log)
         return p
 
@@ -658,6 +664,57 @@ def case_same():
     b = open(os.path.join(out, "elastic.safetensors"), "rb").read()
     assert a == b, "the elastic job's model differs from the fixed job's"
     print(f"bit-identical models ({len(a)} bytes), accuracy {fixed:.4f} = {elastic:.4f}")
+
+
+def fnv1a_of_buffers(bufs):
+    """The engine's state hash: FNV-1a 64 over every buffer's float32 bytes
+    in checkpoint order (each pack's params, then its optimizer state)."""
+    h = 0xcbf29ce484222325
+    for b in bufs:
+        for byte in struct.pack(f"<{len(b)}f", *b):
+            h = ((h ^ byte) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+RESHARDED = r"resharded the optimizer state of step (\d+) from 4 ranks to 3 \(hash ([0-9a-f]{16})\)"
+
+
+def case_shard():
+    d = scratch("gs-elastic-shard-")
+    # Rank 3 hangs in its data phase at step 40 (the others wait in its
+    # collectives) and is killed there: a known last step, whose checkpoint
+    # rank 0 wrote. Its shard lives on in rank 0's copy (the ring wraps).
+    extra = ["--shard-optimizer", "--optimizer", "adamw", "--lr", "0.001", "--layers",
+             "784,16,10", "--checkpoint-dir", d, "--checkpoint-every", "1", "--checkpoint-keep",
+             "1000000", "--inject-fault", "data-hang:3:40:" + os.path.join(d, "never")]
+    job = Job("2:4", *QUICK_LOSS)
+    try:
+        for i in range(4):
+            job.start(i, *extra, epochs=FOREVER)
+        (hung,) = wait_until("rank 3's data loader hanging", lambda: [
+            i for i in range(4) if "data loader hangs at step 40" in job.log(i)] or (
+            any(job.agents[i][0].poll() is not None for i in range(4)) and job.fail(0, "hang")))
+        job.kill(hung)
+        survivors = [i for i in range(4) if i != hung]
+        m = job.wait_line(survivors[0], RESHARDED)
+        after = os.path.join(d, f"ckpt-{int(m.group(1)) + 5:012d}.gsck")
+        wait_until("training going on (5 more checkpoints)", lambda: os.path.exists(after))
+        job.stop()
+        expect_ok(job, survivors)
+        said = [re.search(RESHARDED, job.log(i)) for i in survivors]
+        assert all(said) and len({m.groups() for m in said}) == 1, \
+            [m and m.group(0) for m in said]
+        step, agreed = int(said[0].group(1)), int(said[0].group(2), 16)
+        text = job.log(survivors[0])
+        ck = read_checkpoint(os.path.join(d, f"ckpt-{step:012d}.gsck"))
+        assert ck["step"] == step and len(ck["bufs"]) == 3, (ck["step"], len(ck["bufs"]))
+        assert fnv1a_of_buffers(ck["bufs"]) == agreed, \
+            f"the state resharded at step {step} is not the checkpoint's of that step"
+        r = regroup_line(text)
+        print(f"rank 3 of 4 killed: the survivors resharded step {step}'s params and AdamW "
+              f"moments (hash {agreed:016x}, the checkpoint's); {r.group(0)}")
+    finally:
+        job.close()
 
 
 def run_case(cases, what):

@@ -211,6 +211,16 @@ int gs_comm_allgather(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype
   return counted(comm, err);
 }
 
+int gs_comm_shard_pass(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype)
+{
+  int err;
+
+  if (!comm)
+    return GS_EINVAL;
+  err = comm->ops->shard_pass(comm, buf, count, dtype);
+  return counted(comm, err);
+}
+
 /* One ticket for the whole group. A backend without a group call
  * broadcasts the spans in turn, stopping at the first failure. */
 int gs_comm_broadcast_group(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n, uint32_t root)

@@ -64,6 +64,7 @@ static const gs_comm_ops_t host_ops = {
     .shard_room = gs__host_shard_room,
     .reduce_scatter = gs__host_reduce_scatter,
     .allgather = gs__host_allgather,
+    .shard_pass = gs__host_shard_pass,
     .abort = host_abort,
     .destroy = host_destroy,
 };

@@ -631,6 +631,38 @@ static int nccl_broadcast_group(gs_comm_t *base, const gs_comm_span_t *spans, si
   return queue_end(c, "broadcast group launch", err ? err : end, in_progress);
 }
 
+/* This rank's piece to the next rank, the previous rank's piece from it:
+ * one grouped send and receive. */
+static int nccl_shard_pass(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype)
+{
+  nccl_comm_t *c = (nccl_comm_t *)base;
+  size_t piece = nccl_piece(base, count), esz = gs_dtype_size(dtype);
+  uint32_t next = (c->rank + 1) % c->world, prev = (c->rank + c->world - 1) % c->world;
+  bool in_progress = false, ignored;
+  int err = op_begin(c, "shard pass"), end;
+
+  if (!err)
+    err = gs__comm_check_reduction(base, "shard pass", buf, count, dtype, GS_REDUCE_SUM);
+  if (!err)
+    err = queue_begin(c, "shard pass");
+  if (err || !count || c->world == 1)
+    return err ? err : queue_end(c, "shard pass", 0, false);
+  err = GS_NCCL_STATUS(base->log, ncclGroupStart());
+  if (err)
+    return comm_fail(c, err);
+  err = NCCL_STARTED(base->log,
+                     ncclSend((char *)buf + c->rank * piece * esz, piece, nccl_type(dtype),
+                              (int)next, c->nccl, c->stream),
+                     &ignored);
+  if (!err)
+    err = NCCL_STARTED(base->log,
+                       ncclRecv((char *)buf + prev * piece * esz, piece, nccl_type(dtype),
+                                (int)prev, c->nccl, c->stream),
+                       &ignored);
+  end = NCCL_STARTED(base->log, ncclGroupEnd(), &in_progress); /* closed even after a failure */
+  return queue_end(c, "shard pass launch", err ? err : end, in_progress);
+}
+
 /* Compute-stream work queued from now on waits for collective `ticket`.
  * Tickets before the last sync are complete already: nothing to do. */
 static int nccl_order_after(gs_comm_t *base, uint64_t ticket)
@@ -799,6 +831,7 @@ static const gs_comm_ops_t nccl_ops = {
     .shard_room = nccl_shard_room,
     .reduce_scatter = nccl_reduce_scatter,
     .allgather = nccl_allgather,
+    .shard_pass = nccl_shard_pass,
     .broadcast = nccl_broadcast,
     .broadcast_group = nccl_broadcast_group,
     .abort = nccl_abort,

@@ -528,6 +528,20 @@ int gs__host_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtyp
                   "allgather");
 }
 
+/* The allgather's first step alone: each rank forwards the segment it
+ * owns (r+1) and receives its predecessor's (r). */
+int gs__host_shard_pass(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype)
+{
+  host_comm_t *c = (host_comm_t *)base;
+  int err = op_begin(c, "shard pass");
+
+  if (!err)
+    err = gs__comm_check_reduction(base, "shard pass", buf, count, dtype, GS_REDUCE_SUM);
+  if (err || c->world == 1 || count == 0)
+    return err;
+  return ring_run(c, buf, count, dtype, GS_REDUCE_SUM, c->world - 1, c->world, "shard pass");
+}
+
 /* Chain from root along the ring, forwarding each piece as it arrives. */
 int gs__host_broadcast(gs_comm_t *base, void *buf, size_t bytes, uint32_t root)
 {

@@ -152,5 +152,6 @@ size_t gs__host_shard_room(const gs_comm_t *base, size_t count);
 int gs__host_reduce_scatter(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype,
                             gs_reduce_op_t op);
 int gs__host_allgather(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype);
+int gs__host_shard_pass(gs_comm_t *base, void *buf, size_t count, gs_dtype_t dtype);
 
 #endif

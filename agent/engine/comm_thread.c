@@ -27,10 +27,23 @@ int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint1
 
 int gs__engine_scatter_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire)
 {
-  if (!wire)
-    return gs_comm_reduce_scatter(e->comm, grads, count, GS_DTYPE_FLOAT32, GS_REDUCE_SUM);
-  gs_device_narrow(e->cfg.dev, wire, grads, count, e->packs.wire);
-  return gs_comm_reduce_scatter(e->comm, wire, count, e->packs.wire, GS_REDUCE_SUM);
+  void *buf = wire ? (void *)wire : (void *)grads;
+  gs_dtype_t dtype = wire ? e->packs.wire : GS_DTYPE_FLOAT32;
+  int err;
+
+  if (wire)
+    gs_device_narrow(e->cfg.dev, wire, grads, count, e->packs.wire);
+  err = gs_comm_reduce_scatter(e->comm, buf, count, dtype, GS_REDUCE_SUM);
+  if (!err && gs__engine_shard_copies(e))
+    err = gs_comm_shard_pass(e->comm, buf, count, dtype);
+  return err;
+}
+
+void gs__engine_widen_windows(gs_engine_t *e, const gs_pack_t *pk)
+{
+  for (uint32_t w = 0; pk->wire && w < GS_PACK_WINDOWS; w++)
+    gs_device_widen(e->cfg.dev, pk->grads + pk->win[w].off, pk->wire + pk->win[w].off,
+                    pk->win[w].len, e->packs.wire);
 }
 
 static int run_job(gs_engine_t *e, const comm_job_t *job)
@@ -50,8 +63,7 @@ static int run_job(gs_engine_t *e, const comm_job_t *job)
   }
   /* A blocking backend's device is the cpu: its sums are there already. */
   if (!err && job->wire && !gs_comm_stream_ordered(e->comm))
-    gs_device_widen(e->cfg.dev, (float *)job->buf + job->keep, job->wire + job->keep, job->kept,
-                    e->packs.wire);
+    gs__engine_widen_windows(e, job->pack);
   return err;
 }
 

@@ -62,21 +62,21 @@ static const char *first_nonfinite_param(gs_engine_t *e)
 {
   for (uint32_t k = 0; k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
-    const float *g = pk->grads + pk->win_off;
+    const float *g = pk->grads + pk->win[0].off;
     float *host = NULL;
     size_t at;
 
     if (!e->cfg.dev->host_memory) {
-      host = malloc(pk->win_len * sizeof(float) + 1);
-      if (!host || gs_device_download(e->cfg.dev, host, g, pk->win_len * sizeof(float))) {
+      host = malloc(pk->win[0].len * sizeof(float) + 1);
+      if (!host || gs_device_download(e->cfg.dev, host, g, pk->win[0].len * sizeof(float))) {
         free(host);
         return "?";
       }
       g = host;
     }
-    at = pk->win_off + gs_optim_first_nonfinite(g, pk->win_len);
+    at = pk->win[0].off + gs_optim_first_nonfinite(g, pk->win[0].len);
     free(host);
-    for (uint32_t j = 0; at < pk->win_off + pk->win_len && j < pk->nparams; j++)
+    for (uint32_t j = 0; at < pk->win[0].off + pk->win[0].len && j < pk->nparams; j++)
       if (at < pk->segs[j].offset + pk->segs[j].count)
         return e->packs.params[e->packs.list.order[pk->first + j]].name;
   }
@@ -283,6 +283,10 @@ int gs__engine_act(gs_engine_t *e, const gs_control_t *c, uint64_t step, double 
   if (c->checkpoint || (e->cfg.checkpoint_every && step % e->cfg.checkpoint_every == 0) ||
       (out->stop && e->cfg.checkpoint_dir)) {
     err = gs_engine_checkpoint(e, &e->after);
+    /* Sharded, a checkpoint is a collective: a lost rank regroups (a
+     * failed disk is no failure of the engine's). */
+    if (err && e->failed && gs__engine_sharded(e) && gs__engine_elastic(e) && err != GS_EINTR)
+      return gs__engine_regroup(e, e->error, false, start_ms, out);
     if (err)
       return err;
     out->checkpoint = true;

@@ -256,12 +256,6 @@ int gs_engine_start(gs_engine_t *e)
   }
   if (gs__engine_groups_check(e))
     return GS_EINVAL;
-  if (e->cfg.shard_optimizer && gs__engine_elastic(e)) {
-    gs_set_why(e->error, sizeof(e->error),
-               "sharded optimizer state is not supported in an elastic job yet (a lost rank would "
-               "take its shard with it): use a fixed world size, or no sharding");
-    return GS_EINVAL;
-  }
   if ((unsigned)e->cfg.grad_dtype > GS_GRAD_FP16) {
     gs_set_why(e->error, sizeof(e->error), "grad dtype %d is none of fp32, bf16 and fp16",
                (int)e->cfg.grad_dtype);

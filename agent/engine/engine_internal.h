@@ -125,10 +125,10 @@ typedef struct comm_job {
   /* A pack's reduction whose grads travel in 16 bits: its wire buffer, and
    * how many of the `count` floats are grads (the rest, the control
    * vector, travels in float32). NULL: `buf` travels as it is. The sums
-   * this rank uses (from `keep`, `kept` of them: all, or its shard) are
-   * widened back into `buf`. */
+   * this rank uses (the pack's windows) are widened back into `buf`. */
   uint16_t *wire;
-  size_t elements, keep, kept;
+  size_t elements;
+  const struct gs_pack *pack; /* sharded: its windows' sums are the ones widened */
   job_state_t state;
   int err;
 } comm_job_t;
@@ -147,6 +147,16 @@ struct gs_engine {
   uint64_t ckpt_step;
   gs_packs_t packs;
   float **full_state; /* sharded: every pack's whole state, while assembled (shard.c) */
+  /* Sharded (shard.c): the rank and world the windows were cut for; the
+   * step whose reduced gradients the windows hold (a regroup may catch up
+   * on its update); in an elastic job, the step whose update was queued
+   * and whose readback was not yet taken (0: none), and that update's
+   * gate values (skip, veto, factor: device memory, copied at the update). */
+  uint32_t shard_rank, shard_world;
+  uint64_t shard_reduced, shard_untaken;
+  float *shard_gates;        /* 3 floats */
+  uint64_t state_hash;       /* the last hash gs__engine_check_same_state agreed on */
+  uint32_t shard_gate_flags; /* skip asked, grads scaled, a veto, a factor: bits 0-3 */
   gs_client_t *client;
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
@@ -300,8 +310,14 @@ int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job);
 int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire,
                                size_t elements);
 /* The same for a sharded step: the grads reduce-scattered (no control
- * vector rides along). */
+ * vector rides along), and in an elastic job each shard passed on to the
+ * next rank, which keeps a copy of its state; the wire's sums this rank
+ * uses (its pack windows) widened back into the grads. */
 int gs__engine_scatter_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire);
+void gs__engine_widen_windows(gs_engine_t *e, const struct gs_pack *pk);
+/* step.c: pack k's fused update queued over each of its windows, read
+ * through `gated`'s gate when it runs. */
+void gs__engine_update_windows(gs_engine_t *e, uint32_t k, const gs_optim_step_t *gated);
 /* A collective of the step run on the training thread once the comm
  * thread is idle (a blocking backend), or queued with the device's later
  * work ordered after it (a stream-ordered one). */
@@ -343,6 +359,9 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root) GS_WAR
 /* sync.c: every rank takes params, momentum and position from the rank
  * the Join named (join.state_rank) and checks that all now hold the same. */
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
+/* sync.c: whether every rank holds the params and state this one does
+ * (their hash; a failure of the engine, naming it, when not). */
+int gs__engine_check_same_state(gs_engine_t *e) GS_WARN_UNUSED;
 
 /* shard.c: whether the optimizer state is sharded; the padding each
  * pack's buffers need for it; each pack's window made this rank's shard
@@ -351,13 +370,23 @@ int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
  * window's part kept and the whole freed, or only freed; a state
  * buffer, whole while assembled. */
 bool gs__engine_sharded(const gs_engine_t *e);
+bool gs__engine_shard_copies(const gs_engine_t *e);
 size_t gs__engine_shard_pad(const gs_engine_t *e);
 int gs__engine_shard(gs_engine_t *e) GS_WARN_UNUSED;
+/* shard.c: an elastic regroup's state, sharded: every member's windows
+ * brought to the newest step any holds (catching up on its update), the
+ * whole params and state assembled from the windows of the ranks that
+ * held them (a lost rank's from the next rank's copy), checked alike on
+ * every rank, and cut into the new world's windows. */
+int gs__engine_reshard(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_full_state_open(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_full_state_gather(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_full_state_keep(gs_engine_t *e) GS_WARN_UNUSED;
 void gs__engine_full_state_close(gs_engine_t *e);
 float *gs__engine_state_of(const gs_engine_t *e, uint32_t k, uint32_t s);
+/* shard.c: state buffer s of pack k, every rank's shard of it, gathered
+ * into `whole` (device memory of the pack's room; collective). */
+int gs__engine_gather_slot(gs_engine_t *e, uint32_t k, uint32_t s, float *whole) GS_WARN_UNUSED;
 
 /* generation.c: entering a generation, the steps of start a regroup
  * repeats: a new backend listening (its address in `addr`), the first

@@ -259,8 +259,10 @@ static int alloc_step_state(gs_engine_t *e)
   /* Sharded: the control vector travels alone, with the shards' verdict
    * after it (step.c's reduce_control). */
   if (gs__engine_sharded(e)) {
-    e->ctl_dev = gs_device_alloc(e->cfg.dev, (e->nctl_cap + 1) * sizeof(float));
+    /* and the gates of an update a regroup may hand on, after them */
+    e->ctl_dev = gs_device_alloc(e->cfg.dev, (e->nctl_cap + 4) * sizeof(float));
     e->skip_dev = e->ctl_dev ? e->ctl_dev + e->nctl_cap : NULL;
+    e->shard_gates = e->ctl_dev ? e->ctl_dev + e->nctl_cap + 1 : NULL;
   } else {
     e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
                  e->packs.packs[gs_packs_last(&e->packs)].elements;
@@ -377,7 +379,10 @@ int gs__engine_go_live(gs_engine_t *e)
   int err = alloc_step_state(e);
 
   err = err ? err : connect_ranks(e);
-  err = err ? err : gs__engine_shard(e);
+  /* Sharded: the windows of the first world (a regroup's state is cut
+   * again once its shards are assembled: reshard.c). */
+  if (!err && !e->packs.packs[0].win[GS_WINDOW_OWN].segs)
+    err = gs__engine_shard(e);
   if (err)
     return err;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,

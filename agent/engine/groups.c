@@ -250,9 +250,9 @@ float *gs_engine_state(const gs_engine_t *e, uint32_t i, uint32_t slot)
   at = e->packs.offset_of[i];
   if (e->full_state) /* assembled (shard.c) */
     return gs__engine_state_of(e, e->packs.pack_of[i], slot) + at;
-  if (at < pk->win_off || at + e->packs.params[i].elements > pk->win_off + pk->win_len)
+  if (at < pk->win[0].off || at + e->packs.params[i].elements > pk->win[0].off + pk->win[0].len)
     return NULL; /* sharded: not wholly this rank's */
-  return pk->state[slot] + (at - pk->win_off);
+  return pk->win[0].state[slot] + (at - pk->win[0].off);
 }
 
 uint64_t gs_engine_optim_steps(const gs_engine_t *e)

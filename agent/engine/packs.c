@@ -5,18 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FNV_OFFSET 0xcbf29ce484222325ULL
-#define FNV_PRIME 0x100000001b3ULL
+#include "hash.h"
+
 #define PACK_ALIGN 64 /* a cache line: lets the optimizer and reduce loops vectorize cleanly */
-
-static uint64_t fnv1a(uint64_t h, const void *data, size_t len)
-{
-  const uint8_t *b = data;
-
-  for (size_t i = 0; i < len; i++)
-    h = (h ^ b[i]) * FNV_PRIME;
-  return h;
-}
 
 void gs_packs_init(gs_packs_t *p)
 {
@@ -28,11 +19,13 @@ void gs_packs_free(gs_packs_t *p)
   for (uint32_t i = 0; p->packs && i < p->list.pack_count; i++) {
     gs_device_free(p->dev, p->packs[i].params);
     gs_device_free(p->dev, p->packs[i].grads);
-    for (uint32_t k = 0; k < GS_OPTIM_MAX_STATE; k++)
-      gs_device_free(p->dev, p->packs[i].state[k]);
+    for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++) {
+      for (uint32_t k = 0; k < GS_OPTIM_MAX_STATE; k++)
+        gs_device_free(p->dev, p->packs[i].win[w].state[k]);
+      free(p->packs[i].win[w].segs);
+    }
     gs_device_free(p->dev, p->packs[i].wire);
     free(p->packs[i].segs);
-    free(p->packs[i].win_segs);
   }
   free(p->packs);
   for (uint32_t i = 0; i < p->nparams; i++)
@@ -93,13 +86,13 @@ int gs_packs_set_group(gs_packs_t *p, uint32_t i, uint32_t group)
 
 void gs_packs_signature(const gs_packs_t *p, gradsync_ModelSignature *sig)
 {
-  uint64_t shapes = FNV_OFFSET, dtypes = FNV_OFFSET, total = 0;
+  uint64_t shapes = GS_FNV1A64_SEED, dtypes = GS_FNV1A64_SEED, total = 0;
 
   for (uint32_t i = 0; i < p->nparams; i++) {
     uint32_t dt = p->params[i].dtype;
 
-    shapes = fnv1a(shapes, &p->params[i].elements, sizeof(p->params[i].elements));
-    dtypes = fnv1a(dtypes, &dt, sizeof(dt));
+    shapes = gs_fnv1a64(shapes, &p->params[i].elements, sizeof(p->params[i].elements));
+    dtypes = gs_fnv1a64(dtypes, &dt, sizeof(dt));
     total += p->params[i].elements;
   }
   sig->param_count = p->nparams;
@@ -170,18 +163,19 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra, bool
     if (!pk->wire)
       return GS_ENOMEM;
   }
-  return sharded ? 0 : gs_packs_set_window(p, k, 0, off);
+  return sharded ? 0 : gs_packs_set_window(p, k, GS_WINDOW_OWN, 0, off);
 }
 
-int gs_packs_set_window(gs_packs_t *p, uint32_t k, size_t off, size_t len)
+int gs_packs_set_window(gs_packs_t *p, uint32_t k, uint32_t w, size_t off, size_t len)
 {
   gs_pack_t *pk = &p->packs[k];
+  gs_pack_window_t *win = &pk->win[w];
   gs_optim_segment_t *segs;
   uint32_t n = 0;
 
-  if (off > pk->elements || len > pk->elements - off)
+  if (w >= GS_PACK_WINDOWS || off > pk->elements || len > pk->elements - off)
     return GS_EINVAL;
-  if (pk->win_segs && pk->win_off == off && pk->win_len == len)
+  if (win->segs && win->off == off && win->len == len)
     return 0;
   segs = calloc(pk->nparams ? pk->nparams : 1, sizeof(*segs));
   if (!segs)
@@ -195,17 +189,14 @@ int gs_packs_set_window(gs_packs_t *p, uint32_t k, size_t off, size_t len)
       segs[n++] = (gs_optim_segment_t){lo - off, hi - lo, pk->segs[j].group};
   }
   for (uint32_t s = 0; s < GS_OPTIM_MAX_STATE; s++) {
-    gs_device_free(p->dev, pk->state[s]);
-    pk->state[s] = NULL;
+    gs_device_free(p->dev, win->state[s]);
+    win->state[s] = NULL;
   }
-  free(pk->win_segs);
-  pk->win_segs = segs;
-  pk->win_nseg = n;
-  pk->win_off = off;
-  pk->win_len = len;
+  free(win->segs);
+  *win = (gs_pack_window_t){.off = off, .len = len, .segs = segs, .nseg = n};
   for (uint32_t s = 0; s < p->nstate; s++) {
-    pk->state[s] = alloc_floats(p, len);
-    if (!pk->state[s])
+    win->state[s] = alloc_floats(p, len);
+    if (!win->state[s])
       return GS_ENOMEM;
   }
   return 0;
@@ -216,7 +207,8 @@ uint64_t gs_packs_state_bytes(const gs_packs_t *p)
   uint64_t bytes = 0;
 
   for (uint32_t k = 0; p->packs && k < p->list.pack_count; k++)
-    bytes += (uint64_t)p->packs[k].win_len * p->nstate * sizeof(float);
+    for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
+      bytes += (uint64_t)p->packs[k].win[w].len * p->nstate * sizeof(float);
   return bytes;
 }
 
@@ -279,19 +271,20 @@ uint32_t gs_packs_last(const gs_packs_t *p)
 
 uint64_t gs_packs_layout_hash(const gs_packs_t *p)
 {
-  uint64_t h = fnv1a(FNV_OFFSET, &p->list.threshold_bytes, sizeof(p->list.threshold_bytes));
+  uint64_t h =
+      gs_fnv1a64(GS_FNV1A64_SEED, &p->list.threshold_bytes, sizeof(p->list.threshold_bytes));
 
   for (uint32_t k = 0; k < p->list.pack_count; k++) {
     const gs_pack_t *pk = &p->packs[k];
 
-    h = fnv1a(h, &pk->nparams, sizeof(pk->nparams));
+    h = gs_fnv1a64(h, &pk->nparams, sizeof(pk->nparams));
     for (uint32_t j = 0; j < pk->nparams; j++) {
       const gs_param_desc_t *d = &p->params[p->list.order[pk->first + j]];
       uint32_t dt = d->dtype;
 
-      h = fnv1a(h, d->name, strlen(d->name) + 1);
-      h = fnv1a(h, &d->elements, sizeof(d->elements));
-      h = fnv1a(h, &dt, sizeof(dt));
+      h = gs_fnv1a64(h, d->name, strlen(d->name) + 1);
+      h = gs_fnv1a64(h, &d->elements, sizeof(d->elements));
+      h = gs_fnv1a64(h, &dt, sizeof(dt));
     }
   }
   return h;

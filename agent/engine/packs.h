@@ -22,22 +22,30 @@
 #include "packlist.h"
 #include "optim.h"
 
+/* Elements of a pack this rank updates and keeps optimizer state for:
+ * the whole pack, or a shard of it (sharded optimizer state); `segs` are
+ * the pack's segments cut to it, their offsets from `off`. */
+typedef struct gs_pack_window {
+  size_t off, len;
+  gs_optim_segment_t *segs;
+  uint32_t nseg;
+  float *state[GS_OPTIM_MAX_STATE]; /* nstate of them (gs_packs_t), `len` each */
+} gs_pack_window_t;
+
+/* A pack's windows: this rank's own, and (sharded in an elastic job) a
+ * copy of the previous rank's, which this rank updates too so that a
+ * lost rank's state survives it (len 0 otherwise). */
+enum { GS_WINDOW_OWN, GS_WINDOW_COPY, GS_PACK_WINDOWS };
+
 typedef struct gs_pack {
   float *params, *grads; /* `elements` each, + `pad` (gs_packs_layout_t); grads: + `extra` */
-  /* nstate of them (gs_packs_t), `win_len` each: the state of the window */
-  float *state[GS_OPTIM_MAX_STATE];
-  uint16_t *wire; /* the grads as they travel when that is a 16-bit float, else NULL */
+  uint16_t *wire;        /* the grads as they travel when that is a 16-bit float, else NULL */
   size_t elements;
   size_t extra;             /* trailing floats after the grads (the control vector) */
   uint32_t first, nparams;  /* its entries in the pack list's order[] */
   gs_optim_segment_t *segs; /* one per param, in order[] order */
   uint32_t pending;         /* grads not yet ready this step */
-  /* The elements this rank updates and keeps optimizer state for: the
-   * whole pack, or its shard (sharded optimizer state); win_segs are the
-   * segments cut to it, their offsets from win_off. */
-  size_t win_off, win_len;
-  gs_optim_segment_t *win_segs;
-  uint32_t win_nseg;
+  gs_pack_window_t win[GS_PACK_WINDOWS];
 } gs_pack_t;
 
 /* What a parameter is besides its size (the bias rules of the SGD
@@ -96,11 +104,13 @@ int gs_packs_build(gs_packs_t *p, gs_device_t *dev, gs_packlist_t *list,
                    const gs_param_desc_t *list_params, uint32_t list_nparams,
                    const gs_packs_layout_t *layout, char *why, size_t why_len) GS_WARN_UNUSED;
 
-/* Makes elements [off, off + len) of pack k its window: the optimizer
- * state becomes that window's, zeroed (unless the window is unchanged). */
-int gs_packs_set_window(gs_packs_t *p, uint32_t k, size_t off, size_t len) GS_WARN_UNUSED;
+/* Makes elements [off, off + len) of pack k its window `w` (GS_WINDOW_*):
+ * the window's optimizer state is then its own, zeroed (unless the window
+ * is unchanged). */
+int gs_packs_set_window(gs_packs_t *p, uint32_t k, uint32_t w, size_t off,
+                        size_t len) GS_WARN_UNUSED;
 
-/* The bytes of optimizer state this rank holds (every pack's window). */
+/* The bytes of optimizer state this rank holds (every pack's windows). */
 uint64_t gs_packs_state_bytes(const gs_packs_t *p);
 
 /* Views of parameter i (after build; device memory). */

@@ -24,13 +24,23 @@ size_t gs__engine_shard_pad(const gs_engine_t *e)
   return gs__engine_sharded(e) && e->cfg.world_size > 1 ? e->cfg.world_size - 1 : 0;
 }
 
+/* In an elastic job each rank also keeps a copy of the previous rank's
+ * shard and its state, updated as its owner updates it: a lost rank's
+ * state survives on the next one (unless both are lost together). */
+bool gs__engine_shard_copies(const gs_engine_t *e)
+{
+  return gs__engine_sharded(e) && gs__engine_elastic(e) && e->join.world_size > 1;
+}
+
 int gs__engine_shard(gs_engine_t *e)
 {
-  atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
-                        memory_order_relaxed);
+  uint32_t w = e->join.world_size, prev = (e->join.rank + w - 1) % w;
+
   for (uint32_t k = 0; gs__engine_sharded(e) && k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
-    gs_comm_shard_t s = gs_comm_shard(e->comm, pk->elements, e->join.rank);
+    gs_comm_shard_t own = gs_comm_shard(e->comm, pk->elements, e->join.rank);
+    gs_comm_shard_t copy = gs__engine_shard_copies(e) ? gs_comm_shard(e->comm, pk->elements, prev)
+                                                      : (gs_comm_shard_t){0, 0};
     int err;
 
     if (gs_comm_shard_room(e->comm, pk->elements) > pk->elements + e->packs.pad) {
@@ -39,21 +49,23 @@ int gs__engine_shard(gs_engine_t *e)
                  gs_comm_name(e->comm));
       return GS_EINVAL;
     }
-    err = gs_packs_set_window(&e->packs, k, s.off, s.len);
+    err = gs_packs_set_window(&e->packs, k, GS_WINDOW_OWN, own.off, own.len);
+    err = err ? err : gs_packs_set_window(&e->packs, k, GS_WINDOW_COPY, copy.off, copy.len);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "out of memory for the optimizer state");
       return err;
     }
-    atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
-                          memory_order_relaxed);
   }
+  e->shard_rank = e->join.rank;
+  e->shard_world = w;
+  atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
+                        memory_order_relaxed);
   return 0;
 }
 
 /* Every pack's state buffers at full length (room for the backend's
- * shards), zeroed; the window's own state copied into place unless
- * `empty`. */
-static int full_open(gs_engine_t *e, bool empty)
+ * shards), zeroed. */
+static int full_open(gs_engine_t *e)
 {
   uint32_t packs = e->packs.list.pack_count, n = e->packs.nstate;
   int err = 0;
@@ -65,16 +77,25 @@ static int full_open(gs_engine_t *e, bool empty)
     gs_pack_t *pk = &e->packs.packs[k];
 
     for (uint32_t s = 0; !err && s < n; s++) {
-      float *full = gs_device_alloc(e->cfg.dev, (pk->elements + e->packs.pad) * sizeof(float));
-
-      e->full_state[k * n + s] = full;
-      err = full ? 0 : GS_ENOMEM;
-      if (!err && !empty)
-        err = gs_device_copy(e->cfg.dev, full + pk->win_off, pk->state[s],
-                             pk->win_len * sizeof(float));
+      e->full_state[k * n + s] =
+          gs_device_alloc(e->cfg.dev, (pk->elements + e->packs.pad) * sizeof(float));
+      err = e->full_state[k * n + s] ? 0 : GS_ENOMEM;
     }
   }
   return err;
+}
+
+int gs__engine_gather_slot(gs_engine_t *e, uint32_t k, uint32_t s, float *whole)
+{
+  gs_pack_t *pk = &e->packs.packs[k];
+  comm_job_t job = {.op = OP_ALLGATHER, .buf = whole, .count = pk->elements};
+  int err = gs_device_copy(e->cfg.dev, whole + pk->win[0].off, pk->win[0].state[s],
+                           pk->win[0].len * sizeof(float));
+
+  err = err ? err : gs__engine_step_collective(e, &job);
+  if (!err)
+    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+  return err ? gs__engine_comm_failed(e, err, "allgather of the optimizer state") : 0;
 }
 
 void gs__engine_full_state_close(gs_engine_t *e)
@@ -89,7 +110,7 @@ void gs__engine_full_state_close(gs_engine_t *e)
 
 float *gs__engine_state_of(const gs_engine_t *e, uint32_t k, uint32_t s)
 {
-  return e->full_state ? e->full_state[k * e->packs.nstate + s] : e->packs.packs[k].state[s];
+  return e->full_state ? e->full_state[k * e->packs.nstate + s] : e->packs.packs[k].win[0].state[s];
 }
 
 int gs__engine_full_state_gather(gs_engine_t *e)
@@ -98,27 +119,20 @@ int gs__engine_full_state_gather(gs_engine_t *e)
 
   if (!gs__engine_sharded(e))
     return 0;
-  err = full_open(e, false);
+  err = full_open(e);
+  if (err)
+    gs_set_why(e->error, sizeof(e->error), "out of memory for the whole optimizer state");
   for (uint32_t k = 0; !err && k < e->packs.list.pack_count; k++)
-    for (uint32_t s = 0; !err && s < e->packs.nstate; s++) {
-      comm_job_t job = {.op = OP_ALLGATHER,
-                        .buf = gs__engine_state_of(e, k, s),
-                        .count = e->packs.packs[k].elements};
-
-      err = gs__engine_step_collective(e, &job);
-    }
-  if (!err)
-    err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
-  if (err) {
+    for (uint32_t s = 0; !err && s < e->packs.nstate; s++)
+      err = gs__engine_gather_slot(e, k, s, gs__engine_state_of(e, k, s));
+  if (err)
     gs__engine_full_state_close(e);
-    return gs__engine_comm_failed(e, err, "allgather of the optimizer state");
-  }
-  return 0;
+  return err;
 }
 
 int gs__engine_full_state_open(gs_engine_t *e)
 {
-  int err = gs__engine_sharded(e) ? full_open(e, true) : 0;
+  int err = gs__engine_sharded(e) ? full_open(e) : 0;
 
   if (err) {
     gs__engine_full_state_close(e);
@@ -134,9 +148,11 @@ int gs__engine_full_state_keep(gs_engine_t *e)
   for (uint32_t k = 0; e->full_state && !err && k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
 
-    for (uint32_t s = 0; !err && s < e->packs.nstate; s++)
-      err = gs_device_copy(e->cfg.dev, pk->state[s], gs__engine_state_of(e, k, s) + pk->win_off,
-                           pk->win_len * sizeof(float));
+    for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
+      for (uint32_t s = 0; !err && s < e->packs.nstate; s++)
+        err = gs_device_copy(e->cfg.dev, pk->win[w].state[s],
+                             gs__engine_state_of(e, k, s) + pk->win[w].off,
+                             pk->win[w].len * sizeof(float));
   }
   if (!err && e->full_state)
     err = gs_device_sync(e->cfg.dev); /* the whole buffers are freed next */
@@ -178,8 +194,8 @@ void gs_engine_window(const gs_engine_t *e, uint32_t i, uint64_t *first, uint64_
   pk = &e->packs.packs[e->packs.pack_of[i]];
   at = e->packs.offset_of[i];
   end = at + e->packs.params[i].elements;
-  lo = at > pk->win_off ? at : pk->win_off;
-  hi = end < pk->win_off + pk->win_len ? end : pk->win_off + pk->win_len;
+  lo = at > pk->win[0].off ? at : pk->win[0].off;
+  hi = end < pk->win[0].off + pk->win[0].len ? end : pk->win[0].off + pk->win[0].len;
   if (lo < hi)
     *first = lo - at, *count = hi - lo;
 }

@@ -132,8 +132,7 @@ static void launch(gs_engine_t *e, uint32_t k)
                         .count = count,
                         .wire = pk->wire,
                         .elements = pk->elements,
-                        .keep = sharded ? pk->win_off : 0,
-                        .kept = sharded ? pk->win_len : pk->elements};
+                        .pack = pk};
     /* The training thread waits for the last pack right after backward;
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
@@ -167,9 +166,8 @@ static int complete(gs_engine_t *e, uint32_t k)
   if (!gs_comm_stream_ordered(e->comm))
     return gs__engine_wait_job(e, job);
   err = gs_comm_order_after(e->comm, e->ticket[k]);
-  if (!err && pk->wire) /* the sums this rank uses: its window's */
-    gs_device_widen(e->cfg.dev, pk->grads + pk->win_off, pk->wire + pk->win_off, pk->win_len,
-                    e->packs.wire);
+  if (!err) /* the sums this rank uses: its windows' */
+    gs__engine_widen_windows(e, pk);
   return err;
 }
 
@@ -265,7 +263,6 @@ static int missing_gradient(gs_engine_t *e, uint64_t step)
  * so; see gs_optim_gate_t); the milliseconds it took. */
 static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
 {
-  gs_pack_t *pk = &e->packs.packs[k];
   double t0 = gs_now_ms_f();
   gs_optim_step_t gated = *st;
 
@@ -274,9 +271,19 @@ static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
       .veto = e->drive.veto_at,
       .factor = e->drive.factor_at,
   };
-  gs_device_optim_pack(e->cfg.dev, &gated, pk->win_segs, pk->win_nseg, pk->params + pk->win_off,
-                       pk->grads + pk->win_off, pk->state);
+  gs__engine_update_windows(e, k, &gated);
   return gs_now_ms_f() - t0;
+}
+
+void gs__engine_update_windows(gs_engine_t *e, uint32_t k, const gs_optim_step_t *gated)
+{
+  gs_pack_t *pk = &e->packs.packs[k];
+
+  for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
+    if (pk->win[w].len)
+      gs_device_optim_pack(e->cfg.dev, gated, pk->win[w].segs, pk->win[w].nseg,
+                           pk->params + pk->win[w].off, pk->grads + pk->win[w].off,
+                           pk->win[w].state);
 }
 
 /* A collective of the step failed: an elastic job regroups without this
@@ -326,6 +333,31 @@ static int gather_params(gs_engine_t *e, bool updated)
   return err;
 }
 
+/* A sharded elastic step's update is queued: the step is this rank's
+ * state (a regroup from here keeps it), and what gated the update is kept
+ * (copied on the device, with the host's part) for a regroup to hand to a
+ * rank that must catch up on it (shard.c). */
+static void keep_update(gs_engine_t *e, bool skip_asked)
+{
+  gs_device_t *d = e->cfg.dev;
+  int err = 0;
+
+  e->committed = e->after;
+  e->shard_untaken = e->after.step;
+  e->shard_gate_flags = (uint32_t)skip_asked | (uint32_t)e->reduced.scaled << 1 |
+                        (uint32_t)(e->drive.veto_at != NULL) << 2 |
+                        (uint32_t)(e->drive.factor_at != NULL) << 3;
+  err = e->cfg.nonfinite == GS_NONFINITE_OFF
+            ? gs_device_zero(d, e->shard_gates, sizeof(float))
+            : gs_device_copy(d, e->shard_gates, e->skip_dev, sizeof(float));
+  if (!err && e->drive.veto_at)
+    err = gs_device_copy(d, e->shard_gates + 1, e->drive.veto_at, sizeof(float));
+  if (!err && e->drive.factor_at)
+    err = gs_device_copy(d, e->shard_gates + 2, e->drive.factor_at, sizeof(float));
+  if (err) /* the device failed: the step's own readback says so */
+    e->shard_untaken = 0;
+}
+
 /* The step's reductions: waits for the allreduces pack by pack, checks
  * each pack's sums, and (unless `defer`) queues each pack's update as its
  * gradients arrive. Fills e->reduced (the wait, the update time so far)
@@ -366,8 +398,8 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
       return step_failed(e, err, what, start_ms, out);
     }
     if (check) /* sharded: the shard's verdict, summed with the control vector */
-      gs_device_check_finite(e->cfg.dev, e->packs.packs[k].grads + e->packs.packs[k].win_off,
-                             e->packs.packs[k].win_len, e->skip_dev);
+      gs_device_check_finite(e->cfg.dev, e->packs.packs[k].grads + e->packs.packs[k].win[0].off,
+                             e->packs.packs[k].win[0].len, e->skip_dev);
     if (!defer) {
       gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0);
       e->reduced.optimizer_ms += apply_optim(e, k, st);
@@ -375,6 +407,7 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   }
   t0 = gs_now_ms_f();
   if (gs__engine_sharded(e)) {
+    e->shard_reduced = step; /* the windows hold this step's sums: a regroup may apply them */
     err = reduce_control(e);
     e->reduced.waited_ms += gs_now_ms_f() - t0;
     if (err)
@@ -402,8 +435,9 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
 static void scale_grads(gs_engine_t *e, float factor)
 {
   for (uint32_t k = 0; factor != 1.0f && k < e->packs.list.pack_count; k++)
-    gs_device_scale(e->cfg.dev, e->packs.packs[k].grads + e->packs.packs[k].win_off,
-                    e->packs.packs[k].win_len, factor);
+    for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
+      gs_device_scale(e->cfg.dev, e->packs.packs[k].grads + e->packs.packs[k].win[w].off,
+                      e->packs.packs[k].win[w].len, factor);
 }
 
 int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
@@ -530,23 +564,29 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   st.grad_scale = (e->reduced.scaled ? 1.0f : st.grad_scale) * factor;
   for (uint32_t k = 0; defer && !skip_asked && k < e->nissued; k++)
     apply_optim(e, k, &st);
+  if (!skip_asked)
+    e->optim_steps++; /* taken back when the step turns out skipped */
   if (gs__engine_sharded(e)) {
     double g0 = gs_now_ms_f();
+    char what[64];
 
+    if (gs__engine_shard_copies(e))
+      keep_update(e, skip_asked);
     err = gather_params(e, !skip_asked);
     e->reduced.waited_ms += gs_now_ms_f() - g0;
     t0 += gs_now_ms_f() - g0; /* not the optimizer's time */
+    snprintf(what, sizeof(what), "step %" PRIu64 ": allgather of the updated params", step);
     if (err)
-      return gs__engine_comm_failed(e, err, "allgather of the updated params");
+      return step_failed(e, err, what, e->step_start_ms, out);
   }
-  if (!skip_asked)
-    e->optim_steps++; /* taken back when the step turns out skipped */
   err = queue_flight(e, check, skip_asked);
   if (!err)
     e->committed = e->after; /* this step is done (applied, or skipped on the device) */
   if (!err && (!e->late || due(e, step) || gs__engine_controls_act(&c))) {
     err = gs__engine_flight_take(e, cur, true, &mine, out);
     gs__engine_controls_merge(&c, &mine);
+    if (!err)
+      e->shard_untaken = 0;
   }
   optimizer = e->reduced.optimizer_ms + (gs_now_ms_f() - t0);
   out->comm_wait_ms = e->reduced.waited_ms;

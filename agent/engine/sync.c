@@ -10,6 +10,7 @@
 #include "checkpoint.h"
 #include "ckpt_writer.h"
 #include "engine_internal.h"
+#include "hash.h"
 #include "why.h"
 
 /* Broadcasts every pack's params (and optimizer state) from `root` as one
@@ -117,6 +118,58 @@ static int ckpt_release(gs_engine_t *e, gs_ckpt_buffer_t *b, bool upload)
   return err;
 }
 
+/* Frees the first n host copies of a snapshot, and the list. */
+static void snapshot_free(gs_ckpt_buffer_t *b, uint32_t n)
+{
+  for (uint32_t i = 0; b && i < n; i++)
+    free(b[i].data);
+  free(b);
+}
+
+/* A sharded checkpoint's snapshot: rank 0's host copies of the params and
+ * of each state buffer, gathered whole in turn through one device buffer
+ * of a pack's room (collective: the others only send), so that no rank
+ * ever holds more than one pack's state buffer whole. NULL `out` on the
+ * others. */
+static int sharded_snapshot(gs_engine_t *e, gs_ckpt_buffer_t **out)
+{
+  uint32_t packs = e->packs.list.pack_count, per = ckpt_per_pack(e);
+  bool keep = e->join.rank == 0;
+  size_t room = 0;
+  gs_ckpt_buffer_t *b = keep ? calloc((size_t)per * packs, sizeof(*b)) : NULL;
+  float *whole;
+  int err = 0;
+
+  *out = NULL;
+  for (uint32_t k = 0; k < packs; k++)
+    room = e->packs.packs[k].elements > room ? e->packs.packs[k].elements : room;
+  whole = gs_device_alloc(e->cfg.dev, (room + e->packs.pad) * sizeof(float));
+  if (!whole || (keep && !b))
+    err = GS_ENOMEM;
+  for (uint32_t i = 0; !err && i < per * packs; i++) {
+    gs_pack_t *pk = &e->packs.packs[i / per];
+    uint32_t s = i % per;
+    const float *src = s ? whole : pk->params;
+
+    if (s)
+      err = gs__engine_gather_slot(e, i / per, s - 1, whole);
+    if (err || !keep)
+      continue;
+    b[i] = (gs_ckpt_buffer_t){malloc(pk->elements * sizeof(float) + 1), pk->elements};
+    err = b[i].data ? gs_device_download(e->cfg.dev, b[i].data, src, pk->elements * sizeof(float))
+                    : GS_ENOMEM;
+  }
+  gs_device_free(e->cfg.dev, whole);
+  if (err == GS_ENOMEM)
+    gs_set_why(e->error, sizeof(e->error), "checkpoint: out of memory for the state's copy");
+  if (err) {
+    snapshot_free(b, per * packs);
+    return err;
+  }
+  *out = b;
+  return 0;
+}
+
 static int checkpoint(gs_engine_t *e, const gs_position_t *pos)
 {
   gs_ckpt_state_t st = {pos->step,
@@ -139,19 +192,20 @@ static int checkpoint(gs_engine_t *e, const gs_position_t *pos)
     return gs__engine_refuse(e, "checkpoint");
   if (!e->cfg.checkpoint_dir)
     return 0;
-  /* Sharded: every rank's shard of the state, assembled (every rank takes
-   * part: a Join setting makes checkpoints on for all or none). */
-  err = gs__engine_full_state_gather(e);
-  if (err)
-    return err;
+  /* Sharded: every rank takes part (a Join setting makes checkpoints on
+   * for all or none), each state buffer gathered whole in turn. */
+  if (gs__engine_sharded(e)) {
+    err = sharded_snapshot(e, &st.bufs);
+    if (err)
+      return err;
+  } else if (e->join.rank == 0) {
+    st.bufs = ckpt_buffers(e, CKPT_SNAPSHOT);
+  }
   if (e->join.rank != 0) {
-    gs__engine_full_state_close(e);
     e->ckpt_taken = true;
     e->ckpt_step = pos->step;
     return 0;
   }
-  st.bufs = ckpt_buffers(e, CKPT_SNAPSHOT);
-  gs__engine_full_state_close(e);
   if (!st.bufs) {
     gs_set_why(e->error, sizeof(e->error),
                "checkpoint at step %" PRIu64 " failed: cannot copy the packs to the host",
@@ -273,12 +327,9 @@ static int state_hash(gs_engine_t *e, uint64_t *h)
 
   if (!b)
     return GS_ENOMEM;
-  *h = 1469598103934665603ull;
+  *h = GS_FNV1A64_SEED;
   for (uint32_t i = 0; i < nbufs; i++) {
-    const uint8_t *p = (const uint8_t *)b[i].data;
-
-    for (size_t k = 0; k < b[i].count * sizeof(float); k++)
-      *h = (*h ^ p[k]) * 1099511628211ull;
+    *h = gs_fnv1a64(*h, b[i].data, b[i].count * sizeof(float));
     free(b[i].data);
   }
   free(b);
@@ -290,7 +341,7 @@ static int state_hash(gs_engine_t *e, uint64_t *h)
  * exactly when every rank's nibble equals its own (no spread), and they
  * are exact in float32 for any world below 74565 ranks. */
 #define HASH_NIBBLES 16
-static int check_same_state(gs_engine_t *e)
+int gs__engine_check_same_state(gs_engine_t *e)
 {
   float v[2 * HASH_NIBBLES];
   uint64_t h;
@@ -301,6 +352,7 @@ static int check_same_state(gs_engine_t *e)
     gs_set_why(e->error, sizeof(e->error), "cannot hash the state: out of memory");
     return err;
   }
+  e->state_hash = h;
   for (int i = 0; i < HASH_NIBBLES; i++) {
     float nib = (float)((h >> (4 * i)) & 15);
 
@@ -332,10 +384,20 @@ int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
   if (e->join.world_size > 1) {
     err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false, root,
                              "broadcast of the position");
-    if (!err)
+    if (!err && gs__engine_sharded(e)) { /* the shards, kept by their ranks (reshard.c) */
+      e->optim_steps = hdr[4];
+      err = gs__engine_reshard(e);
+      hdr[4] = e->optim_steps; /* an update skipped on the device, taken back */
+    } else if (!err) {
       err = gs__engine_broadcast_packs(e, true, root);
-    if (!err)
-      err = check_same_state(e);
+      err = err ? err : gs__engine_check_same_state(e);
+    }
+    if (err)
+      return err;
+  } else if (gs__engine_sharded(e)) {
+    e->optim_steps = hdr[4];
+    err = gs__engine_reshard(e); /* alone now: the whole state from its windows */
+    hdr[4] = e->optim_steps;
     if (err)
       return err;
   }
@@ -358,6 +420,11 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
   e->committed = *pos;
   if (e->join.resume_state)
     return gs__engine_share_state(e, pos);
+  /* A fresh start: the windows of this world (a world that broke before
+   * it trained left others), the state zero. */
+  err = gs__engine_shard(e);
+  if (err)
+    return err;
   e->has_state = true;
   if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
     /* Sharded: the checkpoint's whole state, each rank keeping its shard. */

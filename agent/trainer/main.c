@@ -220,8 +220,10 @@ static const gs_flag_t flag_rows[] = {
    .doc = "shard the optimizer state over the ranks (ZeRO-1 over the packs): each pack's "
           "gradients are reduce-scattered, each rank updates and keeps the state of its shard "
           "only (1/N of it), and the updated parameters are allgathered: the same bytes as an "
-          "allreduce of `fp32` gradients; every rank takes part in each checkpoint. Not yet "
-          "with `--world-size MIN:MAX`"},
+          "allreduce of `fp32` gradients; every rank takes part in each checkpoint. With "
+          "`--world-size MIN:MAX` each rank also keeps a copy of the previous rank's shard "
+          "(2/N of the state, 1/N of the gradients' bytes more a step): a lost rank's state "
+          "survives on the next one, and the survivors reshard it"},
   {.name = "--pack-threshold", .kind = GS_FLAG_SIZE, E(pack_threshold), .umin = 1,
    .metavar = "SIZE", .help = "largest gradient pack",
    .doc = "largest gradient pack (one allreduce)"},

@@ -4,17 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "job.h"
 #include "rng.h"
 
 /* FNV-1a over the node name, then the local rank mixed in. */
 static uint32_t claim_hash(const char *node, uint32_t local_rank)
 {
-  uint64_t h = 0xcbf29ce484222325ull;
-
-  for (const unsigned char *p = (const unsigned char *)node; *p; p++)
-    h = (h ^ *p) * 0x100000001b3ull;
-  return (uint32_t)gs_mix64(h ^ local_rank);
+  return (uint32_t)gs_mix64(gs_fnv1a64(GS_FNV1A64_SEED, node, strlen(node)) ^ local_rank);
 }
 
 static uint32_t home_of(const gs_claims_t *c, const gs_member_t *m)

@@ -172,6 +172,10 @@ size_t gs_comm_shard_room(const gs_comm_t *comm, size_t count);
 int gs_comm_reduce_scatter(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
                            gs_reduce_op_t op) GS_WARN_UNUSED;
 int gs_comm_allgather(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype) GS_WARN_UNUSED;
+/* Each rank's shard goes to the next rank (rank + 1 mod world), in place:
+ * after a reduce-scatter, this rank also holds the previous rank's
+ * shard's reduction (a copy of a shard on two ranks: 1/world more bytes). */
+int gs_comm_shard_pass(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype) GS_WARN_UNUSED;
 
 /* One buffer of a grouped broadcast. */
 typedef struct gs_comm_span {
@@ -213,6 +217,7 @@ typedef struct gs_comm_ops {
   int (*reduce_scatter)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype,
                         gs_reduce_op_t op);
   int (*allgather)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype);
+  int (*shard_pass)(gs_comm_t *comm, void *buf, size_t count, gs_dtype_t dtype);
   /* NULL: gs_comm_broadcast_group calls broadcast once per span. */
   int (*broadcast_group)(gs_comm_t *comm, const gs_comm_span_t *spans, size_t n, uint32_t root);
   void (*abort)(gs_comm_t *comm);

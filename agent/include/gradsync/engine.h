@@ -231,7 +231,10 @@ typedef struct gs_engine_config {
    * optimizer state of its shard only (1/world of it), and the updated
    * params are allgathered; the same bytes on the wire as an allreduce
    * with float32 grads. Default false; every rank the same (a Join
-   * setting). Not yet with an elastic world. */
+   * setting). In an elastic world each rank also keeps (and updates) a
+   * copy of the previous rank's shard, so that a lost rank's state
+   * survives on the next one: 2/world of the state, and 1/world of the
+   * gradients' bytes more a step. */
   bool shard_optimizer;
   int32_t bcast_period;       /* -1 never, 0 once at start (default), P after every P-th step */
   const char *checkpoint_dir; /* NULL: no checkpoints; copied by gs_engine_new */
