@@ -8,7 +8,9 @@
  * time: the initial sync, broadcasts, checkpoints), elastic.c (regroups,
  * and the calls that may regroup: the initial sync, metric sums) and
  * control.c (the control vector's encoding), shard.c (sharded optimizer
- * state). Only these files include it. */
+ * state: the windows), reshard.c (the sharded state through a regroup),
+ * state_check.c (every rank holding the same state). Only these files
+ * include it. */
 #ifndef GS_ENGINE_INTERNAL_H
 #define GS_ENGINE_INTERNAL_H
 
@@ -315,7 +317,7 @@ int gs__engine_allreduce_grads(gs_engine_t *e, float *grads, size_t count, uint1
  * uses (its pack windows) widened back into the grads. */
 int gs__engine_scatter_grads(gs_engine_t *e, float *grads, size_t count, uint16_t *wire);
 void gs__engine_widen_windows(gs_engine_t *e, const struct gs_pack *pk);
-/* step.c: pack k's fused update queued over each of its windows, read
+/* shard.c: pack k's fused update queued over each of its windows, read
  * through `gated`'s gate when it runs. */
 void gs__engine_update_windows(gs_engine_t *e, uint32_t k, const gs_optim_step_t *gated);
 /* A collective of the step run on the training thread once the comm
@@ -359,8 +361,8 @@ int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root) GS_WAR
 /* sync.c: every rank takes params, momentum and position from the rank
  * the Join named (join.state_rank) and checks that all now hold the same. */
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos) GS_WARN_UNUSED;
-/* sync.c: whether every rank holds the params and state this one does
- * (their hash; a failure of the engine, naming it, when not). */
+/* state_check.c: whether every rank holds the params and state this one
+ * does (their hash; a failure of the engine, naming it, when not). */
 int gs__engine_check_same_state(gs_engine_t *e) GS_WARN_UNUSED;
 
 /* shard.c: whether the optimizer state is sharded; the padding each
@@ -369,8 +371,17 @@ int gs__engine_check_same_state(gs_engine_t *e) GS_WARN_UNUSED;
  * empty (to load into), or gathered from the shards (collective); the
  * window's part kept and the whole freed, or only freed; a state
  * buffer, whole while assembled. */
-bool gs__engine_sharded(const gs_engine_t *e);
-bool gs__engine_shard_copies(const gs_engine_t *e);
+static inline bool gs__engine_sharded(const gs_engine_t *e)
+{
+  return e->cfg.shard_optimizer;
+}
+/* In an elastic job each rank also keeps a copy of the previous rank's
+ * shard and its state, updated as its owner updates it: a lost rank's
+ * state survives on the next one (unless both are lost together). */
+static inline bool gs__engine_shard_copies(const gs_engine_t *e)
+{
+  return e->cfg.shard_optimizer && e->cfg.world_min > 0 && e->join.world_size > 1;
+}
 size_t gs__engine_shard_pad(const gs_engine_t *e);
 int gs__engine_shard(gs_engine_t *e) GS_WARN_UNUSED;
 /* shard.c: an elastic regroup's state, sharded: every member's windows

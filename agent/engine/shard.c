@@ -11,25 +11,12 @@
 #include "engine_internal.h"
 #include "why.h"
 
-bool gs__engine_sharded(const gs_engine_t *e)
-{
-  return e->cfg.shard_optimizer;
-}
-
 /* The elements of room a pack's buffers need past its own for the
  * backends' shards in the largest world: NCCL's shards are equal pieces,
  * the last ones padded (at most world - 1 elements); the host ring's fit. */
 size_t gs__engine_shard_pad(const gs_engine_t *e)
 {
   return gs__engine_sharded(e) && e->cfg.world_size > 1 ? e->cfg.world_size - 1 : 0;
-}
-
-/* In an elastic job each rank also keeps a copy of the previous rank's
- * shard and its state, updated as its owner updates it: a lost rank's
- * state survives on the next one (unless both are lost together). */
-bool gs__engine_shard_copies(const gs_engine_t *e)
-{
-  return gs__engine_sharded(e) && gs__engine_elastic(e) && e->join.world_size > 1;
 }
 
 int gs__engine_shard(gs_engine_t *e)
@@ -61,6 +48,17 @@ int gs__engine_shard(gs_engine_t *e)
   atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
                         memory_order_relaxed);
   return 0;
+}
+
+void gs__engine_update_windows(gs_engine_t *e, uint32_t k, const gs_optim_step_t *gated)
+{
+  gs_pack_t *pk = &e->packs.packs[k];
+
+  for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
+    if (pk->win[w].len)
+      gs_device_optim_pack(e->cfg.dev, gated, pk->win[w].segs, pk->win[w].nseg,
+                           pk->params + pk->win[w].off, pk->grads + pk->win[w].off,
+                           pk->win[w].state);
 }
 
 /* Every pack's state buffers at full length (room for the backend's

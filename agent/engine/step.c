@@ -275,17 +275,6 @@ static double apply_optim(gs_engine_t *e, uint32_t k, const gs_optim_step_t *st)
   return gs_now_ms_f() - t0;
 }
 
-void gs__engine_update_windows(gs_engine_t *e, uint32_t k, const gs_optim_step_t *gated)
-{
-  gs_pack_t *pk = &e->packs.packs[k];
-
-  for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
-    if (pk->win[w].len)
-      gs_device_optim_pack(e->cfg.dev, gated, pk->win[w].segs, pk->win[w].nseg,
-                           pk->params + pk->win[w].off, pk->grads + pk->win[w].off,
-                           pk->win[w].state);
-}
-
 /* A collective of the step failed: an elastic job regroups without this
  * step (its update was not applied here, see apply_optim); any other stops. */
 static int step_failed(gs_engine_t *e, int err, const char *what, double start_ms,

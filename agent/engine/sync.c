@@ -10,7 +10,6 @@
 #include "checkpoint.h"
 #include "ckpt_writer.h"
 #include "engine_internal.h"
-#include "hash.h"
 #include "why.h"
 
 /* Broadcasts every pack's params (and optimizer state) from `root` as one
@@ -316,63 +315,6 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
            ": the global batch and the data order differ from that run's",
            path, st.world_size, e->join.world_size);
   return 0;
-}
-
-/* FNV-1a 64 over params and optimizer state of every pack, as this rank
- * holds them (downloaded from a device: a regroup, not a step). */
-static int state_hash(gs_engine_t *e, uint64_t *h)
-{
-  gs_ckpt_buffer_t *b = ckpt_buffers(e, CKPT_SNAPSHOT);
-  uint32_t nbufs = ckpt_per_pack(e) * e->packs.list.pack_count;
-
-  if (!b)
-    return GS_ENOMEM;
-  *h = GS_FNV1A64_SEED;
-  for (uint32_t i = 0; i < nbufs; i++) {
-    *h = gs_fnv1a64(*h, b[i].data, b[i].count * sizeof(float));
-    free(b[i].data);
-  }
-  free(b);
-  return 0;
-}
-
-/* Whether every rank holds the state this one does: each adds the 16
- * nibbles of its hash and their squares; both sums are world times its own
- * exactly when every rank's nibble equals its own (no spread), and they
- * are exact in float32 for any world below 74565 ranks. */
-#define HASH_NIBBLES 16
-int gs__engine_check_same_state(gs_engine_t *e)
-{
-  float v[2 * HASH_NIBBLES];
-  uint64_t h;
-  double w = e->join.world_size;
-  int err = state_hash(e, &h);
-
-  if (err) {
-    gs_set_why(e->error, sizeof(e->error), "cannot hash the state: out of memory");
-    return err;
-  }
-  e->state_hash = h;
-  for (int i = 0; i < HASH_NIBBLES; i++) {
-    float nib = (float)((h >> (4 * i)) & 15);
-
-    v[i] = nib;
-    v[HASH_NIBBLES + i] = nib * nib;
-  }
-  err = gs__engine_run_now(e, OP_ALLREDUCE, v, 2 * HASH_NIBBLES, false, 0,
-                           "allreduce of the state's hash");
-  for (int i = 0; !err && i < HASH_NIBBLES; i++) {
-    float nib = (float)((h >> (4 * i)) & 15);
-
-    if (v[i] != (float)(w * nib) || v[HASH_NIBBLES + i] != (float)(w * nib * nib)) {
-      gs_set_why(e->error, sizeof(e->error),
-                 "generation %" PRIu64 ": the ranks hold different params or optimizer state after "
-                 "taking rank %u's state (hash %016" PRIx64 " on rank %u)",
-                 e->join.generation, e->join.state_rank, h, e->join.rank);
-      return gs__engine_fail(e, GS_EPROTO);
-    }
-  }
-  return err;
 }
 
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
