@@ -371,7 +371,11 @@ def case_budget(binary, pb):
         print(f"budget: grew {grown:.1f} MiB; statuses of new calls: "
               f"{ {st: statuses.count(st) for st in set(statuses)} }")
         assert RESOURCE_EXHAUSTED in statuses, statuses
-        assert grown < 16, f"grew {grown:.1f} MiB"
+        # A sanitizer build keeps what the calls served before the refusal
+        # freed (its quarantine: 0.1 MiB a call, and the kernel's socket
+        # buffers may take a few hundred calls to fill): its RSS says
+        # nothing of ours.
+        assert grown < 16 or sanitized(binary), f"grew {grown:.1f} MiB"
         assert "--max-memory" in c.text()
         # Once the hogs are gone (their connections closed), calls are served
         # again, as soon as the coordinator has seen them go.
