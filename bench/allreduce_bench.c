@@ -37,7 +37,8 @@ typedef struct opts {
   uint64_t timeout_ms;
   gs_reduce_op_t op;
   bool csv;
-  bool bind; /* pin rank r to CPU r (mod the CPUs we may use), as mpirun does */
+  bool bind;     /* pin rank r to CPU r (mod the CPUs we may use), as mpirun does */
+  bool tcp_only; /* $GRADSYNC_HOST_SHM=0: every link on TCP, as the agent reads it */
 } opts_t;
 
 static void usage(FILE *out)
@@ -55,7 +56,8 @@ static void usage(FILE *out)
           "  --bind        pin rank r to the r-th allowed CPU (mpirun's default for\n"
           "                as many ranks as cores)\n"
           "  --help        this text\n"
-          "Messages are float32; sizes accept suffixes (64KiB, 1MiB).\n",
+          "Messages are float32; sizes accept suffixes (64KiB, 1MiB). GRADSYNC_HOST_SHM=0\n"
+          "keeps the links between ranks on TCP (default: shared memory on one machine).\n",
           MAX_RANKS);
 }
 
@@ -81,7 +83,9 @@ static int parse_opts(int argc, char **argv, opts_t *o)
                 .factor = 4,
                 .target_s = 0.3,
                 .timeout_ms = 30000,
-                .op = GS_REDUCE_SUM};
+                .op = GS_REDUCE_SUM,
+                .tcp_only =
+                    getenv("GRADSYNC_HOST_SHM") && !strcmp(getenv("GRADSYNC_HOST_SHM"), "0")};
   while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
     switch (ch) {
     case 'n':
@@ -255,7 +259,8 @@ static int rank_main(gs_comm_t *comm, const char *const *addrs, const opts_t *o,
                            .world_size = o->ranks,
                            .generation = 1,
                            .peer_addrs = addrs,
-                           .timeout_ms = o->timeout_ms};
+                           .timeout_ms = o->timeout_ms,
+                           .tcp_only = o->tcp_only};
   size_t max_n = o->max_bytes / sizeof(float);
   float *buf = malloc(max_n * sizeof(float));
   int err;

@@ -25,6 +25,9 @@
 #include "clock.h"
 #include "why.h"
 
+/* Every link on TCP (the suite's second run, see main). */
+static bool tcp_only;
+
 #define MAX_W 5
 #define BIG 3000017 /* floats; prime, so the ring segments differ in length */
 /* The comm timeout where nothing is to time out: generous, since a loaded
@@ -121,6 +124,7 @@ static void *rank_main(void *arg)
                            .generation = gen,
                            .peer_addrs = w->addr_ptrs,
                            .timeout_ms = w->timeout_ms,
+                           .tcp_only = tcp_only,
                            .connect_timeout_ms = w->connect_timeout_ms};
 
   if (w->skip_init[rc->rank])
@@ -1140,14 +1144,12 @@ START_TEST(ipv6_loopback)
 END_TEST
 
 /* Ranks in one process can map each other's pipes, so every link goes
- * through shared memory, unless GRADSYNC_HOST_SHM=0 keeps it on TCP (the
+ * through shared memory, unless the setup's tcp_only keeps it on TCP (the
  * whole suite runs both ways, see main). The log names the transport. */
 START_TEST(transport_as_configured)
 {
-  const char *env = getenv("GRADSYNC_HOST_SHM");
-  const char *want = env && strcmp(env, "0") == 0 ? ") over TCP, from rank 2 over TCP"
-                                                  : ") over shared memory, from rank 2 "
-                                                    "over shared memory";
+  const char *want = tcp_only ? ") over TCP, from rank 2 over TCP"
+                              : ") over shared memory, from rank 2 over shared memory";
   world_t *w = malloc(sizeof(*w));
   char text[4096];
 
@@ -1367,8 +1369,7 @@ int main(void)
   for (int tcp = 0; tcp < 2; tcp++) {
     SRunner *sr = srunner_create(comm_host_suite());
 
-    if (tcp)
-      setenv("GRADSYNC_HOST_SHM", "0", 1);
+    tcp_only = tcp; /* every setup's (the tests run in forks of this process) */
     printf("comm_host over %s\n", tcp ? "TCP" : "shared memory");
     fflush(stdout);
     srunner_run_all(sr, CK_NORMAL);

@@ -285,16 +285,28 @@ def case_errors(DS):
             pass
     saved = {k: os.environ.pop(k, None) for k in ("RANK", "WORLD_SIZE")}
     try:
-        for env, name in (({}, "WORLD_SIZE"), ({"WORLD_SIZE": "2"}, "RANK"),
-                          ({"WORLD_SIZE": "2:4", "RANK": "0"}, "WORLD_SIZE")):
+        # Without them and before any job was joined, the place is not
+        # known at the first iter() (a sampler made before the optimizer
+        # takes it there once one has joined: test_torch.py sampler_job).
+        for env in ({}, {"WORLD_SIZE": "2"}):
             os.environ.update(env)
-            try:
-                DS(list(range(4)))
-                raise AssertionError(f"{env}: no world accepted")
-            except ValueError as e:
-                check(name in str(e) and "optimizer" in str(e), f"{env}: {e}")
+            s = DS(list(range(4)))
+            for use in (list, len):
+                try:
+                    use(s)
+                    raise AssertionError(f"{env}: {use.__name__} without a world accepted")
+                except ValueError as e:
+                    check("not known yet" in str(e) and "optimizer" in str(e), f"{env}: {e}")
             for k in env:
                 del os.environ[k]
+        os.environ.update({"WORLD_SIZE": "2:4", "RANK": "0"})
+        try:
+            DS(list(range(4)))
+            raise AssertionError("an elastic $WORLD_SIZE accepted")
+        except ValueError as e:
+            check("WORLD_SIZE" in str(e) and "optimizer" in str(e), f"2:4: {e}")
+        for k in ("WORLD_SIZE", "RANK"):
+            del os.environ[k]
         os.environ.update(RANK="1", WORLD_SIZE="3")
         s = DS(list(range(10)), shuffle=False)
         check((s.rank, s.num_replicas) == (1, 3) and list(s) == [1, 4, 7, 0], "from $RANK")
@@ -304,7 +316,7 @@ def case_errors(DS):
             if v is not None:
                 os.environ[k] = v
     return "a rank out of range (torch's ValueError, also when the optimizer's world " \
-           "shrinks under it), no $WORLD_SIZE/$RANK, an elastic $WORLD_SIZE; $RANK used"
+           "shrinks under it), no place known at iter(), an elastic $WORLD_SIZE; $RANK used"
 
 
 def main():

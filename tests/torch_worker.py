@@ -297,10 +297,13 @@ def sampler():
     gs.DistributedSampler(optimizer=opt); saves the example ids trained."""
     gs.init()
     model = mlp()
-    opt = gs.DistributedOptimizer(model, lr=0.1)
     g = torch.Generator().manual_seed(3)
     ds = torch.utils.data.TensorDataset(torch.randn(101, 20, generator=g), torch.arange(101))
-    s = gs.DistributedSampler(ds, optimizer=opt, seed=7)
+    # defaults=1: made before the optimizer joined, with torch's defaults
+    # (gradsync-run sets no $RANK): the job's place, at its first iter().
+    early = gs.DistributedSampler(ds, seed=7) if OPTS.get("defaults") == "1" else None
+    opt = gs.DistributedOptimizer(model, lr=0.1)
+    s = early or gs.DistributedSampler(ds, optimizer=opt, seed=7)
     loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=s, num_workers=2)
     seen = []
     for x, ids in loader:

@@ -621,11 +621,11 @@ static int check_setup(host_comm_t *c, const gs_comm_setup_t *s)
 /* Offers the link to next a shared-memory pipe and answers prev's offer
  * (comm_shm.h): each link whose two ends can map the same segment moves
  * its bytes through it. A link that cannot stays on TCP; only a failing
- * socket fails. GRADSYNC_HOST_SHM=0 keeps every link on TCP. */
+ * socket fails. The setup's tcp_only keeps every link on TCP (the offer
+ * then says none). */
 static int connect_pipes(host_comm_t *c)
 {
-  const char *env = getenv("GRADSYNC_HOST_SHM");
-  bool want = !(env && strcmp(env, "0") == 0);
+  bool want = !c->tcp_only;
   int next = atomic_load(&c->next_fd), prev = atomic_load(&c->prev_fd), err;
   uint8_t offer[GS_SHM_OFFER_LEN] = {0}, theirs[GS_SHM_OFFER_LEN], yes, answer = 0;
 
@@ -670,6 +670,7 @@ int gs__host_init(gs_comm_t *base, const gs_comm_setup_t *s)
   c->generation = s->generation;
   c->timeout_ms = s->timeout_ms;
   c->connect_timeout_ms = s->connect_timeout_ms ? s->connect_timeout_ms : s->timeout_ms;
+  c->tcp_only = s->tcp_only;
   if (c->world == 1)
     goto out_close_listen; /* a ring of one: no sockets, every operation a no-op */
   snprintf(c->next_addr, sizeof(c->next_addr), "%s", s->peer_addrs[c->next]);

@@ -57,6 +57,7 @@ typedef struct host_comm {
   bool init_called, ready;
   uint32_t rank, world, next, prev;
   uint64_t generation, timeout_ms, connect_timeout_ms;
+  bool tcp_only; /* gs_comm_setup_t's */
   char next_addr[ADDR_MAX], prev_addr[ADDR_MAX], listen_addr[ADDR_MAX];
   uint8_t *scratch; /* CHUNK_BYTES: one received chunk before it is reduced */
   uint8_t *gather;  /* small allreduces: every rank's buffer, rank order */

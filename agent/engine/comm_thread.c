@@ -313,20 +313,19 @@ int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, boo
   return err;
 }
 
+/* The heartbeat heard the coordinator abort `generation` (and logged
+ * why: `reason`, which a failed collective then reads from the heartbeat,
+ * see explained_soon): this rank's collectives of it fail at once. */
 void gs__engine_on_abort(void *arg, uint64_t generation, const char *reason)
 {
   gs_engine_t *e = arg;
 
+  (void)reason;
   /* Under the lock: an elastic regroup replaces the comm meanwhile, and a
    * late abort of the generation it left must not touch the new one. */
   pthread_mutex_lock(&e->mu);
-  if (generation != e->live_generation) {
-    pthread_mutex_unlock(&e->mu);
-    return;
-  }
-  e->aborted = true;
-  snprintf(e->abort_reason, sizeof(e->abort_reason), "%s", reason);
-  gs_comm_abort(e->comm); /* the heartbeat thread has logged why */
+  if (generation == e->live_generation)
+    gs_comm_abort(e->comm);
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ void gs_engine_config_defaults(gs_engine_config_t *cfg)
   cfg->node[sizeof(cfg->node) - 1] = '\0'; /* gethostname may truncate without one */
   snprintf(cfg->device, sizeof(cfg->device), "cpu");
   snprintf(cfg->backend, sizeof(cfg->backend), "host");
+  cfg->host_tcp_only = getenv("GRADSYNC_HOST_SHM") && !strcmp(getenv("GRADSYNC_HOST_SHM"), "0");
   cfg->pack_threshold = 10 << 20;
   cfg->reduce = GS_REDUCE_MEAN;
   gs_sgd_config_default(&cfg->sgd);

@@ -81,10 +81,6 @@ static int restart_heartbeat(gs_engine_t *e)
 {
   gs_heartbeat_stop(e->hb);
   e->hb = NULL;
-  pthread_mutex_lock(&e->mu);
-  e->aborted = false;
-  e->abort_reason[0] = '\0';
-  pthread_mutex_unlock(&e->mu);
   return gs__engine_start_heartbeat(e);
 }
 

@@ -209,8 +209,6 @@ struct gs_engine {
   /* The generation e->comm serves (0: none yet): a heartbeat's abort for
    * another one (the generation an elastic regroup left) is ignored. */
   uint64_t live_generation;
-  bool aborted;
-  char abort_reason[300];
 
   /* The first failed collective or broken step (0: none) and its words:
    * the ranks' buffers and the communicator are then in an unknown state,

@@ -219,6 +219,7 @@ static int connect_ranks(gs_engine_t *e)
       .max_queued =
           (gs__engine_sharded(e) ? 4 : 2) * e->packs.list.pack_count + 2 + QUEUED_BETWEEN_STEPS,
       .gauge = e->cfg.no_progress ? NULL : &e->board.comm,
+      .tcp_only = e->cfg.host_tcp_only,
   };
   int err;
 

@@ -22,8 +22,11 @@ rank for the same dataset length, num_replicas, rank, shuffle, seed,
 drop_last and epoch (a torch.Generator seeded with seed + epoch and
 torch.randperm; the list padded by repeating it from its start, or its
 tail dropped with drop_last; rank r takes positions r, r + W, r + 2W...).
-num_replicas and rank left out come from $WORLD_SIZE and $RANK (gradsync
-numbers ranks itself and gradsync-run sets no $RANK: pass the optimizer).
+num_replicas and rank left out come from $WORLD_SIZE and $RANK when they
+are set, else from the job once a DistributedOptimizer has joined it
+(gs.world_size(), gs.rank()): taken at construction when it has, else at
+the first `iter()` or `len()` (a sampler made before the optimizer), and
+kept. An elastic job's world changes: pass the optimizer.
 
 With `optimizer=opt`, every `iter()` and `len()` reads the place from it:
 num_replicas and rank (when not given) from `opt.world_size`, `opt.rank`,
@@ -54,6 +57,7 @@ only the dataset, so the optimizer is never pickled.
 """
 import math
 import os
+import sys
 
 import torch
 
@@ -61,15 +65,26 @@ __all__ = ["DistributedSampler"]
 
 
 def _env_int(name):
+    """$name as a number, or None when it is not set."""
     value = os.environ.get(name)
     if not value:
-        raise ValueError(f"DistributedSampler: ${name} is not set: pass num_replicas and rank "
-                         "(gs.world_size(), gs.rank()), or optimizer=opt")
+        return None
     try:
         return int(value)
     except ValueError:
         raise ValueError(f"DistributedSampler: ${name}={value!r} is not a number (an elastic "
                          "world?): pass optimizer=opt to follow the world") from None
+
+
+def _job_place():
+    """(world, rank) of this process's job once a DistributedOptimizer has
+    joined it, else None."""
+    env = sys.modules.get("gradsync.torch.env")
+    engine = env.state.get("engine") if env is not None else None
+    if engine is None:
+        return None
+    info = engine.info()
+    return info["world_size"], info["rank"]
 
 
 def _check_rank(rank, num_replicas):
@@ -96,17 +111,41 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.drop_last = drop_last
         self.optimizer = optimizer
         self._num_replicas, self._rank, self._epoch = num_replicas, rank, 0
-        _check_rank(self.rank, self.num_replicas)
+        if optimizer is not None or self._place(must=False):
+            _check_rank(self.rank, self.num_replicas)
+
+    def _place(self, must=True):
+        """Fills the world and rank not given from the job, once joined;
+        whether both are known (a ValueError when `must` and they are not)."""
+        if self.optimizer is not None:
+            return True
+        if self._num_replicas is None or self._rank is None:
+            place = _job_place()
+            if place is not None:
+                world, rank = place
+                self._num_replicas = world if self._num_replicas is None else self._num_replicas
+                self._rank = rank if self._rank is None else self._rank
+        known = self._num_replicas is not None and self._rank is not None
+        if must and not known:
+            raise ValueError("DistributedSampler: the rank and world are not known yet: iterate "
+                             "it once a DistributedOptimizer has joined the job, pass "
+                             "num_replicas and rank, set $WORLD_SIZE and $RANK, or pass "
+                             "optimizer=opt")
+        return known
 
     @property
     def num_replicas(self):
-        """The world: as given, else the optimizer's now."""
+        """The world: as given, else the optimizer's now, else the job's."""
+        if self._num_replicas is None and self.optimizer is None:
+            self._place()
         if self._num_replicas is not None:
             return self._num_replicas
         return int(self.optimizer.world_size)
 
     @property
     def rank(self):
+        if self._rank is None and self.optimizer is None:
+            self._place()
         return self._rank if self._rank is not None else int(self.optimizer.rank)
 
     def _get_epoch(self):

@@ -74,6 +74,9 @@ typedef struct gs_comm_setup {
   /* Where the comm publishes its progress; owned by the caller, outlives
    * the comm. NULL: nowhere (and the send wait is not measured). */
   gs_comm_gauge_t *gauge;
+  /* Host backend: every link on TCP (default false: the two ends of a link
+   * that can map the same memory pass their bytes through it). */
+  bool tcp_only;
 } gs_comm_setup_t;
 
 typedef struct gs_comm gs_comm_t;

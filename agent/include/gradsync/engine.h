@@ -208,6 +208,9 @@ typedef struct gs_engine_config {
    * between them. NULL: a stream of the engine's own. */
   void *cuda_stream;
   char backend[16]; /* "host" (default; cpu device) or "nccl" (cuda device) */
+  /* host backend: every link on TCP, none through shared memory between
+   * ranks on one machine (default: $GRADSYNC_HOST_SHM=0, else false). */
+  bool host_tcp_only;
   /* Where the other ranks reach this one (host backend; nccl: which
    * interface NCCL's sockets use). Default: this host's address on its
    * route to the coordinator. */
