@@ -311,6 +311,9 @@ static int gather_params(gs_engine_t *e, bool updated)
     comm_job_t job = {
         .op = OP_ALLGATHER, .buf = e->packs.packs[k].params, .count = e->packs.packs[k].elements};
 
+    /* Waiting on the other ranks, as in an allreduce: the coordinator
+     * names the rank that holds them up (not this one, "in its update"). */
+    gs__engine_enter(e, GS_PHASE_ALLREDUCE, k);
     err = gs__engine_step_collective(e, &job);
   }
   if (!err && !e->late) {
@@ -319,6 +322,7 @@ static int gather_params(gs_engine_t *e, bool updated)
     if (gs_comm_stream_ordered(e->comm))
       e->cfg.dev->waits.syncs++;
   }
+  gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0);
   return err;
 }
 
