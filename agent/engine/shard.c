@@ -87,12 +87,17 @@ int gs__engine_gather_slot(gs_engine_t *e, uint32_t k, uint32_t s, float *whole)
 {
   gs_pack_t *pk = &e->packs.packs[k];
   comm_job_t job = {.op = OP_ALLGATHER, .buf = whole, .count = pk->elements};
+  gs_phase_t was = gs__engine_phase_now(e);
   int err = gs_device_copy(e->cfg.dev, whole + pk->win[0].off, pk->win[0].state[s],
                            pk->win[0].len * sizeof(float));
 
+  /* A wait on the other ranks (a checkpoint's, a state_dict's): the
+   * coordinator names the rank that holds them up. */
+  gs__engine_enter(e, GS_PHASE_SYNC, 0);
   err = err ? err : gs__engine_step_collective(e, &job);
   if (!err)
     err = gs_comm_sync(e->comm); /* never block on the device while a collective may hang */
+  gs__engine_enter(e, was, 0);
   return err ? gs__engine_comm_failed(e, err, "allgather of the optimizer state") : 0;
 }
 
