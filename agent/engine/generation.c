@@ -384,6 +384,10 @@ int gs__engine_go_live(gs_engine_t *e)
    * again once its shards are assembled: reshard.c). */
   if (!err && !e->packs.packs[0].win[GS_WINDOW_OWN].segs)
     err = gs__engine_shard(e);
+  /* What the heartbeat and the step's result say this rank holds (a
+   * reshard says it again). */
+  atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
+                        memory_order_relaxed);
   if (err)
     return err;
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,

@@ -289,6 +289,18 @@ static int step_failed(gs_engine_t *e, int err, const char *what, double start_m
   return gs__engine_regroup(e, why, false, start_ms, out);
 }
 
+/* The step's one wait for its collectives (a stream-ordered backend's
+ * sync waits for the device, counted as such). */
+static int step_sync(gs_engine_t *e)
+{
+  int err = gs_comm_sync(e->comm);
+
+  e->queued_between_steps = 0;
+  if (gs_comm_stream_ordered(e->comm))
+    e->cfg.dev->waits.syncs++;
+  return err;
+}
+
 /* A sharded step's control vector, with the shards' verdict on their
  * sums after it (skip_dev), in an allreduce of its own once every pack's
  * reduce-scatter is complete: each rank checked only its shard. */
@@ -316,12 +328,8 @@ static int gather_params(gs_engine_t *e, bool updated)
     gs__engine_enter(e, GS_PHASE_ALLREDUCE, k);
     err = gs__engine_step_collective(e, &job);
   }
-  if (!err && !e->late) {
-    err = gs_comm_sync(e->comm);
-    e->queued_between_steps = 0;
-    if (gs_comm_stream_ordered(e->comm))
-      e->cfg.dev->waits.syncs++;
-  }
+  if (!err && !e->late)
+    err = step_sync(e);
   gs__engine_enter(e, GS_PHASE_OPTIMIZER, 0);
   return err;
 }
@@ -410,12 +418,8 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   }
   /* Deferred: updates are queued only after every allreduce succeeded. A
    * stream-ordered backend's sync waits for the device. */
-  if (!e->late) { /* late: the next step's end waits, normally for nothing */
-    err = gs_comm_sync(e->comm);
-    e->queued_between_steps = 0;
-    if (gs_comm_stream_ordered(e->comm))
-      e->cfg.dev->waits.syncs++;
-  }
+  if (!e->late) /* late: the next step's end waits, normally for nothing */
+    err = step_sync(e);
   e->reduced.waited_ms += gs_now_ms_f() - t0;
   if (err)
     return step_failed(e, err, what, start_ms, out);
@@ -446,9 +450,7 @@ int gs_engine_synchronize(gs_engine_t *e, bool scale, gs_sync_result_t *out)
     /* Sharded, reduce leaves the step's sync to the allgather: the sums
      * read below must not wait on a device whose collective may hang. */
     if (!e->reduced.err && gs__engine_sharded(e) && !e->late) {
-      e->reduced.err = gs_comm_sync(e->comm);
-      if (gs_comm_stream_ordered(e->comm))
-        e->cfg.dev->waits.syncs++;
+      e->reduced.err = step_sync(e);
       if (e->reduced.err)
         e->reduced.err = gs__engine_comm_failed(e, e->reduced.err, "the step's reductions");
     }
@@ -568,9 +570,10 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
     err = gather_params(e, !skip_asked);
     e->reduced.waited_ms += gs_now_ms_f() - g0;
     t0 += gs_now_ms_f() - g0; /* not the optimizer's time */
-    snprintf(what, sizeof(what), "step %" PRIu64 ": allgather of the updated params", step);
-    if (err)
+    if (err) {
+      snprintf(what, sizeof(what), "step %" PRIu64 ": allgather of the updated params", step);
       return step_failed(e, err, what, e->step_start_ms, out);
+    }
   }
   err = queue_flight(e, check, skip_asked);
   if (!err)
@@ -584,7 +587,7 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
   optimizer = e->reduced.optimizer_ms + (gs_now_ms_f() - t0);
   out->comm_wait_ms = e->reduced.waited_ms;
   out->optimizer_ms = optimizer;
-  out->state_bytes = gs_packs_state_bytes(&e->packs);
+  out->state_bytes = atomic_load_explicit(&e->board.state_bytes, memory_order_relaxed);
   if (err == GS_ERANGE || e->failed)
     return err ? err : e->failed; /* a stop at a non-finite step, or a failure said already */
   if (err) {
