@@ -358,6 +358,13 @@ static const gs_flag_t *find_flag(const gs_flags_t *spec, const char *a)
   return NULL;
 }
 
+const char *gs_flags_source(const gs_flags_t *spec, const char *const *sources, const char *name)
+{
+  const gs_flag_t *f = find_flag(spec, name);
+
+  return f ? sources[f - spec->flags] : NULL;
+}
+
 /* Whether argument a ends the parse, and how. */
 static bool is_action(const char *a, gs_flags_action_t *action)
 {

@@ -164,6 +164,11 @@ bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t
 int gs_flags_main(const gs_flags_t *spec, void *base, int argc, char **argv,
                   const gs_flags_opts_t *opts, const char *version);
 
+/* Where flag `name` got its value, from the `sources` gs_flags_parse
+ * filled: "flag", a variable's name, or NULL (the default, or no such
+ * flag). */
+const char *gs_flags_source(const gs_flags_t *spec, const char *const *sources, const char *name);
+
 /* Writes every flag's resolved value and where it came from (the
  * `sources` that gs_flags_parse filled through `opts`), one line each, for
  * --print-config; a row's sources that are set but lost to an earlier one

@@ -534,6 +534,10 @@ static int set_option(gs_engine_config_t *c, borrowed_t *keep, const char *key, 
     return set_count(v, key, 0, 1L << 24, &c->world_min, false);
   if (!strcmp(key, "local_rank"))
     return set_count(v, key, 0, 1L << 20, &c->local_rank, false);
+  if (!strcmp(key, "rank")) { /* the launcher's number, fixed worlds: the Join asks for it */
+    c->has_rank = true;
+    return set_count(v, key, 0, 1L << 24, &c->rank, false);
+  }
   if (!strcmp(key, "checkpoint_keep"))
     return set_count(v, key, 1, 1L << 20, &c->checkpoint_keep, false);
   if (!strcmp(key, "checkpoint_failures"))
@@ -641,6 +645,12 @@ static int engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
   if (cfg.world_min > cfg.world_size) {
     PyErr_Format(PyExc_ValueError, "world_min (%u) is more than world_size (%u)", cfg.world_min,
                  cfg.world_size);
+    goto out;
+  }
+  if (cfg.has_rank && (cfg.rank >= cfg.world_size || cfg.world_min)) {
+    PyErr_Format(PyExc_ValueError, "rank %u: %s", cfg.rank,
+                 cfg.world_min ? "an elastic job numbers its ranks at each regroup"
+                               : "not below world_size");
     goto out;
   }
   cfg.term_flag = &term_flag;

@@ -1117,7 +1117,8 @@ def case_environment(tmp):
     assert rows["--token"] == ["(hidden)", "$GRADSYNC_TOKEN"], rows
     assert rows["--lr"] == ["0.1", "flag"], rows
     assert rows["--batch"] == ["64", "default"], rows
-    assert "ignored: $SLURM_PROCID=5" in p.stdout, p.stdout
+    assert rows["--rank"] == ["5", "$SLURM_PROCID"], rows  # srun's one agent per task
+    assert "ignored: $SLURM_NODEID=1 (the agent's own rank is $RANK" in p.stdout, p.stdout
     assert "s3cret-token" not in p.stdout + p.stderr, p.stdout
     # A flag wins over GRADSYNC_*, which wins over SLURM's; the lost ones are named.
     env.update(GRADSYNC_WORLD_SIZE="4")
@@ -1161,7 +1162,9 @@ def run_nodes(argvs, envs, timeout=2 * WAIT):
 def case_multinode(tmp):
     """gradsync-run's multi-node form: two "nodes" (distinct --node names)
     join one coordinator started apart, by flags and by SLURM's variables
-    alone; the job finishes with a world of 2."""
+    alone; the job finishes with a world of 2, each agent the rank its
+    node rank makes it (node 0 is named "node-b", node 1 "node-a": the
+    names sort the other way)."""
     host = node_address()
     if host == "127.0.0.1":
         # Two node names on loopback addresses are refused at rendezvous.
@@ -1171,13 +1174,14 @@ def case_multinode(tmp):
     train = ["--reduce", "mean", "--steps", "10"] + FAST
     try:
         out = run_nodes([["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "1",
-                          "--coordinator", f"{host}:{rpc}", "--node", f"node-{i}",
+                          "--coordinator", f"{host}:{rpc}", "--node", f"node-{'ba'[i]}",
                           "--job", "mn", "--"] + train for i in range(2)],
                         [clean_env()] * 2)
         for i, (text, code) in enumerate(out):
             assert code == 0, (i, code, text)
             assert f"node {i} of 2: 1 agent joining {host}:{rpc} as job mn" in text, text
-            assert f"as node 'node-{i}' local rank 0 (world size 2)" in text, text
+            assert f"as node 'node-{'ba'[i]}' local rank 0 (world size 2)" in text, text
+            assert f"joined generation 1: rank {i} of 2" in text, text
             assert f"the 1 local rank of node {i} finished" in text, text
         assert "[local rank 0] final: test accuracy" in out[0][0], out[0][0]
         assert job_state(http, "mn") == "finished"
@@ -1221,23 +1225,35 @@ def case_command(tmp):
     the job in its environment and no flags added; its failure is the run's."""
     script = ("import os, sys; keys = ('GRADSYNC_COORDINATOR', 'GRADSYNC_JOB', "
               "'GRADSYNC_WORLD_SIZE', 'GRADSYNC_LOCAL_RANK', 'GRADSYNC_NODE', 'GRADSYNC_NNODES', "
-              "'GRADSYNC_NODE_RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE'); "
+              "'GRADSYNC_NODE_RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', "
+              "'GRADSYNC_RANK', 'RANK', 'SLURM_PROCID'); "
               "print('ARGS', sys.argv[1:]); "
               "print('ENV', ' '.join(k + '=' + os.environ.get(k, '-') for k in keys))")
     # The coordinator is never dialled: the command does not join.
     p = subprocess.run([RUN, "--nnodes", "3", "--node-rank", "2", "--nproc-per-node", "2",
                         "--coordinator", "127.0.0.1:9", "--node", "cmd-node", "--job", "cmd",
                         "--", sys.executable, "-c", script, "--lr", "1"],
-                       capture_output=True, text=True, timeout=WAIT, env=clean_env())
+                       capture_output=True, text=True, timeout=WAIT,
+                       env=clean_env(SLURM_PROCID="2"))
     assert p.returncode == 0, p
     for i in range(2):
         assert f"[local rank {i}] ARGS ['--lr', '1']" in p.stdout, p.stdout
         want = (f"[local rank {i}] ENV GRADSYNC_COORDINATOR=127.0.0.1:9 GRADSYNC_JOB=cmd "
                 f"GRADSYNC_WORLD_SIZE=6 GRADSYNC_LOCAL_RANK={i} GRADSYNC_NODE=cmd-node "
                 f"GRADSYNC_NNODES=3 GRADSYNC_NODE_RANK=2 LOCAL_RANK={i} WORLD_SIZE=6 "
-                f"LOCAL_WORLD_SIZE=2")
+                f"LOCAL_WORLD_SIZE=2 GRADSYNC_RANK={4 + i} RANK={4 + i} SLURM_PROCID=2")
         assert want in p.stdout, (want, p.stdout)
     assert "node 2 of 3: 2 copies of " in p.stderr, p.stderr
+    # Ranks numbered only for a fixed world whose node rank is known: not
+    # for an elastic job, nor on several nodes without --node-rank (srun's
+    # task id, the launcher's number, goes too; a stale $RANK as well).
+    for flags in (["--node-rank", "2", "--min-ranks", "4"], []):
+        p = subprocess.run([RUN, "--nnodes", "3", "--nproc-per-node", "2", "--coordinator",
+                            "127.0.0.1:9"] + flags + ["--", sys.executable, "-c", script],
+                           capture_output=True, text=True, timeout=WAIT,
+                           env=clean_env(SLURM_PROCID="2", RANK="7"))
+        assert p.returncode == 0, p
+        assert "GRADSYNC_RANK=- RANK=- SLURM_PROCID=-" in p.stdout, (flags, p.stdout)
     # A command that fails gives its status; one that cannot run fails the
     # run (1: a status above 125 is the shell's, not the rank's).
     p = subprocess.run([RUN, "--nproc", "2", "--coordinator", "127.0.0.1:9", "--",

@@ -207,6 +207,101 @@ START_TEST(join_refusals_name_the_difference)
 }
 END_TEST
 
+/* Sends a Join for (node, local_rank) asking for `rank` (-1: none). */
+static void join_asking(th_client_t *cl, const char *job, uint32_t world, const char *node,
+                        uint32_t local_rank, int rank)
+{
+  gradsync_JoinRequest req = th_join_request(job, world, node, local_rank);
+
+  req.has_rank = rank >= 0;
+  req.rank = rank >= 0 ? (uint32_t)rank : 0;
+  th_connect(cl, coord.rpc_port);
+  th_send(cl, "Join", 0, gradsync_JoinRequest_fields, &req);
+}
+
+/* A member's Join answer: its rank, or the status with `msg` in its text. */
+static uint32_t joined_rank(th_client_t *cl)
+{
+  gradsync_JoinResponse resp = gradsync_JoinResponse_init_zero;
+  gradsync_Envelope env;
+
+  ck_assert_int_eq(th_recv(cl, &env, gradsync_JoinResponse_fields, &resp, TH_WAIT_MS), 0);
+  ck_assert_msg(env.status == OK, "%s", env.message);
+  return resp.rank;
+}
+
+static void join_refused(th_client_t *cl, int status, const char *msg)
+{
+  gradsync_Envelope env;
+
+  ck_assert_int_eq(th_recv(cl, &env, NULL, NULL, TH_WAIT_MS), 0);
+  ck_assert_int_eq(env.status, status);
+  ck_assert_msg(strstr(env.message, msg), "%s", env.message);
+}
+
+/* A launcher's numbering (JoinRequest.rank) is the rank each member gets,
+ * whatever the node names sort as; members without one fill the rest in
+ * (node, local_rank) order. Two asking for one rank fail the rendezvous. */
+START_TEST(asked_ranks_are_given)
+{
+  th_client_t cl[5];
+
+  th_coord_start(&coord, NULL);
+  /* Node "zz" is node rank 0, "aa" node rank 1: the names sort the other way. */
+  join_asking(&cl[0], "asked", 4, "aa", 1, 3);
+  join_asking(&cl[1], "asked", 4, "zz", 0, 0);
+  join_asking(&cl[2], "asked", 4, "aa", 0, 2);
+  join_asking(&cl[3], "asked", 4, "zz", 1, 1);
+  ck_assert_uint_eq(joined_rank(&cl[0]), 3);
+  ck_assert_uint_eq(joined_rank(&cl[1]), 0);
+  ck_assert_uint_eq(joined_rank(&cl[2]), 2);
+  ck_assert_uint_eq(joined_rank(&cl[3]), 1);
+  for (int i = 0; i < 4; i++)
+    th_close(&cl[i]);
+  /* Mixed: asked ranks 0 and 2 hold; the others take 1 and 3 by node. */
+  join_asking(&cl[0], "mixed", 4, "c", 0, 2);
+  join_asking(&cl[1], "mixed", 4, "b", 0, -1);
+  join_asking(&cl[2], "mixed", 4, "d", 0, 0);
+  join_asking(&cl[3], "mixed", 4, "a", 0, -1);
+  ck_assert_uint_eq(joined_rank(&cl[0]), 2);
+  ck_assert_uint_eq(joined_rank(&cl[1]), 3);
+  ck_assert_uint_eq(joined_rank(&cl[2]), 0);
+  ck_assert_uint_eq(joined_rank(&cl[3]), 1);
+  for (int i = 0; i < 4; i++)
+    th_close(&cl[i]);
+  /* Refused at once: a rank past the world, a rank in an elastic job. */
+  join_asking(&cl[0], "bad", 2, "a", 0, 2);
+  join_refused(&cl[0], 3, "rank 2 is not below world_size 2");
+  th_close(&cl[0]);
+  {
+    gradsync_JoinRequest req = th_join_request("elastic", 4, "a", 0);
+
+    req.world_min = 2;
+    req.has_rank = true;
+    th_connect(&cl[0], coord.rpc_port);
+    th_send(&cl[0], "Join", 0, gradsync_JoinRequest_fields, &req);
+    join_refused(&cl[0], 3, "an elastic job numbers its ranks");
+    th_close(&cl[0]);
+  }
+  /* Two nodes started as one node rank: both asked ranks 0 and 1. The
+   * rendezvous fails, naming the clash: INVALID_ARGUMENT to the two that
+   * asked for rank 0 (the first clash), FAILED_PRECONDITION to the rest. */
+  join_asking(&cl[0], "clash", 4, "a", 0, 0);
+  join_asking(&cl[1], "clash", 4, "a", 1, 1);
+  join_asking(&cl[2], "clash", 4, "b", 0, 0);
+  join_asking(&cl[3], "clash", 4, "b", 1, 1);
+  join_refused(&cl[0], 3,
+               "node 'a' local_rank 0 and node 'b' local_rank 0 were both started "
+               "as rank 0 of job clash");
+  join_refused(&cl[2], 3, "both started as rank 0");
+  join_refused(&cl[1], 9, "both started as rank 0");
+  join_refused(&cl[3], 9, "both started as rank 0");
+  for (int i = 0; i < 4; i++)
+    th_close(&cl[i]);
+  stop_and_check();
+}
+END_TEST
+
 START_TEST(token_is_required_when_set)
 {
   th_client_t a;
@@ -2138,6 +2233,7 @@ static Suite *coordinator_suite(void)
       {"rendezvous", rendezvous_assigns_sorted_ranks},
       {"ring_peers", ring_peers_list_neighbours_only},
       {"refusals", join_refusals_name_the_difference},
+      {"asked_ranks", asked_ranks_are_given},
       {"token", token_is_required_when_set},
       {"job_world_cap", one_job_gathers_at_most_half_the_connections},
       {"vacant_connections", vacant_connections_make_room},

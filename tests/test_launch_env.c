@@ -32,6 +32,7 @@ typedef struct job {
   uint32_t world;
   uint32_t local_rank;
   char node[64];
+  int32_t rank;
 } job_t;
 
 #define J(m) GS_FLAG_AT(job_t, m)
@@ -61,8 +62,14 @@ static const gs_flag_t rows[] = {
      .max = 1 << 20,
      .envs = gs_launch_local_rank_envs},
     {.name = "--node", .kind = GS_FLAG_STRBUF, J(node), .envs = gs_launch_node_envs},
+    {.name = "--rank",
+     .kind = GS_FLAG_INT,
+     J(rank),
+     .min = 0,
+     .max = 65535,
+     .envs = gs_launch_rank_envs},
 };
-enum { COORD, JOB, WORLD, LOCAL_RANK, NODE, NROWS };
+enum { COORD, JOB, WORLD, LOCAL_RANK, NODE, RANK, NROWS };
 
 static const gs_flags_t spec = {.prog = "t", .usage = "", .flags = rows, .count = NROWS};
 
@@ -84,6 +91,7 @@ static int resolve(resolved_t *r, const char *const *env, char **args)
   test_env = env;
   memset(r, 0, sizeof(*r));
   r->j.job = "local";
+  r->j.rank = -1;
   snprintf(r->j.node, sizeof(r->j.node), "host");
   gs_launch_env_init(&r->le, fake_getenv);
   argv[argc++] = "t";
@@ -125,6 +133,9 @@ START_TEST(slurm_only)
   expect_source(&r, WORLD, "SLURM_NTASKS");
   expect_source(&r, LOCAL_RANK, "SLURM_LOCALID");
   expect_source(&r, NODE, "SLURMD_NODENAME");
+  /* srun's task id: the rank when srun starts one agent per task. */
+  ck_assert_int_eq(r.j.rank, 7);
+  expect_source(&r, RANK, "SLURM_PROCID");
 }
 END_TEST
 
@@ -147,6 +158,8 @@ START_TEST(torchrun_only)
   expect_source(&r, COORD, "MASTER_ADDR");
   expect_source(&r, WORLD, "WORLD_SIZE");
   expect_source(&r, NODE, NULL);
+  ck_assert_int_eq(r.j.rank, 9);
+  expect_source(&r, RANK, "RANK");
   /* $GRADSYNC_COORDINATOR_PORT names ours; an IPv6 address is bracketed. */
   ck_assert_int_eq(
       resolve(&r, ENV("MASTER_ADDR=fd00::1", "GRADSYNC_COORDINATOR_PORT=9000"), NOARGS), 0);
@@ -182,7 +195,8 @@ START_TEST(precedence)
       ENV("GRADSYNC_COORDINATOR=coord:7171", "GRADSYNC_JOB=mine", "GRADSYNC_WORLD_SIZE=2",
           "GRADSYNC_LOCAL_RANK=0", "GRADSYNC_NODE=n0", "MASTER_ADDR=10.0.0.1", "WORLD_SIZE=16",
           "LOCAL_RANK=5", "SLURM_JOB_ID=1", "SLURM_NTASKS=8", "SLURM_LOCALID=3",
-          "SLURMD_NODENAME=gpu-07", "PET_NNODES=3", "PET_NPROC_PER_NODE=3");
+          "SLURMD_NODENAME=gpu-07", "PET_NNODES=3", "PET_NPROC_PER_NODE=3", "GRADSYNC_RANK=1",
+          "RANK=6", "SLURM_PROCID=2");
   resolved_t r;
 
   /* GRADSYNC_* before every scheduler's variable. */
@@ -194,11 +208,14 @@ START_TEST(precedence)
   ck_assert_uint_eq(r.j.local_rank, 0);
   ck_assert_str_eq(r.j.node, "n0");
   expect_source(&r, LOCAL_RANK, "GRADSYNC_LOCAL_RANK");
+  ck_assert_int_eq(r.j.rank, 1);
+  expect_source(&r, RANK, "GRADSYNC_RANK");
   /* The flag before everything. */
   ck_assert_int_eq(resolve(&r, all,
                            ARGS("--coordinator", "h:1", "--job", "j", "--world-size", "4",
-                                "--local-rank", "2", "--node", "n")),
+                                "--local-rank", "2", "--node", "n", "--rank", "3")),
                    0);
+  ck_assert_int_eq(r.j.rank, 3);
   ck_assert_uint_eq(r.j.world, 4);
   ck_assert_uint_eq(r.j.local_rank, 2);
   ck_assert_str_eq(r.j.job, "j");
@@ -260,11 +277,11 @@ static char *notes(const char *const *env)
 
 START_TEST(ignored_noted)
 {
-  char *text = notes(ENV("RANK=3", "SLURM_PROCID=5", "MASTER_PORT=29500", "LOCAL_RANK=1"));
+  char *text = notes(ENV("RANK=3", "SLURM_NODEID=5", "MASTER_PORT=29500", "LOCAL_RANK=1"));
 
-  ck_assert_ptr_nonnull(strstr(text, "ignored: $RANK=3 (gradsync numbers ranks itself"));
-  ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_PROCID=5 ("));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_NODEID=5 (the agent's own rank is $RANK"));
   ck_assert_ptr_nonnull(strstr(text, "ignored: $MASTER_PORT=29500 (torch's store port"));
+  ck_assert_ptr_null(strstr(text, "$RANK="));
   ck_assert_ptr_null(strstr(text, "LOCAL_RANK"));
   free(text);
   text = notes(ENV("LOCAL_RANK=1"));
@@ -278,7 +295,7 @@ END_TEST
 START_TEST(run_ignored_noted)
 {
   char *text = notes_of(ENV("SLURM_NODEID=1", "PET_NODE_RANK=1", "SLURM_NTASKS=2",
-                            "SLURM_NTASKS_PER_NODE=1", "LOCAL_RANK=0"),
+                            "SLURM_NTASKS_PER_NODE=1", "LOCAL_RANK=0", "SLURM_PROCID=1"),
                         true);
 
   ck_assert_ptr_null(strstr(text, "SLURM_NODEID"));
@@ -286,6 +303,7 @@ START_TEST(run_ignored_noted)
   ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_NTASKS=2 (the world size is --nnodes"));
   ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_NTASKS_PER_NODE=1 (counts gradsync-run"));
   ck_assert_ptr_nonnull(strstr(text, "ignored: $LOCAL_RANK=0 (gradsync-run sets"));
+  ck_assert_ptr_nonnull(strstr(text, "ignored: $SLURM_PROCID=1 (gradsync-run sets"));
   free(text);
 }
 END_TEST

@@ -346,18 +346,23 @@ def case_state_dict(tmp):
 def case_sampler_job(tmp):
     """gs.DistributedSampler(optimizer=opt) with a DataLoader of 2 workers
     under a real job, and gs.DistributedSampler(ds) made before the
-    optimizer joined, with torch's defaults (no $RANK under gradsync-run):
-    each rank's examples are torch's DistributedSampler's for the same
-    world (tests/test_sampler.py covers elastic worlds and resumes), and
-    the epoch covers every example."""
-    for defaults in ("0", "1"):
+    optimizer joined, with torch's defaults (gradsync-run's $RANK): each
+    rank's examples are torch's DistributedSampler's for the same world
+    (tests/test_sampler.py covers elastic worlds and resumes), and the
+    epoch covers every example. gs.rank() answers right after gs.init(),
+    the rank the job then gives the process."""
+    for defaults in ("0", "1", "late"):
         out = tempfile.mkdtemp(dir=tmp)
         run(2, "sampler", out, f"defaults={defaults}")
         got = [result(out, r) for r in (0, 1)]
         for r, g in enumerate(got):
             assert g["seen"] == g["torch_order"], (r, g["seen"][:10], g["torch_order"][:10])
+            assert g["at_init"] == (None if defaults == "late" else r), (r, g["at_init"])
+            want = {"0": None, "1": (r, 2), "late": "unknown"}[defaults]
+            assert g["early_place"] == want, (defaults, g["early_place"])
         assert set(got[0]["seen"]) | set(got[1]["seen"]) == set(range(101))
-        how = "made before the join, torch's defaults" if defaults == "1" else "optimizer=opt"
+        how = {"0": "optimizer=opt", "1": "made before the join, torch's defaults, $RANK",
+               "late": "made before the join, no $RANK: placed at its first iter()"}[defaults]
         print(f"sampler ({how}): each rank's 51 examples are torch's; every example once but "
               f"the padding; "
               f"opt.sample {got[0]['sample']}")

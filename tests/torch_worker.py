@@ -295,13 +295,22 @@ def roundtrip():
 def sampler():
     """One epoch over 101 examples through a DataLoader with 2 workers and
     gs.DistributedSampler(optimizer=opt); saves the example ids trained."""
+    late = OPTS.get("defaults") == "late"
+    if late:  # as a launcher that numbers no ranks: the job's place, at the first iter()
+        for k in ("RANK", "GRADSYNC_RANK", "WORLD_SIZE"):
+            os.environ.pop(k)
     gs.init()
+    at_init = None if late else gs.rank()  # the launcher's $RANK, before any join
     model = mlp()
     g = torch.Generator().manual_seed(3)
     ds = torch.utils.data.TensorDataset(torch.randn(101, 20, generator=g), torch.arange(101))
-    # defaults=1: made before the optimizer joined, with torch's defaults
-    # (gradsync-run sets no $RANK): the job's place, at its first iter().
-    early = gs.DistributedSampler(ds, seed=7) if OPTS.get("defaults") == "1" else None
+    # defaults=1: made before the optimizer joined, with torch's defaults:
+    # gradsync-run's $RANK and $WORLD_SIZE, known at once.
+    early = gs.DistributedSampler(ds, seed=7) if OPTS.get("defaults") != "0" else None
+    if late:
+        early_place = None if early._place(must=False) else "unknown"
+    else:
+        early_place = (early.rank, early.num_replicas) if early else None
     opt = gs.DistributedOptimizer(model, lr=0.1)
     s = early or gs.DistributedSampler(ds, optimizer=opt, seed=7)
     loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=s, num_workers=2)
@@ -313,7 +322,8 @@ def sampler():
         opt.step(loss)
         seen += ids.tolist()
     save(seen=seen, torch_order=list(torch.utils.data.DistributedSampler(
-        ds, num_replicas=gs.world_size(), rank=gs.rank(), seed=7)), sample=opt.sample)
+        ds, num_replicas=gs.world_size(), rank=gs.rank(), seed=7)), sample=opt.sample,
+         at_init=at_init, early_place=early_place)
 
 
 def autocast():

@@ -97,6 +97,8 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
   req->world_min = e->cfg.world_min;
   snprintf(req->node, sizeof(req->node), "%s", e->cfg.node);
   req->local_rank = e->cfg.local_rank;
+  req->has_rank = e->cfg.has_rank && !e->cfg.world_min;
+  req->rank = req->has_rank ? e->cfg.rank : 0;
   snprintf(req->device, sizeof(req->device), "%s", e->cfg.device);
   req->has_model_signature = true;
   gs_packs_signature(&e->packs, &req->model_signature);
@@ -129,6 +131,15 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
     gs_set_why(e->error, sizeof(e->error), "%s%s",
                err == GS_EINTR ? "" : "join failed: ", gs_client_error(e->client));
     return err;
+  }
+  /* A coordinator older than the rank field orders by node alone. */
+  if (req->has_rank && e->join.rank != req->rank) {
+    gs_set_why(e->error, sizeof(e->error),
+               "the coordinator made this agent rank %u, but its launcher numbered it rank %u "
+               "($RANK): the coordinator is older than this agent; upgrade it, or start the "
+               "agents without a rank",
+               e->join.rank, req->rank);
+    return GS_EPROTO;
   }
   gs__engine_joined(e);
   gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,

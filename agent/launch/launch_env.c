@@ -19,6 +19,7 @@ const char *const gs_launch_world_size_envs[] = {
     "GRADSYNC_WORLD_SIZE", "WORLD_SIZE", "PET_NNODES*PET_NPROC_PER_NODE", "SLURM_NTASKS", NULL};
 const char *const gs_launch_local_rank_envs[] = {"GRADSYNC_LOCAL_RANK", "LOCAL_RANK",
                                                  "SLURM_LOCALID", NULL};
+const char *const gs_launch_rank_envs[] = {"GRADSYNC_RANK", "RANK", "SLURM_PROCID", NULL};
 const char *const gs_launch_node_envs[] = {"GRADSYNC_NODE", "SLURMD_NODENAME", NULL};
 
 /* A Kubernetes Indexed Job numbers its pods 0..completions-1 in
@@ -95,24 +96,22 @@ typedef struct ignored {
   const char *name, *why;
 } ignored_t;
 
-#define NUMBERS_RANKS "gradsync numbers ranks itself, by --node then --local-rank"
+#define NODE_RANK "the agent's own rank is $RANK; the node's is gradsync-run's"
 #define STORE_PORT "torch's store port; the coordinator's is $GRADSYNC_COORDINATOR_PORT or 7070"
 #define RUN_SETS "gradsync-run sets each agent's"
 #define RUN_WORLD "the world size is --nnodes x --nproc-per-node"
 
 static const ignored_t agent_ignores[] = {
-    {"RANK", NUMBERS_RANKS},
-    {"SLURM_PROCID", NUMBERS_RANKS},
-    {"PET_NODE_RANK", NUMBERS_RANKS},
-    {"SLURM_NODEID", NUMBERS_RANKS},
+    {"PET_NODE_RANK", NODE_RANK},
+    {"SLURM_NODEID", NODE_RANK},
     {"MASTER_PORT", STORE_PORT},
     {"PET_MASTER_PORT", STORE_PORT},
     {NULL, NULL},
 };
 
 static const ignored_t run_ignores[] = {
-    {"RANK", NUMBERS_RANKS},
-    {"SLURM_PROCID", NUMBERS_RANKS},
+    {"RANK", RUN_SETS},
+    {"SLURM_PROCID", RUN_SETS},
     {"LOCAL_RANK", RUN_SETS},
     {"SLURM_LOCALID", RUN_SETS},
     {"WORLD_SIZE", RUN_WORLD},

@@ -26,6 +26,9 @@ extern const char *const gs_launch_coordinator_envs[];
 extern const char *const gs_launch_job_envs[];
 extern const char *const gs_launch_world_size_envs[];
 extern const char *const gs_launch_local_rank_envs[];
+/* The rank a launcher numbered the agent in a fixed world: gradsync-run's,
+ * torchrun's, or srun's task id when srun starts one agent per task. */
+extern const char *const gs_launch_rank_envs[];
 extern const char *const gs_launch_node_envs[];
 
 /* gradsync-run's own: nodes in the job, this node's index among them, and

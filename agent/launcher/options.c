@@ -37,8 +37,9 @@ static const gs_flag_t flag_rows[] = {
   {.name = "--node-rank", .kind = GS_FLAG_INT, CFG(node_rank), .min = 0,
    .max = GS_RUN_MAX_NNODES - 1, GIVEN(have_node_rank), .envs = gs_launch_node_rank_envs,
    .metavar = "I", .help = "this node's index, 0..N-1",
-   .doc = "this node's index, below `--nnodes` (checked and shown; ranks are ordered by "
-          "`--node`, then local rank)"},
+   .doc = "this node's index, below `--nnodes`: a fixed world's agents are ranks "
+          "I × `--nproc-per-node` + local rank (`$RANK`); unset on several nodes, or elastic: "
+          "ranks are ordered by `--node`, then local rank"},
   {.name = "--coordinator", .kind = GS_FLAG_ADDR, CFG(coord_host),
    GS_FLAG_PORT_AT(gs_run_config_t, coord_port), .min = 1, GIVEN(join),
    .envs = gs_launch_coordinator_envs, .metavar = "HOST:PORT", .def = "none: start one here",
@@ -160,8 +161,8 @@ static void set_defaults(gs_run_config_t *cfg)
 /* Agent flags the launcher sets itself: passing them again would override it. */
 static bool is_reserved(const char *arg)
 {
-  static const char *const reserved[] = {"--coordinator", "--job", "--world-size", "--local-rank",
-                                         "--node"};
+  static const char *const reserved[] = {"--coordinator", "--job",  "--world-size",
+                                         "--local-rank",  "--node", "--rank"};
 
   for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++) {
     size_t n = strlen(reserved[i]);
@@ -187,11 +188,11 @@ static int take_token(char *token)
 /* Where row `name` got its value, for messages: " (from $VAR)" or "". */
 static const char *from(const char *const *sources, const char *name, char *buf, size_t len)
 {
+  const char *source = gs_flags_source(&flags, sources, name);
+
   buf[0] = '\0';
-  for (size_t i = 0; i < flags.count; i++)
-    if (flag_rows[i].name && !strcmp(flag_rows[i].name, name) && sources[i] &&
-        strcmp(sources[i], "flag") != 0)
-      snprintf(buf, len, " (from $%s)", sources[i]);
+  if (source && strcmp(source, "flag") != 0)
+    snprintf(buf, len, " (from $%s)", source);
   return buf;
 }
 

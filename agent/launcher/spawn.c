@@ -86,14 +86,33 @@ static void prepend_path(const char *name, const char *dir)
     setenv(name, value, 1);
 }
 
+/* The rank local rank c has, as torchrun numbers a fixed world: node rank
+ * x ranks per node + local rank; -1 when the job is elastic (its ranks
+ * change) or this node's rank is unknown. */
+static long global_rank(const gs_run_config_t *cfg, const gs_run_child_t *c)
+{
+  if (cfg->min_ranks || (cfg->nnodes > 1 && !cfg->have_node_rank))
+    return -1;
+  return cfg->node_rank * cfg->nproc + c->rank;
+}
+
 /* In the forked child of rank c: the job in the environment, in gradsync's
  * names (which the agent, and a command, read before any scheduler's) and
  * torchrun's. */
 static void rank_env(const gs_run_t *r, const gs_run_child_t *c)
 {
   const gs_run_config_t *cfg = &r->cfg;
+  long rank = global_rank(cfg, c);
   char text[48];
 
+  if (rank >= 0) {
+    setenv_long("RANK", rank);
+    setenv_long("GRADSYNC_RANK", rank);
+  } else { /* the coordinator numbers the ranks; srun's task id is this launcher's */
+    unsetenv("RANK");
+    unsetenv("GRADSYNC_RANK");
+    unsetenv("SLURM_PROCID");
+  }
   setenv_long("LOCAL_RANK", c->rank);
   setenv_long("WORLD_SIZE", cfg->world);
   setenv_long("LOCAL_WORLD_SIZE", cfg->nproc);

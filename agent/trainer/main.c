@@ -166,8 +166,15 @@ static const gs_flag_t flag_rows[] = {
           "batch, so the global batch changes with the world)"},
   {.name = "--local-rank", .kind = GS_FLAG_INT, E(local_rank), .min = 0, .max = 1 << 20,
    .envs = gs_launch_local_rank_envs, .metavar = "I", .help = "this agent's index on its node",
-   .doc = "this agent's index on its node (ranks are ordered by node, then local rank; "
-          "`$RANK` and `$SLURM_PROCID` are not used)"},
+   .doc = "this agent's index on its node"},
+  {.name = "--rank", .kind = GS_FLAG_INT, E(rank), .min = 0, .max = 65535,
+   GS_FLAG_GIVEN(flags_t, t.engine.has_rank),
+   .envs = gs_launch_rank_envs, .metavar = "R", .def = "none: by --node, then --local-rank",
+   .help = "the rank its launcher numbered this agent (a fixed world)",
+   .doc = "the rank its launcher numbered this agent in a fixed world (`gradsync-run`, torchrun "
+          "and srun's one agent per task set it): the coordinator gives it that rank, so a "
+          "script knows it before the Join. Without it ranks are ordered by `--node`, then "
+          "`--local-rank`. An elastic job ignores `$RANK` (its ranks change as the world does)"},
   {.name = "--node", .kind = GS_FLAG_STRBUF, E(node), .envs = gs_launch_node_envs,
    .metavar = "NAME", .def = "host name", .help = "this machine's name"},
   {.name = "--token", .kind = GS_FLAG_STR, E(coord.token), .secret = true,
@@ -451,9 +458,11 @@ static int not_built(const char *flag, const char *v, const char *expect)
 }
 
 /* Cross-flag checks once every flag is known. */
-static int finish_flags(flags_t *f)
+static int finish_flags(flags_t *f, const char *const *sources)
 {
   gs_engine_config_t *e = &f->t.engine;
+  const char *rank_source = gs_flags_source(&flags, sources, "--rank");
+  bool rank_flag = rank_source && !strcmp(rank_source, "flag");
 
   if (!gs_device_cuda_built() && !strcmp(f->t.device, "cuda"))
     return not_built("--device", f->t.device, "cpu or auto (this build has no CUDA)");
@@ -465,6 +474,20 @@ static int finish_flags(flags_t *f)
   if (!f->have_coord || !f->have_world) {
     fprintf(stderr, "gradsync-agent: --coordinator and --world-size are required "
                     "(try gradsync-run --nproc N to start a local job)\n");
+    return 2;
+  }
+  if (e->has_rank && e->world_min) {
+    if (rank_flag) {
+      fprintf(stderr, "gradsync-agent: --rank is for a fixed world: an elastic job numbers its "
+                      "ranks at each regroup\n");
+      return 2;
+    }
+    e->has_rank = false; /* torchrun's elastic $RANK: the coordinator's numbering holds */
+  }
+  if (e->has_rank && e->rank >= e->world_size) {
+    fprintf(stderr, "gradsync-agent: --rank %u%s%s%s is not below --world-size %u\n", e->rank,
+            rank_flag ? "" : " (from $", rank_flag ? "" : rank_source, rank_flag ? "" : ")",
+            e->world_size);
     return 2;
   }
   if (e->world_size > 1 && !f->have_reduce) {
@@ -517,7 +540,7 @@ static int parse_flags(int argc, char **argv, flags_t *f)
     gs_launch_env_notes(&f->env, stdout);
     return -1;
   }
-  return finish_flags(f);
+  return finish_flags(f, sources);
 }
 
 int main(int argc, char **argv)

@@ -118,20 +118,28 @@ static bool refuse_disagreement(gs_job_t *job)
   return true;
 }
 
+/* Whether the waiting members are on more than one node. */
+static bool spans_nodes(const gs_job_t *job)
+{
+  for (uint32_t i = 1; i < job->waiting_count; i++)
+    if (strcmp(job->waiting[0]->req.node, job->waiting[i]->req.node) != 0)
+      return true;
+  return false;
+}
+
 /* Refuses a world that spans several nodes while a member advertises a
  * loopback address for its peers (it reached the coordinator through
  * 127.0.0.1, a tunnel or port-forward, and nothing said otherwise): the
  * ranks on other nodes would dial themselves and fail minutes later with
- * an error that does not name the cause. The members sort by node, so
- * the world spans several iff the first and last differ. Those at fault
- * get INVALID_ARGUMENT, the others FAILED_PRECONDITION. */
+ * an error that does not name the cause. Those at fault get
+ * INVALID_ARGUMENT, the others FAILED_PRECONDITION. */
 static bool refuse_loopback(gs_job_t *job)
 {
   uint32_t n = job->waiting_count, bad = n, count = 0;
   const gs_member_t *m;
   char msg[1024];
 
-  if (n < 2 || !strcmp(job->waiting[0]->req.node, job->waiting[n - 1]->req.node))
+  if (!spans_nodes(job))
     return false;
   for (uint32_t i = 0; i < n; i++) {
     if (job->waiting[i]->req.comm_addr[0] && gs_addr_is_loopback(job->waiting[i]->req.comm_addr)) {
@@ -158,6 +166,76 @@ static bool refuse_loopback(gs_job_t *job)
   return true;
 }
 
+/* Puts the members that asked for a rank (JoinRequest.rank: their
+ * launcher numbered them) at it, the others in the free places in their
+ * (node, local_rank) order; true when done. Two members asking for one
+ * rank fail the rendezvous: both get INVALID_ARGUMENT, the others
+ * FAILED_PRECONDITION. Each asked rank is below the world (checked at the
+ * Join). */
+static bool asks_rank(const gs_member_t *m, uint32_t world)
+{
+  return m->req.has_rank && m->req.rank < world;
+}
+
+static bool place_asked_ranks(gs_job_t *job)
+{
+  uint32_t n = job->waiting_count, free_at = 0, dup;
+  gs_member_t **placed;
+  const gs_member_t *a = NULL, *b = NULL;
+  bool asked = false;
+  char msg[768];
+
+  for (uint32_t i = 0; i < n && !asked; i++)
+    asked = asks_rank(job->waiting[i], n);
+  if (!asked)
+    return true;
+  placed = calloc(n, sizeof(*placed));
+  if (!placed) {
+    gs_log(job->jobs->cfg.log, GS_LOG_ERROR, job->name, -1, "out of memory placing ranks");
+    while (job->waiting_count)
+      remove_waiting(job, 0, GS_ENOMEM, "coordinator out of memory");
+    return false;
+  }
+  for (uint32_t i = 0; i < n && !a; i++) {
+    gs_member_t *m = job->waiting[i];
+
+    if (!asks_rank(m, n))
+      continue;
+    if (placed[m->req.rank]) {
+      a = placed[m->req.rank];
+      b = m;
+    }
+    placed[m->req.rank] = m;
+  }
+  if (a) {
+    snprintf(msg, sizeof(msg),
+             "node '%s' local_rank %u and node '%s' local_rank %u were both started as rank %u "
+             "of job %s: give each node its own --node-rank (or $RANK)",
+             a->req.node, a->req.local_rank, b->req.node, b->req.local_rank, a->req.rank,
+             job->name);
+    gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
+    free(placed);
+    dup = a->req.rank;
+    while (job->waiting_count) {
+      uint32_t i = job->waiting_count - 1;
+      const gs_member_t *m = job->waiting[i];
+
+      remove_waiting(job, i, asks_rank(m, n) && m->req.rank == dup ? GS_EINVAL : GS_EPRECOND, msg);
+    }
+    return false;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if (asks_rank(job->waiting[i], n))
+      continue;
+    while (placed[free_at])
+      free_at++;
+    placed[free_at] = job->waiting[i];
+  }
+  memcpy(job->waiting, placed, n * sizeof(*placed));
+  free(placed);
+  return true;
+}
+
 /* The world is complete: assign ranks, start the next generation, answer
  * every parked Join. */
 static void complete_rendezvous(gs_job_t *job, uint64_t now)
@@ -167,6 +245,8 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   gradsync_Peer *peers;
 
   qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
+  if (!place_asked_ranks(job))
+    return;
   for (uint32_t i = 0; i < n; i++)
     job->waiting[i]->waiting_index = i;
   if (refuse_disagreement(job) || refuse_loopback(job))
@@ -388,6 +468,17 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
   if (!req->node[0]) {
     gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
                       "node must not be empty");
+    return false;
+  }
+  if (req->has_rank && req->world_min) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
+                      "rank %u: an elastic job numbers its ranks at each regroup; send no rank",
+                      req->rank);
+    return false;
+  }
+  if (req->has_rank && req->rank >= req->world_size) {
+    gs__respond_error(r, call->peer->id, call->method, call->request_id, GS_EINVAL,
+                      "rank %u is not below world_size %u", req->rank, req->world_size);
     return false;
   }
   if (!gs__settings_valid(req, why, sizeof(why))) {

@@ -195,6 +195,13 @@ typedef struct gs_engine_config {
   gs_elastic_lr_t elastic_lr;
   char node[256]; /* this machine (ranks sort by node, then local_rank; default: host name) */
   uint32_t local_rank;
+  /* A fixed world's rank as the launcher numbered it (torchrun's: node
+   * rank x ranks per node + local rank), with has_rank: the Join asks for
+   * it, and an answer with another fails the Join. Without (default), and
+   * in an elastic job: the coordinator orders the ranks by node, then
+   * local_rank. */
+  bool has_rank;
+  uint32_t rank;
   /* Where params, grads and momentum live: borrowed when not NULL (a
    * device gradsync's own trainer opened); NULL: the engine opens the
    * device named by `device` ("cpu", "cuda" or "cuda:N") and closes it in

@@ -70,12 +70,15 @@ def _world(value, where):
 
 
 def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None, token=None,
-         tls_ca=None, tls_cert=None, tls_key=None):
+         tls_ca=None, tls_cert=None, tls_key=None, rank=None):
     """Where the job is: the arguments given, else gradsync's variables
     (set by gradsync-run), else torchrun's and SLURM's, as gradsync-agent
     reads them (docs/guide/running.md, "Environment"). `world_size` (or
     the variable) is N, or "MIN:MAX" for an elastic job (see the module's
-    docstring).
+    docstring). `rank` (else $GRADSYNC_RANK, $RANK, $SLURM_PROCID) is the
+    rank the launcher numbered this process in a fixed world: gs.rank()
+    answers it at once and the coordinator gives the process that rank;
+    an elastic job ignores the variables (its ranks change).
     tls_ca (else $GRADSYNC_TLS_CA) speaks TLS to a coordinator started with
     --tls-cert, verifying it with that CA file; tls_cert and tls_key (else
     $GRADSYNC_TLS_CERT, $GRADSYNC_TLS_KEY) are this rank's certificate for
@@ -106,6 +109,17 @@ def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None
     if local_rank is None:
         v, n = _env("GRADSYNC_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID")
         local_rank = _number(v, n) if v is not None else 0
+    if rank is None and not world_min:
+        v, n = _env("GRADSYNC_RANK", "RANK", "SLURM_PROCID")
+        rank = _number(v, n) if v is not None else None
+        where = f"${n}={v}"
+    elif rank is not None:
+        where = f"rank={rank}"
+        if world_min:
+            raise Error(f"{where}: an elastic job numbers its ranks at each regroup; pass no rank")
+        rank = _number(rank, "rank")
+    if rank is not None and rank >= world_size:
+        raise Error(f"{where} is not below the world size {world_size}")
     if node is None:
         node, _ = _env("GRADSYNC_NODE", "SLURMD_NODENAME")
         node = node or socket.gethostname()
@@ -113,6 +127,8 @@ def init(coordinator=None, job=None, world_size=None, local_rank=None, node=None
         token, _ = _env("GRADSYNC_TOKEN")
     cfg = {"coordinator": coordinator, "job": job, "world_size": world_size,
            "world_min": world_min, "local_rank": int(local_rank), "node": node}
+    if rank is not None:
+        cfg["rank"] = rank
     if token:
         cfg["token"] = token
     for key, var in (("comm_iface", "GRADSYNC_COMM_IFACE"), ("comm_bind", "GRADSYNC_COMM_BIND"),
@@ -139,18 +155,23 @@ def config():
 
 def _info():
     if state["engine"] is None:
-        raise Error("the rank is known once a DistributedOptimizer has joined the job (its "
-                    "construction joins: the coordinator numbers the ranks as they join with "
-                    "their model). Before it: gs.local_rank() picks the GPU, any seed works "
-                    "(rank 0's parameters reach every rank), and data is sharded after it, "
-                    "or by gs.DistributedSampler(dataset, optimizer=opt)")
+        raise Error("the rank of an elastic job (or of one started without $RANK) is known once "
+                    "a DistributedOptimizer has joined the job (its construction joins: the "
+                    "coordinator numbers the ranks as they join with their model). Before it: "
+                    "gs.local_rank() picks the GPU, any seed works (rank 0's parameters reach "
+                    "every rank), and data is sharded after it, or by "
+                    "gs.DistributedSampler(dataset, optimizer=opt)")
     return state["engine"].info()
 
 
 def rank():
-    """This process's rank (ranks are ordered by node, then local rank);
-    in an elastic job, its rank in the current world (it changes when the
-    world does)."""
+    """This process's rank: in a fixed world started by gradsync-run,
+    torchrun or srun, the launcher's number ($RANK), known from gs.init()
+    on; else the coordinator's (by node, then local rank), once a
+    DistributedOptimizer has joined. In an elastic job, its rank in the
+    current world (it changes when the world does)."""
+    if state["engine"] is None and "rank" in config():
+        return config()["rank"]
     return _info()["rank"]
 
 
