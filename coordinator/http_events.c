@@ -20,12 +20,17 @@ typedef struct gs_http_sub {
 } gs_http_sub_t;
 
 /* A job's JSON for its stream: its first GS_EVENTS_MAX_RANKS ranks, and
- * `ranks_listed` saying how many are listed. */
-static cJSON *job_event_json(const gs_job_t *job, uint64_t now)
+ * `ranks_listed` saying how many are listed; the stream's first event
+ * also has the job's curve, which the page then extends itself. */
+static cJSON *job_event_json(const gs_job_t *job, uint64_t now, bool with_curve)
 {
   const gs_rank_page_t first = {.from = 0, .limit = GS_EVENTS_MAX_RANKS};
   cJSON *doc = gs__job_json(job, now, &first);
 
+  if (doc && with_curve && !cJSON_AddItemToObject(doc, "curve", gs__curve_json(&job->curve))) {
+    cJSON_Delete(doc);
+    return NULL;
+  }
   cJSON_AddNumberToObject(doc, "ranks_listed",
                           job->world_size < GS_EVENTS_MAX_RANKS ? job->world_size
                                                                 : GS_EVENTS_MAX_RANKS);
@@ -35,8 +40,9 @@ static cJSON *job_event_json(const gs_job_t *job, uint64_t now)
 
 /* One server-sent event, "event: KIND\ndata: JSON\n\n", for what `job`
  * streams ("": the first page of /status; a job no longer known: a
- * "gone" event). NULL when out of memory; the caller frees it. */
-static char *event_text(gs_http_routes_t *r, const char *job, uint64_t now, size_t *len)
+ * "gone" event); `first`: a stream's first. NULL when out of memory; the
+ * caller frees it. */
+static char *event_text(gs_http_routes_t *r, const char *job, uint64_t now, bool first, size_t *len)
 {
   const gs_job_t *j = job[0] ? gs__jobs_find(r->jobs, job) : NULL;
   const char *kind = !job[0] ? "status" : j ? "job" : "gone";
@@ -47,7 +53,7 @@ static char *event_text(gs_http_routes_t *r, const char *job, uint64_t now, size
     json = gs__http_status_first_page(r, now) ? NULL : strdup((const char *)r->status_body.data);
   } else {
     if (j) {
-      doc = job_event_json(j, now);
+      doc = job_event_json(j, now, first);
     } else if ((doc = cJSON_CreateObject())) {
       cJSON_AddStringToObject(doc, "job", job);
     }
@@ -115,7 +121,7 @@ void gs__http_events_route(gs_http_routes_t *r, const gs_http_request_t *req,
   gs_list_init(&sub->node);
   sub->r = r;
   snprintf(sub->job, sizeof(sub->job), "%s", is_job ? name : "");
-  res->body = event_text(r, sub->job, uv_now(r->loop), &res->body_len);
+  res->body = event_text(r, sub->job, uv_now(r->loop), true, &res->body_len);
   if (!res->body) {
     free(sub);
     gs__http_respond_error(res, 500, "out of memory");
@@ -150,7 +156,7 @@ static rendered_t *render_once(gs_http_routes_t *r, rendered_t *done, size_t *nd
   }
   e = &done[(*ndone)++];
   memcpy(e->job, sub->job, sizeof(e->job));
-  e->text = event_text(r, sub->job, now, &e->len);
+  e->text = event_text(r, sub->job, now, false, &e->len);
   return e->text ? e : NULL;
 }
 

@@ -79,13 +79,16 @@ bool gs__http_authorized(gs_http_routes_t *r, const gs_http_request_t *req, cons
 }
 
 /* Among the &-separated parameters. */
-bool gs__http_wants_ranks(const char *query)
+bool gs__http_query_flag(const char *query, const char *key)
 {
+  size_t k = strlen(key);
+
   for (const char *p = query; *p;) {
     size_t n = strcspn(p, "&");
 
-    if ((n == 5 && !strncmp(p, "ranks", n)) || (n == 7 && !strncmp(p, "ranks=1", n)) ||
-        (n == 10 && !strncmp(p, "ranks=true", n)))
+    if (n >= k && !strncmp(p, key, k) &&
+        (n == k || (n - k == 2 && !strncmp(p + k, "=1", 2)) ||
+         (n - k == 5 && !strncmp(p + k, "=true", 5))))
       return true;
     p += n + (p[n] == '&');
   }

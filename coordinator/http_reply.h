@@ -28,9 +28,9 @@ void gs__http_respond_error(gs_http_response_t *res, int status, const char *fmt
 bool gs__http_authorized(gs_http_routes_t *r, const gs_http_request_t *req, const char *job,
                          bool changes, bool reveals, gs_http_response_t *res);
 
-/* Whether the query asks for the per-rank lists ("ranks", "ranks=1" or
- * "ranks=true"). */
-bool gs__http_wants_ranks(const char *query);
+/* Whether the query turns on `key` ("KEY", "KEY=1" or "KEY=true"): /status's
+ * "ranks" (the per-rank lists), /jobs/NAME's "curve". */
+bool gs__http_query_flag(const char *query, const char *key);
 /* A parameter's value (`len` bytes at `v`) as an integer in [min, max];
  * false when it is not one. */
 bool gs__http_param_long(const char *v, size_t len, long min, long max, long *out);

@@ -124,7 +124,8 @@ static void service_route(gs_http_routes_t *r, const gs_http_request_t *req,
     gs__http_respond_error(res, 405, "%s allows GET only", req->path);
   } else if (strcmp(req->path, "/healthz") == 0) {
     gs__http_respond(res, 200, GS_HTTP_JSON, strdup("{\"status\":\"ok\"}"));
-  } else if (!gs__http_authorized(r, req, NULL, false, gs__http_wants_ranks(req->query), res)) {
+  } else if (!gs__http_authorized(r, req, NULL, false, gs__http_query_flag(req->query, "ranks"),
+                                  res)) {
     return;
   } else if (strcmp(req->path, "/status") == 0) {
     gs__http_status(r, req, res);
@@ -199,6 +200,21 @@ static void trace(gs_job_t *job, const gs_http_request_t *req, gs_http_response_
   gs__http_respond_json(res, 202, doc);
 }
 
+/* /jobs/NAME's JSON: with "curve", the job's curve too (NULL when out of
+ * memory). */
+static cJSON *job_view(const gs_job_t *job, uint64_t now, const gs_rank_page_t *page,
+                       const char *query)
+{
+  cJSON *doc = gs__job_json(job, now, page);
+
+  if (doc && gs__http_query_flag(query, "curve") &&
+      !cJSON_AddItemToObject(doc, "curve", gs__curve_json(&job->curve))) {
+    cJSON_Delete(doc);
+    return NULL;
+  }
+  return doc;
+}
+
 /* GET /jobs/NAME, POST /jobs/NAME/control, POST or GET /jobs/NAME/trace. */
 static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res,
                       const char *name, job_part_t part)
@@ -226,7 +242,7 @@ static void job_route(gs_http_routes_t *r, const gs_http_request_t *req, gs_http
   else if (part == JOB_TRACE)
     trace(job, req, res);
   else if (rank_page(req->query, &page, why, sizeof(why)))
-    gs__http_respond_json(res, 200, gs__job_json(job, uv_now(r->loop), &page));
+    gs__http_respond_json(res, 200, job_view(job, uv_now(r->loop), &page, req->query));
   else
     gs__http_respond_error(res, 400, "%s", why);
 }

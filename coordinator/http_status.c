@@ -78,7 +78,7 @@ void gs__http_status(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_
 {
   uint64_t now = uv_now(r->loop);
   gs_buf_t *cache = &r->status_body;
-  bool ranks = gs__http_wants_ranks(req->query);
+  bool ranks = gs__http_query_flag(req->query, "ranks");
   gs_status_page_t page;
   gs_service_info_t svc;
   char *body, why[128];

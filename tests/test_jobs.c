@@ -105,11 +105,18 @@ static void setup(void)
   gs__jobs_init(&jobs, &cfg, &fake.responder);
 }
 
+/* Drops the replies recorded so far (a test of many calls). */
+static void forget_replies(void)
+{
+  for (uint32_t i = 0; i < fake.count; i++)
+    gs_buf_free(&fake.replies[i].body);
+  fake.count = 0;
+}
+
 static void teardown(void)
 {
   gs__jobs_free(&jobs);
-  for (uint32_t i = 0; i < fake.count; i++)
-    gs_buf_free(&fake.replies[i].body);
+  forget_replies();
 }
 
 /* The session of the member joined on `peer` ("" when none): what that
@@ -975,6 +982,69 @@ START_TEST(history_keeps_the_latest_generations)
                      GENERATIONS - GS_JOB_HISTORY + 1 + i);
   last = cJSON_GetArrayItem(gens, GS_JOB_HISTORY - 1);
   ck_assert_str_eq(cJSON_GetObjectItem(last, "end")->valuestring, "rank 0 left: out of memory");
+  cJSON_Delete(o);
+}
+END_TEST
+
+/* The curve spans the run: a point a second while the job steps (none
+ * before its first step, none while it stands still); full, every other
+ * point goes and the interval doubles, so the first point stays, the
+ * points stay evenly spaced, and there are never more than
+ * GS_CURVE_POINTS. */
+START_TEST(curve_spans_the_run_thinned_evenly)
+{
+  gradsync_HeartbeatRequest req = gradsync_HeartbeatRequest_init_zero;
+  const cJSON *pts;
+  uint64_t now = 0;
+  gs_job_t *job;
+  cJSON *o;
+  int err;
+
+  start_world("c", 1, 0);
+  job = gs__jobs_find(&jobs, "c");
+  snprintf(req.job, sizeof(req.job), "c");
+  req.generation = 1;
+  gs__jobs_sweep(&jobs, 500);
+  ck_assert_uint_eq(job->curve.count, 0);
+  /* A sweep each half second, a step before each: a point every 2 steps. */
+  for (uint64_t step = 1; step <= 3 * GS_CURVE_POINTS; step++) {
+    now += 500;
+    req.step = step;
+    req.loss = (float)step;
+    req.samples_per_sec = 2.0f * step;
+    heartbeat_request(0, &req, now, &err);
+    ck_assert_int_eq(err, 0);
+    forget_replies();
+    gs__jobs_sweep(&jobs, now);
+    if (step == 10) { /* standing still: step 10's point, then none */
+      uint32_t had = job->curve.count;
+
+      for (int i = 1; i <= 4; i++)
+        gs__jobs_sweep(&jobs, now + 500 * i);
+      now += 2000;
+      ck_assert_uint_eq(job->curve.count, had + 1);
+      ck_assert_uint_eq(job->curve.points[had].step, 10);
+    }
+  }
+  ck_assert_uint_le(job->curve.count, GS_CURVE_POINTS);
+  ck_assert_uint_gt(job->curve.count, GS_CURVE_POINTS / 2);
+  ck_assert_uint_eq(job->curve.interval_ms, 2000);
+  o = gs__curve_json(&job->curve);
+  ck_assert_double_eq(cJSON_GetObjectItem(o, "interval_s")->valuedouble, 2.0);
+  pts = cJSON_GetObjectItem(o, "points");
+  ck_assert_int_eq(cJSON_GetArraySize(pts), (int)job->curve.count);
+  ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetArrayItem(pts, 0), 0)->valueint, 1);
+  for (int i = 0; i < cJSON_GetArraySize(pts); i++) {
+    const cJSON *p = cJSON_GetArrayItem(pts, i);
+    double step = cJSON_GetArrayItem(p, 0)->valuedouble;
+
+    ck_assert_double_eq(cJSON_GetArrayItem(p, 1)->valuedouble, step);
+    ck_assert_double_eq(cJSON_GetArrayItem(p, 2)->valuedouble, 2 * step);
+    /* 4 steps apart (2 s at 2 steps a second), but where the job stood still. */
+    if (i && step > 14)
+      ck_assert_double_eq(step - cJSON_GetArrayItem(cJSON_GetArrayItem(pts, i - 1), 0)->valuedouble,
+                          4);
+  }
   cJSON_Delete(o);
 }
 END_TEST
@@ -2219,6 +2289,7 @@ static Suite *jobs_suite(void)
       {"job_cap_room", job_cap_forgets_the_oldest_at_rest},
       {"close_after_stall", close_after_own_stall_waits_for_silence},
       {"history", history_keeps_the_latest_generations},
+      {"curve", curve_spans_the_run_thinned_evenly},
       {"job_index", job_index_finds_many_jobs},
       {"settings_unlike", settings_unlike_rank_0s_are_refused},
       {"settings_absent", joins_without_settings_are_not_compared},

@@ -12,6 +12,10 @@ Cases:
   page_tls  the same page against a coordinator with --tls-cert/--tls-key
             (a self-signed certificate made here; chromium is told to
             ignore certificate errors).
+  curve     the page opened mid-run draws the whole run: an elastic job
+            trains, loses a rank (generation 2), and only then the page
+            opens; its charts hold every point of the coordinator's
+            curve (/jobs/NAME?curve=1) and mark generation 2.
   events    /events and /events?job=NAME read with a socket: events parse
             as JSON and keep coming; a client that goes away mid-stream,
             and one that never reads, leave the coordinator serving.
@@ -59,14 +63,14 @@ def start_coordinator(tmp, tls):
     return c, int(m.group(1)), int(m.group(2)), ca
 
 
-def start_job(rpc_port, ca):
+def start_job(rpc_port, ca, world="2"):
     """Two MLP agents of job JOB that train until stopped (the MLP takes
     about 2 ms a step here: a step count would end before a browser looked),
     their optimizer state sharded."""
     agents = []
     for rank in range(2):
         agents.append(subprocess.Popen(
-            [AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", "2",
+            [AGENT, "--coordinator", f"127.0.0.1:{rpc_port}", "--world-size", world,
              "--local-rank", str(rank), "--reduce", "mean", "--job", JOB, "--steps", "100000000",
              "--no-validate", "--log-interval", "1s", "--shard-optimizer"] +
             (["--tls-ca", ca] if ca else []),
@@ -260,6 +264,53 @@ def case_page(tmp, tls=False):
 
 def case_page_tls(tmp):
     case_page(tmp, tls=True)
+
+
+def case_curve(tmp):
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        print("skipped: chromium is not installed (apt-get install chromium)")
+        sys.exit(77)
+    c, rpc, port, _ = start_coordinator(tmp, False)
+    base = f"http://127.0.0.1:{port}"
+    agents, browser = [], None
+
+    def curve():  # the job with its curve; before the first Join, no curve
+        code, _, text = http(base, f"/jobs/{JOB}?curve=1", None)
+        assert code in (200, 404), (code, text)
+        return json.loads(text) if code == 200 else {"curve": {"points": []}, "generation": 0}
+
+    try:
+        agents = start_job(rpc, None, world="1:2")
+        wait_until("5 points of the curve", lambda: len(curve()["curve"]["points"]) >= 5)
+        agents[1].kill()
+        agents[1].wait()
+        j = wait_until("generation 2 stepping with 1 rank, 3 points of it", lambda: (
+            lambda j: j if j["generation"] == 2 and j["state"] == "running" and sum(
+                p[0] > j["generations"][-1]["start_step"] for p in j["curve"]["points"]) >= 3
+            else None)(curve()))
+        points = j["curve"]["points"]
+        assert j["curve"]["interval_s"] == 1, j["curve"]
+        assert all(a[0] < b[0] for a, b in zip(points, points[1:])), points
+        assert all(p[1] > 0 and p[2] > 0 for p in points), points
+        browser = Chromium(tmp, insecure=False)
+        browser.open(base + "/")
+        look = ("(() => { const s = document.getElementById('chart-loss'); return s && "
+                "s.dataset.points ? JSON.stringify({points: Number(s.dataset.points), gens: "
+                "[...s.querySelectorAll('line')].map(l => l.dataset.generation)}) : 'null'; })()")
+        got = wait_until("the page's loss chart", lambda: (lambda g: g if g and g["points"] >= len(
+            points) else None)(json.loads(browser.eval(look))))
+        assert got["gens"] == ["2"], got
+        print(f"page opened after {len(points)} points ({points[0][0]} to {points[-1][0]}, "
+              f"generation 2 from step {j['generations'][-1]['start_step']}): its chart draws "
+              f"{got['points']} points, generation 2 marked")
+    finally:
+        if browser:
+            browser.close()
+        for a in agents:
+            a.kill()
+            a.wait()
+        c.kill()
+        c.wait()
 
 
 def open_stream(port, query=""):

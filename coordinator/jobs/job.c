@@ -2,6 +2,7 @@
  * replies, aborting a generation, and leaving. */
 #include "job.h"
 
+#include "curve.h"
 #include "history.h"
 #include "session.h"
 #include "trace.h"
@@ -52,6 +53,7 @@ void gs__job_free(gs_job_t *job)
   gs__trace_forget(job);
   gs_buf_free(&job->hb_reply);
   free(job->history);
+  gs__curve_free(job);
   free(job);
 }
 

@@ -19,6 +19,7 @@
 
 #include "claims.h"
 #include "buf.h"
+#include "curve.h"
 #include "job_index.h"
 #include "job_store.h"
 #include "list.h"
@@ -307,6 +308,7 @@ struct gs_job {
    * every job made each cost 10 KB. NULL until the first. */
   gs_generation_record_t *history;
   uint32_t history_count, history_cap;
+  gs_curve_t curve;  /* loss and samples/s over the run (curve.c) */
   uint64_t regroups; /* generations that continued an earlier one */
   uint64_t regroup_ms_total;
 };

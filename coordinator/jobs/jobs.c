@@ -470,6 +470,7 @@ void gs__jobs_sweep(gs_jobs_t *jobs, uint64_t now)
     tell_news(job);
     gs__store_sweep(&job->store, now);
     gs__trace_sweep(job);
+    gs__curve_sample(job, now);
     if (job_expired(job, now)) {
       log_forgotten(job, now);
       forget(jobs, job);

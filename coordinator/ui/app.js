@@ -8,13 +8,16 @@
 // the page works at / and /ui, over http and https, behind a path prefix.
 "use strict";
 
-const HISTORY = 300; // chart points kept per job (5 minutes at one a second)
+// The charts draw the job's curve: the coordinator's points since the job
+// started (the stream's first event), then those the page takes itself,
+// thinned as the coordinator thins its own (coordinator/jobs/curve.h).
+const CURVE_POINTS = 1024;
 const $ = (id) => document.getElementById(id);
 
 const ui = {
   token: sessionStorage.getItem("gradsync-token") || "",
   job: decodeURIComponent(location.hash.slice(1)) || null, // selected job
-  history: new Map(), // job name -> [{step, loss, sps}]
+  curves: new Map(), // job name -> {points: [{step, loss, sps}], intervalMs, lastMs}
   streams: { status: null, job: null }, // AbortControllers
 };
 
@@ -144,6 +147,7 @@ function onJob(kind, j) {
   $("job-world").textContent = `${j.world_size} (min ${j.world_min}, max ${j.world_max})`;
   showWaiting(j);
   showSettings(j);
+  if (j.curve) takeCurve(j.name, j.curve);
   record(j, ranks);
   showMembers(ranks);
   showHeatmap(ranks);
@@ -204,29 +208,73 @@ function showSettings(j) {
   }
 }
 
-function record(j, ranks) {
-  let h = ui.history.get(j.name);
-  if (!h) ui.history.set(j.name, (h = []));
-  const live = ranks.filter((r) => typeof r.loss === "number" && r.state === "running");
-  const step = j.rank_summary ? j.rank_summary.step_max : 0;
-  if (live.length && step > 0 && (!h.length || h[h.length - 1].step !== step)) {
-    const loss = live.reduce((a, r) => a + r.loss, 0) / live.length;
-    h.push({ step, loss, sps: j.samples_per_sec || 0 });
-    if (h.length > HISTORY) h.shift();
-  }
-  chart($("chart-loss"), h.map((p) => p.loss));
-  chart($("chart-sps"), h.map((p) => p.sps));
+// The coordinator's curve of the job: the run so far, evenly spaced in time.
+function takeCurve(name, c) {
+  ui.curves.set(name, {
+    points: (c.points || []).map(([step, loss, sps]) => ({ step, loss, sps })),
+    intervalMs: (c.interval_s || 1) * 1000,
+    lastMs: Date.now(),
+  });
 }
 
-// A line chart of `ys` in a 300x100 SVG, with its last value and range.
-function chart(svg, ys) {
+// Adds this event's point when the job stepped and an interval passed;
+// full, every other point goes and the interval doubles, as the
+// coordinator does.
+function record(j, ranks) {
+  let c = ui.curves.get(j.name);
+  if (!c) ui.curves.set(j.name, (c = { points: [], intervalMs: 1000, lastMs: 0 }));
+  const h = c.points;
+  const live = ranks.filter((r) => typeof r.loss === "number" && r.state === "running");
+  const step = j.rank_summary ? j.rank_summary.step_max : 0;
+  const now = Date.now();
+  if (live.length && step > 0 && (!h.length || (h[h.length - 1].step !== step &&
+      now - c.lastMs >= c.intervalMs))) {
+    const loss = live.reduce((a, r) => a + r.loss, 0) / live.length;
+    if (h.length >= CURVE_POINTS) {
+      c.points = h.filter((_, i) => i % 2 === 0);
+      c.intervalMs *= 2;
+    }
+    c.points.push({ step, loss, sps: j.samples_per_sec || 0 });
+    c.lastMs = now;
+  }
+  const marks = generationMarks(c.points, j.generations || []);
+  chart($("chart-loss"), c.points.map((p) => p.loss), marks);
+  chart($("chart-sps"), c.points.map((p) => p.sps), marks);
+}
+
+// Where each generation after the first starts: the index of the first
+// point at or past its start step.
+function generationMarks(points, gens) {
+  const marks = [];
+  for (const g of gens) {
+    if (g.generation <= 1) continue;
+    const i = points.findIndex((p) => p.step >= g.start_step);
+    if (i > 0) marks.push({ i, generation: g.generation, world: g.world_size });
+  }
+  return marks;
+}
+
+// A line chart of `ys` in a 300x100 SVG, with its last value and range, and
+// a dashed line where each of `marks` (a new generation) starts.
+function chart(svg, ys, marks) {
   const NS = "http://www.w3.org/2000/svg";
   svg.replaceChildren();
+  svg.dataset.points = ys.length;
   if (!ys.length) return;
   const lo = Math.min(...ys);
   const hi = Math.max(...ys);
   const span = hi - lo || 1;
-  const pts = ys.map((y, i) => `${(i / Math.max(ys.length - 1, 1)) * 300},${95 - ((y - lo) / span) * 85}`);
+  const x = (i) => (i / Math.max(ys.length - 1, 1)) * 300;
+  const pts = ys.map((y, i) => `${x(i)},${95 - ((y - lo) / span) * 85}`);
+  for (const m of marks) {
+    const line = document.createElementNS(NS, "line");
+    for (const [k, v] of [["x1", x(m.i)], ["x2", x(m.i)], ["y1", 0], ["y2", 100]]) line.setAttribute(k, v);
+    line.dataset.generation = m.generation;
+    const title = document.createElementNS(NS, "title");
+    title.textContent = `generation ${m.generation}: ${m.world} ranks`;
+    line.appendChild(title);
+    svg.appendChild(line);
+  }
   const line = document.createElementNS(NS, "polyline");
   line.setAttribute("points", pts.join(" "));
   svg.appendChild(line);
