@@ -41,6 +41,7 @@
 #include "node_beats.h"
 #include "parse.h"
 #include "pb_array.h"
+#include "tls_session.h"
 #include "wire.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -68,6 +69,7 @@ typedef struct cfg {
   long coord_pid;  /* 0: no CPU measurement */
   bool reregister; /* survive a coordinator restart */
   gradsync_PeerSet peers;
+  const char *tls_ca; /* speak TLS, verifying the coordinator with this CA */
 } cfg_t;
 
 /* A process's CPU time, from /proc: user and system seconds (utime and
@@ -108,6 +110,7 @@ typedef struct conn {
   bool lost;           /* --reregister: redialled once its handle closed */
   uint32_t backoff_ms; /* before its next redial */
   uint64_t redial_at_ns;
+  gs_tls_t *tls; /* --tls-ca: its session, until its handle closed */
 } conn_t;
 
 struct load {
@@ -155,6 +158,8 @@ struct load {
   double self_cpu0, self_cpu1;
   int errors; /* fatal problems seen; the exit status is 1 when > 0 */
   char rbuf[READ_CHUNK];
+  struct ssl_ctx_st *tls;    /* --tls-ca */
+  uint8_t plain[READ_CHUNK]; /* what a session decrypted */
 };
 
 static void usage(FILE *out)
@@ -197,6 +202,8 @@ static void usage(FILE *out)
           "                           re-register (Join with rejoin_generation, their\n"
           "                           sessions) before they heartbeat again; prints the\n"
           "                           reregistered line below\n"
+          "  --tls-ca FILE            speak TLS to the coordinator (one started with\n"
+          "                           --tls-cert), verifying it with this CA\n"
           "  -h, --help               print this help and exit\n"
           "\n"
           "Output (stdout), one line each:\n"
@@ -321,9 +328,9 @@ static void on_write(uv_write_t *req, int status)
   free(req);
 }
 
-/* Writes `len` bytes on c; tries a direct write first, so a heartbeat
- * usually costs no allocation, and copies only what is left. */
-static int conn_write(conn_t *c, const uint8_t *data, size_t len)
+/* Writes `len` bytes on c's socket; tries a direct write first, so a
+ * heartbeat usually costs no allocation, and copies only what is left. */
+static int raw_write(conn_t *c, const uint8_t *data, size_t len)
 {
   uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
   int n = uv_try_write((uv_stream_t *)&c->tcp, &b, 1);
@@ -346,6 +353,14 @@ static int conn_write(conn_t *c, const uint8_t *data, size_t len)
     return GS_EIO;
   }
   return 0;
+}
+
+/* Sends `len` bytes to the coordinator: through c's TLS session, if any. */
+static int conn_write(conn_t *c, const uint8_t *data, size_t len)
+{
+  if (!c->tls)
+    return raw_write(c, data, len);
+  return gs_tls_output(c->tls, data, len) ? GS_EIO : 0;
 }
 
 static void request_envelope(const load_t *ld, gradsync_Envelope *env, gs_method_t m,
@@ -760,14 +775,66 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 static void conn_lost(conn_t *c);
+static void connected(conn_t *c);
 
-/* Reads land in one shared buffer; only an incomplete frame's bytes are
- * kept per connection. */
+/* Bytes from the coordinator, in the clear: frames cut, only an
+ * incomplete frame's bytes kept per connection. */
+static void plain_in(conn_t *c, const uint8_t *data, size_t n)
+{
+  load_t *ld = c->ld;
+  long used;
+
+  if (c->rbuf.len == 0) {
+    used = cut_frames(c, data, n);
+    if (used >= 0 && (size_t)used < n && !c->closed &&
+        gs_buf_append(&c->rbuf, data + used, n - (size_t)used))
+      used = GS_ENOMEM;
+  } else {
+    used = gs_buf_append(&c->rbuf, data, n);
+    if (used == 0) {
+      used = cut_frames(c, c->rbuf.data, c->rbuf.len);
+      if (used > 0)
+        gs_buf_consume(&c->rbuf, (size_t)used);
+    }
+  }
+  if (used < 0)
+    fail(ld, "bad frame from the coordinator: %s", gs_strerror((int)used));
+}
+
+static bool tls_plain(void *ctx, const uint8_t *data, size_t len)
+{
+  conn_t *c = ctx;
+
+  plain_in(c, data, len);
+  return !c->closed && !c->ld->errors;
+}
+
+static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
+{
+  (void)more;
+  return raw_write(ctx, data, len) == 0;
+}
+
+/* Ciphertext (none: the ClientHello) through c's session; the connection
+ * goes on as a plain one's once the handshake is done. */
+static void tls_in(conn_t *c, const uint8_t *data, size_t n)
+{
+  load_t *ld = c->ld;
+  bool was = gs_tls_established(c->tls);
+
+  if (gs_tls_input(c->tls, data, n, ld->plain, sizeof(ld->plain))) {
+    fail(ld, "TLS on connection %u: %s", c->index, gs_tls_error(c->tls));
+    return;
+  }
+  if (!was && gs_tls_established(c->tls))
+    connected(c);
+}
+
+/* Reads land in one shared buffer. */
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
   conn_t *c = s->data;
   load_t *ld = c->ld;
-  long used;
 
   if (nread < 0) {
     if (ld->cfg.reregister && ld->phase == PH_HEARTBEAT) {
@@ -782,21 +849,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   }
   if (nread == 0)
     return;
-  if (c->rbuf.len == 0) {
-    used = cut_frames(c, (const uint8_t *)buf->base, (size_t)nread);
-    if (used >= 0 && used < nread && !c->closed &&
-        gs_buf_append(&c->rbuf, buf->base + used, (size_t)(nread - used)))
-      used = GS_ENOMEM;
-  } else {
-    used = gs_buf_append(&c->rbuf, buf->base, (size_t)nread);
-    if (used == 0) {
-      used = cut_frames(c, c->rbuf.data, c->rbuf.len);
-      if (used > 0)
-        gs_buf_consume(&c->rbuf, (size_t)used);
-    }
-  }
-  if (used < 0)
-    fail(ld, "bad frame from the coordinator: %s", gs_strerror((int)used));
+  if (c->tls)
+    tls_in(c, (const uint8_t *)buf->base, (size_t)nread);
+  else
+    plain_in(c, (const uint8_t *)buf->base, (size_t)nread);
 }
 
 /* --- connections --- */
@@ -807,6 +863,8 @@ static void on_closed(uv_handle_t *h)
   load_t *ld = c->ld;
 
   gs_buf_free(&c->rbuf);
+  gs_tls_free(c->tls);
+  c->tls = NULL;
   ld->closed++;
   if (c->lost && ld->phase == PH_HEARTBEAT) { /* redialled after its backoff */
     c->redial_at_ns = uv_hrtime() + c->backoff_ms * 1000000ULL;
@@ -845,6 +903,26 @@ static void on_connect(uv_connect_t *req, int status)
     fail(ld, "cannot read from connection %u", c->index);
     return;
   }
+  if (!ld->tls) {
+    connected(c);
+    return;
+  }
+  c->tls =
+      gs_tls_connect_new(ld->tls, ld->cfg.host,
+                         &(gs_tls_io_t){.ctx = c, .on_plain = tls_plain, .on_cipher = tls_cipher});
+  if (!c->tls) {
+    fail(ld, "out of memory starting TLS on connection %u", c->index);
+    return;
+  }
+  tls_in(c, NULL, 0);
+}
+
+/* c is connected (and its TLS handshake done): its ranks join, or
+ * re-register when it was redialled. */
+static void connected(conn_t *c)
+{
+  load_t *ld = c->ld;
+
   if (c->lost) { /* redialled: its ranks re-register */
     c->lost = false;
     c->backoff_ms = 0;
@@ -1145,7 +1223,7 @@ static void report(load_t *ld)
          "hb_errors=%llu hb_aborts=%llu hb_overlaps=%llu hb_p50_ms=%.3f hb_p99_ms=%.3f "
          "hb_max_ms=%.3f coord_cpu_pct=%.2f coord_user_pct=%.2f coord_sys_pct=%.2f "
          "coord_wakeups_per_s=%.0f coord_rss_mb=%.1f coord_rss_per_rank_kb=%.2f "
-         "load_cpu_pct=%.2f left=%u restarts=%llu reregister_s=%.3f errors=%d\n",
+         "load_cpu_pct=%.2f left=%u restarts=%llu reregister_s=%.3f tls=%d errors=%d\n",
          ld->cfg.ranks, ld->cfg.node_agents ? "node" : "direct", ld->nconns,
          ld->t_connected_ns ? now_s(ld->t_connected_ns - ld->t_start_ns) : -1,
          ld->t_joined_ns ? now_s(ld->t_joined_ns - ld->t_start_ns) : -1,
@@ -1154,7 +1232,7 @@ static void report(load_t *ld)
          (unsigned long long)ld->hb_aborts, (unsigned long long)ld->hb_overlaps, p50 / 1000.0,
          p99 / 1000.0, pmax / 1000.0, coord_pct, user_pct, sys_pct, wakeups, rss_mb,
          rss_per_rank_kb, self_pct, ld->left, (unsigned long long)ld->restarts,
-         ld->restarts ? ld->last_rejoin_s : -1.0, ld->errors);
+         ld->restarts ? ld->last_rejoin_s : -1.0, ld->tls != NULL, ld->errors);
   fflush(stdout);
 }
 
@@ -1211,6 +1289,7 @@ enum {
   OPT_HANG_AFTER,
   OPT_HANG_RANK,
   OPT_REREGISTER,
+  OPT_TLS_CA,
 };
 
 static const struct option options[] = {
@@ -1230,6 +1309,7 @@ static const struct option options[] = {
     {"hang-after", required_argument, NULL, OPT_HANG_AFTER},
     {"hang-rank", required_argument, NULL, OPT_HANG_RANK},
     {"reregister", no_argument, NULL, OPT_REREGISTER},
+    {"tls-ca", required_argument, NULL, OPT_TLS_CA},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -1332,6 +1412,9 @@ static int parse_flags(int argc, char **argv, cfg_t *cfg)
     case OPT_REREGISTER:
       cfg->reregister = true;
       break;
+    case OPT_TLS_CA:
+      cfg->tls_ca = optarg;
+      break;
     case 'h':
       usage(stdout);
       return -1;
@@ -1421,6 +1504,16 @@ int main(int argc, char **argv)
     free(ld);
     return rc < 0 ? 0 : rc;
   }
+  if (ld->cfg.tls_ca) {
+    char why[256];
+
+    ld->tls = gs_tls_client_ctx_new(ld->cfg.tls_ca, NULL, NULL, why, sizeof(why));
+    if (!ld->tls) {
+      fprintf(stderr, "coord_load: %s\n", why);
+      free(ld);
+      return 2;
+    }
+  }
   signal(SIGPIPE, SIG_IGN);
   uv_loop_init(&loop);
   rc = load_init(ld, &loop);
@@ -1450,6 +1543,7 @@ int main(int argc, char **argv)
   gs_buf_free(&ld->batch);
   gs_buf_free(&ld->out);
   free(ld->lat_us);
+  gs_tls_client_ctx_free(ld->tls);
   free(ld);
   return rc;
 }

@@ -10,10 +10,12 @@
 #   3. node agents (coord_load --node-agents: one connection per node of 8
 #      ranks, each node's Joins in a Batch, its heartbeats in one
 #      NodeHeartbeat, answered only with news): rendezvous, CPU at
-#      1 Hz and the coordinator's memory at each of --node-worlds, beside
-#      ranks connected directly at each of --direct-worlds (those the
-#      open-file limit allows), and GET /status under wrk while the largest
-#      node world heartbeats;
+#      1 Hz and the coordinator's memory at each of --node-worlds, the
+#      same over TLS (node-tls: the coordinator with --tls-cert, the node
+#      agents' connections TLS, a CA made here by openssl), beside ranks
+#      connected directly at each of --direct-worlds (those the open-file
+#      limit allows), and GET /status under wrk while the largest node
+#      world heartbeats;
 #   4. a hang at the largest node world (coord_load --hang-after: one rank's
 #      data loader hangs, every other rank waits in the allreduce): the time
 #      from the hang until GET /jobs/NAME names that rank, and the
@@ -208,20 +210,32 @@ for run in $(seq "$runs"); do
 done
 
 # --- scenario 3: node agents against direct ranks, by world size -------------
+# A CA and the coordinator's certificate for node-tls.
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+openssl req -x509 "${ec[@]}" -keyout "$work/ca.key" -out "$work/ca.pem" -days 2 \
+  -subj "/CN=coordinator_scale CA" 2>/dev/null
+openssl req "${ec[@]}" -keyout "$work/coord.key" -out "$work/coord.csr" -subj "/CN=coord" 2>/dev/null
+printf 'subjectAltName=IP:127.0.0.1\n' >"$work/coord.ext"
+openssl x509 -req -in "$work/coord.csr" -CA "$work/ca.pem" -CAkey "$work/ca.key" \
+  -CAcreateserial -out "$work/coord.pem" -days 2 -extfile "$work/coord.ext" 2>/dev/null
 declare -A s_rdv s_cpu s_rss s_kb s_p99
-for mode in node direct; do
-  worlds=$node_worlds flag=(--node-agents)
+for mode in node node-tls direct; do
+  worlds=$node_worlds flag=(--node-agents) tls=()
   [ $mode = direct ] && worlds=$direct_worlds flag=()
+  if [ $mode = node-tls ]; then
+    flag+=(--tls-ca "$work/ca.pem")
+    tls=(--tls-cert "$work/coord.pem" --tls-key "$work/coord.key")
+  fi
   for w in $worlds; do
     conns=$w
-    [ $mode = node ] && conns=$(((w + 7) / 8))
+    [ $mode != direct ] && conns=$(((w + 7) / 8))
     if [ $((conns + 256)) -gt "$fd_limit" ]; then
       echo "$mode, $w ranks: skipped ($conns connections, open-file limit $fd_limit)"
       continue
     fi
     r_rdv=() r_cpu=() r_rss=() r_kb=() r_p99=()
     for run in $(seq "$runs"); do
-      start_coordinator "${big[@]}"
+      start_coordinator "${big[@]}" "${tls[@]}"
       line=$("$load_bin" --coordinator "$rpc_addr" --ranks "$w" "${flag[@]}" --join-timeout 120s \
         --warmup 2s --duration "${hb_seconds}s" --coord-pid "$coord_pid" 2>"$work/load.log" |
         grep "result") || die "coord_load $mode $w failed (run $run): $(tail -3 "$work/load.log")"
@@ -233,7 +247,7 @@ for mode in node direct; do
       r_rss+=("$(field coord_rss_mb "$line")")
       r_kb+=("$(field coord_rss_per_rank_kb "$line")")
       # A node's beats are answered only with news: no round trip to time.
-      r_p99+=("$([ $mode = node ] && echo - || field hb_p99_ms "$line")")
+      r_p99+=("$([ $mode = direct ] && field hb_p99_ms "$line" || echo -)")
       echo "run $run: $mode, $w ranks on $(field connections "$line") connections: rendezvous" \
         "$(field rendezvous_s "$line") s, $(field hb_per_s "$line") heartbeats/s, coordinator" \
         "CPU $(field coord_cpu_pct "$line")% (user $(field coord_user_pct "$line"), system" \
@@ -245,7 +259,7 @@ for mode in node direct; do
     s_cpu[$mode $w]=$(median "${r_cpu[@]}")
     s_rss[$mode $w]=$(median "${r_rss[@]}")
     s_kb[$mode $w]=$(median "${r_kb[@]}")
-    s_p99[$mode $w]=$([ $mode = node ] && echo - || median "${r_p99[@]}")
+    s_p99[$mode $w]=$([ $mode = direct ] && median "${r_p99[@]}" || echo -)
   done
 done
 
@@ -389,11 +403,11 @@ printf '%-62s %-10s %-24s %-10s %s\n' \
 echo "reference (published, not measured here): PyTorch TCPStore, libuv backend:" \
   "about 2 s to start 4,000 ranks, about 100 s at 96,000"
 echo
-echo "node agents (8 ranks a node) against ranks connected directly: medians of $runs"
+echo "node agents (8 ranks a node; node-tls: their connections TLS) against ranks connected directly: medians of $runs"
 printf '%-8s %-8s %-13s %-14s %-12s %-12s %s\n' "mode" "ranks" "rendezvous s" "CPU % at 1 Hz" \
   "RSS MB" "KB a rank" "heartbeat p99 ms"
-for mode in node direct; do
-  for w in $([ $mode = node ] && echo "$node_worlds" || echo "$direct_worlds"); do
+for mode in node node-tls direct; do
+  for w in $([ $mode = direct ] && echo "$direct_worlds" || echo "$node_worlds"); do
     [ -n "${s_rdv[$mode $w]:-}" ] || continue
     printf '%-8s %-8s %-13s %-14s %-12s %-12s %s\n' "$mode" "$w" "${s_rdv[$mode $w]}" \
       "${s_cpu[$mode $w]}" "${s_rss[$mode $w]}" "${s_kb[$mode $w]}" "${s_p99[$mode $w]}"

@@ -140,7 +140,7 @@ static void rbuf_recount(gs_conn_t *conn)
 /* Counts a change of what the TLS session holds. */
 static void tls_recount(gs_conn_t *conn)
 {
-  size_t now = conn->tls ? gs__tls_memory(conn->tls) : 0;
+  size_t now = conn->tls ? gs_tls_memory(conn->tls) : 0;
 
   mem_count(conn, now, conn->tls_counted);
   conn->tls_counted = now;
@@ -208,7 +208,7 @@ static void on_close(uv_handle_t *h)
   t->open--;
   gs_buf_free(&conn->rbuf);
   rbuf_recount(conn);
-  gs__tls_free(conn->tls);
+  gs_tls_free(conn->tls);
   conn->tls = NULL;
   tls_recount(conn);
   mem_count(conn, 0, GS_CONN_BOOKKEEPING);
@@ -443,10 +443,10 @@ static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
  * gradsync client without --tls-ca recognises. */
 static void tls_failed(gs_conn_t *conn)
 {
-  bool plain = gs__tls_peer_not_tls(conn->tls);
+  bool plain = gs_tls_peer_not_tls(conn->tls);
 
   gs__conn_log(conn, GS_LOG_KIND_RPC_TLS, "TLS handshake failed: %s%s; closing",
-               gs__tls_error(conn->tls),
+               gs_tls_error(conn->tls),
                plain ? " (a client without TLS? agents need --tls-ca)" : "");
   if (conn->closing)
     return;
@@ -468,7 +468,7 @@ static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
 
   if (len && !budget_allows(conn, len, "TLS input"))
     return;
-  err = gs__tls_input(conn->tls, data, len, t->rbuf, sizeof(t->rbuf));
+  err = gs_tls_input(conn->tls, data, len, t->rbuf, sizeof(t->rbuf));
   if (!conn->closing)
     tls_recount(conn);
   if (err == GS_EPROTO)
@@ -817,7 +817,7 @@ static void conn_linger(gs_conn_t *conn)
   tell_owner(conn);
   if (conn->tls && !conn->notified) {
     conn->notified = true;
-    gs__tls_shutdown(conn->tls);
+    gs_tls_shutdown(conn->tls);
     /* Its record came back through send_raw: written, it called here
      * again; queued, on_write will. */
     if (conn->closing || conn->lingering || conn->queued)
@@ -926,8 +926,8 @@ void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
   }
   if (conn->closing)
     return;
-  if (gs__tls_output(conn->tls, data, len) == GS_EPROTO)
-    gs__conn_close(conn, gs__tls_error(conn->tls));
+  if (gs_tls_output(conn->tls, data, len) == GS_EPROTO)
+    gs__conn_close(conn, gs_tls_error(conn->tls));
 }
 
 void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len)

@@ -129,7 +129,7 @@ struct gs_conn {
   uint32_t turn_frames;    /* dispatched since this read or resumption (GS_CONN_TURN_FRAMES) */
   size_t queued;           /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
   size_t rbuf_counted;     /* rbuf.cap as counted in conns->mem */
-  size_t tls_counted;      /* gs__tls_memory as counted in conns->mem */
+  size_t tls_counted;      /* gs_tls_memory as counted in conns->mem */
   bool authenticated;      /* a call passed its token check (gs__conn_authenticate) */
   bool read_paused;        /* backpressure: see GS_CONN_WRITE_HIGH; or deferred */
   bool deferred;           /* paused until the loop's next turn (GS_CONN_TURN_FRAMES) */

@@ -232,7 +232,7 @@ static void conn_free(http_conn_t *conn)
   gs_buf_free(&conn->body);
   mem_count(conn, 0, conn->pending.cap);
   gs_buf_free(&conn->pending);
-  gs__tls_free(conn->tls);
+  gs_tls_free(conn->tls);
   free(conn);
   server_maybe_free(srv);
 }
@@ -320,7 +320,7 @@ static void conn_linger(http_conn_t *conn)
    * on_write comes back here. */
   if (conn->tls && !conn->eof && !conn->notified) {
     conn->notified = true;
-    gs__tls_shutdown(conn->tls);
+    gs_tls_shutdown(conn->tls);
     if (conn->writes || conn->closing)
       return;
   }
@@ -422,10 +422,10 @@ static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
 static void send_response_tls(http_conn_t *conn, http_write_t *w, const gs_http_response_t *res,
                               bool with_body)
 {
-  int err = gs__tls_output(conn->tls, (const uint8_t *)w->head, strlen(w->head));
+  int err = gs_tls_output(conn->tls, (const uint8_t *)w->head, strlen(w->head));
 
   if (!err && with_body && res->body_len)
-    err = gs__tls_output(conn->tls, (const uint8_t *)res->body, res->body_len);
+    err = gs_tls_output(conn->tls, (const uint8_t *)res->body, res->body_len);
   free(w);
   body_free(res->body, res->body_release, res->body_arg);
   if (err)
@@ -901,13 +901,13 @@ _Static_assert(sizeof(PLAIN_HTTP_BODY) - 1 == 59, "plain_http_reply's Content-Le
 static void tls_failed(http_conn_t *conn)
 {
   gs_http_server_t *srv = conn->srv;
-  bool http = gs__tls_peer_plain_http(conn->tls);
+  bool http = gs_tls_peer_plain_http(conn->tls);
 
   if (http)
     gs_log(srv->log, GS_LOG_DEBUG, NULL, -1, "http: %s sent plain http to the https port: 400",
            conn->peer);
   else
-    conn_log(conn, GS_LOG_KIND_HTTP_TLS, "TLS handshake failed: %s", gs__tls_error(conn->tls));
+    conn_log(conn, GS_LOG_KIND_HTTP_TLS, "TLS handshake failed: %s", gs_tls_error(conn->tls));
   if (http && write_raw(conn, (const uint8_t *)plain_http_reply, sizeof(plain_http_reply) - 1))
     conn_drain(conn);
   else
@@ -930,8 +930,7 @@ static void end_of_input(http_conn_t *conn)
  * buffer (the session copied the ciphertext out of it first). */
 static void tls_read(http_conn_t *conn, const uint8_t *data, size_t len)
 {
-  int err =
-      gs__tls_input(conn->tls, data, len, (uint8_t *)conn->srv->rbuf, sizeof(conn->srv->rbuf));
+  int err = gs_tls_input(conn->tls, data, len, (uint8_t *)conn->srv->rbuf, sizeof(conn->srv->rbuf));
 
   if (err == GS_EPROTO && !conn->draining && !conn->closing)
     tls_failed(conn);
@@ -1310,7 +1309,7 @@ int gs_http_stream_write(gs_http_stream_t *conn, const char *data, size_t len)
     return GS_ELIMIT;
   }
   if (conn->tls) {
-    if (gs__tls_output(conn->tls, (const uint8_t *)data, len))
+    if (gs_tls_output(conn->tls, (const uint8_t *)data, len))
       conn_close(conn);
   } else {
     write_raw(conn, (const uint8_t *)data, len);

@@ -6,7 +6,10 @@ plain HTTP, plaintext agents, a wrong CA, a certificate that does not name
 the address, a TLS agent against a plaintext coordinator and a handshake
 that never starts all fail clearly, fast, and leave the coordinator
 serving; --tls-client-ca refuses agents without a certificate it signed;
-bad flag files end the coordinator with status 2 and a reason.
+bad flag files end the coordinator with status 2 and a reason; ranks
+behind a node agent train over TLS and mutual TLS, and its wrong CA, a
+missing client certificate and an expired coordinator certificate end
+the run at once, saying why.
 
 usage: test_tls.py BIN_DIR COORDINATOR_BIN [PYTHON_PACKAGE_DIR]
 """
@@ -58,21 +61,24 @@ def make_pki(d):
     return lambda name: os.path.join(d, name)
 
 
-def expired_cert(d):
+def expired_cert(d, name="expired", ext=None):
     """A server certificate of the first CA that expired in 2020 (openssl
-    ca takes dates; req and x509 take only days from now)."""
-    with open(os.path.join(d, "ca.cnf"), "w") as f:
-        f.write("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n"
-                "serial = serial\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n")
-    open(os.path.join(d, "index.txt"), "w").close()
-    with open(os.path.join(d, "serial"), "w") as f:
-        f.write("01\n")
+    ca takes dates; req and x509 take only days from now); with `ext`,
+    the extensions of that file (its subjectAltName)."""
+    if not os.path.exists(os.path.join(d, "ca.cnf")):
+        with open(os.path.join(d, "ca.cnf"), "w") as f:
+            f.write("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n"
+                    "serial = serial\ndefault_md = sha256\npolicy = p\n"
+                    "[p]\ncommonName = supplied\n")
+        open(os.path.join(d, "index.txt"), "w").close()
+        with open(os.path.join(d, "serial"), "w") as f:
+            f.write("01\n")
     openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", "expired.key", "-out", "expired.csr", "-subj", "/CN=expired", cwd=d)
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
     openssl("ca", "-batch", "-config", "ca.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in",
-            "expired.csr", "-out", "expired.pem", "-startdate", "20200101000000Z", "-enddate",
-            "20200102000000Z", "-notext", cwd=d)
-    return os.path.join(d, "expired.pem"), os.path.join(d, "expired.key")
+            f"{name}.csr", "-out", f"{name}.pem", "-startdate", "20200101000000Z", "-enddate",
+            "20200102000000Z", "-notext", *(["-extfile", ext] if ext else []), cwd=d)
+    return os.path.join(d, f"{name}.pem"), os.path.join(d, f"{name}.key")
 
 
 def check_cert_dates(pki, d):
@@ -346,6 +352,64 @@ def check_mutual(pki):
         c.wait()
 
 
+def node_agent_run(rpc, job, *agent_flags, env=None):
+    """gradsync-run --node-agent with 2 ranks of `job` joining `rpc` (agent
+    flags after "--"): (status, output)."""
+    p = subprocess.run([RUN, "--node-agent", "--coordinator", rpc, "--nproc", "2", "--job", job,
+                        "--", "--reduce", "mean", "--steps", "10", "--no-validate",
+                        "--join-timeout", "3600s"] + list(agent_flags),
+                       capture_output=True, text=True, timeout=2 * WAIT,
+                       env=dict(os.environ, **(env or {})))
+    return p.returncode, p.stdout + p.stderr
+
+
+def check_node_agent(pki, d):
+    """Ranks behind a node agent over TLS: the node agent speaks TLS (and
+    mutual TLS) to the coordinator with the agents' flags or variables,
+    the ranks reach it on its plain Unix socket, and the job trains. A
+    wrong CA and an expired coordinator certificate end the run at once,
+    saying why, without restarting the node agent."""
+    c, rpc, _ = coordinator("--tls-cert", pki("server.pem"), "--tls-key", pki("server.key"),
+                            "--tls-client-ca", pki("ca.pem"))
+    try:
+        code, out = node_agent_run(rpc, "na-flags", "--tls-ca", pki("ca.pem"), "--tls-cert",
+                                   pki("client.pem"), "--tls-key=" + pki("client.key"))
+        assert code == 0 and "relay: connected to the coordinator" in out and "(TLS)" in out, \
+            out[-3000:]
+        assert "all 2 local ranks of node 0 finished" in out, out[-3000:]
+        print("node agent, mTLS by the agents' flags: the 2 ranks behind it trained")
+        code, out = node_agent_run(rpc, "na-env", env={"GRADSYNC_TLS_CA": pki("ca.pem"),
+                                                        "GRADSYNC_TLS_CERT": pki("client.pem"),
+                                                        "GRADSYNC_TLS_KEY": pki("client.key")})
+        assert code == 0 and "(TLS)" in out, out[-3000:]
+        print("node agent, mTLS by $GRADSYNC_TLS_*: the 2 ranks behind it trained")
+        code, out = node_agent_run(rpc, "na-nocert", "--tls-ca", pki("ca.pem"))
+        assert code != 0 and "asks for a client certificate" in out, out[-3000:]
+        assert "nor would a restart" in out and "starting it again" not in out, out[-3000:]
+        print("node agent without a client certificate:",
+              re.search(r"gradsync-relay: .*", out).group(0))
+        code, out = node_agent_run(rpc, "na-wrongca", "--tls-ca", pki("ca2.pem"),
+                                   "--tls-cert", pki("client.pem"), "--tls-key", pki("client.key"))
+        assert code != 0 and "certificate verify failed" in out and \
+            "is --tls-ca the CA that signed" in out, out[-3000:]
+        assert "nor would a restart" in out and "starting it again" not in out, out[-3000:]
+        print("node agent, a wrong CA:", re.search(r"gradsync-relay: .*", out).group(0))
+    finally:
+        c.kill()
+        c.wait()
+    cert, key = expired_cert(d, "expired-ip", pki("server.ext"))
+    c, rpc, _ = coordinator("--tls-cert", cert, "--tls-key", key)
+    try:
+        code, out = node_agent_run(rpc, "na-expired", "--tls-ca", pki("ca.pem"))
+        assert code != 0 and "certificate has expired" in out and \
+            "check the certificate's dates" in out, out[-3000:]
+        print("node agent, an expired coordinator certificate:",
+              re.search(r"gradsync-relay: .*", out).group(0))
+    finally:
+        c.kill()
+        c.wait()
+
+
 def check_plain_coordinator(pki):
     c, rpc, _ = coordinator()
     try:
@@ -368,6 +432,7 @@ def main():
         check_cert_dates(pki, d)
         check_tls_coordinator(pki)
         check_mutual(pki)
+        check_node_agent(pki, d)
         check_raw_client(pki)
         check_plain_coordinator(pki)
     print(f"all TLS cases in {time.time() - start:.1f} s")

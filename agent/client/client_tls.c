@@ -19,6 +19,7 @@
 
 #include "client_tls.h"
 #include "tls_files.h"
+#include "tls_session.h"
 
 struct gs_client_tls {
   SSL_CTX *ctx;
@@ -83,26 +84,15 @@ static BIO_METHOD *bio_method(void)
 
 gs_client_tls_t *gs_client_tls_new(const gs_client_tls_config_t *cfg, char *why, size_t why_len)
 {
-  gs_client_tls_t *tls;
+  gs_client_tls_t *tls = calloc(1, sizeof(*tls));
 
-  if (!cfg->ca || (!cfg->cert != !cfg->key)) {
-    snprintf(why, why_len, "%s",
-             !cfg->ca    ? "--tls-cert and --tls-key need --tls-ca (the CA that signed the "
-                           "coordinator's certificate)"
-             : cfg->cert ? "--tls-cert needs --tls-key"
-                         : "--tls-key needs --tls-cert");
-    return NULL;
-  }
-  tls = calloc(1, sizeof(*tls));
-  if (!tls || !(tls->ctx = SSL_CTX_new(TLS_client_method())) || !(tls->bio = bio_method())) {
+  if (!tls || !(tls->bio = bio_method())) {
     snprintf(why, why_len, "out of memory setting up TLS");
     gs_client_tls_free(tls);
     return NULL;
   }
-  SSL_CTX_set_min_proto_version(tls->ctx, TLS1_2_VERSION);
-  SSL_CTX_set_verify(tls->ctx, SSL_VERIFY_PEER, NULL);
-  if (gs_tls_use_ca(tls->ctx, "--tls-ca", cfg->ca, why, why_len) ||
-      (cfg->cert && gs_tls_use_cert_key(tls->ctx, cfg->cert, cfg->key, why, why_len))) {
+  tls->ctx = gs_tls_client_ctx_new(cfg->ca, cfg->cert, cfg->key, why, why_len);
+  if (!tls->ctx) {
     gs_client_tls_free(tls);
     return NULL;
   }
@@ -113,24 +103,9 @@ void gs_client_tls_free(gs_client_tls_t *tls)
 {
   if (!tls)
     return;
-  SSL_CTX_free(tls->ctx);
+  gs_tls_client_ctx_free(tls->ctx);
   BIO_meth_free(tls->bio);
   free(tls);
-}
-
-/* The coordinator's certificate must name the address we dialled: an IP
- * address in its subjectAltName, or the host name. */
-static int expect_peer(SSL *ssl, const char *host)
-{
-  unsigned char addr[16];
-
-  if (!host[0])
-    host = "localhost";
-  if (inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1)
-    return X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host) == 1 ? 0 : GS_EINVAL;
-  if (SSL_set1_host(ssl, host) != 1 || SSL_set_tlsext_host_name(ssl, host) != 1)
-    return GS_EINVAL;
-  return 0;
 }
 
 int gs__client_tls_start(const gs_client_tls_t *tls, int fd, const char *host, SSL **out)
@@ -139,7 +114,7 @@ int gs__client_tls_start(const gs_client_tls_t *tls, int fd, const char *host, S
   BIO *bio = BIO_new(tls->bio);
 
   *out = NULL;
-  if (!ssl || !bio || expect_peer(ssl, host)) {
+  if (!ssl || !bio || gs_tls_expect_host(ssl, host)) {
     BIO_free(bio);
     SSL_free(ssl);
     return GS_ENOMEM;
@@ -154,43 +129,6 @@ int gs__client_tls_start(const gs_client_tls_t *tls, int fd, const char *host, S
 void gs__client_tls_end(SSL *ssl)
 {
   SSL_free(ssl);
-}
-
-/* What a failed certificate check says, and what to do about it. */
-static void verify_failed(long result, char *why, size_t len)
-{
-  const char *hint = "";
-
-  if (result == X509_V_ERR_HOSTNAME_MISMATCH || result == X509_V_ERR_IP_ADDRESS_MISMATCH)
-    hint = " (the coordinator's certificate does not name the address --coordinator gives: "
-           "add it to the certificate's subjectAltName, or dial a name it has)";
-  else if (result == X509_V_ERR_CERT_HAS_EXPIRED || result == X509_V_ERR_CERT_NOT_YET_VALID)
-    hint = " (check the certificate's dates and this machine's clock)";
-  else
-    hint = " (is --tls-ca the CA that signed the coordinator's certificate?)";
-  snprintf(why, len, "certificate verify failed: %s%s", X509_verify_cert_error_string(result),
-           hint);
-}
-
-/* What OpenSSL's failure means for a coordinator client. */
-static const char *hint_for(int reason)
-{
-  switch (reason) {
-  case SSL_R_WRONG_VERSION_NUMBER:
-  case SSL_R_PACKET_LENGTH_TOO_LONG:
-  case SSL_R_RECORD_LENGTH_MISMATCH:
-    return " (the coordinator did not answer in TLS: does it run without --tls-cert?)";
-  case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
-  case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
-    return " (the coordinator asks for a client certificate: --tls-cert and --tls-key)";
-  case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
-  case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
-  case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
-    return " (the coordinator refused --tls-cert: was it signed by the coordinator's "
-           "--tls-client-ca?)";
-  default:
-    return "";
-  }
 }
 
 /* Maps the outcome of one SSL call (rc <= 0) onto the steps' returns. */
@@ -212,13 +150,9 @@ static int outcome(SSL *ssl, int rc, short *wait, char *why, size_t len)
     snprintf(why, len, "connection %s", err == SSL_ERROR_SYSCALL && sys ? strerror(sys) : "closed");
     return GS_ECLOSED;
   }
-  if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED && verify != X509_V_OK) {
-    ERR_clear_error();
-    verify_failed(verify, why, len);
-    return GS_EPROTO;
-  }
   gs_tls_reason(r, sizeof(r));
-  snprintf(why, len, "%s%s", r, hint_for(reason));
+  gs_tls_client_failure(reason == SSL_R_CERTIFICATE_VERIFY_FAILED ? verify : X509_V_OK, reason, r,
+                        why, len);
   return GS_EPROTO;
 }
 

@@ -101,6 +101,10 @@ typedef struct gs_run_config {
    * (gradsync-relay, --relay-bin) on a Unix socket, one connection for all. */
   bool node_agent;
   long node_agent_restarts; /* --node-agent-restarts: how often a dead one is started again */
+  /* The agents' TLS flags, with their values, moved to the node agent:
+   * it speaks TLS to the coordinator; the ranks' Unix socket is plain. */
+  char *relay_tls[6];
+  int nrelay_tls;
   const char *relay_flag;
   char relay_bin[PATH_MAX];
   /* A build tree's Python package (BIN/../python, holding gradsync/), put

@@ -25,15 +25,17 @@ static void coordinator_host(const gs_run_t *r, char *host, size_t len)
     snprintf(host, len, "127.0.0.1");
 }
 
-/* Starts gradsync-relay on the socket in r->relay_dir; 0 or an error it said. */
+/* Starts gradsync-relay on the socket in r->relay_dir, with the agents'
+ * TLS flags (the environment's it reads itself); 0 or an error it said. */
 static int spawn_node_agent(gs_run_t *r)
 {
   char ranks[16], path[PATH_MAX + 16];
-  char *argv[] = {r->cfg.relay_bin, "--coordinator", r->cfg.rpc, "--socket", path,
-                  "--ranks",        ranks,           NULL};
+  char *argv[8 + sizeof(r->cfg.relay_tls) / sizeof(r->cfg.relay_tls[0])] = {
+      r->cfg.relay_bin, "--coordinator", r->cfg.rpc, "--socket", path, "--ranks", ranks};
 
   snprintf(path, sizeof(path), "%s/" SOCKET_NAME, r->relay_dir);
   snprintf(ranks, sizeof(ranks), "%ld", r->cfg.nproc);
+  memcpy(argv + 7, r->cfg.relay_tls, (size_t)r->cfg.nrelay_tls * sizeof(argv[0]));
   return gs__run_spawn(r, &r->relay, argv);
 }
 

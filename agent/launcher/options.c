@@ -253,11 +253,34 @@ static int check_pass(gs_run_config_t *cfg)
   return 0;
 }
 
+/* With a node agent the agents' TLS flags (--tls-ca FILE, --tls-cert=FILE,
+ * ...) are the node agent's: it speaks TLS to the coordinator, and the
+ * ranks reach it on a plain Unix socket. */
+static void move_tls_flags(gs_run_config_t *cfg)
+{
+  int keep = 0;
+
+  for (int i = 0; i < cfg->npass; i++) {
+    const char *a = cfg->pass[i];
+    bool tls = !cfg->command && !strncmp(a, "--tls-", 6) && cfg->nrelay_tls < 5;
+    int n = tls && !strchr(a, '=') && i + 1 < cfg->npass ? 2 : 1;
+
+    for (int k = 0; k < n; k++) {
+      if (tls)
+        cfg->relay_tls[cfg->nrelay_tls++] = cfg->pass[i + k];
+      else
+        cfg->pass[keep++] = cfg->pass[i + k];
+    }
+    i += n - 1;
+  }
+  cfg->npass = keep;
+}
+
 /* The coordinator gradsync-run starts listens on loopback without TLS:
  * TLS settings for the agents would only make every rank fail against
  * it, so they are refused up front (they pass through to agents that
- * join a coordinator with --coordinator). */
-static int check_tls(const gs_run_config_t *cfg)
+ * join a coordinator with --coordinator, or to their node agent). */
+static int check_tls(gs_run_config_t *cfg)
 {
   /* The agents' variables, and the coordinator's, which the coordinator
    * gradsync-run starts would inherit. */
@@ -267,12 +290,13 @@ static int check_tls(const gs_run_config_t *cfg)
   static const char standalone[] = "the coordinator gradsync-run starts listens on loopback "
                                    "without TLS; TLS is for agents joining a coordinator started "
                                    "with --tls-cert (--coordinator HOST:PORT)";
-  static const char node_agent[] = "--node-agent does not speak TLS to the coordinator yet: run "
-                                   "this node's ranks without it";
-  const char *why = cfg->node_agent ? node_agent : standalone;
+  const char *why = standalone;
 
-  if (cfg->join && !cfg->node_agent)
+  if (cfg->join) {
+    if (cfg->node_agent)
+      move_tls_flags(cfg);
     return 0;
+  }
   for (int i = 0; !cfg->command && i < cfg->npass; i++) {
     if (!strncmp(cfg->pass[i], "--tls-", 6)) {
       fprintf(stderr, "gradsync-run: agent flag '%s': %s\n", cfg->pass[i], why);

@@ -131,6 +131,12 @@ static void rank_env(const gs_run_t *r, const gs_run_child_t *c)
     setenv("GRADSYNC_NODE", cfg->node, 1);
   if (cfg->command && cfg->python_dir[0])
     prepend_path("PYTHONPATH", cfg->python_dir);
+  /* The node agent speaks TLS to the coordinator; its socket is plain. */
+  if (cfg->node_agent) {
+    unsetenv("GRADSYNC_TLS_CA");
+    unsetenv("GRADSYNC_TLS_CERT");
+    unsetenv("GRADSYNC_TLS_KEY");
+  }
   /* Every rank inherits the same GPU list: say so, so that an agent
    * seeing one GPU does not take it for a GPU of its own (a wrapper
    * given as --agent-bin may still hand each rank its own list). */

@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "launcher.h"
+#include "relay.h"
 
 /* Starts this node's agents (or commands) once the coordinator's RPC
  * address is in cfg.rpc. */
@@ -113,7 +114,11 @@ static void on_service_exit(gs_run_t *r, const gs_run_child_t *c, int status)
     gs__run_say("%s %s before it was ready (its output is above)", c->name, how);
     gs__run_fail(r, 1);
   } else if (c == &r->relay && r->phase == GS_RUN_RUNNING && r->agents_running > 0) {
-    if (gs__run_restart_node_agent(r, how))
+    if (WIFEXITED(status) && WEXITSTATUS(status) == GS_RELAY_EXIT_FATAL)
+      gs__run_say("%s %s: it cannot speak to the coordinator (its reason is above), nor would "
+                  "a restart",
+                  c->name, how);
+    else if (gs__run_restart_node_agent(r, how))
       return;
     gs__run_say("stopping the ranks");
     gs__run_fail(r, 1);

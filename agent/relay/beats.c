@@ -36,7 +36,7 @@ void gs__relay_beats_flush(gs_relay_t *r)
     env.request_id = BATCH_ID_BASE + ++r->batch_seq;
     r->out.len = 0;
     if (r->up_ready && (gs_node_beats_encode_frame(q, &r->out, &env, UP_FRAME_MAX) ||
-                        !gs__relay_write((uv_stream_t *)&r->up, r->out.data, r->out.len)))
+                        !gs__relay_send_up(r, r->out.data, r->out.len)))
       gs_log(r->cfg.log, GS_LOG_WARN, NULL, -1,
              "relay: cannot send the node's heartbeats upstream");
   }

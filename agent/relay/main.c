@@ -9,10 +9,12 @@
 #include "flags.h"
 #include "log.h"
 #include "relay.h"
+#include "tls_session.h"
 
 typedef struct args {
   gs_relay_config_t cfg;
   uint64_t window_ms;
+  const char *tls_ca, *tls_cert, *tls_key;
   gs_log_t log;
 } args_t;
 
@@ -30,18 +32,36 @@ static const gs_flag_t flags[] = {
    .help = "ranks on this node: a batch of Joins or heartbeats goes up once all N are in"},
   {.name = "--window", .kind = GS_FLAG_DURATION, ARG(window_ms), .umin = 1, .umax = 10000,
    .metavar = "DUR", .help = "or this long after the first call of a batch"},
+  {.name = "--tls-ca", .kind = GS_FLAG_STR, ARG(tls_ca), .min = 1, .env = "GRADSYNC_TLS_CA",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_CA`; none: plaintext",
+   .help = "speak TLS to the coordinator, verifying its certificate with this CA (PEM)"},
+  {.name = "--tls-cert", .kind = GS_FLAG_STR, ARG(tls_cert), .min = 1,
+   .env = "GRADSYNC_TLS_CERT", .metavar = "FILE", .def = "`$GRADSYNC_TLS_CERT`",
+   .help = "this node's certificate (PEM), for a coordinator with --tls-client-ca"},
+  {.name = "--tls-key", .kind = GS_FLAG_STR, ARG(tls_key), .min = 1, .env = "GRADSYNC_TLS_KEY",
+   .metavar = "FILE", .def = "`$GRADSYNC_TLS_KEY`", .help = "the private key of --tls-cert (PEM)"},
   {.name = "--log-level", .kind = GS_FLAG_CUSTOM, ARG(log.level),
    .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug"},
 };
 /* clang-format on */
 
-/* What a stop signal ends. */
+/* What a stop signal, or a failure the relay cannot get past, ends. */
 typedef struct app {
   uv_signal_t term, intr;
   gs_relay_t *relay;
   const gs_log_t *log;
+  int status;
 } app_t;
+
+static void stop(app_t *app)
+{
+  gs_relay_stop(app->relay);
+  if (!uv_is_closing((uv_handle_t *)&app->term)) {
+    uv_close((uv_handle_t *)&app->term, NULL);
+    uv_close((uv_handle_t *)&app->intr, NULL);
+  }
+}
 
 static void on_signal(uv_signal_t *h, int signum)
 {
@@ -49,9 +69,17 @@ static void on_signal(uv_signal_t *h, int signum)
 
   gs_log(app->log, GS_LOG_INFO, NULL, -1, "relay: %s: stopping",
          signum == SIGTERM ? "SIGTERM" : "SIGINT");
-  gs_relay_stop(app->relay);
-  uv_close((uv_handle_t *)&app->term, NULL);
-  uv_close((uv_handle_t *)&app->intr, NULL);
+  stop(app);
+}
+
+/* The coordinator's TLS refused (a restart would be refused alike). */
+static void on_fatal(void *ctx, const char *why)
+{
+  app_t *app = ctx;
+
+  fprintf(stderr, "gradsync-relay: %s\n", why);
+  app->status = GS_RELAY_EXIT_FATAL;
+  stop(app);
 }
 
 int main(int argc, char **argv)
@@ -70,6 +98,7 @@ int main(int argc, char **argv)
   args_t a = {.cfg = {.ranks = 1}, .window_ms = 20, .log = {GS_LOG_INFO, NULL, "relay"}};
   gs_flags_opts_t opts = {.getenv = getenv};
   app_t app = {.log = &a.log};
+  struct ssl_ctx_st *tls = NULL;
   uv_loop_t loop;
   char why[512];
   int rc = gs_flags_main(&spec, &a, argc, argv, &opts, GS_VERSION);
@@ -78,12 +107,23 @@ int main(int argc, char **argv)
     return rc < 0 ? 0 : rc;
   a.cfg.window_ms = (uint32_t)a.window_ms;
   a.cfg.log = &a.log;
+  if (a.tls_ca || a.tls_cert || a.tls_key) {
+    tls = gs_tls_client_ctx_new(a.tls_ca, a.tls_cert, a.tls_key, why, sizeof(why));
+    if (!tls) {
+      fprintf(stderr, "gradsync-relay: %s\n", why);
+      return 2;
+    }
+  }
+  a.cfg.tls = tls;
+  a.cfg.on_fatal = on_fatal;
+  a.cfg.fatal_ctx = &app;
   signal(SIGPIPE, SIG_IGN);
   uv_loop_init(&loop);
   app.relay = gs_relay_start(&loop, &a.cfg, why, sizeof(why));
   if (!app.relay) {
     fprintf(stderr, "gradsync-relay: %s\n", why);
     uv_loop_close(&loop);
+    gs_tls_client_ctx_free(tls);
     return 1;
   }
   uv_signal_init(&loop, &app.term);
@@ -91,10 +131,11 @@ int main(int argc, char **argv)
   app.term.data = app.intr.data = &app;
   uv_signal_start(&app.term, on_signal, SIGTERM);
   uv_signal_start(&app.intr, on_signal, SIGINT);
-  printf("gradsync-relay listening socket=%s coordinator=%s:%u\n", a.cfg.socket_path,
-         a.cfg.coord_host, a.cfg.coord_port);
+  printf("gradsync-relay listening socket=%s coordinator=%s:%u%s\n", a.cfg.socket_path,
+         a.cfg.coord_host, a.cfg.coord_port, tls ? " tls" : "");
   fflush(stdout);
   uv_run(&loop, UV_RUN_DEFAULT);
   uv_loop_close(&loop);
-  return 0;
+  gs_tls_client_ctx_free(tls);
+  return app.status;
 }

@@ -49,13 +49,23 @@ bool gs__relay_write(uv_stream_t *s, const uint8_t *data, size_t len)
   return true;
 }
 
-/* Sends `env` with the body bytes as one frame on `s`. */
+/* Sends `env` with the body bytes as one frame on `s` (the coordinator's
+ * stream: through its TLS session, when it has one). */
 bool gs__relay_send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,
                           const uint8_t *body, size_t len)
 {
   r->out.len = 0;
-  return gs_wire_encode_frame_bytes(&r->out, env, body, len, UP_FRAME_MAX) == 0 &&
-         gs__relay_write(s, r->out.data, r->out.len);
+  if (gs_wire_encode_frame_bytes(&r->out, env, body, len, UP_FRAME_MAX))
+    return false;
+  return s == (uv_stream_t *)&r->up ? gs__relay_send_up(r, r->out.data, r->out.len)
+                                    : gs__relay_write(s, r->out.data, r->out.len);
+}
+
+bool gs__relay_send_up(gs_relay_t *r, const uint8_t *data, size_t len)
+{
+  if (!r->up_tls)
+    return gs__relay_write((uv_stream_t *)&r->up, data, len);
+  return gs_tls_output(r->up_tls, data, len) == 0;
 }
 
 bool gs__relay_token_good(const gs_relay_t *r, const char *token)
@@ -200,6 +210,7 @@ static void up_frame(gs_relay_t *r, const uint8_t *payload, size_t len)
 static void handle_gone(gs_relay_t *r)
 {
   if (--r->open_handles == 0 && r->stopping) {
+    gs_tls_free(r->up_tls);
     gs_buf_free(&r->up_rbuf);
     gs_buf_free(&r->joins.entries);
     gs_buf_free(&r->pl.body);
@@ -259,6 +270,8 @@ static void up_lost(gs_relay_t *r, const char *why)
            "relay: lost the coordinator %s:%u (%s); closing the ranks' connections and redialing",
            r->cfg.coord_host, r->cfg.coord_port, why);
   r->up_ready = false;
+  gs_tls_free(r->up_tls);
+  r->up_tls = NULL;
   r->good_count = 0; /* a coordinator restarted may take other tokens */
   r->joins.count = 0;
   r->joins.entries.len = 0;
@@ -308,12 +321,71 @@ static void up_frame_cb(void *arg, const uint8_t *p, size_t len)
   up_frame(arg, p, len);
 }
 
+/* The coordinator is there to speak to (after the TLS handshake, with TLS). */
+static void up_is_ready(gs_relay_t *r)
+{
+  r->up_ready = true;
+  gs_log(r->cfg.log, GS_LOG_INFO, NULL, -1, "relay: connected to the coordinator %s:%u%s",
+         r->cfg.coord_host, r->cfg.coord_port, r->up_tls ? " (TLS)" : "");
+}
+
+/* Plaintext from the coordinator, through the TLS session. A bad frame
+ * stops the session's reading; its caller then drops the connection (not
+ * here: the session is still at work). */
+static bool up_plain(void *ctx, const uint8_t *data, size_t len)
+{
+  gs_relay_t *r = ctx;
+  uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+
+  r->up_heard = true;
+  r->up_bad_frame = !cut_frames(&r->up_rbuf, &b, (ssize_t)len, UP_FRAME_MAX, up_frame_cb, r);
+  return !r->up_bad_frame;
+}
+
+/* Ciphertext for the coordinator. */
+static bool up_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
+{
+  gs_relay_t *r = ctx;
+
+  (void)more;
+  return gs__relay_write((uv_stream_t *)&r->up, data, len);
+}
+
+/* Ciphertext from the coordinator (none: the handshake's start) through
+ * the session. A session that fails before the coordinator said anything
+ * is final: its certificate, or its verdict on ours (with TLS 1.3 an
+ * alert just after the handshake), will not change at the next dial. */
+static void up_tls_input(gs_relay_t *r, const uint8_t *data, size_t len)
+{
+  int err = gs_tls_input(r->up_tls, data, len, r->up_plain, sizeof(r->up_plain));
+  char why[400];
+
+  if (r->up_bad_frame) {
+    r->up_bad_frame = false;
+    up_lost(r, "a bad frame");
+  } else if (err == GS_EPROTO && !r->up_heard) {
+    snprintf(why, sizeof(why), "coordinator %s:%u: TLS %s", r->cfg.coord_host, r->cfg.coord_port,
+             gs_tls_error(r->up_tls));
+    up_lost(r, why);
+    if (r->cfg.on_fatal)
+      r->cfg.on_fatal(r->cfg.fatal_ctx, why);
+  } else if (err) {
+    snprintf(why, sizeof(why), "TLS: %s",
+             err == GS_EPROTO ? gs_tls_error(r->up_tls) : gs_strerror(err));
+    up_lost(r, why);
+  } else if (r->up_tls && !r->up_ready && gs_tls_established(r->up_tls)) {
+    up_is_ready(r);
+  }
+}
+
 static void on_up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
   gs_relay_t *r = s->data;
 
   if (n < 0)
     up_lost(r, uv_strerror((int)n));
+  else if (n > 0 && r->up_tls)
+    up_tls_input(r, (const uint8_t *)buf->base, (size_t)n);
   else if (n > 0 && !cut_frames(&r->up_rbuf, buf, n, UP_FRAME_MAX, up_frame_cb, r))
     up_lost(r, "a bad frame");
   free(buf->base);
@@ -322,6 +394,7 @@ static void on_up_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 static void on_up_connect(uv_connect_t *req, int status)
 {
   gs_relay_t *r = req->data;
+  const gs_tls_io_t io = {.ctx = r, .on_plain = up_plain, .on_cipher = up_cipher};
 
   if (status < 0) {
     if (status != UV_ECANCELED)
@@ -334,9 +407,17 @@ static void on_up_connect(uv_connect_t *req, int status)
     up_lost(r, "cannot read");
     return;
   }
-  r->up_ready = true;
-  gs_log(r->cfg.log, GS_LOG_INFO, NULL, -1, "relay: connected to the coordinator %s:%u",
-         r->cfg.coord_host, r->cfg.coord_port);
+  if (!r->cfg.tls) {
+    up_is_ready(r);
+    return;
+  }
+  r->up_heard = false;
+  r->up_tls = gs_tls_connect_new(r->cfg.tls, r->cfg.coord_host, &io);
+  if (!r->up_tls) {
+    up_lost(r, "out of memory starting TLS");
+    return;
+  }
+  up_tls_input(r, NULL, 0); /* the ClientHello */
 }
 
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
@@ -483,6 +564,8 @@ gs_relay_t *gs_relay_start(uv_loop_t *loop, const gs_relay_config_t *cfg, char *
 
 void gs_relay_stop(gs_relay_t *r)
 {
+  if (r->stopping)
+    return;
   r->stopping = true;
   flush_all(r);
   close_locals(r);

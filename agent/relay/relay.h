@@ -12,6 +12,12 @@
  * only with news (proto/README.md, "NodeHeartbeat"). The pack list is
  * fetched once per generation and handed to every rank that asks.
  *
+ * With a TLS context it speaks TLS (and mutual TLS, with a certificate in
+ * the context) to the coordinator; the ranks' Unix socket is local and
+ * plain. A handshake the coordinator's certificate fails (or the
+ * coordinator refuses ours) would fail again at every redial: on_fatal
+ * says why and the owner ends the relay.
+ *
  * When the upstream connection ends, every local connection is closed
  * (the ranks redial, and re-register when a restarted coordinator asks
  * them to) and the relay redials. When the relay itself ends, the
@@ -25,12 +31,23 @@
 
 #include "log.h"
 
+struct ssl_ctx_st;
+
+/* gradsync-relay's exit status for a failure a restart would repeat (TLS
+ * refused): gradsync-run does not start it again. */
+#define GS_RELAY_EXIT_FATAL 3
+
 typedef struct gs_relay_config {
   char coord_host[256];
   uint16_t coord_port;
   char socket_path[108]; /* where the ranks connect (sun_path) */
   uint32_t ranks;        /* ranks expected on this node: a batch goes when all are in */
   uint32_t window_ms;    /* or this long after its first call */
+  /* Borrowed: a TLS client context to speak TLS to the coordinator with
+   * (NULL: plaintext), and where a failure it cannot get past goes. */
+  struct ssl_ctx_st *tls;
+  void (*on_fatal)(void *ctx, const char *why);
+  void *fatal_ctx;
   const gs_log_t *log;
 } gs_relay_config_t;
 

@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "node_beats.h"
 #include "relay.h"
+#include "tls_session.h"
 #include "wire.h"
 
 #define MAX_SLOT 255                      /* the coordinator's slots: 1..255 */
@@ -78,7 +79,10 @@ struct gs_relay {
   uv_connect_t up_req;
   uv_getaddrinfo_t resolve;
   bool up_open, up_ready, stopping;
+  bool up_heard, up_bad_frame; /* TLS: plaintext came on this connection; a bad frame in it */
   gs_buf_t up_rbuf;
+  gs_tls_t *up_tls;        /* with cfg.tls: the upstream session */
+  uint8_t up_plain[16384]; /* what it decrypts, a piece at a time */
   uv_timer_t flush, redial;
   local_t *slots[MAX_SLOT + 1];
   pending_t joins;
@@ -104,6 +108,9 @@ struct gs_relay {
 bool gs__relay_write(uv_stream_t *s, const uint8_t *data, size_t len);
 bool gs__relay_send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,
                           const uint8_t *body, size_t len);
+/* Sends `len` bytes (a frame, or a node's frames) to the coordinator, in
+ * TLS when the relay speaks it; false when it cannot. */
+bool gs__relay_send_up(gs_relay_t *r, const uint8_t *data, size_t len);
 void gs__relay_flush_soon(gs_relay_t *r);
 /* Whether the coordinator took `token` from some rank (good_tokens); the
  * reply to `l`'s call `env`, going up alone, will tell whether it takes
