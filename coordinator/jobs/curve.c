@@ -8,36 +8,33 @@
 
 #include "job.h"
 
-/* The running ranks' mean loss; false when none has reported one. */
-static bool mean_loss(const gs_job_t *job, float *loss)
+/* The point's loss and samples/s from at most GS_CURVE_SAMPLE_RANKS ranks
+ * spread evenly over the world (all of a smaller one), so a sample costs
+ * the same at any world: the running ones' mean loss, and their
+ * samples/s scaled to the world. False when none has reported a loss. */
+static bool sample_ranks(const gs_job_t *job, gs_curve_point_t *pt)
 {
-  double sum = 0;
-  uint32_t n = 0;
+  uint32_t world = job->world_size,
+           n = world < GS_CURVE_SAMPLE_RANKS ? world : GS_CURVE_SAMPLE_RANKS;
+  double loss = 0, sps = 0;
+  uint32_t losses = 0;
 
-  for (uint32_t r = 0; r < job->world_size; r++) {
-    const gs_member_t *m = job->ranks[r];
+  for (uint32_t i = 0; i < n; i++) {
+    const gs_member_t *m = job->ranks[(uint64_t)i * world / n];
 
-    if (m && m->state == GS_MEMBER_RUNNING && m->heartbeats_seen && isfinite(m->loss)) {
-      sum += m->loss;
-      n++;
+    if (!m || m->state != GS_MEMBER_RUNNING)
+      continue;
+    sps += m->samples_per_sec;
+    if (m->heartbeats_seen && isfinite(m->loss)) {
+      loss += m->loss;
+      losses++;
     }
   }
-  if (n)
-    *loss = (float)(sum / n);
-  return n > 0;
-}
-
-static float samples_per_sec(const gs_job_t *job)
-{
-  double sum = 0;
-
-  for (uint32_t r = 0; r < job->world_size; r++) {
-    const gs_member_t *m = job->ranks[r];
-
-    if (m && m->state == GS_MEMBER_RUNNING)
-      sum += m->samples_per_sec;
-  }
-  return (float)sum;
+  if (!losses)
+    return false;
+  pt->loss = (float)(loss / losses);
+  pt->samples_per_sec = (float)(sps * world / n);
+  return true;
 }
 
 /* Keeps every other point, the first included, and doubles the interval. */
@@ -84,9 +81,8 @@ void gs__curve_sample(gs_job_t *job, uint64_t now)
     return;
   if (c->count && (now - c->last_ms < c->interval_ms || c->points[c->count - 1].step == pt.step))
     return;
-  if (!mean_loss(job, &pt.loss))
+  if (!sample_ranks(job, &pt))
     return;
-  pt.samples_per_sec = samples_per_sec(job);
   if (!c->interval_ms)
     c->interval_ms = GS_CURVE_FIRST_INTERVAL_MS;
   make_room(job);

@@ -12,11 +12,15 @@
 
 #define GS_CURVE_POINTS 1024
 #define GS_CURVE_FIRST_INTERVAL_MS 1000
+/* The ranks a point is taken from, spread over a larger world: a pass
+ * over 100,000 members each second cost the coordinator's loop about one
+ * percent of a core. */
+#define GS_CURVE_SAMPLE_RANKS 1024
 
 typedef struct gs_curve_point {
-  uint64_t step; /* the job's highest step */
-  float loss;    /* the running ranks' mean */
-  float samples_per_sec;
+  uint64_t step;         /* the job's highest step */
+  float loss;            /* the running ranks' mean (of GS_CURVE_SAMPLE_RANKS at most) */
+  float samples_per_sec; /* theirs, summed (scaled to the world from the sample) */
 } gs_curve_point_t;
 
 typedef struct gs_curve {
