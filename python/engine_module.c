@@ -35,10 +35,13 @@ static PyObject *error_base, *error_peer_lost, *error_model_mismatch, *error_tim
  * the engine's term_flag. A process has one. */
 static volatile sig_atomic_t term_flag;
 
+/* A SIGTERM again is the same request: schedulers send it twice
+ * (slurmstepd signals every process of a step, and gradsync-run forwards
+ * its own), and the stop must still write its checkpoint. */
 static void on_term(int sig)
 {
   if (term_flag == SIGTERM && sig == SIGTERM)
-    _exit(128 + sig); /* a second SIGTERM: no more waiting */
+    return;
   term_flag = sig;
 }
 

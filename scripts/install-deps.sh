@@ -24,6 +24,7 @@ packages=(
   curl openssl python3-yaml chromium
   python3-dev python3-torch python3-numpy
   iproute2 iptables
+  slurm-wlm munge
   "${extra[@]}"
   "$@"
 )

@@ -29,9 +29,12 @@ class Cluster:
     node with a process holding its mount and UTS namespaces (a tmpfs on
     /dev/shm, host name node-X) that the node's programs enter."""
 
-    def __init__(self, prefix="gsmn"):
+    def __init__(self, prefix="gsmn", own_sysfs=True):
+        """own_sysfs=False keeps the machine's /sys (ip netns exec mounts
+        the namespace's own, without /sys/fs/cgroup, which slurmd needs)."""
         self.tag = f"{prefix}{os.getpid() % 100000}"
         self.nets, self.holders, self.procs = [], {}, []
+        self.own_sysfs = own_sysfs
 
     def ns(self, n):
         return f"{self.tag}-{n}"
@@ -58,10 +61,12 @@ class Cluster:
         return self
 
     def hold(self, n):
+        enter = (["ip", "netns", "exec", self.ns(n)] if self.own_sysfs
+                 else ["nsenter", f"--net=/run/netns/{self.ns(n)}"])
         h = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(n), "unshare", "-mu", "--propagation", "private",
-             "sh", "-c", f"mount -t tmpfs -o size=256m gs-shm-{n} /dev/shm && hostname node-{n} "
-             "&& echo ready && exec sleep 3600"],
+            enter + ["unshare", "-mu", "--propagation", "private",
+                     "sh", "-c", f"mount -t tmpfs -o size=256m gs-shm-{n} /dev/shm && "
+                     f"hostname node-{n} && echo ready && exec sleep 3600"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.holders[n] = h
         if h.stdout.readline().strip() != "ready":

@@ -351,9 +351,13 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
      * or restarting as long as training would have (--coordinator-grace):
      * a rank gone before its Leave is read is a lost rank, and a job that
      * finished while the coordinator was stopped 30 s was recorded failed
-     * (it waited 2 s). */
-    uint64_t wait_ms =
-        e->cfg.coordinator_grace_ms > LEAVE_MIN_MS ? e->cfg.coordinator_grace_ms : LEAVE_MIN_MS;
+     * (it waited 2 s). A process told to terminate waits LEAVE_MIN_MS
+     * only: its scheduler kills it soon, and stops the coordinator too
+     * (scancel signals every process of the job). */
+    bool terminating = e->cfg.term_flag && *e->cfg.term_flag;
+    uint64_t wait_ms = !terminating && e->cfg.coordinator_grace_ms > LEAVE_MIN_MS
+                           ? e->cfg.coordinator_grace_ms
+                           : LEAVE_MIN_MS;
     int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,
                               reason ? reason : "", wait_ms);
 

@@ -18,11 +18,16 @@
  * coordinator with it. A second signal exits at once. */
 static volatile sig_atomic_t term_requested;
 
+/* A stop request. A SIGINT after one ends the agent at once (Ctrl-C
+ * twice); a SIGTERM again is the same request: schedulers send it twice
+ * (slurmstepd signals every process of a step, and gradsync-run forwards
+ * its own), and the stop must still write its checkpoint. */
 static void on_term(int sig)
 {
-  if (term_requested)
+  if (term_requested && sig == SIGINT)
     _exit(128 + sig);
-  term_requested = sig;
+  if (!term_requested)
+    term_requested = sig;
 }
 
 /* --comm-port: "PORT" or "FIRST-LAST". */
