@@ -6,7 +6,7 @@ import os
 import subprocess
 
 SUBNET = "10.77.0"
-ADDR = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3"}
+ADDR = {"c": f"{SUBNET}.1", "a": f"{SUBNET}.2", "b": f"{SUBNET}.3", "d": f"{SUBNET}.4"}
 
 
 def sh(*argv, check=True):
@@ -29,25 +29,27 @@ class Cluster:
     node with a process holding its mount and UTS namespaces (a tmpfs on
     /dev/shm, host name node-X) that the node's programs enter."""
 
-    def __init__(self, prefix="gsmn", own_sysfs=True):
+    def __init__(self, prefix="gsmn", own_sysfs=True, nodes="cab"):
         """own_sysfs=False keeps the machine's /sys (ip netns exec mounts
-        the namespace's own, without /sys/fs/cgroup, which slurmd needs)."""
+        the namespace's own, without /sys/fs/cgroup, which slurmd and
+        podman need); `nodes` names them (of c, a, b, d)."""
         self.tag = f"{prefix}{os.getpid() % 100000}"
         self.nets, self.holders, self.procs = [], {}, []
         self.own_sysfs = own_sysfs
+        self.nodes = nodes
 
     def ns(self, n):
         return f"{self.tag}-{n}"
 
     def __enter__(self):
         try:
-            for n in "scab":
+            for n in "s" + self.nodes:
                 sh("ip", "netns", "add", self.ns(n))
                 self.nets.append(self.ns(n))
             sw = self.ns("s")
             sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
             sh("ip", "-n", sw, "link", "set", "br0", "up")
-            for n in "cab":
+            for n in self.nodes:
                 sh("ip", "-n", sw, "link", "add", f"p-{n}", "type", "veth", "peer", "name", "eth0",
                    "netns", self.ns(n))
                 sh("ip", "-n", sw, "link", "set", f"p-{n}", "master", "br0", "up")

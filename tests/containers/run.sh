@@ -4,7 +4,10 @@
 # container, trains the demo job (Fashion-MNIST, two ranks) in two agent
 # containers against it over a container network, and checks /healthz, the
 # image's HEALTHCHECK, /status (the job finished, 2 ranks left) and the final
-# test accuracy. Everything it starts is removed on exit, failed or not.
+# test accuracy; then the same with docker/compose.yaml, and the README's
+# "On a cluster" block as written on four network-namespace nodes (head,
+# two workers, a client: tests/containers/readme_cluster.py; root only).
+# Everything it starts is removed on exit, failed or not.
 #
 # With no registry reachable, the debian:12 base is made with debootstrap
 # from this machine's Debian mirror and imported (cached as a tarball under
@@ -366,4 +369,15 @@ check_status compose_alive
 "${compose[@]}" logs agent-0 agent-1 2>/dev/null | check_accuracy
 "${compose[@]}" down >/dev/null 2>&1
 compose=()
-say "PASS ($rt, ${rt} run and compose)"
+
+# --- run 3: the README's "On a cluster", as written, on namespace nodes -------
+
+say "run 3: the README's 'On a cluster' block on four network-namespace nodes"
+cluster_rc=0
+/usr/bin/python3 "$src/tests/containers/readme_cluster.py" "$src" "$rt" "$coordinator_image" \
+  "$agent_image" "${run_opts[@]}" || cluster_rc=$?
+case $cluster_rc in
+  0) say "PASS ($rt, ${rt} run, compose and the README's cluster)" ;;
+  77) say "PASS ($rt, ${rt} run and compose; the README's cluster skipped, said above)" ;;
+  *) fail "the README's 'On a cluster' block failed" ;;
+esac
