@@ -457,30 +457,6 @@ static int walk(const gs_flags_t *spec, char *base, int argc, char **argv,
   return 0;
 }
 
-/* The value of source `name`: through the lookup, else getenv; NULL when
- * unset or empty. */
-const char *gs__flags_env(const gs_flags_opts_t *opts, const char *name)
-{
-  const char *v = NULL;
-
-  if (opts && opts->lookup)
-    v = opts->lookup(opts->ctx, name);
-  else if (opts && opts->getenv)
-    v = opts->getenv(name);
-  return v && *v ? v : NULL;
-}
-
-/* The row's sources: its .envs list, or its one .env as a list of one
- * (into `one`, which must hold two entries). */
-const char *const *gs__flags_sources(const gs_flag_t *f, const char **one)
-{
-  if (f->envs)
-    return f->envs;
-  one[0] = f->env;
-  one[1] = NULL;
-  return one;
-}
-
 /* Row i's value from the first of its sources that is set, if any. */
 static int from_env(const gs_flags_t *spec, size_t i, char *base, const gs_flags_opts_t *opts,
                     bool *given, char *why, size_t why_len)

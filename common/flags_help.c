@@ -12,72 +12,6 @@
 #define HELP_MAX_COL 32  /* the text column, unless every flag ends sooner */
 #define HELP_NBSP '\x1f' /* a space wrap() does not break at ("(default: 5m)") */
 
-typedef struct unit {
-  uint64_t scale;
-  const char *name;
-} unit_t;
-
-static const unit_t size_units[] = {
-    {1ULL << 30, "GiB"}, {1ULL << 20, "MiB"}, {1ULL << 10, "KiB"}, {1, "B"}};
-static const unit_t duration_units[] = {{3600000, "h"}, {60000, "m"}, {1000, "s"}, {1, "ms"}};
-
-/* Joins names with ", " and `sep_last` before the last one. */
-void gs__flags_names(const char *const *names, const char *sep_last, char *buf, size_t len)
-{
-  size_t used = 0;
-
-  buf[0] = '\0';
-  for (size_t i = 0; names[i] && used < len; i++) {
-    const char *sep = i == 0 ? "" : names[i + 1] ? ", " : sep_last;
-    int n = snprintf(buf + used, len - used, "%s%s", sep, names[i]);
-
-    if (n < 0)
-      return;
-    used += (size_t)n;
-  }
-}
-
-void gs__flags_metavar(const gs_flag_t *f, char *buf, size_t len)
-{
-  size_t used = 0;
-
-  if (f->metavar || !f->names) {
-    snprintf(buf, len, "%s", f->metavar ? f->metavar : "VALUE");
-    return;
-  }
-  buf[0] = '\0';
-  for (size_t i = 0; f->names[i] && used < len; i++) {
-    int n = snprintf(buf + used, len - used, "%s%s", i ? "|" : "", f->names[i]);
-
-    if (n < 0)
-      return;
-    used += (size_t)n;
-  }
-}
-
-long gs__flags_max_len(const gs_flag_t *f)
-{
-  long cap = f->kind == GS_FLAG_STRBUF ? (long)f->size - 1 : LONG_MAX;
-
-  return f->max > 0 && f->max < cap ? f->max : cap;
-}
-
-void gs__flags_show_u64(gs_flag_kind_t kind, uint64_t v, char *buf, size_t len)
-{
-  const unit_t *u = kind == GS_FLAG_SIZE ? size_units : duration_units;
-
-  if (v == 0) {
-    snprintf(buf, len, "0%s", kind == GS_FLAG_SIZE ? "B" : "s");
-    return;
-  }
-  for (size_t i = 0;; i++) {
-    if (v % u[i].scale == 0) {
-      snprintf(buf, len, "%" PRIu64 "%s", v / u[i].scale, u[i].name);
-      return;
-    }
-  }
-}
-
 /* Reads an integer of `size` bytes (1, 2, 4 or 8), sign-extended when
  * `sig`; the bits of a signed target come back as its two's complement. */
 static uint64_t read_int(const void *t, size_t size, bool sig)
@@ -521,17 +455,4 @@ bool gs_flags_answer(const gs_flags_t *spec, const void *base, gs_flags_action_t
     break;
   }
   return false;
-}
-
-int gs_flags_main(const gs_flags_t *spec, void *base, int argc, char **argv,
-                  const gs_flags_opts_t *opts, const char *version)
-{
-  gs_flags_action_t action;
-  char why[512];
-
-  if (gs_flags_parse(spec, base, argc, argv, opts, &action, why, sizeof(why))) {
-    fprintf(stderr, "%s: %s\n", spec->prog, why);
-    return 2;
-  }
-  return gs_flags_answer(spec, base, action, version) ? -1 : 0;
 }

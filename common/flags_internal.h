@@ -1,4 +1,5 @@
-/* What flags.c (parsing) and flags_help.c (help, flag reference) share. */
+/* What flags.c (parsing) and flags_help.c (help, flag reference) share:
+ * flags_row.c's words about one row, and flags.c's accepted form. */
 #ifndef GS_FLAGS_INTERNAL_H
 #define GS_FLAGS_INTERNAL_H
 

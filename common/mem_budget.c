@@ -1,6 +1,8 @@
 /* The memory budget shared by the coordinator's layers (mem_budget.h). */
 #include "mem_budget.h"
 
+#include "invariant.h"
+
 void gs_mem_budget_init(gs_mem_budget_t *b, size_t max)
 {
   *b = (gs_mem_budget_t){.max = max,
@@ -16,6 +18,7 @@ static bool part_fits(const gs_mem_budget_t *b, size_t held, size_t held_max, si
 
 void gs_mem_budget_hold(gs_mem_budget_t *b, size_t add, size_t sub)
 {
+  GS_ASSERT(sub <= b->used + add); /* never more back than was counted */
   b->used += add;
   b->used -= sub;
   if (b->used > b->peak)
@@ -34,6 +37,7 @@ bool gs_mem_budget_members_fit(const gs_mem_budget_t *b, size_t n)
 
 void gs_mem_budget_members(gs_mem_budget_t *b, size_t add, size_t sub)
 {
+  GS_ASSERT(sub <= b->members + add);
   b->members += add;
   b->members -= sub;
   gs_mem_budget_hold(b, add, sub);
@@ -41,6 +45,7 @@ void gs_mem_budget_members(gs_mem_budget_t *b, size_t add, size_t sub)
 
 void gs_mem_budget_store(gs_mem_budget_t *b, size_t add, size_t sub)
 {
+  GS_ASSERT(sub <= b->stored + add);
   b->stored += add;
   b->stored -= sub;
   gs_mem_budget_hold(b, add, sub);

@@ -1,9 +1,12 @@
-/* The small utilities in common/ that both sides share: byte order, the
- * intrusive list, the `why` formatter, the clock, splitmix64, log escaping,
- * rate limiting and hex. */
+/* The small utilities in common/ that both sides share: invariants, byte
+ * order, the intrusive list, the `why` formatter, the clock, splitmix64,
+ * log escaping, rate limiting and hex. */
 #include <check.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "byteorder.h"
 #include "clock.h"
@@ -11,9 +14,44 @@
 #include "escape.h"
 #include "hex.h"
 #include "list.h"
+#include "mem_budget.h"
 #include "ratelimit.h"
 #include "rng.h"
 #include "why.h"
+
+/* A broken invariant ends the process at once, saying where and which
+ * (release builds too: this test runs in one): a budget handed back
+ * more than it counted. */
+START_TEST(broken_invariant_aborts_saying_which)
+{
+  int fds[2], status;
+  char out[512] = "";
+  ssize_t n;
+  pid_t pid;
+
+  ck_assert_int_eq(pipe(fds), 0);
+  pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    gs_mem_budget_t b;
+
+    dup2(fds[1], 2);
+    gs_mem_budget_init(&b, 1024);
+    gs_mem_budget_hold(&b, 10, 0);
+    gs_mem_budget_hold(&b, 0, 11);
+    _exit(0); /* not reached */
+  }
+  close(fds[1]);
+  n = read(fds[0], out, sizeof(out) - 1);
+  close(fds[0]);
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT, "status %d", status);
+  ck_assert_int_gt(n, 0);
+  ck_assert_msg(strstr(out, "gradsync: invariant broken at ") && strstr(out, "mem_budget.c:") &&
+                    strstr(out, "(gs_mem_budget_hold): sub <= b->used + add"),
+                "%s", out);
+}
+END_TEST
 
 START_TEST(byte_order_is_stated_not_the_hosts)
 {
@@ -200,6 +238,7 @@ int main(void)
   SRunner *sr;
   int failed;
 
+  tcase_add_test(tc, broken_invariant_aborts_saying_which);
   tcase_add_test(tc, byte_order_is_stated_not_the_hosts);
   tcase_add_test(tc, list_insert_remove_in_order);
   tcase_add_test(tc, list_move_all_keeps_order);

@@ -28,6 +28,7 @@
 
 #include "clock.h"
 #include "half.h"
+#include "invariant.h"
 #include "vectorize.h"
 
 /* Whether the operation may start: not aborted, not broken, initialized. */
@@ -48,6 +49,7 @@ static int op_begin(host_comm_t *c, const char *what)
  * count % W segments hold one element more. */
 static size_t seg_off(size_t count, uint32_t w, uint32_t i)
 {
+  GS_ASSERT(i < w);
   return i * (count / w) + (i < count % w ? i : count % w);
 }
 
@@ -215,6 +217,8 @@ static int recv_some(host_comm_t *c, xfer_t *x)
  * segment r-k in step k and receives segment r-k-1. */
 static uint32_t ring_seg(const ring_t *g, uint32_t item, bool recv)
 {
+  /* A ring's items: W-1 of the reduce-scatter, W-1 of the allgather. */
+  GS_ASSERT(g->r < g->w && item + (recv ? 1u : 0u) <= 2 * g->w);
   return (g->r + 2 * g->w - item - (recv ? 1u : 0u)) % g->w;
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "hash.h"
+#include "invariant.h"
 
 #define PACK_ALIGN 64 /* a cache line: lets the optimizer and reduce loops vectorize cleanly */
 
@@ -141,12 +142,14 @@ static int build_pack(gs_packs_t *p, uint32_t k, uint32_t at, size_t extra, bool
 
   pk->first = at;
   pk->nparams = p->list.pack_sizes[k];
+  GS_ASSERT(at + pk->nparams <= p->nparams); /* the pack list was checked against the model */
   pk->segs = calloc(pk->nparams, sizeof(*pk->segs));
   if (!pk->segs)
     return GS_ENOMEM;
   for (uint32_t j = 0; j < pk->nparams; j++) {
     uint32_t i = p->list.order[at + j];
 
+    GS_ASSERT(i < p->nparams);
     p->pack_of[i] = k;
     p->offset_of[i] = off;
     pk->segs[j] = (gs_optim_segment_t){off, p->params[i].elements, p->group_of[i]};
@@ -254,14 +257,22 @@ out_nomem:
   return GS_ENOMEM;
 }
 
+/* Param i's place in its pack: inside it (the offsets were cut from it). */
+static size_t param_at(const gs_packs_t *p, uint32_t i)
+{
+  GS_ASSERT(i < p->nparams &&
+            p->offset_of[i] + p->params[i].elements <= p->packs[p->pack_of[i]].elements);
+  return p->offset_of[i];
+}
+
 float *gs_packs_param(const gs_packs_t *p, uint32_t i)
 {
-  return p->packs[p->pack_of[i]].params + p->offset_of[i];
+  return p->packs[p->pack_of[i]].params + param_at(p, i);
 }
 
 float *gs_packs_grad(const gs_packs_t *p, uint32_t i)
 {
-  return p->packs[p->pack_of[i]].grads + p->offset_of[i];
+  return p->packs[p->pack_of[i]].grads + param_at(p, i);
 }
 
 uint32_t gs_packs_last(const gs_packs_t *p)

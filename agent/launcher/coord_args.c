@@ -1,6 +1,6 @@
 /* gradsync-coordinator's flags given to gradsync-run: before "--" they go
  * to the coordinator gradsync-run starts, parsed with the coordinator's
- * own table (coordinator/config/coord_flags.c), so that gradsync-run
+ * own table (common/coord_config/coord_flags.c), so that gradsync-run
  * accepts exactly what the coordinator does and refuses a bad value before
  * anything starts. Anywhere else they are refused, saying whose flag it
  * is and where it belongs. */

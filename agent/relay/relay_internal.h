@@ -84,6 +84,7 @@ struct gs_relay {
   gs_tls_t *up_tls;        /* with cfg.tls: the upstream session */
   uint8_t up_plain[16384]; /* what it decrypts, a piece at a time */
   uv_timer_t flush, redial;
+  uv_timer_cb on_flush; /* the batching window's end (relay.c's, for relay_send.c) */
   local_t *slots[MAX_SLOT + 1];
   pending_t joins;
   uint32_t beats_due; /* slots whose beat waits for the next NodeHeartbeat */
@@ -102,8 +103,8 @@ struct gs_relay {
   uint32_t open_handles;
 };
 
-/* relay.c: queues `len` bytes on a stream (false when it cannot: out of
- * memory, or the stream is closing); sends `env` with the body bytes as
+/* relay_send.c: queues `len` bytes on a stream (false when it cannot: out
+ * of memory, or the stream is closing); sends `env` with the body bytes as
  * one frame; starts the batching window if it is not running. */
 bool gs__relay_write(uv_stream_t *s, const uint8_t *data, size_t len);
 bool gs__relay_send_frame(gs_relay_t *r, uv_stream_t *s, const gradsync_Envelope *env,

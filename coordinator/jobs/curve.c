@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "invariant.h"
 #include "job.h"
 
 /* The point's loss and samples/s from at most GS_CURVE_SAMPLE_RANKS ranks
@@ -88,6 +89,7 @@ void gs__curve_sample(gs_job_t *job, uint64_t now)
   make_room(job);
   if (c->count == c->cap) /* no room at all: out of memory before the first */
     return;
+  GS_ASSERT(c->count < c->cap);
   c->points[c->count++] = pt;
   c->last_ms = now;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agreement.h"
+#include "invariant.h"
 #include "history.h"
 #include "lr_scale.h"
 #include "parse.h"
@@ -41,6 +42,7 @@ static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
   gs_member_t *m = job->waiting[i];
   gs_responder_t *r = job->jobs->responder;
 
+  GS_ASSERT(i < job->waiting_count && m->waiting_index == i);
   if (m->peer) {
     r->unpark(r, m->peer->id);
     if (err)
@@ -172,6 +174,13 @@ static bool refuse_loopback(gs_job_t *job)
  * rank fail the rendezvous: both get INVALID_ARGUMENT, the others
  * FAILED_PRECONDITION. Each asked rank is below the world (checked at the
  * Join). */
+/* Each waiting member knows its place in the list again, after a sort. */
+static void index_waiting(gs_job_t *job)
+{
+  for (uint32_t i = 0; i < job->waiting_count; i++)
+    job->waiting[i]->waiting_index = i;
+}
+
 static bool asks_rank(const gs_member_t *m, uint32_t world)
 {
   return m->req.has_rank && m->req.rank < world;
@@ -231,6 +240,8 @@ static bool place_asked_ranks(gs_job_t *job)
       free_at++;
     placed[free_at] = job->waiting[i];
   }
+  for (uint32_t i = 0; i < n; i++)
+    GS_ASSERT(placed[i]); /* n members, n places, no two in one */
   memcpy(job->waiting, placed, n * sizeof(*placed));
   free(placed);
   return true;
@@ -245,10 +256,10 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   gradsync_Peer *peers;
 
   qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
+  index_waiting(job);
   if (!place_asked_ranks(job))
     return;
-  for (uint32_t i = 0; i < n; i++)
-    job->waiting[i]->waiting_index = i;
+  index_waiting(job);
   if (refuse_disagreement(job) || refuse_loopback(job))
     return;
   peers = calloc(n, sizeof(*peers));
