@@ -4,6 +4,7 @@
 
 #include "curve.h"
 #include "history.h"
+#include "invariant.h"
 #include "session.h"
 #include "trace.h"
 
@@ -373,6 +374,9 @@ gs_member_t *gs__job_find_member(gs_job_t *job, const gs_call_t *call, uint64_t 
                       job->name, r, (unsigned long long)g);
     return NULL;
   }
+  /* The rank table and its members agree: a member knows its own place,
+   * and no member is of a generation the job has not reached. */
+  GS_ASSERT(job->ranks[r]->rank == r && job->ranks[r]->generation <= job->generation);
   return job->ranks[r];
 }
 
