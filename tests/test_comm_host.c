@@ -653,10 +653,12 @@ static void body_stuck(rank_ctx_t *rc)
 }
 
 /* Aborting ranks 1 and 0 from the main thread once both are in the
- * allreduce: both return GS_EABORTED (their timeout is an hour). Rank 1 is
- * aborted first: its closed sockets cannot reach rank 0, which only waits
- * on rank 2; the other order could let rank 1 see rank 0's close
- * (GS_ECLOSED) before its own abort. */
+ * allreduce: neither waits for its timeout (an hour). Rank 1, aborted
+ * first, returns GS_EABORTED. Rank 0 does too, unless rank 1's closed
+ * links reached it first: in the pipelined ring it also sends to rank 1,
+ * and then its allreduce fails with GS_ECLOSED before its own abort
+ * (seen once under ASan on a loaded machine). Either way its next
+ * operation fails the same way (body_stuck). */
 START_TEST(abort_unblocks)
 {
   world_t *w = malloc(sizeof(*w));
@@ -670,8 +672,9 @@ START_TEST(abort_unblocks)
   gs_comm_abort(w->ranks[0].comm); /* idempotent */
   world_join(w);
   world_check(w, true);
-  for (uint32_t r = 0; r < 2; r++)
-    ck_assert_msg(w->ranks[r].err == GS_EABORTED, "rank %u: %s", r, gs_err_name(w->ranks[r].err));
+  ck_assert_msg(w->ranks[1].err == GS_EABORTED, "rank 1: %s", gs_err_name(w->ranks[1].err));
+  ck_assert_msg(w->ranks[0].err == GS_EABORTED || w->ranks[0].err == GS_ECLOSED, "rank 0: %s",
+                gs_err_name(w->ranks[0].err));
   world_close(w);
   free(w);
 }

@@ -31,13 +31,15 @@
 #include "invariant.h"
 #include "vectorize.h"
 
-/* Whether the operation may start: not aborted, not broken, initialized. */
+/* Whether the operation may start: not broken, not aborted, initialized.
+ * A broken comm fails every later operation with its first error, also
+ * when an abort came after it. */
 static int op_begin(host_comm_t *c, const char *what)
 {
-  if (gs__host_aborted(c))
-    return GS_EABORTED;
   if (c->err)
     return c->err;
+  if (gs__host_aborted(c))
+    return GS_EABORTED;
   if (!c->ready) {
     GS_LOG_ERR(c->base.log, "host comm: %s before a successful init", what);
     return GS_EINVAL;
