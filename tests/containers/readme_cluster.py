@@ -25,6 +25,7 @@ from cluster import ADDR, Cluster, missing_tool, sh  # noqa: E402
 from testlib import WAIT, wait_until  # noqa: E402
 
 MARKER = "<!-- cluster"
+LABEL = "gradsync-test=readme-cluster"  # on every container it starts: the clean-up finds them
 HEADING = "## On a cluster"
 BAR = 0.80
 
@@ -64,7 +65,7 @@ docker() {{
     prev=$a
   done
   if [ "$1" = run ]; then
-    {runtime} run {' '.join(shlex.quote(o) for o in run_opts)} "${{args[@]:1}}"
+    {runtime} run --label {LABEL} {' '.join(shlex.quote(o) for o in run_opts)} "${{args[@]:1}}"
   else
     {runtime} "${{args[@]}}"
   fi
@@ -88,6 +89,7 @@ def main():
     images = {"gradsync-coordinator": coord_image, "gradsync-agent": agent_image}
     head = ADDR["c"]
     containers = []
+    remove_ours(runtime)  # a run killed before its clean-up
     with Cluster(prefix="gsrc", own_sysfs=False, nodes="cabd") as cl:
         try:
             out = cl.exec("c", ["bash", "-c", shell(runtime, images, run_opts, parts["head"],
@@ -126,9 +128,22 @@ def main():
                   f"nodes a and b, /status from node d: job finished with 2 ranks, test accuracy "
                   f"{m.group(1)}; the dashboard served to node d")
         finally:
-            for c in containers:
-                sh(runtime, "rm", "-f", c, check=False)
+            # Each where it runs: the head's network is node c's.
+            for n, c in zip("cab", containers):
+                sh(*cl.enter(n), runtime, "rm", "-f", "-t", "0", c, check=False)
+    remove_ours(runtime)
     return 0
+
+
+def remove_ours(runtime):
+    """Removes the containers this test started (its label), and fails
+    when one stays: the next run would find the coordinator's name taken."""
+    def ours():
+        return sh(runtime, "ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
+    for c in ours():
+        sh(runtime, "rm", "-f", "-t", "0", c, check=False)
+    assert not ours(), f"containers labelled {LABEL} left: {ours()}"
+
 
 
 if __name__ == "__main__":
