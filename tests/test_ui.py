@@ -183,6 +183,16 @@ LOOK = """document.getElementById('step-max') === null ? 'null' : JSON.stringify
 })"""
 
 
+def stop_all(browser, agents, coordinator):
+    """Closes the browser (if one was started), then kills the agents and
+    the coordinator."""
+    if browser:
+        browser.close()
+    for p in agents + [coordinator]:
+        p.kill()
+        p.wait()
+
+
 def case_page(tmp, tls=False):
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
         print("skipped: chromium is not installed (apt-get install chromium)")
@@ -253,13 +263,7 @@ def case_page(tmp, tls=False):
         print(f"rank 1 stopped (SIGSTOP): the page says it waits on '{held['waiting']}': {reason}")
         agents[1].send_signal(signal.SIGCONT)
     finally:
-        if browser:
-            browser.close()
-        for a in agents:
-            a.kill()
-            a.wait()
-        c.kill()
-        c.wait()
+        stop_all(browser, agents, c)
 
 
 def case_page_tls(tmp):
@@ -304,13 +308,7 @@ def case_curve(tmp):
               f"generation 2 from step {j['generations'][-1]['start_step']}): its chart draws "
               f"{got['points']} points, generation 2 marked")
     finally:
-        if browser:
-            browser.close()
-        for a in agents:
-            a.kill()
-            a.wait()
-        c.kill()
-        c.wait()
+        stop_all(browser, agents, c)
 
 
 def open_stream(port, query=""):

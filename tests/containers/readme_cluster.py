@@ -118,8 +118,8 @@ def main():
                 return j if j and j["state"] in ("finished", "failed") else None
             job = wait_until("the job finished in /status from node d", finished, timeout=6 * WAIT)
             assert job["state"] == "finished" and job["world_size"] == 2, job
-            logs = sh(runtime, "logs", containers[1]).stdout + sh(runtime, "logs",
-                                                                   containers[1]).stderr
+            out = sh(runtime, "logs", containers[1])  # the container's stdout and stderr
+            logs = out.stdout + out.stderr
             m = re.search(r"final: test accuracy ([0-9.]+)", logs)
             assert m and float(m.group(1)) >= BAR, logs[-3000:]
             page = get("/")
