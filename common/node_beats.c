@@ -6,40 +6,31 @@
 
 #include "wire.h"
 
-/* Each column's array and its callback field in the message, in one
- * table so that encoding and decoding cannot disagree. */
-static void columns(gs_node_beats_t *b, pb_callback_t *field[GS_NODE_BEATS_COLUMNS])
+/* Each column's array and its callback field in the message (the slots
+ * first: they count the beats), in one table so that encoding and
+ * decoding cannot disagree; `newer`: which ones may come empty. */
+static void columns(gs_node_beats_t *b, pb_callback_t *field[GS_NODE_BEATS_COLUMNS],
+                    bool newer[GS_NODE_BEATS_COLUMNS])
 {
   gradsync_NodeHeartbeatRequest *m = &b->msg;
   struct {
     pb_callback_t *field;
     void *items;
     size_t width;
-  } t[GS_NODE_BEATS_COLUMNS] = {
-      {&m->slot, b->slot, 4},
-      {&m->rank, b->rank, 4},
-      {&m->generation, b->generation, 8},
-      {&m->step, b->step, 8},
-      {&m->loss, b->loss, 4},
-      {&m->samples_per_sec, b->samples_per_sec, 4},
-      {&m->compute_ms, b->compute_ms, 4},
-      {&m->comm_wait_ms, b->comm_wait_ms, 4},
-      {&m->has_progress, b->has_progress, 1},
-      {&m->phase, b->phase, 4},
-      {&m->pack, b->pack, 4},
-      {&m->phase_ms, b->phase_ms, 4},
-      {&m->collectives_done, b->collectives_done, 8},
-      {&m->send_wait, b->send_wait, 4},
-      {&m->news_seen, b->news_seen, 8},
-      {&m->device_waits, b->device_waits, 4},
-      {&m->comm_waits, b->comm_waits, 4},
-      {&m->state_bytes, b->state_bytes, 8},
+    bool newer;
+  } t[GS_NODE_BEATS_COLUMNS] = {{&m->slot, b->slot, sizeof(b->slot[0]), false},
+                                {&m->news_seen, b->news_seen, sizeof(b->news_seen[0]), false},
+#define COLUMN(name, ctype, part, member, is_newer, ...)                                           \
+  {&m->name, b->name, sizeof(ctype), is_newer},
+                                GS_BEAT_FIELDS(COLUMN)
+#undef COLUMN
   };
 
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++) {
     b->columns[i] = (gs_pb_column_t){
         .items = t[i].items, .width = t[i].width, .max = GS_NODE_BEATS_MAX, .count = b->count};
     field[i] = t[i].field;
+    newer[i] = t[i].newer;
   }
 }
 
@@ -65,23 +56,10 @@ int gs_node_beats_add(gs_node_beats_t *b, uint32_t slot, const gradsync_Heartbea
     snprintf(s->session, sizeof(s->session), "%s", session);
   }
   b->slot[i] = slot;
-  b->rank[i] = req->rank;
-  b->generation[i] = req->generation;
-  b->step[i] = req->step;
-  b->loss[i] = req->loss;
-  b->samples_per_sec[i] = req->samples_per_sec;
-  b->compute_ms[i] = req->compute_ms;
-  b->comm_wait_ms[i] = req->comm_wait_ms;
-  b->has_progress[i] = req->has_progress;
-  b->phase[i] = (uint32_t)req->progress.phase;
-  b->pack[i] = req->progress.pack;
-  b->phase_ms[i] = req->progress.phase_ms;
-  b->collectives_done[i] = req->progress.collectives_done;
-  b->send_wait[i] = req->progress.send_wait;
   b->news_seen[i] = news_seen;
-  b->device_waits[i] = req->progress.device_waits;
-  b->comm_waits[i] = req->progress.comm_waits;
-  b->state_bytes[i] = req->progress.state_bytes;
+#define ADD(name, ctype, part, ...) b->name[i] = (ctype)GS_BEAT_IN_REQUEST(*req, part, name);
+  GS_BEAT_FIELDS(ADD)
+#undef ADD
   b->count = i + 1;
   return 0;
 }
@@ -90,8 +68,9 @@ int gs_node_beats_encode_frame(gs_node_beats_t *b, gs_buf_t *out, const gradsync
                                size_t max_payload)
 {
   pb_callback_t *field[GS_NODE_BEATS_COLUMNS];
+  bool newer[GS_NODE_BEATS_COLUMNS];
 
-  columns(b, field);
+  columns(b, field, newer);
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++)
     gs_pb_column_bind_encode(field[i], &b->columns[i]);
   return gs_wire_encode_frame(out, env, gradsync_NodeHeartbeatRequest_fields, &b->msg, max_payload);
@@ -101,6 +80,7 @@ int gs_node_beats_decode(gs_node_beats_t *b, const uint8_t *data, size_t len, ch
                          size_t why_len)
 {
   pb_callback_t *field[GS_NODE_BEATS_COLUMNS];
+  bool newer[GS_NODE_BEATS_COLUMNS];
   int err;
 
   b->count = 0;
@@ -108,7 +88,7 @@ int gs_node_beats_decode(gs_node_beats_t *b, const uint8_t *data, size_t len, ch
    * sessions' array is 10 KB: only its count). */
   b->msg.job[0] = '\0';
   b->msg.sessions_count = 0;
-  columns(b, field);
+  columns(b, field, newer);
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++)
     gs_pb_column_bind_decode(field[i], &b->columns[i]);
   err = gs_wire_decode_into_defaults(data, len, gradsync_NodeHeartbeatRequest_fields, &b->msg, why,
@@ -117,9 +97,7 @@ int gs_node_beats_decode(gs_node_beats_t *b, const uint8_t *data, size_t len, ch
     return err;
   b->count = (uint32_t)b->columns[0].count; /* the slots */
   for (int i = 0; i < GS_NODE_BEATS_COLUMNS; i++) {
-    bool newer = i >= GS_NODE_BEATS_COLUMNS - GS_NODE_BEATS_NEWER_COLUMNS;
-
-    if (newer && b->columns[i].count == 0) { /* an older node agent: zeros */
+    if (newer[i] && b->columns[i].count == 0) { /* an older node agent: zeros */
       memset(b->columns[i].items, 0, b->count * b->columns[i].width);
       continue;
     }

@@ -6,32 +6,27 @@
 
 #include <stdint.h>
 
+#include "beat_fields.h"
 #include "buf.h"
 #include "error.h"
 #include "gradsync.pb.h"
 #include "pb_column.h"
 
 #define GS_NODE_BEATS_MAX 255 /* a beat per slot */
-#define GS_NODE_BEATS_COLUMNS 18
-/* The last columns, which a node agent older than them leaves empty. */
-#define GS_NODE_BEATS_NEWER_COLUMNS 3
+/* The slots and the news each holds, then a column per beat field. */
+#define GS_NODE_BEATS_ONE(...) +1
+#define GS_NODE_BEATS_COLUMNS (2 GS_BEAT_FIELDS(GS_NODE_BEATS_ONE))
 
 typedef struct gs_node_beats {
   /* The message: its job and sessions; its other fields are the columns
    * below, bound when encoding or decoding. */
   gradsync_NodeHeartbeatRequest msg;
   uint32_t count;
-  uint32_t slot[GS_NODE_BEATS_MAX], rank[GS_NODE_BEATS_MAX];
-  uint64_t generation[GS_NODE_BEATS_MAX], step[GS_NODE_BEATS_MAX];
-  float loss[GS_NODE_BEATS_MAX], samples_per_sec[GS_NODE_BEATS_MAX];
-  float compute_ms[GS_NODE_BEATS_MAX], comm_wait_ms[GS_NODE_BEATS_MAX];
-  bool has_progress[GS_NODE_BEATS_MAX];
-  uint32_t phase[GS_NODE_BEATS_MAX], pack[GS_NODE_BEATS_MAX], phase_ms[GS_NODE_BEATS_MAX];
-  uint64_t collectives_done[GS_NODE_BEATS_MAX];
-  float send_wait[GS_NODE_BEATS_MAX];
+  uint32_t slot[GS_NODE_BEATS_MAX];
   uint64_t news_seen[GS_NODE_BEATS_MAX];
-  uint32_t device_waits[GS_NODE_BEATS_MAX], comm_waits[GS_NODE_BEATS_MAX];
-  uint64_t state_bytes[GS_NODE_BEATS_MAX];
+#define GS_NODE_BEATS_ARRAY(name, ctype, ...) ctype name[GS_NODE_BEATS_MAX];
+  GS_BEAT_FIELDS(GS_NODE_BEATS_ARRAY)
+#undef GS_NODE_BEATS_ARRAY
   gs_pb_column_t columns[GS_NODE_BEATS_COLUMNS];
 } gs_node_beats_t;
 

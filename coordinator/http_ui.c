@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "beat_fields.h"
 #include "http_reply.h"
 
 /* The dashboard's files: never cached stale, never framed, and the page
@@ -17,6 +18,21 @@
   "X-Content-Type-Options: nosniff\r\n"                                                            \
   "Referrer-Policy: no-referrer\r\n"
 
+/* The dashboard's columns of what ranks report (beat_fields.h), a script
+ * the page loads before app.js: [key, label, format] of each field that
+ * has a label. */
+#define UI_COLUMN(name, ctype, part, member, newer, label, format)                                 \
+  "  [\"" #name "\", \"" label "\", \"" format "\"],\n"
+static const char beat_fields_js[] =
+    "// Made by the coordinator from its table of heartbeat fields.\n"
+    "const BEAT_FIELDS = [\n" GS_BEAT_FIELDS(UI_COLUMN) "].filter((f) => f[1]);\n";
+static const gs_ui_asset_t beat_fields = {
+    .name = "beat_fields.js",
+    .content_type = "text/javascript; charset=utf-8",
+    .data = (const unsigned char *)beat_fields_js,
+    .len = sizeof(beat_fields_js) - 1,
+};
+
 const gs_ui_asset_t *gs__http_ui_asset(const char *path)
 {
   const char *name = NULL;
@@ -25,6 +41,8 @@ const gs_ui_asset_t *gs__http_ui_asset(const char *path)
     name = "index.html";
   else if (!strncmp(path, "/ui/", 4))
     name = path + 4;
+  if (name && !strcmp(name, beat_fields.name))
+    return &beat_fields;
   for (size_t i = 0; name && i < gs__ui_asset_count; i++) {
     if (!strcmp(gs__ui_assets[i].name, name))
       return &gs__ui_assets[i];

@@ -172,6 +172,8 @@ class Chromium:
 LOOK = """document.getElementById('step-max') === null ? 'null' : JSON.stringify({
   ranks: [...document.querySelectorAll('#members tr[data-rank]')].map(
       r => [r.dataset.rank, r.dataset.state]),
+  head: [...document.querySelectorAll('#members thead th')].map(t => t.textContent),
+  cells: [...document.querySelectorAll('#members tr[data-rank]')].map(r => r.cells.length),
   step: Number(document.getElementById('step-max').textContent),
   job: document.getElementById('job-name').textContent,
   jobs: [...document.querySelectorAll('#jobs tr[data-job]')].map(r => r.dataset.job),
@@ -207,7 +209,7 @@ def case_page(tmp, tls=False):
         assert headers["Content-Type"].startswith("text/html"), dict(headers)
         assert headers["Cache-Control"] == "no-cache", dict(headers)
         assert "default-src 'self'" in headers["Content-Security-Policy"], dict(headers)
-        for path in ("/ui", "/ui/app.js", "/ui/style.css"):
+        for path in ("/ui", "/ui/app.js", "/ui/style.css", "/ui/beat_fields.js"):
             assert http(base, path, ctx)[0] == 200, path
         agents = start_job(rpc, ca)
         wait_until("the job running with 2 ranks",
@@ -226,6 +228,12 @@ def case_page(tmp, tls=False):
             lambda g: g["step"] > first["step"]))
         print(f"page over {'https' if tls else 'http'}: ranks {first['ranks']}, jobs {first['jobs']}, "
               f"step {first['step']} then {second['step']}, connection '{second['conn']}'")
+        # The members' columns: the fixed ones, and those of the heartbeat
+        # table (beat_fields.js) between them; every row fills each.
+        assert second["head"] == ["rank", "state", "phase", "node", "device", "step", "loss",
+                                  "samples/s", "compute ms", "comm wait ms", "send wait",
+                                  "heartbeat"], second["head"]
+        assert second["cells"] == [len(second["head"])] * 2, second
         # The job's settings, and its optimizer state sharded (rank 0's share).
         shown = wait_until("the page showing the sharded optimizer state", lambda: (lambda t: t if
                            "(sharded over the ranks)" in t and "shard-optimizertrue" in t else

@@ -2,6 +2,7 @@
  * its own, keeps the latest directives, and calls on_abort once when the
  * coordinator aborts the generation or stays unreachable too long. */
 #include "heartbeat.h"
+#include "beat_fields.h"
 #include "clock.h"
 #include "lr_scale.h"
 
@@ -105,11 +106,16 @@ static int beat(gs_heartbeat_t *hb, uint64_t *coord_id, bool *abort, char *why, 
    * directive changes, else after about an interval. */
   req.wait_ms = hb->cfg.interval_ms;
   pthread_mutex_lock(&hb->lock);
-  req.step = hb->progress.step;
-  req.loss = hb->progress.loss;
-  req.samples_per_sec = hb->progress.samples_per_sec;
-  req.compute_ms = hb->progress.compute_ms;
-  req.comm_wait_ms = hb->progress.comm_wait_ms;
+  /* The step's figures: the table's REPORT part, gs_progress_t. */
+#define REPORT(name, ctype, part, ...) REPORT_##part(name)
+#define REPORT_SENDER(name)
+#define REPORT_WHERE(name)
+#define REPORT_REPORT(name) req.name = hb->progress.name;
+  GS_BEAT_FIELDS(REPORT)
+#undef REPORT
+#undef REPORT_SENDER
+#undef REPORT_WHERE
+#undef REPORT_REPORT
   pthread_mutex_unlock(&hb->lock);
   if (hb->cfg.where) {
     req.has_progress = true;

@@ -226,16 +226,28 @@ static bool follow_heartbeats(gs_member_t *m, const gs_call_t *call)
   return true;
 }
 
-/* Where the rank says it is. A phase it is still in keeps its start, so
- * the coordinator's clock, not each heartbeat's rounding, times it. */
-static void note_progress(gs_member_t *m, uint64_t now, const gs_beat_t *b)
+/* What the rank says: the fields the member keeps as sent (beat_fields.h;
+ * where it is only with has_progress), then those it keeps its own way. */
+static void note_beat(gs_member_t *m, uint64_t now, const gs_beat_t *b)
 {
-  const gradsync_Progress *p = &b->progress;
-  uint64_t start = now - (p->phase_ms < now ? p->phase_ms : now);
+  uint64_t start = now - (b->phase_ms < now ? b->phase_ms : now);
   bool had = m->has_progress;
-  bool same = had && m->phase == (uint32_t)p->phase && m->pack == p->pack &&
-              m->collectives_done == p->collectives_done;
+  /* A phase it is still in keeps its start, so the coordinator's clock,
+   * not each heartbeat's rounding, times it. */
+  bool same = had && m->phase == b->phase && m->pack == b->pack &&
+              m->collectives_done == b->collectives_done;
 
+#define KEEP(name, ctype, part, member, ...) KEEP_##member(part, name)
+#define KEEP_NONE(part, name)
+#define KEEP_OWN(part, name)
+#define KEEP_COPY(part, name)                                                                      \
+  if (GS_BEAT_##part != GS_BEAT_WHERE || b->has_progress)                                          \
+    m->name = b->name;
+  GS_BEAT_FIELDS(KEEP)
+#undef KEEP
+#undef KEEP_NONE
+#undef KEEP_OWN
+#undef KEEP_COPY
   m->has_progress = b->has_progress;
   if (!b->has_progress)
     return;
@@ -246,17 +258,13 @@ static void note_progress(gs_member_t *m, uint64_t now, const gs_beat_t *b)
    * acknowledgements that cross the slow link (0.5-0.67 for a heartbeat,
    * measured with tc tbf) stays under the line. A front end may report
    * each step's own times: those are smoothed over a few. */
-  m->send_wait = had ? 0.3f * m->send_wait + 0.7f * p->send_wait : p->send_wait;
+  m->send_wait = had ? 0.3f * m->send_wait + 0.7f * b->send_wait : b->send_wait;
   m->step_ms = had ? 0.75f * m->step_ms + 0.25f * (b->compute_ms + b->comm_wait_ms)
                    : b->compute_ms + b->comm_wait_ms;
   if (!same || start < m->phase_start_ms)
     m->phase_start_ms = start;
-  m->phase = (uint32_t)p->phase;
-  m->pack = p->pack;
-  m->device_waits = p->device_waits;
-  m->comm_waits = p->comm_waits;
-  m->state_bytes = p->state_bytes;
-  m->collectives_done = p->collectives_done;
+  m->phase = b->phase;
+  m->pack = b->pack;
 }
 
 void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b)
@@ -285,7 +293,7 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b)
     return;
   m->heartbeats_seen = true;
   gs__hb_touch(m, call->now_ms);
-  m->step = b->step;
+  note_beat(m, call->now_ms, b);
   if (b->step > job->step_max) {
     job->step_max = b->step;
     job->step_advanced_ms = call->now_ms;
@@ -295,11 +303,6 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b)
              (unsigned long long)b->step);
     }
   }
-  m->loss = b->loss;
-  m->samples_per_sec = b->samples_per_sec;
-  m->compute_ms = b->compute_ms;
-  m->comm_wait_ms = b->comm_wait_ms;
-  note_progress(m, call->now_ms, b);
   gs__waiting_note_beat(m, call->now_ms);
   /* A node agent's beat has no clock samples: its rank's round trips end
    * at the node agent. */

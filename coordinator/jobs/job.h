@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "beat_fields.h"
 #include "claims.h"
 #include "buf.h"
 #include "curve.h"
@@ -102,14 +103,10 @@ typedef struct gs_jobs {
 } gs_jobs_t;
 
 /* One rank's heartbeat as the jobs layer reads it: what a Heartbeat's
- * request says, or one column of a node agent's NodeHeartbeat. */
+ * request says, or one entry of a node agent's NodeHeartbeat columns;
+ * every field of the table (beat_fields.h), then a direct one's own. */
 typedef struct gs_beat {
-  uint64_t generation;
-  uint32_t rank;
-  uint64_t step;
-  float loss, samples_per_sec, compute_ms, comm_wait_ms;
-  bool has_progress;
-  gradsync_Progress progress;
+  GS_BEAT_FIELDS(GS_BEAT_FIELD)
   uint64_t clock_sent_us, clock_replied_us; /* 0: no sample */
   uint32_t wait_ms;                         /* long poll (not a node agent's) */
 } gs_beat_t;
@@ -159,17 +156,12 @@ struct gs_member {
   uint64_t last_heartbeat_ms;
   gs_list_t hb_node;
   bool heartbeats_seen; /* its heartbeats tied it to `peer` (see gs__heartbeat) */
-  uint64_t step;
-  float loss, samples_per_sec, compute_ms, comm_wait_ms;
-  /* Where its heartbeats say it is (their Progress; waiting.c): the
-   * phase's start is on the coordinator's clock (arrival minus phase_ms). */
-  bool has_progress;
-  uint32_t phase, pack;
+  /* What its heartbeats say (beat_fields.h: the fields kept; waiting.c
+   * reads where it is). The phase's start is on the coordinator's clock
+   * (arrival minus phase_ms); the send wait is the share of the time its
+   * sends waited, over the last few heartbeats. */
+  GS_BEAT_FIELDS(GS_BEAT_MEMBER_FIELD)
   uint64_t phase_start_ms;
-  uint64_t collectives_done;
-  float send_wait; /* share of the time its sends waited, over the last few heartbeats */
-  uint32_t device_waits, comm_waits; /* its training thread's blocking waits in its last step */
-  uint64_t state_bytes;              /* the optimizer state it holds */
   float step_ms; /* compute + comm wait per step, over the last few heartbeats */
   /* Its agent's clock (trace.c): coordinator µs = agent µs + offset, from
    * the heartbeat round trip with the shortest time; this heartbeat's

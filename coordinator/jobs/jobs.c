@@ -243,21 +243,15 @@ void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
                         const gradsync_HeartbeatRequest *req)
 {
   gs_job_t *job = job_of_call(jobs, call, req->job);
-
   gs_beat_t beat = {
-      .generation = req->generation,
-      .rank = req->rank,
-      .step = req->step,
-      .loss = req->loss,
-      .samples_per_sec = req->samples_per_sec,
-      .compute_ms = req->compute_ms,
-      .comm_wait_ms = req->comm_wait_ms,
-      .has_progress = req->has_progress,
-      .progress = req->progress,
       .clock_sent_us = req->clock_sent_us,
       .clock_replied_us = req->clock_replied_us,
       .wait_ms = req->wait_ms,
   };
+
+#define COPY(name, ctype, part, ...) beat.name = (ctype)GS_BEAT_IN_REQUEST(*req, part, name);
+  GS_BEAT_FIELDS(COPY)
+#undef COPY
 
   jobs->progress++;
   jobs->now_ms = call->now_ms;
@@ -270,24 +264,12 @@ void gs__jobs_heartbeat(gs_jobs_t *jobs, const gs_call_t *call,
 
 gs_beat_t gs__jobs_beat_of(const gs_node_beats_t *q, uint32_t i)
 {
-  return (gs_beat_t){
-      .generation = q->generation[i],
-      .rank = q->rank[i],
-      .step = q->step[i],
-      .loss = q->loss[i],
-      .samples_per_sec = q->samples_per_sec[i],
-      .compute_ms = q->compute_ms[i],
-      .comm_wait_ms = q->comm_wait_ms[i],
-      .has_progress = q->has_progress[i],
-      .progress = {.phase = (gradsync_Phase)q->phase[i],
-                   .pack = q->pack[i],
-                   .phase_ms = q->phase_ms[i],
-                   .collectives_done = q->collectives_done[i],
-                   .send_wait = q->send_wait[i],
-                   .device_waits = q->device_waits[i],
-                   .comm_waits = q->comm_waits[i],
-                   .state_bytes = q->state_bytes[i]},
-  };
+  gs_beat_t beat = {0}; /* no clock samples, no long poll */
+
+#define COPY(name, ...) beat.name = q->name[i];
+  GS_BEAT_FIELDS(COPY)
+#undef COPY
+  return beat;
 }
 
 void gs__jobs_node_heartbeat(gs_jobs_t *jobs, const char *name, const gs_node_beat_t *beats,

@@ -237,6 +237,23 @@ static cJSON *rank_summary_json(const gs_job_t *job, const rank_stats_t *st, uin
   return o;
 }
 
+/* The fields of `part` the member keeps as sent (beat_fields.h), as
+ * numbers under their names. */
+static void add_kept(cJSON *o, const gs_member_t *m, gs_beat_part_t part)
+{
+#define ADD(name, ctype, in, member, ...) ADD_##member(in, name)
+#define ADD_NONE(in, name)
+#define ADD_OWN(in, name)
+#define ADD_COPY(in, name)                                                                         \
+  if (GS_BEAT_##in == part)                                                                        \
+    cJSON_AddNumberToObject(o, #name, (double)m->name);
+  GS_BEAT_FIELDS(ADD)
+#undef ADD
+#undef ADD_NONE
+#undef ADD_OWN
+#undef ADD_COPY
+}
+
 static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
 {
   cJSON *o = cJSON_CreateObject();
@@ -251,22 +268,15 @@ static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
   cJSON_AddNumberToObject(o, "local_rank", m->req.local_rank);
   cJSON_AddStringToObject(o, "device", m->req.device);
   cJSON_AddStringToObject(o, "comm_addr", m->req.comm_addr);
-  cJSON_AddNumberToObject(o, "step", (double)m->step);
-  cJSON_AddNumberToObject(o, "loss", m->loss);
-  cJSON_AddNumberToObject(o, "samples_per_sec", m->samples_per_sec);
-  cJSON_AddNumberToObject(o, "compute_ms", m->compute_ms);
-  cJSON_AddNumberToObject(o, "comm_wait_ms", m->comm_wait_ms);
+  add_kept(o, m, GS_BEAT_REPORT);
   cJSON_AddNumberToObject(o, "last_heartbeat_s", (now - m->last_heartbeat_ms) / 1000.0);
   if (!m->has_progress)
     return o;
   cJSON_AddStringToObject(o, "phase", gs_phase_name(m->phase));
   add_pack(o, m->phase, m->pack);
   cJSON_AddNumberToObject(o, "phase_s", (now - m->phase_start_ms) / 1000.0);
-  cJSON_AddNumberToObject(o, "collectives_done", (double)m->collectives_done);
   cJSON_AddNumberToObject(o, "send_wait", m->send_wait);
-  cJSON_AddNumberToObject(o, "device_waits", m->device_waits);
-  cJSON_AddNumberToObject(o, "comm_waits", m->comm_waits);
-  cJSON_AddNumberToObject(o, "state_bytes", (double)m->state_bytes);
+  add_kept(o, m, GS_BEAT_WHERE);
   if (m->clock_synced) { /* its clock against the coordinator's (traces) */
     cJSON_AddNumberToObject(o, "clock_offset_ms", (double)m->clock_offset_us / 1000.0);
     cJSON_AddNumberToObject(o, "clock_rtt_ms", (double)m->clock_rtt_us / 1000.0);

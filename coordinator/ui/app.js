@@ -94,6 +94,20 @@ function row(cells, attrs) {
 const num = (v, d = 0) => (typeof v === "number" ? v.toFixed(d) : "");
 const fmt = (v) => (typeof v === "number" ? (Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3)) : "");
 
+// How a field of BEAT_FIELDS (beat_fields.js, the coordinator's table of
+// what ranks report) is shown in the members' table.
+const FORMATS = {
+  int: (v) => (typeof v === "number" ? String(v) : ""),
+  sig: fmt,
+  num: (v) => num(v),
+  num2: (v) => num(v, 2),
+  pct: (v) => (typeof v === "number" ? (v * 100).toFixed(0) + "%" : ""),
+};
+function addBeatColumns() {
+  const end = $("beat-fields-end");
+  for (const [, label] of BEAT_FIELDS) end.before(el("th", label));
+}
+
 function onStatus(kind, s) {
   const c = s.coordinator || {};
   $("coordinator").textContent = `v${c.version || "?"} · up ${num(c.uptime_s)} s · ${c.jobs || 0} jobs`;
@@ -291,9 +305,7 @@ function showMembers(ranks) {
   for (const r of ranks) {
     const attrs = { "data-rank": r.rank, "data-state": r.state, "data-phase": r.phase || "" };
     body.appendChild(row([String(r.rank), r.state, r.phase ? r.phase + (r.pack != null ? ` (pack ${r.pack})` : "") : "",
-      r.node || "", r.device || "", r.step ?? "", fmt(r.loss), num(r.samples_per_sec),
-      num(r.compute_ms, 2), num(r.comm_wait_ms, 2),
-      typeof r.send_wait === "number" ? (r.send_wait * 100).toFixed(0) + "%" : "",
+      r.node || "", r.device || "", ...BEAT_FIELDS.map(([key, , format]) => FORMATS[format](r[key])),
       typeof r.last_heartbeat_s === "number" ? r.last_heartbeat_s.toFixed(1) + " s ago" : ""], attrs));
   }
 }
@@ -356,6 +368,7 @@ function start() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  addBeatColumns();
   $("token").value = ui.token;
   $("token-set").addEventListener("click", () => {
     ui.token = $("token").value.trim();
