@@ -1,8 +1,11 @@
 /* The engine's comm thread: it takes packs' allreduces off a queue (for a
  * blocking backend such as host) while the training thread goes on with
  * backward; and the collectives run at once outside a step. */
+#include "comm_thread.h"
+
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -91,48 +94,47 @@ static void *comm_main(void *arg)
 {
   gs_engine_t *e = arg;
 
-  pthread_mutex_lock(&e->mu);
-  while (!e->quit) {
+  pthread_mutex_lock(&e->ct.mu);
+  while (!e->ct.quit) {
     comm_job_t *job;
     int err;
 
-    if (e->qhead == e->qtail) {
-      pthread_cond_wait(&e->cv, &e->mu);
+    if (e->ct.qhead == e->ct.qtail) {
+      pthread_cond_wait(&e->ct.cv, &e->ct.mu);
       continue;
     }
-    job = e->queue[e->qhead++ % e->qcap];
-    pthread_mutex_unlock(&e->mu);
+    job = e->ct.queue[e->ct.qhead++ % e->ct.qcap];
+    pthread_mutex_unlock(&e->ct.mu);
     err = gs__engine_run_job(e, job);
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&e->ct.mu);
     job->err = err;
     job->state = JOB_DONE;
-    pthread_cond_broadcast(&e->cv);
+    pthread_cond_broadcast(&e->ct.cv);
   }
   /* Whatever is still queued fails: the engine is shutting down. */
-  while (e->qhead != e->qtail) {
-    comm_job_t *job = e->queue[e->qhead++ % e->qcap];
+  while (e->ct.qhead != e->ct.qtail) {
+    comm_job_t *job = e->ct.queue[e->ct.qhead++ % e->ct.qcap];
 
     job->err = GS_EABORTED;
     job->state = JOB_DONE;
   }
-  pthread_cond_broadcast(&e->cv);
-  pthread_mutex_unlock(&e->mu);
+  pthread_cond_broadcast(&e->ct.cv);
+  pthread_mutex_unlock(&e->ct.mu);
   return NULL;
 }
 
-/* Starts the comm thread (gs__engine_comm_stop joins it). */
 int gs__engine_comm_start(gs_engine_t *e)
 {
-  if (pthread_create(&e->thread, NULL, comm_main, e)) {
+  if (pthread_create(&e->ct.thread, NULL, comm_main, e)) {
     gs_set_why(e->error, sizeof(e->error), "cannot start the comm thread");
     return GS_ENOMEM;
   }
-  e->thread_running = true;
+  e->ct.running = true;
   return 0;
 }
 
-/* Hands a job to the comm thread. With one rank a collective is the
- * identity, so it runs here at once: no thread hand-off in the step. */
+/* With one rank a collective is the identity, so it runs here at once:
+ * no thread hand-off in the step. */
 void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job)
 {
   job->err = 0;
@@ -141,25 +143,25 @@ void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job)
     job->state = JOB_DONE;
     return;
   }
-  pthread_mutex_lock(&e->mu);
+  pthread_mutex_lock(&e->ct.mu);
   job->state = JOB_QUEUED;
-  e->queue[e->qtail++ % e->qcap] = job;
-  pthread_cond_broadcast(&e->cv);
-  pthread_mutex_unlock(&e->mu);
+  e->ct.queue[e->ct.qtail++ % e->ct.qcap] = job;
+  pthread_cond_broadcast(&e->ct.cv);
+  pthread_mutex_unlock(&e->ct.mu);
 }
 
 int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job)
 {
   int err;
 
-  pthread_mutex_lock(&e->mu);
+  pthread_mutex_lock(&e->ct.mu);
   if (job->state == JOB_QUEUED)
     e->waits.comm++; /* not done yet: the training thread waits for the comm thread */
   while (job->state == JOB_QUEUED)
-    pthread_cond_wait(&e->cv, &e->mu);
+    pthread_cond_wait(&e->ct.cv, &e->ct.mu);
   err = job->err;
   job->state = JOB_IDLE;
-  pthread_mutex_unlock(&e->mu);
+  pthread_mutex_unlock(&e->ct.mu);
   return err;
 }
 
@@ -323,24 +325,79 @@ void gs__engine_on_abort(void *arg, uint64_t generation, const char *reason)
   (void)reason;
   /* Under the lock: an elastic regroup replaces the comm meanwhile, and a
    * late abort of the generation it left must not touch the new one. */
-  pthread_mutex_lock(&e->mu);
-  if (generation == e->live_generation)
+  pthread_mutex_lock(&e->ct.mu);
+  if (generation == e->ct.live_generation)
     gs_comm_abort(e->comm);
-  pthread_mutex_unlock(&e->mu);
+  pthread_mutex_unlock(&e->ct.mu);
 }
 
-/* Stops and joins the comm thread; with `abort` the collective in progress
- * fails first instead of being waited for. */
 void gs__engine_comm_stop(gs_engine_t *e, bool abort)
 {
-  if (!e->thread_running)
+  if (!e->ct.running)
     return;
   if (abort && e->comm)
     gs_comm_abort(e->comm);
-  pthread_mutex_lock(&e->mu);
-  e->quit = true;
-  pthread_cond_broadcast(&e->cv);
-  pthread_mutex_unlock(&e->mu);
-  pthread_join(e->thread, NULL);
-  e->thread_running = false;
+  pthread_mutex_lock(&e->ct.mu);
+  e->ct.quit = true;
+  pthread_cond_broadcast(&e->ct.cv);
+  pthread_mutex_unlock(&e->ct.mu);
+  pthread_join(e->ct.thread, NULL);
+  e->ct.running = false;
+}
+
+void gs__comm_thread_init(comm_thread_t *t)
+{
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->cv, NULL);
+}
+
+void gs__comm_thread_free(comm_thread_t *t)
+{
+  free(t->jobs);
+  free(t->queue);
+  pthread_mutex_destroy(&t->mu);
+  pthread_cond_destroy(&t->cv);
+}
+
+int gs__comm_thread_size(comm_thread_t *t, uint32_t packs)
+{
+  if (t->jobs)
+    return 0;
+  t->jobs = calloc(packs + 1, sizeof(*t->jobs)); /* +1: never a zero-size calloc */
+  t->qcap = packs + 1;
+  t->queue = calloc(t->qcap, sizeof(*t->queue));
+  if (!t->jobs || !t->queue)
+    return GS_ENOMEM;
+  t->npacks = packs;
+  return 0;
+}
+
+void gs__comm_thread_live(comm_thread_t *t, uint64_t generation)
+{
+  pthread_mutex_lock(&t->mu);
+  t->live_generation = generation;
+  pthread_mutex_unlock(&t->mu);
+}
+
+void gs__comm_thread_set_comm(comm_thread_t *t, gs_comm_t **slot, gs_comm_t *comm)
+{
+  pthread_mutex_lock(&t->mu);
+  *slot = comm;
+  pthread_mutex_unlock(&t->mu);
+}
+
+gs_comm_t *gs__comm_thread_reset(comm_thread_t *t, gs_comm_t **slot)
+{
+  gs_comm_t *comm;
+
+  pthread_mutex_lock(&t->mu);
+  comm = *slot;
+  *slot = NULL;
+  t->live_generation = 0;
+  t->quit = false;
+  t->qhead = t->qtail = 0;
+  pthread_mutex_unlock(&t->mu);
+  if (t->jobs) /* none yet when the first generation broke as it went live */
+    memset(t->jobs, 0, (t->npacks + 1) * sizeof(*t->jobs));
+  return comm;
 }

@@ -22,16 +22,8 @@ static void close_generation(gs_engine_t *e)
   gs_comm_t *comm;
 
   gs__engine_comm_stop(e, true);
-  pthread_mutex_lock(&e->mu);
-  comm = e->comm;
-  e->comm = NULL;
-  e->live_generation = 0;
-  e->quit = false;
-  e->qhead = e->qtail = 0;
-  pthread_mutex_unlock(&e->mu);
+  comm = gs__comm_thread_reset(&e->ct, &e->comm);
   gs_comm_destroy(comm);
-  if (e->jobs) /* none yet when the first generation broke as it went live */
-    memset(e->jobs, 0, (e->packs.list.pack_count + 1) * sizeof(*e->jobs));
 }
 
 /* Joins the next generation, with this rank's state if it holds one. The

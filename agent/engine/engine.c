@@ -70,8 +70,7 @@ gs_engine_t *gs_engine_new(const gs_engine_config_t *cfg)
   }
   gs__ckpt_writer_init(&e->ckpt_writer, e->cfg.checkpoint_dir, e->cfg.checkpoint_keep,
                        e->cfg.checkpoint_failures, e->cfg.log, e->cfg.coord.job);
-  pthread_mutex_init(&e->mu, NULL);
-  pthread_cond_init(&e->cv, NULL);
+  gs__comm_thread_init(&e->ct);
   return e;
 }
 
@@ -386,8 +385,6 @@ void gs_engine_free(gs_engine_t *e)
   gs_packs_free(&e->packs);
   gs_pb_array_free(&e->settings);
   gs__trace_free(e);
-  free(e->jobs);
-  free(e->queue);
   free(e->ready);
   free(e->ticket);
   if (e->cfg.dev) {
@@ -403,8 +400,7 @@ void gs_engine_free(gs_engine_t *e)
   }
   if (e->owns_dev)
     gs_device_destroy(e->cfg.dev);
-  pthread_mutex_destroy(&e->mu);
-  pthread_cond_destroy(&e->cv);
+  gs__comm_thread_free(&e->ct);
   gs_client_tls_free(e->tls); /* after every client that used it */
   free_strings(e);
   free(e->layout_desc);

@@ -27,21 +27,15 @@
 #include "comm.h"
 #include "control.h"
 #include "device.h"
+#include "comm_thread.h"
 #include "error.h"
+#include "groups.h"
 #include "heartbeat.h"
 #include "log.h"
 #include "packs.h"
 #include "pb_array.h"
 #include "optim.h"
 #include "sgd.h"
-
-/* DEFERRED: the step's last pack, run by the training thread itself when
- * it would otherwise wait for it (see launch()). */
-typedef enum job_state { JOB_IDLE = 0, JOB_QUEUED, JOB_DONE, JOB_DEFERRED } job_state_t;
-
-/* A sharded step's packs are reduce-scattered (their grads) and
- * allgathered (their params) instead of allreduced. */
-typedef enum job_op { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE_SCATTER, OP_ALLGATHER } job_op_t;
 
 /* A step's reductions, done by gs_engine_synchronize or end_step: whether
  * done this step, their failure, whether the grads were scaled in place,
@@ -118,23 +112,6 @@ typedef struct step_waits {
   gs_device_waits_t device_mark;
 } step_waits_t;
 
-/* One collective for the comm thread. */
-typedef struct comm_job {
-  job_op_t op;
-  void *buf;
-  size_t count;  /* floats (allreduce) or bytes (broadcast) */
-  uint32_t root; /* broadcast */
-  /* A pack's reduction whose grads travel in 16 bits: its wire buffer, and
-   * how many of the `count` floats are grads (the rest, the control
-   * vector, travels in float32). NULL: `buf` travels as it is. The sums
-   * this rank uses (the pack's windows) are widened back into `buf`. */
-  uint16_t *wire;
-  size_t elements;
-  const struct gs_pack *pack; /* sharded: its windows' sums are the ones widened */
-  job_state_t state;
-  int err;
-} comm_job_t;
-
 struct gs_engine {
   gs_engine_config_t cfg; /* its strings point at the copies below */
   char *job, *token, *checkpoint_dir;
@@ -170,17 +147,10 @@ struct gs_engine {
   int32_t period;
   double grad_scale;
 
-  /* The optimizer's parameter groups (groups.c): the SGD settings' unless
-   * a front end added its own; step_groups holds them resolved for the
-   * step (lr scheduled and scaled); group_mult the scheduled groups' lr
-   * multipliers. optim_steps counts the updates applied (torch's "step"). */
-  gs_optim_group_t *groups, *step_groups;
-  float *group_mult;
-  uint32_t ngroups, cap_groups;
-  bool explicit_groups;
-  uint64_t optim_steps;
-  float *skip_dev;     /* device flag: the step's summed gradients are not all finite */
-  void *resumed_extra; /* rank 0: a resumed checkpoint's front end bytes */
+  engine_groups_t groups;
+  uint64_t optim_steps; /* the updates applied (torch's "step") */
+  float *skip_dev;      /* device flag: the step's summed gradients are not all finite */
+  void *resumed_extra;  /* rank 0: a resumed checkpoint's front end bytes */
   size_t resumed_extra_len;
   reduced_t reduced;
   gs_step_result_t reduced_out; /* what a regroup during gs_engine_synchronize said */
@@ -198,17 +168,7 @@ struct gs_engine {
   size_t nctl_cap;           /* control vector room: for the largest world */
 
   /* The comm thread and what it shares with the training thread. */
-  pthread_t thread;
-  bool thread_running;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  comm_job_t *jobs; /* one per pack */
-  comm_job_t **queue;
-  uint32_t qhead, qtail, qcap;
-  bool quit;
-  /* The generation e->comm serves (0: none yet): a heartbeat's abort for
-   * another one (the generation an elastic regroup left) is ignored. */
-  uint64_t live_generation;
+  comm_thread_t ct;
 
   /* The first failed collective or broken step (0: none) and its words:
    * the ranks' buffers and the communicator are then in an unknown state,
@@ -292,15 +252,12 @@ void gs__engine_where(void *arg, gradsync_Progress *out);
  * publishes a recording). */
 uint64_t gs__trace_now(const gs_engine_t *e);
 void gs__trace_phase_end(gs_engine_t *e, uint32_t phase, uint32_t pack);
-struct comm_job;
-void gs__trace_collective(gs_engine_t *e, const struct comm_job *job, uint64_t start_us);
+void gs__trace_collective(gs_engine_t *e, const comm_job_t *job, uint64_t start_us);
 void gs__trace_step_end(gs_engine_t *e);
 void gs__trace_joined(gs_engine_t *e);
 void gs__trace_free(gs_engine_t *e);
 
-/* comm_thread.c: the comm thread and the collectives it runs. */
-int gs__engine_comm_start(gs_engine_t *e) GS_WARN_UNUSED;
-void gs__engine_comm_stop(gs_engine_t *e, bool abort);
+/* comm_thread.c (comm_thread.h): the collectives the comm thread runs. */
 int gs__engine_run_job(gs_engine_t *e, const comm_job_t *job);
 /* Starts (blocking backend: runs) the allreduces of `count` floats of
  * grads: with a 16-bit `wire` buffer, its first `elements` rounded into it
@@ -322,12 +279,9 @@ void gs__engine_update_windows(gs_engine_t *e, uint32_t k, const gs_optim_step_t
  * thread is idle (a blocking backend), or queued with the device's later
  * work ordered after it (a stream-ordered one). */
 int gs__engine_step_collective(gs_engine_t *e, const comm_job_t *job) GS_WARN_UNUSED;
-void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job);
-int gs__engine_wait_job(gs_engine_t *e, comm_job_t *job);
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what);
 int gs__engine_run_now(gs_engine_t *e, job_op_t op, void *buf, size_t count, bool on_device,
                        uint32_t root, const char *what) GS_WARN_UNUSED;
-void gs__engine_on_abort(void *arg, uint64_t generation, const char *reason);
 int gs__engine_fail(gs_engine_t *e, int err);
 int gs__engine_refuse(gs_engine_t *e, const char *what);
 
@@ -335,21 +289,8 @@ int gs__engine_refuse(gs_engine_t *e, const char *what);
  * writes the address they dial (the reason in e->error on failure). */
 int gs__engine_listen(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
 
-/* groups.c: the SGD settings' groups (at new), and their memory; the
- * group a newly registered parameter joins; the check at start; the
- * state buffers the optimizer needs; the groups resolved for `step`
- * (1-based) with the step's constants in `out`; the value of the Join
- * setting that holds a front end's groups (false without any). */
-int gs__engine_groups_init(gs_engine_t *e) GS_WARN_UNUSED;
-void gs__engine_groups_free(gs_engine_t *e);
-uint32_t gs__engine_default_group(const gs_engine_t *e, bool is_bias);
-int gs__engine_groups_check(gs_engine_t *e) GS_WARN_UNUSED;
-uint32_t gs__engine_state_count(const gs_engine_t *e);
 /* cfg.grad_dtype as the dtype the packs' grads travel in. */
 gs_dtype_t gs__engine_wire_dtype(const gs_engine_t *e);
-
-void gs__engine_resolve_groups(gs_engine_t *e, uint64_t step, gs_optim_step_t *out);
-bool gs__engine_groups_setting(const gs_engine_t *e, char *value, size_t len);
 
 /* config.c: adds the engine's own settings to e->settings (at join). */
 int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;

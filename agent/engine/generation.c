@@ -152,9 +152,7 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
  * length and the scales that depend on the world size. */
 void gs__engine_joined(gs_engine_t *e)
 {
-  pthread_mutex_lock(&e->mu);
-  e->live_generation = e->join.generation;
-  pthread_mutex_unlock(&e->mu);
+  gs__comm_thread_live(&e->ct, e->join.generation);
   e->joined = true;
   e->period = e->join.bcast_period;
   /* Requests made before this Join were for the ranks before it (a rank 0
@@ -266,7 +264,7 @@ static int alloc_step_state(gs_engine_t *e)
 {
   uint32_t packs = e->packs.list.pack_count;
 
-  if (e->jobs)
+  if (e->ready)
     return 0;
   /* Sharded: the control vector travels alone, with the shards' verdict
    * after it (step.c's reduce_control). */
@@ -280,9 +278,6 @@ static int alloc_step_state(gs_engine_t *e)
                  e->packs.packs[gs_packs_last(&e->packs)].elements;
     e->skip_dev = gs_device_alloc(e->cfg.dev, sizeof(float));
   }
-  e->jobs = calloc(packs + 1, sizeof(*e->jobs)); /* +1: never a zero-size calloc */
-  e->qcap = packs + 1;
-  e->queue = calloc(e->qcap, sizeof(*e->queue));
   e->ready = calloc(e->packs.nparams, sizeof(*e->ready));
   e->ticket = calloc(packs + 1, sizeof(*e->ticket));
   for (int k = 0; k < 2; k++) {
@@ -294,9 +289,9 @@ static int alloc_step_state(gs_engine_t *e)
   e->late = e->cfg.decide == GS_DECIDE_LATE && !gs__engine_elastic(e);
   e->aux_dev = gs_device_alloc(e->cfg.dev, AUX_BYTES);
   e->drive.fetched = gs_device_host_alloc(e->cfg.dev, FETCHED_COUNT * sizeof(float));
-  if (!e->jobs || !e->queue || !e->ready || !e->ticket || !e->ctl_up[0] || !e->ctl_up[1] ||
-      !e->flight[0].ctl || !e->flight[1].ctl || !e->flight[0].fetched || !e->flight[1].fetched ||
-      !e->aux_dev || !e->skip_dev || !e->drive.fetched) {
+  if (gs__comm_thread_size(&e->ct, packs) || !e->ready || !e->ticket || !e->ctl_up[0] ||
+      !e->ctl_up[1] || !e->flight[0].ctl || !e->flight[1].ctl || !e->flight[0].fetched ||
+      !e->flight[1].fetched || !e->aux_dev || !e->skip_dev || !e->drive.fetched) {
     gs_set_why(e->error, sizeof(e->error), "out of memory");
     return GS_ENOMEM;
   }
@@ -368,9 +363,7 @@ int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len)
     gs_set_why(e->error, sizeof(e->error), "unknown backend '%s'", e->cfg.backend);
     return GS_EINVAL;
   }
-  pthread_mutex_lock(&e->mu); /* the heartbeat's abort reads it */
-  e->comm = comm;
-  pthread_mutex_unlock(&e->mu);
+  gs__comm_thread_set_comm(&e->ct, &e->comm, comm);
   /* Blocking backends move host memory, stream-ordered ones device memory. */
   if (gs_comm_stream_ordered(e->comm) == e->cfg.dev->host_memory) {
     gs_set_why(e->error, sizeof(e->error),

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "groups.h"
+
 #include "engine_internal.h"
 #include "why.h"
 
@@ -22,28 +24,28 @@
 /* Appends a group (and its lr multiplier); its index or a negative code. */
 static int append(gs_engine_t *e, const gs_optim_group_t *g, float mult)
 {
-  if (e->ngroups == e->cap_groups) {
-    uint32_t cap = e->cap_groups ? 2 * e->cap_groups : 4;
-    gs_optim_group_t *groups = realloc(e->groups, cap * sizeof(*groups));
+  if (e->groups.count == e->groups.cap) {
+    uint32_t cap = e->groups.cap ? 2 * e->groups.cap : 4;
+    gs_optim_group_t *groups = realloc(e->groups.list, cap * sizeof(*groups));
     gs_optim_group_t *resolved;
     float *mults;
 
     if (!groups)
       return GS_ENOMEM;
-    e->groups = groups;
-    resolved = realloc(e->step_groups, cap * sizeof(*resolved));
+    e->groups.list = groups;
+    resolved = realloc(e->groups.resolved, cap * sizeof(*resolved));
     if (!resolved)
       return GS_ENOMEM;
-    e->step_groups = resolved;
-    mults = realloc(e->group_mult, cap * sizeof(*mults));
+    e->groups.resolved = resolved;
+    mults = realloc(e->groups.mult, cap * sizeof(*mults));
     if (!mults)
       return GS_ENOMEM;
-    e->group_mult = mults;
-    e->cap_groups = cap;
+    e->groups.mult = mults;
+    e->groups.cap = cap;
   }
-  e->groups[e->ngroups] = *g;
-  e->group_mult[e->ngroups] = mult;
-  return (int)e->ngroups++;
+  e->groups.list[e->groups.count] = *g;
+  e->groups.mult[e->groups.count] = mult;
+  return (int)e->groups.count++;
 }
 
 /* A group of the SGD settings with weight decay `wd`. */
@@ -72,14 +74,14 @@ int gs__engine_groups_init(gs_engine_t *e)
 
 void gs__engine_groups_free(gs_engine_t *e)
 {
-  free(e->groups);
-  free(e->step_groups);
-  free(e->group_mult);
+  free(e->groups.list);
+  free(e->groups.resolved);
+  free(e->groups.mult);
 }
 
 uint32_t gs__engine_default_group(const gs_engine_t *e, bool is_bias)
 {
-  return !e->explicit_groups && is_bias ? GROUP_BIASES : GROUP_WEIGHTS;
+  return !e->groups.from_front_end && is_bias ? GROUP_BIASES : GROUP_WEIGHTS;
 }
 
 /* Refuses a change once the packs exist; the reason in e->error. */
@@ -98,18 +100,18 @@ int gs_engine_param_rule(gs_engine_t *e, uint32_t i, float lr_mult, float weight
 
   if (before_start(e, "gs_engine_param_rule"))
     return GS_EINVAL;
-  if (e->explicit_groups || i >= e->packs.nparams || !isfinite(lr_mult) ||
+  if (e->groups.from_front_end || i >= e->packs.nparams || !isfinite(lr_mult) ||
       !isfinite(weight_decay) || lr_mult < 0 || weight_decay < 0) {
     gs_set_why(e->error, sizeof(e->error),
                "cannot give parameter %u LR multiplier %g and weight decay %g: %s", i,
                (double)lr_mult, (double)weight_decay,
-               e->explicit_groups      ? "the engine has parameter groups (gs_engine_param_group)"
-               : i >= e->packs.nparams ? "no such parameter"
-                                       : "each must be finite and not negative");
+               e->groups.from_front_end ? "the engine has parameter groups (gs_engine_param_group)"
+               : i >= e->packs.nparams  ? "no such parameter"
+                                        : "each must be finite and not negative");
     return GS_EINVAL;
   }
-  for (uint32_t k = GROUP_BIASES + 1; k < e->ngroups && at < 0; k++)
-    if (e->group_mult[k] == lr_mult && e->groups[k].weight_decay == weight_decay)
+  for (uint32_t k = GROUP_BIASES + 1; k < e->groups.count && at < 0; k++)
+    if (e->groups.mult[k] == lr_mult && e->groups.list[k].weight_decay == weight_decay)
       at = (int)k;
   if (at < 0) {
     g = scheduled_group(e, weight_decay);
@@ -135,10 +137,10 @@ int gs_engine_add_group(gs_engine_t *e, const gs_optim_group_t *g)
 {
   if (before_start(e, "gs_engine_add_group") || check_group(e, g, "gs_engine_add_group"))
     return GS_EINVAL;
-  if (!e->explicit_groups) {
+  if (!e->groups.from_front_end) {
     /* The front end's groups replace the SGD settings' (and their rules). */
-    e->explicit_groups = true;
-    e->ngroups = 0;
+    e->groups.from_front_end = true;
+    e->groups.count = 0;
     for (uint32_t i = 0; i < e->packs.nparams; i++)
       e->packs.group_of[i] = 0;
   }
@@ -149,11 +151,11 @@ int gs_engine_param_group(gs_engine_t *e, uint32_t i, uint32_t group)
 {
   if (before_start(e, "gs_engine_param_group"))
     return GS_EINVAL;
-  if (!e->explicit_groups || group >= e->ngroups || i >= e->packs.nparams) {
+  if (!e->groups.from_front_end || group >= e->groups.count || i >= e->packs.nparams) {
     gs_set_why(e->error, sizeof(e->error), "cannot put parameter %u in group %u: %s", i, group,
-               !e->explicit_groups   ? "no group was added (gs_engine_add_group)"
-               : group >= e->ngroups ? "no such group"
-                                     : "no such parameter");
+               !e->groups.from_front_end  ? "no group was added (gs_engine_add_group)"
+               : group >= e->groups.count ? "no such group"
+                                          : "no such parameter");
     return GS_EINVAL;
   }
   return gs_packs_set_group(&e->packs, i, group);
@@ -161,32 +163,33 @@ int gs_engine_param_group(gs_engine_t *e, uint32_t i, uint32_t group)
 
 int gs_engine_set_group(gs_engine_t *e, uint32_t group, const gs_optim_group_t *g)
 {
-  if (group >= e->ngroups || !e->explicit_groups) {
+  if (group >= e->groups.count || !e->groups.from_front_end) {
     gs_set_why(e->error, sizeof(e->error), "gs_engine_set_group: no group %u", group);
     return GS_EINVAL;
   }
   if (check_group(e, g, "gs_engine_set_group"))
     return GS_EINVAL;
-  if (e->packs.packs && g->amsgrad != e->groups[group].amsgrad && e->cfg.optim != GS_OPTIM_SGD) {
+  if (e->packs.packs && g->amsgrad != e->groups.list[group].amsgrad &&
+      e->cfg.optim != GS_OPTIM_SGD) {
     gs_set_why(e->error, sizeof(e->error),
                "gs_engine_set_group: amsgrad cannot change once the engine has started");
     return GS_EINVAL;
   }
-  e->groups[group] = *g;
+  e->groups.list[group] = *g;
   return 0;
 }
 
 int gs__engine_groups_check(gs_engine_t *e)
 {
-  for (uint32_t k = 0; k < e->ngroups; k++)
-    if (check_group(e, &e->groups[k], "parameter group"))
+  for (uint32_t k = 0; k < e->groups.count; k++)
+    if (check_group(e, &e->groups.list[k], "parameter group"))
       return GS_EINVAL;
   return 0;
 }
 
 uint32_t gs__engine_state_count(const gs_engine_t *e)
 {
-  return gs_optim_state_count(e->cfg.optim, e->groups, e->ngroups);
+  return gs_optim_state_count(e->cfg.optim, e->groups.list, e->groups.count);
 }
 
 float gs_engine_lr_factor(const gs_engine_t *e)
@@ -196,17 +199,18 @@ float gs_engine_lr_factor(const gs_engine_t *e)
 
 void gs__engine_resolve_groups(gs_engine_t *e, uint64_t step, gs_optim_step_t *out)
 {
-  float scheduled = e->explicit_groups ? 1.0f : gs_sgd_lr(&e->cfg.sgd, step - 1);
+  float scheduled = e->groups.from_front_end ? 1.0f : gs_sgd_lr(&e->cfg.sgd, step - 1);
 
-  for (uint32_t k = 0; k < e->ngroups; k++) {
-    e->step_groups[k] = e->groups[k];
-    e->step_groups[k].lr = (e->explicit_groups ? e->groups[k].lr : scheduled * e->group_mult[k]) *
-                           gs_engine_lr_factor(e);
+  for (uint32_t k = 0; k < e->groups.count; k++) {
+    e->groups.resolved[k] = e->groups.list[k];
+    e->groups.resolved[k].lr =
+        (e->groups.from_front_end ? e->groups.list[k].lr : scheduled * e->groups.mult[k]) *
+        gs_engine_lr_factor(e);
   }
   *out = (gs_optim_step_t){
       .kind = e->cfg.optim,
-      .groups = e->step_groups,
-      .ngroups = e->ngroups,
+      .groups = e->groups.resolved,
+      .ngroups = e->groups.count,
       .t = e->optim_steps + 1,
       .grad_scale = (float)e->grad_scale,
   };
@@ -218,11 +222,11 @@ bool gs__engine_groups_setting(const gs_engine_t *e, char *value, size_t len)
 {
   uLong crc = crc32(0L, Z_NULL, 0);
 
-  if (!e->explicit_groups)
+  if (!e->groups.from_front_end)
     return false;
-  for (uint32_t k = 0; k < e->ngroups; k++) {
+  for (uint32_t k = 0; k < e->groups.count; k++) {
     char text[256];
-    const gs_optim_group_t *g = &e->groups[k];
+    const gs_optim_group_t *g = &e->groups.list[k];
     int n = snprintf(text, sizeof(text), "%.17g %.17g %d %.17g %.17g %d %.17g %.17g %.17g %d;",
                      g->lr, g->weight_decay, g->maximize, g->momentum, g->dampening, g->nesterov,
                      g->beta1, g->beta2, g->eps, g->amsgrad);
@@ -230,7 +234,7 @@ bool gs__engine_groups_setting(const gs_engine_t *e, char *value, size_t len)
     crc = crc32(crc, (const Bytef *)text, (uInt)n);
   }
   crc = crc32(crc, (const Bytef *)e->packs.group_of, (uInt)(e->packs.nparams * sizeof(uint32_t)));
-  snprintf(value, len, "%u/%08lx", e->ngroups, (unsigned long)crc);
+  snprintf(value, len, "%u/%08lx", e->groups.count, (unsigned long)crc);
   return true;
 }
 

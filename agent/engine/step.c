@@ -125,7 +125,7 @@ static void launch(gs_engine_t *e, uint32_t k)
   int err;
 
   if (!gs_comm_stream_ordered(e->comm)) {
-    comm_job_t *job = &e->jobs[k];
+    comm_job_t *job = gs__comm_thread_job(&e->ct, k);
 
     *job = (comm_job_t){.op = sharded ? OP_REDUCE_SCATTER : OP_ALLREDUCE,
                         .buf = pk->grads,
@@ -155,7 +155,7 @@ static void launch(gs_engine_t *e, uint32_t k)
  * for the comm thread, or orders the device's later work after it. */
 static int complete(gs_engine_t *e, uint32_t k)
 {
-  comm_job_t *job = &e->jobs[k];
+  comm_job_t *job = gs__comm_thread_job(&e->ct, k);
   gs_pack_t *pk = &e->packs.packs[k];
   int err;
 

@@ -60,10 +60,11 @@ void gs__trace_phase_end(gs_engine_t *e, uint32_t phase, uint32_t pack)
 void gs__trace_collective(gs_engine_t *e, const comm_job_t *job, uint64_t start_us)
 {
   trace_rec_t *t = &e->trace;
-  bool of_pack = job >= e->jobs && job < e->jobs + e->packs.list.pack_count;
+  uint32_t pack = 0;
+  bool of_pack = gs__comm_thread_pack_of(&e->ct, job, &pack);
   gradsync_TraceEvent ev = {
       .phase = of_pack ? gradsync_Phase_PHASE_ALLREDUCE : gradsync_Phase_PHASE_SYNC,
-      .pack = of_pack ? (uint32_t)(job - e->jobs) : 0,
+      .pack = pack,
       .step = e->steps_begun,
       .start_us = start_us - t->origin_us,
       .dur_us = (uint32_t)(gs_now_ns() / 1000 - start_us),
