@@ -1,6 +1,6 @@
-/* RPC connections (see conn.h). A connection decodes only complete frames
- * and never blocks the loop; one that sends an oversized frame or stops
- * reading its replies is dropped. */
+/* RPC connections (see conn.h), over the connection base (stream.h). A
+ * connection decodes only complete frames and never blocks the loop; one
+ * that sends an oversized frame or stops reading its replies is dropped. */
 #include "conn.h"
 
 #include <stdarg.h>
@@ -16,12 +16,10 @@
  * calls, answered while it does not read, add to that. */
 #define MAX_WRITE_QUEUE (64u << 20)
 
-typedef struct write_req {
-  uv_write_t req;
-  gs_buf_t buf;
-  size_t cost; /* counted in conn->queued and conns->mem */
-  bool close_after;
-} write_req_t;
+/* The connection of a stream (its first member). */
+#define CONN_OF(stream) GS_CONTAINER_OF(stream, gs_conn_t, s)
+
+static const gs_stream_ops_t stream_ops;
 
 gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_limits_t *lim,
                           const gs_conn_callbacks_t *cb)
@@ -47,12 +45,10 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->cb = *cb;
   gs_list_init(&t->idle);
   gs_list_init(&t->linger);
-  gs_list_init(&t->deferred);
   gs_list_init(&t->throttled);
   t->unauth_read_tokens = GS_CONN_UNAUTH_ALL_BURST;
   t->unauth_read_ms = uv_now(loop);
-  uv_idle_init(loop, &t->next_turn);
-  t->next_turn.data = t;
+  gs__stream_port_init(&t->port, loop, &stream_ops);
   return t;
 }
 
@@ -87,7 +83,7 @@ static void mem_count(gs_conn_t *conn, size_t add, size_t sub)
 /* What `conn` holds in the budget now. */
 static size_t mem_of(const gs_conn_t *conn)
 {
-  return GS_CONN_BOOKKEEPING + conn->rbuf_counted + conn->tls_counted + conn->queued;
+  return GS_CONN_BOOKKEEPING + conn->rbuf_counted + conn->tls_counted + conn->s.write_bytes;
 }
 
 /* Whether `conn` may hold `more` bytes: within the budget, and within
@@ -140,7 +136,7 @@ static void rbuf_recount(gs_conn_t *conn)
 /* Counts a change of what the TLS session holds. */
 static void tls_recount(gs_conn_t *conn)
 {
-  size_t now = conn->tls ? gs_tls_memory(conn->tls) : 0;
+  size_t now = conn->s.tls ? gs_tls_memory(conn->s.tls) : 0;
 
   mem_count(conn, now, conn->tls_counted);
   conn->tls_counted = now;
@@ -153,7 +149,7 @@ void gs__conn_log(gs_conn_t *conn, gs_log_kind_t kind, const char *fmt, ...)
   if (!conn)
     return;
   va_start(ap, fmt);
-  gs__log_limit_vline(conn->conns->lines, uv_now(conn->conns->loop), conn->peer, kind, fmt, ap);
+  gs__log_limit_vline(conn->conns->lines, uv_now(conn->conns->loop), conn->s.peer, kind, fmt, ap);
   va_end(ap);
 }
 
@@ -186,7 +182,7 @@ static void idle_touch(gs_conn_t *conn)
     return; /* on the linger list, whose clock started with it */
   conn->last_activity_ms = uv_now(t->loop);
   idle_unlink(conn);
-  if (conn->closing || conn->waiting > 0)
+  if (conn->s.closing || conn->waiting > 0)
     return;
   gs_list_insert_tail(&t->idle, &conn->idle_node);
 }
@@ -198,7 +194,7 @@ static uint32_t slot_of(uint64_t id)
 
 static void on_close(uv_handle_t *h)
 {
-  gs_conn_t *conn = h->data;
+  gs_conn_t *conn = CONN_OF(h->data);
   gs_conns_t *t = conn->conns;
   uint32_t slot = slot_of(conn->id);
 
@@ -208,8 +204,8 @@ static void on_close(uv_handle_t *h)
   t->open--;
   gs_buf_free(&conn->rbuf);
   rbuf_recount(conn);
-  gs_tls_free(conn->tls);
-  conn->tls = NULL;
+  gs_tls_free(conn->s.tls);
+  conn->s.tls = NULL;
   tls_recount(conn);
   mem_count(conn, 0, GS_CONN_BOOKKEEPING);
   if (!conn->authenticated)
@@ -221,7 +217,7 @@ static void on_close(uv_handle_t *h)
 
 bool gs__conns_drained(const gs_conns_t *t)
 {
-  return t->closing && t->open == 0 && t->next_turn_closed;
+  return t->closing && t->open == 0 && t->port.next_turn_closed;
 }
 
 /* The owner hears once that a connection it kept has ended: when it
@@ -238,17 +234,15 @@ void gs__conn_close(gs_conn_t *conn, const char *why)
 {
   gs_conns_t *t = conn->conns;
 
-  if (conn->closing)
+  if (conn->s.closing)
     return;
-  conn->closing = true;
+  conn->s.closing = true;
   idle_unlink(conn);
-  if (conn->deferred)
-    gs_list_remove(&conn->turn_node);
   if (conn->throttled)
     gs_list_remove(&conn->throttle_node);
-  gs_log(t->log, GS_LOG_DEBUG, NULL, -1, "rpc: closing %s: %s", conn->peer, why);
+  gs_log(t->log, GS_LOG_DEBUG, NULL, -1, "rpc: closing %s: %s", conn->s.peer, why);
   tell_owner(conn);
-  uv_close((uv_handle_t *)&conn->tcp, on_close);
+  gs__stream_close(&conn->s, on_close);
 }
 
 /* Once the last frame is decided, the owner has nothing more to say on a
@@ -261,7 +255,7 @@ gs_conn_t *gs__conn_get(gs_conns_t *t, uint64_t id)
   if (slot >= t->cap || t->gens[slot] != (uint32_t)(id >> 32))
     return NULL;
   conn = t->slots[slot];
-  return conn && !conn->closing && !conn->close_when_written ? conn : NULL;
+  return conn && !conn->s.closing && !conn->close_when_written ? conn : NULL;
 }
 
 /* Takes a free slot for `conn`, growing the table when full. Generations
@@ -303,28 +297,14 @@ static int table_insert(gs_conns_t *t, gs_conn_t *conn)
   return 0;
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-  gs_conn_t *conn = h->data;
-
-  (void)suggested;
-  *buf = uv_buf_init((char *)conn->conns->rbuf, sizeof(conn->conns->rbuf));
-}
-
-static void on_next_turn(uv_idle_t *idle);
-
 /* Stops reading `conn` until the loop's next turn (GS_CONN_TURN_FRAMES):
  * what it sent meanwhile waits in its rbuf. */
 static void defer(gs_conn_t *conn)
 {
-  gs_conns_t *t = conn->conns;
-
   if (!conn->read_paused)
-    uv_read_stop((uv_stream_t *)&conn->tcp);
+    uv_read_stop((uv_stream_t *)&conn->s.tcp);
   conn->read_paused = true;
-  conn->deferred = true;
-  gs_list_insert_tail(&t->deferred, &conn->turn_node);
-  uv_idle_start(&t->next_turn, on_next_turn);
+  gs__stream_defer(&conn->s);
 }
 
 /* Cuts and reports the complete frames in data[0..len), GS_CONN_TURN_FRAMES
@@ -335,17 +315,17 @@ static size_t process_frames(gs_conn_t *conn, const uint8_t *data, size_t len)
   gs_conns_t *t = conn->conns;
   size_t off = 0;
 
-  while (!conn->closing && !conn->close_when_written && !conn->deferred) {
+  while (!conn->s.closing && !conn->close_when_written && !gs__stream_deferred(&conn->s)) {
     const uint8_t *payload;
     if (conn->turn_frames >= GS_CONN_TURN_FRAMES) {
       if (off < len)
         defer(conn); /* the next turn takes what waits */
       break;
     }
-    if (conn->queued > GS_CONN_WRITE_HIGH) {
+    if (conn->s.write_bytes > GS_CONN_WRITE_HIGH) {
       /* Backpressure: the rest waits in rbuf until replies drain. */
       if (!conn->read_paused)
-        uv_read_stop((uv_stream_t *)&conn->tcp);
+        uv_read_stop((uv_stream_t *)&conn->s.tcp);
       conn->read_paused = true;
       break;
     }
@@ -408,7 +388,7 @@ static void take_bytes(gs_conn_t *conn, const uint8_t *data, size_t len)
   idle_touch(conn);
   if (conn->rbuf.len == 0) {
     used = process_frames(conn, data, len);
-    if (used == len || conn->closing || conn->close_when_written)
+    if (used == len || conn->s.closing || conn->close_when_written)
       return;
     rbuf_append(conn, data + used, len - used);
     return;
@@ -423,7 +403,7 @@ static bool tls_plain(void *ctx, const uint8_t *data, size_t len)
   gs_conn_t *conn = ctx;
 
   take_bytes(conn, data, len);
-  return !conn->closing && !conn->close_when_written && !conn->read_paused;
+  return !conn->s.closing && !conn->close_when_written && !conn->read_paused;
 }
 
 static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last);
@@ -434,7 +414,7 @@ static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
   gs_conn_t *conn = ctx;
 
   send_raw(conn, data, len, !more);
-  return !conn->closing;
+  return !conn->s.closing;
 }
 
 /* A handshake that failed is logged (limited per peer address, so a
@@ -443,14 +423,14 @@ static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
  * gradsync client without --tls-ca recognises. */
 static void tls_failed(gs_conn_t *conn)
 {
-  bool plain = gs_tls_peer_not_tls(conn->tls);
+  bool plain = gs_tls_peer_not_tls(conn->s.tls);
 
   gs__conn_log(conn, GS_LOG_KIND_RPC_TLS, "TLS handshake failed: %s%s; closing",
-               gs_tls_error(conn->tls),
+               gs_tls_error(conn->s.tls),
                plain ? " (a client without TLS? agents need --tls-ca)" : "");
-  if (conn->closing)
+  if (conn->s.closing)
     return;
-  uv_read_stop((uv_stream_t *)&conn->tcp);
+  uv_read_stop((uv_stream_t *)&conn->s.tcp);
   conn->close_when_written = true;
   if (plain)
     send_raw(conn, gs__tls_alert_not_tls, sizeof(gs__tls_alert_not_tls), true);
@@ -468,8 +448,8 @@ static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
 
   if (len && !budget_allows(conn, len, "TLS input"))
     return;
-  err = gs_tls_input(conn->tls, data, len, t->rbuf, sizeof(t->rbuf));
-  if (!conn->closing)
+  err = gs_tls_input(conn->s.tls, data, len, t->port.rbuf, sizeof(t->port.rbuf));
+  if (!conn->s.closing)
     tls_recount(conn);
   if (err == GS_EPROTO)
     tls_failed(conn);
@@ -511,7 +491,7 @@ static void debit_unauth(gs_conn_t *conn, size_t n)
   t->throttles++;
   gs_list_insert_tail(&t->throttled, &conn->throttle_node);
   if (!conn->read_paused)
-    uv_read_stop((uv_stream_t *)&conn->tcp);
+    uv_read_stop((uv_stream_t *)&conn->s.tcp);
 }
 
 /* Reads `conn` again, unless something else holds it. */
@@ -521,8 +501,8 @@ static void unthrottle(gs_conn_t *conn)
     return;
   conn->throttled = false;
   gs_list_remove(&conn->throttle_node);
-  if (!conn->read_paused && !conn->closing && !conn->close_when_written && !conn->lingering)
-    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+  if (!conn->read_paused && !conn->s.closing && !conn->close_when_written && !conn->lingering)
+    uv_read_start((uv_stream_t *)&conn->s.tcp, gs__stream_alloc, on_read);
 }
 
 /* The throttled connections whose tokens and everyone's have refilled are
@@ -546,7 +526,7 @@ static void resume_throttled(gs_conns_t *t, uint64_t now)
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
-  gs_conn_t *conn = s->data;
+  gs_conn_t *conn = CONN_OF(s->data);
 
   if (nread < 0) {
     gs__conn_close(conn, nread == UV_EOF ? "peer closed" : uv_strerror((int)nread));
@@ -557,7 +537,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   conn->turn_frames = 0;
   if (!conn->authenticated)
     debit_unauth(conn, (size_t)nread);
-  if (conn->tls)
+  if (conn->s.tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
   else
     take_bytes(conn, (const uint8_t *)buf->base, (size_t)nread);
@@ -567,41 +547,23 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
  * in is over: dispatch what waited, then read again. */
 static void maybe_resume(gs_conn_t *conn)
 {
-  if (!conn->read_paused || conn->deferred || conn->closing || conn->close_when_written ||
-      conn->queued > GS_CONN_WRITE_HIGH / 2)
+  if (!conn->read_paused || gs__stream_deferred(&conn->s) || conn->s.closing ||
+      conn->close_when_written || conn->s.write_bytes > GS_CONN_WRITE_HIGH / 2)
     return;
   conn->read_paused = false;
   conn->turn_frames = 0;
   idle_touch(conn);
   rbuf_process(conn);
-  if (conn->tls && !conn->read_paused && !conn->closing && !conn->close_when_written)
+  if (conn->s.tls && !conn->read_paused && !conn->s.closing && !conn->close_when_written)
     tls_read(conn, NULL, 0);
-  if (!conn->read_paused && !conn->throttled && !conn->closing && !conn->close_when_written)
-    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+  if (!conn->read_paused && !conn->throttled && !conn->s.closing && !conn->close_when_written)
+    uv_read_start((uv_stream_t *)&conn->s.tcp, gs__stream_alloc, on_read);
 }
 
-/* The loop's next turn: the connections deferred in the last one. */
-static void on_next_turn(uv_idle_t *idle)
+/* The loop's next turn, for a connection deferred in the last one. */
+static void on_next_turn(gs_stream_t *s)
 {
-  gs_conns_t *t = idle->data;
-  gs_list_t turn;
-
-  gs_list_init(&turn);
-  gs_list_move_all(&turn, &t->deferred); /* those deferred again wait for the next */
-  while (!gs_list_empty(&turn)) {
-    gs_conn_t *conn = GS_CONTAINER_OF(turn.next, gs_conn_t, turn_node);
-
-    gs_list_remove(&conn->turn_node);
-    conn->deferred = false;
-    maybe_resume(conn);
-  }
-  if (gs_list_empty(&t->deferred))
-    uv_idle_stop(idle);
-}
-
-static void free_refused(uv_handle_t *h)
-{
-  free(h);
+  maybe_resume(CONN_OF(s));
 }
 
 /* At a cap (`cap` names it): the oldest idle connection that never
@@ -624,7 +586,7 @@ static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
       gs_log(t->log, GS_LOG_WARN, NULL, -1,
              "rpc: %u connections, %u unauthenticated (%s): closing %s, the oldest idle one "
              "that never authenticated, to admit a new one (%u such lines held back)",
-             t->open, t->unauth_open, cap, old->peer, held_back);
+             t->open, t->unauth_open, cap, old->s.peer, held_back);
     gs__conn_close(old, "evicted at a connection cap");
     return true;
   }
@@ -697,16 +659,11 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
 {
   gs_conn_t *conn;
 
-  if (!admit(t)) {
-    uv_tcp_t *refused = calloc(1, sizeof(*refused));
+  gs_tls_io_t io = {.on_plain = tls_plain, .on_cipher = tls_cipher};
+  int err;
 
-    /* Accepted and closed at once, so the kernel's queue does not fill. */
-    if (refused && uv_tcp_init(t->loop, refused) == 0) {
-      (void)uv_accept(server, (uv_stream_t *)refused);
-      uv_close((uv_handle_t *)refused, free_refused);
-    } else {
-      free(refused);
-    }
+  if (!admit(t)) {
+    gs__stream_refuse(&t->port, server);
     return;
   }
   conn = calloc(1, sizeof(*conn));
@@ -716,43 +673,32 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
     return;
   }
   conn->conns = t;
-  conn->tcp.data = conn;
   conn->read_tokens = GS_CONN_UNAUTH_BURST;
   conn->read_tokens_ms = uv_now(t->loop);
   t->unauth_open++;
   mem_count(conn, GS_CONN_BOOKKEEPING, 0);
   idle_touch(conn);
-  uv_tcp_init(t->loop, &conn->tcp);
-  if (uv_accept(server, (uv_stream_t *)&conn->tcp)) {
-    gs__conn_close(conn, "accept failed");
+  (void)gs__stream_init(&conn->s, &t->port); /* a TCP handle cannot fail to initialise */
+  io.ctx = conn;
+  err = gs__stream_accept(&conn->s, server, t->tls, true, &io);
+  if (err) {
+    gs__conn_close(conn, err == GS_ENOMEM ? "out of memory for a TLS session" : "accept failed");
     return;
   }
-  uv_tcp_nodelay(&conn->tcp, 1);
-  gs_tcp_peer_name(&conn->tcp, conn->peer, sizeof(conn->peer));
-  if (t->tls) {
-    gs_tls_io_t io = {.ctx = conn, .on_plain = tls_plain, .on_cipher = tls_cipher};
-
-    conn->tls = gs__tls_new(t->tls, true, &io);
-    if (!conn->tls) {
-      gs__conn_close(conn, "out of memory for a TLS session");
-      return;
-    }
-    tls_recount(conn);
-  }
+  tls_recount(conn);
   if (t->cb.on_open(t->cb.ctx, conn)) {
     gs__conn_close(conn, "refused by its owner");
     return;
   }
   conn->opened = true;
   t->accepted++;
-  uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+  uv_read_start((uv_stream_t *)&conn->s.tcp, gs__stream_alloc, on_read);
 }
 
-static void on_next_turn_closed(uv_handle_t *h)
+static void on_port_closed(gs_stream_port_t *p)
 {
-  gs_conns_t *t = h->data;
+  gs_conns_t *t = GS_CONTAINER_OF(p, gs_conns_t, port);
 
-  t->next_turn_closed = true;
   if (gs__conns_drained(t) && t->cb.on_drained)
     t->cb.on_drained(t->cb.ctx);
 }
@@ -760,7 +706,7 @@ static void on_next_turn_closed(uv_handle_t *h)
 void gs__conns_close_all(gs_conns_t *t)
 {
   t->closing = true;
-  uv_close((uv_handle_t *)&t->next_turn, on_next_turn_closed);
+  gs__stream_port_close(&t->port, on_port_closed);
   for (uint32_t i = 0; i < t->cap; i++) {
     if (t->slots[i])
       gs__conn_close(t->slots[i], "coordinator shutting down");
@@ -795,14 +741,6 @@ void gs__conns_sweep_idle(gs_conns_t *t, uint64_t now)
   }
 }
 
-static void on_shutdown(uv_shutdown_t *req, int status)
-{
-  gs_conn_t *conn = req->handle->data;
-
-  if (status < 0)
-    gs__conn_close(conn, uv_strerror(status));
-}
-
 /* The last frame is written (see gs__conn_send_last): the owner hears that
  * the connection ended, a TLS session sends its close_notify, our FIN goes
  * out, and the connection reads (discarding) until the peer's EOF, or
@@ -812,41 +750,33 @@ static void conn_linger(gs_conn_t *conn)
 {
   gs_conns_t *t = conn->conns;
 
-  if (conn->closing || conn->lingering)
+  if (conn->s.closing || conn->lingering)
     return;
   tell_owner(conn);
-  if (conn->tls && !conn->notified) {
-    conn->notified = true;
-    gs_tls_shutdown(conn->tls);
-    /* Its record came back through send_raw: written, it called here
-     * again; queued, on_write will. */
-    if (conn->closing || conn->lingering || conn->queued)
-      return;
-  }
+  /* The close_notify's record goes through send_raw: written, it called
+   * here again; queued, on_written will. */
+  if (gs__stream_notify(&conn->s) || conn->s.closing || conn->lingering)
+    return;
   conn->lingering = true;
   idle_unlink(conn);
   conn->last_activity_ms = uv_now(t->loop);
   gs_list_insert_tail(&t->linger, &conn->idle_node);
   gs_buf_free(&conn->rbuf);
   rbuf_recount(conn);
-  if (uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, on_shutdown) ||
-      uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read))
+  if (gs__stream_shutdown(&conn->s) ||
+      uv_read_start((uv_stream_t *)&conn->s.tcp, gs__stream_alloc, on_read))
     gs__conn_close(conn, "cannot end the write side");
 }
 
-static void on_write(uv_write_t *req, int status)
+/* A queued write ended: with the last frame, the connection lingers. */
+static void on_written(gs_stream_t *s, int status, bool last)
 {
-  write_req_t *w = (write_req_t *)req;
-  gs_conn_t *conn = req->handle->data;
+  gs_conn_t *conn = CONN_OF(s);
 
-  conn->queued -= w->cost;
-  mem_count(conn, 0, w->cost);
   if (status < 0)
     gs__conn_close(conn, uv_strerror(status));
-  else if (w->close_after)
+  else if (last)
     conn_linger(conn);
-  gs_buf_free(&w->buf);
-  free(w);
   maybe_resume(conn);
 }
 
@@ -856,85 +786,70 @@ static void on_write(uv_write_t *req, int status)
  * bytes, then a TLS close_notify) may pass the cap, as nothing follows it:
  * a client refused with UNAUTHENTICATED learns why even when it has not
  * read the replies before. */
-static bool queue_ok(gs_conn_t *conn, size_t cost)
+static bool may_hold(gs_stream_t *s, size_t cost, const char *what)
 {
+  gs_conn_t *conn = CONN_OF(s);
   size_t cap = conn->authenticated ? MAX_WRITE_QUEUE : GS_CONN_UNAUTH_WRITE_MAX;
 
-  if (conn->queued + cost > cap && !conn->close_when_written) {
+  if (conn->s.write_bytes + cost > cap && !conn->close_when_written) {
     gs__conn_log(conn, GS_LOG_KIND_RPC_LIMIT,
                  "is not reading its replies (%zu bytes queued, limit %zu%s); closing",
-                 conn->queued, cap, conn->authenticated ? "" : " before authentication");
+                 conn->s.write_bytes, cap, conn->authenticated ? "" : " before authentication");
     gs__conn_close(conn, "write queue overrun");
     return false;
   }
-  return budget_allows(conn, cost, "a reply");
+  return budget_allows(conn, cost, what);
 }
 
-/* Most replies fit in the socket buffer at once: uv_try_write sends them
- * with no allocation, no write request and no epoll change. What does not
- * fit (or must wait behind earlier writes) is copied into a queued write;
- * a connection that stops reading is dropped. `last`: the end of what was
- * handed to gs__conn_send (TLS sends it in pieces), after which a
- * connection that must close lingers (conn_linger). */
+static void count_writes(gs_stream_t *s, size_t add, size_t sub)
+{
+  mem_count(CONN_OF(s), add, sub);
+}
+
+static void stream_close(gs_stream_t *s, const char *why)
+{
+  gs__conn_close(CONN_OF(s), why);
+}
+
+static const gs_stream_ops_t stream_ops = {
+    .may_hold = may_hold,
+    .count = count_writes,
+    .on_written = on_written,
+    .close = stream_close,
+    .on_next_turn = on_next_turn,
+};
+
+/* Writes through the connection base; a connection that stops reading is
+ * dropped (may_hold). `last`: the end of what was handed to gs__conn_send
+ * (TLS sends it in pieces), after which a connection that must close
+ * lingers (conn_linger), at once or once it is written. */
 static void send_raw(gs_conn_t *conn, const uint8_t *data, size_t len, bool last)
 {
-  uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
-  uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
-  write_req_t *w;
-  int n;
+  bool ends = conn->close_when_written && last;
 
-  if (conn->closing || conn->lingering)
+  if (conn->s.closing || conn->lingering)
     return;
-  n = uv_try_write(stream, &b, 1);
-  if (n == UV_EAGAIN || n == UV_ENOSYS)
-    n = 0;
-  if (n < 0) {
-    gs__conn_close(conn, uv_strerror(n));
-    return;
-  }
-  if ((size_t)n == len) {
-    if (conn->close_when_written && last)
-      conn_linger(conn);
-    return;
-  }
-  if (!queue_ok(conn, len - (size_t)n + GS_CONN_WRITE_OVERHEAD))
-    return;
-  w = calloc(1, sizeof(*w));
-  if (!w || gs_buf_append(&w->buf, data + n, len - (size_t)n)) {
-    free(w);
-    gs__conn_close(conn, "out of memory");
-    return;
-  }
-  w->cost = w->buf.cap + GS_CONN_WRITE_OVERHEAD;
-  conn->queued += w->cost;
-  mem_count(conn, w->cost, 0);
-  w->close_after = conn->close_when_written && last;
-  b = uv_buf_init((char *)w->buf.data, (unsigned)w->buf.len);
-  n = uv_write(&w->req, stream, &b, 1, on_write);
-  if (n) {
-    gs_buf_free(&w->buf);
-    free(w);
-    gs__conn_close(conn, uv_strerror(n));
-  }
+  if (gs__stream_write_bytes(&conn->s, data, len, ends) == GS_STREAM_WRITTEN && ends)
+    conn_linger(conn);
 }
 
 void gs__conn_send(gs_conn_t *conn, const uint8_t *data, size_t len)
 {
-  if (!conn->tls) {
+  if (!conn->s.tls) {
     send_raw(conn, data, len, true);
     return;
   }
-  if (conn->closing)
+  if (conn->s.closing)
     return;
-  if (gs_tls_output(conn->tls, data, len) == GS_EPROTO)
-    gs__conn_close(conn, gs_tls_error(conn->tls));
+  if (gs_tls_output(conn->s.tls, data, len) == GS_EPROTO)
+    gs__conn_close(conn, gs_tls_error(conn->s.tls));
 }
 
 void gs__conn_send_last(gs_conn_t *conn, const uint8_t *frame, size_t len)
 {
-  if (conn->closing)
+  if (conn->s.closing)
     return;
-  uv_read_stop((uv_stream_t *)&conn->tcp);
+  uv_read_stop((uv_stream_t *)&conn->s.tcp);
   conn->close_when_written = true;
   gs__conn_send(conn, frame, len);
 }

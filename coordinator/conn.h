@@ -1,5 +1,7 @@
 /* RPC connections, the transport: accept, buffer bytes, cut frames, send
- * frames, time idle connections out. It knows frames, not what they hold:
+ * frames, time idle connections out; over the connection base (stream.h),
+ * which writes, speaks TLS and ends the write side for it. It knows
+ * frames, not what they hold:
  * it reports upward only through the callbacks its owner registered
  * (coordinator.c), in the manner of libuv's connection_cb and read_cb. */
 #ifndef GS_CONN_H
@@ -17,6 +19,7 @@
 #include "log_limit.h"
 #include "mem_budget.h"
 #include "ratelimit.h"
+#include "stream.h"
 #include "tls.h"
 
 typedef struct gs_conn gs_conn_t;
@@ -43,11 +46,9 @@ typedef struct gs_conn_callbacks {
   bool (*is_vacant)(void *ctx, const gs_conn_t *conn);
 } gs_conn_callbacks_t;
 
-/* Reads land in one buffer shared by every connection (the loop is single
- * threaded and a read is parsed before on_read returns); only the bytes of
- * a frame not yet complete are copied into the connection's own rbuf. */
-#define GS_CONN_READ_CHUNK (64 * 1024)
-/* Read buffers larger than this are freed once used. */
+/* Reads land in the port's buffer (GS_STREAM_READ_CHUNK); only the bytes
+ * of a frame not yet complete are copied into the connection's own rbuf.
+ * Read buffers larger than this are freed once used. */
 #define GS_CONN_KEEP_BUF_BYTES (64 * 1024)
 /* Backpressure: a connection with this many bytes of replies queued is
  * not read (nor its buffered frames dispatched) until half of them are
@@ -87,9 +88,6 @@ typedef struct gs_conn_callbacks {
  * one left open after a refusal) and has been idle this long makes room
  * (agents redial a closed connection with backoff). */
 #define GS_CONN_VACANT_EVICT_IDLE_MS 10000
-/* What a queued write costs besides its bytes (request, buffer, malloc):
- * counted, so many small replies cost what they really do. */
-#define GS_CONN_WRITE_OVERHEAD 256
 /* After its last frame (gs__conn_send_last) a connection shuts down its
  * write side and reads, discarding, until the peer's EOF or this long:
  * closing a socket whose peer is still sending (pipelined frames we will
@@ -109,41 +107,34 @@ typedef struct gs_conn_callbacks {
 /* The transport's own state; the owner reads `id` and `peer` and keeps
  * what it needs per connection in `data`. */
 struct gs_conn {
-  uv_tcp_t tcp;
+  gs_stream_t s; /* first: its socket, peer, TLS session and writes (stream.h) */
   struct gs_conns *conns;
   uint64_t id;   /* slot and generation: never reused while the service runs, never 0 */
   void *data;    /* the owner's */
-  char peer[64]; /* "127.0.0.1:40000", for logs */
   gs_buf_t rbuf; /* an incomplete frame */
-  gs_tls_t *tls; /* the TLS session, when the port speaks TLS */
   uint64_t last_activity_ms;
   /* The idle list: connections that may time out (not closing, nothing
    * parked), least recently active first; or, while it lingers, the
    * linger list. */
   gs_list_t idle_node;
-  gs_list_t turn_node;     /* on conns->deferred while `deferred` */
   gs_list_t throttle_node; /* on conns->throttled while `throttled` */
   int64_t read_tokens;     /* bytes it may still read before it authenticates */
   uint64_t read_tokens_ms; /* when they were last refilled */
   uint32_t waiting;        /* calls parked until an event or deadline */
   uint32_t turn_frames;    /* dispatched since this read or resumption (GS_CONN_TURN_FRAMES) */
-  size_t queued;           /* replies waiting to be written, with GS_CONN_WRITE_OVERHEAD each */
   size_t rbuf_counted;     /* rbuf.cap as counted in conns->mem */
   size_t tls_counted;      /* gs_tls_memory as counted in conns->mem */
   bool authenticated;      /* a call passed its token check (gs__conn_authenticate) */
   bool read_paused;        /* backpressure: see GS_CONN_WRITE_HIGH; or deferred */
-  bool deferred;           /* paused until the loop's next turn (GS_CONN_TURN_FRAMES) */
   bool throttled;          /* not read: it read its share before authenticating */
   bool opened;             /* on_open kept it: on_close will tell the owner */
-  bool closing;
   bool close_when_written; /* a stream we can no longer trust */
-  bool notified;           /* our TLS close_notify is out */
   bool lingering;          /* last frame written, FIN sent: reads are discarded */
-  uv_shutdown_t shutdown;
 };
 
 /* Every RPC connection, by id. */
 typedef struct gs_conns {
+  gs_stream_port_t port; /* its read buffer and next-turn queue (stream.h) */
   uv_loop_t *loop;
   const gs_log_t *log;
   size_t max_frame;
@@ -169,17 +160,13 @@ typedef struct gs_conns {
   uint32_t open;
   gs_list_t idle;             /* see gs_conn */
   gs_list_t linger;           /* lingering connections, oldest first (GS_CONN_LINGER_MS) */
-  gs_list_t deferred;         /* connections waiting for the loop's next turn */
   gs_list_t throttled;        /* unauthenticated ones not read for their rate, oldest first */
   int64_t unauth_read_tokens; /* bytes all unauthenticated ones may still read */
   uint64_t unauth_read_ms;    /* when they were last refilled */
   uint64_t throttles;         /* times an unauthenticated connection was throttled */
-  uv_idle_t next_turn;        /* runs while some are: resumes them */
   bool closing;
-  bool next_turn_closed;
   uint64_t accepted, idle_closed, refused, evicted;
   uint64_t unauth_closed; /* unauthenticated connections closed or refused for their share */
-  uint8_t rbuf[GS_CONN_READ_CHUNK]; /* see GS_CONN_READ_CHUNK */
 } gs_conns_t;
 
 /* The transport's limits. */

@@ -42,7 +42,7 @@ static void send_envelope(gs_rpc_t *rpc, gs_conn_t *conn, const gradsync_Envelop
   else
     err = gs_wire_encode_frame(out, env, rep ? rep->fields : NULL, rep ? rep->msg : NULL, SIZE_MAX);
   if (err) {
-    gs_log(rpc->log, GS_LOG_ERROR, NULL, -1, "rpc: cannot encode a reply to %s: %s", conn->peer,
+    gs_log(rpc->log, GS_LOG_ERROR, NULL, -1, "rpc: cannot encode a reply to %s: %s", conn->s.peer,
            gs_strerror(err));
     gs__conn_close(conn, "encode failed");
   } else if (last) {
@@ -479,7 +479,7 @@ static void (*const handlers[GS_METHOD_COUNT])(gs_rpc_t *, const request_t *) = 
 int gs__rpc_on_open(void *ctx, gs_conn_t *conn)
 {
   (void)ctx;
-  conn->data = gs__link_new(conn->id, conn->peer);
+  conn->data = gs__link_new(conn->id, conn->s.peer);
   return conn->data ? 0 : GS_ENOMEM;
 }
 
