@@ -48,7 +48,7 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   gs_list_init(&t->throttled);
   t->unauth_read_tokens = GS_CONN_UNAUTH_ALL_BURST;
   t->unauth_read_ms = uv_now(loop);
-  gs__stream_port_init(&t->port, loop, &stream_ops);
+  gs__stream_port_init(&t->base, loop, &stream_ops);
   return t;
 }
 
@@ -217,7 +217,7 @@ static void on_close(uv_handle_t *h)
 
 bool gs__conns_drained(const gs_conns_t *t)
 {
-  return t->closing && t->open == 0 && t->port.next_turn_closed;
+  return t->closing && t->open == 0 && t->base.next_turn_closed;
 }
 
 /* The owner hears once that a connection it kept has ended: when it
@@ -448,7 +448,7 @@ static void tls_read(gs_conn_t *conn, const uint8_t *data, size_t len)
 
   if (len && !budget_allows(conn, len, "TLS input"))
     return;
-  err = gs_tls_input(conn->s.tls, data, len, t->port.rbuf, sizeof(t->port.rbuf));
+  err = gs_tls_input(conn->s.tls, data, len, t->base.rbuf, sizeof(t->base.rbuf));
   if (!conn->s.closing)
     tls_recount(conn);
   if (err == GS_EPROTO)
@@ -663,7 +663,7 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
   int err;
 
   if (!admit(t)) {
-    gs__stream_refuse(&t->port, server);
+    gs__stream_refuse(&t->base, server);
     return;
   }
   conn = calloc(1, sizeof(*conn));
@@ -678,7 +678,7 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
   t->unauth_open++;
   mem_count(conn, GS_CONN_BOOKKEEPING, 0);
   idle_touch(conn);
-  (void)gs__stream_init(&conn->s, &t->port); /* a TCP handle cannot fail to initialise */
+  (void)gs__stream_init(&conn->s, &t->base); /* a TCP handle cannot fail to initialise */
   io.ctx = conn;
   err = gs__stream_accept(&conn->s, server, t->tls, true, &io);
   if (err) {
@@ -697,7 +697,7 @@ void gs__conns_accept(gs_conns_t *t, uv_stream_t *server)
 
 static void on_port_closed(gs_stream_port_t *p)
 {
-  gs_conns_t *t = GS_CONTAINER_OF(p, gs_conns_t, port);
+  gs_conns_t *t = GS_CONTAINER_OF(p, gs_conns_t, base);
 
   if (gs__conns_drained(t) && t->cb.on_drained)
     t->cb.on_drained(t->cb.ctx);
@@ -706,7 +706,7 @@ static void on_port_closed(gs_stream_port_t *p)
 void gs__conns_close_all(gs_conns_t *t)
 {
   t->closing = true;
-  gs__stream_port_close(&t->port, on_port_closed);
+  gs__stream_port_close(&t->base, on_port_closed);
   for (uint32_t i = 0; i < t->cap; i++) {
     if (t->slots[i])
       gs__conn_close(t->slots[i], "coordinator shutting down");

@@ -134,7 +134,7 @@ struct gs_conn {
 
 /* Every RPC connection, by id. */
 typedef struct gs_conns {
-  gs_stream_port_t port; /* its read buffer and next-turn queue (stream.h) */
+  gs_stream_port_t base; /* its read buffer and next-turn queue (stream.h) */
   uv_loop_t *loop;
   const gs_log_t *log;
   size_t max_frame;

@@ -18,7 +18,10 @@
  * (then the rest waits for the loop's next turn, so one client cannot hold
  * the loop), and is held, not read, while its unread replies pass its
  * share of the memory budget (gs_http_limits_t.mem); the bytes of a
- * request not parsed yet wait in the connection, counted too. */
+ * request not parsed yet wait in the connection, counted too.
+ *
+ * The connection's socket, TLS session, writes and the end of its write
+ * side are the connection base's (stream.h). */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -35,21 +38,24 @@
 #include "list.h"
 #include "net.h"
 #include "ratelimit.h"
+#include "stream.h"
 
-#define READ_CHUNK (64 * 1024)
 #define MAX_WRITE_QUEUE (16u << 20) /* a client this far behind on replies is dropped */
 #define TURN_REQUESTS 8             /* pipelined requests answered per read, per connection */
 #define HTTP_SHARE 4                /* the HTTP port holds at most this part of the budget */
 #define HOLD_MIN (64u << 10)        /* a connection's share of the budget, at least */
 #define HOLD_MAX (1u << 20)         /* and at most */
-#define WRITE_OVERHEAD 256          /* what a queued write costs besides its bytes */
 #define LINGER_MS 2000              /* wait for the peer's EOF after our last reply */
 #define DEFAULT_TYPE "application/json"
 
 /* A connection is also the handle of the stream it may carry. */
 typedef struct gs_http_stream http_conn_t;
 
+/* The connection of a stream of the base (its first member). */
+#define HCONN_OF(stream) GS_CONTAINER_OF(stream, http_conn_t, s)
+
 struct gs_http_server {
+  gs_stream_port_t base; /* its read buffer and next-turn queue (stream.h) */
   uv_loop_t *loop;
   const gs_log_t *log;
   gs_http_limits_t limits;
@@ -70,25 +76,18 @@ struct gs_http_server {
   gs_tls_ctx_t *tls;     /* borrowed; NULL: plaintext */
   gs_log_limit_t *lines; /* limits.lines, or own_lines */
   gs_log_limit_t own_lines;
-  size_t hold;         /* replies waiting past this hold a connection (gs_http_limits_t.mem) */
-  gs_list_t deferred;  /* connections held for the loop's next turn */
-  uv_idle_t next_turn; /* runs while some are: resumes them */
+  size_t hold; /* replies waiting past this hold a connection (gs_http_limits_t.mem) */
   bool closing;
-  bool listener_closed, next_turn_closed;
-  /* Shared by all connections: the loop is single-threaded and every read
-   * is parsed (and what we keep copied out) before on_read returns. */
-  char rbuf[READ_CHUNK];
+  bool listener_closed;
 };
 
 struct gs_http_stream {
-  uv_tcp_t tcp;
+  gs_stream_t s;    /* first: its socket, peer, TLS session and writes */
   uv_timer_t timer; /* idle timeout, then the linger deadline */
-  uv_shutdown_t shutdown;
   http_parser parser;
   gs_http_server_t *srv;
   http_conn_t *prev, *next;
   gs_list_t quiet_node; /* on srv->quiet while no reply is being written */
-  gs_tls_t *tls;        /* the TLS session, when the server speaks TLS */
   /* The request being parsed. */
   gs_buf_t url, field, auth, body; /* NUL-terminated */
   size_t header_bytes;
@@ -101,36 +100,27 @@ struct gs_http_stream {
   bool in_request; /* its first bytes came, its end has not */
   /* The connection. */
   unsigned handles; /* handles not yet closed */
-  unsigned writes;  /* uv_write requests in flight */
   bool draining;    /* no more requests: flush, shut down, then close */
   bool eof;         /* the peer has shut down its side */
-  bool notified;    /* our TLS close_notify is out */
-  bool closing;
   /* An event stream (gs_http_response_t): open while `streaming`. */
   bool streaming;
   gs_list_t stream_node; /* on srv->streams while streaming */
-  /* Held: not read until its replies drain (`queued` under half the
+  /* Held: not read until its replies drain (held() under half the
    * server's hold) and, when deferred, until the loop's next turn; the
    * input not parsed yet waits in `pending`. */
   bool held;
   unsigned turn_requests; /* answered since this read began */
-  gs_list_t deferred_node;
   gs_buf_t pending;
-  size_t queued; /* bytes of replies waiting to be written, and `pending`, as counted */
   gs_http_stream_fn on_stream_close;
   void *stream_data;
-  char peer[64];
 };
 
-/* One queued response: the buffers must live until the write callback. */
-typedef struct http_write {
-  uv_write_t req;
-  char *body; /* the handler's body; let go of with the request (body_free) */
-  void (*body_release)(void *body_arg);
-  void *body_arg;
-  size_t cost; /* counted in the connection's `queued` and the budget */
-  char head[];
-} http_write_t;
+/* What the connection holds: replies waiting to be written, and the input
+ * not parsed yet, as counted in the budget. */
+static size_t held(const http_conn_t *conn)
+{
+  return conn->s.write_bytes + conn->pending.cap;
+}
 
 /* Lets go of a response's body: the handler's malloc'd one, or its share
  * of one several replies share. */
@@ -151,7 +141,7 @@ static void conn_log(http_conn_t *conn, gs_log_kind_t kind, const char *fmt, ...
   va_list ap;
 
   va_start(ap, fmt);
-  gs__log_limit_vline(conn->srv->lines, uv_now(conn->srv->loop), conn->peer, kind, fmt, ap);
+  gs__log_limit_vline(conn->srv->lines, uv_now(conn->srv->loop), conn->s.peer, kind, fmt, ap);
   va_end(ap);
 }
 
@@ -179,17 +169,16 @@ static void request_reset(http_conn_t *conn)
 
 static void server_maybe_free(gs_http_server_t *srv)
 {
-  if (srv->closing && srv->listener_closed && srv->next_turn_closed && !srv->conns)
+  if (srv->closing && srv->listener_closed && srv->base.next_turn_closed && !srv->conns)
     free(srv);
 }
 
 /* What the connection holds changes by `add` and `sub` bytes: counted in
- * its `queued` and in the memory budget, as the HTTP port's. */
+ * the memory budget, as the HTTP port's. */
 static void mem_count(http_conn_t *conn, size_t add, size_t sub)
 {
   gs_mem_budget_t *mem = conn->srv->limits.mem;
 
-  conn->queued = conn->queued + add - sub;
   if (mem) {
     gs_mem_budget_hold(mem, add, sub);
     mem->http = mem->http + add - sub;
@@ -232,14 +221,14 @@ static void conn_free(http_conn_t *conn)
   gs_buf_free(&conn->body);
   mem_count(conn, 0, conn->pending.cap);
   gs_buf_free(&conn->pending);
-  gs_tls_free(conn->tls);
+  gs_tls_free(conn->s.tls);
   free(conn);
   server_maybe_free(srv);
 }
 
 static void on_conn_handle_close(uv_handle_t *h)
 {
-  http_conn_t *conn = h->data;
+  http_conn_t *conn = HCONN_OF(h->data);
 
   if (--conn->handles == 0)
     conn_free(conn);
@@ -251,7 +240,7 @@ static void on_conn_handle_close(uv_handle_t *h)
 static void quiet_touch(http_conn_t *conn)
 {
   gs_list_remove(&conn->quiet_node);
-  if (!conn->closing && !conn->streaming && conn->writes == 0)
+  if (!conn->s.closing && !conn->streaming && conn->s.writes == 0)
     gs_list_insert_tail(&conn->srv->quiet, &conn->quiet_node);
 }
 
@@ -275,20 +264,19 @@ static void stream_end(http_conn_t *conn)
  * caller may still touch `conn` until it returns to the loop. Idempotent. */
 static void conn_close(http_conn_t *conn)
 {
-  if (conn->closing)
+  if (conn->s.closing)
     return;
-  conn->closing = true;
+  conn->s.closing = true;
   conn->srv->open--;
   stream_end(conn);
   gs_list_remove(&conn->quiet_node);
-  gs_list_remove(&conn->deferred_node);
   uv_close((uv_handle_t *)&conn->timer, on_conn_handle_close);
-  uv_close((uv_handle_t *)&conn->tcp, on_conn_handle_close);
+  gs__stream_close(&conn->s, on_conn_handle_close);
 }
 
 static void on_timer(uv_timer_t *t)
 {
-  http_conn_t *conn = t->data;
+  http_conn_t *conn = HCONN_OF(t->data);
 
   if (!conn->draining)
     conn_log(conn, GS_LOG_KIND_HTTP_IDLE, "idle for %llu ms; closing",
@@ -298,16 +286,8 @@ static void on_timer(uv_timer_t *t)
 
 static void timer_restart(http_conn_t *conn, uint64_t ms)
 {
-  if (ms && !conn->closing)
+  if (ms && !conn->s.closing)
     uv_timer_start(&conn->timer, on_timer, ms, 0);
-}
-
-static void on_shutdown(uv_shutdown_t *req, int status)
-{
-  http_conn_t *conn = req->handle->data;
-
-  if (status < 0)
-    conn_close(conn);
 }
 
 /* Every reply is flushed: send our FIN and give the peer a short while to
@@ -316,15 +296,11 @@ static void conn_linger(http_conn_t *conn)
 {
   uint64_t idle = conn->srv->limits.idle_timeout_ms;
 
-  /* A TLS session ends with a close_notify first; once it is written,
-   * on_write comes back here. */
-  if (conn->tls && !conn->eof && !conn->notified) {
-    conn->notified = true;
-    gs_tls_shutdown(conn->tls);
-    if (conn->writes || conn->closing)
-      return;
-  }
-  if (conn->eof || uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, on_shutdown)) {
+  /* A TLS session ends with a close_notify first (unless the peer ended
+   * it); once it is written, on_written comes back here. */
+  if (!conn->eof && gs__stream_notify(&conn->s))
+    return;
+  if (conn->eof || gs__stream_shutdown(&conn->s)) {
     conn_close(conn);
     return;
   }
@@ -334,81 +310,55 @@ static void conn_linger(http_conn_t *conn)
 /* Ends the connection once its queued replies are written. */
 static void conn_drain(http_conn_t *conn)
 {
-  if (conn->closing || conn->draining)
+  if (conn->s.closing || conn->draining)
     return;
   conn->draining = true;
   conn->in_request = false;
   quiet_touch(conn);
-  if (conn->writes == 0)
+  if (conn->s.writes == 0)
     conn_linger(conn);
 }
 
 static void resume(http_conn_t *conn);
 
-static void on_write(uv_write_t *req, int status)
+/* A queued write ended: a connection owing no more replies is quiet
+ * again, and a draining one lingers. */
+static void on_written(gs_stream_t *s, int status, bool last)
 {
-  http_write_t *w = (http_write_t *)req;
-  http_conn_t *conn = req->handle->data;
+  http_conn_t *conn = HCONN_OF(s);
 
-  conn->writes--;
-  mem_count(conn, 0, w->cost);
-  body_free(w->body, w->body_release, w->body_arg);
-  free(w);
-  if (conn->writes == 0)
+  (void)last;
+  if (conn->s.writes == 0)
     quiet_touch(conn);
   if (status < 0) {
     /* Later writes fail the same way, or are cancelled: log only the first. */
-    if (!conn->closing)
+    if (!conn->s.closing)
       conn_log(conn, GS_LOG_KIND_HTTP_IO, "write failed: %s", uv_strerror(status));
     conn_close(conn);
-  } else if (conn->draining && conn->writes == 0 && !conn->closing) {
+  } else if (conn->draining && conn->s.writes == 0 && !conn->s.closing) {
     conn_linger(conn);
   } else {
     resume(conn); /* its replies drained: what it asked for since is read */
   }
 }
 
+/* A write that had to wait: the connection owes a reply, so the cap does
+ * not close it for room. */
+static void note_queued(http_conn_t *conn, int written)
+{
+  if (written == GS_STREAM_QUEUED)
+    gs_list_remove(&conn->quiet_node);
+}
+
 /* Writes bytes as they are (a TLS session's ciphertext, or a reply in
- * plain text to a client that spoke no TLS): at once when the socket
- * takes them, else from a copy in a queued write. False when the
- * connection had to close. */
+ * plain text to a client that spoke no TLS). False when the connection
+ * had to close. */
 static bool write_raw(http_conn_t *conn, const uint8_t *data, size_t len)
 {
-  uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
-  uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
-  http_write_t *w;
-  int sent;
+  int written = gs__stream_write_bytes(&conn->s, data, len, false);
 
-  if (conn->closing)
-    return false;
-  sent = uv_try_write(stream, &b, 1);
-  if (sent == UV_EAGAIN || sent == UV_ENOSYS)
-    sent = 0;
-  if (sent < 0)
-    goto out_close;
-  if ((size_t)sent == len)
-    return true;
-  if (!mem_allows(conn, len - (size_t)sent + WRITE_OVERHEAD, "a reply's bytes"))
-    return false;
-  w = malloc(sizeof(*w) + len - (size_t)sent);
-  if (!w)
-    goto out_close;
-  w->body = NULL;
-  w->cost = len - (size_t)sent + WRITE_OVERHEAD;
-  memcpy(w->head, data + sent, len - (size_t)sent);
-  b = uv_buf_init(w->head, (unsigned)(len - (size_t)sent));
-  if (uv_write(&w->req, stream, &b, 1, on_write)) {
-    free(w);
-    goto out_close;
-  }
-  mem_count(conn, w->cost, 0);
-  conn->writes++;
-  gs_list_remove(&conn->quiet_node); /* owes a reply: not to be closed for room */
-  return true;
-
-out_close:
-  conn_close(conn);
-  return false;
+  note_queued(conn, written);
+  return written >= 0;
 }
 
 static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
@@ -419,14 +369,14 @@ static bool tls_cipher(void *ctx, const uint8_t *data, size_t len, bool more)
 
 /* A response through the TLS session: head and body encrypted, the
  * ciphertext written as it comes. Takes res->body. */
-static void send_response_tls(http_conn_t *conn, http_write_t *w, const gs_http_response_t *res,
+static void send_response_tls(http_conn_t *conn, char *head, const gs_http_response_t *res,
                               bool with_body)
 {
-  int err = gs_tls_output(conn->tls, (const uint8_t *)w->head, strlen(w->head));
+  int err = gs_tls_output(conn->s.tls, (const uint8_t *)head, strlen(head));
 
   if (!err && with_body && res->body_len)
-    err = gs_tls_output(conn->tls, (const uint8_t *)res->body, res->body_len);
-  free(w);
+    err = gs_tls_output(conn->s.tls, (const uint8_t *)res->body, res->body_len);
+  free(head);
   body_free(res->body, res->body_release, res->body_arg);
   if (err)
     conn_close(conn);
@@ -460,9 +410,9 @@ static bool response_is_valid(const gs_http_response_t *res)
   return !res->headers || headers_are_valid(res->headers);
 }
 
-/* Formats the status line and headers into a new write request. A
+/* Formats the status line and headers (the caller frees them). A
  * stream's head has no Content-Length: its body ends with the connection. */
-static http_write_t *response_head(const gs_http_response_t *res, bool close)
+static char *response_head(const gs_http_response_t *res, bool close)
 {
   static const char fmt[] = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s%s"
                             "Connection: %s\r\n%s%s%s%s\r\n";
@@ -475,22 +425,20 @@ static http_write_t *response_head(const gs_http_response_t *res, bool close)
   const char *allow_name = res->allow ? "Allow: " : "";
   const char *allow = res->allow ? res->allow : "";
   const char *allow_end = res->allow ? "\r\n" : "";
-  http_write_t *w;
-  int n;
+  char *head;
 
   snprintf(length, sizeof(length), "%zu", res->body_len);
-  n = snprintf(NULL, 0, fmt, res->status, reason, type, sized ? "Content-Length: " : "",
+  if (asprintf(&head, fmt, res->status, reason, type, sized ? "Content-Length: " : "",
                sized ? length : "", sized ? "\r\n" : "", conn_hdr, allow_name, allow, allow_end,
-               extra);
-  if (n < 0)
+               extra) < 0)
     return NULL;
-  w = malloc(sizeof(*w) + (size_t)n + 1);
-  if (!w)
-    return NULL;
-  w->cost = 0;
-  snprintf(w->head, (size_t)n + 1, fmt, res->status, reason, type, sized ? "Content-Length: " : "",
-           sized ? length : "", sized ? "\r\n" : "", conn_hdr, allow_name, allow, allow_end, extra);
-  return w;
+  return head;
+}
+
+/* Lets go of a response's body once written (stream.h's release). */
+static void release_body(void *body)
+{
+  free(body);
 }
 
 /* Queues one response and takes ownership of res->body. `with_body` is
@@ -498,71 +446,42 @@ static http_write_t *response_head(const gs_http_response_t *res, bool close)
 static void send_response(http_conn_t *conn, const gs_http_response_t *res, bool with_body,
                           bool close)
 {
-  uv_stream_t *stream = (uv_stream_t *)&conn->tcp;
   uv_buf_t bufs[2];
-  unsigned nbufs;
-  http_write_t *w;
-  int sent;
+  char *head;
+  int written;
 
-  if (conn->closing)
+  if (conn->s.closing)
     goto out_free_body;
-  if (uv_stream_get_write_queue_size(stream) > MAX_WRITE_QUEUE) {
+  if (uv_stream_get_write_queue_size((uv_stream_t *)&conn->s.tcp) > MAX_WRITE_QUEUE) {
     conn_log(conn, GS_LOG_KIND_HTTP_LIMIT, "is not reading its replies; closing");
     goto out_close;
   }
-  w = response_head(res, close);
-  if (!w) {
+  head = response_head(res, close);
+  if (!head) {
     gs_log(conn->srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory replying to %s",
-           conn->peer);
+           conn->s.peer);
     goto out_close;
   }
-  if (conn->tls) {
-    send_response_tls(conn, w, res, with_body);
+  if (conn->s.tls) {
+    send_response_tls(conn, head, res, with_body);
     return;
   }
-  w->body = res->body;
-  w->body_release = res->body_release;
-  w->body_arg = res->body_arg;
-  bufs[0] = uv_buf_init(w->head, (unsigned)strlen(w->head));
-  bufs[1].base = res->body;
-  bufs[1].len = res->body_len;
-  nbufs = with_body && res->body_len ? 2 : 1;
-  /* Most replies fit in the socket buffer: written at once, they need no
-   * write request, callback or epoll change. The rest is queued. */
-  sent = uv_try_write(stream, bufs, nbufs);
-  if (sent == UV_EAGAIN || sent == UV_ENOSYS)
-    sent = 0;
-  if (sent < 0) {
-    free(w);
-    goto out_close;
+  if (!with_body || !res->body_len) {
+    body_free(res->body, res->body_release, res->body_arg);
+    bufs[0] = uv_buf_init(head, (unsigned)strlen(head));
+    written = gs__stream_write(&conn->s, bufs, 1, NULL, NULL, 0, false);
+  } else {
+    /* The body is held, never copied, until written (a shared body is
+     * counted once, by its owner). */
+    bufs[0] = uv_buf_init(head, (unsigned)strlen(head));
+    bufs[1] = uv_buf_init(res->body, (unsigned)res->body_len);
+    written =
+        gs__stream_write(&conn->s, bufs, 2, res->body_release ? res->body_release : release_body,
+                         res->body_release ? res->body_arg : res->body,
+                         res->body_release ? 0 : res->body_len, false);
   }
-  for (unsigned i = 0; i < nbufs; i++) {
-    size_t skip = (size_t)sent < bufs[i].len ? (size_t)sent : bufs[i].len;
-
-    bufs[i].base += skip;
-    bufs[i].len -= skip;
-    sent -= (int)skip;
-  }
-  if (bufs[nbufs - 1].len == 0) {
-    body_free(w->body, w->body_release, w->body_arg);
-    free(w);
-    return;
-  }
-  /* What waits: the head and the body, held whole until written (a shared
-   * body is counted once, by its owner). */
-  w->cost = strlen(w->head) + (res->body_release ? 0 : res->body_len) + WRITE_OVERHEAD;
-  if (!mem_allows(conn, w->cost, "a reply")) {
-    body_free(w->body, w->body_release, w->body_arg);
-    free(w);
-    return;
-  }
-  if (uv_write(&w->req, stream, bufs[0].len ? bufs : bufs + 1, bufs[0].len ? nbufs : 1, on_write)) {
-    free(w);
-    goto out_close;
-  }
-  mem_count(conn, w->cost, 0);
-  conn->writes++;
-  gs_list_remove(&conn->quiet_node); /* owes a reply: not to be closed for room */
+  free(head); /* what waits of it was copied */
+  note_queued(conn, written);
   return;
 
 out_close:
@@ -713,7 +632,7 @@ static void stream_start(http_conn_t *conn, const gs_http_response_t *res, bool 
 {
   gs_http_server_t *srv = conn->srv;
 
-  if (!with_body || res->status != 200 || conn->closing || conn->draining) {
+  if (!with_body || res->status != 200 || conn->s.closing || conn->draining) {
     res->on_stream_close(res->stream_data, NULL);
     return;
   }
@@ -734,7 +653,7 @@ static int on_message_complete(http_parser *p)
   gs_http_request_t req = {
       .method = http_method_str((enum http_method)p->method),
       .authorization = conn->has_auth ? gs_buf_str(&conn->auth) : NULL,
-      .peer = conn->peer,
+      .peer = conn->s.peer,
       .body = gs_buf_str(&conn->body),
       .body_len = conn->body.len,
   };
@@ -765,14 +684,14 @@ static int on_message_complete(http_parser *p)
   /* Stop at this request if the connection is ending (the handler may
    * even have closed the server) or streams; otherwise the idle clock
    * starts again. */
-  if (conn->draining || conn->closing || conn->streaming) {
+  if (conn->draining || conn->s.closing || conn->streaming) {
     http_parser_pause(p, 1);
     return 0;
   }
   timer_restart(conn, srv->limits.idle_timeout_ms);
   /* Held: its replies wait unread past its share, or it asked for as many
    * as a turn answers; the rest of its input waits (take_bytes). */
-  if (conn->queued > srv->hold || ++conn->turn_requests >= TURN_REQUESTS) {
+  if (held(conn) > srv->hold || ++conn->turn_requests >= TURN_REQUESTS) {
     conn->held = true;
     http_parser_pause(p, 1);
   }
@@ -812,14 +731,6 @@ static void reject_request(http_conn_t *conn, enum http_errno err)
   send_error(conn, status, why);
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-  http_conn_t *conn = h->data;
-
-  (void)suggested;
-  *buf = uv_buf_init(conn->srv->rbuf, sizeof(conn->srv->rbuf));
-}
-
 /* Keeps input not parsed yet while the connection is held, within the
  * budget; false if that closed it. */
 static bool keep_pending(http_conn_t *conn, const uint8_t *data, size_t len)
@@ -838,19 +749,12 @@ static bool keep_pending(http_conn_t *conn, const uint8_t *data, size_t len)
   return true;
 }
 
-static void on_next_turn(uv_idle_t *idle);
-
 /* Held for the loop's next turn (it asked for more than a turn answers,
- * and its replies are not what holds it): the server's idle handle
- * resumes it then. */
+ * and its replies are not what holds it): resumed then (on_next_turn). */
 static void defer(http_conn_t *conn)
 {
-  gs_http_server_t *srv = conn->srv;
-
-  if (conn->queued > srv->hold || gs_list_linked(&conn->deferred_node))
-    return;
-  gs_list_insert_tail(&srv->deferred, &conn->deferred_node);
-  uv_idle_start(&srv->next_turn, on_next_turn);
+  if (held(conn) <= conn->srv->hold)
+    gs__stream_defer(&conn->s);
 }
 
 /* Parses request bytes; false once the connection stops taking requests
@@ -861,12 +765,12 @@ static bool take_bytes(http_conn_t *conn, const uint8_t *data, size_t len)
   size_t used;
 
   used = http_parser_execute(&conn->parser, &parser_settings, (const char *)data, len);
-  if (conn->draining || conn->closing || conn->streaming)
+  if (conn->draining || conn->s.closing || conn->streaming)
     return false;
   err = HTTP_PARSER_ERRNO(&conn->parser);
   if (err == HPE_PAUSED && conn->held) {
     if (keep_pending(conn, data + used, len - used)) {
-      uv_read_stop((uv_stream_t *)&conn->tcp);
+      uv_read_stop((uv_stream_t *)&conn->s.tcp);
       defer(conn);
     }
     return false;
@@ -901,13 +805,13 @@ _Static_assert(sizeof(PLAIN_HTTP_BODY) - 1 == 59, "plain_http_reply's Content-Le
 static void tls_failed(http_conn_t *conn)
 {
   gs_http_server_t *srv = conn->srv;
-  bool http = gs_tls_peer_plain_http(conn->tls);
+  bool http = gs_tls_peer_plain_http(conn->s.tls);
 
   if (http)
     gs_log(srv->log, GS_LOG_DEBUG, NULL, -1, "http: %s sent plain http to the https port: 400",
-           conn->peer);
+           conn->s.peer);
   else
-    conn_log(conn, GS_LOG_KIND_HTTP_TLS, "TLS handshake failed: %s", gs_tls_error(conn->tls));
+    conn_log(conn, GS_LOG_KIND_HTTP_TLS, "TLS handshake failed: %s", gs_tls_error(conn->s.tls));
   if (http && write_raw(conn, (const uint8_t *)plain_http_reply, sizeof(plain_http_reply) - 1))
     conn_drain(conn);
   else
@@ -920,7 +824,7 @@ static void end_of_input(http_conn_t *conn)
 {
   conn->eof = true;
   stream_end(conn);
-  if (conn->draining && conn->writes == 0)
+  if (conn->draining && conn->s.writes == 0)
     conn_close(conn);
   else
     conn_drain(conn);
@@ -930,9 +834,10 @@ static void end_of_input(http_conn_t *conn)
  * buffer (the session copied the ciphertext out of it first). */
 static void tls_read(http_conn_t *conn, const uint8_t *data, size_t len)
 {
-  int err = gs_tls_input(conn->tls, data, len, (uint8_t *)conn->srv->rbuf, sizeof(conn->srv->rbuf));
+  gs_stream_port_t *port = &conn->srv->base;
+  int err = gs_tls_input(conn->s.tls, data, len, port->rbuf, sizeof(port->rbuf));
 
-  if (err == GS_EPROTO && !conn->draining && !conn->closing)
+  if (err == GS_EPROTO && !conn->draining && !conn->s.closing)
     tls_failed(conn);
   else if (err == GS_ECLOSED)
     end_of_input(conn); /* its close_notify: it sends no more, and reads no reply to ours */
@@ -946,7 +851,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
  * drained to half its share since they passed it (resume's rule). */
 static bool behind_on_replies(const http_conn_t *conn)
 {
-  return conn->held && !conn->closing && conn->queued > conn->srv->hold / 2;
+  return conn->held && !conn->s.closing && held(conn) > conn->srv->hold / 2;
 }
 
 /* A held connection whose replies drained to half its share, in a later
@@ -957,9 +862,10 @@ static void resume(http_conn_t *conn)
   gs_buf_t waited = conn->pending;
   bool more = true;
 
-  if (!conn->held || conn->closing || conn->draining || conn->streaming || behind_on_replies(conn))
+  if (!conn->held || conn->s.closing || conn->draining || conn->streaming ||
+      behind_on_replies(conn))
     return;
-  gs_list_remove(&conn->deferred_node);
+  gs__stream_undefer(&conn->s);
   conn->held = false;
   conn->turn_requests = 0;
   http_parser_pause(&conn->parser, 0);
@@ -968,33 +874,45 @@ static void resume(http_conn_t *conn)
   if (waited.len)
     more = take_bytes(conn, waited.data, waited.len);
   gs_buf_free(&waited);
-  if (more && conn->tls)
+  if (more && conn->s.tls)
     tls_read(conn, NULL, 0); /* what the session decrypted no further meanwhile */
-  if (!conn->held && !conn->closing && !conn->draining && !conn->streaming)
-    uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+  if (!conn->held && !conn->s.closing && !conn->draining && !conn->streaming)
+    uv_read_start((uv_stream_t *)&conn->s.tcp, gs__stream_alloc, on_read);
 }
 
-/* The loop's next turn: the connections deferred in the last one. */
-static void on_next_turn(uv_idle_t *idle)
+/* The loop's next turn, for a connection deferred in the last one. */
+static void on_next_turn(gs_stream_t *s)
 {
-  gs_http_server_t *srv = idle->data;
-  gs_list_t turn;
-
-  gs_list_init(&turn);
-  gs_list_move_all(&turn, &srv->deferred); /* those deferred again wait for the next */
-  while (!gs_list_empty(&turn)) {
-    http_conn_t *conn = GS_CONTAINER_OF(turn.next, http_conn_t, deferred_node);
-
-    gs_list_remove(&conn->deferred_node);
-    resume(conn);
-  }
-  if (gs_list_empty(&srv->deferred))
-    uv_idle_stop(idle);
+  resume(HCONN_OF(s));
 }
+
+static bool may_hold(gs_stream_t *s, size_t more, const char *what)
+{
+  return mem_allows(HCONN_OF(s), more, what);
+}
+
+static void count_writes(gs_stream_t *s, size_t add, size_t sub)
+{
+  mem_count(HCONN_OF(s), add, sub);
+}
+
+static void stream_close(gs_stream_t *s, const char *why)
+{
+  (void)why;
+  conn_close(HCONN_OF(s));
+}
+
+static const gs_stream_ops_t stream_ops = {
+    .may_hold = may_hold,
+    .count = count_writes,
+    .on_written = on_written,
+    .close = stream_close,
+    .on_next_turn = on_next_turn,
+};
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
-  http_conn_t *conn = s->data;
+  http_conn_t *conn = HCONN_OF(s->data);
 
   if (nread < 0) {
     if (nread != UV_EOF) {
@@ -1007,10 +925,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   }
   /* Bytes after the last request we answer (or one that opened a
    * stream) are read only to be dropped. */
-  if (nread == 0 || conn->draining || conn->closing || conn->streaming)
+  if (nread == 0 || conn->draining || conn->s.closing || conn->streaming)
     return;
   conn->turn_requests = 0;
-  if (conn->tls)
+  if (conn->s.tls)
     tls_read(conn, (const uint8_t *)buf->base, (size_t)nread);
   else
     take_bytes(conn, (const uint8_t *)buf->base, (size_t)nread);
@@ -1023,16 +941,15 @@ static http_conn_t *conn_new(gs_http_server_t *srv)
 
   if (!conn)
     return NULL;
-  if (uv_tcp_init(srv->loop, &conn->tcp)) {
+  if (gs__stream_init(&conn->s, &srv->base)) {
     free(conn);
     return NULL;
   }
   uv_timer_init(srv->loop, &conn->timer);
-  conn->tcp.data = conn->timer.data = conn;
+  conn->timer.data = &conn->s;
   conn->handles = 2;
   gs_list_init(&conn->quiet_node);
   gs_list_init(&conn->stream_node);
-  gs_list_init(&conn->deferred_node);
   conn->srv = srv;
   http_parser_init(&conn->parser, HTTP_REQUEST);
   conn->parser.data = conn;
@@ -1068,7 +985,7 @@ static http_conn_t *furthest_behind(gs_http_server_t *srv)
   http_conn_t *worst = NULL;
 
   for (http_conn_t *conn = srv->conns; conn; conn = conn->next)
-    if (behind_on_replies(conn) && (!worst || conn->queued > worst->queued))
+    if (behind_on_replies(conn) && (!worst || held(conn) > held(worst)))
       worst = conn;
   return worst;
 }
@@ -1121,7 +1038,7 @@ static bool make_room(gs_http_server_t *srv)
     gs_log(srv->log, GS_LOG_WARN, NULL, -1,
            "http: %zu connections (--max-http-connections): closing %s, the %s, to admit a new "
            "one (%llu closed so far; %u such lines held back)",
-           srv->open, old->peer,
+           srv->open, old->s.peer,
            old->streaming           ? "oldest event stream"
            : behind_on_replies(old) ? "one furthest behind on its replies"
            : old->in_request        ? "one whose request began first"
@@ -1129,26 +1046,6 @@ static bool make_room(gs_http_server_t *srv)
            (unsigned long long)srv->evicted, held_back);
   conn_close(old);
   return true;
-}
-
-static void free_refused(uv_handle_t *h)
-{
-  free(h);
-}
-
-/* Takes the pending connection off the listener and closes it at once,
- * so that the kernel's queue does not fill (libuv stops watching a
- * listener whose connection was not accepted). */
-static void refuse_connection(gs_http_server_t *srv, uv_stream_t *server)
-{
-  uv_tcp_t *refused = calloc(1, sizeof(*refused));
-
-  if (refused && uv_tcp_init(srv->loop, refused) == 0) {
-    (void)uv_accept(server, (uv_stream_t *)refused);
-    uv_close((uv_handle_t *)refused, free_refused);
-  } else {
-    free(refused);
-  }
 }
 
 /* Reads once, without waiting, what arrived with a connection just
@@ -1164,19 +1061,20 @@ static void read_arrived(http_conn_t *conn)
   uv_buf_t buf;
   ssize_t n;
 
-  if (uv_fileno((const uv_handle_t *)&conn->tcp, &fd))
+  if (uv_fileno((const uv_handle_t *)&conn->s.tcp, &fd))
     return;
-  on_alloc((uv_handle_t *)&conn->tcp, READ_CHUNK, &buf);
+  gs__stream_alloc((uv_handle_t *)&conn->s.tcp, GS_STREAM_READ_CHUNK, &buf);
   n = recv(fd, buf.base, buf.len, MSG_DONTWAIT);
   if (n > 0)
-    on_read((uv_stream_t *)&conn->tcp, n, &buf);
+    on_read((uv_stream_t *)&conn->s.tcp, n, &buf);
   else if (n == 0)
-    on_read((uv_stream_t *)&conn->tcp, UV_EOF, &buf);
+    on_read((uv_stream_t *)&conn->s.tcp, UV_EOF, &buf);
 }
 
 static void on_connection(uv_stream_t *server, int status)
 {
   gs_http_server_t *srv = server->data;
+  gs_tls_io_t io = {.on_plain = tls_plain, .on_cipher = tls_cipher};
   http_conn_t *conn;
   int err;
 
@@ -1185,7 +1083,7 @@ static void on_connection(uv_stream_t *server, int status)
     return;
   }
   if (srv->limits.max_connections && srv->open >= srv->limits.max_connections && !make_room(srv)) {
-    refuse_connection(srv, server);
+    gs__stream_refuse(&srv->base, server);
     return;
   }
   conn = conn_new(srv);
@@ -1193,25 +1091,19 @@ static void on_connection(uv_stream_t *server, int status)
     gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory accepting a connection");
     return;
   }
-  err = uv_accept(server, (uv_stream_t *)&conn->tcp);
+  io.ctx = conn;
+  err = gs__stream_accept(&conn->s, server, srv->tls, false, &io);
+  if (err == GS_ENOMEM) {
+    gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory for a TLS session");
+    conn_close(conn);
+    return;
+  }
   if (!err)
-    err = uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read);
+    err = uv_read_start((uv_stream_t *)&conn->s.tcp, gs__stream_alloc, on_read);
   if (err) {
     accept_failed(srv, err);
     conn_close(conn);
     return;
-  }
-  uv_tcp_nodelay(&conn->tcp, 1);
-  gs_tcp_peer_name(&conn->tcp, conn->peer, sizeof(conn->peer));
-  if (srv->tls) {
-    gs_tls_io_t io = {.ctx = conn, .on_plain = tls_plain, .on_cipher = tls_cipher};
-
-    conn->tls = gs__tls_new(srv->tls, false, &io);
-    if (!conn->tls) {
-      gs_log(srv->log, GS_LOG_ERROR, NULL, -1, "http: out of memory for a TLS session");
-      conn_close(conn);
-      return;
-    }
   }
   timer_restart(conn, srv->limits.idle_timeout_ms);
   if (srv->limits.max_connections && 2 * srv->open >= srv->limits.max_connections)
@@ -1250,9 +1142,7 @@ gs_http_server_t *gs_http_server_new(uv_loop_t *loop, const gs_log_t *log,
   srv->listener.data = srv;
   gs_list_init(&srv->quiet);
   gs_list_init(&srv->streams);
-  gs_list_init(&srv->deferred);
-  uv_idle_init(loop, &srv->next_turn);
-  srv->next_turn.data = srv;
+  gs__stream_port_init(&srv->base, loop, &stream_ops);
   srv->hold = HOLD_MAX;
   if (limits->mem) { /* a quarter of the budget over the connections */
     size_t share =
@@ -1299,22 +1189,22 @@ int gs_http_stream_write(gs_http_stream_t *conn, const char *data, size_t len)
 {
   size_t queued;
 
-  if (!conn->streaming || conn->closing)
+  if (!conn->streaming || conn->s.closing)
     return GS_ECLOSED;
-  queued = uv_stream_get_write_queue_size((uv_stream_t *)&conn->tcp);
+  queued = uv_stream_get_write_queue_size((uv_stream_t *)&conn->s.tcp);
   if (queued >= GS_HTTP_STREAM_BACKLOG) {
     conn_log(conn, GS_LOG_KIND_HTTP_LIMIT,
              "is not reading its event stream (%zu bytes queued); closing", queued);
     conn_close(conn);
     return GS_ELIMIT;
   }
-  if (conn->tls) {
-    if (gs_tls_output(conn->tls, (const uint8_t *)data, len))
+  if (conn->s.tls) {
+    if (gs_tls_output(conn->s.tls, (const uint8_t *)data, len))
       conn_close(conn);
   } else {
     write_raw(conn, (const uint8_t *)data, len);
   }
-  return conn->closing ? GS_ECLOSED : 0;
+  return conn->s.closing ? GS_ECLOSED : 0;
 }
 
 static void on_listener_close(uv_handle_t *h)
@@ -1325,12 +1215,9 @@ static void on_listener_close(uv_handle_t *h)
   server_maybe_free(srv);
 }
 
-static void on_next_turn_close(uv_handle_t *h)
+static void on_port_closed(gs_stream_port_t *p)
 {
-  gs_http_server_t *srv = h->data;
-
-  srv->next_turn_closed = true;
-  server_maybe_free(srv);
+  server_maybe_free(GS_CONTAINER_OF(p, gs_http_server_t, base));
 }
 
 void gs_http_server_close(gs_http_server_t *srv)
@@ -1343,7 +1230,7 @@ void gs_http_server_close(gs_http_server_t *srv)
    * callbacks run: what they held is no longer counted. */
   srv->limits.mem = NULL;
   uv_close((uv_handle_t *)&srv->listener, on_listener_close);
-  uv_close((uv_handle_t *)&srv->next_turn, on_next_turn_close);
+  gs__stream_port_close(&srv->base, on_port_closed);
   for (http_conn_t *conn = srv->conns; conn; conn = conn->next)
     conn_close(conn);
 }
