@@ -11,6 +11,7 @@
 #include "clock.h"
 #include "harness.h"
 #include "node_beats.h"
+#include "runner.h"
 
 #define OK 0
 
@@ -2277,13 +2278,4 @@ static Suite *coordinator_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(coordinator_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {coordinator_suite}};
