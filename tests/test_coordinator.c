@@ -885,6 +885,32 @@ START_TEST(metrics_text)
 }
 END_TEST
 
+/* One HTTP call of a table and what it must answer: the status, pieces
+ * its body must hold and pieces it must not. */
+struct http_call {
+  const char *method, *path, *headers, *body;
+  int code;
+  const char *has[3], *lacks[2];
+};
+
+/* Makes the call of row `k` and checks its answer; a failure names the
+ * row and says what came back. */
+static void expect_http(const struct http_call *k)
+{
+  char *body;
+  int code = th_http(coord.http_port, k->method, k->path, k->headers, k->body, &body);
+
+  ck_assert_msg(code == k->code, "%s %s [%s] %s: answered %d, not %d: %s", k->method, k->path,
+                k->headers ? k->headers : "", k->body ? k->body : "", code, k->code, body);
+  for (int i = 0; i < 3 && k->has[i]; i++)
+    ck_assert_msg(strstr(body, k->has[i]), "%s %s [%s] %s: no %s in %s", k->method, k->path,
+                  k->headers ? k->headers : "", k->body ? k->body : "", k->has[i], body);
+  for (int i = 0; i < 2 && k->lacks[i]; i++)
+    ck_assert_msg(!strstr(body, k->lacks[i]), "%s %s: %s in %s", k->method, k->path, k->lacks[i],
+                  body);
+  free(body);
+}
+
 /* The control body is read strictly: a field given twice (which copy
  * would win?) or a string holding a NUL (where would it end?) is a 400,
  * and nothing is applied; an escaped backslash before "u0000" is text. */
@@ -954,6 +980,24 @@ END_TEST
 
 START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
 {
+  static const char ctl[] = "/jobs/c/control", five[] = "{\"bcast_period\": 5}",
+                    bearer[] = "Authorization: Bearer tok\r\n";
+  /* In order: refused until the token is right; then the good ones apply. */
+  static const struct http_call calls[] = {
+      {"POST", ctl, NULL, five, .code = 401},
+      {"POST", ctl, "Authorization: Bearer nope\r\n", five, .code = 401},
+      {"POST", ctl, "Authorization: Basic tok\r\n", five, .code = 401},
+      {"POST", ctl, "Authorization: Bearertok\r\n", five, .code = 401},
+      /* RFC 7235: the scheme is case-insensitive, and may be followed by several spaces. */
+      {"POST", ctl, "Authorization: bearer  tok\r\n", five, .code = 200},
+      {"POST", ctl, bearer, "{\"bcast_period\": 5", .code = 400, .has = {"\"error\""}},
+      {"POST", ctl, bearer, "{\"bcast_period\": -2}", .code = 400},
+      {"POST", ctl, bearer, "{\"action\": \"dance\"}", .code = 400},
+      {"GET", ctl, NULL, NULL, .code = 405},
+      {"POST", "/jobs/zz/control", bearer, "{\"action\": \"stop\"}", .code = 404},
+      {"POST", ctl, bearer, "{\"bcast_period\": 5, \"action\": \"checkpoint\"}", .code = 200},
+      {"POST", ctl, bearer, "{\"action\": \"stop\"}", .code = 200},
+  };
   th_client_t cl[2];
   gradsync_JoinResponse resp[2] = {0};
   gradsync_HeartbeatResponse hb;
@@ -969,55 +1013,8 @@ START_TEST(control_endpoint_needs_token_and_reaches_heartbeats)
                              gradsync_JoinResponse_fields, &resp[0], NULL, 0),
                      OK);
   }
-  ck_assert_int_eq(
-      th_http(coord.http_port, "POST", "/jobs/c/control", NULL, "{\"bcast_period\": 5}", &body),
-      401);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearer nope\r\n", "{\"bcast_period\": 5}", &body),
-                   401);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Basic tok\r\n", "{\"bcast_period\": 5}", &body),
-                   401);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearertok\r\n", "{\"bcast_period\": 5}", &body),
-                   401);
-  free(body);
-  /* RFC 7235: the scheme is case-insensitive, and may be followed by several spaces. */
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: bearer  tok\r\n", "{\"bcast_period\": 5}", &body),
-                   200);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearer tok\r\n", "{\"bcast_period\": 5", &body),
-                   400);
-  ck_assert_ptr_nonnull(strstr(body, "\"error\""));
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearer tok\r\n", "{\"bcast_period\": -2}", &body),
-                   400);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearer tok\r\n", "{\"action\": \"dance\"}", &body),
-                   400);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/c/control", NULL, NULL, &body), 405);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/zz/control",
-                           "Authorization: Bearer tok\r\n", "{\"action\": \"stop\"}", &body),
-                   404);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearer tok\r\n",
-                           "{\"bcast_period\": 5, \"action\": \"checkpoint\"}", &body),
-                   200);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "POST", "/jobs/c/control",
-                           "Authorization: Bearer tok\r\n", "{\"action\": \"stop\"}", &body),
-                   200);
-  free(body);
+  for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
+    expect_http(&calls[i]);
   ck_assert_int_eq(heartbeat(&cl[0], "c", 1, 0, 1, &hb), OK);
   ck_assert_int_eq(hb.directives.bcast_period, 5);
   ck_assert_uint_eq(hb.directives.checkpoint_seq, 1);
@@ -1564,46 +1561,30 @@ END_TEST
  * ranks_limit choose it, and ranks_page.next is the next page's path. */
 START_TEST(job_ranks_are_paged)
 {
+  static const struct http_call pages[] = {
+      {"GET", "/jobs/pg?ranks_from=1&ranks_limit=2", .code = 200,
+       .has = {"\"ranks\":[{\"rank\":1,", "{\"rank\":2,",
+               "\"ranks_page\":{\"from\":1,\"limit\":2,\"listed\":2,"
+               "\"next\":\"/jobs/pg?ranks_from=3&ranks_limit=2\"}"},
+       .lacks = {"{\"rank\":3,", "{\"rank\":0,"}},
+      {"GET", "/jobs/pg?ranks_from=3&ranks_limit=2", .code = 200,
+       .has = {"\"listed\":2,\"next\":null"}},
+      {"GET", "/jobs/pg?ranks_from=9", .code = 200,
+       .has = {"\"ranks\":[],", "\"listed\":0,\"next\":null"}},
+      {"GET", "/jobs/pg", .code = 200,
+       .has = {"\"ranks_page\":{\"from\":0,\"limit\":1000,\"listed\":5,"}},
+      /* The job without its ranks: no next page, which would be this one. */
+      {"GET", "/jobs/pg?ranks_limit=0", .code = 200,
+       .has = {"\"ranks\":[],", "\"listed\":0,\"next\":null"}},
+      {"GET", "/jobs/pg?ranks_limit=10001", .code = 400, .has = {"ranks_limit must be"}},
+  };
   th_client_t cl[5];
   gradsync_JoinResponse resp[5];
-  char *body;
 
   th_coord_start(&coord, NULL);
   join_all(cl, resp, false, NULL, 5, "pg");
-  ck_assert_int_eq(
-      th_http(coord.http_port, "GET", "/jobs/pg?ranks_from=1&ranks_limit=2", NULL, NULL, &body),
-      200);
-  ck_assert_msg(strstr(body, "\"ranks\":[{\"rank\":1,") && strstr(body, "{\"rank\":2,") &&
-                    !strstr(body, "{\"rank\":3,") && !strstr(body, "{\"rank\":0,"),
-                "%s", body);
-  ck_assert_msg(strstr(body, "\"ranks_page\":{\"from\":1,\"limit\":2,\"listed\":2,"
-                             "\"next\":\"/jobs/pg?ranks_from=3&ranks_limit=2\"}"),
-                "%s", body);
-  free(body);
-  ck_assert_int_eq(
-      th_http(coord.http_port, "GET", "/jobs/pg?ranks_from=3&ranks_limit=2", NULL, NULL, &body),
-      200);
-  ck_assert_msg(strstr(body, "\"listed\":2,\"next\":null"), "%s", body);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_from=9", NULL, NULL, &body),
-                   200);
-  ck_assert_msg(strstr(body, "\"ranks\":[],") && strstr(body, "\"listed\":0,\"next\":null"), "%s",
-                body);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg", NULL, NULL, &body), 200);
-  ck_assert_msg(strstr(body, "\"ranks_page\":{\"from\":0,\"limit\":1000,\"listed\":5,"), "%s",
-                body);
-  free(body);
-  /* The job without its ranks: no next page, which would be this one. */
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_limit=0", NULL, NULL, &body),
-                   200);
-  ck_assert_msg(strstr(body, "\"ranks\":[],") && strstr(body, "\"listed\":0,\"next\":null"), "%s",
-                body);
-  free(body);
-  ck_assert_int_eq(th_http(coord.http_port, "GET", "/jobs/pg?ranks_limit=10001", NULL, NULL, &body),
-                   400);
-  ck_assert_msg(strstr(body, "ranks_limit must be"), "%s", body);
-  free(body);
+  for (size_t i = 0; i < sizeof(pages) / sizeof(pages[0]); i++)
+    expect_http(&pages[i]);
   for (int i = 0; i < 5; i++)
     th_close(&cl[i]);
   stop_and_check();
