@@ -19,6 +19,7 @@
 
 #include "checkpoint.h"
 #include "scratch.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define HASH 0x0123456789abcdefULL
@@ -1432,15 +1433,5 @@ static Suite *checkpoint_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(checkpoint_suite());
-  int failed;
-
-  ts_begin("test_checkpoint");
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  ts_end();
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {checkpoint_suite},
+                                         .scratch = "test_checkpoint"};

@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "heartbeat.h"
 #include "clock.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 
@@ -1047,13 +1048,4 @@ static Suite *client_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(client_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {client_suite}};

@@ -24,8 +24,10 @@
 #include "half.h"
 #include "clock.h"
 #include "why.h"
+#include "runner.h"
 
-/* Every link on TCP (the suite's second run, see main). */
+/* Every link on TCP: set in each test's process by its suite's fixture
+ * (comm_host_tcp_suite), read by every setup. */
 static bool tcp_only;
 
 #define MAX_W 5
@@ -1305,79 +1307,92 @@ static TCase *tcase(const char *name, const TTest *test, double timeout)
   return tc;
 }
 
-static Suite *comm_host_suite(void)
+static void add_tcase(Suite *s, void (*links)(void), TCase *tc)
 {
-  Suite *s = suite_create("comm_host");
+  tcase_add_checked_fixture(tc, links, NULL);
+  suite_add_tcase(s, tc);
+}
+
+static void links_shm(void)
+{
+  tcp_only = false;
+}
+
+static void links_tcp(void)
+{
+  tcp_only = true;
+}
+
+/* Every case, its links made as `links` says (a checked fixture: it runs in
+ * each test's own process, before the test). */
+static Suite *comm_host_suite(const char *name, void (*links)(void))
+{
+  Suite *s = suite_create(name);
   TCase *tc;
 
   tc = tcase_create("allreduce_float32");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, allreduce_float32, 1, MAX_W + 1);
-  suite_add_tcase(s, tc);
+  add_tcase(s, links, tc);
   tc = tcase_create("reduce_scatter_allgather");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, reduce_scatter_allgather, 1, MAX_W + 1);
-  suite_add_tcase(s, tc);
+  add_tcase(s, links, tc);
   tc = tcase_create("allreduce_paths");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, allreduce_paths, 2, MAX_W + 1);
-  suite_add_tcase(s, tc);
+  add_tcase(s, links, tc);
   tc = tcase_create("ranks_agree_bitwise");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, ranks_agree_bitwise, 2, MAX_W + 1);
-  suite_add_tcase(s, tc);
+  add_tcase(s, links, tc);
   tc = tcase_create("allreduce_half");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, allreduce_half, 2, MAX_W + 1);
-  suite_add_tcase(s, tc);
+  add_tcase(s, links, tc);
   tc = tcase_create("allreduce_float64");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, allreduce_float64, 2, MAX_W + 1);
-  suite_add_tcase(s, tc);
+  add_tcase(s, links, tc);
   tc = tcase_create("broadcast_every_root");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, broadcast_every_root, 1, MAX_W + 1);
-  suite_add_tcase(s, tc);
-  suite_add_tcase(s, tcase("back_to_back", back_to_back, 30));
+  add_tcase(s, links, tc);
+  add_tcase(s, links, tcase("back_to_back", back_to_back, 30));
   tc = tcase_create("abort_unblocks");
   tcase_set_timeout(tc, 10);
   tcase_add_loop_test(tc, abort_unblocks, 0, 2);
-  suite_add_tcase(s, tc);
-  suite_add_tcase(s, tcase("abort_during_init", abort_during_init, 10));
+  add_tcase(s, links, tc);
+  add_tcase(s, links, tcase("abort_during_init", abort_during_init, 10));
   tc = tcase_create("timeout_in_op");
   tcase_set_timeout(tc, 10);
   tcase_add_loop_test(tc, timeout_in_op, 0, 2);
-  suite_add_tcase(s, tc);
-  suite_add_tcase(s, tcase("timeout_in_init", timeout_in_init, 10));
-  suite_add_tcase(s, tcase("peer_death", peer_death, 20));
-  suite_add_tcase(s, tcase("handshake_refuses_strangers", handshake_refuses_strangers, 10));
-  suite_add_tcase(s, tcase("handshake_stale_rank", handshake_stale_rank, 10));
-  suite_add_tcase(s, tcase("unknown_backend", unknown_backend, 10));
-  suite_add_tcase(s, tcase("bad_arguments", bad_arguments, 10));
-  suite_add_tcase(s, tcase("endpoints", endpoints, 10));
-  suite_add_tcase(s, tcase("signal_ends_connecting", signal_ends_connecting, 10));
-  suite_add_tcase(s, tcase("unreachable_peer", unreachable_peer_fails_within_connect_timeout, 10));
-  suite_add_tcase(s, tcase("ipv6_loopback", ipv6_loopback, 10));
-  suite_add_tcase(s, tcase("transport_as_configured", transport_as_configured, 10));
-  suite_add_tcase(s, tcase("shm_kill_leaks_nothing", shm_kill_leaks_nothing, 30));
+  add_tcase(s, links, tc);
+  add_tcase(s, links, tcase("timeout_in_init", timeout_in_init, 10));
+  add_tcase(s, links, tcase("peer_death", peer_death, 20));
+  add_tcase(s, links, tcase("handshake_refuses_strangers", handshake_refuses_strangers, 10));
+  add_tcase(s, links, tcase("handshake_stale_rank", handshake_stale_rank, 10));
+  add_tcase(s, links, tcase("unknown_backend", unknown_backend, 10));
+  add_tcase(s, links, tcase("bad_arguments", bad_arguments, 10));
+  add_tcase(s, links, tcase("endpoints", endpoints, 10));
+  add_tcase(s, links, tcase("signal_ends_connecting", signal_ends_connecting, 10));
+  add_tcase(s, links, tcase("unreachable_peer", unreachable_peer_fails_within_connect_timeout, 10));
+  add_tcase(s, links, tcase("ipv6_loopback", ipv6_loopback, 10));
+  add_tcase(s, links, tcase("transport_as_configured", transport_as_configured, 10));
+  add_tcase(s, links, tcase("shm_kill_leaks_nothing", shm_kill_leaks_nothing, 30));
   return s;
 }
 
 /* The suite runs twice: links through shared memory (the default for ranks
  * on one host), then every link on TCP. */
-int main(void)
+static Suite *comm_host_shm_suite(void)
 {
-  int failed = 0;
-
-  for (int tcp = 0; tcp < 2; tcp++) {
-    SRunner *sr = srunner_create(comm_host_suite());
-
-    tcp_only = tcp; /* every setup's (the tests run in forks of this process) */
-    printf("comm_host over %s\n", tcp ? "TCP" : "shared memory");
-    fflush(stdout);
-    srunner_run_all(sr, CK_NORMAL);
-    failed += srunner_ntests_failed(sr);
-    srunner_free(sr);
-  }
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return comm_host_suite("comm_host_shm", links_shm);
 }
+
+static Suite *comm_host_tcp_suite(void)
+{
+  return comm_host_suite("comm_host_tcp", links_tcp);
+}
+
+const gs_test_binary_t gs_test_binary = {.suites = {comm_host_shm_suite, comm_host_tcp_suite}};

@@ -16,6 +16,7 @@
 #include "conn.h"
 #include "frame.h"
 #include "net.h"
+#include "runner.h"
 
 struct fixture {
   uv_loop_t loop;
@@ -304,22 +305,17 @@ START_TEST(unauthenticated_reads_are_throttled)
 }
 END_TEST
 
-int main(void)
+static Suite *conn_suite(void)
 {
   Suite *s = suite_create("conn");
   TCase *tc = tcase_create("core");
-  SRunner *sr;
-  int failed;
 
-  signal(SIGPIPE, SIG_IGN);
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, pipelined_frames_take_turns);
   tcase_add_test(tc, closed_while_waiting_for_its_turn);
   tcase_add_test(tc, unauthenticated_reads_are_throttled);
   suite_add_tcase(s, tc);
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {conn_suite}, .ignore_sigpipe = true};

@@ -9,6 +9,7 @@
 #include "control.h"
 #include "error.h"
 #include "lr_scale.h"
+#include "runner.h"
 
 #define MAX_LEN 64
 
@@ -315,13 +316,4 @@ static Suite *control_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(control_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {control_suite}};

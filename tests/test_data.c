@@ -20,6 +20,7 @@
 #include "idx.h"
 #include "sampler.h"
 #include "scratch.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -1158,15 +1159,4 @@ static Suite *data_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(data_suite());
-  int failed;
-
-  ts_begin("test_data");
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  ts_end();
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {data_suite}, .scratch = "test_data"};

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "device_choice.h"
+#include "runner.h"
 
 static gs_device_choice_t choose(const char *device, int gpu, bool built, int visible,
                                  const char *cvd, uint32_t local_world, uint32_t local_rank)
@@ -140,7 +141,7 @@ START_TEST(explicit_devices_are_obeyed)
 }
 END_TEST
 
-int main(void)
+static Suite *device_choice_suite(void)
 {
   Suite *s = suite_create("device_choice");
   struct {
@@ -155,8 +156,6 @@ int main(void)
       {"enough", enough_gpus_are_shared_out},
       {"explicit", explicit_devices_are_obeyed},
   };
-  SRunner *sr;
-  int failed;
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     TCase *tc = tcase_create(cases[i].name);
@@ -164,9 +163,7 @@ int main(void)
     tcase_add_test(tc, cases[i].test);
     suite_add_tcase(s, tc);
   }
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {device_choice_suite}};

@@ -28,6 +28,7 @@
 #include "heartbeat.h"
 #include "packs.h"
 #include "scratch.h"
+#include "runner.h"
 
 #define MAX_WORLD 4
 #define NPARAMS 3
@@ -1386,15 +1387,4 @@ static Suite *engine_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(engine_suite());
-  int failed;
-
-  ts_begin("test_engine");
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  ts_end();
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {engine_suite}, .scratch = "test_engine"};

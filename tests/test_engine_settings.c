@@ -7,6 +7,8 @@
 
 #include <gradsync/engine.h>
 
+#include "runner.h"
+
 static gs_engine_t *new_engine(void)
 {
   gs_engine_config_t cfg;
@@ -61,19 +63,15 @@ START_TEST(the_count_is_bounded)
 }
 END_TEST
 
-int main(void)
+static Suite *engine_settings_suite(void)
 {
   Suite *s = suite_create("engine_settings");
   TCase *tc = tcase_create("add_setting");
-  SRunner *sr;
-  int failed;
 
   tcase_add_test(tc, names_and_values_are_checked);
   tcase_add_test(tc, the_count_is_bounded);
   suite_add_tcase(s, tc);
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {engine_settings_suite}};

@@ -10,6 +10,7 @@
 #include "wire.h"
 #include "log.h"
 #include "net.h" /* the coordinator's libuv boundary */
+#include "runner.h"
 
 START_TEST(table_names_messages_codes)
 {
@@ -143,12 +144,10 @@ START_TEST(log_level_flag_row)
 }
 END_TEST
 
-int main(void)
+static Suite *error_suite(void)
 {
   Suite *s = suite_create("error");
   TCase *tc = tcase_create("table");
-  SRunner *sr;
-  int failed;
 
   tcase_add_test(tc, table_names_messages_codes);
   tcase_add_test(tc, grpc_status_round_trip);
@@ -159,9 +158,7 @@ int main(void)
   tcase_add_test(tc, log_line_format_and_level);
   tcase_add_test(tc, log_level_flag_row);
   suite_add_tcase(s, tc);
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {error_suite}};

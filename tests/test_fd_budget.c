@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "fd_budget.h"
+#include "runner.h"
 
 START_TEST(defaults_fit_every_limit)
 {
@@ -81,7 +82,7 @@ START_TEST(tiny_limits_still_give_each_port_one)
 }
 END_TEST
 
-int main(void)
+static Suite *fd_budget_suite(void)
 {
   Suite *s = suite_create("fd_budget");
   struct {
@@ -93,8 +94,6 @@ int main(void)
       {"caps_set", caps_set_are_kept},
       {"tiny_limits", tiny_limits_still_give_each_port_one},
   };
-  SRunner *sr;
-  int failed;
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     TCase *tc = tcase_create(cases[i].name);
@@ -102,9 +101,7 @@ int main(void)
     tcase_add_test(tc, cases[i].test);
     suite_add_tcase(s, tc);
   }
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {fd_budget_suite}};

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "flags.h"
+#include "runner.h"
 
 typedef enum color { RED, GREEN, BLUE } color_t;
 
@@ -833,13 +834,4 @@ static Suite *flags_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(flags_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {flags_suite}};

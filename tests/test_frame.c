@@ -9,6 +9,7 @@
 #include "node_beats.h"
 #include "pb_array.h"
 #include "wire.h"
+#include "runner.h"
 
 /* Copies data so that it ends right before an unreadable page: any read
  * past the end crashes the test. */
@@ -391,13 +392,4 @@ static Suite *frame_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(frame_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {frame_suite}};

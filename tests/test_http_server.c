@@ -21,6 +21,7 @@
 
 #include "http_server.h"
 #include "clock.h"
+#include "runner.h"
 
 #define LOG_MAX 65536
 
@@ -1064,15 +1065,4 @@ static Suite *http_server_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(http_server_suite());
-  int failed;
-
-  /* A client gone before its reply must not kill the test with SIGPIPE. */
-  signal(SIGPIPE, SIG_IGN);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {http_server_suite}, .ignore_sigpipe = true};

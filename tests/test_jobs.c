@@ -17,6 +17,7 @@
 #include "trace.h"
 #include "wire.h"
 #include "harness.h"
+#include "runner.h"
 
 #define MAX_REPLIES 256
 #define MAX_PEERS 16
@@ -2328,13 +2329,4 @@ static Suite *jobs_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(jobs_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {jobs_suite}};

@@ -8,6 +8,7 @@
 
 #include "flags.h"
 #include "launch_env.h"
+#include "runner.h"
 
 /* The environment a test gives: name=value pairs, NULL-terminated. */
 static const char *const *test_env;
@@ -365,13 +366,4 @@ static Suite *launch_env_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(launch_env_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {launch_env_suite}};

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "lines.h"
+#include "runner.h"
 
 /* The lines a byte stream makes, each followed by '\n', in one string. */
 typedef struct collected {
@@ -234,13 +235,4 @@ static Suite *lines_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(lines_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {lines_suite}};

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "log_limit.h"
+#include "runner.h"
 
 #define T0 1000000u
 #define W GS_LOG_LIMIT_WINDOW_MS
@@ -197,7 +198,7 @@ START_TEST(hidden_lines_take_no_share)
 }
 END_TEST
 
-int main(void)
+static Suite *log_limit_suite(void)
 {
   Suite *s = suite_create("log_limit");
   struct {
@@ -210,8 +211,6 @@ int main(void)
       {"all_clients", many_addresses_meet_the_limit_for_all},
       {"hidden", hidden_lines_take_no_share},
   };
-  SRunner *sr;
-  int failed;
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     TCase *tc = tcase_create(cases[i].name);
@@ -219,9 +218,7 @@ int main(void)
     tcase_add_test(tc, cases[i].test);
     suite_add_tcase(s, tc);
   }
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {log_limit_suite}};

@@ -11,6 +11,7 @@
 
 #include "mlp.h"
 #include "rng.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define MAXW 16 /* widths per net */
@@ -837,13 +838,4 @@ static Suite *mlp_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(mlp_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {mlp_suite}};

@@ -12,6 +12,7 @@
 
 #include "device.h"
 #include "optim.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define LEN 1037 /* vector blocks and a scalar tail */
@@ -281,13 +282,4 @@ static Suite *optim_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(optim_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {optim_suite}};

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "packlist.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 #define F32 GS_DTYPE_FLOAT32
@@ -475,13 +476,4 @@ static Suite *packlist_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(packlist_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {packlist_suite}};

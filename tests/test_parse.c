@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "parse.h"
+#include "runner.h"
 
 /* A string placed right before a PROT_NONE page; release with guard_free. */
 struct guard {
@@ -475,13 +476,4 @@ static Suite *parse_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(parse_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {parse_suite}};

@@ -11,6 +11,7 @@
 
 #include "optim.h"
 #include "sgd.h"
+#include "runner.h"
 
 #define COUNT(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
 
@@ -422,13 +423,4 @@ static Suite *sgd_suite(void)
   return s;
 }
 
-int main(void)
-{
-  SRunner *sr = srunner_create(sgd_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const gs_test_binary_t gs_test_binary = {.suites = {sgd_suite}};

@@ -18,6 +18,7 @@
 #include "ratelimit.h"
 #include "rng.h"
 #include "why.h"
+#include "runner.h"
 
 /* A broken invariant ends the process at once, saying where and which
  * (release builds too: this test runs in one): a budget handed back
@@ -231,12 +232,10 @@ START_TEST(hex_round_trips_and_refuses_the_malformed)
 }
 END_TEST
 
-int main(void)
+static Suite *util_suite(void)
 {
   Suite *s = suite_create("util");
   TCase *tc = tcase_create("util");
-  SRunner *sr;
-  int failed;
 
   tcase_add_test(tc, broken_invariant_aborts_saying_which);
   tcase_add_test(tc, byte_order_is_stated_not_the_hosts);
@@ -249,9 +248,7 @@ int main(void)
   tcase_add_test(tc, ratelimit_passes_a_burst_then_counts);
   tcase_add_test(tc, hex_round_trips_and_refuses_the_malformed);
   suite_add_tcase(s, tc);
-  sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const gs_test_binary_t gs_test_binary = {.suites = {util_suite}};
