@@ -7,6 +7,7 @@
 #include <sys/random.h>
 
 #include "clock.h"
+#include "invariant.h"
 #include "rng.h"
 #include "wire.h"
 
@@ -27,6 +28,8 @@ void gs__session_issue(gs_member_t *m)
   }
   for (int i = 0; i < SESSION_BYTES && n > 0; i++)
     n += snprintf(m->session + n, sizeof(m->session) - (size_t)n, "%02x", r[i]);
+  /* Every check of a call reads the rank back out of the session. */
+  GS_ASSERT(gs__session_rank(m->session) == (long)m->rank);
 }
 
 long gs__session_rank(const char *session)
@@ -57,7 +60,11 @@ gs_member_t *gs__session_member(gs_job_t *job, const char *session, uint64_t gen
   long r = gs__session_rank(session);
   gs_member_t *m = r >= 0 && (uint64_t)r < job->world_size && job->ranks ? job->ranks[r] : NULL;
 
-  return m && m->generation == generation && same(m->session, session) ? m : NULL;
+  if (!m || m->generation != generation || !same(m->session, session))
+    return NULL;
+  /* The rank table and the session agree: a session is issued to its rank. */
+  GS_ASSERT(m->rank == (uint32_t)r && m->job == job);
+  return m;
 }
 
 gs_member_t *gs__session_check(gs_job_t *job, const gs_call_t *call, uint64_t generation,
