@@ -262,8 +262,11 @@ static void move_tls_flags(gs_run_config_t *cfg)
 
   for (int i = 0; i < cfg->npass; i++) {
     const char *a = cfg->pass[i];
-    bool tls = !cfg->command && !strncmp(a, "--tls-", 6) && cfg->nrelay_tls < 5;
-    int n = tls && !strchr(a, '=') && i + 1 < cfg->npass ? 2 : 1;
+    bool tls = !cfg->command && !strncmp(a, "--tls-", 6);
+    int n = tls && !strchr(a, '=') && i + 1 < cfg->npass ? 2 : 1; /* with its value */
+
+    /* Three flags with their values fill relay_tls; more stay the agents'. */
+    tls = tls && cfg->nrelay_tls + n <= (int)(sizeof(cfg->relay_tls) / sizeof(cfg->relay_tls[0]));
 
     for (int k = 0; k < n; k++) {
       if (tls)
