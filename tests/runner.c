@@ -10,6 +10,24 @@
 
 #include "scratch.h"
 
+Suite *gs_test_suite_of(const char *name, const gs_test_case_t *cases, size_t n, double timeout_s,
+                        SFun setup, SFun teardown)
+{
+  Suite *s = suite_create(name);
+
+  for (size_t i = 0; i < n; i++) {
+    TCase *tc = tcase_create(cases[i].name);
+
+    if (timeout_s > 0)
+      tcase_set_timeout(tc, timeout_s);
+    if (setup || teardown)
+      tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, cases[i].test);
+    suite_add_tcase(s, tc);
+  }
+  return s;
+}
+
 int main(void)
 {
   const gs_test_binary_t *b = &gs_test_binary;

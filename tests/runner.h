@@ -29,4 +29,18 @@ typedef struct gs_test_binary {
 /* Defined by each test binary. */
 extern const gs_test_binary_t gs_test_binary;
 
+/* One behaviour of a suite: a TCase of its own named `name`. */
+typedef struct gs_test_case {
+  const char *name;
+  const TTest *test;
+} gs_test_case_t;
+
+/* Suite `name` of cases[0..n), each its own TCase with a timeout of
+ * `timeout_s` seconds (0: check's default) and the checked fixture
+ * `setup`/`teardown` (NULL: none). */
+Suite *gs_test_suite_of(const char *name, const gs_test_case_t *cases, size_t n, double timeout_s,
+                        SFun setup, SFun teardown);
+#define GS_TEST_SUITE_OF(name, cases, timeout_s, setup, teardown)                                  \
+  gs_test_suite_of(name, cases, sizeof(cases) / sizeof((cases)[0]), timeout_s, setup, teardown)
+
 #endif

@@ -288,11 +288,7 @@ END_TEST
 
 static Suite *control_suite(void)
 {
-  Suite *s = suite_create("control");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"length", length},
       {"quiet_step", quiet_step},
       {"rank0_requests", rank0_requests},
@@ -307,13 +303,7 @@ static Suite *control_suite(void)
       {"check_exact_at_max_world", check_exact_at_max_world},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("control", cases, 0, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {control_suite}};

@@ -1030,11 +1030,7 @@ END_TEST
 
 static Suite *coordinator_suite(void)
 {
-  Suite *s = suite_create("coordinator");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"rendezvous", rendezvous_assigns_sorted_ranks},
       {"ring_peers", ring_peers_list_neighbours_only},
       {"refusals", join_refusals_name_the_difference},
@@ -1057,14 +1053,7 @@ static Suite *coordinator_suite(void)
       {"never_started", never_started_job_is_forgotten_at_once},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("coordinator", cases, 60, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {coordinator_suite}};

@@ -468,11 +468,7 @@ END_TEST
 
 static Suite *coordinator_http_suite(void)
 {
-  Suite *s = suite_create("coordinator_http");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"status", status_json_field_by_field},
       {"metrics", metrics_text},
       {"control", control_endpoint_needs_token_and_reaches_heartbeats},
@@ -482,14 +478,7 @@ static Suite *coordinator_http_suite(void)
       {"status_pages", status_is_paged},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("coordinator_http", cases, 60, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {coordinator_http_suite}};

@@ -638,11 +638,7 @@ END_TEST
 
 static Suite *coordinator_wire_suite(void)
 {
-  Suite *s = suite_create("coordinator_wire");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"bad_input", bad_input_never_harms_the_service},
       {"framing", frames_split_or_batched_are_all_answered},
       {"idle_parked", parked_join_outlives_idle_timeout},
@@ -653,14 +649,7 @@ static Suite *coordinator_wire_suite(void)
       {"heartbeat_connection", heartbeats_tie_a_rank_to_their_connection},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("coordinator_wire", cases, 60, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {coordinator_wire_suite}};

@@ -143,11 +143,7 @@ END_TEST
 
 static Suite *device_choice_suite(void)
 {
-  Suite *s = suite_create("device_choice");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"visible_count", visible_device_lists_are_counted},
       {"own_gpu", a_gpu_of_its_own_is_trusted},
       {"launcher_list", the_launchers_shared_list_is_not_a_gpu_of_its_own},
@@ -157,13 +153,7 @@ static Suite *device_choice_suite(void)
       {"explicit", explicit_devices_are_obeyed},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("device_choice", cases, 0, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {device_choice_suite}};

@@ -84,24 +84,14 @@ END_TEST
 
 static Suite *fd_budget_suite(void)
 {
-  Suite *s = suite_create("fd_budget");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"defaults_fit", defaults_fit_every_limit},
       {"known_limits", known_limits},
       {"caps_set", caps_set_are_kept},
       {"tiny_limits", tiny_limits_still_give_each_port_one},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("fd_budget", cases, 0, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {fd_budget_suite}};

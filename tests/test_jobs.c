@@ -2266,11 +2266,7 @@ END_TEST
 
 static Suite *jobs_suite(void)
 {
-  Suite *s = suite_create("jobs");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"rendezvous", rendezvous_sorts_ranks_when_the_world_is_complete},
       {"refusals", rendezvous_refusals},
       {"abort_rejoin", abort_then_rejoin_opens_the_next_generation},
@@ -2319,14 +2315,7 @@ static Suite *jobs_suite(void)
       {"elastic_evicted", evicted_rank_must_join_afresh},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("jobs", cases, 0, setup, teardown);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {jobs_suite}};

@@ -200,11 +200,7 @@ END_TEST
 
 static Suite *log_limit_suite(void)
 {
-  Suite *s = suite_create("log_limit");
-  struct {
-    const char *name;
-    const TTest *test;
-  } cases[] = {
+  const gs_test_case_t cases[] = {
       {"burst", burst_then_one_summary_when_the_window_ends},
       {"no_sweep", summary_before_the_next_line_without_a_sweep},
       {"apart", each_address_and_kind_has_its_own_burst},
@@ -212,13 +208,7 @@ static Suite *log_limit_suite(void)
       {"hidden", hidden_lines_take_no_share},
   };
 
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    TCase *tc = tcase_create(cases[i].name);
-
-    tcase_add_test(tc, cases[i].test);
-    suite_add_tcase(s, tc);
-  }
-  return s;
+  return GS_TEST_SUITE_OF("log_limit", cases, 0, NULL, NULL);
 }
 
 const gs_test_binary_t gs_test_binary = {.suites = {log_limit_suite}};
