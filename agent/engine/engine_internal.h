@@ -33,6 +33,7 @@
 #include "heartbeat.h"
 #include "log.h"
 #include "packs.h"
+#include "shard.h"
 #include "pb_array.h"
 #include "optim.h"
 #include "sgd.h"
@@ -125,17 +126,8 @@ struct gs_engine {
   bool ckpt_taken;              /* a checkpoint was handed to the writer, of step ckpt_step */
   uint64_t ckpt_step;
   gs_packs_t packs;
-  float **full_state; /* sharded: every pack's whole state, while assembled (shard.c) */
-  /* Sharded (shard.c): the rank and world the windows were cut for; the
-   * step whose reduced gradients the windows hold (a regroup may catch up
-   * on its update); in an elastic job, the step whose update was queued
-   * and whose readback was not yet taken (0: none), and that update's
-   * gate values (skip, veto, factor: device memory, copied at the update). */
-  uint32_t shard_rank, shard_world;
-  uint64_t shard_reduced, shard_untaken;
-  float *shard_gates;        /* 3 floats */
-  uint64_t state_hash;       /* the last hash gs__engine_check_same_state agreed on */
-  uint32_t shard_gate_flags; /* skip asked, grads scaled, a veto, a factor: bits 0-3 */
+  engine_shard_t shard; /* sharded optimizer state (shard.h) */
+  uint64_t state_hash;  /* the last hash gs__engine_check_same_state agreed on */
   gs_client_t *client;
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
@@ -330,10 +322,19 @@ int gs__engine_shard(gs_engine_t *e) GS_WARN_UNUSED;
  * every rank, and cut into the new world's windows. */
 int gs__engine_reshard(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_full_state_open(gs_engine_t *e) GS_WARN_UNUSED;
+bool gs__engine_full_state_assembled(const gs_engine_t *e);
 int gs__engine_full_state_gather(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_full_state_keep(gs_engine_t *e) GS_WARN_UNUSED;
 void gs__engine_full_state_close(gs_engine_t *e);
 float *gs__engine_state_of(const gs_engine_t *e, uint32_t k, uint32_t s);
+/* reshard.c: what a regroup needs of the step in progress: its gates'
+ * device room (3 floats, at the first generation); the step whose sums
+ * the windows hold; an elastic step's update queued (what gated it kept
+ * for a rank that must catch up on it), and its readback taken. */
+void gs__engine_shard_gates_at(gs_engine_t *e, float *gates);
+void gs__engine_shard_reduced(gs_engine_t *e, uint64_t step);
+void gs__engine_shard_keep_update(gs_engine_t *e, bool skip_asked);
+void gs__engine_shard_taken(gs_engine_t *e);
 /* shard.c: state buffer s of pack k, every rank's shard of it, gathered
  * into `whole` (device memory of the pack's room; collective). */
 int gs__engine_gather_slot(gs_engine_t *e, uint32_t k, uint32_t s, float *whole) GS_WARN_UNUSED;

@@ -272,7 +272,7 @@ static int alloc_step_state(gs_engine_t *e)
     /* and the gates of an update a regroup may hand on, after them */
     e->ctl_dev = gs_device_alloc(e->cfg.dev, (e->nctl_cap + 4) * sizeof(float));
     e->skip_dev = e->ctl_dev ? e->ctl_dev + e->nctl_cap : NULL;
-    e->shard_gates = e->ctl_dev ? e->ctl_dev + e->nctl_cap + 1 : NULL;
+    gs__engine_shard_gates_at(e, e->ctl_dev ? e->ctl_dev + e->nctl_cap + 1 : NULL);
   } else {
     e->ctl_dev = e->packs.packs[gs_packs_last(&e->packs)].grads +
                  e->packs.packs[gs_packs_last(&e->packs)].elements;

@@ -252,7 +252,7 @@ float *gs_engine_state(const gs_engine_t *e, uint32_t i, uint32_t slot)
     return NULL;
   pk = &e->packs.packs[e->packs.pack_of[i]];
   at = e->packs.offset_of[i];
-  if (e->full_state) /* assembled (shard.c) */
+  if (gs__engine_full_state_assembled(e))
     return gs__engine_state_of(e, e->packs.pack_of[i], slot) + at;
   if (at < pk->win[0].off || at + e->packs.params[i].elements > pk->win[0].off + pk->win[0].len)
     return NULL; /* sharded: not wholly this rank's */

@@ -72,7 +72,7 @@ static int gather_said(gs_engine_t *e, const uint64_t *mine, uint64_t *all)
  * and nobody's readback said so. */
 static int catch_up(gs_engine_t *e, uint64_t newest, bool owes)
 {
-  uint64_t flags = e->shard_gate_flags | (e->shard_untaken == newest ? UNTAKEN : 0);
+  uint64_t flags = e->shard.gate_flags | (e->shard.untaken == newest ? UNTAKEN : 0);
   uint32_t root = e->join.state_rank;
   float gates[3];
   gs_optim_step_t st;
@@ -81,10 +81,10 @@ static int catch_up(gs_engine_t *e, uint64_t newest, bool owes)
   err = gs__engine_run_now(e, OP_BROADCAST, &flags, sizeof(flags), false, root,
                            "broadcast of the last update's gates");
   if (!err)
-    err = gs__engine_run_now(e, OP_BROADCAST, e->shard_gates, 3 * sizeof(float), true, root,
+    err = gs__engine_run_now(e, OP_BROADCAST, e->shard.gates, 3 * sizeof(float), true, root,
                              "broadcast of the last update's gates");
   if (!err && (flags & UNTAKEN) && !(flags & 1)) {
-    err = gs_device_download(e->cfg.dev, gates, e->shard_gates, sizeof(gates));
+    err = gs_device_download(e->cfg.dev, gates, e->shard.gates, sizeof(gates));
     if (!err && e->optim_steps && (gates[0] != 0.0f || ((flags & 4) && gates[1] != 0.0f)))
       e->optim_steps--;
   }
@@ -94,9 +94,9 @@ static int catch_up(gs_engine_t *e, uint64_t newest, bool owes)
   st.t = e->optim_steps ? e->optim_steps : 1;         /* the count with this update */
   st.grad_scale = (flags & 2) ? 1.0f : st.grad_scale; /* bit 1: the sums were scaled in place */
   st.gate = (gs_optim_gate_t){
-      .skip = e->shard_gates,
-      .veto = (flags & 4) ? e->shard_gates + 1 : NULL,
-      .factor = (flags & 8) ? e->shard_gates + 2 : NULL,
+      .skip = e->shard.gates,
+      .veto = (flags & 4) ? e->shard.gates + 1 : NULL,
+      .factor = (flags & 8) ? e->shard.gates + 2 : NULL,
   };
   for (uint32_t k = 0; k < e->packs.list.pack_count; k++)
     gs__engine_update_windows(e, k, &st);
@@ -160,8 +160,8 @@ static int64_t member_of(const uint64_t *said, uint32_t w, uint64_t r, uint64_t 
 int gs__engine_reshard(gs_engine_t *e)
 {
   uint32_t w = e->join.world_size, me = e->join.rank;
-  uint64_t mine[SAID_COUNT] = {e->has_state ? e->shard_rank + 1 : 0, e->shard_world,
-                               e->committed.step, e->shard_reduced};
+  uint64_t mine[SAID_COUNT] = {e->has_state ? e->shard.rank + 1 : 0, e->shard.world,
+                               e->committed.step, e->shard.reduced};
   uint64_t *said = calloc((size_t)w * (SAID_COUNT + 1), sizeof(uint64_t)), *at, newest = 0;
   uint64_t old_world = 0;
   bool give[GS_PACK_WINDOWS] = {false, false}, owes;
@@ -198,7 +198,7 @@ int gs__engine_reshard(gs_engine_t *e)
                 : s[SAID_STEP];
   }
   owes =
-      !err && mine[SAID_OLD_RANK] && e->committed.step + 1 == newest && e->shard_reduced == newest;
+      !err && mine[SAID_OLD_RANK] && e->committed.step + 1 == newest && e->shard.reduced == newest;
   err = err ? err : catch_up(e, newest, owes);
   /* Step 3: each old shard from its owner, else from the next rank's copy. */
   for (uint64_t r = 0; !err && r < old_world; r++) {
@@ -230,4 +230,44 @@ int gs__engine_reshard(gs_engine_t *e)
            " ranks to %u (hash %016" PRIx64 ")",
            newest, old_world, w, e->state_hash);
   return err;
+}
+
+void gs__engine_shard_gates_at(gs_engine_t *e, float *gates)
+{
+  e->shard.gates = gates;
+}
+
+void gs__engine_shard_reduced(gs_engine_t *e, uint64_t step)
+{
+  e->shard.reduced = step;
+}
+
+/* A sharded elastic step's update is queued: the step is this rank's
+ * state (a regroup from here keeps it), and what gated the update is kept
+ * (copied on the device, with the host's part) for a regroup to hand to a
+ * rank that must catch up on it. */
+void gs__engine_shard_keep_update(gs_engine_t *e, bool skip_asked)
+{
+  gs_device_t *d = e->cfg.dev;
+  int err = 0;
+
+  e->committed = e->after;
+  e->shard.untaken = e->after.step;
+  e->shard.gate_flags = (uint32_t)skip_asked | (uint32_t)e->reduced.scaled << 1 |
+                        (uint32_t)(e->drive.veto_at != NULL) << 2 |
+                        (uint32_t)(e->drive.factor_at != NULL) << 3;
+  err = e->cfg.nonfinite == GS_NONFINITE_OFF
+            ? gs_device_zero(d, e->shard.gates, sizeof(float))
+            : gs_device_copy(d, e->shard.gates, e->skip_dev, sizeof(float));
+  if (!err && e->drive.veto_at)
+    err = gs_device_copy(d, e->shard.gates + 1, e->drive.veto_at, sizeof(float));
+  if (!err && e->drive.factor_at)
+    err = gs_device_copy(d, e->shard.gates + 2, e->drive.factor_at, sizeof(float));
+  if (err) /* the device failed: the step's own readback says so */
+    e->shard.untaken = 0;
+}
+
+void gs__engine_shard_taken(gs_engine_t *e)
+{
+  e->shard.untaken = 0;
 }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shard.h"
+
 #include "engine_internal.h"
 #include "why.h"
 
@@ -43,8 +45,8 @@ int gs__engine_shard(gs_engine_t *e)
       return err;
     }
   }
-  e->shard_rank = e->join.rank;
-  e->shard_world = w;
+  e->shard.rank = e->join.rank;
+  e->shard.world = w;
   atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
                         memory_order_relaxed);
   return 0;
@@ -68,16 +70,16 @@ static int full_open(gs_engine_t *e)
   uint32_t packs = e->packs.list.pack_count, n = e->packs.nstate;
   int err = 0;
 
-  e->full_state = calloc((size_t)packs * n + 1, sizeof(*e->full_state));
-  if (!e->full_state)
+  e->shard.full_state = calloc((size_t)packs * n + 1, sizeof(*e->shard.full_state));
+  if (!e->shard.full_state)
     return GS_ENOMEM;
   for (uint32_t k = 0; !err && k < packs; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
 
     for (uint32_t s = 0; !err && s < n; s++) {
-      e->full_state[k * n + s] =
+      e->shard.full_state[k * n + s] =
           gs_device_alloc(e->cfg.dev, (pk->elements + e->packs.pad) * sizeof(float));
-      err = e->full_state[k * n + s] ? 0 : GS_ENOMEM;
+      err = e->shard.full_state[k * n + s] ? 0 : GS_ENOMEM;
     }
   }
   return err;
@@ -105,15 +107,16 @@ void gs__engine_full_state_close(gs_engine_t *e)
 {
   uint32_t n = e->packs.list.pack_count * e->packs.nstate;
 
-  for (uint32_t i = 0; e->full_state && i < n; i++)
-    gs_device_free(e->cfg.dev, e->full_state[i]);
-  free(e->full_state);
-  e->full_state = NULL;
+  for (uint32_t i = 0; e->shard.full_state && i < n; i++)
+    gs_device_free(e->cfg.dev, e->shard.full_state[i]);
+  free(e->shard.full_state);
+  e->shard.full_state = NULL;
 }
 
 float *gs__engine_state_of(const gs_engine_t *e, uint32_t k, uint32_t s)
 {
-  return e->full_state ? e->full_state[k * e->packs.nstate + s] : e->packs.packs[k].win[0].state[s];
+  return e->shard.full_state ? e->shard.full_state[k * e->packs.nstate + s]
+                             : e->packs.packs[k].win[0].state[s];
 }
 
 int gs__engine_full_state_gather(gs_engine_t *e)
@@ -133,6 +136,11 @@ int gs__engine_full_state_gather(gs_engine_t *e)
   return err;
 }
 
+bool gs__engine_full_state_assembled(const gs_engine_t *e)
+{
+  return e->shard.full_state != NULL;
+}
+
 int gs__engine_full_state_open(gs_engine_t *e)
 {
   int err = gs__engine_sharded(e) ? full_open(e) : 0;
@@ -148,7 +156,7 @@ int gs__engine_full_state_keep(gs_engine_t *e)
 {
   int err = 0;
 
-  for (uint32_t k = 0; e->full_state && !err && k < e->packs.list.pack_count; k++) {
+  for (uint32_t k = 0; e->shard.full_state && !err && k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
 
     for (uint32_t w = 0; w < GS_PACK_WINDOWS; w++)
@@ -157,7 +165,7 @@ int gs__engine_full_state_keep(gs_engine_t *e)
                              gs__engine_state_of(e, k, s) + pk->win[w].off,
                              pk->win[w].len * sizeof(float));
   }
-  if (!err && e->full_state)
+  if (!err && e->shard.full_state)
     err = gs_device_sync(e->cfg.dev); /* the whole buffers are freed next */
   gs__engine_full_state_close(e);
   if (err)
@@ -170,9 +178,9 @@ int gs_engine_state_assemble(gs_engine_t *e, bool empty)
 {
   if (e->failed)
     return gs__engine_refuse(e, "assembling the optimizer state");
-  if (!e->packs.packs || e->full_state) {
+  if (!e->packs.packs || e->shard.full_state) {
     gs_set_why(e->error, sizeof(e->error), "the optimizer state %s",
-               e->full_state ? "is assembled already" : "does not exist before start");
+               e->shard.full_state ? "is assembled already" : "does not exist before start");
     return GS_EPRECOND;
   }
   return empty ? gs__engine_full_state_open(e) : gs__engine_full_state_gather(e);

@@ -334,31 +334,6 @@ static int gather_params(gs_engine_t *e, bool updated)
   return err;
 }
 
-/* A sharded elastic step's update is queued: the step is this rank's
- * state (a regroup from here keeps it), and what gated the update is kept
- * (copied on the device, with the host's part) for a regroup to hand to a
- * rank that must catch up on it (shard.c). */
-static void keep_update(gs_engine_t *e, bool skip_asked)
-{
-  gs_device_t *d = e->cfg.dev;
-  int err = 0;
-
-  e->committed = e->after;
-  e->shard_untaken = e->after.step;
-  e->shard_gate_flags = (uint32_t)skip_asked | (uint32_t)e->reduced.scaled << 1 |
-                        (uint32_t)(e->drive.veto_at != NULL) << 2 |
-                        (uint32_t)(e->drive.factor_at != NULL) << 3;
-  err = e->cfg.nonfinite == GS_NONFINITE_OFF
-            ? gs_device_zero(d, e->shard_gates, sizeof(float))
-            : gs_device_copy(d, e->shard_gates, e->skip_dev, sizeof(float));
-  if (!err && e->drive.veto_at)
-    err = gs_device_copy(d, e->shard_gates + 1, e->drive.veto_at, sizeof(float));
-  if (!err && e->drive.factor_at)
-    err = gs_device_copy(d, e->shard_gates + 2, e->drive.factor_at, sizeof(float));
-  if (err) /* the device failed: the step's own readback says so */
-    e->shard_untaken = 0;
-}
-
 /* The step's reductions: waits for the allreduces pack by pack, checks
  * each pack's sums, and (unless `defer`) queues each pack's update as its
  * gradients arrive. Fills e->reduced (the wait, the update time so far)
@@ -408,7 +383,7 @@ static int reduce(gs_engine_t *e, bool defer, const gs_optim_step_t *st, gs_step
   }
   t0 = gs_now_ms_f();
   if (gs__engine_sharded(e)) {
-    e->shard_reduced = step; /* the windows hold this step's sums: a regroup may apply them */
+    gs__engine_shard_reduced(e, step); /* a regroup may apply them */
     err = reduce_control(e);
     e->reduced.waited_ms += gs_now_ms_f() - t0;
     if (err)
@@ -566,7 +541,7 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
     char what[64];
 
     if (gs__engine_shard_copies(e))
-      keep_update(e, skip_asked);
+      gs__engine_shard_keep_update(e, skip_asked);
     err = gather_params(e, !skip_asked);
     e->reduced.waited_ms += gs_now_ms_f() - g0;
     t0 += gs_now_ms_f() - g0; /* not the optimizer's time */
@@ -582,7 +557,7 @@ static int end_step(gs_engine_t *e, gs_step_result_t *out)
     err = gs__engine_flight_take(e, cur, true, &mine, out);
     gs__engine_controls_merge(&c, &mine);
     if (!err)
-      e->shard_untaken = 0;
+      gs__engine_shard_taken(e);
   }
   optimizer = e->reduced.optimizer_ms + (gs_now_ms_f() - t0);
   out->comm_wait_ms = e->reduced.waited_ms;

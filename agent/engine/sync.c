@@ -399,7 +399,9 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
   e->committed = *pos;
   if (!hdr[0])
     return e->period >= 0 ? gs__engine_broadcast_packs(e, false, 0) : 0;
-  err = e->full_state ? 0 : gs__engine_full_state_open(e); /* rank 0's holds the checkpoint */
+  err = gs__engine_full_state_assembled(e)
+            ? 0
+            : gs__engine_full_state_open(e); /* rank 0's holds the checkpoint */
   err = err ? err : gs__engine_broadcast_packs(e, true, 0);
   if (err) {
     gs__engine_full_state_close(e);
