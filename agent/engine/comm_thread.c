@@ -138,7 +138,7 @@ int gs__engine_comm_start(gs_engine_t *e)
 void gs__engine_enqueue(gs_engine_t *e, comm_job_t *job)
 {
   job->err = 0;
-  if (e->join.world_size == 1) {
+  if (gs__membership_world(&e->member) == 1) {
     job->err = gs__engine_run_job(e, job);
     job->state = JOB_DONE;
     return;
@@ -192,8 +192,9 @@ static bool explained_soon(gs_engine_t *e, double until, char *why, size_t len)
  * rank lost) a heartbeat later than our sockets do, so wait briefly for it. */
 int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
 {
-  double until = gs_now_ms_f() +
-                 (e->join.heartbeat_interval_ms ? 2.0 * e->join.heartbeat_interval_ms : 2000.0);
+  double until = gs_now_ms_f() + (gs__membership_join(&e->member)->heartbeat_interval_ms
+                                      ? 2.0 * gs__membership_join(&e->member)->heartbeat_interval_ms
+                                      : 2000.0);
   char why[300] = "", held[256] = "", by[300] = "";
 
   /* A signal's interruption is not a peer's fault: nothing to wait for;
@@ -210,7 +211,7 @@ int gs__engine_comm_failed(gs_engine_t *e, int err, const char *what)
   if (why[0])
     gs_set_why(e->error, sizeof(e->error), "%s failed: %s generation %" PRIu64 ": %s", what,
                gs_heartbeat_gave_up(e->hb) ? "this rank ended" : "the coordinator aborted",
-               e->join.generation, why);
+               gs__membership_generation(&e->member), why);
   else if (gs_comm_why(e->comm)[0])
     gs_set_why(e->error, sizeof(e->error), "%s failed: %s%s", what, gs_comm_why(e->comm), by);
   else

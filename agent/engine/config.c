@@ -63,9 +63,9 @@ static bool setting_name_ok(const char *s)
 
 static bool setting_exists(const gs_engine_t *e, const char *name)
 {
-  const gradsync_Setting *s = e->settings.items;
+  const gradsync_Setting *s = e->member.settings.items;
 
-  for (size_t i = 0; i < e->settings.count; i++) {
+  for (size_t i = 0; i < e->member.settings.count; i++) {
     if (!strcmp(s[i].name, name))
       return true;
   }
@@ -77,10 +77,10 @@ int gs_engine_add_setting(gs_engine_t *e, const char *name, const char *value)
   gradsync_Setting s = gradsync_Setting_init_zero;
   int err;
 
-  if (!e->settings.item_size)
-    gs_pb_array_init(&e->settings, gradsync_Setting_fields, sizeof(gradsync_Setting),
+  if (!e->member.settings.item_size)
+    gs_pb_array_init(&e->member.settings, gradsync_Setting_fields, sizeof(gradsync_Setting),
                      GS_ENGINE_MAX_SETTINGS);
-  if (e->joined)
+  if (e->member.joined)
     err = GS_EPRECOND;
   else if (!name || !value || !setting_name_ok(name) || strlen(value) >= sizeof(s.value))
     err = GS_EINVAL;
@@ -89,7 +89,7 @@ int gs_engine_add_setting(gs_engine_t *e, const char *name, const char *value)
   else {
     snprintf(s.name, sizeof(s.name), "%s", name);
     snprintf(s.value, sizeof(s.value), "%s", value);
-    err = gs_pb_array_push(&e->settings, &s);
+    err = gs_pb_array_push(&e->member.settings, &s);
   }
   if (err)
     gs_set_why(e->error, sizeof(e->error), "cannot add setting '%s': %s%s", name ? name : "?",

@@ -48,7 +48,7 @@ static void nonfinite_ranks(const gs_engine_t *e, const float *ctl, char *out, s
   size_t used = 0;
 
   out[0] = '\0';
-  for (uint32_t r = 0; r < e->join.world_size && used < len; r++)
+  for (uint32_t r = 0; r < gs__membership_world(&e->member) && used < len; r++)
     if (gs_control_rank_nonfinite(ctl, e->nctl, r))
       used += snprintf(out + used, len - used, "%s%u", used ? ", " : "", r);
 }
@@ -115,7 +115,7 @@ static int nonfinite_gradients(gs_engine_t *e, const step_flight_t *f, const gs_
   out->nonfinite = true;
   if (e->cfg.nonfinite == GS_NONFINITE_SKIP) {
     out->skipped = true;
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "step %" PRIu64 ": %s; the step is skipped on every rank", step, what);
     return 0;
   }
@@ -136,7 +136,7 @@ static int nonfinite_loss(gs_engine_t *e, const step_flight_t *f, gs_step_result
   out->nonfinite = true;
   if (e->cfg.nonfinite == GS_NONFINITE_SKIP) {
     out->skipped = true;
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "step %" PRIu64 ": the loss is NaN or infinite on rank(s) %s; its gradients were "
            "finite and applied, and training goes on (nonfinite skip)",
            f->after.step, ranks);
@@ -181,7 +181,8 @@ int gs__engine_flight_take(gs_engine_t *e, step_flight_t *f, bool drains, gs_con
                gs_comm_why(e->comm)[0] ? gs_comm_why(e->comm) : gs_strerror(err));
     return gs__engine_fail(e, err);
   }
-  err = gs_control_check(f->ctl, e->nctl, &f->mine, e->join.world_size, why, sizeof(why));
+  err = gs_control_check(f->ctl, e->nctl, &f->mine, gs__membership_world(&e->member), why,
+                         sizeof(why));
   if (err) {
     gs_set_why(e->error, sizeof(e->error), "step %" PRIu64 ": %s", f->after.step, why);
     return gs__engine_fail(e, err);
@@ -195,7 +196,7 @@ int gs__engine_flight_take(gs_engine_t *e, step_flight_t *f, bool drains, gs_con
     out->skipped = true; /* also what makes a NaN loss no stop */
     out->nonfinite |= skip != 0.0f;
     applied = false;
-    gs_log(e->cfg.log, GS_LOG_DEBUG, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_DEBUG, e->cfg.coord.job, gs__membership_rank(&e->member),
            "step %" PRIu64 ": skipped by the front end (a loss scaler)", f->after.step);
   } else if (skip != 0.0f) {
     applied = false;
@@ -245,14 +246,14 @@ int gs__engine_act(gs_engine_t *e, const gs_control_t *c, uint64_t step, double 
   if (c->period_changed) {
     e->period = c->period;
     out->period_changed = true;
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
            "step %" PRIu64 ": broadcast period set to %d by the coordinator", step, e->period);
   }
   if (c->lr_scale_changed) {
     /* This step's update is queued already: the next one takes it. */
-    e->operator_lr_scale = e->join_req.lr_scale = c->lr_scale;
+    gs__engine_operator_lr_scale(e, c->lr_scale);
     out->lr_scale_changed = true;
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
            "step %" PRIu64 ": lr scale set to %g by the coordinator (from step %" PRIu64 ")", step,
            (double)c->lr_scale, step + 1);
   }
@@ -262,7 +263,7 @@ int gs__engine_act(gs_engine_t *e, const gs_control_t *c, uint64_t step, double 
   out->bcast_period = e->period;
   if (e->period > 0 && step % (uint64_t)e->period == 0)
     bcast = true;
-  if (bcast && e->join.world_size > 1) {
+  if (bcast && gs__membership_world(&e->member) > 1) {
     err = gs__engine_broadcast_packs(e, false, 0);
     /* Every rank holds this step's state in full: an elastic job goes on from it. */
     if (err && gs__engine_elastic(e) && err != GS_EINTR)

@@ -41,7 +41,7 @@ void gs_engine_set_loss_at(gs_engine_t *e, const float *loss)
     gs__engine_drive_begin(e); /* a step with no gradient yet: end_step names them */
   if (!e->in_step || e->failed)
     return;
-  gs_control_nonfinite_at(e->join.rank, e->nctl, &i, &j, &w);
+  gs_control_nonfinite_at(gs__membership_rank(&e->member), e->nctl, &i, &j, &w);
   if (j >= e->nctl) /* no bit for this rank: the count alone */
     j = i, w = 0.0f;
   /* Behind begin_step's upload of this rank's vector, before the last

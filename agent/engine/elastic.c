@@ -34,7 +34,7 @@ static void close_generation(gs_engine_t *e)
  * the others' state. */
 static int join_next(gs_engine_t *e, const char *why, const char *addr)
 {
-  gradsync_JoinRequest req = e->join_req;
+  gradsync_JoinRequest req = e->member.req;
   gs_join_result_t res;
   int err;
 
@@ -45,7 +45,7 @@ static int join_next(gs_engine_t *e, const char *why, const char *addr)
   snprintf(req.comm_addr, sizeof(req.comm_addr), "%s", addr);
   err = gs_client_join(e->client, &req, e->cfg.rejoin_timeout_ms, &res);
   if (err == GS_EABORTED) {
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank, "%s%s",
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member), "%s%s",
            gs_client_error(e->client),
            req.has_state ? " (its state is dropped: it takes the others')" : "");
     e->has_state = req.has_state = false;
@@ -60,8 +60,8 @@ static int join_next(gs_engine_t *e, const char *why, const char *addr)
         gs_client_error(e->client));
     return err;
   }
-  gs_join_result_free(&e->join);
-  e->join = res;
+  gs_join_result_free(&e->member.join);
+  e->member.join = res;
   gs__engine_joined(e);
   return 0;
 }
@@ -98,12 +98,12 @@ static int regroup_once(gs_engine_t *e, const char *why, bool sync, gs_position_
   if (err || !sync)
     return err;
   e->steps_begun = 0; /* every rank of the new world counts from here */
-  same_step = e->join.state_step == e->committed.step;
+  same_step = e->member.join.state_step == e->committed.step;
   *pos = e->committed;
   err = gs__engine_sync_state(e, pos);
   /* A broadcast cut short leaves this rank's state a mix of two steps
    * unless it held the same step already. */
-  if (err && !same_step && e->join.rank != e->join.state_rank)
+  if (err && !same_step && gs__membership_rank(&e->member) != e->member.join.state_rank)
     e->has_state = false;
   return err;
 }
@@ -129,27 +129,27 @@ static int regroup_until_held(gs_engine_t *e, const char *why, bool sync, gs_pos
   snprintf(reason, sizeof(reason), "%s", why);
   *retried = false;
   for (;;) {
-    uint64_t before = e->join.generation;
+    uint64_t before = gs__membership_generation(&e->member);
 
     e->failed = 0; /* a lost peer is not this rank's failure */
     err = regroup_once(e, reason, sync, pos);
     /* A refused Join (the job finished, or is full) has nothing to retry. */
-    if (!err || !gs__engine_may_regroup(err) || e->join.generation == before ||
+    if (!err || !gs__engine_may_regroup(err) || gs__membership_generation(&e->member) == before ||
         gs_now_ms_f() > deadline)
       return err;
     /* Lost again while regrouping: try the next generation. */
     *retried = true;
     snprintf(reason, sizeof(reason), "%s", e->error);
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
-           "regroup into generation %" PRIu64 " failed: %s; trying again", e->join.generation,
-           reason);
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
+           "regroup into generation %" PRIu64 " failed: %s; trying again",
+           gs__membership_generation(&e->member), reason);
   }
 }
 
 int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double step_start_ms,
                        gs_step_result_t *out)
 {
-  uint64_t old_gen = e->join.generation;
+  uint64_t old_gen = gs__membership_generation(&e->member);
   double noticed = gs_now_ms_f();
   gs_position_t pos;
   bool retried;
@@ -157,11 +157,12 @@ int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double ste
 
   gs__engine_enter(e, GS_PHASE_IDLE, 0); /* rejoining: a new generation's heartbeat reports */
   if (e->has_state)
-    gs_log(e->cfg.log, planned ? GS_LOG_INFO : GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, planned ? GS_LOG_INFO : GS_LOG_WARN, e->cfg.coord.job,
+           gs__membership_rank(&e->member),
            "generation %" PRIu64 " %s; regrouping from step %" PRIu64, old_gen,
            planned ? "regroups to admit new ranks" : why, e->committed.step);
   else
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "generation %" PRIu64 " %s; regrouping (this rank holds no state yet)", old_gen, why);
   err = regroup_until_held(e, planned ? "regroup" : why, true, &pos, &retried);
   if (err)
@@ -172,36 +173,40 @@ int gs__engine_regroup(gs_engine_t *e, const char *why, bool planned, double ste
   out->regroup_ms = gs_now_ms_f() - noticed;
   e->after = pos;
   if (planned && !retried)
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
            "generation %" PRIu64 ": new ranks joined; continuing with %u ranks from step %" PRIu64
            " (regroup %.2f s)",
-           e->join.generation, e->join.world_size, pos.step, out->regroup_ms / 1000.0);
+           gs__membership_generation(&e->member), gs__membership_world(&e->member), pos.step,
+           out->regroup_ms / 1000.0);
   else
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "generation %" PRIu64 ": %s; continuing with %u ranks from step %" PRIu64
            " (detect %.2f s, regroup %.2f s)",
-           e->join.generation, e->join.regroup_reason[0] ? e->join.regroup_reason : why,
-           e->join.world_size, pos.step, out->detect_ms / 1000.0, out->regroup_ms / 1000.0);
+           gs__membership_generation(&e->member),
+           e->member.join.regroup_reason[0] ? e->member.join.regroup_reason : why,
+           gs__membership_world(&e->member), pos.step, out->detect_ms / 1000.0,
+           out->regroup_ms / 1000.0);
   return 0;
 }
 
 int gs__engine_regroup_before_training(gs_engine_t *e)
 {
-  uint64_t old_gen = e->join.generation;
+  uint64_t old_gen = gs__membership_generation(&e->member);
   char why[sizeof(e->error)];
   bool retried;
   int err;
 
   snprintf(why, sizeof(why), "%s", e->error);
-  gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+  gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
          "generation %" PRIu64 " broke before this rank trained in it: %s; joining the next one",
          old_gen, why);
   err = regroup_until_held(e, why, false, NULL, &retried);
   if (err)
     return err;
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
-         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d", e->join.generation,
-         e->join.rank, e->join.world_size, e->period);
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
+         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d",
+         gs__membership_generation(&e->member), gs__membership_rank(&e->member),
+         gs__membership_world(&e->member), e->period);
   return 0;
 }
 
@@ -230,7 +235,7 @@ static int between_steps(gs_engine_t *e, job_op_t op, void *buf, size_t count, b
 {
   int err;
 
-  if (e->join.world_size == 1)
+  if (gs__membership_world(&e->member) == 1)
     return 0;
   err = gs__engine_run_now(e, op, buf, count, on_device, root, what);
   if (err && err != GS_EINTR && gs__engine_elastic(e)) {
@@ -241,8 +246,8 @@ static int between_steps(gs_engine_t *e, job_op_t op, void *buf, size_t count, b
     err = gs__engine_regroup(e, e->error, false, gs_now_ms_f(), &out);
     if (!err) {
       gs_set_why(e->error, sizeof(e->error),
-                 "the world changed during the sum: now rank %u of %u; sum again", e->join.rank,
-                 e->join.world_size);
+                 "the world changed during the sum: now rank %u of %u; sum again",
+                 gs__membership_rank(&e->member), gs__membership_world(&e->member));
       err = GS_EREGROUPED;
     }
   }
@@ -261,9 +266,9 @@ int gs_engine_allreduce_sum_on_device(gs_engine_t *e, float *buf, size_t n)
 
 static int broadcast(gs_engine_t *e, void *buf, size_t bytes, bool on_device, uint32_t root)
 {
-  if (root >= e->join.world_size) {
+  if (root >= gs__membership_world(&e->member)) {
     gs_set_why(e->error, sizeof(e->error), "broadcast from rank %u in a world of %u", root,
-               e->join.world_size);
+               gs__membership_world(&e->member));
     return GS_EINVAL;
   }
   return between_steps(e, OP_BROADCAST, buf, bytes, on_device, root, "broadcast");

@@ -98,12 +98,12 @@ int gs_engine_register(gs_engine_t *e, const char *name, uint64_t elements, bool
 
 uint32_t gs_engine_rank(const gs_engine_t *e)
 {
-  return e->join.rank;
+  return gs__membership_rank(&e->member);
 }
 
 uint32_t gs_engine_state_rank(const gs_engine_t *e)
 {
-  return e->join.resume_state ? e->join.state_rank : 0;
+  return e->member.join.resume_state ? e->member.join.state_rank : 0;
 }
 
 void gs_engine_position(const gs_engine_t *e, gs_position_t *out)
@@ -118,12 +118,12 @@ bool gs_engine_world_changed(int err)
 
 uint32_t gs_engine_world_size(const gs_engine_t *e)
 {
-  return e->join.world_size;
+  return gs__membership_world(&e->member);
 }
 
 uint64_t gs_engine_generation(const gs_engine_t *e)
 {
-  return e->join.generation;
+  return gs__membership_generation(&e->member);
 }
 
 uint32_t gs_engine_pack_count(const gs_engine_t *e)
@@ -155,9 +155,9 @@ int gs_engine_set_layout_desc(gs_engine_t *e, const char *desc)
 {
   char *copy;
 
-  if (e->joined || !desc || strlen(desc) > GS_CKPT_DESC_MAX) {
+  if (e->member.joined || !desc || strlen(desc) > GS_CKPT_DESC_MAX) {
     gs_set_why(e->error, sizeof(e->error), "cannot set the layout description: %s",
-               e->joined ? "called after start" : "missing or over 4096 bytes");
+               e->member.joined ? "called after start" : "missing or over 4096 bytes");
     return GS_EINVAL;
   }
   copy = strdup(desc);
@@ -330,8 +330,9 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
   /* A run that ends well keeps its model: the last step is checkpointed
    * unless a checkpoint of it was taken already (--checkpoint-every, a stop).
    * Sharded, every rank takes part (its shard of the optimizer state). */
-  if (finished && e->cfg.checkpoint_dir && (e->join.rank == 0 || gs__engine_sharded(e)) &&
-      e->steps_begun && !e->failed && !(e->ckpt_taken && e->ckpt_step == e->after.step) &&
+  if (finished && e->cfg.checkpoint_dir &&
+      (gs__membership_rank(&e->member) == 0 || gs__engine_sharded(e)) && e->steps_begun &&
+      !e->failed && !(e->ckpt_taken && e->ckpt_step == e->after.step) &&
       gs_engine_checkpoint(e, &e->after)) {
     finished = false;
     reason = "the last checkpoint could not be written";
@@ -345,7 +346,7 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
   }
   gs__engine_enter(e, GS_PHASE_IDLE, 0);
   gs__engine_comm_stop(e, !finished);
-  if (e->joined && e->client) {
+  if (e->member.joined && e->client) {
     /* The rank's last word waits for a coordinator that is slow, stopped
      * or restarting as long as training would have (--coordinator-grace):
      * a rank gone before its Leave is read is a lost rank, and a job that
@@ -357,13 +358,14 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
     uint64_t wait_ms = !terminating && e->cfg.coordinator_grace_ms > LEAVE_MIN_MS
                            ? e->cfg.coordinator_grace_ms
                            : LEAVE_MIN_MS;
-    int err = gs_client_leave(e->client, e->join.generation, e->join.rank, finished,
-                              reason ? reason : "", wait_ms);
+    int err =
+        gs_client_leave(e->client, gs__membership_generation(&e->member),
+                        gs__membership_rank(&e->member), finished, reason ? reason : "", wait_ms);
 
     if (err)
-      gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank, "leave failed: %s",
-             gs_client_error(e->client));
-    e->joined = false;
+      gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
+             "leave failed: %s", gs_client_error(e->client));
+    e->member.joined = false;
   }
   gs_heartbeat_stop(e->hb);
   e->hb = NULL;
@@ -380,10 +382,10 @@ void gs_engine_free(gs_engine_t *e)
   gs__engine_comm_stop(e, true);
   gs_comm_destroy(e->comm);
   gs_client_free(e->client);
-  gs_join_result_free(&e->join);
+  gs_join_result_free(&e->member.join);
   gs__engine_full_state_close(e);
   gs_packs_free(&e->packs);
-  gs_pb_array_free(&e->settings);
+  gs_pb_array_free(&e->member.settings);
   gs__trace_free(e);
   free(e->ready);
   free(e->ticket);

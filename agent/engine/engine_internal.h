@@ -32,6 +32,7 @@
 #include "groups.h"
 #include "heartbeat.h"
 #include "log.h"
+#include "membership.h"
 #include "packs.h"
 #include "shard.h"
 #include "pb_array.h"
@@ -131,11 +132,7 @@ struct gs_engine {
   gs_client_t *client;
   gs_heartbeat_t *hb;
   gs_comm_t *comm;
-  gradsync_JoinRequest join_req; /* kept to re-register after a coordinator restart */
-  gs_pb_array_t settings;        /* gradsync_Setting, sent with join_req (config.c) */
-  gs_join_result_t join;
-  bool joined;
-  bool grace_told; /* said once that --coordinator-grace is below the heartbeat timeout */
+  engine_membership_t member; /* its membership of the job (membership.h) */
   int32_t period;
   double grad_scale;
 
@@ -156,8 +153,7 @@ struct gs_engine {
    * a regroup keeps, and shares from the rank at the newest step. */
   bool has_state;
   gs_position_t committed;
-  uint64_t seen_regroup_seq; /* rank 0: the regroup directive passed on */
-  size_t nctl_cap;           /* control vector room: for the largest world */
+  size_t nctl_cap; /* control vector room: for the largest world */
 
   /* The comm thread and what it shares with the training thread. */
   comm_thread_t ct;
@@ -190,6 +186,7 @@ struct gs_engine {
   double step_start_ms; /* when begin_step was called */
   float loss;
   uint64_t seen_broadcast_seq, seen_checkpoint_seq, coordinator_id;
+  uint64_t seen_regroup_seq;     /* rank 0: the regroup directive passed on */
   uint32_t queued_between_steps; /* stream-ordered collectives queued since a sync (QUEUED_...) */
   step_drive_t drive;
   step_waits_t waits;
@@ -284,7 +281,7 @@ int gs__engine_listen(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSE
 /* cfg.grad_dtype as the dtype the packs' grads travel in. */
 gs_dtype_t gs__engine_wire_dtype(const gs_engine_t *e);
 
-/* config.c: adds the engine's own settings to e->settings (at join). */
+/* config.c: adds the engine's own settings to e->member.settings (at join). */
 int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 
 /* sync.c: params (and optimizer state) of every pack broadcast from `root`. */
@@ -311,7 +308,7 @@ static inline bool gs__engine_sharded(const gs_engine_t *e)
  * state survives on the next one (unless both are lost together). */
 static inline bool gs__engine_shard_copies(const gs_engine_t *e)
 {
-  return e->cfg.shard_optimizer && e->cfg.world_min > 0 && e->join.world_size > 1;
+  return e->cfg.shard_optimizer && e->cfg.world_min > 0 && gs__membership_world(&e->member) > 1;
 }
 size_t gs__engine_shard_pad(const gs_engine_t *e);
 int gs__engine_shard(gs_engine_t *e) GS_WARN_UNUSED;
@@ -348,6 +345,7 @@ gs_client_config_t gs__engine_client_config(const gs_engine_t *e);
 int gs__engine_open_comm(gs_engine_t *e, char *addr, size_t addr_len) GS_WARN_UNUSED;
 int gs__engine_join(gs_engine_t *e, const char *comm_addr) GS_WARN_UNUSED;
 void gs__engine_joined(gs_engine_t *e);
+void gs__engine_operator_lr_scale(gs_engine_t *e, float scale);
 int gs__engine_start_heartbeat(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_agree_packlist(gs_engine_t *e) GS_WARN_UNUSED;
 int gs__engine_go_live(gs_engine_t *e) GS_WARN_UNUSED;

@@ -33,15 +33,15 @@ int gs__engine_agree_packlist(gs_engine_t *e)
   char why[512];
   int err;
 
-  if (e->join.rank == 0) {
+  if (gs__membership_rank(&e->member) == 0) {
     err = built ? 0 : gs_packlist_compute(params, n, e->cfg.pack_threshold, &list);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "cannot compute the pack list: %s", gs_strerror(err));
       return err;
     }
-    err =
-        gs_client_publish_packlist(e->client, e->join.generation, 0, built ? &e->packs.list : &list,
-                                   params, n, e->cfg.rpc_timeout_ms);
+    err = gs_client_publish_packlist(e->client, gs__membership_generation(&e->member), 0,
+                                     built ? &e->packs.list : &list, params, n,
+                                     e->cfg.rpc_timeout_ms);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "cannot publish the pack list: %s",
                  gs_client_error(e->client));
@@ -50,8 +50,8 @@ int gs__engine_agree_packlist(gs_engine_t *e)
       return err;
     }
   } else {
-    err = gs_client_fetch_packlist(e->client, e->join.generation, &list, &params, &n,
-                                   e->cfg.join_timeout_ms);
+    err = gs_client_fetch_packlist(e->client, gs__membership_generation(&e->member), &list, &params,
+                                   &n, e->cfg.join_timeout_ms);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "cannot fetch the pack list from the coordinator: %s",
                  gs_client_error(e->client));
@@ -60,7 +60,8 @@ int gs__engine_agree_packlist(gs_engine_t *e)
     fetched = true;
   }
   if (built) {
-    err = e->join.rank == 0 || same_packlist(&list, &e->packs.list) ? 0 : GS_EINVAL;
+    err = gs__membership_rank(&e->member) == 0 || same_packlist(&list, &e->packs.list) ? 0
+                                                                                       : GS_EINVAL;
     if (err)
       gs_set_why(e->error, sizeof(e->error),
                  "rank 0's pack list after the regroup differs from this rank's");
@@ -81,7 +82,7 @@ int gs__engine_agree_packlist(gs_engine_t *e)
   }
   if (fetched)
     gs_client_params_free(params, n);
-  if (!err && e->join.rank == 0)
+  if (!err && gs__membership_rank(&e->member) == 0)
     gs_heartbeat_set_packlist(e->hb, &e->packs.list, e->packs.params, e->packs.nparams);
   return err;
 }
@@ -89,7 +90,7 @@ int gs__engine_agree_packlist(gs_engine_t *e)
 /* The first Join of this engine, for the world its config asks for. */
 int gs__engine_join(gs_engine_t *e, const char *comm_addr)
 {
-  gradsync_JoinRequest *req = &e->join_req;
+  gradsync_JoinRequest *req = &e->member.req;
   char where[320];
   int err;
 
@@ -111,7 +112,7 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
   err = gs__engine_add_own_settings(e);
   if (err)
     return err;
-  gs_pb_array_bind_encode(&req->settings, &e->settings);
+  gs_pb_array_bind_encode(&req->settings, &e->member.settings);
   /* A node agent's socket has no port. */
   if (e->cfg.coord.port)
     snprintf(where, sizeof(where), "%s:%u", e->cfg.coord.host, e->cfg.coord.port);
@@ -125,7 +126,7 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
     gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, -1,
            "joining %s as node '%s' local rank %u (world size %u)", where, e->cfg.node,
            e->cfg.local_rank, e->cfg.world_size);
-  err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->join);
+  err = gs_client_join(e->client, req, e->cfg.join_timeout_ms, &e->member.join);
   if (err) {
     /* A signal is no failure of the join: its message says what was waited for. */
     gs_set_why(e->error, sizeof(e->error), "%s%s",
@@ -133,18 +134,19 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
     return err;
   }
   /* A coordinator older than the rank field orders by node alone. */
-  if (req->has_rank && e->join.rank != req->rank) {
+  if (req->has_rank && gs__membership_rank(&e->member) != req->rank) {
     gs_set_why(e->error, sizeof(e->error),
                "the coordinator made this agent rank %u, but its launcher numbered it rank %u "
                "($RANK): the coordinator is older than this agent; upgrade it, or start the "
                "agents without a rank",
-               e->join.rank, req->rank);
+               gs__membership_rank(&e->member), req->rank);
     return GS_EPROTO;
   }
   gs__engine_joined(e);
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
-         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d", e->join.generation,
-         e->join.rank, e->join.world_size, e->period);
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
+         "joined generation %" PRIu64 ": rank %u of %u, broadcast period %d",
+         gs__membership_generation(&e->member), gs__membership_rank(&e->member),
+         gs__membership_world(&e->member), e->period);
   return 0;
 }
 
@@ -152,24 +154,30 @@ int gs__engine_join(gs_engine_t *e, const char *comm_addr)
  * length and the scales that depend on the world size. */
 void gs__engine_joined(gs_engine_t *e)
 {
-  gs__comm_thread_live(&e->ct, e->join.generation);
-  e->joined = true;
-  e->period = e->join.bcast_period;
+  gs__comm_thread_live(&e->ct, gs__membership_generation(&e->member));
+  e->member.joined = true;
+  e->period = e->member.join.bcast_period;
   /* Requests made before this Join were for the ranks before it (a rank 0
    * of an earlier generation passed them on, or they are moot). */
-  e->coordinator_id = e->join.coordinator_id;
-  e->seen_broadcast_seq = e->join.broadcast_seq;
-  e->seen_checkpoint_seq = e->join.checkpoint_seq;
-  e->seen_regroup_seq = e->join.regroup_seq;
+  e->coordinator_id = e->member.join.coordinator_id;
+  e->seen_broadcast_seq = e->member.join.broadcast_seq;
+  e->seen_checkpoint_seq = e->member.join.checkpoint_seq;
+  e->seen_regroup_seq = e->member.join.regroup_seq;
   gs__trace_joined(e);
-  e->nctl = gs_control_len(e->join.world_size);
-  e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / e->join.world_size : 1.0;
+  e->nctl = gs_control_len(gs__membership_world(&e->member));
+  e->grad_scale = e->cfg.reduce == GS_REDUCE_MEAN ? 1.0 / gs__membership_world(&e->member) : 1.0;
   e->lr_scale = e->cfg.elastic_lr == GS_ELASTIC_LR_LINEAR
-                    ? (float)e->join.world_size / (float)e->cfg.world_size
+                    ? (float)gs__membership_world(&e->member) / (float)e->cfg.world_size
                     : 1.0f;
-  /* Every rank of the generation took the same from its Join; a
-   * re-registration tells a restarted coordinator. */
-  e->operator_lr_scale = e->join_req.lr_scale = e->join.lr_scale;
+  /* Every rank of the generation took the same from its Join. */
+  gs__engine_operator_lr_scale(e, e->member.join.lr_scale);
+}
+
+/* The operator's lr scale in effect, and in the Join a re-registration
+ * sends, so that a restarted coordinator is told. */
+void gs__engine_operator_lr_scale(gs_engine_t *e, float scale)
+{
+  e->operator_lr_scale = e->member.req.lr_scale = scale;
 }
 
 #define COMM_ID_KEY "comm-id"
@@ -185,35 +193,36 @@ static int share_comm_id(gs_engine_t *e, uint8_t *id, size_t *len)
   *len = 0;
   if (!gs_comm_needs_id(e->comm))
     return 0;
-  if (e->join.rank == 0) {
+  if (gs__membership_rank(&e->member) == 0) {
     err = gs_comm_make_id(e->comm, id, COMM_ID_MAX, len);
     if (err) {
       gs_set_why(e->error, sizeof(e->error), "the %s backend cannot make its rendezvous id: %s",
                  gs_comm_name(e->comm), gs_strerror(err));
       return err;
     }
-    err = gs_client_publish(e->client, e->join.generation, COMM_ID_KEY, id, *len,
+    err = gs_client_publish(e->client, gs__membership_generation(&e->member), COMM_ID_KEY, id, *len,
                             e->cfg.rpc_timeout_ms);
   } else {
-    err = gs_client_fetch(e->client, e->join.generation, COMM_ID_KEY, id, COMM_ID_MAX, len,
-                          e->cfg.join_timeout_ms);
+    err = gs_client_fetch(e->client, gs__membership_generation(&e->member), COMM_ID_KEY, id,
+                          COMM_ID_MAX, len, e->cfg.join_timeout_ms);
   }
   if (err)
-    gs_set_why(
-        e->error, sizeof(e->error), "cannot %s the %s rendezvous id through the coordinator: %s",
-        e->join.rank == 0 ? "publish" : "fetch", gs_comm_name(e->comm), gs_client_error(e->client));
+    gs_set_why(e->error, sizeof(e->error),
+               "cannot %s the %s rendezvous id through the coordinator: %s",
+               gs__membership_rank(&e->member) == 0 ? "publish" : "fetch", gs_comm_name(e->comm),
+               gs_client_error(e->client));
   return err;
 }
 
 static int connect_ranks(gs_engine_t *e)
 {
-  uint32_t w = e->join.world_size;
+  uint32_t w = gs__membership_world(&e->member);
   const char **addrs = calloc(w, sizeof(*addrs));
   uint8_t id[COMM_ID_MAX];
   gs_comm_setup_t setup = {
-      .rank = e->join.rank,
+      .rank = gs__membership_rank(&e->member),
       .world_size = w,
-      .generation = e->join.generation,
+      .generation = gs__membership_generation(&e->member),
       .timeout_ms = e->cfg.comm_timeout_ms,
       .connect_timeout_ms = e->cfg.connect_timeout_ms,
       .interrupt = e->cfg.term_flag,
@@ -241,9 +250,9 @@ static int connect_ranks(gs_engine_t *e)
   }
   for (uint32_t r = 0; r < w; r++)
     addrs[r] = "";
-  for (uint32_t k = 0; k < w && e->join.peers; k++)
-    if (e->join.peers[k].rank < w && e->join.peers[k].comm_addr[0])
-      addrs[e->join.peers[k].rank] = e->join.peers[k].comm_addr;
+  for (uint32_t k = 0; k < w && e->member.join.peers; k++)
+    if (e->member.join.peers[k].rank < w && e->member.join.peers[k].comm_addr[0])
+      addrs[e->member.join.peers[k].rank] = e->member.join.peers[k].comm_addr;
   setup.peer_addrs = addrs;
   err = gs_comm_init(e->comm, &setup);
   free(addrs);
@@ -323,27 +332,29 @@ int gs__engine_start_heartbeat(gs_engine_t *e)
 {
   gs_heartbeat_config_t hc = {
       .client = gs__engine_client_config(e),
-      .generation = e->join.generation,
-      .rank = e->join.rank,
-      .world_size = e->join.world_size,
-      .interval_ms = e->join.heartbeat_interval_ms ? e->join.heartbeat_interval_ms : 1000,
-      .timeout_ms = e->join.heartbeat_timeout_ms ? e->join.heartbeat_timeout_ms : 10000,
+      .generation = gs__membership_generation(&e->member),
+      .rank = gs__membership_rank(&e->member),
+      .world_size = gs__membership_world(&e->member),
+      .interval_ms =
+          e->member.join.heartbeat_interval_ms ? e->member.join.heartbeat_interval_ms : 1000,
+      .timeout_ms =
+          e->member.join.heartbeat_timeout_ms ? e->member.join.heartbeat_timeout_ms : 10000,
       .grace_ms = e->cfg.coordinator_grace_ms,
-      .session = e->join.session,
+      .session = e->member.join.session,
       .on_abort = gs__engine_on_abort,
       .arg = e,
-      .rejoin = &e->join_req,
+      .rejoin = &e->member.req,
       .where = e->cfg.no_progress ? NULL : gs__engine_where,
       .where_arg = e,
   };
 
-  if (hc.grace_ms < hc.timeout_ms && !e->grace_told) {
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+  if (hc.grace_ms < hc.timeout_ms && !e->member.grace_told) {
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "--coordinator-grace %.1f s is below the coordinator's heartbeat timeout (%.1f s): this "
            "rank waits %.1f s for an unreachable coordinator before it stops (it may not give up "
            "on a generation the coordinator still runs)",
            hc.grace_ms / 1000.0, hc.timeout_ms / 1000.0, hc.timeout_ms / 1000.0);
-    e->grace_told = true;
+    e->member.grace_told = true;
   }
   e->hb = gs_heartbeat_start(&hc);
   if (!e->hb) {
@@ -394,10 +405,10 @@ int gs__engine_go_live(gs_engine_t *e)
                         memory_order_relaxed);
   if (err)
     return err;
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
          "%u params in %u packs (threshold %" PRIu64 " bytes), %s backend connected",
          e->packs.nparams, e->packs.list.pack_count, e->cfg.pack_threshold, gs_comm_name(e->comm));
-  if (e->join.rank == 0 && e->cfg.checkpoint_dir && !e->ckpt_writer.started) {
+  if (gs__membership_rank(&e->member) == 0 && e->cfg.checkpoint_dir && !e->ckpt_writer.started) {
     err = gs__ckpt_writer_start(&e->ckpt_writer, e->error, sizeof(e->error));
     if (err)
       return err;

@@ -87,7 +87,8 @@ void gs__engine_drive_report(gs_engine_t *e, const gs_step_result_t *r)
   if (dt <= 0.0 || dt == now) /* the first step has no previous end */
     return;
   p.loss = e->drive.loss_at ? e->drive.loss_seen : e->loss;
-  p.samples_per_sec = (float)((double)(e->drive.batch * e->join.world_size) * 1000.0 / dt);
+  p.samples_per_sec =
+      (float)((double)(e->drive.batch * gs__membership_world(&e->member)) * 1000.0 / dt);
   p.comm_wait_ms = (float)r->comm_wait_ms;
   p.compute_ms = (float)(dt > r->comm_wait_ms ? dt - r->comm_wait_ms : 0.0);
   if (e->hb) /* what gs_engine_report does, from below engine.c */

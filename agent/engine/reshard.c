@@ -33,7 +33,7 @@ enum { SAID_OLD_RANK, SAID_OLD_WORLD, SAID_STEP, SAID_REDUCED, SAID_COUNT };
  * zeros, and an allreduce of host memory sums them. */
 static int gather_said(gs_engine_t *e, const uint64_t *mine, uint64_t *all)
 {
-  uint32_t w = e->join.world_size, r = e->join.rank;
+  uint32_t w = gs__membership_world(&e->member), r = gs__membership_rank(&e->member);
   size_t per = SAID_COUNT * CHUNKS;
   float *v = calloc((size_t)w * per, sizeof(float));
   int err;
@@ -73,7 +73,7 @@ static int gather_said(gs_engine_t *e, const uint64_t *mine, uint64_t *all)
 static int catch_up(gs_engine_t *e, uint64_t newest, bool owes)
 {
   uint64_t flags = e->shard.gate_flags | (e->shard.untaken == newest ? UNTAKEN : 0);
-  uint32_t root = e->join.state_rank;
+  uint32_t root = gs__membership_join(&e->member)->state_rank;
   float gates[3];
   gs_optim_step_t st;
   int err;
@@ -100,7 +100,7 @@ static int catch_up(gs_engine_t *e, uint64_t newest, bool owes)
   };
   for (uint32_t k = 0; k < e->packs.list.pack_count; k++)
     gs__engine_update_windows(e, k, &st);
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
          "applied step %" PRIu64 "'s update to this rank's shards, as the others did", newest);
   return 0;
 }
@@ -159,7 +159,7 @@ static int64_t member_of(const uint64_t *said, uint32_t w, uint64_t r, uint64_t 
 
 int gs__engine_reshard(gs_engine_t *e)
 {
-  uint32_t w = e->join.world_size, me = e->join.rank;
+  uint32_t w = gs__membership_world(&e->member), me = gs__membership_rank(&e->member);
   uint64_t mine[SAID_COUNT] = {e->has_state ? e->shard.rank + 1 : 0, e->shard.world,
                                e->committed.step, e->shard.reduced};
   uint64_t *said = calloc((size_t)w * (SAID_COUNT + 1), sizeof(uint64_t)), *at, newest = 0;
@@ -225,7 +225,7 @@ int gs__engine_reshard(gs_engine_t *e)
   err = err ? err : gs__engine_full_state_keep(e);
   gs__engine_full_state_close(e);
   if (!err)
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
            "resharded the optimizer state of step %" PRIu64 " from %" PRIu64
            " ranks to %u (hash %016" PRIx64 ")",
            newest, old_world, w, e->state_hash);

@@ -23,11 +23,12 @@ size_t gs__engine_shard_pad(const gs_engine_t *e)
 
 int gs__engine_shard(gs_engine_t *e)
 {
-  uint32_t w = e->join.world_size, prev = (e->join.rank + w - 1) % w;
+  uint32_t w = gs__membership_world(&e->member),
+           prev = (gs__membership_rank(&e->member) + w - 1) % w;
 
   for (uint32_t k = 0; gs__engine_sharded(e) && k < e->packs.list.pack_count; k++) {
     gs_pack_t *pk = &e->packs.packs[k];
-    gs_comm_shard_t own = gs_comm_shard(e->comm, pk->elements, e->join.rank);
+    gs_comm_shard_t own = gs_comm_shard(e->comm, pk->elements, gs__membership_rank(&e->member));
     gs_comm_shard_t copy = gs__engine_shard_copies(e) ? gs_comm_shard(e->comm, pk->elements, prev)
                                                       : (gs_comm_shard_t){0, 0};
     int err;
@@ -45,7 +46,7 @@ int gs__engine_shard(gs_engine_t *e)
       return err;
     }
   }
-  e->shard.rank = e->join.rank;
+  e->shard.rank = gs__membership_rank(&e->member);
   e->shard.world = w;
   atomic_store_explicit(&e->board.state_bytes, gs_packs_state_bytes(&e->packs),
                         memory_order_relaxed);

@@ -55,7 +55,7 @@ int gs__engine_check_same_state(gs_engine_t *e)
 {
   float v[2 * HASH_NIBBLES];
   uint64_t h;
-  double w = e->join.world_size;
+  double w = gs__membership_world(&e->member);
   int err = state_hash(e, &h);
 
   if (err) {
@@ -78,7 +78,8 @@ int gs__engine_check_same_state(gs_engine_t *e)
       gs_set_why(e->error, sizeof(e->error),
                  "generation %" PRIu64 ": the ranks hold different params or optimizer state after "
                  "taking rank %u's state (hash %016" PRIx64 " on rank %u)",
-                 e->join.generation, e->join.state_rank, h, e->join.rank);
+                 gs__membership_generation(&e->member), gs__membership_join(&e->member)->state_rank,
+                 h, gs__membership_rank(&e->member));
       return gs__engine_fail(e, GS_EPROTO);
     }
   }

@@ -22,7 +22,7 @@
 static void write_control(gs_engine_t *e, float loss)
 {
   gs_control_local_t in = {
-      .rank = e->join.rank,
+      .rank = gs__membership_rank(&e->member),
       .term = e->cfg.term_flag && *e->cfg.term_flag,
       .nonfinite = !isfinite(loss),
       .step = e->steps_begun,
@@ -108,7 +108,7 @@ void gs__engine_drive_begin(gs_engine_t *e)
   uint64_t sample = after.sample == GS_POSITION_SAMPLE_UNKNOWN ? 0 : after.sample;
 
   after.step++;
-  after.sample = sample + e->drive.batch * e->join.world_size;
+  after.sample = sample + e->drive.batch * gs__membership_world(&e->member);
   e->drive.loss_given = false;
   gs_engine_begin_step(e, 0.0f, &after);
 }
@@ -136,7 +136,7 @@ static void launch(gs_engine_t *e, uint32_t k)
     /* The training thread waits for the last pack right after backward;
      * handing it to the comm thread and back would only add two wake-ups
      * to the step's critical path. end_step runs it after the others. */
-    if (e->nissued == e->packs.list.pack_count && e->join.world_size > 1) {
+    if (e->nissued == e->packs.list.pack_count && gs__membership_world(&e->member) > 1) {
       job->state = JOB_DEFERRED;
       return;
     }

@@ -133,7 +133,7 @@ static void snapshot_free(gs_ckpt_buffer_t *b, uint32_t n)
 static int sharded_snapshot(gs_engine_t *e, gs_ckpt_buffer_t **out)
 {
   uint32_t packs = e->packs.list.pack_count, per = ckpt_per_pack(e);
-  bool keep = e->join.rank == 0;
+  bool keep = gs__membership_rank(&e->member) == 0;
   size_t room = 0;
   gs_ckpt_buffer_t *b = keep ? calloc((size_t)per * packs, sizeof(*b)) : NULL;
   float *whole;
@@ -178,7 +178,7 @@ static int checkpoint(gs_engine_t *e, const gs_position_t *pos)
                         ckpt_per_pack(e) * e->packs.list.pack_count,
                         NULL,
                         e->layout_desc,
-                        e->join.world_size,
+                        gs__membership_world(&e->member),
                         pos->sample,
                         0,
                         e->optim_steps,
@@ -197,10 +197,10 @@ static int checkpoint(gs_engine_t *e, const gs_position_t *pos)
     err = sharded_snapshot(e, &st.bufs);
     if (err)
       return err;
-  } else if (e->join.rank == 0) {
+  } else if (gs__membership_rank(&e->member) == 0) {
     st.bufs = ckpt_buffers(e, CKPT_SNAPSHOT);
   }
-  if (e->join.rank != 0) {
+  if (gs__membership_rank(&e->member) != 0) {
     e->ckpt_taken = true;
     e->ckpt_step = pos->step;
     return 0;
@@ -309,21 +309,21 @@ static int load_checkpoint(gs_engine_t *e, gs_position_t *pos, bool *found)
   /* Allowed (the params and optimizer state are the same whatever the world
    * size), but the global batch, the data each rank sees and, with
    * --reduce sum, the step size differ from the run that wrote it. */
-  if (st.world_size && st.world_size != e->join.world_size)
+  if (st.world_size && st.world_size != gs__membership_world(&e->member))
     gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, 0,
            "%s was written at world size %" PRIu32 ", resuming at world size %" PRIu32
            ": the global batch and the data order differ from that run's",
-           path, st.world_size, e->join.world_size);
+           path, st.world_size, gs__membership_world(&e->member));
   return 0;
 }
 
 int gs__engine_share_state(gs_engine_t *e, gs_position_t *pos)
 {
   uint64_t hdr[5] = {pos->step, pos->epoch, pos->rng_state, pos->sample, e->optim_steps};
-  uint32_t root = e->join.state_rank;
+  uint32_t root = gs__membership_join(&e->member)->state_rank;
   int err;
 
-  if (e->join.world_size > 1) {
+  if (gs__membership_world(&e->member) > 1) {
     err = gs__engine_run_now(e, OP_BROADCAST, hdr, sizeof(hdr), false, root,
                              "broadcast of the position");
     if (!err && gs__engine_sharded(e)) { /* the shards, kept by their ranks (reshard.c) */
@@ -360,7 +360,7 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
    * runs, or a regroup): the newest. Until it has one, a later regroup
    * falls back on the caller's start position. */
   e->committed = *pos;
-  if (e->join.resume_state)
+  if (gs__membership_join(&e->member)->resume_state)
     return gs__engine_share_state(e, pos);
   /* A fresh start: the windows of this world (a world that broke before
    * it trained left others), the state zero. */
@@ -368,7 +368,7 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
   if (err)
     return err;
   e->has_state = true;
-  if (e->join.rank == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
+  if (gs__membership_rank(&e->member) == 0 && e->cfg.resume && e->cfg.checkpoint_dir) {
     /* Sharded: the checkpoint's whole state, each rank keeping its shard. */
     err = gs__engine_full_state_open(e);
     err = err ? err : load_checkpoint(e, pos, &found);
@@ -382,7 +382,7 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
     else
       gs__engine_full_state_close(e);
   }
-  if (e->join.world_size == 1) {
+  if (gs__membership_world(&e->member) == 1) {
     e->committed = *pos;
     return gs__engine_full_state_keep(e);
   }

@@ -82,7 +82,7 @@ static void start(gs_engine_t *e, uint64_t seq, uint32_t steps)
   if (!t->main)
     t->main = calloc(MAX_SPANS, sizeof(*t->main)); /* both halves */
   if (!t->main) {
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "trace %" PRIu64 ": out of memory; not recorded", seq);
     return;
   }
@@ -94,7 +94,7 @@ static void start(gs_engine_t *e, uint64_t seq, uint32_t steps)
   atomic_store(&t->ncomm, 0);
   t->origin_us = t->since_us = gs_now_ns() / 1000;
   atomic_store_explicit(&t->on, true, memory_order_release);
-  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+  gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
          "trace %" PRIu64 ": recording the next %u step(s)", seq, t->steps_left);
 }
 
@@ -105,8 +105,10 @@ static int encode(gs_engine_t *e, gradsync_Trace *msg, gs_buf_t *out)
   trace_rec_t *t = &e->trace;
   uint32_t nm = atomic_load(&t->nmain), nc = atomic_load(&t->ncomm);
 
-  *msg = (gradsync_Trace){
-      .seq = t->seq, .rank = e->join.rank, .origin_us = t->origin_us, .truncated = t->truncated};
+  *msg = (gradsync_Trace){.seq = t->seq,
+                          .rank = gs__membership_rank(&e->member),
+                          .origin_us = t->origin_us,
+                          .truncated = t->truncated};
   memcpy(msg->events, t->main, nm * sizeof(*t->main));
   memcpy(msg->events + nm, t->comm, nc * sizeof(*t->comm));
   msg->events_count = nm + nc;
@@ -130,17 +132,17 @@ static void publish(gs_engine_t *e)
   int err;
 
   atomic_store_explicit(&t->on, false, memory_order_relaxed);
-  snprintf(key, sizeof(key), "trace.%" PRIu64 ".%u", t->seq, e->join.rank);
+  snprintf(key, sizeof(key), "trace.%" PRIu64 ".%u", t->seq, gs__membership_rank(&e->member));
   err = msg ? encode(e, msg, &out) : GS_ENOMEM;
   if (!err)
-    err = gs_client_publish(e->client, e->join.generation, key, out.data, out.len,
-                            e->cfg.rpc_timeout_ms);
+    err = gs_client_publish(e->client, gs__membership_generation(&e->member), key, out.data,
+                            out.len, e->cfg.rpc_timeout_ms);
   if (err)
-    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_WARN, e->cfg.coord.job, gs__membership_rank(&e->member),
            "trace %" PRIu64 ": could not publish it: %s", t->seq,
            err == GS_ENOMEM ? "out of memory" : gs_client_error(e->client));
   else
-    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, e->join.rank,
+    gs_log(e->cfg.log, GS_LOG_INFO, e->cfg.coord.job, gs__membership_rank(&e->member),
            "trace %" PRIu64 ": %u span(s) published%s", t->seq, (unsigned)msg->events_count,
            msg->truncated ? " (the last left out: more than one blob holds)" : "");
   gs_buf_free(&out);
@@ -179,8 +181,8 @@ void gs__trace_joined(gs_engine_t *e)
 {
   /* Requests made before this Join were for the ranks before it; one
    * made after it comes with a heartbeat's directives, however soon. */
-  e->trace.coordinator_id = e->join.coordinator_id;
-  e->trace.seen_seq = e->join.trace_seq;
+  e->trace.coordinator_id = gs__membership_join(&e->member)->coordinator_id;
+  e->trace.seen_seq = gs__membership_join(&e->member)->trace_seq;
 }
 
 void gs__trace_free(gs_engine_t *e)
