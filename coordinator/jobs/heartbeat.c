@@ -89,14 +89,14 @@ static void answer_waiting(gs_member_t *m)
   bool ended = m->state != GS_MEMBER_LEFT &&
                (m->generation == job->aborted_generation || m->generation < job->generation);
 
-  gs_list_remove(&m->wait_node);
-  r->unpark(r, m->wait_peer);
-  gs__trace_stamp(m, &m->hb_replied_us, job->jobs->now_ms);
-  reply_heartbeat_to(job, m->wait_peer, m->wait_request, ended,
+  gs_list_remove(&m->poll.node);
+  r->unpark(r, m->poll.peer);
+  gs__trace_replied(m, job->jobs->now_ms);
+  reply_heartbeat_to(job, m->poll.peer, m->poll.request, ended,
                      m->generation == job->aborted_generation
                          ? job->abort_reason
                          : "this generation was superseded by a newer one",
-                     m->wait_seen);
+                     m->poll.seen);
 }
 
 void gs__heartbeat_node_beats(gs_job_t *job, bool start)
@@ -108,7 +108,7 @@ void gs__heartbeat_node_beats(gs_job_t *job, bool start)
 
 void gs__heartbeat_release(gs_member_t *m)
 {
-  if (gs_list_linked(&m->wait_node))
+  if (gs_list_linked(&m->poll.node))
     answer_waiting(m);
 }
 
@@ -118,7 +118,7 @@ void gs__heartbeat_tell_news(gs_job_t *job)
 
   job->news_told = job->news;
   while ((n = gs_list_first(&job->wait_list)) || (n = gs_list_first(&job->node_waits)))
-    answer_waiting(GS_CONTAINER_OF(n, gs_member_t, wait_node));
+    answer_waiting(GS_CONTAINER_OF(n, gs_member_t, poll.node));
 }
 
 /* Long poll: the reply waits for news or until the wait ends, at most
@@ -131,18 +131,18 @@ static void wait_for_news(gs_member_t *m, const gs_call_t *call, uint32_t wait_m
   gs_job_t *job = m->job;
   uint64_t cap = job->jobs->cfg.heartbeat_interval_ms;
 
-  if (gs_list_linked(&m->wait_node)) /* a new heartbeat while one waits: answer that one */
+  if (gs_list_linked(&m->poll.node)) /* a new heartbeat while one waits: answer that one */
     answer_waiting(m);
-  m->wait_peer = call->peer->id;
-  m->wait_request = call->request_id;
-  m->wait_seen = call->news_only ? call->news_seen : 0;
+  m->poll.peer = call->peer->id;
+  m->poll.request = call->request_id;
+  m->poll.seen = call->news_only ? call->news_seen : 0;
   /* A node agent's beat is replaced by its slot's next one long before
    * the heartbeat timeout; one that outlives it is a silent rank's. */
-  m->wait_until_ms = call->now_ms + (call->news_only ? job->jobs->cfg.heartbeat_timeout_ms
+  m->poll.until_ms = call->now_ms + (call->news_only ? job->jobs->cfg.heartbeat_timeout_ms
                                      : wait_ms < cap ? wait_ms
                                                      : cap);
   job->jobs->responder->park(job->jobs->responder, call->peer->id);
-  gs_list_insert_tail(call->news_only ? &job->node_waits : &job->wait_list, &m->wait_node);
+  gs_list_insert_tail(call->news_only ? &job->node_waits : &job->wait_list, &m->poll.node);
 }
 
 /* Ends m's wait without an answer. */
@@ -150,8 +150,8 @@ static void drop_wait(gs_member_t *m)
 {
   gs_responder_t *r = m->job->jobs->responder;
 
-  gs_list_remove(&m->wait_node);
-  r->unpark(r, m->wait_peer);
+  gs_list_remove(&m->poll.node);
+  r->unpark(r, m->poll.peer);
 }
 
 /* A node agent's beat: answered now when its reply is news to the node
@@ -159,19 +159,19 @@ static void drop_wait(gs_member_t *m)
  * beat, which had no news either: its wait is this one's now. */
 static void answer_node_beat(gs_member_t *m, const gs_call_t *call)
 {
-  if (gs_list_linked(&m->wait_node) && !m->wait_seen)
+  if (gs_list_linked(&m->poll.node) && !m->poll.seen)
     answer_waiting(m); /* a long poll of a direct heartbeat */
   if (reply_heartbeat(call, m->job, false, NULL)) {
-    if (gs_list_linked(&m->wait_node))
+    if (gs_list_linked(&m->poll.node))
       drop_wait(m);
-  } else if (gs_list_linked(&m->wait_node) && m->wait_peer == call->peer->id) {
-    m->wait_request = call->request_id; /* the same wait, for this beat, and as long */
-    m->wait_seen = call->news_seen;
-    m->wait_until_ms = call->now_ms + m->job->jobs->cfg.heartbeat_timeout_ms;
-    gs_list_remove(&m->wait_node);
-    gs_list_insert_tail(&m->job->node_waits, &m->wait_node);
+  } else if (gs_list_linked(&m->poll.node) && m->poll.peer == call->peer->id) {
+    m->poll.request = call->request_id; /* the same wait, for this beat, and as long */
+    m->poll.seen = call->news_seen;
+    m->poll.until_ms = call->now_ms + m->job->jobs->cfg.heartbeat_timeout_ms;
+    gs_list_remove(&m->poll.node);
+    gs_list_insert_tail(&m->job->node_waits, &m->poll.node);
   } else {
-    if (gs_list_linked(&m->wait_node))
+    if (gs_list_linked(&m->poll.node))
       drop_wait(m);
     wait_for_news(m, call, 0);
   }
@@ -308,7 +308,7 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b)
    * at the node agent. */
   if (!call->news_only) {
     gs__trace_clock_sample(m, b->clock_sent_us, b->clock_replied_us);
-    gs__trace_stamp(m, &m->hb_arrived_us, call->now_ms);
+    gs__trace_arrived(m, call->now_ms);
   }
   if (call->news_only)
     answer_node_beat(m, call);
@@ -316,7 +316,7 @@ void gs__heartbeat(gs_job_t *job, const gs_call_t *call, const gs_beat_t *b)
     wait_for_news(m, call, b->wait_ms);
   else {
     reply_heartbeat(call, job, false, NULL);
-    m->hb_replied_us = m->hb_arrived_us;
+    gs__trace_replied_at_once(m);
   }
 }
 
@@ -365,16 +365,16 @@ static void end_waits(gs_job_t *job, uint64_t now)
   gs_list_t *n;
 
   while ((n = gs_list_first(&job->wait_list))) {
-    gs_member_t *m = GS_CONTAINER_OF(n, gs_member_t, wait_node);
+    gs_member_t *m = GS_CONTAINER_OF(n, gs_member_t, poll.node);
 
-    if (m->wait_until_ms > now)
+    if (m->poll.until_ms > now)
       break;
     answer_waiting(m);
   }
   while ((n = gs_list_first(&job->node_waits))) {
-    gs_member_t *m = GS_CONTAINER_OF(n, gs_member_t, wait_node);
+    gs_member_t *m = GS_CONTAINER_OF(n, gs_member_t, poll.node);
 
-    if (m->wait_until_ms > now)
+    if (m->poll.until_ms > now)
       break;
     drop_wait(m);
   }

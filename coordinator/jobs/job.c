@@ -127,9 +127,9 @@ void gs__member_free(gs_member_t *m)
   mem = m->job->jobs->cfg.mem;
   if (mem)
     gs_mem_budget_members(mem, 0, m->counted);
-  if (gs_list_linked(&m->wait_node)) { /* never answered: its connection waits no more */
-    m->job->jobs->responder->unpark(m->job->jobs->responder, m->wait_peer);
-    gs_list_remove(&m->wait_node);
+  if (gs_list_linked(&m->poll.node)) { /* never answered: its connection waits no more */
+    m->job->jobs->responder->unpark(m->job->jobs->responder, m->poll.peer);
+    gs_list_remove(&m->poll.node);
   }
   gs__member_unbind(m);
   gs__hb_unlink(m);

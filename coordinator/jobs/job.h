@@ -111,6 +111,28 @@ typedef struct gs_beat {
   uint32_t wait_ms;                         /* long poll (not a node agent's) */
 } gs_beat_t;
 
+/* A member's agent's clock, written by trace.c: coordinator µs = agent
+ * µs + offset_us, from the heartbeat round trip with the shortest time
+ * (rtt_us); the network round trip of its latest heartbeat; and that
+ * heartbeat's arrival and reply on the coordinator's clock (µs). */
+typedef struct gs_member_clock {
+  int64_t offset_us;
+  uint64_t rtt_us;
+  uint32_t beat_rtt_ms;
+  bool synced;
+  uint64_t arrived_us, replied_us;
+} gs_member_clock_t;
+
+/* A member's heartbeat that waits for news (long poll), written by
+ * heartbeat.c (job.c lets go of it with the member): on the job's wait
+ * list, in arrival order, which is the order its waits end; a node
+ * agent's beat holds the news `seen` (its wait has no end). */
+typedef struct gs_member_poll {
+  gs_list_t node;
+  uint64_t peer, request, until_ms;
+  uint64_t seen;
+} gs_member_poll_t;
+
 /* A beat of a NodeHeartbeat: the call of its slot (news_only), its beat. */
 typedef struct gs_node_beat {
   gs_call_t call;
@@ -163,22 +185,11 @@ struct gs_member {
   GS_BEAT_FIELDS(GS_BEAT_MEMBER_FIELD)
   uint64_t phase_start_ms;
   float step_ms; /* compute + comm wait per step, over the last few heartbeats */
-  /* Its agent's clock (trace.c): coordinator µs = agent µs + offset, from
-   * the heartbeat round trip with the shortest time; this heartbeat's
-   * arrival and reply, on the coordinator's clock (µs). */
-  int64_t clock_offset_us;
-  uint64_t clock_rtt_us;
-  uint32_t beat_rtt_ms; /* the network round trip of its latest heartbeat */
-  bool clock_synced;
-  uint64_t hb_arrived_us, hb_replied_us;
+  gs_member_clock_t clock;
   /* Elastic: it came back for the next generation (regroup.c), so its old
    * connections closing loses nothing. */
   bool regrouped;
-  /* A heartbeat that waits for news (long poll, heartbeat.c): on the job's
-   * wait list, in arrival order, which is the order its waits end. */
-  gs_list_t wait_node;
-  uint64_t wait_peer, wait_request, wait_until_ms;
-  uint64_t wait_seen; /* a node agent's beat: the news it holds (its wait has no end) */
+  gs_member_poll_t poll;
 };
 
 /* One generation of a job, for /jobs/NAME: when it started, its world,

@@ -277,9 +277,9 @@ static cJSON *rank_json(const gs_member_t *m, uint32_t r, uint64_t now)
   cJSON_AddNumberToObject(o, "phase_s", (now - m->phase_start_ms) / 1000.0);
   cJSON_AddNumberToObject(o, "send_wait", m->send_wait);
   add_kept(o, m, GS_BEAT_WHERE);
-  if (m->clock_synced) { /* its clock against the coordinator's (traces) */
-    cJSON_AddNumberToObject(o, "clock_offset_ms", (double)m->clock_offset_us / 1000.0);
-    cJSON_AddNumberToObject(o, "clock_rtt_ms", (double)m->clock_rtt_us / 1000.0);
+  if (m->clock.synced) { /* its clock against the coordinator's (traces) */
+    cJSON_AddNumberToObject(o, "clock_offset_ms", (double)m->clock.offset_us / 1000.0);
+    cJSON_AddNumberToObject(o, "clock_rtt_ms", (double)m->clock.rtt_us / 1000.0);
   }
   return o;
 }

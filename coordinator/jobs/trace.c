@@ -36,30 +36,45 @@ struct gs_trace_render {
   int err;         /* GS_ELIMIT, GS_ENOMEM: the request's answer until the next */
 };
 
-void gs__trace_stamp(const gs_member_t *m, uint64_t *at_us, uint64_t now_ms)
+static uint64_t stamp(const gs_member_t *m, uint64_t now_ms)
 {
   gs_responder_t *r = m->job->jobs->responder;
 
-  *at_us = r->clock_us ? r->clock_us(r) : now_ms * 1000;
+  return r->clock_us ? r->clock_us(r) : now_ms * 1000;
+}
+
+void gs__trace_arrived(gs_member_t *m, uint64_t now_ms)
+{
+  m->clock.arrived_us = stamp(m, now_ms);
+}
+
+void gs__trace_replied(gs_member_t *m, uint64_t now_ms)
+{
+  m->clock.replied_us = stamp(m, now_ms);
+}
+
+void gs__trace_replied_at_once(gs_member_t *m)
+{
+  m->clock.replied_us = m->clock.arrived_us;
 }
 
 void gs__trace_clock_sample(gs_member_t *m, uint64_t agent_sent_us, uint64_t agent_replied_us)
 {
   int64_t t1 = (int64_t)agent_sent_us, t4 = (int64_t)agent_replied_us;
-  int64_t t2 = (int64_t)m->hb_arrived_us, t3 = (int64_t)m->hb_replied_us;
+  int64_t t2 = (int64_t)m->clock.arrived_us, t3 = (int64_t)m->clock.replied_us;
   int64_t rtt = (t4 - t1) - (t3 - t2);
 
   if (!t1 || !t4 || !t2 || !t3 || t4 < t1 || rtt < 0)
     return; /* no sample yet, or the two sides speak of different heartbeats */
-  m->beat_rtt_ms = rtt / 1000 < UINT32_MAX ? (uint32_t)(rtt / 1000) : UINT32_MAX;
+  m->clock.beat_rtt_ms = rtt / 1000 < UINT32_MAX ? (uint32_t)(rtt / 1000) : UINT32_MAX;
   /* The best sample ages, so that a clock that drifts is followed. */
-  if (m->clock_rtt_us && (uint64_t)rtt > m->clock_rtt_us + m->clock_rtt_us / 16 + 1000) {
-    m->clock_rtt_us += m->clock_rtt_us / 64 + 1;
+  if (m->clock.rtt_us && (uint64_t)rtt > m->clock.rtt_us + m->clock.rtt_us / 16 + 1000) {
+    m->clock.rtt_us += m->clock.rtt_us / 64 + 1;
     return;
   }
-  m->clock_rtt_us = (uint64_t)rtt;
-  m->clock_offset_us = ((t2 - t1) + (t3 - t4)) / 2;
-  m->clock_synced = true;
+  m->clock.rtt_us = (uint64_t)rtt;
+  m->clock.offset_us = ((t2 - t1) + (t3 - t4)) / 2;
+  m->clock.synced = true;
 }
 
 /* The key of rank's part of the latest trace. */
@@ -282,7 +297,7 @@ static void measure_rank(const gs_job_t *job, gs_trace_render_t *r, gradsync_Tra
 
   rank_part(job, rank, t);
   r->truncated[rank] = t->truncated;
-  base = (int64_t)t->origin_us + job->ranks[rank]->clock_offset_us;
+  base = (int64_t)t->origin_us + job->ranks[rank]->clock.offset_us;
   for (pb_size_t i = 0; i < t->events_count; i++) {
     int64_t at = base + (int64_t)t->events[i].start_us;
 
@@ -332,7 +347,7 @@ static int write_rank(const gs_job_t *job, gs_trace_render_t *r, gradsync_Trace 
     put(&r->text, ",");
   put_tracks(&r->text, rank, node);
   free(node);
-  base = (int64_t)t->origin_us + m->clock_offset_us - r->origin;
+  base = (int64_t)t->origin_us + m->clock.offset_us - r->origin;
   for (pb_size_t i = 0; i < t->events_count; i++)
     put_span(&r->text, rank, &t->events[i], base + (int64_t)t->events[i].start_us);
   return 0;
@@ -360,7 +375,7 @@ static int finish(gs_job_t *job, gs_trace_render_t *r)
    * its track is placed within half of it of the coordinator's clock. */
   put(out, "],\"clock_rtt_us\":[");
   for (uint32_t rank = 0; rank < w; rank++)
-    put(out, "%s%" PRIu64, rank ? "," : "", job->ranks[rank]->clock_rtt_us);
+    put(out, "%s%" PRIu64, rank ? "," : "", job->ranks[rank]->clock.rtt_us);
   put(out, "]}}");
   if (out->len + 1 >= out->cap)
     return GS_EINTERNAL; /* the room was measured short */

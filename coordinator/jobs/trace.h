@@ -12,9 +12,12 @@
 /* The most steps one request may ask for. */
 #define GS_TRACE_MAX_STEPS 100
 
-/* Stamps *at_us (m's heartbeat's arrival or reply) with the responder's
- * fresh clock, or `now_ms` without one. */
-void gs__trace_stamp(const gs_member_t *m, uint64_t *at_us, uint64_t now_ms);
+/* Stamps m's heartbeat's arrival, or its reply, with the responder's
+ * fresh clock (`now_ms` without one); a reply made at once takes the
+ * arrival's time. */
+void gs__trace_arrived(gs_member_t *m, uint64_t now_ms);
+void gs__trace_replied(gs_member_t *m, uint64_t now_ms);
+void gs__trace_replied_at_once(gs_member_t *m);
 
 /* A heartbeat's clock sample (its agent's send and reply times of the
  * previous heartbeat, the coordinator's of the same one): keeps the

@@ -58,7 +58,7 @@ static uint64_t silence_ms(const gs_job_t *job)
 static bool silent(const gs_member_t *m, uint64_t now)
 {
   uint64_t interval = m->job->jobs->cfg.heartbeat_interval_ms;
-  uint64_t late = m->beat_rtt_ms < interval ? m->beat_rtt_ms : interval;
+  uint64_t late = m->clock.beat_rtt_ms < interval ? m->clock.beat_rtt_ms : interval;
 
   return now - m->last_heartbeat_ms > silence_ms(m->job) + late;
 }
