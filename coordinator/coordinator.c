@@ -162,6 +162,7 @@ static int wire_layers(gs_coord_t *c)
 
   gs_mem_budget_init(&c->mem, c->cfg.max_memory);
   gs__log_limit_init(&c->lines, &c->cfg.log);
+  c->lines.window_ms = c->cfg.log_window_ms;
   c->conns = gs__conns_new(c->loop, &c->cfg.log, &lim, &cb);
   if (!c->conns)
     return GS_ENOMEM;

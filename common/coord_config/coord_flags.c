@@ -130,6 +130,14 @@ static const gs_flag_t flag_rows[] = {
    .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",
    .doc = "`error`, `warn`, `info` or `debug`"},
+  {.name = "--log-window", .kind = GS_FLAG_DURATION, CFG(log_window_ms), .umin = 1000,
+   .umax = 3600000, .metavar = "DUR",
+   .help = "lines about clients: 5 per address and kind, 50 in all, per window this long; "
+           "the rest counted in a summary at its end",
+   .doc = "lines about clients (a wrong token, a bad frame or request, a client over a limit) "
+          "are limited per window this long, from its first line: 5 per peer address and kind "
+          "of line, 50 for all clients together; what is held back is counted in one summary "
+          "line when the window ends (docs/guide/security.md). Whole seconds in the summaries"},
 };
 /* clang-format on */
 
@@ -166,6 +174,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->rendezvous_timeout_ms = 300000;
   cfg->idle_timeout_ms = 60000;
   cfg->loop_pace_ms = 2;
+  cfg->log_window_ms = 10000; /* GS_LOG_LIMIT_WINDOW_MS */
   cfg->default_wait_ms = 60000;
   cfg->job_retention_ms = 3600000;
   cfg->stall_timeout_ms = 300000;
