@@ -141,6 +141,7 @@ static int wire_layers(gs_coord_t *c)
       .rendezvous_timeout_ms = c->cfg.rendezvous_timeout_ms,
       .job_retention_ms = c->cfg.job_retention_ms,
       .stall_timeout_ms = c->cfg.stall_timeout_ms,
+      .reregister_slack_ms = c->cfg.reregister_slack_ms,
       .max_world_size = c->cfg.max_world_size,
       .max_job_world = c->cfg.max_connections / 2,
       .max_jobs = c->cfg.max_jobs,

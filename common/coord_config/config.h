@@ -44,6 +44,7 @@ typedef struct gs_coord_config {
   uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
   uint64_t job_retention_ms;      /* a job that ran is forgotten this long after it rested */
   uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
+  uint64_t reregister_slack_ms;   /* after a restart: re-registration past the heartbeat timeout */
   uint64_t loop_pace_ms;  /* many connections open: loop iterations at least this far apart */
   uint64_t log_window_ms; /* lines about clients: each limit's window (log_limit.h) */
   size_t max_frame;       /* largest accepted frame payload */

@@ -83,6 +83,14 @@ static const gs_flag_t flag_rows[] = {
    .doc = "a running job whose step has not advanced this long while its heartbeats are fresh "
           "is flagged `stalled` in `/status` and `/metrics`, with the ranks that lag; `0s` "
           "disables"},
+  {.name = "--reregister-slack", .kind = GS_FLAG_DURATION, CFG(reregister_slack_ms), .umin = 1,
+   .metavar = "DUR",
+   .help = "after a restart, how long past the heartbeat timeout a running job's ranks have "
+           "to re-register",
+   .doc = "a restarted coordinator adopts the running generations its agents re-register "
+          "for; a rank that has not re-registered within the heartbeat timeout and this much "
+          "more is lost. Agents redial with a backoff of up to about 6 s: less than that may "
+          "lose live ranks"},
   {.name = "--max-frame", .kind = GS_FLAG_SIZE, CFG(max_frame), .umin = 1024, .umax = 1u << 30,
    .metavar = "SIZE", .help = "largest RPC frame accepted",
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
@@ -178,6 +186,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->default_wait_ms = 60000;
   cfg->job_retention_ms = 3600000;
   cfg->stall_timeout_ms = 300000;
+  cfg->reregister_slack_ms = 15000; /* GS_REREGISTER_SLACK_MS */
   cfg->max_frame = GS_FRAME_DEFAULT_MAX;
   cfg->max_world_size = 65536;
   cfg->max_jobs = GS_COORD_DEFAULT_MAX_JOBS;
