@@ -155,6 +155,7 @@ static int wire_layers(gs_coord_t *c)
   gs_conn_limits_t lim = {
       .max_frame = c->cfg.max_frame,
       .idle_timeout_ms = c->cfg.idle_timeout_ms,
+      .vacant_idle_ms = c->cfg.vacant_idle_ms,
       .mem = &c->mem,
       .max_connections = c->cfg.max_connections,
       .tls = c->cfg.tls,

@@ -1146,8 +1146,9 @@ START_TEST(bad_input_never_harms_the_service)
 END_TEST
 
 /* At --max-connections, connections that passed the token check but hold
- * no rank (left open after a call) are closed once idle long enough, to
- * admit a new one: a client cannot hold the port with them. */
+ * no rank (left open after a call) are closed once idle long enough
+ * (--vacant-idle, 10 s by default; 1 s here), to admit a new one: a client
+ * cannot hold the port with them. */
 START_TEST(vacant_connections_make_room)
 {
   th_client_t hold[4], c;
@@ -1156,7 +1157,7 @@ START_TEST(vacant_connections_make_room)
   gradsync_JoinRequest req = th_join_request("late", 1, "n", 0);
   bool joined = false;
 
-  th_coord_start(&coord, "--max-connections", "4", NULL);
+  th_coord_start(&coord, "--max-connections", "4", "--vacant-idle", "1s", NULL);
   for (int i = 0; i < 4; i++) {
     th_connect(&hold[i], coord.rpc_port);
     ck_assert_int_eq(heartbeat(&hold[i], "ghost", 1, 0, 1, &hb), 5); /* authenticated, no rank */

@@ -41,6 +41,7 @@ typedef struct gs_coord_config {
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
   uint64_t idle_timeout_ms;       /* a connection with nothing to do is closed */
+  uint64_t vacant_idle_ms;        /* at the cap, idle this long and holding no rank: closed */
   uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
   uint64_t job_retention_ms;      /* a job that ran is forgotten this long after it rested */
   uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */

@@ -113,6 +113,12 @@ static const gs_flag_t flag_rows[] = {
    .doc = "open RPC connections at most; at the limit the oldest idle connection that never "
           "authenticated is closed, else the new one is refused (logged). `0`: the open-file "
           "limit less `--max-http-connections` and 32 descriptors for the rest"},
+  {.name = "--vacant-idle", .kind = GS_FLAG_DURATION, CFG(vacant_idle_ms), .umin = 1,
+   .metavar = "DUR",
+   .help = "at --max-connections, close a connection idle this long that holds no rank",
+   .doc = "at `--max-connections` with no unauthenticated connection to close, the oldest "
+          "authenticated connection that holds no rank (a client's spare one, or one left "
+          "open after a refusal) and has been idle this long is closed to admit a new one"},
   {.name = "--max-http-connections", .kind = GS_FLAG_INT, CFG(max_http_connections), .min = 0,
    .max = 1 << 20, .metavar = "N",
    .help = "open HTTP connections at most (0: an eighth of the open-file limit, at most 256)",
@@ -181,6 +187,7 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->heartbeat_timeout_ms = 10000;
   cfg->rendezvous_timeout_ms = 300000;
   cfg->idle_timeout_ms = 60000;
+  cfg->vacant_idle_ms = 10000; /* GS_CONN_VACANT_EVICT_IDLE_MS */
   cfg->loop_pace_ms = 2;
   cfg->log_window_ms = 10000; /* GS_LOG_LIMIT_WINDOW_MS */
   cfg->default_wait_ms = 60000;
