@@ -32,6 +32,7 @@ gs_conns_t *gs__conns_new(uv_loop_t *loop, const gs_log_t *log, const gs_conn_li
   t->log = log;
   t->max_frame = lim->max_frame;
   t->idle_timeout_ms = lim->idle_timeout_ms;
+  t->vacant_idle_ms = lim->vacant_idle_ms ? lim->vacant_idle_ms : GS_CONN_VACANT_EVICT_IDLE_MS;
   t->mem = lim->mem;
   t->max_connections = lim->max_connections;
   t->unauth_max_memory = lim->mem->max / GS_CONN_UNAUTH_SHARE;
@@ -595,7 +596,7 @@ static bool make_room(gs_conns_t *t, const char *cap, uint64_t min_idle_ms)
 
 /* At --max-connections with no unauthenticated connection to close: the
  * oldest authenticated one that holds no rank and has been idle for
- * GS_CONN_VACANT_EVICT_IDLE_MS; false when there is none. */
+ * vacant_idle_ms (--vacant-idle); false when there is none. */
 static bool evict_vacant(gs_conns_t *t)
 {
   uint64_t now = uv_now(t->loop);
@@ -605,7 +606,7 @@ static bool evict_vacant(gs_conns_t *t)
   for (gs_list_t *node = t->idle.next; node != &t->idle; node = node->next) {
     gs_conn_t *old = GS_CONTAINER_OF(node, gs_conn_t, idle_node);
 
-    if (now - old->last_activity_ms < GS_CONN_VACANT_EVICT_IDLE_MS)
+    if (now - old->last_activity_ms < t->vacant_idle_ms)
       break;
     if (!old->authenticated || !t->cb.is_vacant(t->cb.ctx, old))
       continue;

@@ -42,7 +42,7 @@ typedef struct gs_conn_callbacks {
   void (*on_drained)(void *ctx);
   /* Whether an authenticated connection holds nothing of the owner's (no
    * rank's liveness), so that at --max-connections it may be closed, once
-   * idle for GS_CONN_VACANT_EVICT_IDLE_MS, to admit a new one. NULL: never. */
+   * idle for vacant_idle_ms, to admit a new one. NULL: never. */
   bool (*is_vacant)(void *ctx, const gs_conn_t *conn);
 } gs_conn_callbacks_t;
 
@@ -86,7 +86,8 @@ typedef struct gs_conn_callbacks {
 /* At --max-connections with no unauthenticated connection to close, an
  * authenticated one that holds no rank (a client's spare connection, or
  * one left open after a refusal) and has been idle this long makes room
- * (agents redial a closed connection with backoff). */
+ * (agents redial a closed connection with backoff). The default of
+ * --vacant-idle. */
 #define GS_CONN_VACANT_EVICT_IDLE_MS 10000
 /* After its last frame (gs__conn_send_last) a connection shuts down its
  * write side and reads, discarding, until the peer's EOF or this long:
@@ -139,6 +140,7 @@ typedef struct gs_conns {
   const gs_log_t *log;
   size_t max_frame;
   uint64_t idle_timeout_ms;
+  uint64_t vacant_idle_ms; /* see GS_CONN_VACANT_EVICT_IDLE_MS */
   /* Borrowed: the budget (--max-memory) the connections' bookkeeping,
    * rbufs and queued replies count in, beside what the jobs store. */
   gs_mem_budget_t *mem;
@@ -173,6 +175,7 @@ typedef struct gs_conns {
 typedef struct gs_conn_limits {
   size_t max_frame;
   uint64_t idle_timeout_ms;
+  uint64_t vacant_idle_ms; /* 0: GS_CONN_VACANT_EVICT_IDLE_MS */
   /* Borrowed, outlives the table: the memory budget (--max-memory). */
   gs_mem_budget_t *mem;
   uint32_t max_connections;

@@ -141,6 +141,7 @@ static int wire_layers(gs_coord_t *c)
       .rendezvous_timeout_ms = c->cfg.rendezvous_timeout_ms,
       .job_retention_ms = c->cfg.job_retention_ms,
       .stall_timeout_ms = c->cfg.stall_timeout_ms,
+      .reregister_slack_ms = c->cfg.reregister_slack_ms,
       .max_world_size = c->cfg.max_world_size,
       .max_job_world = c->cfg.max_connections / 2,
       .max_jobs = c->cfg.max_jobs,
@@ -154,6 +155,7 @@ static int wire_layers(gs_coord_t *c)
   gs_conn_limits_t lim = {
       .max_frame = c->cfg.max_frame,
       .idle_timeout_ms = c->cfg.idle_timeout_ms,
+      .vacant_idle_ms = c->cfg.vacant_idle_ms,
       .mem = &c->mem,
       .max_connections = c->cfg.max_connections,
       .tls = c->cfg.tls,
@@ -162,6 +164,7 @@ static int wire_layers(gs_coord_t *c)
 
   gs_mem_budget_init(&c->mem, c->cfg.max_memory);
   gs__log_limit_init(&c->lines, &c->cfg.log);
+  c->lines.window_ms = c->cfg.log_window_ms;
   c->conns = gs__conns_new(c->loop, &c->cfg.log, &lim, &cb);
   if (!c->conns)
     return GS_ENOMEM;

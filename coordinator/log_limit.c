@@ -25,6 +25,7 @@ void gs__log_limit_init(gs_log_limit_t *ll, const gs_log_t *log)
 {
   memset(ll, 0, sizeof(*ll));
   ll->log = log;
+  ll->window_ms = GS_LOG_LIMIT_WINDOW_MS;
   gs_list_init(&ll->windows);
 }
 
@@ -45,7 +46,7 @@ static void all_end(gs_log_limit_t *ll, uint64_t now_ms)
            "%llu more lines about clients suppressed in the last %llu s (at most %u per %u s "
            "for all clients together)",
            (unsigned long long)ll->all_suppressed, (unsigned long long)(secs ? secs : 1),
-           GS_LOG_LIMIT_ALL, GS_LOG_LIMIT_WINDOW_MS / 1000);
+           GS_LOG_LIMIT_ALL, (unsigned)(ll->window_ms / 1000));
   ll->all_written = 0;
   ll->all_suppressed = 0;
 }
@@ -53,8 +54,7 @@ static void all_end(gs_log_limit_t *ll, uint64_t now_ms)
 /* Ends the window for all clients if it is open and has run its length. */
 static void all_expire(gs_log_limit_t *ll, uint64_t now_ms)
 {
-  if ((ll->all_written || ll->all_suppressed) &&
-      now_ms - ll->all_start_ms >= GS_LOG_LIMIT_WINDOW_MS)
+  if ((ll->all_written || ll->all_suppressed) && now_ms - ll->all_start_ms >= ll->window_ms)
     all_end(ll, now_ms);
 }
 
@@ -121,7 +121,7 @@ static gs_log_limit_slot_t *slot_for(gs_log_limit_t *ll, uint64_t now_ms, const 
     if (!gs_list_linked(&s->node))
       continue;
     if (s->kind == kind && !strcmp(s->address, address)) {
-      if (now_ms - s->window_start_ms < GS_LOG_LIMIT_WINDOW_MS)
+      if (now_ms - s->window_start_ms < ll->window_ms)
         return s;
       slot_end(ll, s, now_ms); /* no sweep since its window ended */
       break;
@@ -187,7 +187,7 @@ void gs__log_limit_sweep(gs_log_limit_t *ll, uint64_t now_ms)
   while ((oldest = gs_list_first(&ll->windows))) {
     gs_log_limit_slot_t *s = GS_CONTAINER_OF(oldest, gs_log_limit_slot_t, node);
 
-    if (now_ms - s->window_start_ms < GS_LOG_LIMIT_WINDOW_MS)
+    if (now_ms - s->window_start_ms < ll->window_ms)
       break;
     slot_end(ll, s, now_ms);
   }

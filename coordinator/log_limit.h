@@ -5,7 +5,8 @@
  * host that opened a connection per mistake wrote 63,540 lines in 20 s.
  *
  * Per (address, kind): GS_LOG_LIMIT_BURST lines per window of
- * GS_LOG_LIMIT_WINDOW_MS from its first line; the rest are counted, and
+ * window_ms (GS_LOG_LIMIT_WINDOW_MS unless the owner sets another) from
+ * its first line; the rest are counted, and
  * one summary line gives the count when the window ends, or when the pair
  * is forgotten to make room. The table is fixed (GS_LOG_LIMIT_SLOTS
  * pairs), so a client with many addresses costs no memory; for those, a
@@ -26,7 +27,7 @@
 #include "log.h"
 
 #define GS_LOG_LIMIT_BURST 5          /* lines per address and kind, per window */
-#define GS_LOG_LIMIT_WINDOW_MS 10000u /* a window's length */
+#define GS_LOG_LIMIT_WINDOW_MS 10000u /* a window's length by default */
 #define GS_LOG_LIMIT_ALL 50           /* lines about all clients together, per window */
 #define GS_LOG_LIMIT_SLOTS 256        /* (address, kind) pairs remembered */
 #define GS_LOG_LIMIT_WAYS 8           /* where a pair may sit: one set of this many */
@@ -66,15 +67,16 @@ typedef struct gs_log_limit_slot {
 
 typedef struct gs_log_limit {
   const gs_log_t *log;
-  gs_list_t windows; /* the slots in use, by window start */
+  uint64_t window_ms; /* a window's length; the owner may set it after init */
+  gs_list_t windows;  /* the slots in use, by window start */
   uint64_t all_start_ms;
   uint32_t all_written;    /* lines about any client in this window */
   uint64_t all_suppressed; /* held back by GS_LOG_LIMIT_ALL */
   gs_log_limit_slot_t slots[GS_LOG_LIMIT_SLOTS];
 } gs_log_limit_t;
 
-/* Empty, writing to `log` (borrowed). Holds no resources; see
- * gs__log_limit_close. */
+/* Empty, writing to `log` (borrowed), windows of GS_LOG_LIMIT_WINDOW_MS.
+ * Holds no resources; see gs__log_limit_close. */
 void gs__log_limit_init(gs_log_limit_t *ll, const gs_log_t *log);
 /* Writes "TRANSPORT: PEER: MESSAGE" at the kind's level, or counts it if
  * `peer`'s address ("1.2.3.4:5", "[::1]:5"; NULL reads as "?") is past its

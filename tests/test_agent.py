@@ -580,7 +580,7 @@ def case_outage(tmp):
     re-register, and finish with the accuracy of an uninterrupted run; the
     restarted coordinator keeps the broadcast period an operator set before
     the outage and shows rank 0's pack list again."""
-    steps = ["--reduce", "mean", "--steps", "6000", "--no-validate", "--seed", "3"]
+    steps = ["--reduce", "mean", "--steps", "3000", "--no-validate", "--seed", "3"]
     _, out, _ = run(["--nproc", "2"] + steps)
     want = re.search(r"final: test accuracy ([\d.]+)", out).group(1)
     rpc, http = free_port(), free_port()
@@ -589,14 +589,15 @@ def case_outage(tmp):
     coord = start_listening(argv)
     agents, outs = [], []
     # Rank 0 holds its last step until the restarted coordinator has the
-    # job back (an event, not a time: a fast machine trains 6000 steps
-    # before the ranks notice the outage).
+    # job back (an event, not a time: 3000 steps take about as long here
+    # as the ranks take to notice the outage; a fast machine trains them
+    # all before).
     back = os.path.join(tmp, "coordinator-back")
     try:
         agents = [subprocess.Popen([AGENT, "--coordinator", f"127.0.0.1:{rpc}", "--job", "out",
                                     "--world-size", "2", "--local-rank", str(i),
                                     "--coordinator-grace", "600s", "--log-interval", "200ms",
-                                    "--inject-fault", f"data-hang:0:5999:{back}"]
+                                    "--inject-fault", f"data-hang:0:2999:{back}"]
                                    + steps, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
                   for i in range(2)]
@@ -698,12 +699,12 @@ def case_coordinator_stall(tmp):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rpc = re.search(r"rpc=(\S+)", coord.stdout.readline()).group(1)
     # Rank 0 holds its last step until the coordinator has run again (an
-    # event: a fast machine trains 6000 steps within the stop).
+    # event: the ranks train their 3000 steps within the stop).
     back = os.path.join(tmp, "coordinator-ran")
     agents = [subprocess.Popen([AGENT, "--coordinator", rpc, "--job", "stall", "--world-size", "2",
-                                "--local-rank", str(i), "--reduce", "mean", "--steps", "6000",
+                                "--local-rank", str(i), "--reduce", "mean", "--steps", "3000",
                                 "--no-validate", "--log-interval", "200ms",
-                                "--inject-fault", f"data-hang:0:5999:{back}"],
+                                "--inject-fault", f"data-hang:0:2999:{back}"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for i in range(2)]
     log = Lines(coord.stderr, "coordinator")

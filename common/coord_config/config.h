@@ -41,11 +41,14 @@ typedef struct gs_coord_config {
   uint64_t heartbeat_timeout_ms;  /* silence that marks a rank lost */
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
   uint64_t idle_timeout_ms;       /* a connection with nothing to do is closed */
+  uint64_t vacant_idle_ms;        /* at the cap, idle this long and holding no rank: closed */
   uint64_t default_wait_ms;       /* Fetch/FetchPackList without a timeout */
   uint64_t job_retention_ms;      /* a job that ran is forgotten this long after it rested */
   uint64_t stall_timeout_ms;      /* step not advancing this long: stalled; 0 never */
-  uint64_t loop_pace_ms; /* many connections open: loop iterations at least this far apart */
-  size_t max_frame;      /* largest accepted frame payload */
+  uint64_t reregister_slack_ms;   /* after a restart: re-registration past the heartbeat timeout */
+  uint64_t loop_pace_ms;  /* many connections open: loop iterations at least this far apart */
+  uint64_t log_window_ms; /* lines about clients: each limit's window (log_limit.h) */
+  size_t max_frame;       /* largest accepted frame payload */
   uint32_t max_world_size;
   uint32_t max_jobs;             /* jobs held at once; a Join for one more is refused */
   size_t max_memory;             /* connections' buffers and stored blobs together */

@@ -83,6 +83,14 @@ static const gs_flag_t flag_rows[] = {
    .doc = "a running job whose step has not advanced this long while its heartbeats are fresh "
           "is flagged `stalled` in `/status` and `/metrics`, with the ranks that lag; `0s` "
           "disables"},
+  {.name = "--reregister-slack", .kind = GS_FLAG_DURATION, CFG(reregister_slack_ms), .umin = 1,
+   .metavar = "DUR",
+   .help = "after a restart, how long past the heartbeat timeout a running job's ranks have "
+           "to re-register",
+   .doc = "a restarted coordinator adopts the running generations its agents re-register "
+          "for; a rank that has not re-registered within the heartbeat timeout and this much "
+          "more is lost. Agents redial with a backoff of up to about 6 s: less than that may "
+          "lose live ranks"},
   {.name = "--max-frame", .kind = GS_FLAG_SIZE, CFG(max_frame), .umin = 1024, .umax = 1u << 30,
    .metavar = "SIZE", .help = "largest RPC frame accepted",
    .doc = "largest RPC frame; a larger one gets an error and the connection is closed"},
@@ -105,6 +113,12 @@ static const gs_flag_t flag_rows[] = {
    .doc = "open RPC connections at most; at the limit the oldest idle connection that never "
           "authenticated is closed, else the new one is refused (logged). `0`: the open-file "
           "limit less `--max-http-connections` and 32 descriptors for the rest"},
+  {.name = "--vacant-idle", .kind = GS_FLAG_DURATION, CFG(vacant_idle_ms), .umin = 1,
+   .metavar = "DUR",
+   .help = "at --max-connections, close a connection idle this long that holds no rank",
+   .doc = "at `--max-connections` with no unauthenticated connection to close, the oldest "
+          "authenticated connection that holds no rank (a client's spare one, or one left "
+          "open after a refusal) and has been idle this long is closed to admit a new one"},
   {.name = "--max-http-connections", .kind = GS_FLAG_INT, CFG(max_http_connections), .min = 0,
    .max = 1 << 20, .metavar = "N",
    .help = "open HTTP connections at most (0: an eighth of the open-file limit, at most 256)",
@@ -130,6 +144,14 @@ static const gs_flag_t flag_rows[] = {
    .parse = gs_log_level_flag_parse, .show = gs_log_level_flag_show,
    .metavar = "LEVEL", .help = "error, warn, info or debug",
    .doc = "`error`, `warn`, `info` or `debug`"},
+  {.name = "--log-window", .kind = GS_FLAG_DURATION, CFG(log_window_ms), .umin = 1000,
+   .umax = 3600000, .metavar = "DUR",
+   .help = "lines about clients: 5 per address and kind, 50 in all, per window this long; "
+           "the rest counted in a summary at its end",
+   .doc = "lines about clients (a wrong token, a bad frame or request, a client over a limit) "
+          "are limited per window this long, from its first line: 5 per peer address and kind "
+          "of line, 50 for all clients together; what is held back is counted in one summary "
+          "line when the window ends (docs/guide/security.md). Whole seconds in the summaries"},
 };
 /* clang-format on */
 
@@ -165,10 +187,13 @@ void gs_coord_config_defaults(gs_coord_config_t *cfg)
   cfg->heartbeat_timeout_ms = 10000;
   cfg->rendezvous_timeout_ms = 300000;
   cfg->idle_timeout_ms = 60000;
+  cfg->vacant_idle_ms = 10000; /* GS_CONN_VACANT_EVICT_IDLE_MS */
   cfg->loop_pace_ms = 2;
+  cfg->log_window_ms = 10000; /* GS_LOG_LIMIT_WINDOW_MS */
   cfg->default_wait_ms = 60000;
   cfg->job_retention_ms = 3600000;
   cfg->stall_timeout_ms = 300000;
+  cfg->reregister_slack_ms = 15000; /* GS_REREGISTER_SLACK_MS */
   cfg->max_frame = GS_FRAME_DEFAULT_MAX;
   cfg->max_world_size = 65536;
   cfg->max_jobs = GS_COORD_DEFAULT_MAX_JOBS;

@@ -409,10 +409,10 @@ static void lose_unregistered(gs_job_t *job, uint64_t now)
   if (job->world_min)
     gs__generation_note(job, "rank(s) %s%s lost: not re-registered after the coordinator restarted",
                         missing, count > 8 ? ", ..." : "");
-  gs__job_abort(job,
-                "%u rank(s) did not re-register within %.0f s of the coordinator's restart (%s%s)",
-                count, (job->jobs->cfg.heartbeat_timeout_ms + GS_REREGISTER_SLACK_MS) / 1000.0,
-                missing, count > 8 ? ", ..." : "");
+  gs__job_abort(
+      job, "%u rank(s) did not re-register within %.0f s of the coordinator's restart (%s%s)",
+      count, (job->jobs->cfg.heartbeat_timeout_ms + job->jobs->cfg.reregister_slack_ms) / 1000.0,
+      missing, count > 8 ? ", ..." : "");
 }
 
 void gs__heartbeat_sweep(gs_job_t *job, uint64_t now)

@@ -36,8 +36,8 @@ typedef struct gs_trace_doc gs_trace_doc_t; /* trace.h */
  * layer's decode refuses more. */
 #define GS_JOB_MAX_SETTINGS 64
 /* After a coordinator restart, how long past the heartbeat timeout the
- * ranks of an adopted generation have to re-register (their redial
- * backoff is at most about 6 s). */
+ * ranks of an adopted generation have to re-register by default (their
+ * redial backoff is at most about 6 s): --reregister-slack. */
 #define GS_REREGISTER_SLACK_MS 15000
 
 typedef struct gs_jobs_config {
@@ -46,6 +46,7 @@ typedef struct gs_jobs_config {
   uint64_t rendezvous_timeout_ms; /* from a rendezvous' first Join */
   uint64_t job_retention_ms;      /* a job that ran and rests is forgotten this long after */
   uint64_t stall_timeout_ms;      /* a running job's step still this long: stalled; 0 never */
+  uint64_t reregister_slack_ms;   /* see GS_REREGISTER_SLACK_MS; 0: that */
   uint32_t max_world_size;
   /* The largest world one job may gather through ranks' own connections
    * (0: max_world_size): a rank holds two connections once it trains

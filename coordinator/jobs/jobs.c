@@ -22,6 +22,8 @@ void gs__jobs_init(gs_jobs_t *jobs, const gs_jobs_config_t *cfg, gs_responder_t 
 {
   memset(jobs, 0, sizeof(*jobs));
   jobs->cfg = *cfg;
+  if (!jobs->cfg.reregister_slack_ms)
+    jobs->cfg.reregister_slack_ms = GS_REREGISTER_SLACK_MS;
   jobs->responder = r;
   gs_list_init(&jobs->resting);
   gs_list_init(&jobs->trace_orphans);

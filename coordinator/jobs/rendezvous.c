@@ -344,9 +344,9 @@ static bool adopt_generation(gs_job_t *job, const gs_call_t *call, const gradsyn
   job->started_ms = call->now_ms;
   /* A live rank re-registers at its next heartbeat, which after an outage
    * may wait out its redial backoff (up to about 6 s): the heartbeat
-   * timeout and some slack. */
+   * timeout and some slack (--reregister-slack). */
   job->reregister_deadline_ms =
-      call->now_ms + job->jobs->cfg.heartbeat_timeout_ms + GS_REREGISTER_SLACK_MS;
+      call->now_ms + job->jobs->cfg.heartbeat_timeout_ms + job->jobs->cfg.reregister_slack_ms;
   job->bcast_period = req->bcast_period;
   job->lr_scale = gs_lr_scale_or_one(req->lr_scale);
   gs__job_stall_reset(job, call->now_ms);
