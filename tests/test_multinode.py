@@ -8,7 +8,8 @@ Checks, each on a fresh job:
   - without any address flag, links inside a node use shared memory and
     links across nodes TCP, and the final parameters equal those of the
     same job on one host, bit for bit;
-  - the job rides through node B's link going down for 5 s;
+  - the job rides through node B's link going down for 5 s: it trains on
+    past its last step before the link came back, and stops when asked;
   - a partition longer than the heartbeat timeout ends every agent with an
     error that names the lost rank;
   - a firewall dropping the ring's ports on node B (--comm-port) fails
@@ -32,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint  # noqa: E402
 from cluster import ADDR, Cluster, missing_tool  # noqa: E402
-from testlib import WAIT, Lines  # noqa: E402
+from testlib import WAIT, Lines, wait_until  # noqa: E402
 
 BIN_DIR, COORD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 AGENT = os.path.join(BIN_DIR, "gradsync-agent")
@@ -114,23 +115,46 @@ def check_equal_params_and_transports(cl, tmp):
     print(f"transports and parameters: ok ({len(a)} parameters equal)")
 
 
+def last_step(agent):
+    """The step of the agent's latest progress line (0: none yet)."""
+    steps = re.findall(r"^step (\d+)/", agent.text(), re.M)
+    return int(steps[-1]) if steps else 0
+
+
+def post_stop(cl, job):
+    """POST {"action": "stop"} for `job` to the coordinator, from node c."""
+    url = f"http://{ADDR['c']}:8080/jobs/{job}/control"
+    cl.exec("c", [sys.executable, "-c",
+                  "import sys, urllib.request as u; u.urlopen(u.Request(sys.argv[1], "
+                  "data=b'{\"action\": \"stop\"}', method='POST'), timeout=30)", url])
+
+
 def check_link_down(cl):
+    """The job rides through node b's link down for 5 s: once it is back,
+    it trains past the step it had reached when the link came up (so past
+    the outage), then every rank stops at the coordinator's word, exit 0.
+    The job has no end of its own, so it cannot finish before the link is
+    back; it is stopped as soon as the ride-through is seen."""
     coord = start_coordinator(cl)
-    agents = start_agents(cl, "flaky", 6000, TWO_NODES)
-    agents[0].wait_for(r"step \d+/6000")
+    agents = start_agents(cl, "flaky", 1000000, TWO_NODES)
+    agents[0].wait_for(r"step \d+/1000000")
     cl.link("b", "down")
     down_at = time.monotonic()
     time.sleep(5)  # the outage itself, not a wait for something
     cl.link("b", "up")
     up_at = time.monotonic()
+    # Rank 0 reports the steps, each a collective of all four ranks.
+    reached = last_step(agents[0])
+    wait_until("the job training again after the outage", lambda: last_step(agents[0]) > reached)
+    on_at = time.monotonic()
+    post_stop(cl, "flaky")
     codes = finish_all(agents)
-    done = time.monotonic()
     assert codes == [0] * 4, [a.text()[-2000:] for a in agents]
-    assert done - up_at > 0.5, "the job ended before the link came back: make it longer"
+    assert "stopped after step" in agents[0].text(), agents[0].text()[-2000:]
     coord.p.terminate()
     coord.finish()
-    print(f"link down {up_at - down_at:.1f} s: ridden through, job finished "
-          f"{done - up_at:.1f} s after")
+    print(f"link down {up_at - down_at:.1f} s: ridden through, past step {reached} "
+          f"{on_at - up_at:.1f} s after, then stopped")
 
 
 def check_partition(cl):
