@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoints import newest_checkpoint, params_of, read_checkpoint, rel_error  # noqa: E402
 from agentlib import check_control, check_sigterm, node_address, wait_for  # noqa: E402
-from testlib import WAIT, Lines, wait_until  # noqa: E402
+from testlib import WAIT, Lines, free_port, wait_until  # noqa: E402
 
 CASE, BIN_DIR, COORD = sys.argv[1], sys.argv[2], sys.argv[3]
 RUN = os.path.join(BIN_DIR, "gradsync-run")
@@ -558,12 +557,6 @@ def case_kill(tmp):
     assert agents[0].returncode == 1, agents[0].returncode
     assert "error:" in err and "failed" in err, err
     assert "lost: connection closed" in err, err
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_listening(argv):

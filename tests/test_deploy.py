@@ -30,6 +30,7 @@ K8S = os.path.join(SRC, "deploy", "kubernetes")
 SBATCH = os.path.join(SRC, "deploy", "slurm", "train.sbatch")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agentlib import node_address  # noqa: E402
+from testlib import free_port  # noqa: E402
 
 def help_flags(program):
     """The flags `program --help` lists (aliases too)."""
@@ -247,12 +248,6 @@ def case_kubernetes():
                   if kind != "Namespace"}
     assert namespaces == {"gradsync"}, namespaces
     print("kubernetes: ok")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # srun's stand-in: each of $SLURM_NNODES "nodes" runs the command (after

@@ -20,12 +20,15 @@ And for the tests to use:
   one (two CPU hogs on two cores) can starve a process for seconds.
 - Lines: a child's output read in a thread as it comes (so that its pipe
   never fills), with wait() for a line matching a pattern.
+- free_port(): a port for a program that cannot be told to take port 0.
 """
 import atexit
 import ctypes
 import os
+import random
 import re
 import signal
+import socket
 import threading
 import time
 
@@ -183,3 +186,23 @@ def wait_until(what, check, timeout=WAIT, every=0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(every)
+
+
+def free_port():
+    """A TCP port free on every address now, for a program that must be
+    given one (a program that can take port 0 and say which it got should).
+    It is drawn below the kernel's ephemeral range: a port that bind(0)
+    hands out is one that any connect() on the machine may take next, and
+    under make test's parallel tests one did, between the test's check and
+    the program's listen."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port below the ephemeral range")
