@@ -1034,9 +1034,13 @@ START_TEST(checkpoint_io_does_not_hold_the_other_ranks)
   sc.comm_timeout_ms = 3000;
   sc.gate_step = 10;
   run_ranks(&sc);
-  /* The writer starts at the end of gs_engine_start. Looked for every
-   * millisecond, not in a spin: on a loaded machine a spinning scan of
-   * /proc starved rank 0's first step past the comm timeout. */
+  /* The writer starts at the end of gs_engine_start and is held only once
+   * both ranks wait at the gate, so idle in its wait for work: held as it
+   * started, inside the sanitizer's thread set-up, it held the lock that
+   * rank 1's heartbeat thread needed to start, and rank 1 was lost. Looked
+   * for every millisecond, not in a spin: on a loaded machine a spinning
+   * scan of /proc starved rank 0's first step past the comm timeout. */
+  wait_min_step(&sc, sc.gate_step - 1);
   for (uint64_t deadline = gs_now_ms() + TH_WAIT_MS; !tid && gs_now_ms() < deadline; usleep(1000))
     tid = thread_named("gs-ckpt");
   ck_assert_msg(tid > 0, "no checkpoint writer thread");
