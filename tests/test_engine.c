@@ -1365,7 +1365,6 @@ static Suite *engine_suite(void)
   ADD(mean_over_ranks_equals_one_rank);
   ADD(bcast_period_restores_equality);
   ADD(control_takes_effect_at_the_same_step);
-  ADD(coordinator_restart_is_survived);
   ADD(missing_gradient_is_named);
   ADD(nonfinite_loss_stops_every_rank);
   ADD(skipped_step_is_not_applied);
@@ -1379,10 +1378,6 @@ static Suite *engine_suite(void)
   suite_add_tcase(s, tc);
   ADD(checkpoint_resume_is_bit_identical);
   ADD(grad_order_does_not_matter);
-  ADD(failure_is_sticky);
-  ADD(heartbeat_runs_during_a_slow_init);
-  ADD(abort_reaches_a_rank_in_init);
-  ADD(checkpoint_io_does_not_hold_the_other_ranks);
   tc = tcase_create("sharded_state_matches_unsharded");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, sharded_state_matches_unsharded, 0, 3 * SHARD_CASES);
@@ -1391,4 +1386,22 @@ static Suite *engine_suite(void)
   return s;
 }
 
-const gs_test_binary_t gs_test_binary = {.suites = {engine_suite}, .scratch = "test_engine"};
+/* What the ranks survive, or how they end, when something else fails or
+ * stalls: the coordinator restarting, a failed step, a slow init, an abort
+ * in init, rank 0's checkpoint I/O held (its own ctest: these wait out
+ * heartbeat and comm timeouts). */
+static Suite *engine_faults_suite(void)
+{
+  const gs_test_case_t cases[] = {
+      {"coordinator_restart_is_survived", coordinator_restart_is_survived},
+      {"failure_is_sticky", failure_is_sticky},
+      {"heartbeat_runs_during_a_slow_init", heartbeat_runs_during_a_slow_init},
+      {"abort_reaches_a_rank_in_init", abort_reaches_a_rank_in_init},
+      {"checkpoint_io_does_not_hold_the_other_ranks", checkpoint_io_does_not_hold_the_other_ranks},
+  };
+
+  return GS_TEST_SUITE_OF("engine_faults", cases, 60, NULL, NULL);
+}
+
+const gs_test_binary_t gs_test_binary = {.suites = {engine_suite, engine_faults_suite},
+                                         .scratch = "test_engine"};
