@@ -50,7 +50,9 @@ static char *event_text(gs_http_routes_t *r, const char *job, uint64_t now, bool
   cJSON *doc = NULL;
 
   if (!job[0]) {
-    json = gs__http_status_first_page(r, now) ? NULL : strdup((const char *)r->status_body.data);
+    const char *page;
+
+    json = gs__http_status_first_page(r, now, &page) ? NULL : strdup(page);
   } else {
     if (j) {
       doc = job_event_json(j, now, first);
@@ -72,7 +74,7 @@ static void on_stream_open(void *data, gs_http_stream_t *s)
   gs_http_sub_t *sub = data;
 
   sub->stream = s;
-  gs_list_insert_tail(&sub->r->subs, &sub->node);
+  gs_list_insert_tail(&sub->r->subs.list, &sub->node);
 }
 
 /* The stream ended, or never opened (s NULL): the subscription goes. */
@@ -167,18 +169,18 @@ void gs__http_events_tick(gs_http_routes_t *r, uint64_t now)
   rendered_t *done;
   size_t ndone = 0, nsubs = 0;
 
-  if (!r->subs.next || gs_list_empty(&r->subs))
+  if (!r->subs.list.next || gs_list_empty(&r->subs.list))
     return;
-  if (now - r->events_ms < GS_EVENTS_PERIOD_MS)
+  if (now - r->subs.sent_ms < GS_EVENTS_PERIOD_MS)
     return;
-  r->events_ms = now;
-  for (node = r->subs.next; node != &r->subs; node = node->next)
+  r->subs.sent_ms = now;
+  for (node = r->subs.list.next; node != &r->subs.list; node = node->next)
     nsubs++;
   done = calloc(nsubs, sizeof(*done));
   if (!done)
     return;
   /* A write may end its stream (and free its sub) before it returns. */
-  for (node = r->subs.next; node != &r->subs; node = next) {
+  for (node = r->subs.list.next; node != &r->subs.list; node = next) {
     gs_http_sub_t *sub = GS_CONTAINER_OF(node, gs_http_sub_t, node);
     rendered_t *e = render_once(r, done, &ndone, sub, now);
 
@@ -189,4 +191,10 @@ void gs__http_events_tick(gs_http_routes_t *r, uint64_t now)
   for (size_t i = 0; i < ndone; i++)
     free(done[i].text);
   free(done);
+}
+
+void gs__http_events_init(gs_http_routes_t *r)
+{
+  gs_list_init(&r->subs.list);
+  r->subs.sent_ms = 0;
 }

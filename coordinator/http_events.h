@@ -21,5 +21,7 @@ void gs__http_events_route(gs_http_routes_t *r, const gs_http_request_t *req,
 /* Sends each event stream its snapshot when it is due; the owner's
  * housekeeping timer calls it. */
 void gs__http_events_tick(gs_http_routes_t *r, uint64_t now);
+/* No event streams yet (before the server starts). */
+void gs__http_events_init(gs_http_routes_t *r);
 
 #endif

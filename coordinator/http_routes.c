@@ -279,7 +279,7 @@ int gs__http_routes_start(gs_http_routes_t *r, const char *host, uint16_t port,
       .mem = r->mem,
   };
 
-  gs_list_init(&r->subs);
+  gs__http_events_init(r);
   r->http = gs_http_server_new(r->loop, r->log, &limits, gs__http_routes_handle, r);
   if (!r->http)
     return GS_ENOMEM;
@@ -293,5 +293,5 @@ void gs__http_routes_close(gs_http_routes_t *r)
   if (r->http)
     gs_http_server_close(r->http);
   r->http = NULL;
-  gs_buf_free(&r->status_body);
+  gs__http_status_free(r);
 }

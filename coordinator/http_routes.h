@@ -16,6 +16,27 @@
 #define GS_STATUS_LARGE_RANKS 10000
 #define GS_STATUS_LAG_MS 250
 
+/* The first page of GET /status, cached (http_status.c owns it): it is
+ * reused while nothing it shows changed (the jobs' version and progress,
+ * the connection count) within the same loop millisecond (its times have
+ * millisecond resolution). A page of GS_STATUS_LARGE_RANKS ranks or more,
+ * which heartbeats change thousands of times a second and which takes
+ * milliseconds to render, is reused for up to GS_STATUS_LAG_MS while only
+ * heartbeats' progress changed. */
+typedef struct gs_status_cache {
+  gs_buf_t body;
+  uint64_t version, progress, ms, ranks;
+  uint32_t connections;
+  bool valid;
+} gs_status_cache_t;
+
+/* The open event streams (gs_http_sub_t, http_events.c owns them), and
+ * when they were last sent a snapshot. */
+typedef struct gs_http_event_subs {
+  gs_list_t list;
+  uint64_t sent_ms;
+} gs_http_event_subs_t;
+
 typedef struct gs_http_routes {
   gs_jobs_t *jobs;
   uv_loop_t *loop; /* its clock dates the status */
@@ -31,21 +52,8 @@ typedef struct gs_http_routes {
   /* Borrowed: limits the lines about each client (log_limit.h). */
   gs_log_limit_t *lines;
   gs_http_server_t *http;
-  /* The first page of GET /status is cached: it is reused while nothing
-   * it shows changed (the jobs' version and progress, the connection
-   * count) within the same loop millisecond (its times have millisecond
-   * resolution). A page of GS_STATUS_LARGE_RANKS ranks or more, which
-   * heartbeats change thousands of times a second and which takes
-   * milliseconds to render, is reused for up to GS_STATUS_LAG_MS while
-   * only heartbeats' progress changed. */
-  gs_buf_t status_body;
-  uint64_t status_version, status_progress, status_ms, status_ranks;
-  uint32_t status_connections;
-  bool status_valid;
-  /* The open event streams (gs_http_sub_t in http_events.c), and when
-   * they were last sent a snapshot. */
-  gs_list_t subs;
-  uint64_t events_ms;
+  gs_status_cache_t status;  /* http_status.c's */
+  gs_http_event_subs_t subs; /* http_events.c's */
 } gs_http_routes_t;
 
 /* Creates the server and listens on host:port; the fields above the

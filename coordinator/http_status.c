@@ -36,38 +36,52 @@ static bool status_page(const char *query, gs_status_page_t *page, char *why, si
   return true;
 }
 
-int gs__http_status_first_page(gs_http_routes_t *r, uint64_t now)
+static int render_first_page(gs_http_routes_t *r, uint64_t now)
 {
   gs_status_page_t page = {.limit = GS_STATUS_PAGE_DEFAULT};
-  gs_buf_t *cache = &r->status_body;
+  gs_buf_t *cache = &r->status.body;
   uint32_t n = 0;
   gs_service_info_t svc;
   cJSON *doc;
   char *text;
 
   r->service_info(r->ctx, &svc);
-  if (r->status_valid && r->status_version == r->jobs->version &&
-      r->status_connections == svc.connections &&
-      (r->status_ranks >= GS_STATUS_LARGE_RANKS
-           ? now - r->status_ms < GS_STATUS_LAG_MS
-           : r->status_ms == now && r->status_progress == r->jobs->progress))
+  if (r->status.valid && r->status.version == r->jobs->version &&
+      r->status.connections == svc.connections &&
+      (r->status.ranks >= GS_STATUS_LARGE_RANKS
+           ? now - r->status.ms < GS_STATUS_LAG_MS
+           : r->status.ms == now && r->status.progress == r->jobs->progress))
     return 0;
   doc = gs__status_json(r->jobs, &svc, now, false, &page);
   text = doc ? cJSON_PrintUnformatted(doc) : NULL;
   cJSON_Delete(doc);
   cache->len = 0;
-  r->status_valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
+  r->status.valid = text && gs_buf_append_str(cache, text, strlen(text)) == 0;
   free(text);
-  if (!r->status_valid)
+  if (!r->status.valid)
     return GS_ENOMEM;
-  r->status_version = r->jobs->version;
-  r->status_progress = r->jobs->progress;
-  r->status_ms = now;
-  r->status_connections = svc.connections;
-  r->status_ranks = 0;
+  r->status.version = r->jobs->version;
+  r->status.progress = r->jobs->progress;
+  r->status.ms = now;
+  r->status.connections = svc.connections;
+  r->status.ranks = 0;
   for (const gs_job_t *j = r->jobs->jobs; j && n++ < page.limit; j = j->next)
-    r->status_ranks += j->world_size;
+    r->status.ranks += j->world_size;
   return 0;
+}
+
+int gs__http_status_first_page(gs_http_routes_t *r, uint64_t now, const char **text)
+{
+  int err = render_first_page(r, now);
+
+  *text = err ? NULL : (const char *)r->status.body.data;
+  return err;
+}
+
+void gs__http_status_free(gs_http_routes_t *r)
+{
+  gs_buf_free(&r->status.body);
+  r->status.valid = false;
 }
 
 /* GET /status: the service and a page of its jobs (see status_page).
@@ -77,7 +91,7 @@ int gs__http_status_first_page(gs_http_routes_t *r, uint64_t now)
 void gs__http_status(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_response_t *res)
 {
   uint64_t now = uv_now(r->loop);
-  gs_buf_t *cache = &r->status_body;
+  gs_buf_t *cache = &r->status.body;
   bool ranks = gs__http_query_flag(req->query, "ranks");
   gs_status_page_t page;
   gs_service_info_t svc;
@@ -92,7 +106,7 @@ void gs__http_status(gs_http_routes_t *r, const gs_http_request_t *req, gs_http_
     gs__http_respond_json(res, 200, gs__status_json(r->jobs, &svc, now, ranks, &page));
     return;
   }
-  if (gs__http_status_first_page(r, now)) {
+  if (render_first_page(r, now)) {
     gs__http_respond_error(res, 500, "out of memory");
     return;
   }

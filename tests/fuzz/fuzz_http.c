@@ -10,6 +10,7 @@
 
 #include "fuzz.h"
 #include "http_routes.h"
+#include "http_status.h"
 
 typedef struct fuzz_http {
   gs_responder_t responder;
@@ -139,7 +140,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   gs__http_routes_handle(&f.routes, &req, &res);
   check_response(&res);
   end_response(&res);
-  gs_buf_free(&f.routes.status_body);
+  gs__http_status_free(&f.routes);
   gs__jobs_peer_closed(&f.jobs, &f.peer, f.jobs.now_ms);
   gs__jobs_free(&f.jobs);
   free(body);
