@@ -332,7 +332,7 @@ void gs_engine_finish(gs_engine_t *e, bool finished, const char *reason)
    * Sharded, every rank takes part (its shard of the optimizer state). */
   if (finished && e->cfg.checkpoint_dir &&
       (gs__membership_rank(&e->member) == 0 || gs__engine_sharded(e)) && e->steps_begun &&
-      !e->failed && !(e->ckpt_taken && e->ckpt_step == e->after.step) &&
+      !e->failed && !gs__engine_checkpointed(e, e->after.step) &&
       gs_engine_checkpoint(e, &e->after)) {
     finished = false;
     reason = "the last checkpoint could not be written";

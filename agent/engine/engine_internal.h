@@ -284,6 +284,9 @@ gs_dtype_t gs__engine_wire_dtype(const gs_engine_t *e);
 /* config.c: adds the engine's own settings to e->member.settings (at join). */
 int gs__engine_add_own_settings(gs_engine_t *e) GS_WARN_UNUSED;
 
+/* sync.c: whether a checkpoint of `step` was taken (handed to the writer:
+ * ckpt_taken and ckpt_step are sync.c's). */
+bool gs__engine_checkpointed(const gs_engine_t *e, uint64_t step);
 /* sync.c: params (and optimizer state) of every pack broadcast from `root`. */
 int gs__engine_broadcast_packs(gs_engine_t *e, bool state, uint32_t root) GS_WARN_UNUSED;
 /* sync.c: every rank takes params, momentum and position from the rank

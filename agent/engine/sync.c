@@ -409,3 +409,8 @@ int gs__engine_sync_state(gs_engine_t *e, gs_position_t *pos)
   }
   return gs__engine_full_state_keep(e);
 }
+
+bool gs__engine_checkpointed(const gs_engine_t *e, uint64_t step)
+{
+  return e->ckpt_taken && e->ckpt_step == step;
+}
