@@ -21,29 +21,29 @@
 static const gs_buf_t *ok_heartbeat_body(gs_job_t *job)
 {
   gradsync_Directives now = gs__job_directives(job);
-  const gradsync_Directives *d = &job->hb_reply_for;
+  const gradsync_Directives *d = &job->hb_reply.directives;
   gradsync_HeartbeatResponse resp; /* 600 bytes: zeroed only when it is built */
 
-  if (job->hb_reply_current)
-    return &job->hb_reply;
-  if (job->hb_reply_valid && d->bcast_period == now.bcast_period &&
+  if (job->hb_reply.current)
+    return &job->hb_reply.body;
+  if (job->hb_reply.valid && d->bcast_period == now.bcast_period &&
       d->broadcast_seq == now.broadcast_seq && d->checkpoint_seq == now.checkpoint_seq &&
       d->stop == now.stop && d->regroup_seq == now.regroup_seq && d->trace_seq == now.trace_seq &&
-      d->lr_scale == now.lr_scale && job->hb_reply_held == job->held_version)
-    return &job->hb_reply;
+      d->lr_scale == now.lr_scale && job->hb_reply.held_version == job->held.version)
+    return &job->hb_reply.body;
   resp = (gradsync_HeartbeatResponse)gradsync_HeartbeatResponse_init_zero;
   resp.has_directives = true;
   resp.directives = now;
   resp.coordinator_id = job->jobs->cfg.coordinator_id;
-  if (job->held_up.kind != GS_WAIT_NONE)
-    snprintf(resp.waiting_on, sizeof(resp.waiting_on), "%s", job->held_up.reason);
-  job->hb_reply_held = job->held_version;
-  job->hb_reply_news = resp.news = NEWS_FIRST_BODY + job->jobs->hb_replies_built++;
-  job->hb_reply.len = 0;
-  job->hb_reply_valid =
-      gs_wire_encode(&job->hb_reply, gradsync_HeartbeatResponse_fields, &resp) == 0;
-  job->hb_reply_for = resp.directives;
-  return job->hb_reply_valid ? &job->hb_reply : NULL;
+  if (job->held.on.kind != GS_WAIT_NONE)
+    snprintf(resp.waiting_on, sizeof(resp.waiting_on), "%s", job->held.on.reason);
+  job->hb_reply.held_version = job->held.version;
+  job->hb_reply.news = resp.news = NEWS_FIRST_BODY + job->jobs->hb_replies_built++;
+  job->hb_reply.body.len = 0;
+  job->hb_reply.valid =
+      gs_wire_encode(&job->hb_reply.body, gradsync_HeartbeatResponse_fields, &resp) == 0;
+  job->hb_reply.directives = resp.directives;
+  return job->hb_reply.valid ? &job->hb_reply.body : NULL;
 }
 
 /* Answers a heartbeat, unless its node agent holds this reply already
@@ -56,7 +56,7 @@ static bool reply_heartbeat_to(gs_job_t *job, uint64_t peer, uint64_t request_id
   gradsync_HeartbeatResponse resp;
 
   if (body) {
-    if (seen && seen == job->hb_reply_news)
+    if (seen && seen == job->hb_reply.news)
       return false;
     gs__respond_bytes(r, peer, GS_METHOD_HEARTBEAT, request_id, body->data, body->len);
     return true;
@@ -101,9 +101,9 @@ static void answer_waiting(gs_member_t *m)
 
 void gs__heartbeat_node_beats(gs_job_t *job, bool start)
 {
-  job->hb_reply_current = false;
+  job->hb_reply.current = false;
   if (start)
-    job->hb_reply_current = ok_heartbeat_body(job) != NULL;
+    job->hb_reply.current = ok_heartbeat_body(job) != NULL;
 }
 
 void gs__heartbeat_release(gs_member_t *m)
@@ -334,7 +334,7 @@ static void stall_sweep(gs_job_t *job, uint64_t now)
   gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1,
          "stalled: step %llu has not advanced for %.0f s while heartbeats are fresh%s%s",
          (unsigned long long)job->step_max, (now - job->step_advanced_ms) / 1000.0,
-         job->held_up.kind != GS_WAIT_NONE ? "; held up: " : "", job->held_up.reason);
+         job->held.on.kind != GS_WAIT_NONE ? "; held up: " : "", job->held.on.reason);
 }
 
 /* The rank silent for longest is the head of the heartbeat list; losing it

@@ -52,7 +52,7 @@ void gs__job_free(gs_job_t *job)
   gs__job_free_ranks(job);
   gs__store_reset(&job->store);
   gs__trace_forget(job);
-  gs_buf_free(&job->hb_reply);
+  gs_buf_free(&job->hb_reply.body);
   free(job->history);
   gs__curve_free(job);
   free(job);

@@ -207,6 +207,29 @@ typedef struct gs_generation_record {
   char lost[256];       /* elastic: the ranks lost as it ended */
 } gs_generation_record_t;
 
+/* The encoded reply to a heartbeat that needs no abort, heartbeat.c's:
+ * the same for every rank until a directive changes, so it is built once
+ * (job.c lets go of it with the job). */
+typedef struct gs_job_beat_reply {
+  gs_buf_t body;
+  gradsync_Directives directives; /* what it says */
+  bool valid;
+  uint64_t held_version; /* the held verdict's version it carries */
+  uint64_t news;         /* its `news` */
+  bool current;          /* known current: beats of one NodeHeartbeat are being taken */
+} gs_job_beat_reply_t;
+
+/* What holds the ranks up, waiting.c's: its verdict (status.c shows it),
+ * when it last looked, the latest heartbeat of a rank held in a
+ * collective, and a count of its verdicts' changes (the heartbeat reply
+ * carries the verdict). */
+typedef struct gs_job_held {
+  gs_waiting_on_t on;
+  uint64_t checked_ms;
+  uint64_t beat_ms;
+  uint64_t version;
+} gs_job_held_t;
+
 struct gs_job {
   gs_job_t *next, *prev; /* gs_jobs.jobs */
   gs_job_t *hnext;       /* its bucket in gs_jobs.index */
@@ -264,14 +287,7 @@ struct gs_job {
   float lr_scale;               /* the operator's (control endpoint), 1 by default */
   uint64_t broadcast_seq, checkpoint_seq;
   bool stop;
-  /* The encoded reply to a heartbeat that needs no abort: the same for
-   * every rank until a directive changes, so it is built once. */
-  gs_buf_t hb_reply;
-  gradsync_Directives hb_reply_for;
-  bool hb_reply_valid;
-  uint64_t hb_reply_held; /* the held_version it carries */
-  uint64_t hb_reply_news; /* its `news` */
-  bool hb_reply_current;  /* known current: beats of one NodeHeartbeat are being taken */
+  gs_job_beat_reply_t hb_reply;
 
   uint64_t aborted_generation;
   char abort_reason[256];
@@ -282,12 +298,7 @@ struct gs_job {
   uint64_t step_max;
   uint64_t step_advanced_ms;
   bool stalled;
-  /* What holds the ranks up (waiting.c), when it last looked, and a count
-   * of its verdicts' changes (the heartbeat reply carries the verdict). */
-  gs_waiting_on_t held_up;
-  uint64_t held_checked_ms;
-  uint64_t held_beat_ms; /* the latest heartbeat of a rank held in a collective */
-  uint64_t held_version;
+  gs_job_held_t held;
   /* The latest step-timeline request (trace.c): its number, its steps, the
    * generation asked. */
   uint64_t trace_seq;

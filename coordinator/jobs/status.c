@@ -146,7 +146,7 @@ static cJSON *lagging_json(const gs_job_t *job, const rank_stats_t *st, uint32_t
  * (waiting.c), or its step still for --stall-timeout (heartbeat.c). */
 static bool job_stalled(const gs_job_t *job)
 {
-  return (job->stalled || job->held_up.kind != GS_WAIT_NONE) && job->state == GS_JOB_RUNNING;
+  return (job->stalled || job->held.on.kind != GS_WAIT_NONE) && job->state == GS_JOB_RUNNING;
 }
 
 /* The job's state as shown: a running job whose ranks are held is
@@ -158,8 +158,8 @@ static const char *shown_state(const gs_job_t *job, char *reason, size_t len, ui
     gs_set_why(reason, len, "%s", job->abort_reason);
   if (!job_stalled(job))
     return gs__job_state_name(job->state);
-  if (job->held_up.kind != GS_WAIT_NONE)
-    gs_set_why(reason, len, "%s", job->held_up.reason);
+  if (job->held.on.kind != GS_WAIT_NONE)
+    gs_set_why(reason, len, "%s", job->held.on.reason);
   else
     gs_set_why(reason, len,
                "step %" PRIu64 " has not advanced for %.0f s while heartbeats are fresh",
@@ -180,7 +180,7 @@ static void add_pack(cJSON *o, uint32_t phase, uint32_t pack)
 static cJSON *waiting_json(const gs_job_t *job, const rank_stats_t *st, uint64_t now)
 {
   gs_waiting_on_t slow;
-  const gs_waiting_on_t *w = &job->held_up;
+  const gs_waiting_on_t *w = &job->held.on;
   cJSON *o, *ranks;
 
   if (job->state != GS_JOB_RUNNING)
@@ -612,11 +612,11 @@ static int held_metrics(const gs_jobs_t *jobs, uint64_t now, gs_buf_t *out)
                 "Seconds the job's ranks have waited in a collective on others (0: none).");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next)
     err |= emit(out, "gradsync_job_held_seconds{job=\"%s\"} %.3f\n", j->name,
-                j->held_up.kind ? (now - j->held_up.since_ms) / 1000.0 : 0.0);
+                j->held.on.kind ? (now - j->held.on.since_ms) / 1000.0 : 0.0);
   err |= family(out, "gradsync_job_waiting_on", "gauge",
                 "1 for each rank a held-up job waits on, with why (kind) and its phase.");
   for (const gs_job_t *j = jobs->jobs; j; j = j->next) {
-    const gs_waiting_on_t *w = &j->held_up;
+    const gs_waiting_on_t *w = &j->held.on;
 
     for (uint32_t i = 0; w->kind && i < w->rank_count && i < GS_WAITING_MAX_RANKS; i++)
       err |=

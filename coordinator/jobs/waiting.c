@@ -105,7 +105,7 @@ static bool held(const gs_member_t *m)
 void gs__waiting_note_beat(gs_member_t *m, uint64_t now)
 {
   if (m->has_progress && in_collective(m) && held(m))
-    m->job->held_beat_ms = now;
+    m->job->held.beat_ms = now;
 }
 
 /* The first pass: the ranks in a collective, and the one held longest. */
@@ -238,7 +238,7 @@ static void judge(gs_job_t *job, uint64_t now, gs_waiting_on_t *out)
   /* A held rank is one whose latest heartbeat said so and is not older
    * than the silence: none such, no need to look (at 100,000 ranks, the
    * look costs a core more than their heartbeats, four times a second). */
-  if (!job->held_beat_ms || now - job->held_beat_ms > silence_ms(job))
+  if (!job->held.beat_ms || now - job->held.beat_ms > silence_ms(job))
     return;
   for (uint32_t r = 0; r < job->world_size; r++) {
     const gs_member_t *m = job->ranks ? job->ranks[r] : NULL;
@@ -340,23 +340,23 @@ static bool same_verdict(const gs_waiting_on_t *a, const gs_waiting_on_t *b)
 
 void gs__waiting_clear(gs_job_t *job)
 {
-  if (job->held_up.kind != GS_WAIT_NONE)
-    job->held_version++;
-  job->held_up = (gs_waiting_on_t){0};
+  if (job->held.on.kind != GS_WAIT_NONE)
+    job->held.version++;
+  job->held.on = (gs_waiting_on_t){0};
 }
 
 void gs__waiting_sweep(gs_job_t *job, uint64_t now)
 {
-  gs_waiting_on_t was = job->held_up, now_w;
+  gs_waiting_on_t was = job->held.on, now_w;
   bool same;
 
   if (job->state != GS_JOB_RUNNING || job->world_size < 2) {
     gs__waiting_clear(job);
     return;
   }
-  if (now - job->held_checked_ms < CHECK_EVERY_MS)
+  if (now - job->held.checked_ms < CHECK_EVERY_MS)
     return;
-  job->held_checked_ms = now;
+  job->held.checked_ms = now;
   judge(job, now, &now_w);
   if (now_w.kind == GS_WAIT_NONE) {
     if (was.kind != GS_WAIT_NONE)
@@ -369,7 +369,7 @@ void gs__waiting_sweep(gs_job_t *job, uint64_t now)
   now_w.named_ms = same ? was.named_ms : now;
   now_w.warned = same && was.warned;
   if (!same) {
-    job->held_version++;
+    job->held.version++;
     gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1, "held up: %s", now_w.reason);
   }
   /* A loaded machine holds ranks up for a second now and then; a hold
@@ -378,6 +378,6 @@ void gs__waiting_sweep(gs_job_t *job, uint64_t now)
     now_w.warned = true;
     gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "stalled: %s", now_w.reason);
   }
-  job->held_up = now_w;
+  job->held.on = now_w;
   job->jobs->version++; /* /status shows it */
 }

@@ -47,7 +47,7 @@ const char *gs__wait_kind_name(gs_wait_kind_t k);
 void gs__waiting_note_beat(struct gs_member *m, uint64_t now);
 /* Looks at the job's running ranks (O(world), at most four times a
  * second, and only while a recent heartbeat said its rank was held up)
- * and updates job->held_up: names the rank(s) that held-up ranks
+ * and updates job->held.on: names the rank(s) that held-up ranks
  * wait on, or clears it; logs both, and makes the heartbeat replies carry
  * it. */
 void gs__waiting_sweep(struct gs_job *job, uint64_t now);
