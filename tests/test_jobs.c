@@ -61,7 +61,7 @@ START_TEST(rendezvous_refusals)
     ck_assert_ptr_nonnull(strstr(last_reply(i)->message, "param_count 7 vs 6"));
     ck_assert_int_eq(fake.parked[peers[i].id], 0);
   }
-  ck_assert_uint_eq(gs__jobs_find(&jobs, "m")->waiting_count, 0);
+  ck_assert_uint_eq(gs__rendezvous_joined(gs__jobs_find(&jobs, "m")), 0);
   start_world("m", 3, 10);
 }
 END_TEST
@@ -242,7 +242,7 @@ START_TEST(waiting_connection_cannot_take_a_rank)
   ck_assert_ptr_nonnull(strstr(last_reply(5)->message, "waits in the rendezvous of job w"));
   ck_assert_ptr_eq(gs__jobs_find(&jobs, "c")->ranks[1]->peer, &peers[1]);
   gs__jobs_peer_closed(&jobs, &peers[5], jobs.now_ms);
-  ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
+  ck_assert_uint_eq(gs__rendezvous_joined(gs__jobs_find(&jobs, "w")), 0);
 }
 END_TEST
 
@@ -254,7 +254,7 @@ START_TEST(closed_waiting_agent_leaves_the_rendezvous)
 
   join(0, &req, 0);
   gs__jobs_peer_closed(&jobs, &peers[0], jobs.now_ms);
-  ck_assert_uint_eq(gs__jobs_find(&jobs, "w")->waiting_count, 0);
+  ck_assert_uint_eq(gs__rendezvous_joined(gs__jobs_find(&jobs, "w")), 0);
   ck_assert_uint_eq(replies_to(0), 0);
   req = th_join_request("w", 2, "n0", 1);
   join(1, &req, 10);
@@ -871,7 +871,7 @@ START_TEST(settings_unlike_rank_0s_are_refused)
       ck_assert_msg(strstr(last_reply(i)->message, cases[c].text), "%s", last_reply(i)->message);
       ck_assert_int_eq(fake.parked[peers[i].id], 0);
     }
-    ck_assert_uint_eq(gs__jobs_find(&jobs, "s")->waiting_count, 0);
+    ck_assert_uint_eq(gs__rendezvous_joined(gs__jobs_find(&jobs, "s")), 0);
   }
   /* Rank 0 is the odd one out: everyone else differs from it. */
   {

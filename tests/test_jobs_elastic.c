@@ -241,7 +241,7 @@ START_TEST(elastic_newcomer_unlike_the_job_is_refused_alone)
   ck_assert_int_eq(fake.parked[peers[5].id], 0);
   ck_assert_int_eq(fake.parked[peers[6].id], 1); /* the one that agrees waits */
   ck_assert_uint_eq(job->regroup_seq, 1);        /* for it alone */
-  ck_assert_uint_eq(job->waiting_count, 1);
+  ck_assert_uint_eq(gs__rendezvous_joined(job), 1);
   ck_assert_str_eq(gs__job_state_name(job->state), "running");
 }
 END_TEST

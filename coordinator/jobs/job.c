@@ -47,8 +47,8 @@ gs_job_t *gs__job_new(gs_jobs_t *jobs, const char *name)
 
 void gs__job_free(gs_job_t *job)
 {
-  free(job->waiting);
-  gs__claims_free(&job->claims);
+  free(job->rdv.waiting);
+  gs__claims_free(&job->rdv.claims);
   gs__job_free_ranks(job);
   gs__store_reset(&job->store);
   gs__trace_forget(job);

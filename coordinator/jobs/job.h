@@ -207,6 +207,19 @@ typedef struct gs_generation_record {
   char lost[256];       /* elastic: the ranks lost as it ended */
 } gs_generation_record_t;
 
+/* The rendezvous a job gathers (state WAITING), rendezvous.c's (job.c
+ * lets go of it with the job); others ask how many joined and for which
+ * world through gs__rendezvous_joined and _world. */
+typedef struct gs_rendezvous {
+  gs_member_t **waiting;
+  uint32_t count, cap, world_size;
+  gs_claims_t claims; /* the waiting members by (node, local_rank) */
+  uint64_t deadline_ms;
+  uint64_t next_join_deadline_ms; /* no waiting Join expires before this */
+  uint64_t next_progress_log_ms;  /* when the sweep next logs who it waits for */
+  uint64_t join_seq;
+} gs_rendezvous_t;
+
 /* The encoded reply to a heartbeat that needs no abort, heartbeat.c's:
  * the same for every rank until a directive changes, so it is built once
  * (job.c lets go of it with the job). */
@@ -242,14 +255,7 @@ struct gs_job {
   uint64_t generation; /* the latest completed rendezvous; 0: none yet */
   uint32_t world_size; /* of the running generation */
 
-  /* The rendezvous being gathered (state WAITING). */
-  gs_member_t **waiting;
-  uint32_t waiting_count, waiting_cap, waiting_world_size;
-  gs_claims_t claims; /* the waiting members by (node, local_rank) */
-  uint64_t rendezvous_deadline_ms;
-  uint64_t next_join_deadline_ms; /* no waiting Join expires before this */
-  uint64_t next_progress_log_ms;  /* when the sweep next logs who it waits for */
-  uint64_t join_seq;
+  gs_rendezvous_t rdv; /* the rendezvous being gathered (state WAITING) */
 
   /* The running (or last) generation, indexed by rank; entries may be NULL
    * after a coordinator restart until every rank re-registered. */
@@ -390,5 +396,16 @@ gs_member_t *gs__job_find_member(gs_job_t *job, const gs_call_t *call, uint64_t 
                                  uint32_t rank);
 /* A Leave: the rank is done (finished) or failed (aborts the generation). */
 void gs__job_leave(gs_job_t *job, const gs_call_t *call, const gradsync_LeaveRequest *req);
+
+/* The agents waiting in `job`'s rendezvous, and the world it gathers. */
+static inline uint32_t gs__rendezvous_joined(const gs_job_t *job)
+{
+  return job->rdv.count;
+}
+
+static inline uint32_t gs__rendezvous_world(const gs_job_t *job)
+{
+  return job->rdv.world_size;
+}
 
 #endif

@@ -314,7 +314,7 @@ void gs__jobs_leave(gs_jobs_t *jobs, const gs_call_t *call, const gradsync_Leave
       job->ranks[req->rank]->state == GS_MEMBER_LEFT)
     gs__heartbeat_release(job->ranks[req->rank]);
   /* Agents waiting to join an elastic job's next generation: there is none. */
-  if (job->state == GS_JOB_FINISHED && job->waiting_count) {
+  if (job->state == GS_JOB_FINISHED && gs__rendezvous_joined(job)) {
     char msg[200];
 
     snprintf(msg, sizeof(msg), "job %s finished while this agent waited to join it", job->name);
@@ -391,7 +391,7 @@ static void forget(gs_jobs_t *jobs, gs_job_t *job)
  * parked call, no generation running. */
 static bool job_resting(const gs_job_t *job)
 {
-  return job->waiting_count == 0 && !job->store.waiters && job->state != GS_JOB_RUNNING;
+  return gs__rendezvous_joined(job) == 0 && !job->store.waiters && job->state != GS_JOB_RUNNING;
 }
 
 /* A job at rest has nothing left but its status: after the retention

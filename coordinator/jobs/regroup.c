@@ -37,7 +37,7 @@ bool gs__regroup_survivor(gs_job_t *job, const gs_call_t *call, const gradsync_J
   if (job->state == GS_JOB_RUNNING && job->aborted_generation != job->generation) {
     if (!strcmp(req->reason, "regroup"))
       gs__job_end(job, false, "regroup after step %llu to admit %u waiting agent(s)",
-                  (unsigned long long)req->state_step, job->waiting_count);
+                  (unsigned long long)req->state_step, gs__rendezvous_joined(job));
     else
       gs__job_end(job, true, "rank %u (node '%s', local_rank %u) left: %s", m->rank, m->req.node,
                   m->req.local_rank, req->reason[0] ? req->reason : "its collectives failed");
@@ -52,7 +52,7 @@ bool gs__regroup_survivor(gs_job_t *job, const gs_call_t *call, const gradsync_J
 
 bool gs__regroup_has_room(const gs_job_t *job)
 {
-  return gs__job_elastic(job) && job->world_size + job->waiting_count < job->world_max;
+  return gs__job_elastic(job) && job->world_size + gs__rendezvous_joined(job) < job->world_max;
 }
 
 void gs__regroup_request(gs_job_t *job)
@@ -63,10 +63,10 @@ void gs__regroup_request(gs_job_t *job)
 
 bool gs__regroup_ready(const gs_job_t *job, uint64_t now)
 {
-  uint32_t n = job->waiting_count;
+  uint32_t n = gs__rendezvous_joined(job);
 
   if (!gs__job_elastic(job))
-    return n == job->waiting_world_size;
+    return n == gs__rendezvous_world(job);
   if (n >= job->world_max)
     return true;
   if (n < job->world_min ||
@@ -104,7 +104,7 @@ void gs__regroup_sweep(gs_job_t *job, uint64_t now)
     }
     job->regroup_deadline = next;
   }
-  if (job->waiting_count == 0 && job->regroup_pending == 0) {
+  if (gs__rendezvous_joined(job) == 0 && job->regroup_pending == 0) {
     /* Nobody came back, or those who did gave up waiting for the rest. */
     job->regrouping = false;
     job->state = gs__job_resting_state(job);

@@ -27,10 +27,10 @@
  * world that timed out would otherwise stay as long as the job. */
 static void release_waiting(gs_job_t *job)
 {
-  free(job->waiting);
-  job->waiting = NULL;
-  job->waiting_cap = 0;
-  gs__claims_free(&job->claims);
+  free(job->rdv.waiting);
+  job->rdv.waiting = NULL;
+  job->rdv.cap = 0;
+  gs__claims_free(&job->rdv.claims);
 }
 
 /* Takes member `i` out of the rendezvous, answering its Join with `err`
@@ -39,20 +39,20 @@ static void release_waiting(gs_job_t *job)
  * removal stays O(1). */
 static void remove_waiting(gs_job_t *job, uint32_t i, int err, const char *msg)
 {
-  gs_member_t *m = job->waiting[i];
+  gs_member_t *m = job->rdv.waiting[i];
   gs_responder_t *r = job->jobs->responder;
 
-  GS_ASSERT(i < job->waiting_count && m->waiting_index == i);
+  GS_ASSERT(i < job->rdv.count && m->waiting_index == i);
   if (m->peer) {
     r->unpark(r, m->peer->id);
     if (err)
       gs__respond_error(r, m->peer->id, GS_METHOD_JOIN, m->join_request_id, err, "%s", msg);
   }
-  gs__claims_remove(&job->claims, m);
-  job->waiting[i] = job->waiting[--job->waiting_count];
-  job->waiting[i]->waiting_index = i;
+  gs__claims_remove(&job->rdv.claims, m);
+  job->rdv.waiting[i] = job->rdv.waiting[--job->rdv.count];
+  job->rdv.waiting[i]->waiting_index = i;
   gs__member_free(m);
-  if (job->waiting_count)
+  if (job->rdv.count)
     return;
   release_waiting(job);
   if (job->state == GS_JOB_WAITING)
@@ -79,7 +79,7 @@ static int member_order(const void *a, const void *b)
  * is refused alike. O(1) per Join (claims.h). */
 static const gs_member_t *claimant(const gs_job_t *job, const gradsync_JoinRequest *req)
 {
-  return gs__claims_find(&job->claims, req->node, req->local_rank);
+  return gs__claims_find(&job->rdv.claims, req->node, req->local_rank);
 }
 
 static bool refuse_duplicate(gs_job_t *job, const gs_call_t *call, const gradsync_JoinRequest *req)
@@ -106,14 +106,14 @@ static bool refuse_disagreement(gs_job_t *job)
 {
   gs_disagreement_t d;
 
-  if (!gs__agreement_find(job->waiting, job->waiting_count, job->name, &d))
+  if (!gs__agreement_find(job->rdv.waiting, job->rdv.count, job->name, &d))
     return false;
   gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", d.message);
   /* From the last: the reference is freed only after every member that
    * sorts after it was compared with it. */
-  while (job->waiting_count) {
-    uint32_t i = job->waiting_count - 1;
-    bool differs = gs__agreement_differs(&d, job->waiting, i);
+  while (job->rdv.count) {
+    uint32_t i = job->rdv.count - 1;
+    bool differs = gs__agreement_differs(&d, job->rdv.waiting, i);
 
     remove_waiting(job, i, differs ? GS_EINVAL : GS_EPRECOND, d.message);
   }
@@ -123,8 +123,8 @@ static bool refuse_disagreement(gs_job_t *job)
 /* Whether the waiting members are on more than one node. */
 static bool spans_nodes(const gs_job_t *job)
 {
-  for (uint32_t i = 1; i < job->waiting_count; i++)
-    if (strcmp(job->waiting[0]->req.node, job->waiting[i]->req.node) != 0)
+  for (uint32_t i = 1; i < job->rdv.count; i++)
+    if (strcmp(job->rdv.waiting[0]->req.node, job->rdv.waiting[i]->req.node) != 0)
       return true;
   return false;
 }
@@ -137,21 +137,22 @@ static bool spans_nodes(const gs_job_t *job)
  * INVALID_ARGUMENT, the others FAILED_PRECONDITION. */
 static bool refuse_loopback(gs_job_t *job)
 {
-  uint32_t n = job->waiting_count, bad = n, count = 0;
+  uint32_t n = job->rdv.count, bad = n, count = 0;
   const gs_member_t *m;
   char msg[1024];
 
   if (!spans_nodes(job))
     return false;
   for (uint32_t i = 0; i < n; i++) {
-    if (job->waiting[i]->req.comm_addr[0] && gs_addr_is_loopback(job->waiting[i]->req.comm_addr)) {
+    if (job->rdv.waiting[i]->req.comm_addr[0] &&
+        gs_addr_is_loopback(job->rdv.waiting[i]->req.comm_addr)) {
       bad = bad < n ? bad : i;
       count++;
     }
   }
   if (!count)
     return false;
-  m = job->waiting[bad];
+  m = job->rdv.waiting[bad];
   snprintf(msg, sizeof(msg),
            "rank %u (node %s, local_rank %u) gave its peers the loopback address %s, but "
            "job %s spans several nodes%s: set --comm-iface (or $GRADSYNC_COMM_IFACE), "
@@ -159,9 +160,9 @@ static bool refuse_loopback(gs_job_t *job)
            bad, m->req.node, m->req.local_rank, m->req.comm_addr, job->name,
            count > 1 ? " (and other ranks did the same)" : "");
   gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
-  while (job->waiting_count) {
-    uint32_t i = job->waiting_count - 1;
-    const char *addr = job->waiting[i]->req.comm_addr;
+  while (job->rdv.count) {
+    uint32_t i = job->rdv.count - 1;
+    const char *addr = job->rdv.waiting[i]->req.comm_addr;
 
     remove_waiting(job, i, addr[0] && gs_addr_is_loopback(addr) ? GS_EINVAL : GS_EPRECOND, msg);
   }
@@ -177,8 +178,8 @@ static bool refuse_loopback(gs_job_t *job)
 /* Each waiting member knows its place in the list again, after a sort. */
 static void index_waiting(gs_job_t *job)
 {
-  for (uint32_t i = 0; i < job->waiting_count; i++)
-    job->waiting[i]->waiting_index = i;
+  for (uint32_t i = 0; i < job->rdv.count; i++)
+    job->rdv.waiting[i]->waiting_index = i;
 }
 
 static bool asks_rank(const gs_member_t *m, uint32_t world)
@@ -188,25 +189,25 @@ static bool asks_rank(const gs_member_t *m, uint32_t world)
 
 static bool place_asked_ranks(gs_job_t *job)
 {
-  uint32_t n = job->waiting_count, free_at = 0, dup;
+  uint32_t n = job->rdv.count, free_at = 0, dup;
   gs_member_t **placed;
   const gs_member_t *a = NULL, *b = NULL;
   bool asked = false;
   char msg[768];
 
   for (uint32_t i = 0; i < n && !asked; i++)
-    asked = asks_rank(job->waiting[i], n);
+    asked = asks_rank(job->rdv.waiting[i], n);
   if (!asked)
     return true;
   placed = calloc(n, sizeof(*placed));
   if (!placed) {
     gs_log(job->jobs->cfg.log, GS_LOG_ERROR, job->name, -1, "out of memory placing ranks");
-    while (job->waiting_count)
+    while (job->rdv.count)
       remove_waiting(job, 0, GS_ENOMEM, "coordinator out of memory");
     return false;
   }
   for (uint32_t i = 0; i < n && !a; i++) {
-    gs_member_t *m = job->waiting[i];
+    gs_member_t *m = job->rdv.waiting[i];
 
     if (!asks_rank(m, n))
       continue;
@@ -225,24 +226,24 @@ static bool place_asked_ranks(gs_job_t *job)
     gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s", msg);
     free(placed);
     dup = a->req.rank;
-    while (job->waiting_count) {
-      uint32_t i = job->waiting_count - 1;
-      const gs_member_t *m = job->waiting[i];
+    while (job->rdv.count) {
+      uint32_t i = job->rdv.count - 1;
+      const gs_member_t *m = job->rdv.waiting[i];
 
       remove_waiting(job, i, asks_rank(m, n) && m->req.rank == dup ? GS_EINVAL : GS_EPRECOND, msg);
     }
     return false;
   }
   for (uint32_t i = 0; i < n; i++) {
-    if (asks_rank(job->waiting[i], n))
+    if (asks_rank(job->rdv.waiting[i], n))
       continue;
     while (placed[free_at])
       free_at++;
-    placed[free_at] = job->waiting[i];
+    placed[free_at] = job->rdv.waiting[i];
   }
   for (uint32_t i = 0; i < n; i++)
     GS_ASSERT(placed[i]); /* n members, n places, no two in one */
-  memcpy(job->waiting, placed, n * sizeof(*placed));
+  memcpy(job->rdv.waiting, placed, n * sizeof(*placed));
   free(placed);
   return true;
 }
@@ -252,10 +253,10 @@ static bool place_asked_ranks(gs_job_t *job)
 static void complete_rendezvous(gs_job_t *job, uint64_t now)
 {
   gs_responder_t *r = job->jobs->responder;
-  uint32_t n = job->waiting_count;
+  uint32_t n = job->rdv.count;
   gradsync_Peer *peers;
 
-  qsort(job->waiting, n, sizeof(job->waiting[0]), member_order);
+  qsort(job->rdv.waiting, n, sizeof(job->rdv.waiting[0]), member_order);
   index_waiting(job);
   if (!place_asked_ranks(job))
     return;
@@ -265,23 +266,23 @@ static void complete_rendezvous(gs_job_t *job, uint64_t now)
   peers = calloc(n, sizeof(*peers));
   if (!peers) {
     gs_log(job->jobs->cfg.log, GS_LOG_ERROR, job->name, -1, "out of memory starting a generation");
-    while (job->waiting_count)
+    while (job->rdv.count)
       remove_waiting(job, 0, GS_ENOMEM, "coordinator out of memory");
     return;
   }
-  gs__regroup_choose_state(job, job->waiting, n);
+  gs__regroup_choose_state(job, job->rdv.waiting, n);
   gs__store_reset(&job->store);
   gs__job_free_ranks(job);
   job->regrouping = false;
   job->regroup_pending = 0;
   job->generation =
       (job->generation > job->aborted_generation ? job->generation : job->aborted_generation) + 1;
-  job->ranks = job->waiting;
+  job->ranks = job->rdv.waiting;
   job->peers = peers;
   job->world_size = n;
-  job->waiting = NULL;
-  job->waiting_count = job->waiting_cap = 0;
-  gs__claims_free(&job->claims);
+  job->rdv.waiting = NULL;
+  job->rdv.count = job->rdv.cap = 0;
+  gs__claims_free(&job->rdv.claims);
   job->state = GS_JOB_RUNNING;
   job->started_ms = now;
   job->stop = false;
@@ -511,18 +512,18 @@ bool gs__rendezvous_check(gs_jobs_t *jobs, const gs_call_t *call, const gradsync
  * memory. */
 static bool reserve_waiting(gs_job_t *job)
 {
-  uint32_t cap = job->waiting_cap ? job->waiting_cap * 2 : 8;
+  uint32_t cap = job->rdv.cap ? job->rdv.cap * 2 : 8;
   gs_member_t **w;
 
-  if (!gs__claims_reserve(&job->claims, job->waiting_count + 1))
+  if (!gs__claims_reserve(&job->rdv.claims, job->rdv.count + 1))
     return false;
-  if (job->waiting_count < job->waiting_cap)
+  if (job->rdv.count < job->rdv.cap)
     return true;
-  w = realloc(job->waiting, cap * sizeof(*w));
+  w = realloc(job->rdv.waiting, cap * sizeof(*w));
   if (!w)
     return false;
-  job->waiting = w;
-  job->waiting_cap = cap;
+  job->rdv.waiting = w;
+  job->rdv.cap = cap;
   return true;
 }
 
@@ -542,7 +543,7 @@ static bool range_disagrees(gs_job_t *job, const gs_call_t *call, const gradsync
 {
   char mine[32], theirs[32];
 
-  if (!job->waiting_count && !job->regrouping &&
+  if (!job->rdv.count && !job->regrouping &&
       !(job->state == GS_JOB_RUNNING && job->aborted_generation != job->generation))
     return false;
   if (req->world_size == job->world_max && req->world_min == job->world_min)
@@ -569,7 +570,7 @@ static bool refuse_running(gs_job_t *job, const gs_call_t *call)
     REPLY_ERR(job, call, GS_EPRECOND,
               "elastic job %s is running generation %llu with its largest world (%u ranks, "
               "%u waiting)",
-              job->name, (unsigned long long)job->generation, job->world_size, job->waiting_count);
+              job->name, (unsigned long long)job->generation, job->world_size, job->rdv.count);
   else
     REPLY_ERR(job, call, GS_EPRECOND,
               "job %s is running generation %llu with all %u ranks; a new rendezvous "
@@ -659,33 +660,33 @@ void gs__rendezvous_join(gs_job_t *job, const gs_call_t *call, const gradsync_Jo
   }
   if (generation_runs(job))
     gs__regroup_request(job); /* a newcomer: the ranks make room for it */
-  if (job->waiting_count == 0 || m->join_deadline_ms < job->next_join_deadline_ms)
-    job->next_join_deadline_ms = m->join_deadline_ms;
-  if (job->waiting_count == 0) {
-    job->waiting_world_size = req->world_size;
+  if (job->rdv.count == 0 || m->join_deadline_ms < job->rdv.next_join_deadline_ms)
+    job->rdv.next_join_deadline_ms = m->join_deadline_ms;
+  if (job->rdv.count == 0) {
+    job->rdv.world_size = req->world_size;
     job->world_min = req->world_min;
     job->world_max = req->world_size;
-    job->rendezvous_deadline_ms = call->now_ms + job->jobs->cfg.rendezvous_timeout_ms;
-    job->next_progress_log_ms = call->now_ms + PROGRESS_LOG_MS;
+    job->rdv.deadline_ms = call->now_ms + job->jobs->cfg.rendezvous_timeout_ms;
+    job->rdv.next_progress_log_ms = call->now_ms + PROGRESS_LOG_MS;
     if (job->state == GS_JOB_FINISHED || job->state == GS_JOB_FAILED)
       job->state = GS_JOB_WAITING;
   }
   job->last_join_ms = call->now_ms;
-  m->join_seq = ++job->join_seq;
-  m->waiting_index = job->waiting_count;
-  job->waiting[job->waiting_count++] = m;
-  gs__claims_add(&job->claims, m);
+  m->join_seq = ++job->rdv.join_seq;
+  m->waiting_index = job->rdv.count;
+  job->rdv.waiting[job->rdv.count++] = m;
+  gs__claims_add(&job->rdv.claims, m);
   r->park(r, call->peer->id);
   gs_log(job->jobs->cfg.log, GS_LOG_DEBUG, job->name, -1,
          "%s (node '%s', local_rank %u) joined: %u of %u", call->peer->name, req->node,
-         req->local_rank, job->waiting_count, req->world_size);
+         req->local_rank, job->rdv.count, req->world_size);
   if (gs__regroup_ready(job, call->now_ms))
     complete_rendezvous(job, call->now_ms);
 }
 
 void gs__rendezvous_drop(gs_job_t *job, gs_member_t *m)
 {
-  if (m->waiting_index >= job->waiting_count || job->waiting[m->waiting_index] != m)
+  if (m->waiting_index >= job->rdv.count || job->rdv.waiting[m->waiting_index] != m)
     return;
   /* A job that never started says it at debug level: a client creating
    * jobs and leaving them would write a line each (the soak bench's job
@@ -700,19 +701,18 @@ void gs__rendezvous_drop(gs_job_t *job, gs_member_t *m)
 static void format_joined(const gs_job_t *job, char *buf, size_t len)
 {
   size_t at = 0;
-  uint32_t shown =
-      job->waiting_count < PROGRESS_LOG_MEMBERS ? job->waiting_count : PROGRESS_LOG_MEMBERS;
+  uint32_t shown = job->rdv.count < PROGRESS_LOG_MEMBERS ? job->rdv.count : PROGRESS_LOG_MEMBERS;
 
   buf[0] = 0;
   for (uint32_t i = 0; i < shown && at < len; i++) {
-    const gs_member_t *m = job->waiting[i];
+    const gs_member_t *m = job->rdv.waiting[i];
     int n =
         snprintf(buf + at, len - at, "%snode %s/%u", i ? ", " : "", m->req.node, m->req.local_rank);
 
     at = n < 0 ? len : at + (size_t)n;
   }
-  if (shown < job->waiting_count && at < len)
-    snprintf(buf + at, len - at, " and %u more", job->waiting_count - shown);
+  if (shown < job->rdv.count && at < len)
+    snprintf(buf + at, len - at, " and %u more", job->rdv.count - shown);
 }
 
 /* One info line every PROGRESS_LOG_MS while a rendezvous waits. */
@@ -720,29 +720,29 @@ static void log_progress(gs_job_t *job, uint64_t now)
 {
   char joined[400];
 
-  if (!job->waiting_count || now < job->next_progress_log_ms)
+  if (!job->rdv.count || now < job->rdv.next_progress_log_ms)
     return;
-  job->next_progress_log_ms = now + PROGRESS_LOG_MS;
+  job->rdv.next_progress_log_ms = now + PROGRESS_LOG_MS;
   format_joined(job, joined, sizeof(joined));
   if (!gs__job_elastic(job))
     gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
            "job %s: waiting for %u more rank(s) of %u (joined: %s)", job->name,
-           job->waiting_world_size - job->waiting_count, job->waiting_world_size, joined);
+           job->rdv.world_size - job->rdv.count, job->rdv.world_size, joined);
   else if (job->regrouping && job->regroup_pending)
     gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
            "elastic job %s: waiting for %u surviving rank(s) of generation %llu to come back "
            "(%u..%u ranks; joined: %s)",
            job->name, job->regroup_pending, (unsigned long long)job->generation, job->world_min,
            job->world_max, joined);
-  else if (job->waiting_count < job->world_min)
+  else if (job->rdv.count < job->world_min)
     gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
            "elastic job %s: waiting for %u more rank(s) to reach its minimum (%u..%u ranks; "
            "joined: %s)",
-           job->name, job->world_min - job->waiting_count, job->world_min, job->world_max, joined);
+           job->name, job->world_min - job->rdv.count, job->world_min, job->world_max, joined);
   else
     gs_log(job->jobs->cfg.log, GS_LOG_INFO, job->name, -1,
            "elastic job %s: %u rank(s) wait for the running generation to make room (joined: %s)",
-           job->name, job->waiting_count, joined);
+           job->name, job->rdv.count, joined);
 }
 
 void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
@@ -750,42 +750,42 @@ void gs__rendezvous_sweep(gs_job_t *job, uint64_t now)
   uint64_t next = UINT64_MAX;
   char msg[256], joined[400];
 
-  if (job->waiting_count && now >= job->rendezvous_deadline_ms) {
+  if (job->rdv.count && now >= job->rdv.deadline_ms) {
     snprintf(msg, sizeof(msg), "rendezvous of job %s timed out: %u of %u agents joined", job->name,
-             job->waiting_count, job->waiting_world_size);
+             job->rdv.count, job->rdv.world_size);
     format_joined(job, joined, sizeof(joined));
     gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "%s (joined: %s)", msg, joined);
-    while (job->waiting_count)
+    while (job->rdv.count)
       remove_waiting(job, 0, GS_ETIMEDOUT, msg);
     return;
   }
   gs__regroup_sweep(job, now);
-  if (job->waiting_count && gs__regroup_ready(job, now)) {
+  if (job->rdv.count && gs__regroup_ready(job, now)) {
     complete_rendezvous(job, now);
     return;
   }
   log_progress(job, now);
   /* Only scan when the earliest Join deadline has come. */
-  if (now < job->next_join_deadline_ms)
+  if (now < job->rdv.next_join_deadline_ms)
     return;
-  for (uint32_t i = 0; i < job->waiting_count;) {
-    if (now < job->waiting[i]->join_deadline_ms) {
-      if (job->waiting[i]->join_deadline_ms < next)
-        next = job->waiting[i]->join_deadline_ms;
+  for (uint32_t i = 0; i < job->rdv.count;) {
+    if (now < job->rdv.waiting[i]->join_deadline_ms) {
+      if (job->rdv.waiting[i]->join_deadline_ms < next)
+        next = job->rdv.waiting[i]->join_deadline_ms;
       i++;
       continue;
     }
     snprintf(msg, sizeof(msg), "join deadline passed with %u of %u agents in job %s",
-             job->waiting_count, job->waiting_world_size, job->name);
+             job->rdv.count, job->rdv.world_size, job->name);
     gs_log(job->jobs->cfg.log, GS_LOG_WARN, job->name, -1, "node %s/%u: %s",
-           job->waiting[i]->req.node, job->waiting[i]->req.local_rank, msg);
+           job->rdv.waiting[i]->req.node, job->rdv.waiting[i]->req.local_rank, msg);
     remove_waiting(job, i, GS_ETIMEDOUT, msg);
   }
-  job->next_join_deadline_ms = next;
+  job->rdv.next_join_deadline_ms = next;
 }
 
 void gs__rendezvous_cancel(gs_job_t *job, int err, const char *msg)
 {
-  while (job->waiting_count)
+  while (job->rdv.count)
     remove_waiting(job, 0, err, msg);
 }

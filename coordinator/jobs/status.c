@@ -392,8 +392,9 @@ cJSON *gs__job_json(const gs_job_t *job, uint64_t now, const gs_rank_page_t *ran
   cJSON_AddNumberToObject(o, "lr_scale", job->lr_scale);
   elastic_json(o, job, now, with_ranks);
   waiting = cJSON_AddObjectToObject(o, "rendezvous");
-  cJSON_AddNumberToObject(waiting, "joined", job->waiting_count);
-  cJSON_AddNumberToObject(waiting, "world_size", job->waiting_count ? job->waiting_world_size : 0);
+  cJSON_AddNumberToObject(waiting, "joined", gs__rendezvous_joined(job));
+  cJSON_AddNumberToObject(waiting, "world_size",
+                          gs__rendezvous_joined(job) ? gs__rendezvous_world(job) : 0);
   cJSON_AddNumberToObject(o, "aborted_generation", (double)job->aborted_generation);
   cJSON_AddStringToObject(o, "abort_reason", job->abort_reason);
   cJSON_AddItemToObject(o, "pack_list", pack_list_json(&job->store.pack_summary));
