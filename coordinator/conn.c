@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "frame.h"
-#include "net.h"
 
 /* An authenticated client this far behind is dropped. Backpressure keeps
  * a pipelining client near GS_CONN_WRITE_HIGH; only replies to parked

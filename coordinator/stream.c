@@ -142,6 +142,7 @@ int gs__stream_write(gs_stream_t *s, const uv_buf_t *bufs, unsigned n, void (*re
   uv_buf_t left[2] = {bufs[0], n > 1 ? bufs[1] : uv_buf_init(NULL, 0)};
   size_t copied, cost;
   stream_write_t *w;
+  const char *why;
   int sent;
 
   if (s->closing) {
@@ -152,8 +153,10 @@ int gs__stream_write(gs_stream_t *s, const uv_buf_t *bufs, unsigned n, void (*re
   sent = uv_try_write(stream, left, n);
   if (sent == UV_EAGAIN || sent == UV_ENOSYS)
     sent = 0;
-  if (sent < 0)
+  if (sent < 0) {
+    why = uv_strerror(sent);
     goto out_close;
+  }
   skip_sent(left, n, (size_t)sent);
   if (left[0].len + left[1].len == 0) {
     if (release)
@@ -170,6 +173,7 @@ int gs__stream_write(gs_stream_t *s, const uv_buf_t *bufs, unsigned n, void (*re
     return GS_ELIMIT;
   }
   w = malloc(sizeof(*w) + copied);
+  why = "out of memory";
   if (!w)
     goto out_close;
   memcpy(w->copy, left[0].base, left[0].len);
@@ -181,7 +185,9 @@ int gs__stream_write(gs_stream_t *s, const uv_buf_t *bufs, unsigned n, void (*re
   w->last = last;
   left[0] = uv_buf_init((char *)w->copy, (unsigned)copied);
   n = release && left[1].len ? 2 : 1;
-  if (uv_write(&w->req, stream, left[0].len ? left : left + 1, left[0].len ? n : 1, on_write)) {
+  sent = uv_write(&w->req, stream, left[0].len ? left : left + 1, left[0].len ? n : 1, on_write);
+  if (sent) {
+    why = uv_strerror(sent);
     free(w);
     goto out_close;
   }
@@ -193,7 +199,7 @@ int gs__stream_write(gs_stream_t *s, const uv_buf_t *bufs, unsigned n, void (*re
 out_close:
   if (release)
     release(arg);
-  s->port->ops->close(s, sent < 0 ? uv_strerror(sent) : "cannot queue a write");
+  s->port->ops->close(s, why);
   return GS_ECLOSED;
 }
 
